@@ -1,0 +1,272 @@
+"""The opcode table: the single source of truth for what every tape instruction means.
+
+Every walker (Numba twin, WGSL kernels, JAX evaluator) implements exactly the ops listed here,
+with the field usage and semantics written in each ``OpSpec``. The WGSL header
+``shaders/generated_tape.wgsl`` is generated from this table (``runtime.wgsl_header``), and tests
+fail when the committed header, a kernel, the twin or the JAX evaluator drift from it.
+
+Interpreter state (per evaluated point):
+  * ``reg[]``  float32 registers, ``mat[]`` a material id per register (u32);
+  * ``p``      the current local point (vec3) and ``scale`` (float, starts at 1): shape ops return
+               ``prim(p) * scale``;
+  * point stack of (p, scale) frames (PUSH / POP), depth <= STACK_CAP;
+  * loop stack for pattern ops (REPEAT_* ... REPEAT_END), depth <= LOOP_CAP.
+The value of the tape is ``reg[0]`` (material ``mat[0]``) after the last instruction.
+
+Instruction fields (all u32, see ``runtime.tape.INSTR_DTYPE``): ``op dst a b c param aux jump``.
+  dst        register written;  a, b, c  registers read;
+  param      offset into the float32 parameter pool;  aux  material id / count;
+  jump       instruction index (forward for CULL_BOX / REPEAT_*, back to the REPEAT_* for REPEAT_END).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+STACK_CAP = 16   # point-stack frames a kernel holds
+LOOP_CAP = 4     # nested pattern loops a kernel holds
+REG_CAPS = (16, 64, 256)  # register-file variants built at startup (kernel capacity by registers)
+MAX_POLY_VERTS = 1024     # vertices of one extruded / revolved profile
+
+
+class Family(str, enum.Enum):
+    ARITH = "arith"
+    SHAPE = "shape"
+    POINT = "point"
+    COMBINE = "combine"
+    PATTERN = "pattern"
+    CULL = "cull"
+    MATERIAL = "material"
+
+
+class Op(enum.IntEnum):
+    # arithmetic: Fidget's .vm vocabulary plus a few helpers
+    VAR_X = 0
+    VAR_Y = 1
+    VAR_Z = 2
+    CONST = 3
+    COPY = 4
+    NEG = 5
+    ABS = 6
+    RECIP = 7
+    SQRT = 8
+    SQUARE = 9
+    FLOOR = 10
+    CEIL = 11
+    ROUND = 12
+    SIN = 13
+    COS = 14
+    TAN = 15
+    ASIN = 16
+    ACOS = 17
+    ATAN = 18
+    EXP = 19
+    LN = 20
+    NOT = 21
+    ADD = 22
+    SUB = 23
+    MUL = 24
+    DIV = 25
+    MIN = 26
+    MAX = 27
+    ATAN2 = 28
+    COMPARE = 29
+    MOD = 30
+    AND = 31
+    OR = 32
+    MIX = 33
+    RAND = 34
+    INSTANCE_INDEX = 35
+    # shapes: dst = prim(p) * scale, mat[dst] = aux
+    SPHERE = 40
+    BOX = 41
+    ROUND_BOX = 42
+    CYLINDER = 43
+    CAPPED_CONE = 44
+    CAPSULE = 45
+    TORUS = 46
+    ELLIPSOID = 47
+    PLANE = 48
+    EXTRUDE_POLY = 49
+    REVOLVE_POLY = 50
+    # point ops
+    PUSH = 60
+    POP = 61
+    TRANSLATE = 62
+    ROTATE = 63
+    SCALE = 64
+    MIRROR = 65
+    ELONGATE = 66
+    # combine ops and modifiers
+    UNION = 70
+    INTERSECT = 71
+    DIFFERENCE = 72
+    XOR = 73
+    SMOOTH_UNION = 74
+    SMOOTH_INTERSECT = 75
+    SMOOTH_DIFFERENCE = 76
+    OFFSET = 77
+    SHELL = 78
+    # patterns (domain repetition with neighbour checks) and culling
+    REPEAT_LINEAR = 80
+    REPEAT_POLAR = 81
+    REPEAT_GRID = 82
+    REPEAT_END = 83
+    CULL_BOX = 90
+    # material
+    SET_MATERIAL = 95
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    op: Op
+    family: Family
+    reads: tuple[str, ...]      # instruction fields holding register reads
+    writes: bool                # writes reg[dst]
+    n_params: int               # fixed parameter count (-1: variable, see ``doc``)
+    doc: str
+    reference: Callable | None = None   # canonical float64 numpy reference (arith / combine)
+
+
+def _compare(a, b):
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, np.sign(a - b))
+
+
+def _rem_euclid(a, b):
+    r = np.fmod(a, b)
+    return np.where(r < 0, r + np.abs(b), r)
+
+
+def _smin(a, b, k):
+    h = np.maximum(k - np.abs(a - b), 0.0) / k
+    return np.minimum(a, b) - h * h * k * 0.25
+
+
+def _rand(a, b):
+    """Deterministic hash of two floats to [0, 1): the same integer hash on every walker."""
+    x = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    y = np.asarray(b, np.float32).view(np.uint32).astype(np.uint64)
+    h = (x * np.uint64(0x9E3779B1) ^ (y + np.uint64(0x7F4A7C15))) & np.uint64(0xFFFFFFFF)
+    h = ((h ^ (h >> np.uint64(16))) * np.uint64(0x45D9F3B)) & np.uint64(0xFFFFFFFF)
+    h = ((h ^ (h >> np.uint64(16))) * np.uint64(0x45D9F3B)) & np.uint64(0xFFFFFFFF)
+    h = h ^ (h >> np.uint64(16))
+    return (h >> np.uint64(8)).astype(np.float64) / float(1 << 24)
+
+
+A, AB, ABC = ("a",), ("a", "b"), ("a", "b", "c")
+_S = []
+
+
+def _spec(op, family, reads, writes, n_params, doc, ref=None):
+    _S.append(OpSpec(op, family, reads, writes, n_params, doc, ref))
+
+
+F = Family
+_spec(Op.VAR_X, F.ARITH, (), True, 0, "reg[dst] = p.x")
+_spec(Op.VAR_Y, F.ARITH, (), True, 0, "reg[dst] = p.y")
+_spec(Op.VAR_Z, F.ARITH, (), True, 0, "reg[dst] = p.z")
+_spec(Op.CONST, F.ARITH, (), True, 1, "reg[dst] = param[0]")
+_spec(Op.COPY, F.ARITH, A, True, 0, "reg[dst] = reg[a]; mat[dst] = mat[a]", lambda a: a)
+_spec(Op.NEG, F.ARITH, A, True, 0, "-a", lambda a: -a)
+_spec(Op.ABS, F.ARITH, A, True, 0, "|a|", np.abs)
+_spec(Op.RECIP, F.ARITH, A, True, 0, "1/a", lambda a: 1.0 / a)
+_spec(Op.SQRT, F.ARITH, A, True, 0, "sqrt(a) (NaN below 0)", np.sqrt)
+_spec(Op.SQUARE, F.ARITH, A, True, 0, "a*a", np.square)
+_spec(Op.FLOOR, F.ARITH, A, True, 0, "floor(a)", np.floor)
+_spec(Op.CEIL, F.ARITH, A, True, 0, "ceil(a)", np.ceil)
+_spec(Op.ROUND, F.ARITH, A, True, 0, "round half away from zero", lambda a: np.sign(a) * np.floor(np.abs(a) + 0.5))
+_spec(Op.SIN, F.ARITH, A, True, 0, "sin(a)", np.sin)
+_spec(Op.COS, F.ARITH, A, True, 0, "cos(a)", np.cos)
+_spec(Op.TAN, F.ARITH, A, True, 0, "tan(a)", np.tan)
+_spec(Op.ASIN, F.ARITH, A, True, 0, "asin(a) (NaN outside [-1,1])", np.arcsin)
+_spec(Op.ACOS, F.ARITH, A, True, 0, "acos(a) (NaN outside [-1,1])", np.arccos)
+_spec(Op.ATAN, F.ARITH, A, True, 0, "atan(a)", np.arctan)
+_spec(Op.EXP, F.ARITH, A, True, 0, "exp(a)", np.exp)
+_spec(Op.LN, F.ARITH, A, True, 0, "ln(a) (NaN below 0, -inf at 0)", np.log)
+_spec(Op.NOT, F.ARITH, A, True, 0, "1 if a == 0 else 0", lambda a: (a == 0).astype(np.float64))
+_spec(Op.ADD, F.ARITH, AB, True, 0, "a + b", np.add)
+_spec(Op.SUB, F.ARITH, AB, True, 0, "a - b", np.subtract)
+_spec(Op.MUL, F.ARITH, AB, True, 0, "a * b", np.multiply)
+_spec(Op.DIV, F.ARITH, AB, True, 0, "a / b", np.divide)
+_spec(Op.MIN, F.ARITH, AB, True, 0, "min(a, b); mat of the smaller (a on ties)", np.minimum)
+_spec(Op.MAX, F.ARITH, AB, True, 0, "max(a, b); mat of the larger (a on ties)", np.maximum)
+_spec(Op.ATAN2, F.ARITH, AB, True, 0, "atan2(a, b) (a is y, b is x)", np.arctan2)
+_spec(Op.COMPARE, F.ARITH, AB, True, 0, "-1 if a<b, 0 if equal, 1 if a>b, NaN if either is NaN", _compare)
+_spec(Op.MOD, F.ARITH, AB, True, 0, "Euclidean remainder: r = fmod(a,b); r<0 ? r+|b| : r", _rem_euclid)
+_spec(Op.AND, F.ARITH, AB, True, 0, "a == 0 ? a : b", lambda a, b: np.where(a == 0, a, b))
+_spec(Op.OR, F.ARITH, AB, True, 0, "a != 0 ? a : b", lambda a, b: np.where(a != 0, a, b))
+_spec(Op.MIX, F.ARITH, ABC, True, 0, "a + (b - a) * c", lambda a, b, c: a + (b - a) * c)
+_spec(Op.RAND, F.ARITH, AB, True, 0, "deterministic integer hash of the bits of a and b, in [0,1)", _rand)
+_spec(Op.INSTANCE_INDEX, F.ARITH, (), True, 0,
+      "reg[dst] = index of the instance the innermost pattern loop is evaluating (0 outside loops)")
+
+_spec(Op.SPHERE, F.SHAPE, (), True, 1, "[r]: |p| - r")
+_spec(Op.BOX, F.SHAPE, (), True, 3, "[hx hy hz] half extents, exact")
+_spec(Op.ROUND_BOX, F.SHAPE, (), True, 4, "[hx hy hz r]: box(h - r) - r, exact")
+_spec(Op.CYLINDER, F.SHAPE, (), True, 2, "[r h]: capped cylinder on the z axis, radius r, z in [-h, h], exact")
+_spec(Op.CAPPED_CONE, F.SHAPE, (), True, 3, "[h r1 r2]: z axis, radius r1 at z=-h, r2 at z=+h (iq's exact capped cone)")
+_spec(Op.CAPSULE, F.SHAPE, (), True, 7, "[ax ay az bx by bz r]: segment a-b, radius r, exact")
+_spec(Op.TORUS, F.SHAPE, (), True, 2, "[R r]: ring in the xy plane (axis z), exact")
+_spec(Op.ELLIPSOID, F.SHAPE, (), True, 3, "[rx ry rz]: iq's bound k0*(k0-1)/k1, k0=|p/r|, k1=|p/r^2|")
+_spec(Op.PLANE, F.SHAPE, (), True, 4, "[nx ny nz d]: half-space dot(p, n) - d (n unit), exact")
+_spec(Op.EXTRUDE_POLY, F.SHAPE, (), True, -1,
+      "[h, x0 y0 x1 y1 ...] aux2=a: vertex count n (field a, not a register); closed polygon in xy "
+      "(even-odd inside), extruded along z to [-h, h], exact")
+_spec(Op.REVOLVE_POLY, F.SHAPE, (), True, -1,
+      "[x0 y0 x1 y1 ...] vertex count n in field a; profile in (radius, z), revolved about z: "
+      "poly(length(p.xy), p.z), exact")
+
+_spec(Op.PUSH, F.POINT, (), False, 0, "push (p, scale)")
+_spec(Op.POP, F.POINT, (), False, 0, "pop (p, scale)")
+_spec(Op.TRANSLATE, F.POINT, (), False, 3, "[tx ty tz]: p = p - t (the child is moved by +t)")
+_spec(Op.ROTATE, F.POINT, (), False, 4,
+      "[w x y z] unit quaternion q rotating the child: p = conj(q) * p * q")
+_spec(Op.SCALE, F.POINT, (), False, 1, "[s]: p = p / s; scale = scale * s")
+_spec(Op.MIRROR, F.POINT, (), False, 4,
+      "[nx ny nz d]: if dot(p,n) < d, p = p - 2 (dot(p,n) - d) n (child's half n.p >= d mirrored)")
+_spec(Op.ELONGATE, F.POINT, (), False, 3, "[hx hy hz]: p = p - clamp(p, -h, h)")
+
+_spec(Op.UNION, F.COMBINE, AB, True, 0, "min(a, b); mat of the smaller (a on ties)", np.minimum)
+_spec(Op.INTERSECT, F.COMBINE, AB, True, 0, "max(a, b); mat of the larger (a on ties)", np.maximum)
+_spec(Op.DIFFERENCE, F.COMBINE, AB, True, 0, "max(a, -b); mat of a", lambda a, b: np.maximum(a, -b))
+_spec(Op.XOR, F.COMBINE, AB, True, 0, "max(min(a, b), -max(a, b)); mat of the smaller",
+      lambda a, b: np.maximum(np.minimum(a, b), -np.maximum(a, b)))
+_spec(Op.SMOOTH_UNION, F.COMBINE, AB, True, 1,
+      "[k]: h = max(k-|a-b|,0)/k; min(a,b) - h*h*k/4; mat of the smaller", _smin)
+_spec(Op.SMOOTH_INTERSECT, F.COMBINE, AB, True, 1, "[k]: -smin(-a, -b, k); mat of the larger",
+      lambda a, b, k: -_smin(-a, -b, k))
+_spec(Op.SMOOTH_DIFFERENCE, F.COMBINE, AB, True, 1, "[k]: -smin(-a, b, k); mat of a",
+      lambda a, b, k: -_smin(-a, b, k))
+_spec(Op.OFFSET, F.COMBINE, A, True, 1, "[r]: a - r (round / grow)", lambda a, r: a - r)
+_spec(Op.SHELL, F.COMBINE, A, True, 1, "[t]: |a| - t", lambda a, t: np.abs(a) - t)
+
+_spec(Op.REPEAT_LINEAR, F.PATTERN, (), False, 5,
+      "[dx dy dz n e]: n copies at k*d (k=0..n-1); e = child half-extent along d. Evaluates the body "
+      "for the nearest index c=clamp(round(t),0,n-1), t=dot(p,d)/dot(d,d), and its neighbour towards t; "
+      "unchecked copies are bounded by min(|t-k|)*|d| - e. jump = index of the REPEAT_END.")
+_spec(Op.REPEAT_POLAR, F.PATTERN, (), False, 5,
+      "[n cx cy cz R]: n copies rotated by 2*pi*k/n about z; (c, R) the child's bounding sphere. "
+      "Nearest sector and its neighbour are evaluated; unchecked sectors bounded by |p - rot_k c| - R.")
+_spec(Op.REPEAT_GRID, F.PATTERN, (), False, 9,
+      "[sx sy sz nx ny nz ex ey ez]: copies at (i*sx, j*sy, k*sz), i<nx, j<ny, k<nz; e the child's "
+      "half extents. The 2x2x2 nearest cells are evaluated; unchecked cells bounded per axis by "
+      "min(|t-k|)*s - e.")
+_spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
+      "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "
+      "jump = index of the REPEAT_* that opened the loop; restores p and scale when done.")
+_spec(Op.CULL_BOX, F.CULL, A, True, 7,
+      "[x0 y0 z0 x1 y1 z1 m]: b = box distance * scale; if b >= reg[a] + m then reg[dst] = b, "
+      "mat[dst] = aux, jump. a is the running union (its value cannot be changed by the skipped "
+      "subtree, whose result is reg[dst]).")
+_spec(Op.SET_MATERIAL, F.MATERIAL, A, True, 0, "reg[dst] = reg[a]; mat[dst] = aux")
+
+OPS: dict[Op, OpSpec] = {s.op: s for s in _S}
+assert set(OPS) == set(Op), set(Op) - set(OPS)
+
+# the field of REPEAT_* / CULL_BOX / REPEAT_END that holds the jump target
+JUMPING = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, Op.CULL_BOX}
+REPEATS = {Op.REPEAT_LINEAR: 2, Op.REPEAT_POLAR: 2, Op.REPEAT_GRID: 8}  # body evaluations per point
+POLY_OPS = {Op.EXTRUDE_POLY: 1, Op.REVOLVE_POLY: 0}  # fixed params before the vertex list

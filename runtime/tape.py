@@ -1,0 +1,200 @@
+"""The tape: record dtypes, the ``Tape`` container and the validator that proves a tape safe.
+
+A tape is flat arrays of fixed-size records (``INSTR_DTYPE`` instructions, a float32 parameter
+pool, ``MATERIAL_DTYPE`` materials) plus a few header numbers. The WGSL structs in
+``shaders/generated_tape.wgsl`` are generated from these dtypes; ``validate`` rejects, with the
+record index and the reason, every tape a kernel could not run safely (registers, stack depths,
+jump targets, parameter ranges, reads of unwritten registers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .opcodes import (JUMPING, LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS,
+                      STACK_CAP, Family, Op, OpSpec)
+
+__all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "Tape", "TaperayError", "TapeError", "validate",
+           "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
+           "MAX_PARAMS", "instr_array"]
+
+INSTR_DTYPE = np.dtype([(name, "<u4") for name in
+                        ("op", "dst", "a", "b", "c", "param", "aux", "jump")])
+MATERIAL_DTYPE = np.dtype([("color", "<f4", (3,)), ("roughness", "<f4")])
+
+MAX_INSTRS = 1 << 22          # 128 MiB of instructions; also bounded by the device's binding limit
+MAX_PARAMS = 1 << 26
+MAX_MATERIALS = 1 << 16
+
+
+class TaperayError(Exception):
+    """Every error a user can cause (bad files, bad scenes, tapes too large, no GPU)."""
+
+
+class TapeError(TaperayError):
+    """A tape failed validation: ``record`` is the instruction index (or None for the header)."""
+
+    def __init__(self, reason: str, record: int | None = None, source: str | None = None):
+        self.reason, self.record, self.source = reason, record, source
+        where = f"{source}: " if source else ""
+        where += f"record {record}: " if record is not None else ""
+        super().__init__(where + reason)
+
+
+def instr_array(n: int) -> np.ndarray:
+    return np.zeros(n, INSTR_DTYPE)
+
+
+@dataclass
+class Tape:
+    instrs: np.ndarray                      # INSTR_DTYPE records
+    params: np.ndarray                      # float32 parameter pool
+    materials: np.ndarray                   # MATERIAL_DTYPE records, indexed by material id
+    n_regs: int                             # registers the tape uses
+    bounds: np.ndarray                      # (2, 3) float32: min and max corner of the surface
+    names: dict[str, int] = field(default_factory=dict)   # named parameter -> pool index
+    instance_count: int = 1                 # primitive instances the tape stands for
+    source: str = ""                        # where it came from (file / scene name)
+
+    def __post_init__(self):
+        self.instrs = np.ascontiguousarray(self.instrs, INSTR_DTYPE)
+        self.params = np.ascontiguousarray(self.params, np.float32)
+        self.materials = np.ascontiguousarray(self.materials, MATERIAL_DTYPE)
+        self.bounds = np.asarray(self.bounds, np.float32).reshape(2, 3)
+
+    def __len__(self) -> int:
+        return len(self.instrs)
+
+    def op_counts(self) -> dict[str, int]:
+        ops, counts = np.unique(self.instrs["op"], return_counts=True)
+        return {Op(int(o)).name: int(c) for o, c in zip(ops, counts)}
+
+    def set_param(self, name: str, value) -> slice:
+        """Write a named parameter; returns the pool slice that changed (for partial uploads)."""
+        if name not in self.names:
+            raise TaperayError(f"no parameter named {name!r} (have: {', '.join(sorted(self.names)) or 'none'})")
+        i = self.names[name]
+        self.params[i] = np.float32(value)
+        return slice(i, i + 1)
+
+    def as_columns(self) -> np.ndarray:
+        """The instructions as a contiguous (n, 8) uint32 array (what the kernels read)."""
+        return self.instrs.view(np.uint32).reshape(-1, 8)
+
+
+def _n_params(spec: OpSpec, rec) -> int:
+    if spec.op in POLY_OPS:
+        return POLY_OPS[spec.op] + 2 * int(rec["a"])
+    return spec.n_params
+
+
+def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
+    """Prove ``tape`` safe for every walker or raise ``TapeError`` naming the record and reason."""
+    src = tape.source or None
+    ins = tape.instrs
+    if ins.dtype != INSTR_DTYPE:
+        raise TapeError(f"instruction dtype {ins.dtype} is not the tape's record dtype", None, src)
+    n = len(ins)
+    if n == 0:
+        raise TapeError("the tape is empty", None, src)
+    if n > MAX_INSTRS:
+        raise TapeError(f"{n} instructions exceed the limit of {MAX_INSTRS}", None, src)
+    if len(tape.params) > MAX_PARAMS:
+        raise TapeError(f"{len(tape.params)} parameters exceed the limit of {MAX_PARAMS}", None, src)
+    if not 1 <= tape.n_regs <= reg_cap:
+        raise TapeError(f"the tape needs {tape.n_regs} registers; kernels hold 1..{reg_cap}", None, src)
+    if len(tape.materials) == 0 or len(tape.materials) > MAX_MATERIALS:
+        raise TapeError(f"{len(tape.materials)} materials (need 1..{MAX_MATERIALS})", None, src)
+    if not np.all(np.isfinite(tape.materials["color"])) or not np.all(np.isfinite(tape.materials["roughness"])):
+        raise TapeError("a material holds a non-finite number", None, src)
+    if not np.all(np.isfinite(tape.bounds)):
+        raise TapeError("the bounds are not finite", None, src)
+    for name, idx in tape.names.items():
+        if not (isinstance(idx, (int, np.integer)) and 0 <= idx < len(tape.params)):
+            raise TapeError(f"named parameter {name!r} points outside the pool ({idx})", None, src)
+    if np.isnan(tape.params).any():
+        raise TapeError(f"parameter {int(np.flatnonzero(np.isnan(tape.params))[0])} is NaN", None, src)
+
+    n_params, n_regs, n_mats = len(tape.params), tape.n_regs, len(tape.materials)
+    cols = tape.as_columns().tolist()
+    written = 0                      # bitset of definitely-written registers
+    pending: dict[int, int] = {}     # jump target -> registers written on the jumping path
+    depth = 0                        # point-stack depth
+    depth_at: dict[int, int] = {}
+    loops: list[int] = []            # open REPEAT_* indices
+    for i, (op, dst, a, b, c, param, aux, jump) in enumerate(cols):
+        if i in pending:
+            written &= pending.pop(i)
+            if depth_at.pop(i) != depth:
+                raise TapeError("a cull jumps to a record at a different point-stack depth", i, src)
+        try:
+            spec = OPS[Op(op)]
+        except ValueError:
+            raise TapeError(f"unknown opcode {op}", i, src) from None
+        for fld, r in zip(("a", "b", "c"), (a, b, c)):
+            if fld in spec.reads:
+                if r >= n_regs:
+                    raise TapeError(f"{spec.op.name} reads register {r} of {n_regs}", i, src)
+                if not written >> r & 1:
+                    raise TapeError(f"{spec.op.name} reads register {r} before it is written", i, src)
+        if spec.writes and dst >= n_regs:
+            raise TapeError(f"{spec.op.name} writes register {dst} of {n_regs}", i, src)
+        if spec.op in POLY_OPS and not 3 <= a <= MAX_POLY_VERTS:
+            raise TapeError(f"{spec.op.name} has {a} vertices (need 3..{MAX_POLY_VERTS})", i, src)
+        k = _n_params(spec, {"a": a})
+        if k and param + k > n_params:
+            raise TapeError(f"{spec.op.name} reads parameters {param}..{param + k - 1} of {n_params}", i, src)
+        if spec.family is Family.SHAPE and aux >= n_mats:
+            raise TapeError(f"{spec.op.name} uses material {aux} of {n_mats}", i, src)
+        if spec.op in (Op.CULL_BOX, Op.SET_MATERIAL) and aux >= n_mats:
+            raise TapeError(f"{spec.op.name} uses material {aux} of {n_mats}", i, src)
+        if spec.op is Op.PUSH:
+            depth += 1
+            if depth > STACK_CAP:
+                raise TapeError(f"point stack deeper than {STACK_CAP}", i, src)
+        elif spec.op is Op.POP:
+            depth -= 1
+            if depth < 0:
+                raise TapeError("POP without a matching PUSH", i, src)
+        elif spec.op in REPEATS:
+            if not i < jump < n or cols[jump][0] != Op.REPEAT_END or cols[jump][7] != i:
+                raise TapeError(f"{spec.op.name} jump {jump} is not its REPEAT_END", i, src)
+            loops.append(i)
+            if len(loops) > LOOP_CAP:
+                raise TapeError(f"patterns nested deeper than {LOOP_CAP}", i, src)
+            _check_pattern(spec.op, tape.params[param:param + k], i, src)
+        elif spec.op is Op.REPEAT_END:
+            if not loops or loops[-1] != jump:
+                raise TapeError(f"REPEAT_END jump {jump} does not close the innermost pattern", i, src)
+            loops.pop()
+        elif spec.op is Op.CULL_BOX:
+            if not i < jump <= n:
+                raise TapeError(f"cull jump target {jump} outside ({i}, {n}]", i, src)
+            if jump < n and any(i < L < jump < cols[L][7] for L in loops):
+                raise TapeError("a cull jumps out of a pattern body", i, src)
+            if jump == n:
+                raise TapeError("a cull jumps past the end of the tape", i, src)
+            path = written | (1 << dst)
+            pending[jump] = pending.get(jump, path) & path
+            if depth_at.setdefault(jump, depth) != depth:
+                raise TapeError("culls to one target at different stack depths", i, src)
+        if spec.writes:
+            written |= 1 << dst
+    if pending:
+        raise TapeError("a jump target lies past the end", None, src)
+    if depth:
+        raise TapeError(f"{depth} PUSH without POP at the end of the tape", n - 1, src)
+    if loops:
+        raise TapeError("a pattern is not closed", loops[-1], src)
+    if not written & 1:
+        raise TapeError("the tape never writes its result register 0", n - 1, src)
+    return tape
+
+
+def _check_pattern(op: Op, prm: np.ndarray, i: int, src):
+    if not np.all(np.isfinite(prm)):
+        raise TapeError(f"{op.name} has non-finite parameters", i, src)
+    counts = {Op.REPEAT_LINEAR: prm[3:4], Op.REPEAT_POLAR: prm[0:1], Op.REPEAT_GRID: prm[3:6]}[op]
+    if np.any(counts < 1) or np.any(counts != np.round(counts)) or np.any(counts > 1 << 24):
+        raise TapeError(f"{op.name} counts {counts.tolist()} must be whole numbers in 1..2^24", i, src)

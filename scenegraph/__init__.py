@@ -1,0 +1,1 @@
+"""scenegraph: the modelling API, scene files, importers and flatten(scene) -> Tape."""

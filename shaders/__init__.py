@@ -1,0 +1,1 @@
+"""shaders: the WGSL kernels as verbatim files, loaded by runtime.gpu."""

@@ -1,0 +1,1 @@
+"""solvers: surface extraction, meshing, FEM, adjoints and optimisation on tapes."""

@@ -1,0 +1,1 @@
+"""tools: the taperay command line and the benchmark harness."""
