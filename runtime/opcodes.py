@@ -213,7 +213,7 @@ _spec(Op.TORUS, F.SHAPE, (), True, 2, "[R r]: ring in the xy plane (axis z), exa
 _spec(Op.ELLIPSOID, F.SHAPE, (), True, 3, "[rx ry rz]: iq's bound k0*(k0-1)/k1, k0=|p/r|, k1=|p/r^2|")
 _spec(Op.PLANE, F.SHAPE, (), True, 4, "[nx ny nz d]: half-space dot(p, n) - d (n unit), exact")
 _spec(Op.EXTRUDE_POLY, F.SHAPE, (), True, -1,
-      "[h, x0 y0 x1 y1 ...] aux2=a: vertex count n (field a, not a register); closed polygon in xy "
+      "[h, x0 y0 x1 y1 ...]: vertex count n in field a (not a register); closed polygon in xy "
       "(even-odd inside), extruded along z to [-h, h], exact")
 _spec(Op.REVOLVE_POLY, F.SHAPE, (), True, -1,
       "[x0 y0 x1 y1 ...] vertex count n in field a; profile in (radius, z), revolved about z: "
@@ -258,9 +258,10 @@ _spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
       "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "
       "jump = index of the REPEAT_* that opened the loop; restores p and scale when done.")
 _spec(Op.CULL_BOX, F.CULL, A, True, 7,
-      "[x0 y0 z0 x1 y1 z1 m]: b = box distance * scale; if b >= reg[a] + m then reg[dst] = b, "
-      "mat[dst] = aux, jump. a is the running union (its value cannot be changed by the skipped "
-      "subtree, whose result is reg[dst]).")
+      "[x0 y0 z0 x1 y1 z1 m]: b = signed distance from p to the box * scale; ALWAYS reg[dst] = b, "
+      "mat[dst] = aux; then if b >= reg[a] + m, jump. a is the running union. The flattener emits "
+      "CULL_BOX(dst=t) <subtree into t+1> INTERSECT(t, a=t+1, b=t) and jumps to the UNION after it, "
+      "so the subtree always counts as max(v, b): culled and unculled fields are equal exactly.")
 _spec(Op.SET_MATERIAL, F.MATERIAL, A, True, 0, "reg[dst] = reg[a]; mat[dst] = aux")
 
 OPS: dict[Op, OpSpec] = {s.op: s for s in _S}

@@ -53,7 +53,7 @@ class Tape:
     materials: np.ndarray                   # MATERIAL_DTYPE records, indexed by material id
     n_regs: int                             # registers the tape uses
     bounds: np.ndarray                      # (2, 3) float32: min and max corner of the surface
-    names: dict[str, int] = field(default_factory=dict)   # named parameter -> pool index
+    names: dict[str, list[int]] = field(default_factory=dict)  # named parameter -> pool slots holding it
     instance_count: int = 1                 # primitive instances the tape stands for
     source: str = ""                        # where it came from (file / scene name)
 
@@ -71,12 +71,13 @@ class Tape:
         return {Op(int(o)).name: int(c) for o, c in zip(ops, counts)}
 
     def set_param(self, name: str, value) -> slice:
-        """Write a named parameter; returns the pool slice that changed (for partial uploads)."""
+        """Write a named parameter into every slot that holds it; returns the pool slice that changed
+        (for partial uploads). Bounds and cull boxes are not refitted: see ``scenegraph.Param``."""
         if name not in self.names:
             raise TaperayError(f"no parameter named {name!r} (have: {', '.join(sorted(self.names)) or 'none'})")
-        i = self.names[name]
-        self.params[i] = np.float32(value)
-        return slice(i, i + 1)
+        slots = self.names[name]
+        self.params[slots] = np.float32(value)
+        return slice(min(slots), max(slots) + 1)
 
     def as_columns(self) -> np.ndarray:
         """The instructions as a contiguous (n, 8) uint32 array (what the kernels read)."""
@@ -110,9 +111,10 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
         raise TapeError("a material holds a non-finite number", None, src)
     if not np.all(np.isfinite(tape.bounds)):
         raise TapeError("the bounds are not finite", None, src)
-    for name, idx in tape.names.items():
-        if not (isinstance(idx, (int, np.integer)) and 0 <= idx < len(tape.params)):
-            raise TapeError(f"named parameter {name!r} points outside the pool ({idx})", None, src)
+    for name, slots in tape.names.items():
+        if not isinstance(name, str) or not isinstance(slots, (list, tuple)) or not slots or not all(
+                isinstance(i, (int, np.integer)) and 0 <= i < len(tape.params) for i in slots):
+            raise TapeError(f"named parameter {name!r} points outside the pool ({slots!r})", None, src)
     if np.isnan(tape.params).any():
         raise TapeError(f"parameter {int(np.flatnonzero(np.isnan(tape.params))[0])} is NaN", None, src)
 

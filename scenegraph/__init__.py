@@ -1,1 +1,12 @@
-"""scenegraph: the modelling API, scene files, importers and flatten(scene) -> Tape."""
+"""scenegraph: the modelling API, scene files, importers and ``flatten(scene) -> Tape``."""
+from .flatten import flatten, node_bounds
+from .nodes import (DEFAULT_MATERIAL, Material, Node, Param, box, capped_cone, capsule, cylinder,
+                    difference, ellipsoid, extrude, intersection, node_from_dict, plane, revolve,
+                    rounded_box, smooth_difference, smooth_intersection, smooth_union, sphere, torus,
+                    union, xor)
+
+__all__ = ["flatten", "node_bounds", "DEFAULT_MATERIAL", "Material", "Node", "Param", "box",
+           "capped_cone", "capsule", "cylinder", "difference", "ellipsoid", "extrude",
+           "intersection", "node_from_dict", "plane", "revolve", "rounded_box",
+           "smooth_difference", "smooth_intersection", "smooth_union", "sphere", "torus", "union",
+           "xor"]

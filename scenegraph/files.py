@@ -1,0 +1,237 @@
+"""Tape and scene files: one msgpack container, validated on load, written atomically.
+
+A file is one msgpack map::
+
+    {"format": "taperay", "version": 1, "kind": "tape" | "scene", "crc32": int, "body": {...}}
+
+``crc32`` is the CRC-32 of the msgpack encoding of ``body`` (as this module writes it: canonical
+msgpack, binary as bin, strings as str). A tape body holds the record arrays as raw little-endian
+bytes (``instrs``: ``INSTR_DTYPE``, ``params``: float32, ``materials``: ``MATERIAL_DTYPE``), the
+record layouts they were written with, and the header numbers; a scene body is ``Node.to_dict()``.
+
+Loading trusts nothing: size limits are checked before reading, msgpack runs with limits derived
+from the file size (no allocation bombs, nesting bounded by msgpack's own stack), every field is
+type- and size-checked, and a tape goes through ``runtime.tape.validate``. Every defect raises
+``FileFormatError`` (a ``TaperayError``) naming the file and what is wrong. Saving writes a
+temporary file in the target's directory, fsyncs it and renames it over the target, so a reader
+never sees a partial file. Conventional extensions: ``.tape`` and ``.scene``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import zlib
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from taperay.runtime.tape import (INSTR_DTYPE, MATERIAL_DTYPE, MAX_INSTRS, MAX_PARAMS, Tape,
+                                  TaperayError, validate)
+from taperay.runtime.tape import MAX_MATERIALS
+
+__all__ = ["FileFormatError", "FORMAT", "VERSION", "TAPE_EXT", "SCENE_EXT", "MAX_FILE_BYTES",
+           "save_tape", "load_tape_file", "save_scene", "load_scene_file"]
+
+FORMAT = "taperay"
+VERSION = 1
+TAPE_EXT = ".tape"
+SCENE_EXT = ".scene"
+MAX_NAMES = 1 << 20              # named parameters in one tape
+MAX_STR = 1 << 16                # bytes of one string (a name, a kind)
+# the largest tape the validator accepts, plus room for names and the container
+MAX_FILE_BYTES = (MAX_INSTRS * INSTR_DTYPE.itemsize + MAX_PARAMS * 4
+                  + MAX_MATERIALS * MATERIAL_DTYPE.itemsize + (64 << 20))
+
+_TAPE_KEYS = {"instrs", "params", "materials", "instr_dtype", "material_dtype", "n_regs", "bounds",
+              "names", "instance_count"}
+
+
+class FileFormatError(TaperayError):
+    """A tape or scene file is unreadable, truncated, corrupted, hostile or of another version."""
+
+    def __init__(self, path, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
+def _dtype_layout(dt: np.dtype) -> list:
+    """A record dtype as msgpack-friendly data: [[name, base format, shape], ...]."""
+    return [[name, dt.fields[name][0].base.str, list(dt.fields[name][0].shape)] for name in dt.names]
+
+
+# -- writing ------------------------------------------------------------------------------------
+def _pack(kind: str, body: dict, path) -> bytes:
+    try:
+        body_bytes = msgpack.packb(body, use_bin_type=True)
+        return msgpack.packb({"format": FORMAT, "version": VERSION, "kind": kind,
+                              "crc32": zlib.crc32(body_bytes), "body": body}, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:   # unencodable value, nesting too deep
+        raise TaperayError(f"{path}: cannot encode the {kind}: {e}") from None
+
+
+def _write_atomic(path, data: bytes) -> None:
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise TaperayError(f"{path}: cannot write: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(e, OSError):
+            raise TaperayError(f"{path}: cannot write: {e.strerror or e}") from None
+        raise
+    try:   # make the rename itself durable (not possible on every platform / file system)
+        dfd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def save_tape(tape: Tape, path) -> None:
+    """Write ``tape`` to ``path`` (conventionally ``*.tape``) atomically; it is validated first."""
+    validate(tape)
+    body = {
+        "instrs": np.ascontiguousarray(tape.instrs, INSTR_DTYPE).tobytes(),
+        "params": np.ascontiguousarray(tape.params, "<f4").tobytes(),
+        "materials": np.ascontiguousarray(tape.materials, MATERIAL_DTYPE).tobytes(),
+        "instr_dtype": _dtype_layout(INSTR_DTYPE),
+        "material_dtype": _dtype_layout(MATERIAL_DTYPE),
+        "n_regs": int(tape.n_regs),
+        "bounds": [float(v) for v in np.asarray(tape.bounds, np.float32).ravel()],
+        "names": {str(k): int(v) for k, v in tape.names.items()},
+        "instance_count": int(tape.instance_count),
+    }
+    _write_atomic(path, _pack("tape", body, path))
+
+
+def save_scene(node, path) -> None:
+    """Write the scene tree ``node`` (its ``to_dict()``) to ``path`` (``*.scene``) atomically."""
+    _write_atomic(path, _pack("scene", node.to_dict(), path))
+
+
+# -- reading ------------------------------------------------------------------------------------
+def _read_container(path, kind: str) -> dict:
+    """Read, decode and check the container of ``path``; return its body."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise FileFormatError(path, f"file of {size} bytes exceeds the limit of {MAX_FILE_BYTES}")
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise FileFormatError(path, f"cannot read: {e.strerror or e}") from None
+    if not data:
+        raise FileFormatError(path, "the file is empty")
+    n = len(data)
+    try:
+        root = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True,
+                               max_str_len=min(n, MAX_STR), max_bin_len=n,
+                               max_array_len=n, max_map_len=n, max_ext_len=0)
+    except Exception as e:   # msgpack reports bad data with ValueError subclasses and others
+        reason = str(e) or type(e).__name__
+        raise FileFormatError(path, f"not a valid taperay file (msgpack: {reason})") from None
+    if not isinstance(root, dict):
+        raise FileFormatError(path, f"not a taperay file (the root is a {type(root).__name__}, not a map)")
+    if root.get("format") != FORMAT:
+        raise FileFormatError(path, f"not a taperay file (format {root.get('format')!r})")
+    version = root.get("version")
+    if version != VERSION or isinstance(version, bool):
+        raise FileFormatError(path, f"file format version {version!r}; this taperay reads version {VERSION}")
+    if root.get("kind") != kind:
+        raise FileFormatError(path, f"holds a {root.get('kind')!r}, not a {kind!r}")
+    extra = set(root) - {"format", "version", "kind", "crc32", "body"}
+    if extra:
+        raise FileFormatError(path, f"unexpected container fields {sorted(map(str, extra))}")
+    body = root.get("body")
+    if not isinstance(body, dict):
+        raise FileFormatError(path, f"the body is a {type(body).__name__}, not a map")
+    crc = root.get("crc32")
+    if not isinstance(crc, int) or isinstance(crc, bool):
+        raise FileFormatError(path, "missing or malformed crc32")
+    try:
+        actual = zlib.crc32(msgpack.packb(body, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise FileFormatError(path, f"the body cannot be re-encoded: {e}") from None
+    if actual != crc:
+        raise FileFormatError(path, f"checksum mismatch (stored {crc:#010x}, computed {actual:#010x}): "
+                                    "the file is corrupted")
+    return body
+
+
+def _records(path, body, key, dtype: np.dtype, limit: int) -> np.ndarray:
+    raw = body[key]
+    if not isinstance(raw, bytes):
+        raise FileFormatError(path, f"{key!r} must be binary, got {type(raw).__name__}")
+    if len(raw) % dtype.itemsize:
+        raise FileFormatError(path, f"{key!r} holds {len(raw)} bytes, not a multiple of the "
+                                    f"{dtype.itemsize}-byte record")
+    if len(raw) // dtype.itemsize > limit:
+        raise FileFormatError(path, f"{key!r} holds {len(raw) // dtype.itemsize} records (limit {limit})")
+    return np.frombuffer(raw, dtype).copy()
+
+
+def _int(path, body, key, lo: int, hi: int) -> int:
+    v = body[key]
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise FileFormatError(path, f"{key!r} must be an integer in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def load_tape_file(path) -> Tape:
+    """Read a ``.tape`` file written by ``save_tape``; the tape returned is validated."""
+    body = _read_container(path, "tape")
+    missing, extra = _TAPE_KEYS - set(body), set(body) - _TAPE_KEYS
+    if missing or extra:
+        raise FileFormatError(path, f"tape body fields: missing {sorted(missing)}, unexpected "
+                                    f"{sorted(map(str, extra))}")
+    for key, dt in (("instr_dtype", INSTR_DTYPE), ("material_dtype", MATERIAL_DTYPE)):
+        if body[key] != _dtype_layout(dt):
+            raise FileFormatError(path, f"{key} {body[key]!r} differs from this taperay's "
+                                        f"{_dtype_layout(dt)!r}")
+    instrs = _records(path, body, "instrs", INSTR_DTYPE, MAX_INSTRS)
+    params = _records(path, body, "params", np.dtype("<f4"), MAX_PARAMS)
+    materials = _records(path, body, "materials", MATERIAL_DTYPE, MAX_MATERIALS)
+    bounds = body["bounds"]
+    if (not isinstance(bounds, list) or len(bounds) != 6
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds)):
+        raise FileFormatError(path, f"'bounds' must be 6 numbers, got {bounds!r:.80}")
+    names = body["names"]
+    if not isinstance(names, dict) or len(names) > MAX_NAMES:
+        raise FileFormatError(path, "'names' must be a map of at most 2^20 entries")
+    for k, v in names.items():
+        if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):
+            raise FileFormatError(path, f"named parameter {k!r}: index {v!r} is not an integer")
+    tape = Tape(instrs=instrs, params=params, materials=materials,
+                n_regs=_int(path, body, "n_regs", 1, 1 << 16), bounds=bounds, names=dict(names),
+                instance_count=_int(path, body, "instance_count", 0, (1 << 63) - 1),
+                source=str(path))
+    return validate(tape)
+
+
+def load_scene_file(path):
+    """Read a ``.scene`` file written by ``save_scene``; returns the scene's root node."""
+    from .nodes import node_from_dict
+
+    body = _read_container(path, "scene")
+    try:
+        return node_from_dict(body)
+    except TaperayError as e:
+        raise FileFormatError(path, f"bad scene: {e}") from None
+    except RecursionError:
+        raise FileFormatError(path, "bad scene: the node tree is nested too deeply") from None

@@ -1,0 +1,321 @@
+"""``flatten(scene) -> Tape``: the scene graph written as tape records.
+
+Owns register allocation (a node writes register ``dst`` and uses only registers above it), the
+bounds of every node (in the node's own frame), the bounding-volume hierarchy that wraps plain
+unions in exact CULL_BOX records, the parameter pool (named ``Param``s get stable slots) and the
+material table. Patterns become one REPEAT_* ... REPEAT_END loop whatever their count, so a
+pattern of 10^6 instances is a handful of records.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
+
+from .nodes import DEFAULT_MATERIAL, Material, Node, Param
+
+__all__ = ["flatten", "node_bounds"]
+
+INF = math.inf
+_SHAPE_OPS = {"sphere": Op.SPHERE, "box": Op.BOX, "rounded_box": Op.ROUND_BOX, "cylinder": Op.CYLINDER,
+              "capped_cone": Op.CAPPED_CONE, "capsule": Op.CAPSULE, "torus": Op.TORUS,
+              "ellipsoid": Op.ELLIPSOID, "plane": Op.PLANE, "extrude": Op.EXTRUDE_POLY,
+              "revolve": Op.REVOLVE_POLY}
+_COMBINE_OPS = {"union": (Op.UNION, None), "intersection": (Op.INTERSECT, None),
+                "difference": (Op.DIFFERENCE, None), "xor": (Op.XOR, None),
+                "smooth_union": (Op.SMOOTH_UNION, "k"), "smooth_intersection": (Op.SMOOTH_INTERSECT, "k"),
+                "smooth_difference": (Op.SMOOTH_DIFFERENCE, "k")}
+_LEAF_CULL_MIN = 3   # unions of fewer children are chained without cull records
+
+
+# -- bounds ------------------------------------------------------------------------------------
+def _box(lo, hi):
+    return np.array([lo, hi], np.float64)
+
+
+def _corners(b):
+    return np.array([[b[i >> 0 & 1, 0], b[i >> 1 & 1, 1], b[i >> 2 & 1, 2]] for i in range(8)])
+
+
+def _quat_rotate(q, v):
+    w, x, y, z = q
+    u = np.array([x, y, z])
+    v = np.asarray(v, float)
+    return v + 2 * np.cross(u, np.cross(u, v) + w * v)
+
+
+def _transform_box(b, t, q, s):
+    if not np.all(np.isfinite(b)):
+        return _box([-INF] * 3, [INF] * 3)
+    c = np.array([_quat_rotate(q, p * s) for p in _corners(b)]) + t
+    return _box(c.min(0), c.max(0))
+
+
+def node_bounds(n: Node, cache: dict | None = None) -> np.ndarray:
+    """(2,3) float64 box holding the node's surface, in the node's own frame (inf: unbounded)."""
+    cache = {} if cache is None else cache
+    key = id(n)
+    if key not in cache:
+        cache[key] = _bounds(n, cache)
+    return cache[key]
+
+
+def _bounds(n: Node, cache) -> np.ndarray:
+    v, k = n.values(), n.kind
+    kid = [node_bounds(c, cache) for c in n.children]
+    if k == "sphere":
+        return _box([-v[0]] * 3, [v[0]] * 3)
+    if k in ("box", "rounded_box", "ellipsoid"):
+        return _box(-v[:3], v[:3])
+    if k == "cylinder":
+        return _box([-v[0], -v[0], -v[1]], [v[0], v[0], v[1]])
+    if k == "capped_cone":
+        r = max(v[1], v[2])
+        return _box([-r, -r, -v[0]], [r, r, v[0]])
+    if k == "capsule":
+        a, b, r = v[:3], v[3:6], v[6]
+        return _box(np.minimum(a, b) - r, np.maximum(a, b) + r)
+    if k == "torus":
+        return _box([-v[0] - v[1], -v[0] - v[1], -v[1]], [v[0] + v[1], v[0] + v[1], v[1]])
+    if k == "plane":
+        return _box([-INF] * 3, [INF] * 3)
+    if k == "extrude":
+        xy = v[1:].reshape(-1, 2)
+        return _box([*xy.min(0), -v[0]], [*xy.max(0), v[0]])
+    if k == "revolve":
+        rz = v.reshape(-1, 2)
+        r = np.abs(rz[:, 0]).max()
+        return _box([-r, -r, rz[:, 1].min()], [r, r, rz[:, 1].max()])
+    if k in ("union", "xor"):
+        return _box(np.min([b[0] for b in kid], 0), np.max([b[1] for b in kid], 0))
+    if k == "smooth_union":
+        b = _box(np.min([b[0] for b in kid], 0), np.max([b[1] for b in kid], 0))
+        return b + np.array([[-v[0] / 4] * 3, [v[0] / 4] * 3])
+    if k in ("intersection", "smooth_intersection"):
+        return _box(np.max([b[0] for b in kid], 0), np.min([b[1] for b in kid], 0))
+    if k in ("difference", "smooth_difference"):
+        return kid[0]
+    if k == "offset":
+        return kid[0] + np.array([[-v[0]] * 3, [v[0]] * 3])
+    if k == "shell":
+        return kid[0] + np.array([[-v[0]] * 3, [v[0]] * 3])
+    if k == "transform":
+        return _transform_box(kid[0], v[:3], v[3:7], v[7])
+    if k == "mirror":
+        nrm, d = v[:3], v[3]
+        b = kid[0]
+        if not np.all(np.isfinite(b)):
+            return b
+        c = _corners(b)
+        refl = c - 2 * ((c @ nrm) - d)[:, None] * nrm
+        allc = np.vstack([c, refl])
+        return _box(allc.min(0), allc.max(0))
+    if k == "elongate":
+        return kid[0] + np.array([-v[:3], v[:3]])
+    if k == "linear_pattern":
+        d, cnt = v[:3], v[3]
+        ends = np.array([np.zeros(3), d * (cnt - 1)])
+        return _box(kid[0][0] + ends.min(0), kid[0][1] + ends.max(0))
+    if k == "polar_pattern":
+        b = kid[0]
+        c = _corners(b)
+        rho = np.hypot(c[:, 0], c[:, 1]).max()
+        return _box([-rho, -rho, b[0, 2]], [rho, rho, b[1, 2]])
+    if k == "grid_pattern":
+        s, cnt = v[:3], v[3:6]
+        return _box(kid[0][0], kid[0][1] + s * (cnt - 1))
+    raise AssertionError(k)
+
+
+# -- emission ----------------------------------------------------------------------------------
+class _Emitter:
+    def __init__(self):
+        self.rows: list[tuple] = []
+        self.params: list[float] = []
+        self.names: dict[str, list[int]] = {}
+        self.materials: list[Material] = [DEFAULT_MATERIAL]
+        self.max_reg = 0
+        self.bounds_cache: dict = {}
+        self.instances = 0
+
+    def bounds(self, n):
+        return node_bounds(n, self.bounds_cache)
+
+    def pool(self, values) -> int:
+        off = len(self.params)
+        for v in values:
+            if isinstance(v, Param):
+                self.names.setdefault(v.name, []).append(len(self.params))
+            self.params.append(float(v))
+        return off
+
+    def row(self, op, dst=0, a=0, b=0, c=0, param=0, aux=0, jump=0) -> int:
+        self.max_reg = max(self.max_reg, dst)
+        self.rows.append([int(op), dst, a, b, c, param, aux, jump])
+        return len(self.rows) - 1
+
+    def material_id(self, m: Material) -> int:
+        for i, known in enumerate(self.materials):
+            if known == m:
+                return i
+        self.materials.append(m)
+        return len(self.materials) - 1
+
+    # node -> instructions writing register dst
+    def emit(self, n: Node, dst: int, mat: int) -> int:
+        """Emit ``n`` into register ``dst``; returns the number of primitive instances it stands for."""
+        if n.mat is not None:
+            mat = self.material_id(n.mat)
+        k = n.kind
+        if k in _SHAPE_OPS:
+            nums = n.numbers
+            count = 0
+            if k == "extrude":
+                count = (len(nums) - 1) // 2
+            elif k == "revolve":
+                count = len(nums) // 2
+            self.row(_SHAPE_OPS[k], dst, a=count, param=self.pool(nums), aux=mat)
+            return 1
+        if k == "union" and len(n.children) >= _LEAF_CULL_MIN:
+            return self.emit_culled_union(list(n.children), dst, mat)
+        if k in _COMBINE_OPS:
+            op, knum = _COMBINE_OPS[k]
+            kparam = self.pool(n.numbers) if knum else 0
+            margin = n.value(0) if k == "smooth_union" else 0.0
+            total = self.emit(n.children[0], dst, mat)
+            for child in n.children[1:]:
+                if k == "smooth_union":   # chain order matters for smin: cull child by child
+                    total += self.emit_cull_wrapped(child, dst, mat, margin, op, kparam)
+                else:
+                    total += self.emit(child, dst + 1, mat)
+                    self.row(op, dst, a=dst, b=dst + 1, param=kparam)
+            return total
+        if k in ("offset", "shell"):
+            total = self.emit(n.children[0], dst, mat)
+            self.row(Op.OFFSET if k == "offset" else Op.SHELL, dst, a=dst, param=self.pool(n.numbers))
+            return total
+        if k in ("transform", "mirror", "elongate"):
+            self.row(Op.PUSH)
+            if k == "transform":
+                t, q, s = n.numbers[:3], n.numbers[3:7], n.numbers[7]
+                named = lambda vs: any(isinstance(x, Param) for x in vs)
+                if named(t) or any(float(x) for x in t):
+                    self.row(Op.TRANSLATE, param=self.pool(t))
+                if named(q) or [float(x) for x in q] != [1, 0, 0, 0]:
+                    self.row(Op.ROTATE, param=self.pool(q))
+                if named([s]) or float(s) != 1:
+                    self.row(Op.SCALE, param=self.pool([s]))
+            else:
+                self.row(Op.MIRROR if k == "mirror" else Op.ELONGATE, param=self.pool(n.numbers))
+            total = self.emit(n.children[0], dst, mat)
+            self.row(Op.POP)
+            return total
+        if k in ("linear_pattern", "polar_pattern", "grid_pattern"):
+            return self.emit_pattern(n, dst, mat)
+        raise AssertionError(k)
+
+    def emit_pattern(self, n: Node, dst: int, mat: int) -> int:
+        child = n.children[0]
+        b = self.bounds(child)
+        if not np.all(np.isfinite(b)):
+            raise TaperayError(f"{n.kind}: the repeated shape is unbounded (a plane?); patterns need bounded shapes")
+        v = n.values()
+        if n.kind == "linear_pattern":
+            d = v[:3]
+            dn = d / np.linalg.norm(d)
+            proj = _corners(b) @ dn
+            extra, op, count = [np.abs(proj).max()], Op.REPEAT_LINEAR, int(v[3])
+        elif n.kind == "polar_pattern":
+            c = (b[0] + b[1]) / 2
+            extra, op, count = [*c, np.linalg.norm(b[1] - b[0]) / 2], Op.REPEAT_POLAR, int(v[0])
+        else:
+            extra, op, count = list(np.abs(b).max(0)), Op.REPEAT_GRID, int(np.prod(v[3:6]))
+        begin = self.row(op, param=self.pool([*n.numbers, *extra]))
+        inner = self.emit(child, dst + 1, mat)
+        end = self.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
+        self.rows[begin][7] = end
+        return inner * count
+
+    def emit_cull_wrapped(self, child: Node, run: int, mat: int, margin: float, op, kparam) -> int:
+        """``run = op(run, child)`` with the child skipped where its box cannot change ``run``."""
+        box = self.bounds_of(child)
+        if not np.all(np.isfinite(box)):
+            total = self.emit_group(child, run + 1, mat)
+            self.row(op, run, a=run, b=run + 1, param=kparam)
+            return total
+        cull = self.row(Op.CULL_BOX, run + 1, a=run, param=self.pool([*box[0], *box[1], margin]), aux=mat)
+        total = self.emit_group(child, run + 2, mat)
+        self.row(Op.INTERSECT, run + 1, a=run + 2, b=run + 1)
+        self.rows[cull][7] = self.row(op, run, a=run, b=run + 1, param=kparam)
+        return total
+
+    def emit_group(self, item, dst: int, mat: int) -> int:
+        return self.emit_bvh(item, dst, mat) if isinstance(item, tuple) else self.emit(item, dst, mat)
+
+    def emit_bvh(self, tree: tuple, dst: int, mat: int) -> int:
+        left, right = tree[0], tree[1]
+        total = self.emit_group(left, dst, mat)
+        return total + self.emit_cull_wrapped(right, dst, mat, 0.0, Op.UNION, 0)
+
+    def emit_culled_union(self, children: list[Node], dst: int, mat: int) -> int:
+        boxes = np.array([self.bounds(c) for c in children])
+        finite = np.all(np.isfinite(boxes.reshape(len(children), -1)), axis=1)
+        unbounded = [c for c, f in zip(children, finite) if not f]
+        bounded = [c for c, f in zip(children, finite) if f]
+        total = 0
+        first = True
+        for c in unbounded:
+            total += self.emit(c, dst if first else dst + 1, mat)
+            if not first:
+                self.row(Op.UNION, dst, a=dst, b=dst + 1)
+            first = False
+        if not bounded:
+            return total
+        tree = _build_bvh(bounded, boxes[finite])
+        if first:
+            return total + self.emit_group(tree, dst, mat)
+        return total + self.emit_cull_wrapped(tree, dst, mat, 0.0, Op.UNION, 0)
+
+    def bounds_of(self, item):
+        if isinstance(item, tuple):
+            return item[2]
+        return self.bounds(item)
+
+
+def _build_bvh(items: list, boxes: np.ndarray):
+    """Binary tree of (left, right, box) tuples by median split on the longest centroid axis."""
+    if len(items) == 1:
+        return items[0]
+    centres = boxes.mean(axis=1)
+    axis = int(np.argmax(np.ptp(centres, axis=0)))
+    order = np.argsort(centres[:, axis], kind="stable")
+    half = len(items) // 2
+    lo, hi = order[:half], order[half:]
+    left = _build_bvh([items[i] for i in lo], boxes[lo])
+    right = _build_bvh([items[i] for i in hi], boxes[hi])
+    box = np.array([boxes[:, 0].min(0), boxes[:, 1].max(0)])
+    return (left, right, box)
+
+
+def flatten(scene: Node, source: str = "") -> Tape:
+    """Flatten a scene node into a validated ``Tape`` (result in register 0)."""
+    if not isinstance(scene, Node):
+        raise TaperayError(f"{source or 'scene'}: expected a scene node, got {type(scene).__name__}")
+    em = _Emitter()
+    instances = em.emit(scene, 0, 0)
+    instrs = np.array([tuple(r) for r in em.rows], INSTR_DTYPE)
+    mats = np.array([(m.color, m.roughness) for m in em.materials], MATERIAL_DTYPE)
+    b = em.bounds(scene)
+    if not np.all(np.isfinite(b)):   # unbounded (planes): frame the bounded leaves, else a unit box
+        finite = [em.bounds(n) for n in scene.walk() if not n.children and np.all(np.isfinite(em.bounds(n)))]
+        b = np.array([np.min([f[0] for f in finite], 0), np.max([f[1] for f in finite], 0)]) if finite \
+            else _box([-1] * 3, [1] * 3)
+    n_regs = em.max_reg + 1
+    if n_regs > max(REG_CAPS):
+        raise TaperayError(f"{source or 'scene'}: needs {n_regs} registers, kernels hold {max(REG_CAPS)}; "
+                           "the scene graph is nested too deeply")
+    tape = Tape(instrs, np.array(em.params, np.float32), mats, n_regs, b.astype(np.float32),
+                names=em.names, instance_count=int(instances), source=source)
+    return validate(tape)

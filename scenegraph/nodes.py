@@ -1,0 +1,331 @@
+"""The modelling API: one data-driven ``Node`` class whose kinds are rows of ``KINDS``.
+
+A node is (kind, numbers, children, material). Primitives, booleans, transforms, modifiers and
+patterns are all rows of one table that says which opcode a kind flattens to and how its numbers
+are named — no class per shape. Numbers may be plain floats or named ``Param``s (free parameters
+a slider or optimiser moves). ``to_dict`` / ``node_from_dict`` are the scene-file body.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from taperay.runtime.tape import TaperayError
+
+__all__ = ["Node", "Param", "Material", "KINDS", "node_from_dict", "sphere", "box", "rounded_box",
+           "cylinder", "capped_cone", "capsule", "torus", "ellipsoid", "plane", "extrude", "revolve",
+           "union", "intersection", "difference", "xor", "smooth_union", "smooth_intersection",
+           "smooth_difference", "DEFAULT_MATERIAL"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A named free parameter: usable wherever a node takes a number; stable name in the tape.
+
+    Bounds (and therefore cull boxes and pattern extents) are computed from ``value`` at flatten
+    time; moving a parameter far enough to grow a shape past them needs a re-flatten.
+    """
+    name: str
+    value: float
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
+@dataclass(frozen=True)
+class Material:
+    name: str
+    color: tuple[float, float, float] = (0.7, 0.7, 0.72)
+    roughness: float = 0.5
+
+
+DEFAULT_MATERIAL = Material("default")
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    family: str                 # shape | combine | modifier | transform | pattern | group
+    numbers: tuple[str, ...]    # names of the node's numbers (a trailing '*' = variable list)
+    children: int               # -1: any number >= 1
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in [
+    Kind("sphere", "shape", ("r",), 0),
+    Kind("box", "shape", ("hx", "hy", "hz"), 0),
+    Kind("rounded_box", "shape", ("hx", "hy", "hz", "r"), 0),
+    Kind("cylinder", "shape", ("r", "h"), 0),
+    Kind("capped_cone", "shape", ("h", "r1", "r2"), 0),
+    Kind("capsule", "shape", ("ax", "ay", "az", "bx", "by", "bz", "r"), 0),
+    Kind("torus", "shape", ("R", "r"), 0),
+    Kind("ellipsoid", "shape", ("rx", "ry", "rz"), 0),
+    Kind("plane", "shape", ("nx", "ny", "nz", "d"), 0),
+    Kind("extrude", "shape", ("h", "xy*"), 0),
+    Kind("revolve", "shape", ("rz*",), 0),
+    Kind("union", "combine", (), -1),
+    Kind("intersection", "combine", (), -1),
+    Kind("difference", "combine", (), -1),
+    Kind("xor", "combine", (), 2),
+    Kind("smooth_union", "combine", ("k",), -1),
+    Kind("smooth_intersection", "combine", ("k",), -1),
+    Kind("smooth_difference", "combine", ("k",), -1),
+    Kind("offset", "modifier", ("r",), 1),
+    Kind("shell", "modifier", ("t",), 1),
+    Kind("transform", "transform", ("tx", "ty", "tz", "qw", "qx", "qy", "qz", "s"), 1),
+    Kind("mirror", "transform", ("nx", "ny", "nz", "d"), 1),
+    Kind("elongate", "transform", ("hx", "hy", "hz"), 1),
+    Kind("linear_pattern", "pattern", ("dx", "dy", "dz", "n"), 1),
+    Kind("polar_pattern", "pattern", ("n",), 1),
+    Kind("grid_pattern", "pattern", ("sx", "sy", "sz", "nx", "ny", "nz"), 1),
+]}
+
+
+def _num(v):
+    if isinstance(v, Param):
+        if not isinstance(v.name, str) or not v.name:
+            raise TaperayError(f"a parameter needs a non-empty name, got {v.name!r}")
+        return Param(v.name, float(v.value))
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise TaperayError(f"expected a number or Param, got {v!r}") from None
+    if not math.isfinite(f):
+        raise TaperayError(f"expected a finite number, got {v!r}")
+    return f
+
+
+def _quat_axis_angle(axis, degrees):
+    a = np.asarray(axis, float)
+    n = np.linalg.norm(a)
+    if n == 0:
+        raise TaperayError("rotation axis is zero")
+    h = math.radians(float(degrees)) / 2
+    return (math.cos(h), *(a / n * math.sin(h)))
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    kind: str
+    numbers: tuple = ()
+    children: tuple["Node", ...] = ()
+    mat: Material | None = None
+
+    def __post_init__(self):
+        spec = KINDS.get(self.kind)
+        if spec is None:
+            raise TaperayError(f"unknown node kind {self.kind!r}")
+        nums = tuple(_num(v) for v in self.numbers)
+        object.__setattr__(self, "numbers", nums)
+        fixed = [n for n in spec.numbers if not n.endswith("*")]
+        variable = len(fixed) != len(spec.numbers)
+        if len(nums) < len(fixed) or (not variable and len(nums) != len(fixed)):
+            raise TaperayError(f"{self.kind} takes numbers {spec.numbers}, got {len(nums)}")
+        if variable and (len(nums) - len(fixed)) % 2:
+            raise TaperayError(f"{self.kind}: the vertex list needs pairs of numbers")
+        for c in self.children:
+            if not isinstance(c, Node):
+                raise TaperayError(f"{self.kind}: child {c!r} is not a scene node")
+        if spec.children >= 0 and len(self.children) != spec.children:
+            raise TaperayError(f"{self.kind} takes {spec.children} children, got {len(self.children)}")
+        if spec.children < 0 and not self.children:
+            raise TaperayError(f"{self.kind} needs at least one child")
+        _check_values(self)
+
+    # -- values --------------------------------------------------------------------------------
+    def value(self, i: int) -> float:
+        return float(self.numbers[i])
+
+    def values(self) -> np.ndarray:
+        return np.array([float(v) for v in self.numbers], np.float64)
+
+    # -- booleans ------------------------------------------------------------------------------
+    def __or__(self, other): return union(self, other)
+    def __and__(self, other): return intersection(self, other)
+    def __sub__(self, other): return difference(self, other)
+    def __xor__(self, other): return xor(self, other)
+
+    def smooth_union(self, other, k): return smooth_union(self, other, k=k)
+    def smooth_intersection(self, other, k): return smooth_intersection(self, other, k=k)
+    def smooth_difference(self, other, k): return smooth_difference(self, other, k=k)
+
+    # -- transforms and modifiers --------------------------------------------------------------
+    def translate(self, x, y=0.0, z=0.0):
+        if isinstance(x, (tuple, list, np.ndarray)):
+            x, y, z = x
+        return Node("transform", (x, y, z, 1, 0, 0, 0, 1), (self,))
+
+    def rotate(self, axis, degrees):
+        return Node("transform", (0, 0, 0, *_quat_axis_angle(axis, degrees), 1), (self,))
+
+    def rotate_quat(self, w, x, y, z):
+        return Node("transform", (0, 0, 0, w, x, y, z, 1), (self,))
+
+    def scale(self, s):
+        return Node("transform", (0, 0, 0, 1, 0, 0, 0, s), (self,))
+
+    def mirror(self, normal=(1, 0, 0), d=0.0):
+        n = np.asarray(normal, float)
+        n = n / np.linalg.norm(n)
+        return Node("mirror", (*n, d), (self,))
+
+    def elongate(self, hx, hy=0.0, hz=0.0):
+        return Node("elongate", (hx, hy, hz), (self,))
+
+    def offset(self, r): return Node("offset", (r,), (self,))
+    def shell(self, t): return Node("shell", (t,), (self,))
+
+    def material(self, m: Material):
+        if not isinstance(m, Material):
+            raise TaperayError(f"material must be a Material, got {m!r}")
+        return Node(self.kind, self.numbers, self.children, m)
+
+    # -- patterns ------------------------------------------------------------------------------
+    def linear_pattern(self, step, count):
+        return Node("linear_pattern", (*step, count), (self,))
+
+    def polar_pattern(self, count):
+        """``count`` copies rotated about the z axis."""
+        return Node("polar_pattern", (count,), (self,))
+
+    def grid_pattern(self, spacing, counts):
+        return Node("grid_pattern", (*spacing, *counts), (self,))
+
+    # -- files ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind,
+             "numbers": [{"param": v.name, "value": v.value} if isinstance(v, Param) else v
+                         for v in self.numbers]}
+        if self.children:
+            d["children"] = [c.to_dict() for c in self.children]
+        if self.mat is not None:
+            d["material"] = {"name": self.mat.name, "color": list(self.mat.color),
+                             "roughness": self.mat.roughness}
+        return d
+
+    def walk(self) -> Iterable["Node"]:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def params(self) -> dict[str, float]:
+        return {v.name: v.value for n in self.walk() for v in n.numbers if isinstance(v, Param)}
+
+    def __repr__(self):
+        inner = ", ".join(repr(c) for c in self.children)
+        return f"{self.kind}({', '.join(f'{v:g}' if isinstance(v, float) else repr(v) for v in self.numbers[:4])}" \
+               f"{'…' if len(self.numbers) > 4 else ''}{'; ' + inner if inner else ''})"
+
+
+def _check_values(n: Node):
+    v = n.values()
+    k = n.kind
+    positive = {"sphere": [0], "box": [0, 1, 2], "rounded_box": [0, 1, 2, 3], "cylinder": [0, 1],
+                "capped_cone": [0], "capsule": [6], "torus": [0, 1], "ellipsoid": [0, 1, 2],
+                "extrude": [0], "smooth_union": [0], "smooth_intersection": [0],
+                "smooth_difference": [0], "shell": [0], "transform": [7]}.get(k, [])
+    for i in positive:
+        if not v[i] > 0:
+            raise TaperayError(f"{k}: {KINDS[k].numbers[i]} must be > 0, got {v[i]:g}")
+    if k == "rounded_box" and v[3] > min(v[:3]):
+        raise TaperayError("rounded_box: rounding radius exceeds a half extent")
+    if k == "capped_cone" and (v[1] < 0 or v[2] < 0 or v[1] + v[2] == 0):
+        raise TaperayError("capped_cone: radii must be >= 0 and not both 0")
+    if k in ("plane", "mirror") and not np.isclose(np.linalg.norm(v[:3]), 1, atol=1e-5):
+        raise TaperayError(f"{k}: normal must be a unit vector")
+    if k == "transform" and not np.isclose(np.linalg.norm(v[3:7]), 1, atol=1e-5):
+        raise TaperayError("transform: rotation quaternion must have unit length")
+    if k == "elongate" and np.any(v < 0):
+        raise TaperayError("elongate: half lengths must be >= 0")
+    if k in ("extrude", "revolve"):
+        nverts = (len(v) - (1 if k == "extrude" else 0)) // 2
+        if not 3 <= nverts <= 1024:
+            raise TaperayError(f"{k}: a profile needs 3..1024 vertices, got {nverts}")
+    counts = {"linear_pattern": v[3:4], "polar_pattern": v[0:1], "grid_pattern": v[3:6]}.get(k)
+    if counts is not None and (np.any(counts < 1) or np.any(counts != np.round(counts)) or np.any(counts > 1 << 24)):
+        raise TaperayError(f"{k}: counts must be whole numbers in 1..2^24, got {counts.tolist()}")
+    if k == "linear_pattern" and not np.any(v[:3]):
+        raise TaperayError("linear_pattern: the step vector is zero")
+    if k == "grid_pattern" and np.any(v[:3] <= 0):
+        raise TaperayError("grid_pattern: spacings must be > 0")
+
+
+def node_from_dict(d, depth: int = 0) -> Node:
+    """Rebuild a node tree from ``Node.to_dict`` output; any defect raises ``TaperayError``."""
+    if depth > 10_000:
+        raise TaperayError("scene tree nested too deeply")
+    if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
+        raise TaperayError(f"a scene node must be a map with a 'kind' string, got {type(d).__name__}")
+    nums = d.get("numbers", [])
+    if not isinstance(nums, list):
+        raise TaperayError(f"{d['kind']}: 'numbers' must be a list")
+    numbers = []
+    for v in nums:
+        if isinstance(v, dict):
+            if not isinstance(v.get("param"), str) or not isinstance(v.get("value"), (int, float)):
+                raise TaperayError(f"{d['kind']}: a parameter needs a 'param' name and a numeric 'value'")
+            numbers.append(Param(v["param"], v["value"]))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            numbers.append(v)
+        else:
+            raise TaperayError(f"{d['kind']}: bad number {v!r}")
+    kids = d.get("children", [])
+    if not isinstance(kids, list):
+        raise TaperayError(f"{d['kind']}: 'children' must be a list")
+    mat = d.get("material")
+    if mat is not None:
+        try:
+            color = tuple(float(c) for c in mat["color"])
+            if len(color) != 3 or not all(map(math.isfinite, color)):
+                raise ValueError
+            mat = Material(str(mat["name"]), color, float(mat["roughness"]))
+        except (KeyError, TypeError, ValueError):
+            raise TaperayError(f"{d['kind']}: bad material {mat!r}") from None
+    return Node(d["kind"], tuple(numbers), tuple(node_from_dict(c, depth + 1) for c in kids), mat)
+
+
+# -- constructors ------------------------------------------------------------------------------
+def sphere(r=1.0): return Node("sphere", (r,))
+def box(hx=1.0, hy=None, hz=None): return Node("box", (hx, hx if hy is None else hy, hx if hz is None else hz))
+def rounded_box(hx, hy, hz, r): return Node("rounded_box", (hx, hy, hz, r))
+def cylinder(r, h): return Node("cylinder", (r, h))
+def capped_cone(h, r1, r2): return Node("capped_cone", (h, r1, r2))
+def capsule(a, b, r): return Node("capsule", (*a, *b, r))
+def torus(R, r): return Node("torus", (R, r))
+def ellipsoid(rx, ry, rz): return Node("ellipsoid", (rx, ry, rz))
+
+
+def plane(normal=(0, 0, 1), d=0.0):
+    n = np.asarray(normal, float)
+    return Node("plane", (*(n / np.linalg.norm(n)), d))
+
+
+def extrude(polygon: Sequence[Sequence[float]], h):
+    """A closed polygon in the xy plane (n x 2 vertices) extruded along z over [-h, h]."""
+    return Node("extrude", (h, *np.asarray(polygon, float).reshape(-1)))
+
+
+def revolve(profile: Sequence[Sequence[float]]):
+    """A closed profile in (radius, z) revolved about the z axis."""
+    return Node("revolve", tuple(np.asarray(profile, float).reshape(-1)))
+
+
+def _nary(kind, nodes, numbers=()):
+    flat = []
+    for n in nodes:   # flatten nested unions of the same kind so culling sees all leaves
+        if isinstance(n, Node) and n.kind == kind and n.kind in ("union", "intersection") and n.mat is None:
+            flat.extend(n.children)
+        else:
+            flat.append(n)
+    return Node(kind, numbers, tuple(flat))
+
+
+def union(*nodes): return _nary("union", nodes)
+def intersection(*nodes): return _nary("intersection", nodes)
+def difference(base, *cutters): return Node("difference", (), (base, *cutters))
+def xor(a, b): return Node("xor", (), (a, b))
+def smooth_union(*nodes, k): return Node("smooth_union", (k,), tuple(nodes))
+def smooth_intersection(*nodes, k): return Node("smooth_intersection", (k,), tuple(nodes))
+def smooth_difference(base, *cutters, k): return Node("smooth_difference", (k,), (base, *cutters))
