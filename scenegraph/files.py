@@ -26,9 +26,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from taperay.runtime.tape import (INSTR_DTYPE, MATERIAL_DTYPE, MAX_INSTRS, MAX_PARAMS, Tape,
-                                  TaperayError, validate)
-from taperay.runtime.tape import MAX_MATERIALS
+from taperay.runtime.tape import (INSTR_DTYPE, MATERIAL_DTYPE, MAX_INSTRS, MAX_MATERIALS,
+                                  MAX_PARAMS, Tape, TaperayError, validate)
 
 __all__ = ["FileFormatError", "FORMAT", "VERSION", "TAPE_EXT", "SCENE_EXT", "MAX_FILE_BYTES",
            "save_tape", "load_tape_file", "save_scene", "load_scene_file"]
@@ -72,7 +71,7 @@ def _pack(kind: str, body: dict, path) -> bytes:
 
 def _write_atomic(path, data: bytes) -> None:
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
+    directory = path.parent
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as e:

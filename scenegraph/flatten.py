@@ -28,6 +28,7 @@ _COMBINE_OPS = {"union": (Op.UNION, None), "intersection": (Op.INTERSECT, None),
                 "smooth_union": (Op.SMOOTH_UNION, "k"), "smooth_intersection": (Op.SMOOTH_INTERSECT, "k"),
                 "smooth_difference": (Op.SMOOTH_DIFFERENCE, "k")}
 _LEAF_CULL_MIN = 3   # unions of fewer children are chained without cull records
+_EXPLICIT_PATTERN_MAX = 256   # overlapping patterns up to this count become explicit unions
 
 
 # -- bounds ------------------------------------------------------------------------------------
@@ -131,7 +132,8 @@ def _bounds(n: Node, cache) -> np.ndarray:
 
 # -- emission ----------------------------------------------------------------------------------
 class _Emitter:
-    def __init__(self):
+    def __init__(self, cull: bool):
+        self.cull = cull
         self.rows: list[tuple] = []
         self.params: list[float] = []
         self.names: dict[str, list[int]] = {}
@@ -222,16 +224,35 @@ class _Emitter:
         if not np.all(np.isfinite(b)):
             raise TaperayError(f"{n.kind}: the repeated shape is unbounded (a plane?); patterns need bounded shapes")
         v = n.values()
+        centre = (b[0] + b[1]) / 2
+        if n.kind != "polar_pattern" and np.abs(centre).max() > 1e-6 * (1 + np.abs(b).max()):
+            # translations commute with linear/grid repetition: centre the copy in its cell
+            recentred = Node(n.kind, n.numbers, (child.translate(*-centre),))
+            return self.emit(recentred.translate(*centre), dst, mat)
+        # Only the nearest cell and its neighbour (per axis) are evaluated; every other copy is
+        # bounded from below. That bound must stay positive, or a point inside a copy that was not
+        # evaluated would read as outside: copies may overlap at most one neighbouring cell.
         if n.kind == "linear_pattern":
             d = v[:3]
             dn = d / np.linalg.norm(d)
-            proj = _corners(b) @ dn
-            extra, op, count = [np.abs(proj).max()], Op.REPEAT_LINEAR, int(v[3])
+            e = np.abs(_corners(b) @ dn).max()
+            extra, op, count = [e], Op.REPEAT_LINEAR, int(v[3])
+            fits = count <= 2 or e < 0.999 * np.linalg.norm(d)
         elif n.kind == "polar_pattern":
             c = (b[0] + b[1]) / 2
-            extra, op, count = [*c, np.linalg.norm(b[1] - b[0]) / 2], Op.REPEAT_POLAR, int(v[0])
+            radius = np.linalg.norm(b[1] - b[0]) / 2
+            extra, op, count = [*c, radius], Op.REPEAT_POLAR, int(v[0])
+            fits = count <= 2 or radius < 0.999 * np.hypot(c[0], c[1]) * math.sin(math.pi / count)
         else:
-            extra, op, count = list(np.abs(b).max(0)), Op.REPEAT_GRID, int(np.prod(v[3:6]))
+            e = np.abs(b).max(0)
+            extra, op, count = list(e), Op.REPEAT_GRID, int(np.prod(v[3:6]))
+            fits = bool(np.all((v[3:6] <= 2) | (e < 0.999 * v[:3])))
+        if not fits:
+            if count > _EXPLICIT_PATTERN_MAX:
+                raise TaperayError(
+                    f"{n.kind} of {count}: each copy reaches past its neighbouring cell (extent "
+                    f"{np.round(extra, 4).tolist()}); widen the spacing or shrink the repeated shape")
+            return self.emit(_explicit_copies(n), dst, mat)
         begin = self.row(op, param=self.pool([*n.numbers, *extra]))
         inner = self.emit(child, dst + 1, mat)
         end = self.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
@@ -241,7 +262,7 @@ class _Emitter:
     def emit_cull_wrapped(self, child: Node, run: int, mat: int, margin: float, op, kparam) -> int:
         """``run = op(run, child)`` with the child skipped where its box cannot change ``run``."""
         box = self.bounds_of(child)
-        if not np.all(np.isfinite(box)):
+        if not self.cull or not np.all(np.isfinite(box)):
             total = self.emit_group(child, run + 1, mat)
             self.row(op, run, a=run, b=run + 1, param=kparam)
             return total
@@ -284,6 +305,19 @@ class _Emitter:
         return self.bounds(item)
 
 
+def _explicit_copies(n: Node) -> Node:
+    """A pattern whose copies overlap beyond one cell, written as a union of transformed copies."""
+    child, v = n.children[0], n.values()
+    if n.kind == "linear_pattern":
+        copies = [child.translate(*(v[:3] * k)) for k in range(int(v[3]))]
+    elif n.kind == "polar_pattern":
+        copies = [child.rotate((0, 0, 1), 360.0 * k / v[0]) for k in range(int(v[0]))]
+    else:
+        idx = np.stack(np.meshgrid(*[np.arange(int(c)) for c in v[3:6]], indexing="ij"), -1).reshape(-1, 3)
+        copies = [child.translate(*(v[:3] * i)) for i in idx]
+    return Node("union", (), tuple(copies))
+
+
 def _build_bvh(items: list, boxes: np.ndarray):
     """Binary tree of (left, right, box) tuples by median split on the longest centroid axis."""
     if len(items) == 1:
@@ -299,11 +333,14 @@ def _build_bvh(items: list, boxes: np.ndarray):
     return (left, right, box)
 
 
-def flatten(scene: Node, source: str = "") -> Tape:
-    """Flatten a scene node into a validated ``Tape`` (result in register 0)."""
+def flatten(scene: Node, source: str = "", cull: bool = True) -> Tape:
+    """Flatten a scene node into a validated ``Tape`` (result in register 0).
+
+    ``cull=False`` writes no CULL_BOX records (the same field, evaluated without skipping).
+    """
     if not isinstance(scene, Node):
         raise TaperayError(f"{source or 'scene'}: expected a scene node, got {type(scene).__name__}")
-    em = _Emitter()
+    em = _Emitter(cull)
     instances = em.emit(scene, 0, 0)
     instrs = np.array([tuple(r) for r in em.rows], INSTR_DTYPE)
     mats = np.array([(m.color, m.roughness) for m in em.materials], MATERIAL_DTYPE)

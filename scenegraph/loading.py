@@ -1,0 +1,53 @@
+"""One entry point from a path to a tape: ``load_tape(path)`` for every scene source we accept.
+
+Sources: a Python scene file exposing ``scene`` (a Node), a saved scene (``.scene``) or tape
+(``.tape``) file, or a Fidget ``.vm`` program. Every failure is a ``TaperayError`` naming the file.
+"""
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+from taperay.runtime.tape import Tape, TaperayError
+
+from .flatten import flatten
+from .nodes import Node
+
+__all__ = ["load_tape", "load_scene_module", "SOURCE_SUFFIXES"]
+
+SOURCE_SUFFIXES = (".py", ".scene", ".tape", ".vm")
+
+
+def load_scene_module(path: Path) -> Node:
+    """Run a scene .py file and return its ``scene`` Node."""
+    try:
+        ns = runpy.run_path(str(path), run_name="taperay_scene")
+    except TaperayError as e:
+        raise TaperayError(f"{path}: {e}") from None
+    except Exception as e:  # a user's scene file may fail in any way; report it as theirs
+        raise TaperayError(f"{path}: the scene file raised {type(e).__name__}: {e}") from None
+    node = ns.get("scene")
+    if callable(node) and not isinstance(node, Node):
+        node = node()
+    if not isinstance(node, Node):
+        raise TaperayError(f"{path}: defines no `scene` node (got {type(node).__name__})")
+    return node
+
+
+def load_tape(path) -> Tape:
+    path = Path(path)
+    if not path.exists():
+        raise TaperayError(f"{path}: no such file")
+    if path.is_dir():
+        raise TaperayError(f"{path}: is a directory, not a scene file")
+    suffix = path.suffix.lower()
+    if suffix == ".py":
+        return flatten(load_scene_module(path), source=str(path))
+    if suffix == ".vm":
+        from .vm import load_vm
+        return load_vm(path)
+    if suffix in (".scene", ".tape"):
+        from .files import load_file
+        obj = load_file(path)
+        return obj if isinstance(obj, Tape) else flatten(obj, source=str(path))
+    raise TaperayError(f"{path}: unknown scene type {suffix!r} (expected one of {', '.join(SOURCE_SUFFIXES)})")
