@@ -115,6 +115,7 @@ class Op(enum.IntEnum):
     REPEAT_POLAR = 81
     REPEAT_GRID = 82
     REPEAT_END = 83
+    INSTANCES = 84
     CULL_BOX = 90
     # material
     SET_MATERIAL = 95
@@ -254,9 +255,20 @@ _spec(Op.REPEAT_GRID, F.PATTERN, (), False, 9,
       "[sx sy sz nx ny nz ex ey ez]: copies at (i*sx, j*sy, k*sz), i<nx, j<ny, k<nz; e the child's "
       "half extents. The 2x2x2 nearest cells are evaluated; unchecked cells bounded per axis by "
       "min(|t-k|)*s - e.")
+_spec(Op.INSTANCES, F.PATTERN, (), False, 0,
+      "Irregular instance list: aux = first BVH node (tape.bvh), a = BVH node count (not registers), "
+      "jump = index of the REPEAT_END. BVH nodes are in depth-first preorder; node.skip is the index "
+      "just past its subtree; node.instance >= 0 marks a leaf (index into tape.instances). Walk: "
+      "accum = +inf; at node i, b = signed box distance * scale; if b >= accum: i = skip; elif leaf: "
+      "evaluate the body with p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s, then "
+      "accum = min(accum, max(body, b)) and i = i + 1; else i = i + 1. The instance's value is "
+      "max(body, its leaf box distance), so a skipped subtree never changes the answer (exact). "
+      "INSTANCE_INDEX reads the instance index.")
 _spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
       "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "
-      "jump = index of the REPEAT_* that opened the loop; restores p and scale when done.")
+      "jump = index of the REPEAT_* / INSTANCES that opened the loop; restores p and scale when "
+      "done. The loop's running minimum lives in the loop frame, not in reg[dst]; bodies never "
+      "write reg[dst]. For REPEAT_GRID, INSTANCE_INDEX is i + nx*(j + ny*k).")
 _spec(Op.CULL_BOX, F.CULL, A, True, 7,
       "[x0 y0 z0 x1 y1 z1 m]: b = signed distance from p to the box * scale; ALWAYS reg[dst] = b, "
       "mat[dst] = aux; then if b >= reg[a] + m, jump. a is the running union. The flattener emits "
@@ -268,6 +280,7 @@ OPS: dict[Op, OpSpec] = {s.op: s for s in _S}
 assert set(OPS) == set(Op), set(Op) - set(OPS)
 
 # the field of REPEAT_* / CULL_BOX / REPEAT_END that holds the jump target
-JUMPING = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, Op.CULL_BOX}
-REPEATS = {Op.REPEAT_LINEAR: 2, Op.REPEAT_POLAR: 2, Op.REPEAT_GRID: 8}  # body evaluations per point
+JUMPING = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.INSTANCES, Op.REPEAT_END, Op.CULL_BOX}
+REPEATS = {Op.REPEAT_LINEAR: 2, Op.REPEAT_POLAR: 2, Op.REPEAT_GRID: 8,   # body evaluations per point
+           Op.INSTANCES: 0}                                            # (0: as many as the BVH walk visits)
 POLY_OPS = {Op.EXTRUDE_POLY: 1, Op.REVOLVE_POLY: 0}  # fixed params before the vertex list

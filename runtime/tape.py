@@ -15,13 +15,18 @@ import numpy as np
 from .opcodes import (JUMPING, LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS,
                       STACK_CAP, Family, Op, OpSpec)
 
-__all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "Tape", "TaperayError", "TapeError", "validate",
+__all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError", "validate",
            "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
                         ("op", "dst", "a", "b", "c", "param", "aux", "jump")])
 MATERIAL_DTYPE = np.dtype([("color", "<f4", (3,)), ("roughness", "<f4")])
+# one rigid + uniform-scale placement of an instance-list body: world = t + q * (s * local)
+INSTANCE_DTYPE = np.dtype([("q", "<f4", (4,)), ("t", "<f4", (3,)), ("s", "<f4")])
+# a BVH node over instances, depth-first preorder; skip = index just past the subtree;
+# instance = index into Tape.instances for a leaf, -1 for an inner node
+BVH_DTYPE = np.dtype([("lo", "<f4", (3,)), ("skip", "<u4"), ("hi", "<f4", (3,)), ("instance", "<i4")])
 
 MAX_INSTRS = 1 << 22          # 128 MiB of instructions; also bounded by the device's binding limit
 MAX_PARAMS = 1 << 26
@@ -56,12 +61,17 @@ class Tape:
     names: dict[str, list[int]] = field(default_factory=dict)  # named parameter -> pool slots holding it
     instance_count: int = 1                 # primitive instances the tape stands for
     source: str = ""                        # where it came from (file / scene name)
+    instances: np.ndarray = field(default_factory=lambda: np.zeros(0, INSTANCE_DTYPE))
+    bvh: np.ndarray = field(default_factory=lambda: np.zeros(0, BVH_DTYPE))
 
     def __post_init__(self):
         self.instrs = np.ascontiguousarray(self.instrs, INSTR_DTYPE)
         self.params = np.ascontiguousarray(self.params, np.float32)
         self.materials = np.ascontiguousarray(self.materials, MATERIAL_DTYPE)
         self.bounds = np.asarray(self.bounds, np.float32).reshape(2, 3)
+        self.instances = np.ascontiguousarray(np.zeros(0, INSTANCE_DTYPE) if self.instances is None
+                                              else self.instances, INSTANCE_DTYPE)
+        self.bvh = np.ascontiguousarray(np.zeros(0, BVH_DTYPE) if self.bvh is None else self.bvh, BVH_DTYPE)
 
     def __len__(self) -> int:
         return len(self.instrs)
@@ -160,12 +170,15 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
             if depth < 0:
                 raise TapeError("POP without a matching PUSH", i, src)
         elif spec.op in REPEATS:
+            if spec.op is Op.INSTANCES:
+                _check_instances(tape, aux, a, i, src)
             if not i < jump < n or cols[jump][0] != Op.REPEAT_END or cols[jump][7] != i:
                 raise TapeError(f"{spec.op.name} jump {jump} is not its REPEAT_END", i, src)
             loops.append(i)
             if len(loops) > LOOP_CAP:
                 raise TapeError(f"patterns nested deeper than {LOOP_CAP}", i, src)
-            _check_pattern(spec.op, tape.params[param:param + k], i, src)
+            if spec.op is not Op.INSTANCES:
+                _check_pattern(spec.op, tape.params[param:param + k], i, src)
         elif spec.op is Op.REPEAT_END:
             if not loops or loops[-1] != jump:
                 raise TapeError(f"REPEAT_END jump {jump} does not close the innermost pattern", i, src)
@@ -200,3 +213,27 @@ def _check_pattern(op: Op, prm: np.ndarray, i: int, src):
     counts = {Op.REPEAT_LINEAR: prm[3:4], Op.REPEAT_POLAR: prm[0:1], Op.REPEAT_GRID: prm[3:6]}[op]
     if np.any(counts < 1) or np.any(counts != np.round(counts)) or np.any(counts > 1 << 24):
         raise TapeError(f"{op.name} counts {counts.tolist()} must be whole numbers in 1..2^24", i, src)
+
+
+def _check_instances(tape: Tape, first: int, count: int, i: int, src):
+    """An INSTANCES record's BVH range: in bounds, skips forward within the range, leaves valid."""
+    bvh = tape.bvh
+    if count < 1 or first + count > len(bvh):
+        raise TapeError(f"INSTANCES uses BVH nodes {first}..{first + count - 1} of {len(bvh)}", i, src)
+    nodes = bvh[first:first + count]
+    idx = np.arange(first, first + count)
+    bad = np.flatnonzero((nodes["skip"] <= idx) | (nodes["skip"] > first + count))
+    if bad.size:
+        raise TapeError(f"BVH node {int(idx[bad[0]])} skips to {int(nodes['skip'][bad[0]])}, "
+                        f"outside ({int(idx[bad[0]])}, {first + count}]", i, src)
+    leaf = nodes["instance"] >= 0
+    if np.any(nodes["instance"][leaf] >= len(tape.instances)) or np.any(nodes["instance"][~leaf] != -1):
+        raise TapeError(f"a BVH node of INSTANCES names an instance outside 0..{len(tape.instances) - 1}", i, src)
+    if np.any(leaf & (nodes["skip"] != idx + 1)):
+        raise TapeError("a BVH leaf must skip to the next node", i, src)
+    for name in ("lo", "hi"):
+        if not np.all(np.isfinite(nodes[name])):
+            raise TapeError("a BVH box is not finite", i, src)
+    inst = tape.instances
+    if not (np.all(np.isfinite(inst["q"])) and np.all(np.isfinite(inst["t"])) and np.all(inst["s"] > 0)):
+        raise TapeError("an instance transform is not finite or has scale <= 0", i, src)

@@ -6,8 +6,11 @@ A file is one msgpack map::
 
 ``crc32`` is the CRC-32 of the msgpack encoding of ``body`` (as this module writes it: canonical
 msgpack, binary as bin, strings as str). A tape body holds the record arrays as raw little-endian
-bytes (``instrs``: ``INSTR_DTYPE``, ``params``: float32, ``materials``: ``MATERIAL_DTYPE``), the
-record layouts they were written with, and the header numbers; a scene body is ``Node.to_dict()``.
+bytes (``instrs``: ``INSTR_DTYPE``, ``params``: float32, ``materials``: ``MATERIAL_DTYPE``,
+``instances``: ``INSTANCE_DTYPE``, ``bvh``: ``BVH_DTYPE``), the record layouts they were written
+with (``layouts``: name -> [[field, format, shape], ...]), and the header: ``n_regs``, ``bounds``
+(6 numbers: min then max corner), ``names`` (parameter name -> pool slots), ``instance_count``.
+A scene body is ``Node.to_dict()``.
 
 Loading trusts nothing: size limits are checked before reading, msgpack runs with limits derived
 from the file size (no allocation bombs, nesting bounded by msgpack's own stack), every field is
@@ -26,11 +29,14 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from taperay.runtime.tape import (INSTR_DTYPE, MATERIAL_DTYPE, MAX_INSTRS, MAX_MATERIALS,
-                                  MAX_PARAMS, Tape, TaperayError, validate)
+from taperay.runtime.tape import (BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE,
+                                  MAX_INSTRS, MAX_MATERIALS, MAX_PARAMS, Tape, TaperayError,
+                                  validate)
+
+from .nodes import node_from_dict
 
 __all__ = ["FileFormatError", "FORMAT", "VERSION", "TAPE_EXT", "SCENE_EXT", "MAX_FILE_BYTES",
-           "save_tape", "load_tape_file", "save_scene", "load_scene_file"]
+           "save_tape", "load_tape_file", "save_scene", "load_scene_file", "load_file"]
 
 FORMAT = "taperay"
 VERSION = 1
@@ -38,12 +44,15 @@ TAPE_EXT = ".tape"
 SCENE_EXT = ".scene"
 MAX_NAMES = 1 << 20              # named parameters in one tape
 MAX_STR = 1 << 16                # bytes of one string (a name, a kind)
-# the largest tape the validator accepts, plus room for names and the container
-MAX_FILE_BYTES = (MAX_INSTRS * INSTR_DTYPE.itemsize + MAX_PARAMS * 4
-                  + MAX_MATERIALS * MATERIAL_DTYPE.itemsize + (64 << 20))
+MAX_INSTANCES = 1 << 24          # records of an explicit instance list
+# the record arrays of a tape: body key -> (Tape attribute dtype, most records a file may hold)
+RECORDS = {"instrs": (INSTR_DTYPE, MAX_INSTRS), "params": (np.dtype("<f4"), MAX_PARAMS),
+           "materials": (MATERIAL_DTYPE, MAX_MATERIALS), "instances": (INSTANCE_DTYPE, MAX_INSTANCES),
+           "bvh": (BVH_DTYPE, 2 * MAX_INSTANCES)}
+# the largest tape a file may hold, plus room for names and the container
+MAX_FILE_BYTES = sum(dt.itemsize * n for dt, n in RECORDS.values()) + (64 << 20)
 
-_TAPE_KEYS = {"instrs", "params", "materials", "instr_dtype", "material_dtype", "n_regs", "bounds",
-              "names", "instance_count"}
+_TAPE_KEYS = {*RECORDS, "layouts", "n_regs", "bounds", "names", "instance_count"}
 
 
 class FileFormatError(TaperayError):
@@ -54,9 +63,14 @@ class FileFormatError(TaperayError):
         super().__init__(f"{path}: {reason}")
 
 
-def _dtype_layout(dt: np.dtype) -> list:
-    """A record dtype as msgpack-friendly data: [[name, base format, shape], ...]."""
+def _layout(dt: np.dtype) -> list:
+    """A record dtype as msgpack-friendly data: [[field, base format, shape], ...] ("" for a scalar)."""
+    if dt.names is None:
+        return [["", dt.str, []]]
     return [[name, dt.fields[name][0].base.str, list(dt.fields[name][0].shape)] for name in dt.names]
+
+
+_LAYOUTS = {key: _layout(dt) for key, (dt, _) in RECORDS.items()}
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -105,17 +119,11 @@ def _write_atomic(path, data: bytes) -> None:
 def save_tape(tape: Tape, path) -> None:
     """Write ``tape`` to ``path`` (conventionally ``*.tape``) atomically; it is validated first."""
     validate(tape)
-    body = {
-        "instrs": np.ascontiguousarray(tape.instrs, INSTR_DTYPE).tobytes(),
-        "params": np.ascontiguousarray(tape.params, "<f4").tobytes(),
-        "materials": np.ascontiguousarray(tape.materials, MATERIAL_DTYPE).tobytes(),
-        "instr_dtype": _dtype_layout(INSTR_DTYPE),
-        "material_dtype": _dtype_layout(MATERIAL_DTYPE),
-        "n_regs": int(tape.n_regs),
-        "bounds": [float(v) for v in np.asarray(tape.bounds, np.float32).ravel()],
-        "names": {str(k): int(v) for k, v in tape.names.items()},
-        "instance_count": int(tape.instance_count),
-    }
+    body = {key: np.ascontiguousarray(getattr(tape, key), dt).tobytes() for key, (dt, _) in RECORDS.items()}
+    body.update(layouts=_LAYOUTS, n_regs=int(tape.n_regs),
+                bounds=[float(v) for v in np.asarray(tape.bounds, np.float32).ravel()],
+                names={str(k): [int(i) for i in v] for k, v in tape.names.items()},
+                instance_count=int(tape.instance_count))
     _write_atomic(path, _pack("tape", body, path))
 
 
@@ -125,8 +133,8 @@ def save_scene(node, path) -> None:
 
 
 # -- reading ------------------------------------------------------------------------------------
-def _read_container(path, kind: str) -> dict:
-    """Read, decode and check the container of ``path``; return its body."""
+def _read_container(path, kinds: tuple[str, ...]) -> tuple[str, dict]:
+    """Read, decode and check the container of ``path``; return its kind and body."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -152,8 +160,9 @@ def _read_container(path, kind: str) -> dict:
     version = root.get("version")
     if version != VERSION or isinstance(version, bool):
         raise FileFormatError(path, f"file format version {version!r}; this taperay reads version {VERSION}")
-    if root.get("kind") != kind:
-        raise FileFormatError(path, f"holds a {root.get('kind')!r}, not a {kind!r}")
+    kind = root.get("kind")
+    if kind not in kinds:
+        raise FileFormatError(path, f"holds a {kind!r}, not a {' or '.join(map(repr, kinds))}")
     extra = set(root) - {"format", "version", "kind", "crc32", "body"}
     if extra:
         raise FileFormatError(path, f"unexpected container fields {sorted(map(str, extra))}")
@@ -170,7 +179,7 @@ def _read_container(path, kind: str) -> dict:
     if actual != crc:
         raise FileFormatError(path, f"checksum mismatch (stored {crc:#010x}, computed {actual:#010x}): "
                                     "the file is corrupted")
-    return body
+    return kind, body
 
 
 def _records(path, body, key, dtype: np.dtype, limit: int) -> np.ndarray:
@@ -192,20 +201,33 @@ def _int(path, body, key, lo: int, hi: int) -> int:
     return v
 
 
+def load_file(path):
+    """Read a ``.tape`` or ``.scene`` file (whichever it holds): a validated ``Tape`` or a scene node."""
+    kind, body = _read_container(path, ("tape", "scene"))
+    return _tape_from_body(path, body) if kind == "tape" else _scene_from_body(path, body)
+
+
 def load_tape_file(path) -> Tape:
     """Read a ``.tape`` file written by ``save_tape``; the tape returned is validated."""
-    body = _read_container(path, "tape")
+    return _tape_from_body(path, _read_container(path, ("tape",))[1])
+
+
+def load_scene_file(path):
+    """Read a ``.scene`` file written by ``save_scene``; returns the scene's root node."""
+    return _scene_from_body(path, _read_container(path, ("scene",))[1])
+
+
+def _tape_from_body(path, body: dict) -> Tape:
     missing, extra = _TAPE_KEYS - set(body), set(body) - _TAPE_KEYS
     if missing or extra:
         raise FileFormatError(path, f"tape body fields: missing {sorted(missing)}, unexpected "
                                     f"{sorted(map(str, extra))}")
-    for key, dt in (("instr_dtype", INSTR_DTYPE), ("material_dtype", MATERIAL_DTYPE)):
-        if body[key] != _dtype_layout(dt):
-            raise FileFormatError(path, f"{key} {body[key]!r} differs from this taperay's "
-                                        f"{_dtype_layout(dt)!r}")
-    instrs = _records(path, body, "instrs", INSTR_DTYPE, MAX_INSTRS)
-    params = _records(path, body, "params", np.dtype("<f4"), MAX_PARAMS)
-    materials = _records(path, body, "materials", MATERIAL_DTYPE, MAX_MATERIALS)
+    if body["layouts"] != _LAYOUTS:
+        theirs = body["layouts"] if isinstance(body["layouts"], dict) else {}
+        differ = sorted(k for k in _LAYOUTS if theirs.get(k) != _LAYOUTS[k])
+        raise FileFormatError(path, f"record layouts differ from this taperay's ({', '.join(differ) or 'extra entries'}): "
+                                    f"file {body['layouts']!r:.200}, expected {_LAYOUTS!r:.200}")
+    arrays = {key: _records(path, body, key, dt, limit) for key, (dt, limit) in RECORDS.items()}
     bounds = body["bounds"]
     if (not isinstance(bounds, list) or len(bounds) != 6
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds)):
@@ -214,20 +236,16 @@ def load_tape_file(path) -> Tape:
     if not isinstance(names, dict) or len(names) > MAX_NAMES:
         raise FileFormatError(path, "'names' must be a map of at most 2^20 entries")
     for k, v in names.items():
-        if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):
-            raise FileFormatError(path, f"named parameter {k!r}: index {v!r} is not an integer")
-    tape = Tape(instrs=instrs, params=params, materials=materials,
-                n_regs=_int(path, body, "n_regs", 1, 1 << 16), bounds=bounds, names=dict(names),
+        if not isinstance(k, str) or not isinstance(v, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in v):
+            raise FileFormatError(path, f"named parameter {k!r}: slots {v!r:.80} are not a list of integers")
+    tape = Tape(**arrays, n_regs=_int(path, body, "n_regs", 1, 1 << 16), bounds=bounds, names=dict(names),
                 instance_count=_int(path, body, "instance_count", 0, (1 << 63) - 1),
                 source=str(path))
     return validate(tape)
 
 
-def load_scene_file(path):
-    """Read a ``.scene`` file written by ``save_scene``; returns the scene's root node."""
-    from .nodes import node_from_dict
-
-    body = _read_container(path, "scene")
+def _scene_from_body(path, body: dict):
     try:
         return node_from_dict(body)
     except TaperayError as e:

@@ -14,6 +14,7 @@ import numpy as np
 
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
 
+from .instancing import build_bvh, instance_boxes
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param
 
 __all__ = ["flatten", "node_bounds"]
@@ -127,6 +128,11 @@ def _bounds(n: Node, cache) -> np.ndarray:
     if k == "grid_pattern":
         s, cnt = v[:3], v[3:6]
         return _box(kid[0][0], kid[0][1] + s * (cnt - 1))
+    if k == "instances":
+        if not np.all(np.isfinite(kid[0])):
+            return kid[0]
+        boxes = instance_boxes(kid[0], n.array)
+        return _box(boxes[:, 0].min(0), boxes[:, 1].max(0))
     raise AssertionError(k)
 
 
@@ -140,7 +146,8 @@ class _Emitter:
         self.materials: list[Material] = [DEFAULT_MATERIAL]
         self.max_reg = 0
         self.bounds_cache: dict = {}
-        self.instances = 0
+        self.instances: list[np.ndarray] = []
+        self.bvh: list[np.ndarray] = []
 
     def bounds(self, n):
         return node_bounds(n, self.bounds_cache)
@@ -216,6 +223,8 @@ class _Emitter:
             return total
         if k in ("linear_pattern", "polar_pattern", "grid_pattern"):
             return self.emit_pattern(n, dst, mat)
+        if k == "instances":
+            return self.emit_instances(n, dst, mat)
         raise AssertionError(k)
 
     def emit_pattern(self, n: Node, dst: int, mat: int) -> int:
@@ -258,6 +267,28 @@ class _Emitter:
         end = self.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
         self.rows[begin][7] = end
         return inner * count
+
+    def emit_instances(self, n: Node, dst: int, mat: int) -> int:
+        child = n.children[0]
+        b = self.bounds(child)
+        if not np.all(np.isfinite(b)):
+            raise TaperayError("instances: the instanced shape is unbounded (a plane?); instances need bounded shapes")
+        if not self.cull:   # the same field without a BVH: every instance is visited
+            boxes = np.repeat(np.array([[[-INF] * 3, [INF] * 3]]), len(n.array), 0)
+        else:
+            boxes = instance_boxes(b, n.array)
+        first_node = sum(len(a) for a in self.bvh)
+        first_inst = sum(len(a) for a in self.instances)
+        bvh = build_bvh(boxes, first_node, first_inst)
+        if not self.cull:   # finite stand-ins for "never skip": walkers compute box distances
+            bvh["lo"], bvh["hi"] = -3e38, 3e38
+        self.instances.append(n.array)
+        self.bvh.append(bvh)
+        begin = self.row(Op.INSTANCES, a=len(bvh), aux=first_node)
+        inner = self.emit(child, dst + 1, mat)
+        end = self.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
+        self.rows[begin][7] = end
+        return inner * len(n.array)
 
     def emit_cull_wrapped(self, child: Node, run: int, mat: int, margin: float, op, kparam) -> int:
         """``run = op(run, child)`` with the child skipped where its box cannot change ``run``."""
@@ -354,5 +385,7 @@ def flatten(scene: Node, source: str = "", cull: bool = True) -> Tape:
         raise TaperayError(f"{source or 'scene'}: needs {n_regs} registers, kernels hold {max(REG_CAPS)}; "
                            "the scene graph is nested too deeply")
     tape = Tape(instrs, np.array(em.params, np.float32), mats, n_regs, b.astype(np.float32),
-                names=em.names, instance_count=int(instances), source=source)
+                names=em.names, instance_count=int(instances), source=source,
+                instances=np.concatenate(em.instances) if em.instances else None,
+                bvh=np.concatenate(em.bvh) if em.bvh else None)
     return validate(tape)

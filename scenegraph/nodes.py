@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from taperay.runtime.tape import TaperayError
+from taperay.runtime.tape import INSTANCE_DTYPE, TaperayError
 
 __all__ = ["Node", "Param", "Material", "KINDS", "node_from_dict", "sphere", "box", "rounded_box",
            "cylinder", "capped_cone", "capsule", "torus", "ellipsoid", "plane", "extrude", "revolve",
@@ -80,6 +80,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("linear_pattern", "pattern", ("dx", "dy", "dz", "n"), 1),
     Kind("polar_pattern", "pattern", ("n",), 1),
     Kind("grid_pattern", "pattern", ("sx", "sy", "sz", "nx", "ny", "nz"), 1),
+    Kind("instances", "pattern", (), 1),     # placements in Node.array (INSTANCE_DTYPE)
 ]}
 
 
@@ -112,11 +113,16 @@ class Node:
     numbers: tuple = ()
     children: tuple["Node", ...] = ()
     mat: Material | None = None
+    array: np.ndarray | None = None     # per-instance placements of an "instances" node
 
     def __post_init__(self):
         spec = KINDS.get(self.kind)
         if spec is None:
             raise TaperayError(f"unknown node kind {self.kind!r}")
+        if (self.kind == "instances") != (self.array is not None):
+            raise TaperayError("only an instances node carries a placement array, and it must")
+        if self.array is not None and (self.array.dtype != INSTANCE_DTYPE or self.array.ndim != 1 or not len(self.array)):
+            raise TaperayError("instance placements must be a non-empty INSTANCE_DTYPE array")
         nums = tuple(_num(v) for v in self.numbers)
         object.__setattr__(self, "numbers", nums)
         fixed = [n for n in spec.numbers if not n.endswith("*")]
@@ -180,7 +186,7 @@ class Node:
     def material(self, m: Material):
         if not isinstance(m, Material):
             raise TaperayError(f"material must be a Material, got {m!r}")
-        return Node(self.kind, self.numbers, self.children, m)
+        return Node(self.kind, self.numbers, self.children, m, self.array)
 
     # -- patterns ------------------------------------------------------------------------------
     def linear_pattern(self, step, count):
@@ -193,6 +199,12 @@ class Node:
     def grid_pattern(self, spacing, counts):
         return Node("grid_pattern", (*spacing, *counts), (self,))
 
+    def instances(self, translations, rotations=None, scales=None):
+        """Copies of this node at arbitrary placements: (N,3) translations, optional (N,4) unit
+        quaternions (w,x,y,z) and (N,) scales. Walked through a BVH; no per-copy records."""
+        from .instancing import placements
+        return Node("instances", (), (self,), None, placements(translations, rotations, scales))
+
     # -- files ---------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = {"kind": self.kind,
@@ -200,6 +212,8 @@ class Node:
                          for v in self.numbers]}
         if self.children:
             d["children"] = [c.to_dict() for c in self.children]
+        if self.array is not None:
+            d["placements"] = self.array.tobytes()
         if self.mat is not None:
             d["material"] = {"name": self.mat.name, "color": list(self.mat.color),
                              "roughness": self.mat.roughness}
@@ -283,7 +297,17 @@ def node_from_dict(d, depth: int = 0) -> Node:
             mat = Material(str(mat["name"]), color, float(mat["roughness"]))
         except (KeyError, TypeError, ValueError):
             raise TaperayError(f"{d['kind']}: bad material {mat!r}") from None
-    return Node(d["kind"], tuple(numbers), tuple(node_from_dict(c, depth + 1) for c in kids), mat)
+    array = None
+    if "placements" in d:
+        raw = d["placements"]
+        if not isinstance(raw, bytes) or len(raw) % INSTANCE_DTYPE.itemsize:
+            raise TaperayError(f"{d['kind']}: placements must be bytes of whole INSTANCE_DTYPE records")
+        from .instancing import placements
+        rec = np.frombuffer(raw, INSTANCE_DTYPE)
+        if len(rec):
+            placements(rec["t"], rec["q"], rec["s"])   # validates; the stored records are kept bit-exact
+            array = rec.copy()
+    return Node(d["kind"], tuple(numbers), tuple(node_from_dict(c, depth + 1) for c in kids), mat, array)
 
 
 # -- constructors ------------------------------------------------------------------------------

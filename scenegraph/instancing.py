@@ -1,0 +1,93 @@
+"""Irregular assemblies: instance lists (one body, an array of rigid + uniform-scale placements)
+and the vectorised BVH over them that the INSTANCES op walks.
+
+Everything here is numpy over whole arrays: 10^5 or 10^6 instances cost no Python loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, TaperayError
+
+__all__ = ["placements", "instance_boxes", "build_bvh", "quat_rotate"]
+
+
+def placements(translations, rotations=None, scales=None) -> np.ndarray:
+    """An INSTANCE_DTYPE array from (N,3) translations, optional (N,4) unit quaternions (w,x,y,z)
+    and optional (N,) uniform scales."""
+    t = np.asarray(translations, np.float64)
+    if t.ndim != 2 or t.shape[1] != 3 or len(t) == 0:
+        raise TaperayError(f"instance translations must be an (N,3) array with N >= 1, got shape {t.shape}")
+    n = len(t)
+    q = np.tile([1.0, 0, 0, 0], (n, 1)) if rotations is None else np.asarray(rotations, np.float64)
+    s = np.ones(n) if scales is None else np.broadcast_to(np.asarray(scales, np.float64), (n,))
+    if q.shape != (n, 4):
+        raise TaperayError(f"instance rotations must be an ({n},4) quaternion array, got shape {q.shape}")
+    norms = np.linalg.norm(q, axis=1)
+    if not (np.all(np.isfinite(t)) and np.all(np.isfinite(q)) and np.all(np.isfinite(s))):
+        raise TaperayError("instance placements hold a non-finite number")
+    if np.any(np.abs(norms - 1) > 1e-4):
+        raise TaperayError(f"instance rotation {int(np.argmax(np.abs(norms - 1)))} is not a unit quaternion")
+    if np.any(s <= 0):
+        raise TaperayError(f"instance scale {int(np.argmax(s <= 0))} is not > 0")
+    out = np.zeros(n, INSTANCE_DTYPE)
+    out["q"], out["t"], out["s"] = q / norms[:, None], t, s
+    return out
+
+
+def quat_rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Rotate vectors v (..., 3) by unit quaternions q (..., 4) (w, x, y, z)."""
+    w, u = q[..., :1], q[..., 1:]
+    return v + 2 * np.cross(u, np.cross(u, v) + w * v)
+
+
+def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
+    """(N, 2, 3) world boxes of every placed copy of a child with local box ``child_box``."""
+    b = np.asarray(child_box, np.float64)
+    corners = np.array([[b[i & 1, 0], b[i >> 1 & 1, 1], b[i >> 2 & 1, 2]] for i in range(8)])
+    q = inst["q"].astype(np.float64)[:, None, :]
+    world = quat_rotate(q, corners[None] * inst["s"].astype(np.float64)[:, None, None]) \
+        + inst["t"].astype(np.float64)[:, None, :]
+    return np.stack([world.min(1), world.max(1)], axis=1)
+
+
+def _morton(centres: np.ndarray) -> np.ndarray:
+    lo, hi = centres.min(0), centres.max(0)
+    q = ((centres - lo) / np.maximum(hi - lo, 1e-30) * 1023).astype(np.uint64)
+    code = np.zeros(len(centres), np.uint64)
+    for bit in range(10):
+        for axis in range(3):
+            code |= ((q[:, axis] >> np.uint64(bit)) & np.uint64(1)) << np.uint64(3 * bit + axis)
+    return code
+
+
+def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -> np.ndarray:
+    """A BVH over (N,2,3) boxes in depth-first preorder with skip indices (BVH_DTYPE, 2N-1 nodes).
+
+    Leaves are sorted by the Morton code of their box centres; node ranges split at the middle,
+    so a subtree over L leaves holds 2L-1 nodes and its preorder position is computed per level
+    with numpy. ``first_node`` / ``first_instance`` offset the indices into the tape's arrays.
+    """
+    n = len(boxes)
+    order = np.argsort(_morton(boxes.mean(1)), kind="stable")
+    sorted_boxes = boxes[order]
+    out = np.zeros(2 * n - 1, BVH_DTYPE)
+    inner_levels = []   # per level: (node, left child, right child) preorder indices
+    lo, hi, pre = np.array([0]), np.array([n]), np.array([0])
+    while lo.size:
+        size = hi - lo
+        out["skip"][pre] = pre + 2 * size - 1 + first_node
+        leaf = size == 1
+        out["instance"][pre[leaf]] = order[lo[leaf]] + first_instance
+        out["instance"][pre[~leaf]] = -1
+        out["lo"][pre[leaf]] = sorted_boxes[lo[leaf], 0]
+        out["hi"][pre[leaf]] = sorted_boxes[lo[leaf], 1]
+        lo, hi, pre = lo[~leaf], hi[~leaf], pre[~leaf]
+        mid = (lo + hi) // 2
+        left, right = pre + 1, pre + 2 * (mid - lo)
+        inner_levels.append((pre, left, right))
+        lo, hi, pre = np.concatenate([lo, mid]), np.concatenate([mid, hi]), np.concatenate([left, right])
+    for pre, left, right in reversed(inner_levels):   # boxes bottom-up
+        out["lo"][pre] = np.minimum(out["lo"][left], out["lo"][right])
+        out["hi"][pre] = np.maximum(out["hi"][left], out["hi"][right])
+    return out

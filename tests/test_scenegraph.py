@@ -1,0 +1,146 @@
+"""The modelling API and flatten: structure, bounds, patterns, culling, parameters, errors."""
+import numpy as np
+import pytest
+
+from taperay.runtime.tape import Op, TaperayError, validate
+from taperay.scenegraph import (Material, Param, box, capsule, cylinder, difference, flatten,
+                                node_from_dict, plane, smooth_union, sphere, torus, union)
+
+RNG = np.random.default_rng(7)
+
+
+def brute_union_of_spheres(points, centres, r):
+    d = np.linalg.norm(points[:, None, :] - centres[None], axis=2) - r
+    return d.min(1)
+
+
+def test_grid_pattern_of_a_million_is_a_handful_of_records():
+    small = flatten(cylinder(0.004, 1).grid_pattern((0.01, 0.01, 1), (10, 10, 1)))
+    huge = flatten(cylinder(0.004, 1).grid_pattern((0.01, 0.01, 1), (1000, 1000, 1)))
+    assert len(huge) == len(small) <= 8
+    assert huge.instance_count == 1_000_000
+    assert huge.op_counts()["REPEAT_GRID"] == 1
+
+
+def test_union_of_many_leaves_gets_cull_records_and_registers_grow_logarithmically():
+    leaves = [sphere(0.1).translate(i, j, 0) for i in range(32) for j in range(32)]
+    t = flatten(union(*leaves))
+    assert t.op_counts()["CULL_BOX"] == 1023
+    assert t.n_regs <= 2 * 10 + 2
+    assert flatten(union(*leaves), cull=False).op_counts().get("CULL_BOX", 0) == 0
+
+
+def test_named_parameters_share_stable_slots():
+    r = Param("radius", 0.5)
+    t = flatten(sphere(r).translate(1, 0, 0) | sphere(r))
+    assert set(t.names) == {"radius"} and len(t.names["radius"]) == 2
+    changed = t.set_param("radius", 0.25)
+    assert np.all(t.params[t.names["radius"]] == np.float32(0.25))
+    assert changed.stop - changed.start <= len(t.params)
+    with pytest.raises(TaperayError, match="no parameter named"):
+        t.set_param("nope", 1)
+
+
+def test_scene_dict_round_trip_gives_the_same_tape():
+    s = smooth_union(box(1, 2, 0.5).material(Material("red", (1, 0, 0))),
+                     torus(1, 0.2).rotate((1, 0, 0), 30), k=0.3) - capsule((0, 0, 0), (1, 1, 1), 0.2)
+    a, b = flatten(s), flatten(node_from_dict(s.to_dict()))
+    assert a.instrs.tobytes() == b.instrs.tobytes() and a.params.tobytes() == b.params.tobytes()
+    assert a.materials.tobytes() == b.materials.tobytes()
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: sphere(-1), "must be > 0"),
+    (lambda: box(1, 1, 0), "must be > 0"),
+    (lambda: sphere(float("nan")), "finite"),
+    (lambda: sphere("big"), "expected a number"),
+    (lambda: sphere(1).linear_pattern((0, 0, 0), 3), "step vector is zero"),
+    (lambda: sphere(1).grid_pattern((1, 1, 1), (2, 0.5, 1)), "whole numbers"),
+    (lambda: sphere(1).rotate((0, 0, 0), 30), "axis is zero"),
+    (lambda: union(), "at least one child"),
+    (lambda: flatten("not a node"), "expected a scene node"),
+    (lambda: flatten(plane().linear_pattern((1, 0, 0), 3)), "unbounded"),
+    (lambda: flatten(sphere(1).linear_pattern((0.1, 0, 0), 1000)), "reaches past its neighbouring cell"),
+    (lambda: node_from_dict({"kind": "teapot"}), "unknown node kind"),
+    (lambda: node_from_dict({"kind": "sphere", "numbers": [True]}), "bad number"),
+    (lambda: node_from_dict([1, 2]), "must be a map"),
+])
+def test_bad_scenes_raise_the_projects_error(build, message):
+    with pytest.raises(TaperayError, match=message):
+        build()
+
+
+def test_deep_nesting_is_refused_cleanly():
+    s = sphere(1)
+    for _ in range(300):
+        s = s | sphere(1).translate(1, 0, 0)    # left-deep binary unions flatten into one n-ary union
+    assert flatten(s).n_regs < 30
+    deep = sphere(1)
+    for _ in range(300):
+        deep = difference(sphere(2), deep)      # each level needs one more register
+    with pytest.raises(TaperayError, match="registers"):
+        flatten(deep)
+
+
+def test_flattened_tapes_validate_and_are_deterministic():
+    s = union(*[sphere(0.2).translate(*RNG.normal(size=3)) for _ in range(50)])
+    a, b = flatten(s), flatten(s)
+    assert a.instrs.tobytes() == b.instrs.tobytes()
+    validate(a)
+
+
+# -- semantics, graded on the CPU twin ---------------------------------------------------------
+def test_union_of_spheres_matches_brute_force(walker_cpu):
+    centres = RNG.uniform(-3, 3, (60, 3))
+    t = flatten(union(*[sphere(0.3).translate(*c) for c in centres]))
+    pts = RNG.uniform(-4, 4, (4000, 3))
+    d, _ = walker_cpu.evaluate(t, pts.astype(np.float32))
+    np.testing.assert_allclose(d, brute_union_of_spheres(pts, centres, 0.3), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["linear", "polar", "grid"])
+def test_patterns_equal_the_explicit_union_of_their_copies(walker_cpu, kind):
+    part = capsule((0, 0, 0), (0.1, 0.05, 0.2), 0.08)
+    if kind == "linear":
+        pat, explicit = part.linear_pattern((0.5, 0.1, 0), 9), [part.translate(0.5 * k, 0.1 * k, 0) for k in range(9)]
+    elif kind == "polar":
+        moved = part.translate(1.2, 0, 0)
+        pat, explicit = moved.polar_pattern(12), [moved.rotate((0, 0, 1), 30 * k) for k in range(12)]
+    else:
+        pat = part.grid_pattern((0.4, 0.5, 0.6), (5, 4, 3))
+        explicit = [part.translate(0.4 * i, 0.5 * j, 0.6 * k) for i in range(5) for j in range(4) for k in range(3)]
+    t_pat, t_exp = flatten(pat), flatten(union(*explicit))
+    assert len(t_pat) < 12
+    lo, hi = t_exp.bounds
+    pts = RNG.uniform(lo - 0.5, hi + 0.5, (20000, 3)).astype(np.float32)
+    d_pat, _ = walker_cpu.evaluate(t_pat, pts)
+    d_exp, _ = walker_cpu.evaluate(t_exp, pts)
+    # a bound everywhere, the same sign everywhere, and exact near the surface
+    assert np.all(d_pat <= d_exp + 1e-5)
+    assert np.array_equal(d_pat < 0, d_exp < 0)
+    near = np.abs(d_exp) < 0.1
+    np.testing.assert_allclose(d_pat[near], d_exp[near], atol=2e-6)
+
+
+@pytest.mark.parametrize("scene_name", ["machined_part", "bolt_plate", "optics_bench"])
+def test_culled_field_equals_unculled(walker_cpu, scene_name):
+    from taperay.scenegraph.loading import load_scene_module
+    from pathlib import Path
+    node = load_scene_module(Path(__file__).parents[1] / "scenes" / f"{scene_name}.py")
+    culled, plain = flatten(node), flatten(node, cull=False)
+    lo, hi = culled.bounds
+    pts = RNG.uniform(lo - 0.3 * (hi - lo), hi + 0.3 * (hi - lo), (100_000, 3)).astype(np.float32)
+    a, _ = walker_cpu.evaluate(culled, pts)
+    b, _ = walker_cpu.evaluate(plain, pts)
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_bounds_hold_the_surface(walker_cpu):
+    s = smooth_union(box(1, 0.5, 0.3), sphere(0.6).translate(1, 0, 0), k=0.4).rotate((1, 1, 0), 40).translate(2, 0, 0)
+    t = flatten(s)
+    lo, hi = t.bounds.astype(np.float64)
+    pts = RNG.uniform(lo - 1, hi + 1, (50000, 3))
+    outside = np.any((pts < lo) | (pts > hi), axis=1)
+    d, _ = walker_cpu.evaluate(t, pts.astype(np.float32))
+    assert np.all(d[outside] > -1e-6)
+    assert np.any(d[~outside] < 0)
