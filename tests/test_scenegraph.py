@@ -144,3 +144,28 @@ def test_bounds_hold_the_surface(walker_cpu):
     d, _ = walker_cpu.evaluate(t, pts.astype(np.float32))
     assert np.all(d[outside] > -1e-6)
     assert np.any(d[~outside] < 0)
+
+
+def random_poses(n, rng):
+    q = rng.normal(size=(n, 4))
+    return rng.uniform(-3, 3, (n, 3)), q / np.linalg.norm(q, axis=1)[:, None], rng.uniform(0.5, 1.5, n)
+
+
+def test_instance_list_flattens_to_a_fixed_number_of_records():
+    t, q, s = random_poses(5000, np.random.default_rng(1))
+    tape = flatten(capsule((0, 0, 0), (0, 0, 0.2), 0.05).instances(t, q, s))
+    assert len(tape) <= 4 and tape.instance_count == 5000 and len(tape.bvh) == 2 * 5000 - 1
+
+
+def test_instance_list_equals_explicit_union_and_culling_is_exact(walker_cpu):
+    rng = np.random.default_rng(3)
+    t, q, s = random_poses(300, rng)
+    part = union(box(0.1, 0.05, 0.2), sphere(0.08).translate(0, 0, 0.2))
+    listed = part.instances(t, q, s)
+    explicit = union(*[part.scale(si).rotate_quat(*qi).translate(*ti) for ti, qi, si in zip(t, q, s)])
+    pts = rng.uniform(-4, 4, (20000, 3)).astype(np.float32)
+    d_list, _ = walker_cpu.evaluate(flatten(listed), pts)
+    d_plain, _ = walker_cpu.evaluate(flatten(listed, cull=False), pts)
+    d_exp, _ = walker_cpu.evaluate(flatten(explicit, cull=False), pts)
+    np.testing.assert_allclose(d_list, d_plain, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(d_list, d_exp, atol=5e-6, rtol=1e-5)

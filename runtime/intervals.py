@@ -1,0 +1,238 @@
+"""Interval arithmetic for the arithmetic ops: the canonical float64 numpy reference.
+
+``INTERVAL_OPS[op](a, b, c)`` maps input intervals (pairs of numpy arrays ``(lo, hi)``) to the
+output interval. An interval with NaN bounds means "may be NaN" (it contains everything and
+propagates). Together with ``choice``, which says where MIN / MAX / AND / OR take one operand on
+a whole interval, this is what the walkers' interval evaluators and per-tile pruning implement
+(in float32, with transcendental bounds widened outward by ``WIDEN_ULPS``); tests grade them
+against dense sampling and against this table.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .opcodes import Op
+
+__all__ = ["INTERVAL_OPS", "WIDEN_ULPS", "choice", "CHOICE_BOTH", "CHOICE_A", "CHOICE_B"]
+
+WIDEN_ULPS = 2          # outward widening of sin/cos/tan/asin/acos/atan/atan2/exp/ln/sqrt bounds
+CHOICE_BOTH, CHOICE_A, CHOICE_B = 0, 1, 2
+PI = np.pi
+
+
+def _nanmask(*ivs):
+    m = False
+    for lo, hi in ivs:
+        m = m | np.isnan(lo) | np.isnan(hi)
+    return m
+
+
+def _out(lo, hi, nan):
+    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    return np.where(nan, np.nan, lo), np.where(nan, np.nan, hi)
+
+
+def _mono_up(f):
+    return lambda a, *_: _out(f(a[0]), f(a[1]), _nanmask(a))
+
+
+def _neg(a, *_):
+    return _out(-a[1], -a[0], _nanmask(a))
+
+
+def _abs(a, *_):
+    lo, hi = a
+    return _out(np.where(lo >= 0, lo, np.where(hi <= 0, -hi, 0.0)),
+                np.maximum(np.abs(lo), np.abs(hi)), _nanmask(a))
+
+
+def _square(a, *_):
+    lo, hi = _abs(a)
+    return _out(lo * lo, hi * hi, _nanmask(a))
+
+
+def _recip(a, *_):
+    lo, hi = a
+    zero = (lo <= 0) & (hi >= 0)
+    both_zero = (lo == 0) & (hi == 0)
+    return _out(np.where(zero, -np.inf, 1 / np.where(zero, 1, hi)),
+                np.where(zero, np.inf, 1 / np.where(zero, 1, lo)), _nanmask(a) | both_zero)
+
+
+def _sqrt(a, *_):
+    lo, hi = a
+    return _out(np.sqrt(np.maximum(lo, 0)), np.sqrt(np.maximum(hi, 0)), _nanmask(a) | (lo < 0))
+
+
+def _ln(a, *_):
+    lo, hi = a
+    with np.errstate(divide="ignore"):
+        return _out(np.log(np.maximum(lo, 0)), np.log(np.maximum(hi, 0)), _nanmask(a) | (lo < 0))
+
+
+def _asin(a, *_):
+    return _out(np.arcsin(np.clip(a[0], -1, 1)), np.arcsin(np.clip(a[1], -1, 1)),
+                _nanmask(a) | (a[0] < -1) | (a[1] > 1))
+
+
+def _acos(a, *_):
+    return _out(np.arccos(np.clip(a[1], -1, 1)), np.arccos(np.clip(a[0], -1, 1)),
+                _nanmask(a) | (a[0] < -1) | (a[1] > 1))
+
+
+def _sin_shifted(lo, hi, shift):
+    """Range of sin(x + shift) on [lo, hi]."""
+    lo, hi = lo + shift, hi + shift
+    wide = (hi - lo) >= 2 * PI
+    # does [lo, hi] contain pi/2 + 2k pi (max) or -pi/2 + 2k pi (min)?
+    has_max = np.floor((hi - PI / 2) / (2 * PI)) >= np.ceil((lo - PI / 2) / (2 * PI))
+    has_min = np.floor((hi + PI / 2) / (2 * PI)) >= np.ceil((lo + PI / 2) / (2 * PI))
+    s_lo, s_hi = np.sin(lo), np.sin(hi)
+    out_lo = np.where(wide | has_min, -1.0, np.minimum(s_lo, s_hi))
+    out_hi = np.where(wide | has_max, 1.0, np.maximum(s_lo, s_hi))
+    return out_lo, out_hi
+
+
+def _sin(a, *_):
+    with np.errstate(invalid="ignore"):
+        return _out(*_sin_shifted(a[0], a[1], 0.0), _nanmask(a) | np.isinf(a[0]) | np.isinf(a[1]))
+
+
+def _cos(a, *_):
+    with np.errstate(invalid="ignore"):
+        return _out(*_sin_shifted(a[0], a[1], PI / 2), _nanmask(a) | np.isinf(a[0]) | np.isinf(a[1]))
+
+
+def _tan(a, *_):
+    lo, hi = a
+    with np.errstate(invalid="ignore"):
+        pole = np.floor((hi - PI / 2) / PI) >= np.ceil((lo - PI / 2) / PI)
+        pole = pole | ((hi - lo) >= PI) | np.isinf(lo) | np.isinf(hi)
+    return _out(np.where(pole, -np.inf, np.tan(lo)), np.where(pole, np.inf, np.tan(hi)), _nanmask(a))
+
+
+def _not(a, *_):
+    lo, hi = a
+    zero_only = (lo == 0) & (hi == 0)
+    has_zero = (lo <= 0) & (hi >= 0)
+    return _out(np.where(zero_only, 1.0, 0.0), np.where(has_zero, 1.0, 0.0), _nanmask(a))
+
+
+def _add(a, b, *_):
+    with np.errstate(invalid="ignore"):
+        lo, hi = a[0] + b[0], a[1] + b[1]
+    return _out(lo, hi, _nanmask(a, b) | np.isnan(lo) | np.isnan(hi))
+
+
+def _sub(a, b, *_):
+    return _add(a, _neg(b))
+
+
+def _mul(a, b, *_):
+    with np.errstate(invalid="ignore"):
+        p = np.stack([a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]])
+    return _out(p.min(0), p.max(0), _nanmask(a, b) | np.isnan(p).any(0))
+
+
+def _div(a, b, *_):
+    zero = (b[0] <= 0) & (b[1] >= 0)
+    num_zero = (a[0] <= 0) & (a[1] >= 0)
+    lo, hi = _mul(a, _recip(b))
+    return _out(np.where(zero, -np.inf, lo), np.where(zero, np.inf, hi),
+                _nanmask(a, b) | (zero & num_zero) | (~zero & (np.isnan(lo) | np.isnan(hi))))
+
+
+def _min(a, b, *_):
+    return _out(np.minimum(a[0], b[0]), np.minimum(a[1], b[1]), _nanmask(a, b))
+
+
+def _max(a, b, *_):
+    return _out(np.maximum(a[0], b[0]), np.maximum(a[1], b[1]), _nanmask(a, b))
+
+
+def _atan2(a, b, *_):
+    y, x = a, b
+    corners = np.stack([np.arctan2(y[i], x[j]) for i in (0, 1) for j in (0, 1)])
+    safe = (y[0] > 0) | (y[1] < 0) | (x[0] > 0)
+    return _out(np.where(safe, corners.min(0), -PI), np.where(safe, corners.max(0), PI), _nanmask(a, b))
+
+
+def _compare(a, b, *_):
+    lt, gt = a[1] < b[0], a[0] > b[1]
+    eq = (a[0] == a[1]) & (b[0] == b[1]) & (a[0] == b[0])
+    lo = np.where(gt, 1.0, np.where(eq, 0.0, -1.0))
+    hi = np.where(lt, -1.0, np.where(eq, 0.0, 1.0))
+    lo = np.where(~lt & ~gt & ~eq & (a[0] >= b[1]), 0.0, lo)   # a >= b everywhere: never -1
+    hi = np.where(~lt & ~gt & ~eq & (a[1] <= b[0]), 0.0, hi)   # a <= b everywhere: never +1
+    return _out(lo, hi, _nanmask(a, b))
+
+
+def _mod(a, b, *_):
+    const_b = (b[0] == b[1]) & (b[0] > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        k = np.floor(a[0] / np.where(const_b, b[0], 1))
+        one_period = const_b & (np.floor(a[1] / np.where(const_b, b[0], 1)) == k)
+    lo = np.where(one_period, a[0] - k * b[0], 0.0)
+    hi = np.where(one_period, a[1] - k * b[0], np.maximum(np.abs(b[0]), np.abs(b[1])))
+    return _out(lo, hi, _nanmask(a, b) | ((b[0] <= 0) & (b[1] >= 0)) | np.isinf(a[0]) | np.isinf(a[1]))
+
+
+def _and(a, b, *_):
+    nonzero = (a[0] > 0) | (a[1] < 0)
+    zero_only = (a[0] == 0) & (a[1] == 0)
+    lo = np.where(nonzero, b[0], np.where(zero_only, 0.0, np.minimum(0.0, b[0])))
+    hi = np.where(nonzero, b[1], np.where(zero_only, 0.0, np.maximum(0.0, b[1])))
+    return _out(lo, hi, _nanmask(a) | (~zero_only & _nanmask(b)))
+
+
+def _or(a, b, *_):
+    nonzero = (a[0] > 0) | (a[1] < 0)
+    zero_only = (a[0] == 0) & (a[1] == 0)
+    lo = np.where(nonzero, a[0], np.where(zero_only, b[0], np.minimum(a[0], b[0])))
+    hi = np.where(nonzero, a[1], np.where(zero_only, b[1], np.maximum(a[1], b[1])))
+    return _out(lo, hi, _nanmask(a) | (~nonzero & _nanmask(b)))
+
+
+def _mix(a, b, c):
+    return _add(a, _mul(_sub(b, a), c))
+
+
+def _rand(a, b, *_):
+    return _out(np.zeros_like(a[0]), np.ones_like(a[0]), False)
+
+
+def _copy(a, *_):
+    return _out(a[0], a[1], _nanmask(a))
+
+
+INTERVAL_OPS = {
+    Op.COPY: _copy, Op.NEG: _neg, Op.ABS: _abs, Op.RECIP: _recip, Op.SQRT: _sqrt,
+    Op.SQUARE: _square, Op.FLOOR: _mono_up(np.floor), Op.CEIL: _mono_up(np.ceil),
+    Op.ROUND: _mono_up(lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5)),
+    Op.SIN: _sin, Op.COS: _cos, Op.TAN: _tan, Op.ASIN: _asin, Op.ACOS: _acos,
+    Op.ATAN: _mono_up(np.arctan), Op.EXP: _mono_up(np.exp), Op.LN: _ln, Op.NOT: _not,
+    Op.ADD: _add, Op.SUB: _sub, Op.MUL: _mul, Op.DIV: _div, Op.MIN: _min, Op.MAX: _max,
+    Op.ATAN2: _atan2, Op.COMPARE: _compare, Op.MOD: _mod, Op.AND: _and, Op.OR: _or,
+    Op.MIX: _mix, Op.RAND: _rand,
+}
+
+
+def choice(op: Op, a, b):
+    """Per interval: CHOICE_A / CHOICE_B where the op's value is one operand on the whole interval
+    (the other can be pruned), CHOICE_BOTH otherwise. Ties go to ``a``, as the walkers do."""
+    nan = _nanmask(a, b)
+    if op is Op.MIN:
+        pick = np.where(a[1] <= b[0], CHOICE_A, np.where(b[1] < a[0], CHOICE_B, CHOICE_BOTH))
+    elif op is Op.MAX:
+        pick = np.where(a[0] >= b[1], CHOICE_A, np.where(b[0] > a[1], CHOICE_B, CHOICE_BOTH))
+    elif op is Op.AND:   # a != 0 everywhere: the value is b; a == 0 everywhere: the value is a
+        pick = np.where((a[0] > 0) | (a[1] < 0), CHOICE_B,
+                        np.where((a[0] == 0) & (a[1] == 0), CHOICE_A, CHOICE_BOTH))
+        nan = _nanmask(a)
+    elif op is Op.OR:    # a != 0 everywhere: the value is a; a == 0 everywhere: the value is b
+        pick = np.where((a[0] > 0) | (a[1] < 0), CHOICE_A,
+                        np.where((a[0] == 0) & (a[1] == 0), CHOICE_B, CHOICE_BOTH))
+        nan = _nanmask(a)
+    else:
+        raise ValueError(f"{op.name} makes no choice")
+    return np.where(nan, CHOICE_BOTH, pick)
