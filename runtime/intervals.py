@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .opcodes import Op
+from .opcodes import Op, _rem_euclid
 
 __all__ = ["INTERVAL_OPS", "WIDEN_ULPS", "choice", "CHOICE_BOTH", "CHOICE_A", "CHOICE_B"]
 
@@ -55,8 +55,10 @@ def _recip(a, *_):
     lo, hi = a
     zero = (lo <= 0) & (hi >= 0)
     both_zero = (lo == 0) & (hi == 0)
-    return _out(np.where(zero, -np.inf, 1 / np.where(zero, 1, hi)),
-                np.where(zero, np.inf, 1 / np.where(zero, 1, lo)), _nanmask(a) | both_zero)
+    with np.errstate(over="ignore"):
+        return _out(
+            np.where(zero, -np.inf, 1 / np.where(zero, 1, hi)),
+            np.where(zero, np.inf, 1 / np.where(zero, 1, lo)), _nanmask(a) | both_zero)
 
 
 def _sqrt(a, *_):
@@ -80,14 +82,14 @@ def _acos(a, *_):
                 _nanmask(a) | (a[0] < -1) | (a[1] > 1))
 
 
-def _sin_shifted(lo, hi, shift):
-    """Range of sin(x + shift) on [lo, hi]."""
+def _sin_shifted(lo, hi, shift, f):
+    """Range of f(x) = sin(x + shift) on [lo, hi] (endpoints evaluated with f itself)."""
+    s_lo, s_hi = f(lo), f(hi)
     lo, hi = lo + shift, hi + shift
     wide = (hi - lo) >= 2 * PI
     # does [lo, hi] contain pi/2 + 2k pi (max) or -pi/2 + 2k pi (min)?
     has_max = np.floor((hi - PI / 2) / (2 * PI)) >= np.ceil((lo - PI / 2) / (2 * PI))
     has_min = np.floor((hi + PI / 2) / (2 * PI)) >= np.ceil((lo + PI / 2) / (2 * PI))
-    s_lo, s_hi = np.sin(lo), np.sin(hi)
     out_lo = np.where(wide | has_min, -1.0, np.minimum(s_lo, s_hi))
     out_hi = np.where(wide | has_max, 1.0, np.maximum(s_lo, s_hi))
     return out_lo, out_hi
@@ -95,12 +97,12 @@ def _sin_shifted(lo, hi, shift):
 
 def _sin(a, *_):
     with np.errstate(invalid="ignore"):
-        return _out(*_sin_shifted(a[0], a[1], 0.0), _nanmask(a) | np.isinf(a[0]) | np.isinf(a[1]))
+        return _out(*_sin_shifted(a[0], a[1], 0.0, np.sin), _nanmask(a) | np.isinf(a[0]) | np.isinf(a[1]))
 
 
 def _cos(a, *_):
     with np.errstate(invalid="ignore"):
-        return _out(*_sin_shifted(a[0], a[1], PI / 2), _nanmask(a) | np.isinf(a[0]) | np.isinf(a[1]))
+        return _out(*_sin_shifted(a[0], a[1], PI / 2, np.cos), _nanmask(a) | np.isinf(a[0]) | np.isinf(a[1]))
 
 
 def _tan(a, *_):
@@ -137,7 +139,9 @@ def _mul(a, b, *_):
 def _div(a, b, *_):
     zero = (b[0] <= 0) & (b[1] >= 0)
     num_zero = (a[0] <= 0) & (a[1] >= 0)
-    lo, hi = _mul(a, _recip(b))
+    with np.errstate(all="ignore"):
+        q = np.stack([a[i] / np.where(zero, 1, b[j]) for i in (0, 1) for j in (0, 1)])
+    lo, hi = q.min(0), q.max(0)
     return _out(np.where(zero, -np.inf, lo), np.where(zero, np.inf, hi),
                 _nanmask(a, b) | (zero & num_zero) | (~zero & (np.isnan(lo) | np.isnan(hi))))
 
@@ -170,10 +174,12 @@ def _compare(a, b, *_):
 def _mod(a, b, *_):
     const_b = (b[0] == b[1]) & (b[0] > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        k = np.floor(a[0] / np.where(const_b, b[0], 1))
-        one_period = const_b & (np.floor(a[1] / np.where(const_b, b[0], 1)) == k)
-    lo = np.where(one_period, a[0] - k * b[0], 0.0)
-    hi = np.where(one_period, a[1] - k * b[0], np.maximum(np.abs(b[0]), np.abs(b[1])))
+        bb = np.where(const_b, b[0], 1.0)
+        r_lo, r_hi = _rem_euclid(a[0], bb), _rem_euclid(a[1], bb)
+        one_period = const_b & (np.floor(a[1] / bb) == np.floor(a[0] / bb)) & (r_lo <= r_hi) \
+            & (a[1] - a[0] < bb)
+    lo = np.where(one_period, r_lo, 0.0)
+    hi = np.where(one_period, r_hi, np.maximum(np.abs(b[0]), np.abs(b[1])))
     return _out(lo, hi, _nanmask(a, b) | ((b[0] <= 0) & (b[1] >= 0)) | np.isinf(a[0]) | np.isinf(a[1]))
 
 
