@@ -133,7 +133,8 @@ class OpSpec:
 
 
 def _compare(a, b):
-    return np.where(np.isnan(a) | np.isnan(b), np.nan, np.sign(a - b))
+    # by comparisons, not sign(a - b): compare(inf, inf) is 0 (inf - inf would be NaN)
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, np.where(a < b, -1.0, np.where(a > b, 1.0, 0.0)))
 
 
 def _rem_euclid(a, b):

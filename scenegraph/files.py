@@ -79,7 +79,9 @@ def _pack(kind: str, body: dict, path) -> bytes:
         body_bytes = msgpack.packb(body, use_bin_type=True)
         return msgpack.packb({"format": FORMAT, "version": VERSION, "kind": kind,
                               "crc32": zlib.crc32(body_bytes), "body": body}, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as e:   # unencodable value, nesting too deep
+    except ValueError as e:          # msgpack: "recursion limit exceeded"
+        raise TaperayError(f"{path}: cannot encode the {kind}: nested too deeply ({e})") from None
+    except (TypeError, OverflowError) as e:
         raise TaperayError(f"{path}: cannot encode the {kind}: {e}") from None
 
 
@@ -129,7 +131,11 @@ def save_tape(tape: Tape, path) -> None:
 
 def save_scene(node, path) -> None:
     """Write the scene tree ``node`` (its ``to_dict()``) to ``path`` (``*.scene``) atomically."""
-    _write_atomic(path, _pack("scene", node.to_dict(), path))
+    try:
+        body = node.to_dict()
+    except RecursionError:
+        raise TaperayError(f"{path}: cannot encode the scene: nested too deeply") from None
+    _write_atomic(path, _pack("scene", body, path))
 
 
 # -- reading ------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ The tape gets bounds [-1, 1]^3 (the ``.vm`` convention), one grey material and i
 from __future__ import annotations
 
 import heapq
+import os
 import re
 from pathlib import Path
 
@@ -97,8 +98,8 @@ class _Program:
         return i
 
 
-def _parse(text: str, source: str) -> tuple[_Program, int, int]:
-    """Parse ``text``; return the program, its output node and the number of clauses."""
+def _parse(text: str, source: str) -> tuple[_Program, int]:
+    """Parse ``text``; return the program and its output node."""
     prog = _Program()
     names: dict[str, tuple[int, int]] = {}     # id -> (node, line)
     lines = text.splitlines()
@@ -147,7 +148,7 @@ def _parse(text: str, source: str) -> tuple[_Program, int, int]:
         root = node
     if root < 0:
         raise VmSyntaxError(source, "the program has no clauses", len(lines) or 1)
-    return prog, root, clauses
+    return prog, root
 
 
 def _undefined(source: str, lines: list[str], lineno: int, name: str) -> VmSyntaxError:
@@ -269,10 +270,10 @@ def _emit(prog: _Program, seq, dst: list[int], n_regs: int, source: str) -> Tape
 
 
 def _read(path_or_text) -> tuple[str, str]:
-    if isinstance(path_or_text, Path) or (isinstance(path_or_text, str) and "\n" not in path_or_text):
+    if isinstance(path_or_text, os.PathLike) or (isinstance(path_or_text, str) and "\n" not in path_or_text):
         source = str(path_or_text)
         try:
-            return Path(path_or_text).read_text(encoding="utf-8"), source
+            return Path(path_or_text).read_text(encoding="utf-8-sig"), source
         except UnicodeDecodeError as e:
             raise VmImportError(source, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
         except OSError as e:
@@ -285,15 +286,15 @@ def _read(path_or_text) -> tuple[str, str]:
 def load_vm(path_or_text, max_regs: int = max(REG_CAPS)) -> Tape:
     """Import a Fidget ``.vm`` program as a validated register tape (result in register 0).
 
-    ``path_or_text``: a ``Path``, a path string (no newline), or the program text itself (a string
-    with at least one newline). ``max_regs``: the register budget; when the program needs more,
+    ``path_or_text``: a path (``os.PathLike``, or a string without a newline), or the program text
+    itself (a string with at least one newline). ``max_regs``: the register budget; when the program needs more,
     small subexpressions are recomputed at each use (more instructions, fewer registers) until it
     fits, else ``VmImportError``.
     """
     if not 1 <= max_regs <= max(REG_CAPS):
         raise TaperayError(f"max_regs must be in 1..{max(REG_CAPS)}, got {max_regs}")
     text, source = _read(path_or_text)
-    prog, root, _ = _parse(text, source)
+    prog, root = _parse(text, source)
     order = _live_order(prog, root)
     orders = (order, _depth_first_order(prog, order))
     for max_tree in _RECOMPUTE_TREE_SIZES:

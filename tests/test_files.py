@@ -1,0 +1,381 @@
+"""Tape and scene files: round trips, every class of damaged or hostile file, atomic saving."""
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from taperay.runtime.tape import Op, TapeError, TaperayError
+from taperay.scenegraph import Material, Param, box, flatten, sphere, torus
+from taperay.scenegraph import files
+from taperay.scenegraph.files import (FileFormatError, load_file, load_scene_file, load_tape_file,
+                                      save_scene, save_tape)
+from taperay.scenegraph.vm import load_vm
+
+DATA = Path(__file__).parent / "data"
+
+
+def _scene():
+    red = Material("red", (0.9, 0.1, 0.1), 0.3)
+    return (sphere(Param("radius", 1.0)).material(red)
+            | box(0.5).translate(1.5, 0, 0)
+            | torus(1.0, 0.25).rotate((1, 0, 0), 90).translate(0, 2, 0))
+
+
+def _pattern_scene():
+    placements = np.random.default_rng(0).uniform(-2, 2, (40, 3))
+    return (sphere(0.2).instances(placements) - box(0.5)
+            | box(0.1).grid_pattern((0.5, 0.5, 0.5), (3, 2, 2)).translate(0, 0, 3)
+            | sphere(0.3).linear_pattern((1, 0, 0), 5).translate(0, -3, 0))
+
+
+def _tapes():
+    return {"flattened": flatten(_scene(), source="scene"), "patterns": flatten(_pattern_scene()),
+            "sphere.vm": load_vm(DATA / "sphere.vm"), "prospero.vm": load_vm(DATA / "prospero.vm")}
+
+
+def _assert_same_tape(a, b):
+    assert a.instrs.dtype == b.instrs.dtype
+    np.testing.assert_array_equal(a.instrs.view(np.uint32), b.instrs.view(np.uint32))
+    assert a.params.tobytes() == b.params.tobytes()
+    assert a.materials.tobytes() == b.materials.tobytes()
+    assert a.instances.tobytes() == b.instances.tobytes() and a.bvh.tobytes() == b.bvh.tobytes()
+    assert a.n_regs == b.n_regs and a.instance_count == b.instance_count and a.names == b.names
+    np.testing.assert_array_equal(a.bounds, b.bounds)
+
+
+def _body(tape_path) -> dict:
+    root = msgpack.unpackb(Path(tape_path).read_bytes(), raw=False)
+    return root["body"]
+
+
+def _container(body, *, crc=None, **header) -> bytes:
+    """A container around ``body`` with a correct checksum unless ``crc`` is given."""
+    root = {"format": "taperay", "version": 1, "kind": "tape",
+            "crc32": zlib.crc32(msgpack.packb(body, use_bin_type=True)) if crc is None else crc,
+            "body": body}
+    root.update(header)
+    return msgpack.packb(root, use_bin_type=True)
+
+
+def _expect_error(path, *fragments, loader=load_tape_file, cls=FileFormatError):
+    with pytest.raises(cls) as info:
+        loader(path)
+    msg = str(info.value)
+    assert str(path) in msg, msg
+    for f in fragments:
+        assert f in msg, msg
+    return msg
+
+
+@pytest.fixture
+def good_tape_file(tmp_path):
+    p = tmp_path / "good.tape"
+    save_tape(load_vm(DATA / "sphere.vm"), p)
+    return p
+
+
+# -- round trips --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["flattened", "patterns", "sphere.vm", "prospero.vm"])
+def test_tape_round_trip(tmp_path, name):
+    tape = _tapes()[name]
+    if name == "patterns":
+        assert len(tape.instances) == 40 and len(tape.bvh) > 0
+    p = tmp_path / f"t{files.TAPE_EXT}"
+    save_tape(tape, p)
+    back = load_tape_file(p)
+    _assert_same_tape(tape, back)
+    assert back.source == str(p)
+    _assert_same_tape(tape, load_file(p))
+
+
+def test_tape_round_trip_keeps_names_and_materials(tmp_path):
+    tape = flatten(_scene())
+    assert "radius" in tape.names and len(tape.materials) >= 2
+    p = tmp_path / "named.tape"
+    save_tape(tape, p)
+    back = load_tape_file(p)
+    assert back.names == tape.names
+    back.set_param("radius", 2.0)
+    assert back.params[back.names["radius"]] == 2.0
+
+
+@pytest.mark.parametrize("make", [_scene, _pattern_scene])
+def test_scene_round_trip(tmp_path, make):
+    scene = make()
+    p = tmp_path / f"s{files.SCENE_EXT}"
+    save_scene(scene, p)
+    back = load_scene_file(p)
+    assert back.to_dict() == scene.to_dict()
+    assert load_file(p).to_dict() == scene.to_dict()
+    _assert_same_tape(flatten(back), flatten(scene))
+
+
+def test_kind_mismatch_is_reported(tmp_path, good_tape_file):
+    scene_path = tmp_path / "s.scene"
+    save_scene(_scene(), scene_path)
+    _expect_error(scene_path, "'scene'", "'tape'")
+    _expect_error(good_tape_file, "'tape'", "'scene'", loader=load_scene_file)
+
+
+# -- damaged files ------------------------------------------------------------------------------
+def test_missing_file_and_directory(tmp_path):
+    _expect_error(tmp_path / "nope.tape", "cannot read")
+    _expect_error(tmp_path, "cannot read")
+
+
+def test_empty_file(tmp_path):
+    p = tmp_path / "empty.tape"
+    p.write_bytes(b"")
+    _expect_error(p, "empty")
+
+
+def test_every_truncation_is_rejected(tmp_path, good_tape_file):
+    data = good_tape_file.read_bytes()
+    p = tmp_path / "cut.tape"
+    for n in range(1, len(data)):
+        p.write_bytes(data[:n])
+        _expect_error(p)
+
+
+def test_every_single_byte_corruption_is_rejected(tmp_path, good_tape_file):
+    data = good_tape_file.read_bytes()
+    p = tmp_path / "flip.tape"
+    for i in range(len(data)):
+        for flip in (0x01, 0x80):
+            bad = bytearray(data)
+            bad[i] ^= flip
+            p.write_bytes(bytes(bad))
+            with pytest.raises(TaperayError) as info:
+                load_tape_file(p)
+            assert str(p) in str(info.value)
+
+
+def test_checksum_mismatch_is_named(tmp_path, good_tape_file):
+    body = _body(good_tape_file)
+    body["params"] = np.float32([2.0]).tobytes()            # a different sphere radius
+    p = tmp_path / "crc.tape"
+    p.write_bytes(_container(body, crc=zlib.crc32(b"something else")))
+    _expect_error(p, "checksum mismatch")
+
+
+def test_trailing_garbage(tmp_path, good_tape_file):
+    p = tmp_path / "extra.tape"
+    p.write_bytes(good_tape_file.read_bytes() + b"\x00")
+    _expect_error(p, "extra data")
+
+
+@pytest.mark.parametrize("root, fragment", [
+    ([1, 2, 3], "root is a list"),
+    (7, "root is a int"),
+    ("taperay", "root is a str"),
+    ({"format": "other"}, "format 'other'"),
+    ({"format": "taperay", "version": 2, "kind": "tape", "crc32": 0, "body": {}}, "version 2"),
+    ({"format": "taperay", "version": True, "kind": "tape", "crc32": 0, "body": {}}, "version True"),
+    ({"format": "taperay", "version": 1, "kind": "tape", "crc32": 0, "body": []}, "body is a list"),
+    ({"format": "taperay", "version": 1, "kind": "tape", "crc32": "x", "body": {}}, "crc32"),
+    ({"format": "taperay", "version": 1, "kind": "tape", "crc32": 0, "body": {}, "more": 1}, "unexpected"),
+    ({"format": "taperay", "version": 1, "kind": "picture", "crc32": 0, "body": {}}, "'picture'"),
+])
+def test_bad_containers(tmp_path, root, fragment):
+    p = tmp_path / "bad.tape"
+    p.write_bytes(msgpack.packb(root, use_bin_type=True))
+    _expect_error(p, fragment)
+
+
+def test_wrong_version_names_both_versions(tmp_path, good_tape_file):
+    p = tmp_path / "v2.tape"
+    p.write_bytes(_container(_body(good_tape_file), version=2))
+    msg = _expect_error(p)
+    assert "version 2" in msg and f"version {files.VERSION}" in msg
+
+
+def _mutated(good_tape_file, **changes):
+    body = _body(good_tape_file)
+    for k, v in changes.items():
+        if v is KeyError:
+            del body[k]
+        else:
+            body[k] = v
+    return body
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"instrs": KeyError}, "missing ['instrs']"),
+    ({"extra": 1}, "unexpected ['extra']"),
+    ({"instrs": [1, 2, 3]}, "'instrs' must be binary"),
+    ({"instrs": b"\x00" * 33}, "not a multiple of the 32-byte record"),
+    ({"params": b"\x00" * 3}, "not a multiple of the 4-byte record"),
+    ({"materials": b"\x00" * 17}, "not a multiple of the 16-byte record"),
+    ({"layouts": {**files._LAYOUTS, "instrs": [["op", "<u4", []]]}}, "layouts differ from this taperay's (instrs)"),
+    ({"layouts": {**files._LAYOUTS, "materials": [["color", "<f8", [3]], ["roughness", "<f4", []]]}},
+     "(materials)"),
+    ({"layouts": "v1"}, "layouts differ"),
+    ({"instances": b"\x00" * 31}, "not a multiple of the 32-byte record"),
+    ({"n_regs": "4"}, "'n_regs' must be an integer"),
+    ({"n_regs": True}, "'n_regs' must be an integer"),
+    ({"n_regs": 1 << 40}, "'n_regs' must be an integer"),
+    ({"instance_count": -1}, "'instance_count' must be an integer"),
+    ({"bounds": [0, 0, 0]}, "'bounds' must be 6 numbers"),
+    ({"bounds": ["a"] * 6}, "'bounds' must be 6 numbers"),
+    ({"names": [1]}, "'names' must be a map"),
+    ({"names": {"r": "zero"}}, "not a list of integers"),
+    ({"names": {"r": [0, "1"]}}, "not a list of integers"),
+])
+def test_bad_tape_bodies(tmp_path, good_tape_file, changes, fragment):
+    p = tmp_path / "body.tape"
+    p.write_bytes(_container(_mutated(good_tape_file, **changes)))
+    _expect_error(p, fragment)
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"n_regs": 1000}, "registers"),
+    ({"names": {"r": [99]}}, "points outside the pool"),
+    ({"names": {"r": []}}, "points outside the pool"),
+    ({"bounds": [0, 0, 0, 1, 1, float("inf")]}, "bounds are not finite"),
+    ({"params": np.float32([np.nan]).tobytes()}, "NaN"),
+    ({"materials": b""}, "0 materials"),
+])
+def test_well_formed_but_invalid_tapes_fail_validation(tmp_path, good_tape_file, changes, fragment):
+    p = tmp_path / "invalid.tape"
+    p.write_bytes(_container(_mutated(good_tape_file, **changes)))
+    with pytest.raises(TapeError) as info:
+        load_tape_file(p)
+    assert str(p) in str(info.value) and fragment in str(info.value)
+
+
+def test_validator_failure_names_the_record(tmp_path, good_tape_file):
+    tape = load_tape_file(good_tape_file)
+    tape.instrs[0]["op"] = Op.ADD            # the first record reads registers nobody wrote
+    body = _mutated(good_tape_file, instrs=tape.instrs.tobytes())
+    p = tmp_path / "rec.tape"
+    p.write_bytes(_container(body))
+    with pytest.raises(TapeError) as info:
+        load_tape_file(p)
+    assert info.value.record == 0 and info.value.source == str(p)
+    assert "before it is written" in str(info.value)
+
+
+# -- hostile files ------------------------------------------------------------------------------
+@pytest.mark.parametrize("data", [
+    b"\xc6\xff\xff\xff\xff" + b"x" * 16,                     # bin32 declaring 4 GiB
+    b"\xdd\xff\xff\xff\xff" + b"\xc0" * 16,                  # array32 declaring 2^32-1 items
+    b"\xdf\xff\xff\xff\xff" + b"\xa1k\xc0" * 4,              # map32 declaring 2^32-1 pairs
+    b"\xdb\xff\xff\xff\xff" + b"s" * 16,                     # str32 declaring 4 GiB
+    b"\x81\xa4body\xc6\x7f\xff\xff\xff" + b"x",              # nested huge bin
+    b"\x91" * 100_000 + b"\xc0",                             # nesting 100,000 deep
+    b"\x81\xa1k" * 2000 + b"\xc0",                           # maps nested 2,000 deep
+    b"\xd4\x01\x00",                                         # ext type
+    b"\xc1",                                                 # never-used byte
+    b"\x81\x01\x02",                                         # integer map key
+    bytes(range(256)),                                       # garbage
+])
+def test_hostile_msgpack(tmp_path, data):
+    p = tmp_path / "hostile.tape"
+    p.write_bytes(data)
+    _expect_error(p, "msgpack")
+
+
+def test_deeply_nested_field_with_valid_checksum(tmp_path, good_tape_file):
+    deep = 0
+    for _ in range(1000):     # msgpack decodes up to 1,024 levels
+        deep = {"instrs": deep}
+    p = tmp_path / "deep.tape"
+    p.write_bytes(_container(_mutated(good_tape_file, instrs=deep)))
+    _expect_error(p, "'instrs' must be binary")
+
+
+def test_oversized_file_is_refused_before_reading(tmp_path, good_tape_file, monkeypatch):
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 64)
+    _expect_error(good_tape_file, "exceeds the limit")
+
+
+def test_hostile_scene_bodies(tmp_path):
+    p = tmp_path / "bad.scene"
+    for body, fragment in [({"kind": "teapot"}, "teapot"), ({"kind": 3}, "kind"),
+                           ({"kind": "sphere", "numbers": [-1.0]}, "must be > 0"),
+                           ({"kind": "sphere", "numbers": "1"}, "numbers"),
+                           ({"kind": "union", "children": [{"kind": "sphere", "numbers": [1]}] * 2,
+                             "material": {"name": "m", "color": [1, 2], "roughness": 0}}, "material")]:
+        p.write_bytes(_container(body, kind="scene"))
+        _expect_error(p, "bad scene", fragment, loader=load_scene_file)
+
+
+def test_deep_scene_is_refused_on_save_and_nothing_written(tmp_path):
+    node = sphere(1.0)
+    for _ in range(600):      # each level is a map inside a list: deeper than msgpack's 1,024 limit
+        node = node.translate(0.1, 0, 0)
+    p = tmp_path / "deep.scene"
+    with pytest.raises(TaperayError, match="nested too deeply"):
+        save_scene(node, p)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- atomic saving ------------------------------------------------------------------------------
+def test_save_leaves_only_the_target(tmp_path):
+    p = tmp_path / "a.tape"
+    save_tape(load_vm(DATA / "hi.vm"), p)
+    save_tape(load_vm(DATA / "quarter.vm"), p)     # overwrite
+    assert [q.name for q in tmp_path.iterdir()] == ["a.tape"]
+    _assert_same_tape(load_tape_file(p), load_vm(DATA / "quarter.vm"))
+
+
+@pytest.mark.parametrize("fail_at", ["fsync", "replace"])
+def test_failed_save_keeps_the_old_file_and_no_partial_file(tmp_path, monkeypatch, fail_at):
+    p = tmp_path / "keep.tape"
+    old = load_vm(DATA / "hi.vm")
+    save_tape(old, p)
+    before = p.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(files.os, fail_at, boom)
+    with pytest.raises(TaperayError, match="No space left"):
+        save_tape(load_vm(DATA / "prospero.vm"), p)
+    monkeypatch.undo()
+    assert p.read_bytes() == before
+    assert [q.name for q in tmp_path.iterdir()] == ["keep.tape"]
+
+
+def test_interrupted_save_cleans_up(tmp_path, monkeypatch):
+    p = tmp_path / "int.tape"
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(files.os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_tape(load_vm(DATA / "hi.vm"), p)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_invalid_tape_is_not_saved(tmp_path):
+    tape = load_vm(DATA / "hi.vm")
+    tape.n_regs = 0
+    p = tmp_path / "invalid.tape"
+    with pytest.raises(TapeError):
+        save_tape(tape, p)
+    assert not p.exists()
+
+
+def test_unwritable_directory(tmp_path):
+    p = tmp_path / "no" / "such" / "dir.tape"
+    with pytest.raises(TaperayError, match="cannot write"):
+        save_tape(load_vm(DATA / "hi.vm"), p)
+
+
+def test_file_layout_is_documented_msgpack(good_tape_file):
+    """The container is plain msgpack with the documented fields (other tools can read it)."""
+    root = msgpack.unpackb(good_tape_file.read_bytes(), raw=False)
+    assert (root["format"], root["version"], root["kind"]) == ("taperay", 1, "tape")
+    body = root["body"]
+    assert root["crc32"] == zlib.crc32(msgpack.packb(body, use_bin_type=True))
+    tape = load_vm(DATA / "sphere.vm")
+    records = [struct.unpack_from("<8I", body["instrs"], 32 * i) for i in range(len(tape))]
+    assert records == [tuple(int(v) for v in r) for r in tape.as_columns()]
+    assert len(body["instrs"]) == 32 * len(tape)
+    assert body["params"] == tape.params.astype("<f4").tobytes()
+    assert body["bounds"] == [-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]
