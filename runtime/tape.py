@@ -135,6 +135,8 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
     depth = 0                        # point-stack depth
     depth_at: dict[int, int] = {}
     loops: list[int] = []            # open REPEAT_* indices
+    loop_depth: list[int] = []       # point-stack depth where each open pattern began
+    encl = _enclosing_loops(cols)    # innermost pattern body holding each record (-1: none)
     for i, (op, dst, a, b, c, param, aux, jump) in enumerate(cols):
         if i in pending:
             written &= pending.pop(i)
@@ -175,6 +177,7 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
             if not i < jump < n or cols[jump][0] != Op.REPEAT_END or cols[jump][7] != i:
                 raise TapeError(f"{spec.op.name} jump {jump} is not its REPEAT_END", i, src)
             loops.append(i)
+            loop_depth.append(depth)
             if len(loops) > LOOP_CAP:
                 raise TapeError(f"patterns nested deeper than {LOOP_CAP}", i, src)
             if spec.op is not Op.INSTANCES:
@@ -183,11 +186,13 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
             if not loops or loops[-1] != jump:
                 raise TapeError(f"REPEAT_END jump {jump} does not close the innermost pattern", i, src)
             loops.pop()
+            if loop_depth.pop() != depth:
+                raise TapeError("a pattern body leaves the point stack unbalanced (PUSH without POP)", i, src)
         elif spec.op is Op.CULL_BOX:
             if not i < jump <= n:
                 raise TapeError(f"cull jump target {jump} outside ({i}, {n}]", i, src)
-            if jump < n and any(i < L < jump < cols[L][7] for L in loops):
-                raise TapeError("a cull jumps out of a pattern body", i, src)
+            if jump < n and encl[jump] != encl[i]:
+                raise TapeError("a cull jumps out of or into a pattern body", i, src)
             if jump == n:
                 raise TapeError("a cull jumps past the end of the tape", i, src)
             path = written | (1 << dst)
@@ -205,6 +210,19 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
     if not written & 1:
         raise TapeError("the tape never writes its result register 0", n - 1, src)
     return tape
+
+
+def _enclosing_loops(cols: list) -> list[int]:
+    """For each record, the REPEAT_* / INSTANCES whose body holds it (its REPEAT_END included)."""
+    out, open_ = [], []
+    for op, *_ in cols:
+        if op == Op.REPEAT_END and open_:
+            out.append(open_.pop())
+            continue
+        out.append(open_[-1] if open_ else -1)
+        if op in REPEATS:
+            open_.append(len(out) - 1)
+    return out
 
 
 def _check_pattern(op: Op, prm: np.ndarray, i: int, src):

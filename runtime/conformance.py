@@ -1,0 +1,701 @@
+"""Conformance: every available walker graded against the CPU twin, per op and per scene.
+
+Owns the tolerance table (``TOLERANCES``: a few ULP for exactly-rounded ops, WGSL's stated accuracy
+for sqrt / exp / sin / atan ...), the seeded generator of random valid tapes over every op
+(``op_tape`` one per op, ``random_tape`` composite scenes, ``wide_tape`` for the large register
+variants), the measurements (max abs / rel error, ULP histogram, material mismatches, hit-mask
+disagreement, depth error where both hit, first differing point / pixel and the first top-level
+record whose value differs there) and ``ConformanceReport`` (``.passed``, ``.table()`` for rich).
+
+    conform_tape(tape)              one scene on every walker
+    conform_random(n, seed=0)       one tape per op + n random scenes + a wide-register tape
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .camera import auto_camera
+from .opcodes import OPS, REG_CAPS, Family, Op
+from .shading import RenderSettings
+from .tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, validate
+
+__all__ = ["Tolerance", "TOLERANCES", "ConformanceReport", "OpResult", "SceneResult", "conform_tape",
+           "conform_random", "op_tape", "random_tape", "wide_tape", "reference_tape", "available_walkers",
+           "compare_images", "ulp_distance", "ULP_BINS"]
+
+
+# ----------------------------------------------------------------------------------- tolerances
+@dataclass(frozen=True)
+class Tolerance:
+    """|walker - twin| <= max(ulps * ulp(|twin|), abs_rel * scale): ``scale`` is the magnitude of the
+    inputs (the point cloud's extent), so results that cancel to ~0 are judged on the inputs' grid."""
+    ulps: float
+    abs_rel: float
+    why: str
+
+
+_EXACT = Tolerance(2, 2.0 ** -22, "correctly rounded in WGSL; 1-2 ULP for contraction into fma")
+_DIV = Tolerance(4, 2.0 ** -22, "WGSL: x / y within 2.5 ULP")
+_SQRT = Tolerance(4, 2.0 ** -22, "WGSL: sqrt inherits 1/inverseSqrt (2 ULP) + division")
+_GEOM = Tolerance(32, 2.0 ** -19, "shapes: sums of products + sqrt / division, cancellation at the surface")
+_TRIG = Tolerance(0, 2.0 ** -11, "WGSL: sin / cos absolute error 2^-11 on [-pi, pi]")
+_ATAN = Tolerance(4096, 2.0 ** -20, "WGSL: atan / atan2 (asin, acos inherit) within 4096 ULP")
+_POLAR = Tolerance(4096, 2.0 ** -9, "polar copies rotated by WGSL sin / cos / atan2 (2^-11 absolute)")
+
+TOLERANCES: dict[Op, Tolerance] = {}
+for _op in Op:
+    fam = OPS[_op].family
+    TOLERANCES[_op] = _GEOM if fam in (Family.SHAPE, Family.POINT, Family.PATTERN, Family.CULL) else _EXACT
+TOLERANCES.update({
+    Op.RECIP: _DIV, Op.DIV: _DIV, Op.SQRT: _SQRT,
+    Op.SIN: _TRIG, Op.COS: _TRIG,
+    Op.TAN: Tolerance(64, 2.0 ** -10, "WGSL: tan inherits sin / cos (2^-11 absolute each) and a division"),
+    Op.ASIN: _ATAN, Op.ACOS: _ATAN, Op.ATAN: _ATAN, Op.ATAN2: _ATAN,
+    Op.EXP: Tolerance(16, 2.0 ** -22, "WGSL: exp within 3 + 2|x| ULP (|x| <= 3.1 here)"),
+    Op.LN: Tolerance(4, 2.0 ** -21, "WGSL: log absolute 2^-21 on [0.5, 2], 3 ULP elsewhere"),
+    Op.SMOOTH_UNION: _GEOM, Op.SMOOTH_INTERSECT: _GEOM, Op.SMOOTH_DIFFERENCE: _GEOM,
+    Op.REPEAT_POLAR: _POLAR,
+})
+SCENE_PROPAGATION = 4.0   # a composite tape may compound its ops' errors: tolerance x this factor
+HIT_MASK_MAX = 0.02       # fraction of pixels whose hit / miss may differ (silhouettes)
+DEPTH_TOL_EPS = 4.0       # depth error where both hit, in units of the march's hit_eps
+MATERIAL_MAX = 0.01       # fraction of points whose material may differ (ties decided by rounding)
+ULP_BINS = (0, 1, 2, 4, 16, 256, 4096, 1 << 20)   # histogram edges: [0], [1], [2, 3], [4, 15], ...
+
+
+def scene_tolerance(tape: Tape) -> Tolerance:
+    ops = [Op(int(o)) for o in np.unique(tape.instrs["op"])]
+    return Tolerance(SCENE_PROPAGATION * max(TOLERANCES[o].ulps for o in ops),
+                     SCENE_PROPAGATION * max(TOLERANCES[o].abs_rel for o in ops),
+                     "largest tolerance of its ops x " + str(SCENE_PROPAGATION))
+
+
+# ----------------------------------------------------------------------------------- measures
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """float32 -> int64 keys whose differences count representable floats between values."""
+    i = np.asarray(x, np.float32).view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def ulp_distance(a, b) -> np.ndarray:
+    """Floats between a and b (0 when equal, both NaN, or equal infinities; huge when one is NaN)."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    d = np.abs(_ordered(a) - _ordered(b))
+    na, nb = np.isnan(a), np.isnan(b)
+    return np.where(na & nb, 0, np.where(na | nb, 1 << 40, d))
+
+
+def _ulp_of(x: np.ndarray) -> np.ndarray:
+    x = np.abs(np.asarray(x, np.float32))
+    return np.spacing(np.where(np.isfinite(x), x, np.float32(0)), dtype=np.float32).astype(np.float64)
+
+
+def _within(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: float) -> np.ndarray:
+    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+    same = (ref == got) | (np.isnan(ref) & np.isnan(got))
+    with np.errstate(invalid="ignore"):
+        err = np.abs(ref64 - got64)
+        ok = err <= np.maximum(tol.ulps * _ulp_of(ref), tol.abs_rel * scale)
+    return same | (ok & np.isfinite(err))
+
+
+def _histogram(ulps: np.ndarray) -> list[int]:
+    edges = list(ULP_BINS) + [1 << 62]
+    return [int(np.count_nonzero((ulps >= lo) & (ulps < hi))) for lo, hi in zip(edges[:-1], edges[1:])]
+
+
+def _errors(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    fin = np.isfinite(ref) & np.isfinite(got)
+    if not fin.any():
+        return 0.0, 0.0
+    e = np.abs(ref[fin].astype(np.float64) - got[fin].astype(np.float64))
+    rel = e / np.maximum(np.abs(ref[fin].astype(np.float64)), 1e-30)
+    return float(e.max()), float(rel.max())
+
+
+def compare_images(ref: np.ndarray, got: np.ndarray, levels: int) -> dict:
+    """8-bit images: fraction of pixels differing by more than ``levels``, the max difference and
+    the first such pixel (row, col)."""
+    d = np.abs(ref.astype(np.int32) - got.astype(np.int32)).max(axis=-1)
+    bad = d > levels
+    first = np.argwhere(bad)
+    return dict(mismatch_fraction=float(bad.mean()), max_level_difference=int(d.max(initial=0)),
+                first_pixel=tuple(int(v) for v in first[0]) if len(first) else None)
+
+
+# ----------------------------------------------------------------------------------- results
+@dataclass
+class OpResult:
+    """One op's tape (or a scene's points) on one walker against the twin."""
+    name: str
+    walker: str
+    points: int
+    max_abs: float
+    max_rel: float
+    ulp_hist: list[int]
+    material_mismatch: float
+    tolerance: Tolerance
+    failing: int                      # points outside the tolerance
+    first_point: int | None           # index of the first failing point
+    first_record: int | None = None   # first top-level record differing at that point
+    error: str | None = None          # the walker raised instead of answering
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.failing == 0 and self.material_mismatch <= MATERIAL_MAX
+
+
+@dataclass
+class SceneResult:
+    """A scene: its point evaluation plus a small march image against the twin's."""
+    field: OpResult
+    pixels: int
+    hit_mismatch: float
+    depth_max_err: float
+    depth_tol: float
+    first_pixel: tuple[int, int] | None
+
+    @property
+    def passed(self) -> bool:
+        return (self.field.passed and self.hit_mismatch <= HIT_MASK_MAX
+                and self.depth_max_err <= self.depth_tol)
+
+
+@dataclass
+class ConformanceReport:
+    ops: list[OpResult] = field(default_factory=list)
+    scenes: list[SceneResult] = field(default_factory=list)
+    walkers: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.ops) and all(s.passed for s in self.scenes)
+
+    def failures(self) -> list[str]:
+        out = [f"op {r.name} on {r.walker}: {r.error or f'{r.failing} points beyond tolerance'}"
+               for r in self.ops if not r.passed]
+        out += [f"scene {s.field.name} on {s.field.walker}" for s in self.scenes if not s.passed]
+        return out
+
+    def table(self):
+        """rich renderables: a per-op table and a per-scene table."""
+        from rich.console import Group
+        from rich.table import Table
+        hist_head = " ".join(_bin_label(i) for i in range(len(ULP_BINS)))
+        ops = Table(title=f"per op (walkers {', '.join(self.walkers) or 'none besides cpu'} vs cpu)")
+        for col in ("op", "walker", "pts", "max abs", "max rel", f"ULP histogram ({hist_head})",
+                    "mat", "tolerance", "first point / record", "ok"):
+            ops.add_column(col, justify="right" if col not in ("op", "walker", "tolerance") else "left")
+        for r in self.ops:
+            ops.add_row(*_op_cells(r))
+        scenes = Table(title="per scene")
+        for col in ("scene", "walker", "pts", "max abs", f"ULP histogram ({hist_head})", "hit mask diff",
+                    "depth err / tol", "first point / record", "first pixel", "ok"):
+            scenes.add_column(col, justify="left" if col in ("scene", "walker") else "right")
+        for s in self.scenes:
+            c = _op_cells(s.field)
+            scenes.add_row(c[0], c[1], c[2], c[3], c[5], f"{100 * s.hit_mismatch:.2f}%",
+                           f"{s.depth_max_err:.2e} / {s.depth_tol:.1e}", c[8],
+                           "-" if s.first_pixel is None else f"{s.first_pixel}", _ok(s.passed))
+        return Group(ops, scenes)
+
+
+def _bin_label(i: int) -> str:
+    lo = ULP_BINS[i]
+    hi = ULP_BINS[i + 1] - 1 if i + 1 < len(ULP_BINS) else None
+    return f"{lo}" if hi == lo else (f"{lo}-{hi}" if hi is not None else f">={lo}")
+
+
+def _ok(passed: bool) -> str:
+    return "[green]yes[/]" if passed else "[bold red]NO[/]"
+
+
+def _op_cells(r: OpResult) -> list[str]:
+    first = "-" if r.first_point is None else (
+        f"pt {r.first_point}" + ("" if r.first_record is None else f" / rec {r.first_record}"))
+    if r.error:
+        return [r.name, r.walker, str(r.points), "-", "-", r.error[:60], "-", "-", "-", _ok(False)]
+    return [r.name, r.walker, str(r.points), f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
+            " ".join(str(v) for v in r.ulp_hist), f"{100 * r.material_mismatch:.1f}%",
+            f"{r.tolerance.ulps:g} ULP | {r.tolerance.abs_rel:.1e} x scale", first, _ok(r.passed)]
+
+
+# ----------------------------------------------------------------------------------- walkers
+def available_walkers(names: list[str] | None = None) -> dict:
+    """The walkers to grade against the twin, by name: every available one (``names`` None) or
+    exactly ``names`` (an unavailable one is then an error)."""
+    from .tape import TaperayError
+    wanted = [n for n in (names or list(WALKERS)) if n != "cpu"]
+    out = {}
+    for name in wanted:
+        if name not in WALKERS:
+            raise TaperayError(f"unknown walker {name!r} (walkers: cpu, {', '.join(WALKERS)})")
+        try:
+            walker_cls = WALKERS[name]()
+        except ImportError as e:
+            if names:
+                raise TaperayError(f"walker {name} is not installed: {e}") from None
+            continue
+        if walker_cls.available():
+            out[name] = walker_cls()
+        elif names:
+            raise TaperayError(f"walker {name} is unavailable on this machine")
+    return out
+
+
+def _gpu_walker():
+    from .gpu import GpuWalker
+    return GpuWalker
+
+
+# walkers graded against the twin: name -> () -> walker class (imported lazily)
+WALKERS = {"gpu": _gpu_walker}
+
+
+# ----------------------------------------------------------------------------------- grading
+def _points(tape: Tape, rng: np.random.Generator, n: int) -> tuple[np.ndarray, float]:
+    b = tape.bounds.astype(np.float64)
+    lo, hi = b[0] - 0.25 * (b[1] - b[0]) - 0.1, b[1] + 0.25 * (b[1] - b[0]) + 0.1
+    pts = rng.uniform(lo, hi, (n, 3)).astype(np.float32)
+    return pts, float(max(np.abs(lo).max(), np.abs(hi).max(), 1.0))
+
+
+def grade_points(name: str, walker_name: str, tape: Tape, pts: np.ndarray, scale: float,
+                 ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray],
+                 tol: Tolerance) -> OpResult:
+    (rd, rm), (gd, gm) = ref, got
+    ok = _within(rd, gd, tol, scale)
+    bad = np.flatnonzero(~ok)
+    max_abs, max_rel = _errors(rd, gd)
+    return OpResult(name, walker_name, len(pts), max_abs, max_rel, _histogram(ulp_distance(rd, gd)),
+                    float(np.mean(rm != gm)) if len(rm) else 0.0, tol, int(bad.size),
+                    int(bad[0]) if bad.size else None)
+
+
+def first_differing_record(tape: Tape, point: np.ndarray, cpu, walker, tol: Tolerance,
+                           scale: float) -> int | None:
+    """The first top-level record (outside pattern loops) whose written value differs between the
+    twin and ``walker`` at ``point``: each probe is the tape's prefix ending in a COPY of that
+    record's register to register 0, with culls disarmed (an infinite margin leaves values equal)."""
+    depth = 0
+    pts = np.asarray(point, np.float32).reshape(1, 3)
+    for k, rec in enumerate(tape.instrs):
+        op = Op(int(rec["op"]))
+        if op in (Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.INSTANCES):
+            depth += 1
+        elif op is Op.REPEAT_END:
+            depth -= 1
+        if depth or not OPS[op].writes:
+            continue
+        probe = _probe_tape(tape, k)
+        if probe is None:
+            continue
+        r, g = cpu.evaluate(probe, pts)[0], walker.evaluate(probe, pts)[0]
+        if not _within(r, g, tol, scale)[0]:
+            return k
+    return None
+
+
+def _probe_tape(tape: Tape, k: int) -> Tape | None:
+    ins = tape.instrs[:k + 2].copy()
+    ins[k + 1] = np.zeros(1, INSTR_DTYPE)[0]
+    ins[k + 1]["op"], ins[k + 1]["a"] = int(Op.COPY), tape.instrs[k]["dst"]
+    params = tape.params.copy()
+    for i in np.flatnonzero(ins["op"][:k + 1] == int(Op.CULL_BOX)):
+        params[ins[i]["param"] + 6] = np.inf
+        ins[i]["jump"] = min(int(ins[i]["jump"]), k + 1)
+    probe = Tape(ins, params, tape.materials, tape.n_regs, tape.bounds, instances=tape.instances,
+                 bvh=tape.bvh, source=f"{tape.source} (probe of record {k})")
+    try:
+        return validate(probe)
+    except TapeError:
+        return None
+
+
+def _run(walker, fn: str, *args):
+    try:
+        return getattr(walker, fn)(*args), None
+    except Exception as e:   # a walker that raises is a conformance failure, reported as such
+        return None, f"{type(e).__name__}: {e}"
+
+
+def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_points: int = 256,
+                 image: tuple[int, int] = (24, 18), name: str | None = None,
+                 report: ConformanceReport | None = None, _walkers: dict | None = None) -> ConformanceReport:
+    """Grade ``tape`` as a scene on every walker: points (field + material) and a march image."""
+    from .cpu import CpuWalker
+    validate(tape)
+    cpu = CpuWalker()
+    ws = available_walkers(walkers) if _walkers is None else _walkers
+    report = report or ConformanceReport(walkers=list(ws))
+    rng = np.random.default_rng(seed)
+    pts, scale = _points(tape, rng, n_points)
+    tol = scene_tolerance(tape)
+    ref = cpu.evaluate(tape, pts)
+    cam = auto_camera(tape.bounds)
+    settings = RenderSettings()
+    w, h = image
+    ref_m = cpu.march(tape, cam, w, h, settings)
+    depth_tol = DEPTH_TOL_EPS * float(settings.pack(tape)[1])
+    label = name or tape.source or "tape"
+    for wname, walker in ws.items():
+        got, err = _run(walker, "evaluate", tape, pts)
+        if err:
+            res = OpResult(label, wname, len(pts), 0, 0, [], 0, tol, len(pts), None, error=err)
+            report.scenes.append(SceneResult(res, w * h, 1.0, np.inf, depth_tol, None))
+            continue
+        res = grade_points(label, wname, tape, pts, scale, ref, got, tol)
+        if res.first_point is not None:
+            res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker, tol, scale)
+        got_m, err = _run(walker, "march", tape, cam, w, h, settings)
+        if err:
+            res.error = err
+            report.scenes.append(SceneResult(res, w * h, 1.0, np.inf, depth_tol, None))
+            continue
+        hit_diff = ref_m["hit"] != got_m["hit"]
+        both = ref_m["hit"] & got_m["hit"]
+        derr = np.abs(ref_m["t"][both].astype(np.float64) - got_m["t"][both])
+        depth_bad = np.zeros_like(both)
+        depth_bad[both] = derr > depth_tol
+        first = np.argwhere(hit_diff | depth_bad)
+        report.scenes.append(SceneResult(res, w * h, float(hit_diff.mean()), float(derr.max(initial=0.0)),
+                                         depth_tol, tuple(int(v) for v in first[0]) if len(first) else None))
+    return report
+
+
+def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_points: int = 256,
+                   image: tuple[int, int] = (24, 18)) -> ConformanceReport:
+    """One tape per op (graded with that op's tolerance), ``n`` random composite scenes and a tape
+    wide enough for the largest register variant, on every available walker."""
+    from .cpu import CpuWalker
+    ws = available_walkers(walkers)
+    report = ConformanceReport(walkers=list(ws))
+    cpu = CpuWalker()
+    rng = np.random.default_rng(seed)
+    for op in Op:
+        tape = op_tape(op, rng)
+        pts, scale = _points(tape, rng, n_points)
+        ref = cpu.evaluate(tape, pts)
+        for wname, walker in ws.items():
+            got, err = _run(walker, "evaluate", tape, pts)
+            if err:
+                report.ops.append(OpResult(op.name, wname, len(pts), 0, 0, [], 0, TOLERANCES[op],
+                                           len(pts), None, error=err))
+                continue
+            res = grade_points(op.name, wname, tape, pts, scale, ref, got, TOLERANCES[op])
+            if res.first_point is not None:
+                res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker,
+                                                          TOLERANCES[op], scale)
+            report.ops.append(res)
+    for i in range(n):
+        tape = random_tape(np.random.default_rng([seed, i]))
+        conform_tape(tape, seed=seed + i, n_points=n_points, image=image, name=f"random #{i} (seed {seed})",
+                     report=report, _walkers=ws)
+    conform_tape(wide_tape(np.random.default_rng([seed, n]), max(REG_CAPS) - 8), seed=seed, n_points=n_points,
+                 image=image, name=f"wide ({max(REG_CAPS) - 8} registers)", report=report, _walkers=ws)
+    return report
+
+
+# ----------------------------------------------------------------------------------- tapes
+class TapeBuilder:
+    """Emit records and parameters; registers at and above a node's ``dst`` are its scratch."""
+
+    def __init__(self):
+        self.rows: list[list[int]] = []
+        self.params: list[float] = []
+        self.n_regs = 1
+        self.instances: list[np.ndarray] = []
+        self.bvh: list[np.ndarray] = []
+
+    def pool(self, values) -> int:
+        off = len(self.params)
+        self.params.extend(float(v) for v in values)
+        return off
+
+    def row(self, op: Op, dst=0, a=0, b=0, c=0, params=(), aux=0, jump=0, param=None) -> int:
+        p = self.pool(params) if param is None else param
+        used = [dst] if OPS[op].writes else []
+        used += [r for f, r in zip("abc", (a, b, c)) if f in OPS[op].reads]
+        self.n_regs = max(self.n_regs, max(used, default=0) + 1)
+        self.rows.append([int(op), dst, a, b, c, p, aux, jump])
+        return len(self.rows) - 1
+
+    def tape(self, materials: np.ndarray, bounds, source: str) -> Tape:
+        ins = np.zeros(len(self.rows), INSTR_DTYPE)
+        ins.view(np.uint32).reshape(-1, 8)[:] = np.asarray(self.rows, np.uint32)
+        inst = np.concatenate(self.instances) if self.instances else np.zeros(0, INSTANCE_DTYPE)
+        bvh = np.concatenate(self.bvh) if self.bvh else np.zeros(0, BVH_DTYPE)
+        params = np.asarray(self.params or [0.0], np.float32)
+        return validate(Tape(ins, params, materials, self.n_regs, np.asarray(bounds, np.float32),
+                             source=source, instances=inst, bvh=bvh))
+
+
+def _materials(rng: np.random.Generator, n: int = 4) -> np.ndarray:
+    m = np.zeros(n, MATERIAL_DTYPE)
+    m["color"] = rng.uniform(0.1, 0.9, (n, 3))
+    m["roughness"] = rng.uniform(0.1, 0.9, n)
+    return m
+
+
+def _quat(rng: np.random.Generator) -> np.ndarray:
+    q = rng.normal(size=4)
+    return q / np.linalg.norm(q)
+
+
+def _polygon(rng: np.random.Generator, n: int, r0: float, r1: float, centre=(0.0, 0.0)) -> np.ndarray:
+    ang = np.sort(rng.uniform(0, 2 * np.pi, n))
+    rad = rng.uniform(r0, r1, n)
+    return np.stack([centre[0] + rad * np.cos(ang), centre[1] + rad * np.sin(ang)], 1)
+
+
+_SHAPES = (Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.CAPPED_CONE, Op.CAPSULE, Op.TORUS,
+           Op.ELLIPSOID, Op.PLANE, Op.EXTRUDE_POLY, Op.REVOLVE_POLY)
+
+
+def _shape(b: TapeBuilder, rng: np.random.Generator, op: Op, dst: int, mat: int, size: float = 0.5):
+    u = lambda lo, hi, k=None: rng.uniform(lo * size, hi * size, k)   # noqa: E731
+    if op is Op.SPHERE:
+        b.row(op, dst, params=[u(0.3, 1)], aux=mat)
+    elif op is Op.BOX:
+        b.row(op, dst, params=u(0.2, 1, 3), aux=mat)
+    elif op is Op.ROUND_BOX:
+        h = u(0.3, 1, 3)
+        b.row(op, dst, params=[*h, 0.5 * h.min() * rng.uniform()], aux=mat)
+    elif op is Op.CYLINDER:
+        b.row(op, dst, params=[u(0.2, 0.8), u(0.2, 1)], aux=mat)
+    elif op is Op.CAPPED_CONE:
+        b.row(op, dst, params=[u(0.2, 1), u(0, 0.8), u(0, 0.8)], aux=mat)
+    elif op is Op.CAPSULE:
+        b.row(op, dst, params=[*u(-1, 1, 3), *u(-1, 1, 3), u(0.1, 0.4)], aux=mat)
+    elif op is Op.TORUS:
+        b.row(op, dst, params=[u(0.5, 1), u(0.1, 0.4)], aux=mat)
+    elif op is Op.ELLIPSOID:
+        b.row(op, dst, params=u(0.3, 1, 3), aux=mat)
+    elif op is Op.PLANE:
+        n = rng.normal(size=3)
+        b.row(op, dst, params=[*(n / np.linalg.norm(n)), u(-0.5, 0.5)], aux=mat)
+    elif op is Op.EXTRUDE_POLY:
+        nv = int(rng.integers(3, 12))
+        b.row(op, dst, a=nv, params=[u(0.2, 1), *_polygon(rng, nv, 0.3 * size, size).ravel()], aux=mat)
+    else:   # REVOLVE_POLY: profile in (radius >= 0, z)
+        nv = int(rng.integers(3, 10))
+        b.row(op, dst, a=nv, params=_polygon(rng, nv, 0.2 * size, 0.5 * size, (0.6 * size, 0.0)).ravel(), aux=mat)
+
+
+def _point_op(b: TapeBuilder, rng: np.random.Generator, op: Op):
+    if op is Op.TRANSLATE:
+        b.row(op, params=rng.uniform(-0.5, 0.5, 3))
+    elif op is Op.ROTATE:
+        b.row(op, params=_quat(rng))
+    elif op is Op.SCALE:
+        b.row(op, params=[rng.uniform(0.5, 2.0)])
+    elif op is Op.MIRROR:
+        n = rng.normal(size=3)
+        b.row(op, params=[*(n / np.linalg.norm(n)), rng.uniform(-0.3, 0.3)])
+    elif op is Op.ELONGATE:
+        b.row(op, params=rng.uniform(0, 0.4, 3))
+
+
+def _pattern_open(b: TapeBuilder, rng: np.random.Generator, op: Op, size: float) -> int:
+    if op is Op.REPEAT_LINEAR:
+        d = rng.normal(size=3)
+        d = d / np.linalg.norm(d) * rng.uniform(1.2, 2.0) * size
+        return b.row(op, params=[*d, int(rng.integers(1, 6)), size])
+    if op is Op.REPEAT_POLAR:
+        c = [rng.uniform(1.5, 2.5) * size, rng.uniform(-0.3, 0.3) * size, 0.0]
+        return b.row(op, params=[int(rng.integers(1, 9)), *c, size])
+    if op is Op.REPEAT_GRID:
+        s = rng.uniform(1.2, 2.0, 3) * size
+        return b.row(op, params=[*s, *rng.integers(1, 4, 3), size, size, size])
+    return _instances_open(b, rng, size)
+
+
+def _instances_open(b: TapeBuilder, rng: np.random.Generator, size: float) -> int:
+    """An INSTANCES record over k random placements: a root node over the leaves (preorder)."""
+    k = int(rng.integers(1, 6))
+    inst = np.zeros(k, INSTANCE_DTYPE)
+    inst["q"] = [_quat(rng) for _ in range(k)]
+    inst["t"] = rng.uniform(-1.5, 1.5, (k, 3)) * size
+    inst["s"] = rng.uniform(0.5, 1.5, k)
+    first_inst = sum(len(a) for a in b.instances)
+    first_node = sum(len(a) for a in b.bvh)
+    nodes = np.zeros(k + 1, BVH_DTYPE)
+    reach = (1.8 * size * inst["s"])[:, None]
+    nodes["lo"][1:], nodes["hi"][1:] = inst["t"] - reach, inst["t"] + reach
+    nodes["lo"][0], nodes["hi"][0] = nodes["lo"][1:].min(0), nodes["hi"][1:].max(0)
+    nodes["skip"] = first_node + np.arange(1, k + 2)
+    nodes["skip"][0] = first_node + k + 1
+    nodes["instance"] = [-1, *range(first_inst, first_inst + k)]
+    b.instances.append(inst)
+    b.bvh.append(nodes)
+    return b.row(Op.INSTANCES, a=k + 1, aux=first_node)
+
+
+def _node(b: TapeBuilder, rng: np.random.Generator, dst: int, depth: int, loops: int, size: float) -> None:
+    """A random field into register ``dst`` (scratch: registers above it)."""
+    mat = int(rng.integers(0, 4))
+    choice = rng.uniform()
+    if depth <= 0 or choice < 0.3:
+        _shape(b, rng, _SHAPES[int(rng.integers(len(_SHAPES) - 1))], dst, mat, size)   # no planes
+    elif choice < 0.45:
+        b.row(Op.PUSH)
+        for op in rng.choice([Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE],
+                             int(rng.integers(1, 3)), replace=False):
+            _point_op(b, rng, Op(op))
+        _node(b, rng, dst, depth - 1, loops, size)
+        b.row(Op.POP)
+    elif choice < 0.7:
+        _node(b, rng, dst, depth - 1, loops, size)
+        _node(b, rng, dst + 1, depth - 1, loops, size)
+        op = Op(rng.choice([Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.XOR, Op.SMOOTH_UNION,
+                            Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE]))
+        k = [rng.uniform(0.05, 0.3) * size] if op.name.startswith("SMOOTH") else []
+        b.row(op, dst, a=dst, b=dst + 1, params=k)
+    elif choice < 0.78:
+        _node(b, rng, dst, depth - 1, loops, size)
+        op = Op.OFFSET if rng.uniform() < 0.5 else Op.SHELL
+        b.row(op, dst, a=dst, params=[rng.uniform(0.0, 0.1) * size])
+    elif choice < 0.86 and loops > 0:
+        op = Op(rng.choice([Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.INSTANCES]))
+        begin = _pattern_open(b, rng, op, size * 0.5)
+        _node(b, rng, dst + 1, depth - 1, loops - 1, size * 0.5)
+        if rng.uniform() < 0.5:   # an instance-dependent body: + INSTANCE_INDEX * 0.01
+            b.row(Op.INSTANCE_INDEX, dst + 2)
+            b.row(Op.CONST, dst + 3, params=[0.01 * size])
+            b.row(Op.MUL, dst + 2, a=dst + 2, b=dst + 3)
+            b.row(Op.ADD, dst + 1, a=dst + 1, b=dst + 2)
+        end = b.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
+        b.rows[begin][7] = end
+    elif choice < 0.94:
+        # the flattener's culled union: CULL_BOX(t) <child into t+1> INTERSECT(t) -> UNION(run)
+        _node(b, rng, dst, depth - 1, loops, size)
+        lo = rng.uniform(-1.5, -0.2, 3) * size
+        cull = b.row(Op.CULL_BOX, dst + 1, a=dst, params=[*lo, *(lo + rng.uniform(0.2, 1.5, 3) * size),
+                                                         rng.uniform(0, 0.05) * size], aux=mat)
+        _node(b, rng, dst + 2, depth - 1, loops, size)
+        b.row(Op.INTERSECT, dst + 1, a=dst + 2, b=dst + 1)
+        b.rows[cull][7] = b.row(Op.UNION, dst, a=dst, b=dst + 1)
+    else:
+        _node(b, rng, dst, depth - 1, loops, size)
+        b.row(Op.SET_MATERIAL, dst, a=dst, aux=mat)
+
+
+def random_tape(rng: np.random.Generator, depth: int = 4) -> Tape:
+    """A random valid scene over the shape, point, combine, pattern, cull and material ops."""
+    b = TapeBuilder()
+    _node(b, rng, 0, depth, 2, 1.0)
+    return b.tape(_materials(rng), [[-2.0, -2.0, -2.0], [2.0, 2.0, 2.0]], "random")
+
+
+def wide_tape(rng: np.random.Generator, n_regs: int) -> Tape:
+    """Spheres in registers 0..n_regs-1, min-reduced: a tape that needs the largest variant."""
+    b = TapeBuilder()
+    centres = rng.uniform(-1.2, 1.2, (n_regs, 3))
+    for r in range(n_regs):
+        b.row(Op.PUSH)
+        b.row(Op.TRANSLATE, params=centres[r])
+        b.row(Op.SPHERE, r, params=[rng.uniform(0.05, 0.3)], aux=r % 4)
+        b.row(Op.POP)
+    for r in range(n_regs - 1, 0, -1):
+        b.row(Op.UNION, r - 1, a=r - 1, b=r)
+    return b.tape(_materials(rng), [[-1.6] * 3, [1.6] * 3], f"wide {n_regs}")
+
+
+# domain scale for the arithmetic op tapes: x, y, z in [-3.1, 3.1] are multiplied by this
+# (sin / cos stay in [-pi, pi] where WGSL states their bound; asin / acos also see |x| > 1)
+_ARITH_SCALE = {Op.SIN: 1.0, Op.COS: 1.0, Op.TAN: 0.5, Op.ASIN: 0.45, Op.ACOS: 0.45, Op.EXP: 1.0}
+
+
+def op_tape(op: Op, rng: np.random.Generator) -> Tape:
+    """A small tape whose value is dominated by ``op`` applied to the point (or a shape there)."""
+    b = TapeBuilder()
+    spec = OPS[op]
+    fam = spec.family
+    bounds = [[-2.0] * 3, [2.0] * 3]
+    if fam is Family.ARITH and op not in (Op.INSTANCE_INDEX,):
+        if op in (Op.VAR_X, Op.VAR_Y, Op.VAR_Z):
+            b.row(op, 0)
+        elif op is Op.CONST:
+            b.row(Op.CONST, 0, params=[rng.uniform(-2, 2)])
+        else:
+            s = _ARITH_SCALE.get(op, 1.0)
+            for r, var in enumerate((Op.VAR_X, Op.VAR_Y, Op.VAR_Z)):
+                b.row(var, r + 1)
+                b.row(Op.CONST, 4, params=[s])
+                b.row(Op.MUL, r + 1, a=r + 1, b=4)
+            if op in (Op.AND, Op.OR, Op.NOT):   # zeros where the point's x < 0
+                b.row(Op.CONST, 4, params=[0.0])
+                b.row(Op.MAX, 1, a=1, b=4)
+            b.row(op, 0, a=1, b=2, c=3)
+    elif op is Op.INSTANCE_INDEX or fam is Family.PATTERN:
+        kind = op if op in (Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.INSTANCES) else \
+            Op(rng.choice([Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.INSTANCES]))
+        begin = _pattern_open(b, rng, kind, 0.4)
+        _shape(b, rng, Op.BOX, 1, 1, 0.4)
+        b.row(Op.INSTANCE_INDEX, 2)
+        b.row(Op.CONST, 3, params=[0.02])
+        b.row(Op.MUL, 2, a=2, b=3)
+        b.row(Op.ADD, 1, a=1, b=2)
+        b.rows[begin][7] = b.row(Op.REPEAT_END, 0, a=1, jump=begin)
+    elif fam is Family.SHAPE:
+        _shape(b, rng, op, 0, 1, 1.0)
+    elif fam is Family.POINT:
+        b.row(Op.PUSH)
+        if op not in (Op.PUSH, Op.POP):
+            _point_op(b, rng, op)
+        _shape(b, rng, Op.BOX, 0, 1, 1.0)
+        b.row(Op.POP)
+    elif fam is Family.COMBINE:
+        _shape(b, rng, Op.SPHERE, 0, 1, 1.0)
+        b.row(Op.PUSH)
+        _point_op(b, rng, Op.TRANSLATE)
+        _shape(b, rng, Op.BOX, 1, 2, 1.0)
+        b.row(Op.POP)
+        k = [rng.uniform(0.05, 0.5)] if spec.n_params else []
+        b.row(op, 0, a=0, b=1, params=k)
+    elif fam is Family.CULL:
+        _shape(b, rng, Op.SPHERE, 0, 1, 0.6)
+        cull = b.row(Op.CULL_BOX, 1, a=0, params=[0.2, -0.5, -0.5, 1.4, 0.5, 0.5, 0.0], aux=2)
+        b.row(Op.PUSH)
+        b.row(Op.TRANSLATE, params=[0.8, 0.0, 0.0])
+        _shape(b, rng, Op.BOX, 2, 2, 0.5)
+        b.row(Op.POP)
+        b.row(Op.INTERSECT, 1, a=2, b=1)
+        b.rows[cull][7] = b.row(Op.UNION, 0, a=0, b=1)
+    else:   # SET_MATERIAL
+        _shape(b, rng, Op.TORUS, 1, 1, 1.0)
+        b.row(Op.SET_MATERIAL, 0, a=1, aux=3)
+    return b.tape(_materials(rng), bounds, f"op {op.name}")
+
+
+def reference_tape() -> Tape:
+    """The fixed scene the GPU self-check renders: every shape family, point ops, smooth and culled
+    combines, a linear and a polar pattern and an instance list (seeded, so always the same)."""
+    rng = np.random.default_rng(20240601)
+    b = TapeBuilder()
+    _shape(b, rng, Op.ROUND_BOX, 0, 0, 1.2)
+    b.row(Op.PUSH)
+    b.row(Op.TRANSLATE, params=[0.0, 0.0, 0.9])
+    b.row(Op.SPHERE, 1, params=[0.45], aux=1)
+    b.row(Op.POP)
+    b.row(Op.SMOOTH_UNION, 0, a=0, b=1, params=[0.2])
+    begin = _pattern_open(b, rng, Op.REPEAT_POLAR, 0.25)
+    b.row(Op.CYLINDER, 2, params=[0.12, 0.9], aux=2)
+    b.rows[begin][7] = b.row(Op.REPEAT_END, 1, a=2, jump=begin)
+    b.row(Op.DIFFERENCE, 0, a=0, b=1)
+    cull = b.row(Op.CULL_BOX, 1, a=0, params=[-1.6, -1.6, -1.4, 1.6, -1.0, -0.6, 0.0], aux=3)
+    b.row(Op.PUSH)
+    b.row(Op.TRANSLATE, params=[-1.2, -1.3, -1.0])
+    begin = _pattern_open(b, rng, Op.REPEAT_LINEAR, 0.3)
+    b.row(Op.TORUS, 3, params=[0.2, 0.07], aux=3)
+    b.rows[begin][7] = b.row(Op.REPEAT_END, 2, a=3, jump=begin)
+    b.row(Op.POP)
+    b.row(Op.INTERSECT, 1, a=2, b=1)
+    b.rows[cull][7] = b.row(Op.UNION, 0, a=0, b=1)
+    begin = _instances_open(b, rng, 0.3)
+    _shape(b, rng, Op.CAPPED_CONE, 2, 2, 0.3)
+    b.rows[begin][7] = b.row(Op.REPEAT_END, 1, a=2, jump=begin)
+    b.row(Op.UNION, 0, a=0, b=1)
+    return b.tape(_materials(rng), [[-1.8] * 3, [1.8] * 3], "self-check scene")

@@ -1,0 +1,1176 @@
+"""The CPU twin: a Numba float32 interpreter of the tape, the reference walker.
+
+Owns ``CpuWalker`` (evaluate / gradient / march / render / field_image) and the jitted kernels
+behind it. Every op of ``runtime.opcodes`` is implemented here exactly as its ``OpSpec`` says;
+where the table leaves a detail open, this module's choice (written below) is the reference and
+the other walkers must match it.
+
+Execution model: a *block interpreter*. Points are cut into blocks of ``BLOCK`` (prange over
+chunks of blocks, one workspace per chunk); for each instruction one tight loop runs over the
+block, so dispatch is paid per block and the loops vectorise. Registers are ``(n_regs, BLOCK)``
+float32 (+ u32 material ids); ``p`` and ``scale`` are per point (rows x, y, z, scale). Control flow:
+
+  * REPEAT_LINEAR / POLAR / GRID run the same number of body iterations at every point (only the
+    instance each point evaluates differs), so they run blockwise;
+  * INSTANCES walks the BVH per point; the body runs blockwise while any point still has a leaf
+    to evaluate (finished points ride along, their results ignored);
+  * CULL_BOX jumps when every point of the block culls, falls through when none does; a block
+    that splits is re-run point by point (blocks of one never split), so results never depend
+    on how points are grouped.
+
+Choices where the op table is silent (the reference behaviour):
+  * material of arithmetic results: ops reading register a carry ``mat[a]`` (MIN / MAX and the
+    combine ops follow their own rule); VAR_*, CONST, INSTANCE_INDEX write material 0.
+    OFFSET / SHELL carry mat[a].
+  * MIN / MAX / UNION / INTERSECT / XOR propagate NaN (as numpy's minimum / maximum).
+  * ROUND is computed exactly in float32: r = floor(|a|); r += 1 if |a| - r >= 0.5; sign of a.
+  * COMPARE by comparisons (compare(inf, inf) = 0).
+  * capsule with a == b is a sphere (h = 0); ellipsoid at its centre is -min(r); a zero-length
+    polygon edge contributes its vertex distance.
+  * CULL_BOX box distance: c = (lo + hi) * 0.5, h = (hi - lo) * 0.5, b = box(p - c, h) * scale.
+  * REPEAT_LINEAR: t = dot(p, d) / dot(d, d); c = clamp(round(t'), 0, n-1) with t' = clamp(t, -1, n);
+    the neighbour is c + 1 if t' >= c else c - 1, or the other side when that leaves 0..n-1 (one
+    iteration when n == 1). Iteration 0 evaluates c, iteration 1 the neighbour, with p - k * d.
+    The unchecked bound is min(|t - k|, k = lo-1, hi+1 inside 0..n-1) * |d| - e (times the loop's
+    scale); the result is min(body minimum, bound), material of the body minimum (first on ties).
+  * REPEAT_POLAR: s = (atan2(p.y, p.x) - atan2(c.y, c.x)) * n / (2 pi); r = round(s); sectors
+    r and r + (s >= r ? 1 : -1), taken mod n (Euclidean). Copy k is the body rotated by
+    theta_k = (2 pi * k) / n about z, evaluated at p' = Rz(-theta_k) p. Unchecked sectors (n >= 3)
+    are lo - 1 and hi + 1 (mod n): bound = min |p - Rz(theta_k) c| - R.
+  * REPEAT_GRID: per axis as REPEAT_LINEAR with d = s * e_axis (an axis with n == 1 has one
+    cell and no bound); iterations enumerate the chosen cells x fastest; the bound is the min over
+    axes.
+  * INSTANCES: an instance's value carries the body's material.
+Registers are not cleared between blocks: the validator proves no register is read unwritten.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .camera import Camera, auto_camera
+from .opcodes import LOOP_CAP, STACK_CAP, Op
+from .shading import RenderSettings, compose, to_rgb8, unpack
+from .tape import Tape, TaperayError, validate
+
+__all__ = ["CpuWalker", "BLOCK"]
+
+BLOCK = 256   # points per block (and 16 x 16 pixel tiles); 256 measured faster than 64 and 128
+
+# The twin's copy of the opcode numbers (Numba freezes globals into its on-disk cache, which only
+# notices edits to THIS file): checked against runtime.opcodes at import.
+VAR_X, VAR_Y, VAR_Z, CONST, COPY, NEG, ABS, RECIP, SQRT, SQUARE, FLOOR = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+CEIL, ROUND, SIN, COS, TAN, ASIN, ACOS, ATAN, EXP, LN, NOT = 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21
+ADD, SUB, MUL, DIV, MIN, MAX, ATAN2, COMPARE, MOD, AND, OR = 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32
+MIX, RAND, INSTANCE_INDEX = 33, 34, 35
+SPHERE, BOX, ROUND_BOX, CYLINDER, CAPPED_CONE, CAPSULE, TORUS = 40, 41, 42, 43, 44, 45, 46
+ELLIPSOID, PLANE, EXTRUDE_POLY, REVOLVE_POLY = 47, 48, 49, 50
+PUSH, POP, TRANSLATE, ROTATE, SCALE, MIRROR, ELONGATE = 60, 61, 62, 63, 64, 65, 66
+UNION, INTERSECT, DIFFERENCE, XOR, SMOOTH_UNION, SMOOTH_INTERSECT = 70, 71, 72, 73, 74, 75
+SMOOTH_DIFFERENCE, OFFSET, SHELL = 76, 77, 78
+REPEAT_LINEAR, REPEAT_POLAR, REPEAT_GRID, REPEAT_END, INSTANCES = 80, 81, 82, 83, 84
+CULL_BOX, SET_MATERIAL = 90, 95
+_STACK_CAP, _LOOP_CAP = 16, 4
+
+_twin = {o.name: globals().get(o.name) for o in Op}
+if _twin != {o.name: int(o) for o in Op} or (_STACK_CAP, _LOOP_CAP) != (STACK_CAP, LOOP_CAP):
+    raise ImportError("runtime.cpu: the twin's opcode numbers / capacities differ from runtime.opcodes: "
+                      f"{sorted(k for k, v in _twin.items() if v != int(Op[k]))}")
+
+_f = np.float32
+F0, F1, F2, F4, FH, FQ = _f(0), _f(1), _f(2), _f(4), _f(0.5), _f(0.25)
+INF = _f(np.inf)
+TWO_PI = _f(2 * np.pi)
+_JIT = dict(cache=True, error_model="numpy", fastmath=False)
+
+
+# ----------------------------------------------------------------------------- scalar helpers
+@njit(**_JIT)
+def _fmin(a, b):
+    return b if (b < a or b != b) else a
+
+
+@njit(**_JIT)
+def _fmax(a, b):
+    return b if (b > a or b != b) else a
+
+
+@njit(**_JIT)
+def _round(x):
+    ax = abs(x)
+    r = np.floor(ax)
+    if ax - r >= FH:
+        r += F1
+    return r if x >= F0 else -r
+
+
+@njit(**_JIT)
+def _len3(x, y, z):
+    return np.sqrt(x * x + y * y + z * z)
+
+
+@njit(**_JIT)
+def _box(x, y, z, hx, hy, hz):
+    qx, qy, qz = abs(x) - hx, abs(y) - hy, abs(z) - hz
+    outside = _len3(max(qx, F0), max(qy, F0), max(qz, F0))
+    return outside + min(max(qx, max(qy, qz)), F0)
+
+
+@njit(**_JIT)
+def _cap2(dx, dy):
+    """Capped 2D profile: min(max(dx, dy), 0) + |max((dx, dy), 0)|."""
+    ox, oy = max(dx, F0), max(dy, F0)
+    return min(max(dx, dy), F0) + np.sqrt(ox * ox + oy * oy)
+
+
+@njit(**_JIT)
+def _capped_cone(x, y, z, h, r1, r2):
+    qx = np.sqrt(x * x + y * y)
+    qy = z
+    k2x, k2y = r2 - r1, F2 * h
+    cax = qx - min(qx, r1 if qy < F0 else r2)
+    cay = abs(qy) - h
+    t = ((r2 - qx) * k2x + (h - qy) * k2y) / (k2x * k2x + k2y * k2y)
+    t = min(max(t, F0), F1)
+    cbx = qx - r2 + k2x * t
+    cby = qy - h + k2y * t
+    s = -F1 if (cbx < F0 and cay < F0) else F1
+    return s * np.sqrt(min(cax * cax + cay * cay, cbx * cbx + cby * cby))
+
+
+@njit(**_JIT)
+def _capsule(x, y, z, ax, ay, az, bx, by, bz, r):
+    pax, pay, paz = x - ax, y - ay, z - az
+    bax, bay, baz = bx - ax, by - ay, bz - az
+    bb = bax * bax + bay * bay + baz * baz
+    h = F0
+    if bb > F0:
+        h = min(max((pax * bax + pay * bay + paz * baz) / bb, F0), F1)
+    return _len3(pax - bax * h, pay - bay * h, paz - baz * h) - r
+
+
+@njit(**_JIT)
+def _ellipsoid(x, y, z, rx, ry, rz):
+    k0 = _len3(x / rx, y / ry, z / rz)
+    k1 = _len3(x / (rx * rx), y / (ry * ry), z / (rz * rz))
+    if k1 == F0:
+        return -min(rx, min(ry, rz))
+    return k0 * (k0 - F1) / k1
+
+
+@njit(**_JIT)
+def _poly(params, off, nv, x, y):
+    """Signed distance to the closed polygon params[off : off + 2 nv] (even-odd inside)."""
+    v0x, v0y = params[off], params[off + 1]
+    d = (x - v0x) * (x - v0x) + (y - v0y) * (y - v0y)
+    s = F1
+    j = nv - 1
+    for i in range(nv):
+        vix, viy = params[off + 2 * i], params[off + 2 * i + 1]
+        vjx, vjy = params[off + 2 * j], params[off + 2 * j + 1]
+        ex, ey = vjx - vix, vjy - viy
+        wx, wy = x - vix, y - viy
+        ee = ex * ex + ey * ey
+        t = F0
+        if ee > F0:
+            t = min(max((wx * ex + wy * ey) / ee, F0), F1)
+        bx, by = wx - ex * t, wy - ey * t
+        d = min(d, bx * bx + by * by)
+        c1 = y >= viy
+        c2 = y < vjy
+        c3 = ex * wy > ey * wx
+        if (c1 and c2 and c3) or ((not c1) and (not c2) and (not c3)):
+            s = -s
+        j = i
+    return s * np.sqrt(d)
+
+
+@njit(**_JIT)
+def _qrot_conj(w, qx, qy, qz, x, y, z):
+    """conj(q) * v * q for a unit quaternion q = (w, qx, qy, qz)."""
+    ux, uy, uz = -qx, -qy, -qz
+    tx = F2 * (uy * z - uz * y)
+    ty = F2 * (uz * x - ux * z)
+    tz = F2 * (ux * y - uy * x)
+    return (x + w * tx + (uy * tz - uz * ty),
+            y + w * ty + (uz * tx - ux * tz),
+            z + w * tz + (ux * ty - uy * tx))
+
+
+@njit(**_JIT)
+def _rand(a, b):
+    x = np.uint64(a)
+    y = np.uint64(b)
+    m = np.uint64(0xFFFFFFFF)
+    h = ((x * np.uint64(0x9E3779B1)) ^ (y + np.uint64(0x7F4A7C15))) & m
+    h = ((h ^ (h >> np.uint64(16))) * np.uint64(0x45D9F3B)) & m
+    h = ((h ^ (h >> np.uint64(16))) * np.uint64(0x45D9F3B)) & m
+    h = h ^ (h >> np.uint64(16))
+    return _f(h >> np.uint64(8)) / _f(16777216.0)
+
+
+@njit(**_JIT)
+def _cells(t, cnt):
+    """Nearest index c, its neighbour c2 and min |t - k| over the unchecked k (inf if none)."""
+    tc = t if t >= _f(-1) else _f(-1)        # clamped (NaN-safe) for choosing the cells only
+    if tc > _f(cnt):
+        tc = _f(cnt)
+    c = min(max(np.int64(_round(tc)), 0), cnt - 1)
+    step = 1 if tc >= _f(c) else -1
+    c2 = c + step
+    if c2 < 0 or c2 > cnt - 1:
+        c2 = c - step
+    if cnt == 1:
+        c2 = c
+    lo, hi = min(c, c2), max(c, c2)
+    bnd = INF
+    if lo - 1 >= 0:
+        bnd = abs(t - _f(lo - 1))
+    if hi + 1 <= cnt - 1:
+        bnd = min(bnd, abs(_f(hi + 1) - t))
+    return c, c2, bnd
+
+
+# ----------------------------------------------------------------------------- workspace
+@njit(**_JIT)
+def _workspace(n_regs, B):
+    """Per-chunk scratch: (pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcell, lint)."""
+    return (np.zeros((3, B), np.float32), np.zeros(B, np.float32), np.zeros(B, np.uint32),
+            np.zeros((n_regs, B), np.float32), np.zeros((n_regs, B), np.uint32),
+            np.zeros((4, B), np.float32), np.zeros((_STACK_CAP, 4, B), np.float32),
+            np.zeros((_LOOP_CAP, 4, B), np.float32), np.zeros((_LOOP_CAP, B), np.float32),
+            np.zeros((_LOOP_CAP, B), np.uint32), np.zeros((_LOOP_CAP, B), np.float32),
+            np.zeros((_LOOP_CAP, 6, B), np.int64), np.zeros((_LOOP_CAP, 8), np.int64))
+
+
+# ----------------------------------------------------------------------------- patterns
+@njit(**_JIT)
+def _loop_enter(op, prm, params, n, L, p, lp, lbound, lcell, lint):
+    """Open pattern frame L at the current p: choose each point's cells and unchecked bound."""
+    for j in range(n):
+        for r in range(4):
+            lp[L, r, j] = p[r, j]
+    n_iter = 1
+    if op == REPEAT_LINEAR:
+        dx, dy, dz = params[prm], params[prm + 1], params[prm + 2]
+        cnt, e = np.int64(params[prm + 3]), params[prm + 4]
+        dd = dx * dx + dy * dy + dz * dz
+        dlen = np.sqrt(dd)
+        n_iter = 1 if cnt == 1 else 2
+        for j in range(n):
+            t = (p[0, j] * dx + p[1, j] * dy + p[2, j] * dz) / dd
+            c, c2, bnd = _cells(t, cnt)
+            lcell[L, 0, j], lcell[L, 1, j] = c, c2
+            lbound[L, j] = (bnd * dlen - e) * p[3, j]
+    elif op == REPEAT_POLAR:
+        cnt = np.int64(params[prm])
+        cx, cy, cz, R = params[prm + 1], params[prm + 2], params[prm + 3], params[prm + 4]
+        phic = np.arctan2(cy, cx)
+        fcnt = _f(cnt)
+        n_iter = 1 if cnt == 1 else 2
+        for j in range(n):
+            x, y, z = p[0, j], p[1, j], p[2, j]
+            s = (np.arctan2(y, x) - phic) * fcnt / TWO_PI
+            r = np.int64(_round(s))
+            step = 1 if s >= _f(r) else -1
+            lcell[L, 0, j] = r % cnt
+            lcell[L, 1, j] = (r + step) % cnt
+            bnd = INF
+            if cnt >= 3:
+                for k in (min(r, r + step) - 1, max(r, r + step) + 1):
+                    th = TWO_PI * _f(k % cnt) / fcnt
+                    cs, sn = np.cos(th), np.sin(th)
+                    bnd = min(bnd, _len3(x - (cs * cx - sn * cy), y - (sn * cx + cs * cy), z - cz))
+            lbound[L, j] = (bnd - R) * p[3, j]
+    else:  # REPEAT_GRID
+        for j in range(n):
+            lbound[L, j] = INF
+        for ax in range(3):
+            s = params[prm + ax]
+            cnt, e = np.int64(params[prm + 3 + ax]), params[prm + 6 + ax]
+            if cnt == 1:
+                for j in range(n):
+                    lcell[L, 2 * ax, j], lcell[L, 2 * ax + 1, j] = 0, 0
+                continue
+            n_iter *= 2
+            for j in range(n):
+                c, c2, bnd = _cells(p[ax, j] / s, cnt)
+                lcell[L, 2 * ax, j], lcell[L, 2 * ax + 1, j] = c, c2
+                lbound[L, j] = min(lbound[L, j], (bnd * abs(s) - e) * p[3, j])
+    lint[L, 1] = n_iter
+    lint[L, 2] = 0
+
+
+@njit(**_JIT)
+def _grid_pick(L, it, j, lcell, lint, params):
+    """Cell (i, j, k) a grid point evaluates on iteration ``it`` (x fastest over the chosen cells)."""
+    prm = lint[L, 4]
+    sel = it
+    i0, i1, i2 = 0, 0, 0
+    if np.int64(params[prm + 3]) != 1:
+        i0 = lcell[L, sel & 1, j]
+        sel >>= 1
+    if np.int64(params[prm + 4]) != 1:
+        i1 = lcell[L, 2 + (sel & 1), j]
+        sel >>= 1
+    if np.int64(params[prm + 5]) != 1:
+        i2 = lcell[L, 4 + (sel & 1), j]
+    return i0, i1, i2
+
+
+@njit(**_JIT)
+def _loop_point(L, it, n, params, p, lp, lcell, lint):
+    """Set p (and scale) for iteration ``it`` of pattern frame L."""
+    op, prm = lint[L, 3], lint[L, 4]
+    if op == REPEAT_LINEAR:
+        dx, dy, dz = params[prm], params[prm + 1], params[prm + 2]
+        for j in range(n):
+            k = _f(lcell[L, it, j])
+            p[0, j] = lp[L, 0, j] - k * dx
+            p[1, j] = lp[L, 1, j] - k * dy
+            p[2, j] = lp[L, 2, j] - k * dz
+            p[3, j] = lp[L, 3, j]
+    elif op == REPEAT_POLAR:
+        fcnt = _f(params[prm])
+        for j in range(n):
+            th = TWO_PI * _f(lcell[L, it, j]) / fcnt
+            cs, sn = np.cos(th), np.sin(th)
+            x, y = lp[L, 0, j], lp[L, 1, j]
+            p[0, j] = cs * x + sn * y
+            p[1, j] = cs * y - sn * x
+            p[2, j] = lp[L, 2, j]
+            p[3, j] = lp[L, 3, j]
+    else:
+        for j in range(n):
+            i0, i1, i2 = _grid_pick(L, it, j, lcell, lint, params)
+            p[0, j] = lp[L, 0, j] - _f(i0) * params[prm]
+            p[1, j] = lp[L, 1, j] - _f(i1) * params[prm + 1]
+            p[2, j] = lp[L, 2, j] - _f(i2) * params[prm + 2]
+            p[3, j] = lp[L, 3, j]
+
+
+@njit(**_JIT)
+def _instance_index(L, j, params, lcell, lint):
+    op = lint[L, 3]
+    if op == INSTANCES:
+        return lcell[L, 1, j]
+    if op == REPEAT_GRID:
+        prm = lint[L, 4]
+        i0, i1, i2 = _grid_pick(L, lint[L, 2], j, lcell, lint, params)
+        return i0 + np.int64(params[prm + 3]) * (i1 + np.int64(params[prm + 4]) * i2)
+    return lcell[L, lint[L, 2], j]
+
+
+@njit(**_JIT)
+def _bvh_seek(node, end, x, y, z, sc, acc, bvhf, bvhi):
+    """Walk the BVH from ``node`` to the next leaf to evaluate; returns (node or end, leaf box b)."""
+    while node < end:
+        lox, loy, loz = bvhf[node, 0], bvhf[node, 1], bvhf[node, 2]
+        hix, hiy, hiz = bvhf[node, 4], bvhf[node, 5], bvhf[node, 6]
+        b = _box(x - (lox + hix) * FH, y - (loy + hiy) * FH, z - (loz + hiz) * FH,
+                 (hix - lox) * FH, (hiy - loy) * FH, (hiz - loz) * FH) * sc
+        if b >= acc:
+            node = np.int64(bvhi[node, 3])
+        elif bvhi[node, 7] >= 0:
+            return node, b
+        else:
+            node += 1
+    return end, INF
+
+
+@njit(**_JIT)
+def _instance_point(L, j, node, p, lp, lcell, bvhi, inst):
+    """p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s for the leaf ``node``."""
+    k = bvhi[node, 7]
+    lcell[L, 0, j] = node
+    lcell[L, 1, j] = k
+    w, qx, qy, qz = inst[k, 0], inst[k, 1], inst[k, 2], inst[k, 3]
+    s = inst[k, 7]
+    x, y, z = _qrot_conj(w, qx, qy, qz, lp[L, 0, j] - inst[k, 4], lp[L, 1, j] - inst[k, 5],
+                         lp[L, 2, j] - inst[k, 6])
+    p[0, j], p[1, j], p[2, j] = x / s, y / s, z / s
+    p[3, j] = lp[L, 3, j] * s
+
+
+# ----------------------------------------------------------------------------- the interpreter
+@njit(**_JIT)
+def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
+    """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the block."""
+    pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcell, lint = ws
+    for j in range(n):
+        p[0, j], p[1, j], p[2, j], p[3, j] = pin[0, j], pin[1, j], pin[2, j], F1
+    sp = 0
+    lsp = 0
+    pc = 0
+    n_ins = cols.shape[0]
+    while pc < n_ins:
+        op = cols[pc, 0]
+        dst, a, b, c = cols[pc, 1], cols[pc, 2], cols[pc, 3], cols[pc, 4]
+        prm, aux = np.int64(cols[pc, 5]), cols[pc, 6]
+        nxt = pc + 1
+        if op < SPHERE:                                               # ---- arithmetic
+            if op <= CONST:
+                if op == CONST:
+                    v = params[prm]
+                    for j in range(n):
+                        regs[dst, j] = v
+                else:
+                    for j in range(n):
+                        regs[dst, j] = p[op, j]
+                for j in range(n):
+                    mats[dst, j] = 0
+            elif op == INSTANCE_INDEX:
+                for j in range(n):
+                    regs[dst, j] = _f(_instance_index(lsp - 1, j, params, lcell, lint)) if lsp > 0 else F0
+                    mats[dst, j] = 0
+            elif op == MIN or op == MAX:
+                for j in range(n):
+                    va, vb = regs[a, j], regs[b, j]
+                    ma, mb = mats[a, j], mats[b, j]
+                    if op == MIN:
+                        regs[dst, j] = _fmin(va, vb)
+                        mats[dst, j] = mb if vb < va else ma
+                    else:
+                        regs[dst, j] = _fmax(va, vb)
+                        mats[dst, j] = mb if vb > va else ma
+            else:
+                for j in range(n):
+                    mats[dst, j] = mats[a, j]
+                if op == COPY:
+                    for j in range(n):
+                        regs[dst, j] = regs[a, j]
+                elif op == NEG:
+                    for j in range(n):
+                        regs[dst, j] = -regs[a, j]
+                elif op == ABS:
+                    for j in range(n):
+                        regs[dst, j] = abs(regs[a, j])
+                elif op == RECIP:
+                    for j in range(n):
+                        regs[dst, j] = F1 / regs[a, j]
+                elif op == SQRT:
+                    for j in range(n):
+                        regs[dst, j] = np.sqrt(regs[a, j])
+                elif op == SQUARE:
+                    for j in range(n):
+                        regs[dst, j] = regs[a, j] * regs[a, j]
+                elif op == FLOOR:
+                    for j in range(n):
+                        regs[dst, j] = np.floor(regs[a, j])
+                elif op == CEIL:
+                    for j in range(n):
+                        regs[dst, j] = np.ceil(regs[a, j])
+                elif op == ROUND:
+                    for j in range(n):
+                        regs[dst, j] = _round(regs[a, j])
+                elif op == SIN:
+                    for j in range(n):
+                        regs[dst, j] = np.sin(regs[a, j])
+                elif op == COS:
+                    for j in range(n):
+                        regs[dst, j] = np.cos(regs[a, j])
+                elif op == TAN:
+                    for j in range(n):
+                        regs[dst, j] = np.tan(regs[a, j])
+                elif op == ASIN:
+                    for j in range(n):
+                        regs[dst, j] = np.arcsin(regs[a, j])
+                elif op == ACOS:
+                    for j in range(n):
+                        regs[dst, j] = np.arccos(regs[a, j])
+                elif op == ATAN:
+                    for j in range(n):
+                        regs[dst, j] = np.arctan(regs[a, j])
+                elif op == EXP:
+                    for j in range(n):
+                        regs[dst, j] = np.exp(regs[a, j])
+                elif op == LN:
+                    for j in range(n):
+                        regs[dst, j] = np.log(regs[a, j])
+                elif op == NOT:
+                    for j in range(n):
+                        regs[dst, j] = F1 if regs[a, j] == F0 else F0
+                elif op == ADD:
+                    for j in range(n):
+                        regs[dst, j] = regs[a, j] + regs[b, j]
+                elif op == SUB:
+                    for j in range(n):
+                        regs[dst, j] = regs[a, j] - regs[b, j]
+                elif op == MUL:
+                    for j in range(n):
+                        regs[dst, j] = regs[a, j] * regs[b, j]
+                elif op == DIV:
+                    for j in range(n):
+                        regs[dst, j] = regs[a, j] / regs[b, j]
+                elif op == ATAN2:
+                    for j in range(n):
+                        regs[dst, j] = np.arctan2(regs[a, j], regs[b, j])
+                elif op == COMPARE:
+                    for j in range(n):
+                        va, vb = regs[a, j], regs[b, j]
+                        r = F0
+                        if va < vb:
+                            r = -F1
+                        elif va > vb:
+                            r = F1
+                        elif va != va or vb != vb:
+                            r = va + vb
+                        regs[dst, j] = r
+                elif op == MOD:
+                    for j in range(n):
+                        vb = regs[b, j]
+                        r = np.fmod(regs[a, j], vb)
+                        regs[dst, j] = r + abs(vb) if r < F0 else r
+                elif op == AND:
+                    for j in range(n):
+                        va = regs[a, j]
+                        regs[dst, j] = va if va == F0 else regs[b, j]
+                elif op == OR:
+                    for j in range(n):
+                        va = regs[a, j]
+                        regs[dst, j] = va if va != F0 else regs[b, j]
+                elif op == MIX:
+                    for j in range(n):
+                        va = regs[a, j]
+                        regs[dst, j] = va + (regs[b, j] - va) * regs[c, j]
+                elif op == RAND:
+                    ua = regs[a, :n].view(np.uint32)
+                    ub = regs[b, :n].view(np.uint32)
+                    for j in range(n):
+                        regs[dst, j] = _rand(ua[j], ub[j])
+        elif op < PUSH:                                               # ---- shapes
+            for j in range(n):
+                mats[dst, j] = aux
+            if op == SPHERE:
+                r = params[prm]
+                for j in range(n):
+                    regs[dst, j] = (_len3(p[0, j], p[1, j], p[2, j]) - r) * p[3, j]
+            elif op == BOX or op == ROUND_BOX:
+                hx, hy, hz = params[prm], params[prm + 1], params[prm + 2]
+                rr = params[prm + 3] if op == ROUND_BOX else F0
+                for j in range(n):
+                    regs[dst, j] = (_box(p[0, j], p[1, j], p[2, j], hx - rr, hy - rr, hz - rr) - rr) * p[3, j]
+            elif op == CYLINDER:
+                r, h = params[prm], params[prm + 1]
+                for j in range(n):
+                    x, y = p[0, j], p[1, j]
+                    regs[dst, j] = _cap2(np.sqrt(x * x + y * y) - r, abs(p[2, j]) - h) * p[3, j]
+            elif op == CAPPED_CONE:
+                h, r1, r2 = params[prm], params[prm + 1], params[prm + 2]
+                for j in range(n):
+                    regs[dst, j] = _capped_cone(p[0, j], p[1, j], p[2, j], h, r1, r2) * p[3, j]
+            elif op == CAPSULE:
+                ax, ay, az = params[prm], params[prm + 1], params[prm + 2]
+                bx, by, bz, r = params[prm + 3], params[prm + 4], params[prm + 5], params[prm + 6]
+                for j in range(n):
+                    regs[dst, j] = _capsule(p[0, j], p[1, j], p[2, j], ax, ay, az, bx, by, bz, r) * p[3, j]
+            elif op == TORUS:
+                R, r = params[prm], params[prm + 1]
+                for j in range(n):
+                    x, y = p[0, j], p[1, j]
+                    qx = np.sqrt(x * x + y * y) - R
+                    z = p[2, j]
+                    regs[dst, j] = (np.sqrt(qx * qx + z * z) - r) * p[3, j]
+            elif op == ELLIPSOID:
+                rx, ry, rz = params[prm], params[prm + 1], params[prm + 2]
+                for j in range(n):
+                    regs[dst, j] = _ellipsoid(p[0, j], p[1, j], p[2, j], rx, ry, rz) * p[3, j]
+            elif op == PLANE:
+                nx, ny, nz, d = params[prm], params[prm + 1], params[prm + 2], params[prm + 3]
+                for j in range(n):
+                    regs[dst, j] = (p[0, j] * nx + p[1, j] * ny + p[2, j] * nz - d) * p[3, j]
+            elif op == EXTRUDE_POLY:
+                h = params[prm]
+                for j in range(n):
+                    d2 = _poly(params, prm + 1, np.int64(a), p[0, j], p[1, j])
+                    regs[dst, j] = _cap2(d2, abs(p[2, j]) - h) * p[3, j]
+            elif op == REVOLVE_POLY:
+                for j in range(n):
+                    x, y = p[0, j], p[1, j]
+                    regs[dst, j] = _poly(params, prm, np.int64(a), np.sqrt(x * x + y * y), p[2, j]) * p[3, j]
+        elif op < UNION:                                              # ---- point ops
+            if op == PUSH:
+                for r in range(4):
+                    for j in range(n):
+                        pstack[sp, r, j] = p[r, j]
+                sp += 1
+            elif op == POP:
+                sp -= 1
+                for r in range(4):
+                    for j in range(n):
+                        p[r, j] = pstack[sp, r, j]
+            elif op == TRANSLATE or op == ELONGATE:
+                tx, ty, tz = params[prm], params[prm + 1], params[prm + 2]
+                if op == TRANSLATE:
+                    for j in range(n):
+                        p[0, j] -= tx
+                        p[1, j] -= ty
+                        p[2, j] -= tz
+                else:
+                    for j in range(n):
+                        p[0, j] -= min(max(p[0, j], -tx), tx)
+                        p[1, j] -= min(max(p[1, j], -ty), ty)
+                        p[2, j] -= min(max(p[2, j], -tz), tz)
+            elif op == ROTATE:
+                w, qx, qy, qz = params[prm], params[prm + 1], params[prm + 2], params[prm + 3]
+                for j in range(n):
+                    p[0, j], p[1, j], p[2, j] = _qrot_conj(w, qx, qy, qz, p[0, j], p[1, j], p[2, j])
+            elif op == SCALE:
+                s = params[prm]
+                for j in range(n):
+                    p[0, j] /= s
+                    p[1, j] /= s
+                    p[2, j] /= s
+                    p[3, j] *= s
+            elif op == MIRROR:
+                nx, ny, nz, d = params[prm], params[prm + 1], params[prm + 2], params[prm + 3]
+                for j in range(n):
+                    dp = p[0, j] * nx + p[1, j] * ny + p[2, j] * nz
+                    if dp < d:
+                        k = F2 * (dp - d)
+                        p[0, j] -= k * nx
+                        p[1, j] -= k * ny
+                        p[2, j] -= k * nz
+        elif op < REPEAT_LINEAR:                                      # ---- combine
+            if op == OFFSET or op == SHELL:
+                r = params[prm]
+                for j in range(n):
+                    va = regs[a, j]
+                    regs[dst, j] = (va if op == OFFSET else abs(va)) - r
+                    mats[dst, j] = mats[a, j]
+            elif op == UNION or op == INTERSECT or op == XOR:
+                for j in range(n):
+                    va, vb = regs[a, j], regs[b, j]
+                    ma, mb = mats[a, j], mats[b, j]
+                    if op == UNION:
+                        regs[dst, j] = _fmin(va, vb)
+                        mats[dst, j] = mb if vb < va else ma
+                    elif op == INTERSECT:
+                        regs[dst, j] = _fmax(va, vb)
+                        mats[dst, j] = mb if vb > va else ma
+                    else:
+                        regs[dst, j] = _fmax(_fmin(va, vb), -_fmax(va, vb))
+                        mats[dst, j] = mb if vb < va else ma
+            elif op == DIFFERENCE:
+                for j in range(n):
+                    regs[dst, j] = _fmax(regs[a, j], -regs[b, j])
+                    mats[dst, j] = mats[a, j]
+            else:   # smooth ops: smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k
+                k = params[prm]
+                for j in range(n):
+                    va, vb = regs[a, j], regs[b, j]
+                    ma, mb = mats[a, j], mats[b, j]
+                    if op == SMOOTH_UNION:
+                        x, y, sg = va, vb, F1
+                        mats[dst, j] = mb if vb < va else ma
+                    elif op == SMOOTH_INTERSECT:
+                        x, y, sg = -va, -vb, -F1
+                        mats[dst, j] = mb if vb > va else ma
+                    else:
+                        x, y, sg = -va, vb, -F1
+                        mats[dst, j] = ma
+                    h = max(k - abs(x - y), F0) / k
+                    regs[dst, j] = sg * (_fmin(x, y) - h * h * k * FQ)
+        elif op <= INSTANCES:                                         # ---- patterns
+            if op == REPEAT_END:
+                L = lsp - 1
+                it = lint[L, 2]
+                if lint[L, 3] == INSTANCES:
+                    end = lint[L, 6]
+                    active = 0
+                    for j in range(n):
+                        node = lcell[L, 0, j]
+                        if node >= end:
+                            continue
+                        v = max(regs[a, j], lbound[L, j])
+                        if v < lacc[L, j]:
+                            lacc[L, j] = v
+                            lmat[L, j] = mats[a, j]
+                        node, bb = _bvh_seek(node + 1, end, lp[L, 0, j], lp[L, 1, j], lp[L, 2, j],
+                                             lp[L, 3, j], lacc[L, j], bvhf, bvhi)
+                        lcell[L, 0, j] = node
+                        lbound[L, j] = bb
+                        if node < end:
+                            active += 1
+                            _instance_point(L, j, node, p, lp, lcell, bvhi, inst)
+                        else:
+                            for r in range(4):
+                                p[r, j] = lp[L, r, j]
+                    again = active > 0
+                else:
+                    for j in range(n):
+                        v = regs[a, j]
+                        if it == 0 or v < lacc[L, j]:
+                            lacc[L, j] = v
+                            lmat[L, j] = mats[a, j]
+                    it += 1
+                    lint[L, 2] = it
+                    again = it < lint[L, 1]
+                    if again:
+                        _loop_point(L, it, n, params, p, lp, lcell, lint)
+                if again:
+                    nxt = lint[L, 0] + 1
+                else:
+                    for j in range(n):
+                        regs[dst, j] = _fmin(lacc[L, j], lbound[L, j]) if lint[L, 3] != INSTANCES else lacc[L, j]
+                        mats[dst, j] = lmat[L, j]
+                        for r in range(4):
+                            p[r, j] = lp[L, r, j]
+                    lsp -= 1
+            else:
+                L = lsp
+                lsp += 1
+                lint[L, 0], lint[L, 3], lint[L, 4] = pc, op, prm
+                for j in range(n):
+                    lacc[L, j] = INF
+                    lmat[L, j] = 0
+                if op == INSTANCES:
+                    first, end = np.int64(aux), np.int64(aux) + np.int64(a)
+                    lint[L, 5], lint[L, 6] = first, end
+                    lint[L, 2] = 0
+                    active = 0
+                    for j in range(n):
+                        for r in range(4):
+                            lp[L, r, j] = p[r, j]
+                        node, bb = _bvh_seek(first, end, p[0, j], p[1, j], p[2, j], p[3, j], INF, bvhf, bvhi)
+                        lcell[L, 0, j] = node
+                        lcell[L, 1, j] = 0
+                        lbound[L, j] = bb
+                        if node < end:
+                            active += 1
+                            _instance_point(L, j, node, p, lp, lcell, bvhi, inst)
+                    if active == 0:      # no leaf anywhere: the loop's value is +inf
+                        end_pc = np.int64(cols[pc, 7])
+                        for j in range(n):
+                            regs[cols[end_pc, 1], j] = INF
+                            mats[cols[end_pc, 1], j] = 0
+                        lsp -= 1
+                        nxt = end_pc + 1
+                else:
+                    _loop_enter(op, prm, params, n, L, p, lp, lbound, lcell, lint)
+                    _loop_point(L, 0, n, params, p, lp, lcell, lint)
+        elif op == CULL_BOX:                                          # ---- cull
+            x0, y0, z0 = params[prm], params[prm + 1], params[prm + 2]
+            x1, y1, z1, m = params[prm + 3], params[prm + 4], params[prm + 5], params[prm + 6]
+            cx, cy, cz = (x0 + x1) * FH, (y0 + y1) * FH, (z0 + z1) * FH
+            hx, hy, hz = (x1 - x0) * FH, (y1 - y0) * FH, (z1 - z0) * FH
+            culled = 0
+            for j in range(n):
+                bb = _box(p[0, j] - cx, p[1, j] - cy, p[2, j] - cz, hx, hy, hz) * p[3, j]
+                if bb >= regs[a, j] + m:
+                    culled += 1
+                regs[dst, j] = bb
+                mats[dst, j] = aux
+            if culled == n:
+                nxt = np.int64(cols[pc, 7])
+            elif culled > 0:
+                return False
+        else:                                                         # ---- SET_MATERIAL
+            for j in range(n):
+                regs[dst, j] = regs[a, j]
+                mats[dst, j] = aux
+        pc = nxt
+    for j in range(n):
+        out_d[j] = regs[0, j]
+        out_m[j] = mats[0, j]
+    return True
+
+
+# ----------------------------------------------------------------------------- drivers
+@njit(**_JIT)
+def _field(tp, n, ws, ws1, sec):
+    """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0)."""
+    cols, params, bvhf, bvhi, inst = tp
+    pin, out_d, out_m = ws[0], ws[1], ws[2]
+    if not _run_block(cols, params, bvhf, bvhi, inst, n, ws):
+        pin1 = ws1[0]
+        for j in range(n):
+            pin1[0, 0], pin1[1, 0], pin1[2, 0] = pin[0, j], pin[1, j], pin[2, j]
+            _run_block(cols, params, bvhf, bvhi, inst, 1, ws1)
+            out_d[j], out_m[j] = ws1[1][0], ws1[2][0]
+    if sec[0] != F0:
+        for j in range(n):
+            pv = pin[0, j] * sec[1] + pin[1, j] * sec[2] + pin[2, j] * sec[3] - sec[4]
+            if pv > out_d[j]:
+                out_d[j] = pv
+
+
+@njit(parallel=True, **_JIT)
+def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
+    N = pts.shape[0]
+    nblocks = (N + BLOCK - 1) // BLOCK
+    nchunks = min(nblocks, max_chunks)
+    for ch in prange(nchunks):
+        ws = _workspace(n_regs, BLOCK)
+        ws1 = _workspace(n_regs, 1)
+        pin = ws[0]
+        for blk in range(ch * nblocks // nchunks, (ch + 1) * nblocks // nchunks):
+            s = blk * BLOCK
+            n = min(BLOCK, N - s)
+            for j in range(n):
+                pin[0, j], pin[1, j], pin[2, j] = pts[s + j, 0], pts[s + j, 1], pts[s + j, 2]
+            _field(tp, n, ws, ws1, sec)
+            for j in range(n):
+                out_d[s + j] = ws[1][j]
+                out_m[s + j] = ws[2][j]
+
+
+@njit(**_JIT)
+def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, soft_k,
+           steps, hit, mat, res, idx):
+    """Sphere-trace n rays from t to tfar: hit when f < eps. soft_k > 0 also tracks the penumbra
+    res = min(1, k * f / t) (iq's soft shadow)."""
+    pin, out_d, out_m = ws[0], ws[1], ws[2]
+    na = 0
+    for i in range(n):
+        steps[i] = 0
+        hit[i] = False
+        mat[i] = 0
+        res[i] = F1
+        if t[i] <= tfar[i]:
+            idx[na] = i
+            na += 1
+    while na > 0:
+        for q in range(na):
+            i = idx[q]
+            for r in range(3):
+                pin[r, q] = ro[r, i] + t[i] * rd[r, i]
+        _field(tp, na, ws, ws1, sec)
+        m = 0
+        for q in range(na):
+            i = idx[q]
+            d = out_d[q]
+            steps[i] += 1
+            if d < eps:
+                hit[i] = True
+                mat[i] = out_m[q]
+                res[i] = F0
+                continue
+            if soft_k > F0 and t[i] > F0:
+                res[i] = min(res[i], soft_k * d / t[i])
+            t[i] += d * step_scale
+            if not t[i] <= tfar[i] or steps[i] >= max_steps:
+                continue
+            idx[m] = i
+            m += 1
+        na = m
+
+
+@njit(**_JIT)
+def _slab(o, d, box):
+    """Entry and exit t of the ray o + t d through the box (t0 > t1: no intersection)."""
+    t0, t1 = -INF, INF
+    for r in range(3):
+        if d[r] == F0:
+            if o[r] < box[0, r] or o[r] > box[1, r]:
+                return INF, -INF
+            continue
+        ta = (box[0, r] - o[r]) / d[r]
+        tb = (box[1, r] - o[r]) / d[r]
+        t0 = max(t0, min(ta, tb))
+        t1 = min(t1, max(ta, tb))
+    return max(t0, F0), t1
+
+
+_TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
+
+
+@njit(**_JIT)
+def _gradients(tp, sec, ws, ws1, n, px, neps, grad):
+    """grad[:, i] = sum_k k f(px_i + neps k) / (4 neps) over the tetrahedron taps k."""
+    pin, out_d = ws[0], ws[1]
+    for i in range(n):
+        grad[0, i], grad[1, i], grad[2, i] = F0, F0, F0
+    for tap in range(4):
+        for i in range(n):
+            for r in range(3):
+                pin[r, i] = px[r, i] + neps * _TETRA[tap, r]
+        _field(tp, n, ws, ws1, sec)
+        for i in range(n):
+            for r in range(3):
+                grad[r, i] += _TETRA[tap, r] * out_d[i]
+    for i in range(n):
+        for r in range(3):
+            grad[r, i] /= F4 * neps
+
+
+@njit(parallel=True, **_JIT)
+def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale,
+                  out_t, out_hit, out_steps, out_mat, out_grad):
+    H, W = dirs.shape[0], dirs.shape[1]
+    TW, TH = 16, BLOCK // 16
+    ntx = (W + TW - 1) // TW
+    nty = (H + TH - 1) // TH
+    for tile in prange(ntx * nty):
+        ws = _workspace(n_regs, BLOCK)
+        ws1 = _workspace(n_regs, 1)
+        ro = np.empty((3, BLOCK), np.float32)
+        rd = np.empty((3, BLOCK), np.float32)
+        t = np.empty(BLOCK, np.float32)
+        tfar = np.empty(BLOCK, np.float32)
+        steps = np.empty(BLOCK, np.int32)
+        hit = np.empty(BLOCK, np.bool_)
+        mat = np.empty(BLOCK, np.uint32)
+        res = np.empty(BLOCK, np.float32)
+        idx = np.empty(BLOCK, np.int64)
+        pix = np.empty((2, BLOCK), np.int64)
+        grad = np.empty((3, BLOCK), np.float32)
+        r0, c0 = (tile // ntx) * TH, (tile % ntx) * TW
+        n = 0
+        for row in range(r0, min(r0 + TH, H)):
+            for col in range(c0, min(c0 + TW, W)):
+                d = dirs[row, col]
+                t0, t1 = _slab(eye, d, box)
+                for r in range(3):
+                    ro[r, n] = eye[r]
+                    rd[r, n] = d[r]
+                t[n], tfar[n] = t0, t1
+                pix[0, n], pix[1, n] = row, col
+                n += 1
+        _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, F0,
+               steps, hit, mat, res, idx)
+        m = 0
+        for i in range(n):
+            row, col = pix[0, i], pix[1, i]
+            out_hit[row, col] = hit[i]
+            out_t[row, col] = t[i] if hit[i] else INF
+            out_steps[row, col] = steps[i]
+            out_mat[row, col] = mat[i]
+            for r in range(3):
+                out_grad[row, col, r] = F0
+            if hit[i]:
+                idx[m] = i
+                for r in range(3):
+                    ro[r, m] = eye[r] + t[i] * rd[r, i]
+                m += 1
+        _gradients(tp, sec, ws, ws1, m, ro, neps, grad)
+        for q in range(m):
+            i = idx[q]
+            for r in range(3):
+                out_grad[pix[0, i], pix[1, i], r] = grad[r, q]
+
+
+@njit(parallel=True, **_JIT)
+def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale, shadow_mode,
+                  soft_k, key_dir, ao_strength, ao_dist, in_t, in_grad, out_shadow, out_ao):
+    """Key-light visibility (occlusion march from p + 4 eps n) and 5-tap ambient occlusion."""
+    H, W = dirs.shape[0], dirs.shape[1]
+    TW, TH = 16, BLOCK // 16
+    ntx = (W + TW - 1) // TW
+    nty = (H + TH - 1) // TH
+    for tile in prange(ntx * nty):
+        ws = _workspace(n_regs, BLOCK)
+        ws1 = _workspace(n_regs, 1)
+        ro = np.empty((3, BLOCK), np.float32)
+        rd = np.empty((3, BLOCK), np.float32)
+        nrm = np.empty((3, BLOCK), np.float32)
+        t = np.empty(BLOCK, np.float32)
+        tfar = np.empty(BLOCK, np.float32)
+        steps = np.empty(BLOCK, np.int32)
+        hit = np.empty(BLOCK, np.bool_)
+        mat = np.empty(BLOCK, np.uint32)
+        res = np.empty(BLOCK, np.float32)
+        idx = np.empty(BLOCK, np.int64)
+        pix = np.empty((2, BLOCK), np.int64)
+        occ = np.zeros(BLOCK, np.float32)
+        r0, c0 = (tile // ntx) * TH, (tile % ntx) * TW
+        n = 0
+        for row in range(r0, min(r0 + TH, H)):
+            for col in range(c0, min(c0 + TW, W)):
+                out_shadow[row, col] = F1
+                out_ao[row, col] = F1
+                th = in_t[row, col]
+                if not th < INF:
+                    continue
+                g = in_grad[row, col]
+                gl = _len3(g[0], g[1], g[2])
+                if not gl > F0:
+                    gl = F1
+                for r in range(3):
+                    nrm[r, n] = g[r] / gl
+                    ro[r, n] = eye[r] + th * dirs[row, col, r] + F4 * eps * nrm[r, n]
+                    rd[r, n] = key_dir[r]
+                pix[0, n], pix[1, n] = row, col
+                n += 1
+        if n == 0:
+            continue
+        if shadow_mode > 0:
+            o = np.empty(3, np.float32)
+            for i in range(n):
+                o[0], o[1], o[2] = ro[0, i], ro[1, i], ro[2, i]
+                t[i] = F0
+                tfar[i] = _slab(o, key_dir, box)[1]
+            _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, shadow_steps, step_scale,
+                   soft_k if shadow_mode == 2 else F0, steps, hit, mat, res, idx)
+            for i in range(n):
+                out_shadow[pix[0, i], pix[1, i]] = F0 if hit[i] else max(min(res[i], F1), F0)
+        if ao_strength > F0:
+            pin, out_d = ws[0], ws[1]
+            wsum = F0
+            w = F1
+            for tap in range(5):
+                h = ao_dist * _f(tap + 1) / _f(5)
+                wsum += w
+                for i in range(n):
+                    for r in range(3):
+                        pin[r, i] = ro[r, i] - F4 * eps * nrm[r, i] + h * nrm[r, i]
+                _field(tp, n, ws, ws1, sec)
+                for i in range(n):
+                    occ[i] += w * max(h - out_d[i], F0) / h
+                w *= FH
+            for i in range(n):
+                out_ao[pix[0, i], pix[1, i]] = max(F1 - ao_strength * occ[i] / wsum, F0)
+
+
+# ----------------------------------------------------------------------------- the walker
+def _kernel_tape(tape: Tape):
+    """The tape as the kernels' arguments: (instr columns, params, bvh f32 / i32 views, instances)."""
+    bvh = np.ascontiguousarray(tape.bvh)
+    inst = np.ascontiguousarray(tape.instances)
+    return (np.ascontiguousarray(tape.as_columns()), np.ascontiguousarray(tape.params, np.float32),
+            bvh.view(np.float32).reshape(-1, 8), bvh.view(np.int32).reshape(-1, 8),
+            inst.view(np.float32).reshape(-1, 8))
+
+
+_NO_SECTION = np.zeros(5, np.float32)
+
+
+class CpuWalker:
+    """The Numba reference walker (float32). Every array it returns is float32 / uint32 / int32."""
+
+    name = "cpu"
+
+    def __init__(self):
+        self._validated: dict[int, tuple] = {}
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    def _prepare(self, tape: Tape):
+        key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, tape.bvh.tobytes(),
+                    tape.instances.tobytes(), len(tape.materials), tape.bounds.tobytes()))
+        if key not in self._validated:
+            validate(tape)
+            if len(self._validated) > 64:
+                self._validated.clear()
+            self._validated[key] = True
+        return _kernel_tape(tape)
+
+    def _field(self, tape: Tape, points: np.ndarray, sec=_NO_SECTION):
+        tp = self._prepare(tape)
+        pts = np.ascontiguousarray(np.asarray(points, np.float32).reshape(-1, 3))
+        d = np.empty(len(pts), np.float32)
+        m = np.empty(len(pts), np.uint32)
+        if len(pts):
+            _eval_kernel(tp, tape.n_regs, sec, pts, d, m, 16 * numba.get_num_threads())
+        return d, m
+
+    def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
+        pts = np.asarray(points)
+        if pts.ndim != 2 or pts.shape[1] != 3:
+            raise TaperayError(f"evaluate: points must be (N, 3), got {pts.shape}")
+        return self._field(tape, pts)
+
+    def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
+        """(N, 3) float32 central differences; eps defaults to 1e-3 of the bounds diagonal."""
+        pts = np.asarray(points, np.float32)
+        if pts.ndim != 2 or pts.shape[1] != 3:
+            raise TaperayError(f"gradient: points must be (N, 3), got {pts.shape}")
+        if eps is None:
+            eps = 1e-3 * max(float(np.linalg.norm(tape.bounds[1] - tape.bounds[0])), 1e-3)
+        e = np.float32(eps)
+        off = np.concatenate([np.eye(3, dtype=np.float32) * e, -np.eye(3, dtype=np.float32) * e])
+        d, _ = self._field(tape, (pts[:, None, :] + off[None]).reshape(-1, 3))
+        d = d.reshape(-1, 6)
+        return ((d[:, :3] - d[:, 3:]) / (np.float32(2) * e)).astype(np.float32)
+
+    def march(self, tape: Tape, camera: Camera, width: int, height: int,
+              settings: RenderSettings | None = None, view: str = "shade") -> dict:
+        """Primary rays by the camera's pixel convention. Returns t (H,W) f32 (inf = miss), hit,
+        steps int32, mat uint32, grad (H,W,3) f32 (field gradient at the hit) and normal."""
+        settings = settings or RenderSettings()
+        packed = settings.pack(tape, view)
+        tp = self._prepare(tape)
+        eye, dirs = camera.rays(width, height)
+        box = _packed(packed, "box_lo", "box_hi").reshape(2, 3)
+        out = dict(t=np.empty((height, width), np.float32), hit=np.empty((height, width), bool),
+                   steps=np.empty((height, width), np.int32), mat=np.empty((height, width), np.uint32),
+                   grad=np.empty((height, width, 3), np.float32))
+        _march_kernel(tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
+                      _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
+                      _packed(packed, "step_scale"), out["t"], out["hit"], out["steps"], out["mat"],
+                      out["grad"])
+        g = out["grad"]
+        norm = np.linalg.norm(g, axis=-1, keepdims=True)
+        out["normal"] = np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32)
+        out["dirs"], out["eye"] = dirs, eye
+        return out
+
+    def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
+               settings: RenderSettings | None = None) -> np.ndarray:
+        """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS)."""
+        settings = settings or RenderSettings()
+        packed = settings.pack(tape, view)       # rejects unknown views
+        camera = camera or auto_camera(tape.bounds)
+        if view == "slice":
+            eye, dirs = camera.rays(width, height)
+            pts, valid = _plane_points(eye, dirs, packed)
+            f, _ = self._field(tape, pts[valid])
+            field = np.full(valid.shape, np.nan, np.float32)
+            field[valid] = f
+            return to_rgb8(compose("slice", packed, tape.materials, camera.pack(), dirs, slice_field=field))
+        mr = self.march(tape, camera, width, height, settings, view)
+        light = None
+        if view in ("shade", "section"):
+            light = self._light(tape, packed, mr)
+        return to_rgb8(compose(view, packed, tape.materials, camera.pack(), mr["dirs"], march=mr, light=light))
+
+    def _light(self, tape: Tape, packed: np.ndarray, mr: dict) -> dict:
+        tp = self._prepare(tape)
+        h, w = mr["t"].shape
+        shadow = np.empty((h, w), np.float32)
+        ao = np.empty((h, w), np.float32)
+        _light_kernel(tp, tape.n_regs, _section(packed), mr["eye"], mr["dirs"],
+                      _packed(packed, "box_lo", "box_hi").reshape(2, 3), _packed(packed, "hit_eps"),
+                      int(_packed(packed, "shadow_steps")), _packed(packed, "step_scale"),
+                      int(_packed(packed, "shadow_mode")), _packed(packed, "soft_k"),
+                      _packed(packed, "key_dir"), _packed(packed, "ao_strength"),
+                      _packed(packed, "ao_dist"), mr["t"], mr["grad"], shadow, ao)
+        return dict(shadow=shadow, ao=ao)
+
+    def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                    z: float = 0.0) -> np.ndarray:
+        """(H, W) float32 field on the plane z = const; rect = (x0, x1, y0, y1); pixel centres;
+        row 0 is y = y1 (the top, y up), column 0 is x = x0."""
+        x0, x1, y0, y1 = (float(v) for v in rect)
+        if width < 1 or height < 1:
+            raise TaperayError(f"field_image: size {width}x{height} must be at least 1x1")
+        xs = x0 + (np.arange(width) + 0.5) / width * (x1 - x0)
+        ys = y1 - (np.arange(height) + 0.5) / height * (y1 - y0)
+        X, Y = np.meshgrid(xs, ys)
+        pts = np.stack([X, Y, np.full_like(X, z)], -1).reshape(-1, 3)
+        return self._field(tape, pts)[0].reshape(height, width)
+
+
+def _packed(packed: np.ndarray, *names: str):
+    v = unpack(packed, *names)
+    return v[0] if len(v) == 1 else v
+
+
+def _section(packed: np.ndarray) -> np.ndarray:
+    return np.concatenate([[_packed(packed, "section")], _packed(packed, "plane_n", "plane_d")]).astype(np.float32)
+
+
+def _plane_points(eye, dirs, packed):
+    """Where each pixel's ray meets the slice plane, and whether that lies in the march box."""
+    n, d = _packed(packed, "plane_n"), _packed(packed, "plane_d")
+    box = _packed(packed, "box_lo", "box_hi").reshape(2, 3)
+    denom = dirs @ n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (d - eye @ n) / denom
+    pts = (eye + t[..., None] * dirs).astype(np.float32)
+    valid = (t > 0) & np.isfinite(t) & np.all((pts >= box[0]) & (pts <= box[1]), axis=-1)
+    return pts, valid

@@ -1,0 +1,726 @@
+"""The GPU walker: the fixed WGSL kernel set on wgpu, built once per process, and ``GpuWalker``.
+
+Owns adapter / device selection (``adapter_info``: name, backend, whether it is a software
+rasteriser such as Mesa lavapipe / llvmpipe), the startup build of EVERY pipeline (all asked for at
+once, compiled in parallel threads through ``create_compute_pipeline_async``, with a progress line
+that moves by the clock, predicted from the kernels' sizes and a per-machine compile rate kept in
+``~/.cache/taperay/compile_rate.json``), the pipeline cache keyed by (kernel, register variant) with
+hit / miss / creation counters, ``GpuWalker`` (the CpuWalker API plus ``upload`` / ``set_param``:
+edits are buffer writes of the changed bytes, never compiles) and ``gpu_self_check``.
+
+Shader text is only ever the committed files of ``shaders/`` concatenated in a fixed order (the
+generated headers, one register-capacity file, the bindings, the interpreter, a kernel file); no
+WGSL is formatted here and nothing a scene contains reaches shader text.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .camera import Camera, auto_camera
+from .opcodes import REG_CAPS
+from .shading import PACK_LEN, RenderSettings
+from .tape import Tape, TaperayError, validate
+from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
+
+__all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "gpu_self_check",
+           "KERNELS", "SelfCheck"]
+
+WG = 64                       # workgroup size (bindings.wgsl)
+MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
+UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
+MIN_BUFFER = 256
+
+# kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline.
+KERNELS: dict[str, tuple[str, bool]] = {
+    "eval_points": ("kernels_points.wgsl", True),
+    "gradient_points": ("kernels_points.wgsl", True),
+    "field_image": ("kernels_points.wgsl", True),
+    "march": ("kernels_render.wgsl", True),
+    "light": ("kernels_render.wgsl", True),
+    "slice": ("kernels_render.wgsl", True),
+    "shade": ("kernels_render.wgsl", False),
+    "resolve": ("kernels_render.wgsl", False),
+}
+PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
+PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl")
+RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
+DEFAULT_RATE = 60_000.0       # weighted WGSL characters compiled per second, before any measurement
+
+
+class GpuError(TaperayError):
+    """The GPU failed (device lost, out of memory, driver error): callers fall back to the CPU."""
+
+
+# ------------------------------------------------------------------------------------ adapter
+_adapter_lock = threading.Lock()
+_adapter = None
+_adapter_tried = False
+
+
+def _wgpu():
+    import wgpu
+    return wgpu
+
+
+def _get_adapter():
+    global _adapter, _adapter_tried
+    with _adapter_lock:
+        if not _adapter_tried:
+            _adapter_tried = True
+            try:
+                _adapter = _wgpu().gpu.request_adapter_sync(power_preference="high-performance")
+            except Exception:   # no Vulkan / Metal / DX12 driver at all: the walker is absent
+                _adapter = None
+        return _adapter
+
+
+def adapter_info() -> dict | None:
+    """The adapter the walker uses (None without one): name, vendor, backend, type, software."""
+    a = _get_adapter()
+    if a is None:
+        return None
+    info = dict(a.info)
+    name = info.get("device") or info.get("description") or "unknown"
+    text = " ".join(str(info.get(k, "")) for k in ("vendor", "device", "description")).lower()
+    return dict(name=name, vendor=info.get("vendor", ""), backend=info.get("backend_type", ""),
+                adapter_type=info.get("adapter_type", ""), driver=info.get("description", ""),
+                software=("llvmpipe" in text or "lavapipe" in text or info.get("adapter_type") == "CPU"))
+
+
+# ------------------------------------------------------------------------------------ kernels
+def _shader_text(file: str, cap: int) -> str:
+    names = (*PRELUDE_BEFORE_REGCAP, regcap_name(cap), *PRELUDE_AFTER_REGCAP, file)
+    return "\n".join((SHADER_DIR / n).read_text() for n in names)
+
+
+def variant_for(n_regs: int) -> int:
+    """The smallest register-capacity variant holding ``n_regs`` registers."""
+    for cap in REG_CAPS:
+        if n_regs <= cap:
+            return cap
+    raise TaperayError(f"the tape needs {n_regs} registers; the GPU kernels hold at most {max(REG_CAPS)}")
+
+
+@dataclass
+class KernelStats:
+    shader_modules_created: int = 0
+    pipelines_created: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    build_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class KernelSet:
+    """Every pipeline of the walker, created at construction, cached by (kernel, variant)."""
+
+    def __init__(self, device, adapter_key: str, progress: bool = False, warm: bool = True):
+        wgpu = _wgpu()
+        self.device = device
+        self.adapter_key = adapter_key
+        self.warm = warm
+        self.stats = KernelStats()
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        ro, rw = "read-only-storage", "storage"
+        kinds = [ro, ro, ro, ro, ro, "uniform", ro, rw, rw, rw]
+        self.bind_group_layout = device.create_bind_group_layout(entries=[
+            {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": k}}
+            for i, k in enumerate(kinds)])
+        self.pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[self.bind_group_layout])
+        self._modules: dict[tuple[str, int], object] = {}
+        self._sources: dict[tuple[str, int], str] = {}
+        self._pipelines: dict[tuple[str, int | None], object] = {}
+        self._build(progress)
+
+    @staticmethod
+    def keys() -> list[tuple[str, int | None]]:
+        """Every (kernel, variant) the startup build creates."""
+        return [(k, cap) for k, (_, per_variant) in KERNELS.items()
+                for cap in (REG_CAPS if per_variant else (None,))]
+
+    def _module_key(self, kernel: str, variant: int | None) -> tuple[str, int]:
+        return KERNELS[kernel][0], REG_CAPS[0] if variant is None else variant
+
+    def _module(self, mkey: tuple[str, int]):
+        if mkey not in self._modules:
+            src = _shader_text(*mkey)
+            self._sources[mkey] = src
+            self._modules[mkey] = self.device.create_shader_module(label=f"{mkey[0]}@{mkey[1]}", code=src)
+            self.stats.shader_modules_created += 1
+        return self._modules[mkey]
+
+    def _create(self, kernel: str, variant: int | None):
+        module = self._module(self._module_key(kernel, variant))
+        promise = self.device.create_compute_pipeline_async(
+            label=f"{kernel}@{variant}", layout=self.pipeline_layout,
+            compute={"module": module, "entry_point": kernel})
+        pipe = promise.sync_wait()
+        with self._lock:
+            self.stats.pipelines_created += 1
+        if self.warm:
+            self._warm(pipe)
+        return pipe
+
+    def _warm(self, pipe):
+        """Dispatch ``pipe`` once over no items and wait: drivers that compile lazily at the first
+        dispatch (Mesa lavapipe JITs there) compile now, at startup, not in the first frame."""
+        enc = self.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, self._warm_group)
+        cp.dispatch_workgroups(1, 1, 1)
+        cp.end()
+        self.device.queue.submit([enc.finish()])
+        self.device.queue.read_buffer(self._warm_buffers[0], 0, 4)   # waits for the dispatch
+
+    def _warm_bindings(self):
+        """A bind group of small zeroed buffers (uniform n_items = 0: every invocation returns)."""
+        wgpu = _wgpu()
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+        bufs = [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(5)]
+        bufs.append(self.device.create_buffer(size=max(MIN_BUFFER, UNIFORM_BYTES), usage=wgpu.BufferUsage.UNIFORM))
+        bufs += [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(4)]
+        self._warm_buffers = bufs
+        self._warm_group = self.device.create_bind_group(
+            layout=self.bind_group_layout,
+            entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                     for i, b in enumerate(bufs)])
+
+    def _build(self, progress: bool):
+        t0 = time.perf_counter()
+        keys = self.keys()
+        for k in keys:   # parse + validate every module first (naga; fast)
+            self._module(self._module_key(*k))
+        self._warm_bindings()
+        weights = {k: _compile_weight(self._sources[self._module_key(*k)], k[1]) for k in keys}
+        workers = max(1, min(len(keys), os.cpu_count() or 1))
+        rate = _load_rate(self.adapter_key)
+        self.stats.predicted_seconds = sum(weights.values()) / rate
+        # largest first, so the parallel build ends together
+        order = sorted(keys, key=lambda k: -weights[k])
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="taperay-compile") as pool:
+            futures = {k: pool.submit(self._create, *k) for k in order}
+            line = _ProgressLine(len(keys), self.stats.predicted_seconds) if progress else None
+            while not all(f.done() for f in futures.values()):
+                if line:
+                    line.update(sum(f.done() for f in futures.values()))
+                time.sleep(0.05)
+            if line:
+                line.finish()
+            for k, f in futures.items():
+                try:
+                    self._pipelines[k] = f.result()
+                except Exception as e:   # a driver that cannot compile the kernels
+                    raise GpuError(f"building GPU kernel {k[0]} ({k[1]} registers) failed: {e}") from e
+        self.stats.build_seconds = time.perf_counter() - t0
+        _store_rate(self.adapter_key, sum(weights.values()) / self.stats.build_seconds)
+        self._ready.set()
+
+    def pipeline(self, kernel: str, variant: int | None):
+        """The pipeline of ``kernel`` for register ``variant``. All exist after startup: a miss here
+        is counted (and creates one) and tests prove there are none."""
+        self._ready.wait()
+        key = (kernel, variant if KERNELS[kernel][1] else None)
+        with self._lock:
+            pipe = self._pipelines.get(key)
+            if pipe is not None:
+                self.stats.cache_hits += 1
+                return pipe
+            self.stats.cache_misses += 1
+        pipe = self._create(*key)
+        with self._lock:
+            self._pipelines[key] = pipe
+        return pipe
+
+    def __len__(self) -> int:
+        return len(self._pipelines)
+
+
+class _ProgressLine:
+    """``building GPU kernels [#####-----] 12/20  3.1 s of ~6 s`` on stderr, moving by the clock."""
+
+    def __init__(self, total: int, predicted: float):
+        self.total, self.predicted, self.t0 = total, max(predicted, 1e-3), time.perf_counter()
+
+    def _write(self, frac: float, done: int, tail: str):
+        bar = "#" * int(frac * 24)
+        sys.stderr.write(f"\rbuilding GPU kernels [{bar:<24}] {done}/{self.total}  {tail}")
+        sys.stderr.flush()
+
+    def update(self, done: int):
+        el = time.perf_counter() - self.t0
+        frac = min(max(el / self.predicted, done / self.total), 0.99)
+        self._write(frac, done, f"{el:4.1f} s of ~{max(self.predicted, el):.1f} s")
+
+    def finish(self):
+        self._write(1.0, self.total, f"{time.perf_counter() - self.t0:4.1f} s\n")
+
+
+def _compile_weight(source: str, variant: int | None) -> float:
+    """Predicted compile cost of one pipeline: its WGSL size, times a register-file factor (a
+    larger private register array costs the compilers more; measured ~3x from 16 to 256 on lavapipe)."""
+    return len(source) * (1.0 + (variant or 0) / 128.0)
+
+
+def _load_rate(key: str) -> float:
+    try:
+        rate = float(json.loads(RATE_FILE.read_text())[key])
+        return rate if rate > 0 else DEFAULT_RATE
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_RATE
+
+
+def _store_rate(key: str, rate: float):
+    try:
+        data = json.loads(RATE_FILE.read_text()) if RATE_FILE.exists() else {}
+        if not isinstance(data, dict):
+            data = {}
+        data[key] = rate
+        RATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        RATE_FILE.write_text(json.dumps(data, indent=1, sort_keys=True))
+    except (OSError, ValueError):
+        pass   # a read-only home: the next process predicts from the default again
+
+
+# ------------------------------------------------------------------------------------ context
+class _Context:
+    """The process's device and kernel set (one per process; rebuilt only after a device loss)."""
+
+    def __init__(self, progress: bool):
+        adapter = _get_adapter()
+        if adapter is None:
+            raise GpuError("no GPU adapter found (no Vulkan / Metal / DX12 driver)")
+        self.adapter = adapter
+        self.info = adapter_info()
+        want = ("max_storage_buffer_binding_size", "max_buffer_size")
+        limits = {k: adapter.limits[k.replace("_", "-")] for k in want}
+        try:
+            self.device = adapter.request_device_sync(label="taperay", required_limits=limits)
+        except Exception as e:
+            raise GpuError(f"could not open the GPU device {self.info['name']}: {e}") from e
+        self.limits = {k: self.device.limits[k.replace("_", "-")] for k in want}
+        warm = _warm_policy(self.info)
+        key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
+        self.kernels = KernelSet(self.device, key, progress, warm)
+
+
+def _warm_policy(info: dict) -> bool:
+    """Whether startup also runs each pipeline once (``TAPERAY_GPU_WARM=1/0`` decides; default: on
+    hardware, where it costs milliseconds because drivers compile at creation, and off on software
+    rasterisers, whose lazy per-pipeline JIT (~1-4 s each on lavapipe) would make startup ~40 s)."""
+    env = os.environ.get("TAPERAY_GPU_WARM", "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return not info["software"]
+
+
+_context: _Context | None = None
+_context_lock = threading.Lock()
+
+
+def _get_context(progress: bool = False) -> _Context:
+    global _context
+    with _context_lock:
+        if _context is None:
+            _context = _Context(progress)
+        return _context
+
+
+def _drop_context(ctx: _Context):
+    global _context
+    with _context_lock:
+        if _context is ctx:
+            _context = None
+
+
+def kernels(progress: bool = False) -> KernelSet:
+    """The process's kernel set, built on first use (every pipeline, in parallel)."""
+    return _get_context(progress).kernels
+
+
+# ------------------------------------------------------------------------------------ buffers
+class _Buffer:
+    """A storage buffer grown by doubling, with a host mirror so uploads write only changed bytes."""
+
+    def __init__(self, device, usage, label: str):
+        self.device, self.usage, self.label = device, usage, label
+        self.capacity = 0
+        self.buffer = None
+        self.mirror = np.zeros(0, np.uint8)
+        self.bytes_written = 0
+
+    def ensure(self, nbytes: int) -> bool:
+        """Room for ``nbytes``; True when the buffer was (re)created."""
+        if self.buffer is not None and nbytes <= self.capacity:
+            return False
+        cap = max(MIN_BUFFER, self.capacity)
+        while cap < nbytes:
+            cap *= 2
+        self.buffer = self.device.create_buffer(label=self.label, size=cap, usage=self.usage)
+        self.capacity = cap
+        self.mirror = np.zeros(0, np.uint8)
+        return True
+
+    def sync(self, data: np.ndarray):
+        """Make the buffer hold ``data`` (bytes), writing only the span that differs."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        self.ensure(max(raw.size, 4))
+        n = raw.size
+        if n == 0:
+            return
+        old = self.mirror
+        if old.size >= n:
+            diff = np.flatnonzero(old[:n] != raw)
+            if diff.size == 0:
+                self.mirror = raw.copy() if old.size != n else old
+                return
+            lo, hi = int(diff[0]) & ~3, min(n, (int(diff[-1]) + 4) & ~3)
+        else:
+            lo, hi = 0, n
+        self.write(lo, raw[lo:hi])
+        self.mirror = raw.copy()
+
+    def write(self, offset: int, raw: np.ndarray):
+        raw = np.ascontiguousarray(raw).view(np.uint8)
+        pad = (-raw.size) % 4
+        if pad:
+            raw = np.concatenate([raw, np.zeros(pad, np.uint8)])
+        self.device.queue.write_buffer(self.buffer, offset, raw)
+        self.bytes_written += raw.size
+
+
+_TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
+
+
+# ------------------------------------------------------------------------------------ walker
+class GpuWalker:
+    """The tape on the GPU: the same API and results as ``CpuWalker`` (float32), plus uploads.
+
+    Every array returned is float32 / uint32 / int32 like the twin's. Tapes are validated, then
+    uploaded as buffer writes of the bytes that changed; the kernels are the process's one set.
+    """
+
+    name = "gpu"
+
+    def __init__(self, progress: bool = False):
+        self._ctx = _get_context(progress)
+        wgpu = _wgpu()
+        dev = self._ctx.device
+        st = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        self._tape_bufs = {n: _Buffer(dev, st, n) for n in _TAPE_ARRAYS}
+        self._points = _Buffer(dev, st, "points")
+        self._out_f = _Buffer(dev, st, "out_f")
+        self._out_u = _Buffer(dev, st, "out_u")
+        self._accum = _Buffer(dev, st, "accum")
+        self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms")
+        self._bind_group = None
+        self._bind_key = None
+        self._validated: dict[int, bool] = {}
+        self._tape_key = None
+
+    # -- facts
+    @staticmethod
+    def available() -> bool:
+        """Whether a GPU adapter exists (lavapipe counts); building kernels is not attempted."""
+        try:
+            return _get_adapter() is not None
+        except ImportError:
+            return False
+
+    @property
+    def adapter_name(self) -> str:
+        return self._ctx.info["name"] + (" (software)" if self._ctx.info["software"] else "")
+
+    @property
+    def info(self) -> dict:
+        return dict(self._ctx.info, limits=dict(self._ctx.limits))
+
+    @property
+    def kernels(self) -> KernelSet:
+        return self._ctx.kernels
+
+    def stats(self) -> dict:
+        """Kernel-cache counters plus the bytes this walker has written to tape buffers."""
+        out = self._ctx.kernels.stats.as_dict()
+        out["pipelines"] = len(self._ctx.kernels)
+        out["tape_bytes_written"] = sum(b.bytes_written for b in self._tape_bufs.values())
+        return out
+
+    # -- tapes
+    def _check(self, tape: Tape):
+        key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, tape.bvh.tobytes(),
+                    tape.instances.tobytes(), len(tape.materials), tape.bounds.tobytes()))
+        if key not in self._validated:
+            validate(tape)
+            if len(self._validated) > 64:
+                self._validated.clear()
+            self._validated[key] = True
+        variant = variant_for(tape.n_regs)
+        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        for name in _TAPE_ARRAYS:
+            nbytes = getattr(tape, name).nbytes
+            if nbytes > limit:
+                raise TaperayError(f"{tape.source or 'tape'}: {name} take {nbytes} bytes; the GPU binds at "
+                                   f"most {limit} bytes per buffer")
+        return variant
+
+    def upload(self, tape: Tape) -> int:
+        """Validate ``tape`` and make the GPU buffers hold it (writing only changed bytes).
+        Returns the register variant its kernels use."""
+        variant = self._check(tape)
+        for name in _TAPE_ARRAYS:
+            self._tape_bufs[name].sync(getattr(tape, name))
+        self._tape_key = (id(tape), variant)
+        return variant
+
+    def set_param(self, tape: Tape, name: str, value) -> None:
+        """Set a named parameter on ``tape`` and write just its slots to the GPU."""
+        sl = tape.set_param(name, value)
+        buf = self._tape_bufs["params"]
+        if buf.mirror.size < tape.params.nbytes:
+            self.upload(tape)
+            return
+        chunk = tape.params[sl].view(np.uint8)
+        buf.write(sl.start * 4, chunk)
+        buf.mirror[sl.start * 4: sl.stop * 4] = chunk
+
+    # -- dispatch plumbing
+    def _bind(self):
+        bufs = [self._tape_bufs[n].buffer for n in _TAPE_ARRAYS] + [
+            self._uniform.buffer, self._points.buffer, self._out_f.buffer, self._out_u.buffer,
+            self._accum.buffer]
+        key = tuple(id(b) for b in bufs)
+        if key != self._bind_key:
+            self._bind_group = self._ctx.device.create_bind_group(
+                layout=self._ctx.kernels.bind_group_layout,
+                entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                         for i, b in enumerate(bufs)])
+            self._bind_key = key
+        return self._bind_group
+
+    def _uniforms(self, tape: Tape, n_items: int, width=0, height=0, sample=0, rect=(0, 0, 0, 0),
+                  extra=(0, 0, 0, 0), camera=None, settings=None):
+        u = np.zeros(UNIFORM_BYTES // 4, np.uint32)
+        u[:8] = (len(tape.instrs), n_items, width, height, sample, 0, 0, 0)
+        f = u.view(np.float32)
+        f[8:12] = rect
+        f[12:16] = extra
+        if camera is not None:
+            f[16:32] = camera
+        if settings is not None:
+            f[32:32 + PACK_LEN] = settings
+        self._uniform.ensure(UNIFORM_BYTES)
+        self._uniform.write(0, u)
+
+    def _prepare_outputs(self, n_f: int, n_u: int, n_accum: int = 0):
+        self._out_f.ensure(4 * max(n_f, 1))
+        self._out_u.ensure(4 * max(n_u, 1))
+        self._accum.ensure(16 * max(n_accum, 1))
+        self._points.ensure(MIN_BUFFER)
+
+    def _dispatch(self, passes: list[tuple[str, int]], variant: int):
+        """Encode and submit the (kernel, n_items) passes in order, one command buffer."""
+        ks = self._ctx.kernels
+        dev = self._ctx.device
+        try:
+            bg = self._bind()
+            enc = dev.create_command_encoder()
+            for kernel, n in passes:
+                groups = max(1, -(-n // WG))
+                gx = min(groups, MAX_GROUPS_X)
+                gy = -(-groups // gx)
+                cp = enc.begin_compute_pass()
+                cp.set_pipeline(ks.pipeline(kernel, variant))
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(gx, gy, 1)
+                cp.end()
+            dev.queue.submit([enc.finish()])
+        except Exception as e:
+            self._lost(e)
+
+    def _read(self, buf: _Buffer, dtype, count: int, offset_items: int = 0) -> np.ndarray:
+        itemsize = np.dtype(dtype).itemsize
+        if count == 0:
+            return np.zeros(0, dtype)
+        try:
+            raw = self._ctx.device.queue.read_buffer(buf.buffer, offset_items * itemsize, count * itemsize)
+        except Exception as e:
+            self._lost(e)
+        return np.frombuffer(raw, dtype, count).copy()
+
+    def _lost(self, e: Exception):
+        _drop_context(self._ctx)
+        raise GpuError(f"the GPU failed ({self._ctx.info['name']}): {e}") from e
+
+    def _run_points(self, tape: Tape, points: np.ndarray, kernel: str, extra=(0, 0, 0, 0)):
+        variant = self.upload(tape)
+        pts = np.ascontiguousarray(np.asarray(points, np.float32).reshape(-1, 3))
+        n = len(pts)
+        self._points.sync(pts)
+        self._prepare_outputs(3 * n, n)
+        self._uniforms(tape, n, extra=extra)
+        self._dispatch([(kernel, n)], variant)
+        return n
+
+    # -- the CpuWalker API
+    def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
+        pts = np.asarray(points)
+        if pts.ndim != 2 or pts.shape[1] != 3:
+            raise TaperayError(f"evaluate: points must be (N, 3), got {pts.shape}")
+        if len(pts) == 0:
+            self.upload(tape)
+            return np.zeros(0, np.float32), np.zeros(0, np.uint32)
+        n = self._run_points(tape, pts, "eval_points")
+        return self._read(self._out_f, np.float32, n), self._read(self._out_u, np.uint32, n)
+
+    def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
+        """(N, 3) float32 central differences; eps defaults to 1e-3 of the bounds diagonal."""
+        pts = np.asarray(points, np.float32)
+        if pts.ndim != 2 or pts.shape[1] != 3:
+            raise TaperayError(f"gradient: points must be (N, 3), got {pts.shape}")
+        if eps is None:
+            eps = 1e-3 * max(float(np.linalg.norm(tape.bounds[1] - tape.bounds[0])), 1e-3)
+        if len(pts) == 0:
+            self.upload(tape)
+            return np.zeros((0, 3), np.float32)
+        n = self._run_points(tape, pts, "gradient_points", extra=(0, np.float32(eps), 0, 0))
+        return self._read(self._out_f, np.float32, 3 * n).reshape(n, 3)
+
+    def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                    z: float = 0.0) -> np.ndarray:
+        """(H, W) float32 field on the plane z = const; rect = (x0, x1, y0, y1); pixel centres;
+        row 0 is y = y1 (the top), column 0 is x = x0."""
+        if width < 1 or height < 1:
+            raise TaperayError(f"field_image: size {width}x{height} must be at least 1x1")
+        variant = self.upload(tape)
+        n = width * height
+        self._prepare_outputs(n, 1)
+        self._uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
+        self._dispatch([("field_image", n)], variant)
+        return self._read(self._out_f, np.float32, n).reshape(height, width)
+
+    def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
+                     settings: RenderSettings | None, view: str):
+        if width < 1 or height < 1:
+            raise TaperayError(f"image size {width}x{height} must be at least 1x1")
+        settings = settings or RenderSettings()
+        packed = settings.pack(tape, view)
+        camera = camera or auto_camera(tape.bounds)
+        variant = self.upload(tape)
+        n = width * height
+        self._prepare_outputs(6 * n, 5 * n, n)
+        return camera, packed, variant, n
+
+    def march(self, tape: Tape, camera: Camera, width: int, height: int,
+              settings: RenderSettings | None = None, view: str = "shade") -> dict:
+        """Primary rays by the camera's pixel convention: t (H,W) f32 (inf = miss), hit, steps int32,
+        mat uint32, grad (H,W,3) f32 (field gradient at the hit), normal, dirs, eye."""
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
+        self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        self._dispatch([("march", n)], variant)
+        return self._march_result(camera, width, height)
+
+    def _march_result(self, camera: Camera, width: int, height: int) -> dict:
+        n = width * height
+        f = self._read(self._out_f, np.float32, 4 * n).reshape(height, width, 4)
+        u = self._read(self._out_u, np.uint32, 4 * n).reshape(height, width, 4)
+        g = np.ascontiguousarray(f[..., 1:4])
+        norm = np.linalg.norm(g, axis=-1, keepdims=True)
+        eye, dirs = camera.rays(width, height)
+        return dict(t=np.ascontiguousarray(f[..., 0]), hit=u[..., 2] != 0, steps=u[..., 0].astype(np.int32),
+                    mat=np.ascontiguousarray(u[..., 1]), grad=g,
+                    normal=np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32),
+                    dirs=dirs, eye=eye)
+
+    def light(self, tape: Tape, camera: Camera, width: int, height: int,
+              settings: RenderSettings | None = None) -> dict:
+        """March, then the key light's visibility and ambient occlusion: the march dict plus
+        shadow and ao (H, W) float32 (1 on misses)."""
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
+        self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        self._dispatch([("march", n), ("light", n)], variant)
+        out = self._march_result(camera, width, height)
+        sa = self._read(self._out_f, np.float32, 2 * n, 4 * n).reshape(height, width, 2)
+        out["shadow"], out["ao"] = np.ascontiguousarray(sa[..., 0]), np.ascontiguousarray(sa[..., 1])
+        return out
+
+    def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
+               settings: RenderSettings | None = None, samples: int = 1) -> np.ndarray:
+        """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``samples`` > 1 accumulates
+        jittered sub-pixel samples (the first is the pixel centre, as the twin renders)."""
+        if samples < 1:
+            raise TaperayError(f"render: samples must be >= 1, got {samples}")
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
+        if view == "slice":
+            passes = [("slice", n)]
+        elif view in ("shade", "section"):
+            passes = [("march", n), ("light", n), ("shade", n)]
+        else:
+            passes = [("march", n), ("shade", n)]
+        rng = np.random.default_rng(0)
+        for s in range(samples):
+            jitter = (0.0, 0.0) if s == 0 else tuple(rng.uniform(-0.5, 0.5, 2))
+            self._uniforms(tape, n, width, height, sample=s, extra=(0, 0, *jitter),
+                           camera=camera.pack(), settings=packed)
+            self._dispatch(passes + ([("resolve", n)] if s == samples - 1 else []), variant)
+        rgba = self._read(self._out_u, np.uint32, n, 4 * n)
+        return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
+
+
+# ------------------------------------------------------------------------------------ self-check
+@dataclass
+class SelfCheck:
+    """GPU vs CPU on a small render: passed when the images agree within the tolerances."""
+    passed: bool
+    mismatch_fraction: float          # pixels differing by more than ``level_tolerance``
+    max_level_difference: int
+    first_pixel: tuple[int, int] | None
+    adapter: str
+    seconds: float
+    detail: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        where = f", first at row/col {self.first_pixel}" if self.first_pixel else ""
+        return (f"{'passed' if self.passed else 'FAILED'} on {self.adapter}: "
+                f"{100 * self.mismatch_fraction:.2f}% of pixels differ (max {self.max_level_difference} "
+                f"levels{where}) in {self.seconds:.2f} s")
+
+
+SELF_CHECK_SIZE = (40, 30)
+SELF_CHECK_MAX_FRACTION = 0.02   # pixels allowed to differ (silhouettes, shadow edges)
+SELF_CHECK_LEVELS = 2            # 8-bit levels a pixel may differ by (float32 vs float64 colour)
+
+
+def gpu_self_check(walker: GpuWalker | None = None, tape: Tape | None = None) -> SelfCheck:
+    """Render a small shaded image of ``tape`` (default: conformance's reference scene, which uses
+    every op family) on the GPU and on the CPU twin and report how far they disagree."""
+    from .conformance import compare_images, reference_tape
+    from .cpu import CpuWalker
+    t0 = time.perf_counter()
+    walker = walker or GpuWalker()
+    tape = tape or reference_tape()
+    w, h = SELF_CHECK_SIZE
+    cam = auto_camera(tape.bounds)
+    try:
+        gpu_img = walker.render(tape, cam, w, h, view="shade")
+    except GpuError as e:
+        return SelfCheck(False, 1.0, 255, None, walker.adapter_name, time.perf_counter() - t0, {"error": str(e)})
+    cpu_img = CpuWalker().render(tape, cam, w, h, view="shade")
+    cmp = compare_images(cpu_img, gpu_img, SELF_CHECK_LEVELS)
+    passed = cmp["mismatch_fraction"] <= SELF_CHECK_MAX_FRACTION
+    return SelfCheck(passed, cmp["mismatch_fraction"], cmp["max_level_difference"], cmp["first_pixel"],
+                     walker.adapter_name, time.perf_counter() - t0, cmp)

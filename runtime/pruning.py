@@ -1,0 +1,1035 @@
+"""Interval arithmetic and per-tile tape pruning on the CPU (Numba): the fast path for math tapes.
+
+Owns the float32 interval evaluator of arithmetic-only tapes, the pruner that shortens a tape
+for one tile, and the hierarchical drivers built on them: ``sign_image`` / ``field_image_pruned``
+(2D, the plane z = const) and ``evaluate_pruned`` (points in 3D, bucketed into voxels).
+
+Interval evaluation (``runtime.intervals`` is the float64 reference it implements):
+  * an interval is a float32 pair (lo, hi); "may be NaN" is lo = hi = NaN and propagates by the
+    reference's rules (AND / OR ignore a NaN operand they never select);
+  * it contains every value the point interpreter (``runtime.cpu``) computes for points in the
+    box: + - * / and the other rounded ops (recip, square, mod, mix) round each bound outward by
+    one float32 ulp, sqrt and the transcendental ops (computed in float64) by ``WIDEN_ULPS``;
+    exact ops (neg, abs, floor, ceil, round, min, max, compare, not, and, or) are not widened;
+  * "may be NaN" is also raised where a point can be NaN although the reference's endpoint
+    formulas say it cannot: inf - inf inside add / sub (e.g. [1, inf] + [-inf, -1]), 0 * inf
+    inside mul ([-1, 1] * [1, inf]) and tan of an infinite bound. Pruning relies on it: a
+    MIN / MAX decided on a NaN point would not be exact;
+  * MIN / MAX / AND / OR record a choice per instruction (``intervals.choice``: CHOICE_A /
+    CHOICE_B where the op equals one operand on the whole box, ties to a, CHOICE_BOTH otherwise).
+
+Pruning (``prune``): a backward liveness pass over the tape (registers are reused: not SSA). A
+decided MIN / MAX / AND / OR becomes COPY dst <- chosen operand, or disappears when dst is the
+chosen operand; instructions whose result is never read are dropped. Register numbering is kept,
+so the pruned tape is run by the same interpreter and gives bit-identical values (and material
+ids) at every point of the box: a decided op returns its chosen operand bit for bit (the point
+rule ``_fmin`` / ``_fmax`` returns a on ties, b only where b < a).
+
+Hierarchical tiles (2D): the whole image is evaluated once and pruned; then the top tiles (first
+entry of ``tiles``, in pixels) are evaluated together in lanes; each top tile is pruned and walked
+depth first: its children (next entry of ``tiles``) are evaluated together with the parent's
+pruned tape, pruned again, and the last level's tiles evaluate their pixels with their own
+pruned tape. A tile's box is the range of its float32 pixel centres (exactly the points the
+image evaluates), so decisions hold at every pixel. ``sign_image`` fills tiles whose interval is
+entirely < 0 (inside) or >= 0 (outside) without evaluating pixels; ``field_image_pruned``
+evaluates every pixel with its tile's pruned tape and equals ``CpuWalker.field_image`` bit for
+bit. ``evaluate_pruned`` buckets points into a grid of voxels over the tape bounds (points
+outside fall into the edge voxels) and prunes per voxel, the voxel box being the points' range.
+
+Pixel / point evaluation runs this module's arithmetic-only block interpreter, which follows the
+CPU twin's rules exactly and reuses its scalar helpers (``_fmin``, ``_fmax``, ``_round``,
+``_rand``); tests check it against ``CpuWalker.evaluate`` bit for bit. Arithmetic-only tapes
+have material 0 everywhere (VAR_*, CONST, INSTANCE_INDEX write 0; every other op carries an
+operand's material). Tapes with any op outside ``Family.ARITH`` (shapes, point ops, combine,
+patterns, culls, materials) are not pruned: every entry point falls back to ``CpuWalker``.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .cpu import CpuWalker, _fmax, _fmin, _rand, _round
+from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
+from .opcodes import OPS, Family, Op
+from .tape import Tape, TaperayError, validate
+
+__all__ = ["is_arithmetic", "interval_eval", "interval_op", "prune", "sign_image",
+           "field_image_pruned", "evaluate_pruned", "DEFAULT_TILES"]
+
+DEFAULT_TILES = (64, 16, 4)   # 2D tile sizes in pixels, coarse to fine (each divides the previous)
+
+# opcode numbers as module constants (Numba freezes globals into its cache; checked at import)
+VAR_X, VAR_Y, VAR_Z, CONST, COPY, NEG, ABS, RECIP, SQRT, SQUARE, FLOOR = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+CEIL, ROUND, SIN, COS, TAN, ASIN, ACOS, ATAN, EXP, LN, NOT = 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21
+ADD, SUB, MUL, DIV, MIN, MAX, ATAN2, COMPARE, MOD, AND, OR = 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32
+MIX, RAND, INSTANCE_INDEX = 33, 34, 35
+_CH_BOTH, _CH_A, _CH_B, _WIDEN = 0, 1, 2, 2
+
+_ARITH = [o for o in Op if OPS[o].family is Family.ARITH]
+
+
+def _n_reads(op: int) -> int:
+    """Registers an arithmetic op reads, as the pruner's liveness pass assumes it."""
+    return 0 if op <= CONST or op == INSTANCE_INDEX else 3 if op == MIX else 2 if op >= ADD else 1
+
+
+if ({o.name: globals()[o.name] for o in _ARITH} != {o.name: int(o) for o in _ARITH}
+        or any(_n_reads(int(o)) != len(OPS[o].reads) for o in _ARITH)
+        or (_CH_BOTH, _CH_A, _CH_B, _WIDEN) != (CHOICE_BOTH, CHOICE_A, CHOICE_B, WIDEN_ULPS)):
+    raise ImportError("runtime.pruning: opcode numbers, operand counts or choice codes differ from "
+                      "runtime.opcodes / runtime.intervals")
+
+_f = np.float32
+F0, F1, FH = _f(0), _f(1), _f(0.5)
+INF, NAN = _f(np.inf), _f(np.nan)
+PI64 = np.pi
+_JIT = dict(cache=True, error_model="numpy", fastmath=False)
+
+
+# ----------------------------------------------------------------------------- rounding helpers
+@njit(**_JIT)
+def _dn(x):
+    return np.nextafter(x, -INF)
+
+
+@njit(**_JIT)
+def _up(x):
+    return np.nextafter(x, INF)
+
+
+_UD, _UU, _TINY, _FMAX = _f(1 - 2.0 ** -23), _f(1 + 2.0 ** -23), _f(2.0 ** -126), _f(np.finfo(np.float32).max)
+
+
+@njit(**_JIT)
+def _wdn(x):
+    """A float32 below x by at least one ulp (x - |x| 2^-23 - 2^-126 is at most the predecessor
+    of x; +inf becomes the largest float). Branch-free, unlike nextafter, so lanes vectorise."""
+    r = x * (_UD if x > F0 else _UU) - _TINY
+    return _FMAX if r == INF else r
+
+
+@njit(**_JIT)
+def _wup(x):
+    r = x * (_UU if x > F0 else _UD) + _TINY
+    return -_FMAX if r == -INF else r
+
+
+@njit(**_JIT)
+def _add_dn(a, b):
+    """A float32 lower bound of the real a + b: the rounded sum where TwoSum shows it is not
+    above the exact sum (exact sums stay exact), else one step below it."""
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)      # exact: a + b = s + err (NaN when s is infinite)
+    return s if err >= F0 else _wdn(s)
+
+
+@njit(**_JIT)
+def _add_up(a, b):
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    return s if err <= F0 else _wup(s)
+
+
+@njit(**_JIT)
+def _f32_dn(x):
+    """A float32 lower bound of the float64 x (the rounded value, or one step below it)."""
+    r = _f(x)
+    return r if r <= x else _wdn(r)
+
+
+@njit(**_JIT)
+def _f32_up(x):
+    r = _f(x)
+    return r if r >= x else _wup(r)
+
+
+@njit(**_JIT)
+def _lo32(x, ulps):
+    """A float32 lower bound of the float64 ``x``, widened by ``ulps`` more float32 ulps."""
+    r = _f(x)
+    if r > x:
+        r = _dn(r)
+    for _ in range(ulps):
+        r = _dn(r)
+    return r
+
+
+@njit(**_JIT)
+def _hi32(x, ulps):
+    r = _f(x)
+    if r < x:
+        r = _up(r)
+    for _ in range(ulps):
+        r = _up(r)
+    return r
+
+
+@njit(**_JIT)
+def _nan2(alo, ahi, blo, bhi):
+    return alo != alo or ahi != ahi or blo != blo or bhi != bhi
+
+
+@njit(**_JIT)
+def _has0(lo, hi):
+    return lo <= F0 and hi >= F0
+
+
+# ----------------------------------------------------------------------------- interval ops
+@njit(**_JIT)
+def _iv_add(alo, ahi, blo, bhi):
+    bad = ((ahi == INF) & (blo == -INF)) | ((alo == -INF) & (bhi == INF))    # inf - inf
+    lo, hi = _add_dn(alo, blo), _add_up(ahi, bhi)          # NaN operands give NaN bounds
+    return (NAN if bad else lo), (NAN if bad else hi)
+
+
+@njit(**_JIT)
+def _iv_mul(alo, ahi, blo, bhi):
+    if _nan2(alo, ahi, blo, bhi):
+        return NAN, NAN
+    if (_has0(alo, ahi) and (blo == -INF or bhi == INF)) or (_has0(blo, bhi) and (alo == -INF or ahi == INF)):
+        return NAN, NAN       # 0 * inf
+    al, ah, bl, bh = np.float64(alo), np.float64(ahi), np.float64(blo), np.float64(bhi)
+    p0, p1, p2, p3 = al * bl, al * bh, ah * bl, ah * bh     # exact in float64
+    return _f32_dn(min(min(p0, p1), min(p2, p3))), _f32_up(max(max(p0, p1), max(p2, p3)))
+
+
+@njit(**_JIT)
+def _iv_div(alo, ahi, blo, bhi):
+    if _nan2(alo, ahi, blo, bhi):
+        return NAN, NAN
+    if _has0(blo, bhi):
+        if _has0(alo, ahi):
+            return NAN, NAN   # 0 / 0
+        return -INF, INF
+    if (alo == -INF or ahi == INF) and (blo == -INF or bhi == INF):
+        return NAN, NAN       # inf / inf
+    q0, q1, q2, q3 = alo / blo, alo / bhi, ahi / blo, ahi / bhi
+    return _wdn(min(min(q0, q1), min(q2, q3))), _wup(max(max(q0, q1), max(q2, q3)))
+
+
+@njit(**_JIT)
+def _iv_abs(lo, hi):
+    if lo >= F0:
+        return lo, hi
+    if hi <= F0:
+        return -hi, -lo
+    return F0, max(-lo, hi)
+
+
+@njit(**_JIT)
+def _iv_square(lo, hi):
+    if lo != lo or hi != hi:
+        return NAN, NAN
+    l, h = _iv_abs(lo, hi)
+    l64, h64 = np.float64(l), np.float64(h)
+    return _f32_dn(l64 * l64), _f32_up(h64 * h64)         # exact in float64
+
+
+@njit(**_JIT)
+def _iv_recip(lo, hi):
+    if lo != lo or hi != hi or (lo == F0 and hi == F0):
+        return NAN, NAN
+    if _has0(lo, hi):
+        return -INF, INF
+    return _wdn(F1 / hi), _wup(F1 / lo)
+
+
+@njit(**_JIT)
+def _iv_sqrt(lo, hi):
+    if lo != lo or hi != hi or lo < F0:
+        return NAN, NAN
+    l, h = np.sqrt(lo), np.sqrt(hi)
+    for _ in range(_WIDEN):
+        l, h = _wdn(l), _wup(h)
+    return max(l, F0), h                                   # sqrt is never below 0
+
+
+@njit(**_JIT)
+def _sin_range(lo, hi, shift):
+    """Range of sin(x + shift) over [lo, hi] in float64 (endpoints evaluated as sin or cos)."""
+    if shift == 0.0:
+        s_lo, s_hi = np.sin(lo), np.sin(hi)
+    else:
+        s_lo, s_hi = np.cos(lo), np.cos(hi)
+    lo, hi = lo + shift, hi + shift
+    wide = (hi - lo) >= 2 * PI64
+    has_max = np.floor((hi - PI64 / 2) / (2 * PI64)) >= np.ceil((lo - PI64 / 2) / (2 * PI64))
+    has_min = np.floor((hi + PI64 / 2) / (2 * PI64)) >= np.ceil((lo + PI64 / 2) / (2 * PI64))
+    out_lo = -1.0 if (wide or has_min) else min(s_lo, s_hi)
+    out_hi = 1.0 if (wide or has_max) else max(s_lo, s_hi)
+    return out_lo, out_hi
+
+
+@njit(**_JIT)
+def _iv_transcendental(op, alo, ahi, blo, bhi):
+    """SIN COS TAN ASIN ACOS ATAN EXP LN ATAN2 in float64, rounded outward to float32 + WIDEN_ULPS."""
+    if _nan2(alo, ahi, blo, bhi):
+        return NAN, NAN
+    lo, hi = np.float64(alo), np.float64(ahi)
+    if op == SIN or op == COS:
+        if np.isinf(lo) or np.isinf(hi):
+            return NAN, NAN
+        rl, rh = _sin_range(lo, hi, 0.0 if op == SIN else PI64 / 2)
+    elif op == TAN:
+        if np.isinf(lo) or np.isinf(hi):
+            return NAN, NAN
+        rl, rh = np.tan(lo), np.tan(hi)
+        pole = np.floor((hi - PI64 / 2) / PI64) >= np.ceil((lo - PI64 / 2) / PI64)
+        if pole or (hi - lo) >= PI64 or rl > rh:
+            return -INF, INF
+    elif op == ASIN or op == ACOS:
+        if lo < -1.0 or hi > 1.0:
+            return NAN, NAN
+        if op == ASIN:
+            rl, rh = np.arcsin(lo), np.arcsin(hi)
+        else:
+            rl, rh = np.arccos(hi), np.arccos(lo)
+    elif op == ATAN:
+        rl, rh = np.arctan(lo), np.arctan(hi)
+    elif op == EXP:
+        rl, rh = np.exp(lo), np.exp(hi)
+    elif op == LN:
+        if lo < 0.0:
+            return NAN, NAN
+        rl, rh = np.log(lo), np.log(hi)
+    else:  # ATAN2(y = a, x = b)
+        xl, xh = np.float64(blo), np.float64(bhi)
+        if lo > 0.0 or hi < 0.0 or xl > 0.0:
+            c0, c1 = np.arctan2(lo, xl), np.arctan2(lo, xh)
+            c2, c3 = np.arctan2(hi, xl), np.arctan2(hi, xh)
+            rl, rh = min(min(c0, c1), min(c2, c3)), max(max(c0, c1), max(c2, c3))
+        else:
+            rl, rh = -PI64, PI64
+    return _lo32(rl, _WIDEN), _hi32(rh, _WIDEN)
+
+
+@njit(**_JIT)
+def _rem32(x, b):
+    """The point rule of MOD (runtime.cpu): r = fmod(x, b); r < 0 ? r + |b| : r, in float32."""
+    r = np.fmod(x, b)
+    return r + abs(b) if r < F0 else r
+
+
+@njit(**_JIT)
+def _iv_mod(alo, ahi, blo, bhi):
+    if _nan2(alo, ahi, blo, bhi) or _has0(blo, bhi) or np.isinf(alo) or np.isinf(ahi):
+        return NAN, NAN
+    if blo == bhi and blo > F0:
+        # one period (no multiple of b in (alo, ahi]) iff width < b and rem(alo) < rem(ahi), in
+        # exact arithmetic; both tests are done with monotone float64 rounding, strictly.
+        b = np.float64(blo)
+        r_lo, r_hi = np.fmod(np.float64(alo), b), np.fmod(np.float64(ahi), b)
+        r_lo = r_lo + b if r_lo < 0.0 else r_lo
+        r_hi = r_hi + b if r_hi < 0.0 else r_hi
+        if alo == ahi or (np.float64(ahi) - np.float64(alo) < b and r_lo < r_hi):
+            return _wdn(_rem32(alo, blo)), _wup(_rem32(ahi, blo))
+    return F0, _wup(max(abs(blo), abs(bhi)))
+
+
+@njit(**_JIT)
+def _iv_compare(alo, ahi, blo, bhi):
+    if _nan2(alo, ahi, blo, bhi):
+        return NAN, NAN
+    lt, gt = ahi < blo, alo > bhi
+    eq = alo == ahi and blo == bhi and alo == blo
+    lo = F1 if gt else (F0 if eq else -F1)
+    hi = -F1 if lt else (F0 if eq else F1)
+    if not lt and not gt and not eq:
+        if alo >= bhi:
+            lo = F0
+        if ahi <= blo:
+            hi = F0
+    return lo, hi
+
+
+@njit(**_JIT)
+def _iv_logic(op, alo, ahi, blo, bhi):
+    """AND / OR / NOT (b unused for NOT) by the reference's rules, with the choice for AND / OR."""
+    if alo != alo or ahi != ahi:
+        return NAN, NAN, _CH_BOTH
+    nonzero = alo > F0 or ahi < F0
+    zero_only = alo == F0 and ahi == F0
+    if op == NOT:
+        return (F1 if zero_only else F0), (F1 if _has0(alo, ahi) else F0), _CH_BOTH
+    bnan = blo != blo or bhi != bhi
+    if op == AND:
+        ch = _CH_B if nonzero else (_CH_A if zero_only else _CH_BOTH)
+        if zero_only:
+            return F0, F0, ch
+        if bnan:
+            return NAN, NAN, ch
+        if nonzero:
+            return blo, bhi, ch
+        return min(F0, blo), max(F0, bhi), ch
+    ch = _CH_A if nonzero else (_CH_B if zero_only else _CH_BOTH)      # OR
+    if nonzero:
+        return alo, ahi, ch
+    if bnan:
+        return NAN, NAN, ch
+    if zero_only:
+        return blo, bhi, ch
+    return min(alo, blo), max(ahi, bhi), ch
+
+
+@njit(**_JIT)
+def _iv_minmax(op, alo, ahi, blo, bhi):
+    nan = (alo != alo) | (blo != blo)          # (a NaN interval has both bounds NaN)
+    if op == MIN:                              # comparisons with NaN are false: CHOICE_BOTH
+        ch = _CH_A if ahi <= blo else (_CH_B if bhi < alo else _CH_BOTH)
+        lo, hi = min(alo, blo), min(ahi, bhi)
+    else:
+        ch = _CH_A if alo >= bhi else (_CH_B if blo > ahi else _CH_BOTH)
+        lo, hi = max(alo, blo), max(ahi, bhi)
+    return (NAN if nan else lo), (NAN if nan else hi), ch
+
+
+@njit(**_JIT)
+def _iv(op, alo, ahi, blo, bhi, clo, chi):
+    """One interval op on scalars: (lo, hi, choice). VAR_* / CONST / INSTANCE_INDEX are the
+    caller's (they read the box and the parameter pool)."""
+    ch = _CH_BOTH
+    if op == MAX or op == MIN:
+        return _iv_minmax(op, alo, ahi, blo, bhi)
+    if op == SUB:
+        lo, hi = _iv_add(alo, ahi, -bhi, -blo)
+    elif op == ADD:
+        lo, hi = _iv_add(alo, ahi, blo, bhi)
+    elif op == NEG:
+        lo, hi = -ahi, -alo
+    elif op == SQUARE:
+        lo, hi = _iv_square(alo, ahi)
+    elif op == SQRT:
+        lo, hi = _iv_sqrt(alo, ahi)
+    elif op == MUL:
+        lo, hi = _iv_mul(alo, ahi, blo, bhi)
+    elif op == COPY:
+        lo, hi = alo, ahi
+    elif op == ABS:
+        lo, hi = _iv_abs(alo, ahi)
+    elif op == DIV:
+        lo, hi = _iv_div(alo, ahi, blo, bhi)
+    elif op == RECIP:
+        lo, hi = _iv_recip(alo, ahi)
+    elif op == FLOOR:
+        lo, hi = np.floor(alo), np.floor(ahi)
+    elif op == CEIL:
+        lo, hi = np.ceil(alo), np.ceil(ahi)
+    elif op == ROUND:
+        lo, hi = _round(alo), _round(ahi)
+    elif op == AND or op == OR or op == NOT:
+        return _iv_logic(op, alo, ahi, blo, bhi)
+    elif op == COMPARE:
+        lo, hi = _iv_compare(alo, ahi, blo, bhi)
+    elif op == MOD:
+        lo, hi = _iv_mod(alo, ahi, blo, bhi)
+    elif op == MIX:                      # a + (b - a) * c, rounded step by step like the points
+        dl, dh = _iv_add(blo, bhi, -ahi, -alo)
+        ml, mh = _iv_mul(dl, dh, clo, chi)
+        lo, hi = _iv_add(alo, ahi, ml, mh)
+    elif op == RAND:
+        lo, hi = F0, F1
+    else:
+        lo, hi = _iv_transcendental(op, alo, ahi, blo, bhi)
+    if lo != lo or hi != hi:
+        return NAN, NAN, ch
+    return lo, hi, ch
+
+
+@njit(**_JIT)
+def _interval_lanes(code, imm, start, end, box, K, lo, hi, choices):
+    """Evaluate tape records code[start:end] over K boxes (lanes) at once.
+
+    box: (6, >=K) float32 rows x_lo x_hi y_lo y_hi z_lo z_hi; lo / hi: (n_regs, >=K) scratch;
+    choices: (>=end, >=K) uint8, written for MIN / MAX / AND / OR records. The result interval of
+    lane k is (lo[0, k], hi[0, k])."""
+    for i in range(start, end):
+        op, d, a, b = code[i, 0], code[i, 1], code[i, 2], code[i, 3]
+        if op == MAX:
+            for k in range(K):
+                lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MAX, lo[a, k], hi[a, k], lo[b, k], hi[b, k])
+        elif op == SUB:
+            for k in range(K):
+                lo[d, k], hi[d, k] = _iv_add(lo[a, k], hi[a, k], -hi[b, k], -lo[b, k])
+        elif op == CONST:
+            v = imm[i]
+            for k in range(K):
+                lo[d, k], hi[d, k] = v, v
+        elif op == ADD:
+            for k in range(K):
+                lo[d, k], hi[d, k] = _iv_add(lo[a, k], hi[a, k], lo[b, k], hi[b, k])
+        elif op == MIN:
+            for k in range(K):
+                lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MIN, lo[a, k], hi[a, k], lo[b, k], hi[b, k])
+        elif op == NEG:
+            for k in range(K):
+                lo[d, k], hi[d, k] = -hi[a, k], -lo[a, k]
+        elif op == SQUARE:
+            for k in range(K):
+                lo[d, k], hi[d, k] = _iv_square(lo[a, k], hi[a, k])
+        elif op == SQRT:
+            for k in range(K):
+                lo[d, k], hi[d, k] = _iv_sqrt(lo[a, k], hi[a, k])
+        elif op == COPY:
+            for k in range(K):
+                lo[d, k], hi[d, k] = lo[a, k], hi[a, k]
+        elif op == MUL:
+            for k in range(K):
+                lo[d, k], hi[d, k] = _iv_mul(lo[a, k], hi[a, k], lo[b, k], hi[b, k])
+        elif op <= VAR_Z:
+            for k in range(K):
+                lo[d, k], hi[d, k] = box[2 * op, k], box[2 * op + 1, k]
+        elif op == INSTANCE_INDEX:
+            for k in range(K):
+                lo[d, k], hi[d, k] = F0, F0
+        else:
+            c = code[i, 4]
+            for k in range(K):
+                lo[d, k], hi[d, k], choices[i, k] = _iv(op, lo[a, k], hi[a, k], lo[b, k], hi[b, k],
+                                                        lo[c, k], hi[c, k])
+
+
+# ----------------------------------------------------------------------------- pruning
+@njit(**_JIT)
+def _prune(code, imm, start, end, choice_row, live, out_code, out_imm, out_src):
+    """Backward liveness over code[start:end] with one box's choices; the pruned records are
+    written to out_code / out_imm (out_src: the index each came from) ending at index ``end``;
+    returns their first index."""
+    live[:] = False
+    live[0] = True
+    w = end
+    for i in range(end - 1, start - 1, -1):
+        op, d = code[i, 0], code[i, 1]
+        if not live[d]:
+            continue
+        live[d] = False
+        a, b = code[i, 2], code[i, 3]
+        if op == MIN or op == MAX or op == AND or op == OR:
+            ch = choice_row[i]
+            if ch != _CH_BOTH:
+                src = a if ch == _CH_A else b
+                live[src] = True
+                if src == d:
+                    continue
+                w -= 1
+                out_code[w, 0], out_code[w, 1], out_code[w, 2] = COPY, d, src
+                out_code[w, 3], out_code[w, 4] = 0, 0
+                out_imm[w] = F0
+                out_src[w] = i
+                continue
+        w -= 1
+        for f in range(5):
+            out_code[w, f] = code[i, f]
+        out_imm[w] = imm[i]
+        out_src[w] = i
+        if op > CONST and op != INSTANCE_INDEX:      # reads a; binary ops b; MIX c
+            live[a] = True
+            if op >= ADD:
+                live[b] = True
+                if op == MIX:
+                    live[code[i, 4]] = True
+    return w
+
+
+# ----------------------------------------------------------------------------- point interpreter
+@njit(**_JIT)
+def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
+    """Arithmetic-only block interpreter: code[start:end] at n points; out[:n] = reg 0.
+    The semantics are runtime.cpu's, op by op."""
+    for i in range(start, end):
+        op, d, a, b = code[i, 0], code[i, 1], code[i, 2], code[i, 3]
+        if op == MAX:
+            for j in range(n):
+                regs[d, j] = _fmax(regs[a, j], regs[b, j])
+        elif op == SUB:
+            for j in range(n):
+                regs[d, j] = regs[a, j] - regs[b, j]
+        elif op == CONST:
+            v = imm[i]
+            for j in range(n):
+                regs[d, j] = v
+        elif op == ADD:
+            for j in range(n):
+                regs[d, j] = regs[a, j] + regs[b, j]
+        elif op == MIN:
+            for j in range(n):
+                regs[d, j] = _fmin(regs[a, j], regs[b, j])
+        elif op == COPY:
+            for j in range(n):
+                regs[d, j] = regs[a, j]
+        elif op == NEG:
+            for j in range(n):
+                regs[d, j] = -regs[a, j]
+        elif op == SQUARE:
+            for j in range(n):
+                regs[d, j] = regs[a, j] * regs[a, j]
+        elif op == SQRT:
+            for j in range(n):
+                regs[d, j] = np.sqrt(regs[a, j])
+        elif op == MUL:
+            for j in range(n):
+                regs[d, j] = regs[a, j] * regs[b, j]
+        elif op == VAR_X:
+            for j in range(n):
+                regs[d, j] = px[j]
+        elif op == VAR_Y:
+            for j in range(n):
+                regs[d, j] = py[j]
+        elif op == VAR_Z:
+            for j in range(n):
+                regs[d, j] = pz[j]
+        elif op == INSTANCE_INDEX:
+            for j in range(n):
+                regs[d, j] = F0
+        elif op == ABS:
+            for j in range(n):
+                regs[d, j] = abs(regs[a, j])
+        elif op == RECIP:
+            for j in range(n):
+                regs[d, j] = F1 / regs[a, j]
+        elif op == DIV:
+            for j in range(n):
+                regs[d, j] = regs[a, j] / regs[b, j]
+        elif op == FLOOR:
+            for j in range(n):
+                regs[d, j] = np.floor(regs[a, j])
+        elif op == CEIL:
+            for j in range(n):
+                regs[d, j] = np.ceil(regs[a, j])
+        elif op == ROUND:
+            for j in range(n):
+                regs[d, j] = _round(regs[a, j])
+        elif op == SIN:
+            for j in range(n):
+                regs[d, j] = np.sin(regs[a, j])
+        elif op == COS:
+            for j in range(n):
+                regs[d, j] = np.cos(regs[a, j])
+        elif op == TAN:
+            for j in range(n):
+                regs[d, j] = np.tan(regs[a, j])
+        elif op == ASIN:
+            for j in range(n):
+                regs[d, j] = np.arcsin(regs[a, j])
+        elif op == ACOS:
+            for j in range(n):
+                regs[d, j] = np.arccos(regs[a, j])
+        elif op == ATAN:
+            for j in range(n):
+                regs[d, j] = np.arctan(regs[a, j])
+        elif op == EXP:
+            for j in range(n):
+                regs[d, j] = np.exp(regs[a, j])
+        elif op == LN:
+            for j in range(n):
+                regs[d, j] = np.log(regs[a, j])
+        elif op == NOT:
+            for j in range(n):
+                regs[d, j] = F1 if regs[a, j] == F0 else F0
+        elif op == ATAN2:
+            for j in range(n):
+                regs[d, j] = np.arctan2(regs[a, j], regs[b, j])
+        elif op == COMPARE:
+            for j in range(n):
+                va, vb = regs[a, j], regs[b, j]
+                r = F0
+                if va < vb:
+                    r = -F1
+                elif va > vb:
+                    r = F1
+                elif va != va or vb != vb:
+                    r = va + vb
+                regs[d, j] = r
+        elif op == MOD:
+            for j in range(n):
+                regs[d, j] = _rem32(regs[a, j], regs[b, j])
+        elif op == AND:
+            for j in range(n):
+                va = regs[a, j]
+                regs[d, j] = va if va == F0 else regs[b, j]
+        elif op == OR:
+            for j in range(n):
+                va = regs[a, j]
+                regs[d, j] = va if va != F0 else regs[b, j]
+        elif op == MIX:
+            c = code[i, 4]
+            for j in range(n):
+                va = regs[a, j]
+                regs[d, j] = va + (regs[b, j] - va) * regs[c, j]
+        else:  # RAND
+            ua = regs[a, :n].view(np.uint32)
+            ub = regs[b, :n].view(np.uint32)
+            for j in range(n):
+                regs[d, j] = _rand(ua[j], ub[j])
+    for j in range(n):
+        out[j] = regs[0, j]
+
+
+# ----------------------------------------------------------------------------- drivers
+@njit(parallel=True, **_JIT)
+def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices, lanes):
+    """Interval-evaluate code[start:end] over every box (column of ``boxes``), ``lanes`` at a time."""
+    T = boxes.shape[1]
+    nchunks = (T + lanes - 1) // lanes
+    for ch in prange(nchunks):
+        lo = np.empty((n_regs, lanes), np.float32)
+        hi = np.empty((n_regs, lanes), np.float32)
+        t0 = ch * lanes
+        K = min(lanes, T - t0)
+        _interval_lanes(code, imm, start, end, boxes[:, t0:t0 + K], K, lo, hi, choices[:, t0:t0 + K])
+        for k in range(K):
+            out_lo[t0 + k], out_hi[t0 + k] = lo[0, k], hi[0, k]
+
+
+@njit(**_JIT)
+def _span(v, i0, i1):
+    """Range of v[i0:i1] (a monotone run of float32 pixel centres)."""
+    a, b = v[i0], v[i1 - 1]
+    return min(a, b), max(a, b)
+
+
+@njit(**_JIT)
+def _leaf_pixels(code, imm, start, end, regs, px, py, pz, buf, xs, ys, zf, r0, r1, c0, c1,
+                 field, sign, mode):
+    n = 0
+    for r in range(r0, r1):
+        for c in range(c0, c1):
+            px[n], py[n], pz[n] = xs[c], ys[r], zf
+            n += 1
+    _eval_points(code, imm, start, end, regs, px, py, pz, n, buf)
+    n = 0
+    for r in range(r0, r1):
+        for c in range(c0, c1):
+            if mode == 0:
+                field[r, c] = buf[n]
+            else:
+                sign[r, c] = buf[n] < F0
+            n += 1
+
+
+@njit(parallel=True, **_JIT)
+def _image_kernel(code, imm, start, end, n_regs, tiles, xs, ys, zf, top_choices, top_lo, top_hi,
+                  mode, field, sign, stats):
+    """Walk every top tile depth first (see the module docstring). mode 0: field, 1: sign.
+    stats[level, 0 / 1] += (tapes pruned, their total length) at each level (summed per tile in
+    stats rows of the tile: stats has shape (n_top, L, 2))."""
+    H, W = ys.shape[0], xs.shape[0]
+    L = tiles.shape[0]
+    s0 = tiles[0]
+    ntx = (W + s0 - 1) // s0
+    n_top = top_lo.shape[0]
+    n = code.shape[0]
+    kmax = 1
+    for l in range(L - 1):
+        q = (tiles[l] + tiles[l + 1] - 1) // tiles[l + 1]
+        kmax = max(kmax, q * q)
+    pmax = tiles[L - 1] * tiles[L - 1]
+    for t in prange(n_top):
+        r0, c0 = (t // ntx) * s0, (t % ntx) * s0
+        r1, c1 = min(r0 + s0, H), min(c0 + s0, W)
+        if mode == 1 and top_hi[t] < F0:
+            sign[r0:r1, c0:c1] = True
+            continue
+        if mode == 1 and top_lo[t] >= F0:
+            sign[r0:r1, c0:c1] = False
+            continue
+        tcode = np.empty((L, n, 5), np.int32)
+        timm = np.empty((L, n), np.float32)
+        tsrc = np.empty(n, np.int32)
+        tstart = np.empty(L, np.int64)
+        live = np.empty(n_regs, np.bool_)
+        choices = np.empty((L, n, kmax), np.uint8)
+        lo = np.empty((n_regs, kmax), np.float32)
+        hi = np.empty((n_regs, kmax), np.float32)
+        clo = np.empty((L, kmax), np.float32)
+        chi = np.empty((L, kmax), np.float32)
+        box = np.empty((6, kmax), np.float32)
+        tr = np.empty((L, 4), np.int64)      # tile at each level: r0 r1 c0 c1
+        kq = np.empty((L, 2), np.int64)      # children per row, children count
+        idx = np.zeros(L, np.int64)
+        regs = np.empty((n_regs, pmax), np.float32)
+        px = np.empty(pmax, np.float32)
+        py = np.empty(pmax, np.float32)
+        pz = np.empty(pmax, np.float32)
+        buf = np.empty(pmax, np.float32)
+        tstart[0] = _prune(code, imm, start, end, top_choices[:, t], live, tcode[0], timm[0], tsrc)
+        stats[t, 0, 0] += 1
+        stats[t, 0, 1] += end - tstart[0]
+        if L == 1:
+            _leaf_pixels(tcode[0], timm[0], tstart[0], end, regs, px, py, pz, buf, xs, ys, zf,
+                         r0, r1, c0, c1, field, sign, mode)
+            continue
+        tr[0, 0], tr[0, 1], tr[0, 2], tr[0, 3] = r0, r1, c0, c1
+        l = 0
+        descend = True
+        while l >= 0:
+            if descend:          # evaluate the children of the tile at level l with its tape
+                cs = tiles[l + 1]
+                nr = (tr[l, 1] - tr[l, 0] + cs - 1) // cs
+                nc = (tr[l, 3] - tr[l, 2] + cs - 1) // cs
+                kq[l, 0], kq[l, 1] = nc, nr * nc
+                for k in range(nr * nc):
+                    a0 = tr[l, 0] + (k // nc) * cs
+                    b0 = tr[l, 2] + (k % nc) * cs
+                    box[0, k], box[1, k] = _span(xs, b0, min(b0 + cs, tr[l, 3]))
+                    box[2, k], box[3, k] = _span(ys, a0, min(a0 + cs, tr[l, 1]))
+                    box[4, k], box[5, k] = zf, zf
+                _interval_lanes(tcode[l], timm[l], tstart[l], end, box, nr * nc, lo, hi, choices[l])
+                for k in range(nr * nc):
+                    clo[l, k], chi[l, k] = lo[0, k], hi[0, k]
+                idx[l] = 0
+                descend = False
+            if idx[l] >= kq[l, 1]:
+                l -= 1
+                continue
+            k = idx[l]
+            idx[l] += 1
+            cs = tiles[l + 1]
+            a0 = tr[l, 0] + (k // kq[l, 0]) * cs
+            b0 = tr[l, 2] + (k % kq[l, 0]) * cs
+            a1, b1 = min(a0 + cs, tr[l, 1]), min(b0 + cs, tr[l, 3])
+            if mode == 1 and chi[l, k] < F0:
+                sign[a0:a1, b0:b1] = True
+                continue
+            if mode == 1 and clo[l, k] >= F0:
+                sign[a0:a1, b0:b1] = False
+                continue
+            tstart[l + 1] = _prune(tcode[l], timm[l], tstart[l], end, choices[l, :, k], live,
+                                   tcode[l + 1], timm[l + 1], tsrc)
+            stats[t, l + 1, 0] += 1
+            stats[t, l + 1, 1] += end - tstart[l + 1]
+            if l + 1 == L - 1:
+                _leaf_pixels(tcode[l + 1], timm[l + 1], tstart[l + 1], end, regs, px, py, pz, buf,
+                             xs, ys, zf, a0, a1, b0, b1, field, sign, mode)
+            else:
+                l += 1
+                tr[l, 0], tr[l, 1], tr[l, 2], tr[l, 3] = a0, a1, b0, b1
+                descend = True
+
+
+@njit(parallel=True, **_JIT)
+def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, block, out):
+    """Per voxel v (points order[seg[v]:seg[v+1]]): prune with choices[v], evaluate in blocks."""
+    n = code.shape[0]
+    for v in prange(seg.shape[0] - 1):
+        tcode = np.empty((n, 5), np.int32)
+        timm = np.empty(n, np.float32)
+        tsrc = np.empty(n, np.int32)
+        live = np.empty(n_regs, np.bool_)
+        regs = np.empty((n_regs, block), np.float32)
+        px = np.empty(block, np.float32)
+        py = np.empty(block, np.float32)
+        pz = np.empty(block, np.float32)
+        buf = np.empty(block, np.float32)
+        s = _prune(code, imm, start, end, choices[:, v], live, tcode, timm, tsrc)
+        for b0 in range(seg[v], seg[v + 1], block):
+            m = min(block, seg[v + 1] - b0)
+            for j in range(m):
+                q = order[b0 + j]
+                px[j], py[j], pz[j] = pts[q, 0], pts[q, 1], pts[q, 2]
+            _eval_points(tcode, timm, s, end, regs, px, py, pz, m, buf)
+            for j in range(m):
+                out[order[b0 + j]] = buf[j]
+
+
+# ----------------------------------------------------------------------------- Python API
+def is_arithmetic(tape: Tape) -> bool:
+    """Whether every record of ``tape`` is an arithmetic op (the tapes this module prunes)."""
+    ops = np.unique(tape.instrs["op"])
+    return all(int(o) in Op._value2member_map_ and OPS[Op(int(o))].family is Family.ARITH for o in ops)
+
+
+_COMPACT: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _checked(tape: Tape, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an arithmetic-only tape (once per content) and return its compact records:
+    (n, 5) int32 op dst a b c and the (n,) float32 CONST values."""
+    key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, len(tape.materials),
+                tape.bounds.tobytes()))
+    if key not in _COMPACT:
+        validate(tape)
+        if not is_arithmetic(tape):
+            raise TaperayError(f"{what}: {tape.source or 'the tape'} holds non-arithmetic ops; "
+                               "only arithmetic-only tapes are pruned")
+        ins = tape.instrs
+        code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int32)
+        imm = np.zeros(len(ins), np.float32)
+        const = ins["op"] == Op.CONST
+        imm[const] = tape.params[ins["param"][const]]
+        if len(_COMPACT) > 64:
+            _COMPACT.clear()
+        _COMPACT[key] = code, imm
+    return _COMPACT[key]
+
+
+def _boxes(lo, hi) -> np.ndarray:
+    lo = np.asarray(lo, np.float32).reshape(-1, 3)
+    hi = np.asarray(hi, np.float32).reshape(-1, 3)
+    if lo.shape != hi.shape:
+        raise TaperayError(f"interval boxes: lo {lo.shape} and hi {hi.shape} differ")
+    return np.ascontiguousarray(np.stack([lo[:, 0], hi[:, 0], lo[:, 1], hi[:, 1], lo[:, 2], hi[:, 2]]))
+
+
+def _lanes(code, imm, start, n_regs, boxes, lanes=16):
+    T = boxes.shape[1]
+    out_lo, out_hi = np.empty(T, np.float32), np.empty(T, np.float32)
+    choices = np.zeros((len(code), T), np.uint8)
+    if T:
+        _lanes_kernel(code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices, lanes)
+    return out_lo, out_hi, choices
+
+
+def interval_eval(tape: Tape, lo, hi) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Interval-evaluate an arithmetic tape over K boxes [lo, hi] ((K, 3) or (3,) each).
+    Returns the value intervals (K,) lo, (K,) hi (NaN, NaN: may be NaN) and (K, n) uint8
+    choices (CHOICE_A / CHOICE_B / CHOICE_BOTH per MIN / MAX / AND / OR record, else 0)."""
+    code, imm = _checked(tape, "interval_eval")
+    lo, hi, choices = _lanes(code, imm, 0, tape.n_regs, _boxes(lo, hi))
+    return lo, hi, np.ascontiguousarray(choices.T)
+
+
+@njit(**_JIT)
+def _interval_op_kernel(op, a, b, c, out):
+    for i in range(a.shape[1]):
+        out[0, i], out[1, i], ch = _iv(op, a[0, i], a[1, i], b[0, i], b[1, i], c[0, i], c[1, i])
+        out[2, i] = ch
+
+
+def interval_op(op: Op, a, b=None, c=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One op of the float32 evaluator on arrays of intervals: a = (lo, hi) (b, c likewise where
+    the op reads them); NaN bounds mean "may be NaN". Returns (lo, hi, choice) arrays. Only for
+    the arithmetic ops with operands (VAR_* / CONST / INSTANCE_INDEX read the box / the pool)."""
+    op = Op(op)
+    if OPS[op].family is not Family.ARITH or not OPS[op].reads:
+        raise TaperayError(f"interval_op: {op.name} is not an arithmetic op with operands")
+    bounds = [np.asarray(x, np.float32) for iv in (a, b, c) for x in (iv if iv is not None else (0, 0))]
+    shape = np.broadcast_shapes(*(x.shape for x in bounds))
+    flat = [np.ascontiguousarray(np.broadcast_to(x, shape).ravel()) for x in bounds]
+    ivs = [np.stack(flat[i:i + 2]) for i in (0, 2, 4)]
+    out = np.empty((3, ivs[0].shape[1]), np.float32)
+    _interval_op_kernel(int(op), *ivs, out)
+    return out[0].reshape(shape), out[1].reshape(shape), out[2].astype(np.uint8).reshape(shape)
+
+
+def prune(tape: Tape, choices) -> Tape:
+    """The tape shortened by one box's ``choices`` ((n,) uint8 from ``interval_eval``): same
+    registers, parameter pool, materials and bounds; exact at every point of that box."""
+    code, imm = _checked(tape, "prune")
+    row = np.ascontiguousarray(np.asarray(choices, np.uint8).reshape(-1))
+    if row.shape != (len(code),):
+        raise TaperayError(f"prune: {row.shape[0]} choices for a tape of {len(code)} records")
+    out_code, src = np.empty_like(code), np.empty(len(code), np.int32)
+    s = _prune(code, imm, 0, len(code), row, np.empty(tape.n_regs, np.bool_), out_code,
+               np.empty_like(imm), src)
+    kept = tape.instrs[src[s:]].copy()               # param / aux / jump of the source records
+    for f, col in zip(("op", "dst", "a", "b", "c"), out_code[s:].T):
+        kept[f] = col
+    became_copy = kept["op"] != tape.instrs["op"][src[s:]]
+    kept["param"][became_copy] = 0
+    return Tape(kept, tape.params.copy(), tape.materials.copy(), tape.n_regs, tape.bounds.copy(),
+                dict(tape.names), tape.instance_count, tape.source)
+
+
+def _pixel_centres(width, height, rect, z):
+    """float32 pixel centres exactly as CpuWalker.field_image computes them."""
+    x0, x1, y0, y1 = (float(v) for v in rect)
+    xs = (x0 + (np.arange(width) + 0.5) / width * (x1 - x0)).astype(np.float32)
+    ys = (y1 - (np.arange(height) + 0.5) / height * (y1 - y0)).astype(np.float32)
+    return xs, ys, np.float32(z)
+
+
+def _image(tape: Tape, width, height, rect, z, tiles, mode, stats):
+    if width < 1 or height < 1:
+        raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
+    tiles = np.asarray(tiles, np.int64).reshape(-1)
+    if tiles.size < 1 or np.any(tiles < 1) or np.any(tiles[1:] > tiles[:-1]):
+        raise TaperayError(f"pruned image: tile sizes {tiles.tolist()} must be positive and non-increasing")
+    code, imm = _checked(tape, "pruned image")
+    xs, ys, zf = _pixel_centres(width, height, rect, z)
+    n = len(code)
+    # level "image": the whole image's box, pruned once
+    full = _boxes([xs.min(), ys.min(), zf], [xs.max(), ys.max(), zf])
+    lo, hi, ch = _lanes(code, imm, 0, tape.n_regs, full, 1)
+    root = np.empty_like(code), np.empty_like(imm)
+    start = _prune(code, imm, 0, n, ch[:, 0], np.empty(tape.n_regs, np.bool_), *root, np.empty(n, np.int32))
+    # top tiles, all at once
+    s0 = int(tiles[0])
+    ntx, nty = -(-width // s0), -(-height // s0)
+    c0 = np.arange(ntx) * s0
+    r0 = np.arange(nty) * s0
+    c1, r1 = np.minimum(c0 + s0, width) - 1, np.minimum(r0 + s0, height) - 1
+    xa, xb = np.minimum(xs[c0], xs[c1]), np.maximum(xs[c0], xs[c1])
+    ya, yb = np.minimum(ys[r0], ys[r1]), np.maximum(ys[r0], ys[r1])
+    boxes = np.ascontiguousarray(np.stack([np.tile(xa, nty), np.tile(xb, nty), np.repeat(ya, ntx),
+                                           np.repeat(yb, ntx), np.full(ntx * nty, zf),
+                                           np.full(ntx * nty, zf)]).astype(np.float32))
+    top_lo, top_hi, top_ch = _lanes(root[0], root[1], start, tape.n_regs, boxes)
+    field = np.empty((height, width) if mode == 0 else (0, 0), np.float32)
+    sign = np.empty((height, width) if mode == 1 else (0, 0), np.bool_)
+    st = np.zeros((ntx * nty, len(tiles), 2), np.int64)
+    _image_kernel(root[0], root[1], start, n, tape.n_regs, tiles, xs, ys, zf, top_ch, top_lo, top_hi,
+                  mode, field, sign, st)
+    if stats is not None:
+        tot = st.sum(0)
+        stats.clear()
+        stats.update(records=n, image=n - start,
+                     levels=[dict(tile=int(s), tapes=int(c), mean_length=float(t) / c if c else 0.0)
+                             for s, (c, t) in zip(tiles, tot)])
+    return field if mode == 0 else sign
+
+
+def sign_image(tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
+               tiles=DEFAULT_TILES, stats: dict | None = None) -> np.ndarray:
+    """(H, W) bool: True where the field is < 0 (inside), on the plane z = const with
+    CpuWalker.field_image's pixel centres (rect = (x0, x1, y0, y1), row 0 = y1). Tiles whose
+    interval is decided are filled without evaluating pixels. ``stats`` (a dict) receives the
+    number and mean length of the pruned tapes per level. Non-arithmetic tapes: field < 0 of
+    the unpruned CpuWalker."""
+    if not is_arithmetic(tape):
+        return CpuWalker().field_image(tape, width, height, rect, z) < 0
+    return _image(tape, width, height, rect, z, tiles, 1, stats)
+
+
+def field_image_pruned(tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                       z: float = 0.0, tiles=DEFAULT_TILES, stats: dict | None = None) -> np.ndarray:
+    """(H, W) float32 field, every pixel evaluated with its tile's pruned tape: bit-identical to
+    CpuWalker.field_image (same arguments). Non-arithmetic tapes: CpuWalker.field_image."""
+    if not is_arithmetic(tape):
+        return CpuWalker().field_image(tape, width, height, rect, z)
+    return _image(tape, width, height, rect, z, tiles, 0, stats)
+
+
+def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) float32 values and (N,) uint32 material ids at (N, 3) points, as CpuWalker.evaluate
+    (bit for bit): points are bucketed into grid^3 voxels over the tape bounds, each voxel's
+    tape is pruned over the range of its points. Non-arithmetic tapes: CpuWalker.evaluate."""
+    pts = np.asarray(points)
+    if pts.ndim != 2 or pts.shape[1] != 3:
+        raise TaperayError(f"evaluate_pruned: points must be (N, 3), got {pts.shape}")
+    if not is_arithmetic(tape):
+        return CpuWalker().evaluate(tape, pts)
+    if grid < 1 or block < 1:
+        raise TaperayError(f"evaluate_pruned: grid {grid} and block {block} must be at least 1")
+    code, imm = _checked(tape, "evaluate_pruned")
+    pts = np.ascontiguousarray(pts, np.float32)
+    out = np.empty(len(pts), np.float32)
+    if len(pts) == 0:
+        return out, np.zeros(0, np.uint32)
+    lo, hi = tape.bounds[0].astype(np.float64), tape.bounds[1].astype(np.float64)
+    cell = np.where(hi > lo, (hi - lo) / grid, 1.0)
+    with np.errstate(invalid="ignore"):
+        ijk = np.clip(np.nan_to_num(np.floor((pts - lo) / cell), nan=0.0), 0, grid - 1).astype(np.int64)
+    vid = (ijk[:, 2] * grid + ijk[:, 1]) * grid + ijk[:, 0]
+    order = np.argsort(vid, kind="stable")
+    used, seg = np.unique(vid[order], return_index=True)
+    seg = np.append(seg, len(pts)).astype(np.int64)
+    sorted_pts = pts[order]
+    vlo = np.minimum.reduceat(sorted_pts, seg[:-1], axis=0)   # NaN coordinates give NaN boxes
+    vhi = np.maximum.reduceat(sorted_pts, seg[:-1], axis=0)
+    _, _, choices = _lanes(code, imm, 0, tape.n_regs, _boxes(vlo, vhi))
+    _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order.astype(np.int64), seg, choices,
+                   block, out)
+    return out, np.zeros(len(pts), np.uint32)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up and run the tests in CI mode: the GPU walker must be present (Mesa lavapipe counts; it is
+# installed with apt when no Vulkan driver is). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")"
+source tools/setup_env.sh
+ensure_vulkan
+ensure_venv '.[test]'
+ensure_runtime_dir
+export TAPERAY_REQUIRE_GPU=1
+exec .venv/bin/python -m pytest "$@"

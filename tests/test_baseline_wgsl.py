@@ -1,0 +1,90 @@
+"""The benchmark-only written-out WGSL baseline (tools/baseline_wgsl.py, tools/bench_baseline.py):
+it computes what the CPU twin computes, so `taperay bench gpu` compares equal work."""
+import os
+
+import numpy as np
+import pytest
+
+from taperay.runtime.tape import TaperayError
+from taperay.scenegraph import (Material, box, capped_cone, capsule, ellipsoid, extrude, flatten, plane,
+                                revolve, rounded_box, smooth_difference, smooth_intersection,
+                                smooth_union, sphere, torus, union)
+from taperay.scenegraph.loading import load_tape
+from taperay.tools.baseline_wgsl import baseline_wgsl
+from taperay.tools.bench import fixed_scene
+
+RED, GREEN = Material("red", (1, 0, 0)), Material("green", (0, 1, 0))
+
+
+def every_straight_line_family():
+    """Every shape, point op, combine op and modifier, under culls and several materials."""
+    parts = [
+        sphere(0.3).translate(-1, 0, 0).material(RED),
+        box(0.2, 0.3, 0.1).rotate((1, 1, 0), 30).translate(1, 0, 0),
+        rounded_box(0.3, 0.2, 0.2, 0.05).translate(0, 1, 0).material(GREEN),
+        capped_cone(0.3, 0.2, 0.1).translate(0, -1, 0),
+        capsule((0, 0, 0), (0.3, 0.2, 0.1), 0.1).translate(0, 0, 1),
+        torus(0.3, 0.05).translate(0, 0, -1),
+        ellipsoid(0.3, 0.2, 0.1).translate(1, 1, 0).scale(1.3),
+        extrude([(0, 0), (0.3, 0), (0.1, 0.3)], 0.1).translate(-1, -1, 0),
+        revolve([(0.1, -0.2), (0.3, 0), (0.1, 0.2)]).translate(1, -1, 0),
+        sphere(0.2).elongate(0.1, 0, 0).translate(-1, 1, 0).mirror((1, 0, 0), 0.5),
+        (sphere(0.3) ^ box(0.2)).translate(0.5, 0.5, 0.5),
+        sphere(0.3).shell(0.02).offset(0.01).translate(-0.5, -0.5, -0.5),
+        smooth_intersection(sphere(0.3), box(0.25), k=0.1).translate(0.5, -0.5, 0.5),
+        smooth_difference(box(0.3), sphere(0.2), k=0.05).translate(-0.5, 0.5, -0.5).material(RED),
+    ]
+    return smooth_union(union(*parts), plane((0, 0, 1), -1.5), k=0.1)
+
+
+TAPES = {
+    "families": lambda: flatten(every_straight_line_family(), source="families"),
+    "bench scene": lambda: flatten(fixed_scene(), source="bench scene"),
+    "tanglecube.vm": lambda: load_tape(os.path.join(os.path.dirname(__file__), "data", "tanglecube.vm")),
+    "hi.vm": lambda: load_tape(os.path.join(os.path.dirname(__file__), "data", "hi.vm")),
+}
+
+
+def test_text_inlines_parameters_and_fetches_no_instructions():
+    text = baseline_wgsl(flatten(fixed_scene()))
+    assert "instrs[" not in text and "params[" not in text   # no polygons or capsules here
+    assert "run_tape" not in text
+
+
+def test_culls_become_nested_blocks():
+    tape = TAPES["families"]()
+    assert tape.op_counts()["CULL_BOX"] > 1
+    assert baseline_wgsl(tape).count("if (!(") == tape.op_counts()["CULL_BOX"]
+    assert "if (!(" not in baseline_wgsl(tape, culls=False)
+
+
+def test_pattern_tapes_are_refused():
+    tape = flatten(sphere(0.2).linear_pattern((1, 0, 0), 4))
+    with pytest.raises(TaperayError, match="pattern"):
+        baseline_wgsl(tape)
+
+
+@pytest.fixture(scope="module")
+def gpu_walker():
+    from taperay.runtime.gpu import GpuWalker
+    if not GpuWalker.available():
+        if os.environ.get("TAPERAY_REQUIRE_GPU"):
+            pytest.fail("TAPERAY_REQUIRE_GPU is set but there is no GPU adapter")
+        pytest.skip("no GPU adapter")
+    return GpuWalker()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(TAPES))
+@pytest.mark.parametrize("culls", [True, False])
+def test_baseline_matches_cpu_twin(gpu_walker, walker_cpu, name, culls):
+    from taperay.tools.bench_baseline import BaselineKernel
+    tape = TAPES[name]()
+    pts = np.random.default_rng(3).uniform(tape.bounds[0] - 0.2, tape.bounds[1] + 0.2, (4000, 3)).astype(np.float32)
+    kernel = BaselineKernel(gpu_walker, tape, culls=culls)
+    d, m = kernel.evaluate(pts)
+    want_d, want_m = walker_cpu.evaluate(tape, pts)
+    # float32 with literals folded by the shader compiler: a few ULP of the field's scale
+    scale = float(np.abs(want_d).max())
+    np.testing.assert_allclose(d, want_d, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
+    np.testing.assert_array_equal(m, want_m)

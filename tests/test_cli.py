@@ -1,0 +1,275 @@
+"""The `taperay` command line: render / eval / info / bench run end to end, and every user error
+is one line `taperay: error: ...` with exit status 2 and no traceback."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from taperay.tools import cli
+
+TINY_SCENE = """
+from taperay.scenegraph import box, sphere
+scene = sphere(0.6) | box(0.3).translate(0.7, 0, 0)
+"""
+
+# a disc of radius 0.4 centred at (0, 0.5): in the field image it lies in the upper half
+DISC_UP = """
+from taperay.scenegraph import sphere
+scene = sphere(0.4).translate(0, 0.5, 0)
+"""
+
+
+@pytest.fixture
+def scene_file(tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(TINY_SCENE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def walker_gpu():
+    """The GPU walker (lavapipe counts); skipped without an adapter unless CI requires one."""
+    from taperay.runtime.gpu import GpuWalker
+    if not GpuWalker.available():
+        if os.environ.get("TAPERAY_REQUIRE_GPU"):
+            pytest.fail("TAPERAY_REQUIRE_GPU is set but there is no GPU adapter")
+        pytest.skip("no GPU adapter")
+    return GpuWalker()
+
+
+def run_cli(capsys, *argv):
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def load_tape(path):
+    from taperay.scenegraph.loading import load_tape as load
+    return load(path)
+
+
+def test_render_writes_png_and_reports(capsys, scene_file, tmp_path):
+    out_png = tmp_path / "sub" / "tiny.png"
+    rc, out, err = run_cli(capsys, "render", scene_file, "-o", out_png, "--size", "64x48", "--walker", "cpu")
+    assert rc == 0, err
+    img = np.asarray(Image.open(out_png))
+    assert img.shape == (48, 64, 3) and img.dtype == np.uint8
+    assert img.std() > 0          # the object is in view, not a blank frame
+    for word in ("records", "instances", "walker", "64x48", "frame", "write"):
+        assert word in out
+
+
+@pytest.mark.gpu
+def test_render_on_gpu_walker(capsys, walker_gpu, scene_file, tmp_path):
+    rc, out, err = run_cli(capsys, "render", scene_file, "-o", tmp_path / "g.png", "--size", "32x24", "--walker", "gpu")
+    assert rc == 0, err
+    assert f"walker:    gpu ({walker_gpu.adapter_name})" in out
+    assert np.asarray(Image.open(tmp_path / "g.png")).shape == (24, 32, 3)
+
+
+def test_auto_walker_names_its_choice(capsys, scene_file, tmp_path):
+    rc, out, err = run_cli(capsys, "render", scene_file, "-o", tmp_path / "a.png", "--size", "16x12")
+    assert rc == 0, err
+    walker_lines = [ln for ln in out.splitlines() if ln.startswith("walker:")]
+    assert walker_lines[-1] in ("walker:    cpu",) or walker_lines[-1].startswith("walker:    gpu (")
+    if walker_lines[-1] == "walker:    cpu":     # the CPU twin only with a reason
+        assert walker_lines[0].startswith("walker:    cpu, because ")
+
+
+def test_render_2d_field_image_has_y_up(capsys, tmp_path):
+    scene = tmp_path / "disc.py"
+    scene.write_text(DISC_UP)
+    out_png = tmp_path / "disc.png"
+    rc, _, err = run_cli(capsys, "render", scene, "-o", out_png, "--2d", "--size", "32", "--walker", "cpu")
+    assert rc == 0, err
+    img = np.asarray(Image.open(out_png))
+    assert img.shape == (32, 32, 3)
+    assert set(np.unique(img)) <= {0, 255}
+    # y = +0.5 is a quarter of the way down from the top; y = -0.5 three quarters
+    assert img[8, 16].tolist() == [255, 255, 255]
+    assert img[24, 16].tolist() == [0, 0, 0]
+
+
+def test_render_2d_prospero_matches_the_challenge_image(capsys, tmp_path):
+    """The Prospero challenge at 1024x1024: the reference image exactly (132,033 inside pixels)."""
+    data = os.path.join(os.path.dirname(__file__), "data")
+    rc, out, err = run_cli(capsys, "render", os.path.join(data, "prospero.vm"), "--2d", "--size", "1024",
+                           "-o", tmp_path / "p.png", "--walker", "cpu")
+    assert rc == 0, err
+    got = np.asarray(Image.open(tmp_path / "p.png"))
+    want = np.asarray(Image.open(os.path.join(data, "prospero_1024.png")))
+    assert got.shape == (1024, 1024, 3)
+    np.testing.assert_array_equal(got[:, :, 0], want)
+
+
+def test_eval_round_trip_matches_cpu_walker(capsys, scene_file, tmp_path):
+    from taperay.runtime.cpu import CpuWalker
+    pts = np.random.default_rng(1).uniform(-1.5, 1.5, (500, 3))   # float64 in: converted
+    np.save(tmp_path / "pts.npy", pts)
+    rc, _, err = run_cli(capsys, "eval", scene_file, tmp_path / "pts.npy", "-o", tmp_path / "d.npy",
+                         "--walker", "cpu")
+    assert rc == 0, err
+    got = np.load(tmp_path / "d.npy")
+    assert got.dtype == np.float32 and got.shape == (500,)
+    want, _ = CpuWalker().evaluate(load_tape(scene_file), pts.astype(np.float32))
+    np.testing.assert_array_equal(got, want)
+    inside = np.linalg.norm(pts, axis=1) < 0.5
+    assert np.all(got[inside] < 0)
+
+
+def test_info_json(capsys, scene_file):
+    rc, out, err = run_cli(capsys, "info", scene_file, "--json")
+    assert rc == 0, err
+    info = json.loads(out)
+    tape = load_tape(scene_file)
+    assert info["records"] == len(tape)
+    assert info["instances"] == tape.instance_count == 2
+    assert info["parameters"] == len(tape.params)
+    assert info["registers"] == tape.n_regs
+    np.testing.assert_allclose(info["bounds"], tape.bounds, rtol=1e-6)
+    assert sum(info["ops"].values()) == len(tape)
+    assert info["ops"]["SPHERE"] == 1 and info["ops"]["BOX"] == 1
+
+
+def test_info_table_names_parameters(capsys, tmp_path):
+    scene = tmp_path / "p.py"
+    scene.write_text("from taperay.scenegraph import Param, sphere\nscene = sphere(Param('radius', 0.75))\n")
+    rc, out, err = run_cli(capsys, "info", scene)
+    assert rc == 0, err
+    assert "radius" in out and "0.75" in out and "SPHERE" in out
+
+
+def test_bench_cpu_points_writes_json_and_markdown(capsys, tmp_path):
+    rc, out, err = run_cli(capsys, "bench", "cpu-points", "--n", "3000", "--repeat", "2", "-o", tmp_path)
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "cpu-points.json").read_text())
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
+    (row,) = doc["rows"]
+    assert row["points"] == 3000 and row["repeats"] == 2
+    assert row["min ms"] <= row["median ms"] <= row["max ms"]
+    md = (tmp_path / "cpu-points.md").read_text()
+    assert "| benchmark |" in md and "Mpoints/s" in md and doc["machine"]["cpu"] in md
+    assert "cpu-points" in out
+
+
+def test_bench_scene_is_sphere_and_box_minus_three_bores():
+    from taperay.runtime.cpu import CpuWalker
+    from taperay.scenegraph import flatten
+    from taperay.tools.bench import fixed_scene
+    tape = flatten(fixed_scene())
+    pts = np.array([[0, 0, 0], [0.9, 0.9, 0.9], [0.75, 0.75, 0.0], [0.0, 0.75, 0.75], [0.75, 0, 0.75],
+                    [1.1, 0, 0]], np.float32)
+    d, _ = CpuWalker().evaluate(tape, pts)
+    # centre: inside all three bores; the corner (0.9,0.9,0.9) is outside the sphere of 1.2;
+    # (0.75,0.75,0) is solid; the other two edge points are solid by symmetry; x=1.1 is outside the box
+    assert d[0] > 0 and d[1] > 0 and d[5] > 0
+    assert d[2] < 0 and d[3] < 0 and d[4] < 0
+    np.testing.assert_allclose(d[2:5], d[2], rtol=1e-6)
+
+
+@pytest.mark.gpu
+def test_conform_scene_on_gpu(capsys, walker_gpu, scene_file):
+    rc, out, err = run_cli(capsys, "conform", scene_file, "--walkers", "gpu")
+    assert rc == 0, out + err
+    assert "PASS" in out and "gpu" in out
+
+
+def test_conform_exit_status_is_the_verdict(capsys, scene_file, monkeypatch):
+    from taperay.runtime import conformance
+
+    class FailedReport:
+        walkers, passed = ["gpu"], False
+
+        def table(self):
+            return "the table"
+
+        def failures(self):
+            return ["scene tiny on gpu"]
+    monkeypatch.setattr(conformance, "conform_tape", lambda tape, walkers=None, seed=0: FailedReport())
+    rc, out, err = run_cli(capsys, "conform", scene_file)
+    assert rc == 1
+    assert "FAIL" in out and "scene tiny on gpu" in out
+
+
+def test_conform_with_only_the_reference_compares_nothing(capsys, scene_file):
+    rc, out, err = run_cli(capsys, "conform", scene_file, "--walkers", "cpu")
+    assert rc == 0 and "nothing compared" in out
+
+
+def _write(path, data):
+    path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+    return path
+
+
+ERROR_CASES = {
+    "missing scene": lambda t: (["info", t / "nope.py"], "nope.py"),
+    "unknown suffix": lambda t: (["info", _write(t / "scene.txt", "hello")], "scene.txt"),
+    "garbage tape": lambda t: (["info", _write(t / "bad.tape", b"\x00\x01garbage\xff" * 10)], "bad.tape"),
+    "py without scene": lambda t: (["info", _write(t / "empty.py", "x = 1\n")], "empty.py"),
+    "scene raises": lambda t: (["info", _write(t / "boom.py", "raise RuntimeError('boom')\n")], "boom.py"),
+    "bad points shape": lambda t: (["eval", _write(t / "s.py", TINY_SCENE), _npy(t / "p2.npy", np.zeros((4, 2))),
+                                    "-o", t / "o.npy"], "p2.npy"),
+    "unreadable npy": lambda t: (["eval", _write(t / "s.py", TINY_SCENE), _write(t / "junk.npy", b"not numpy"),
+                                  "-o", t / "o.npy"], "junk.npy"),
+    "missing npy": lambda t: (["eval", _write(t / "s.py", TINY_SCENE), t / "none.npy", "-o", t / "o.npy"], "none.npy"),
+    "bad size": lambda t: (["render", _write(t / "s.py", TINY_SCENE), "-o", t / "x.png", "--size", "big"], "--size"),
+    "bad view": lambda t: (["render", _write(t / "s.py", TINY_SCENE), "-o", t / "x.png", "--view", "fancy"], "fancy"),
+    "unknown command": lambda t: (["paint", "x"], "paint"),
+    "bad bench": lambda t: (["bench", "nothing"], "nothing"),
+    "conform needs a source": lambda t: (["conform"], "--random"),
+    "unknown walker": lambda t: (["conform", _write(t / "s.py", TINY_SCENE), "--walkers", "warp"], "warp"),
+    "2d with a view": lambda t: (["render", _write(t / "s.py", TINY_SCENE), "-o", t / "x.png", "--2d",
+                                  "--view", "normals"], "--2d"),
+}
+
+
+def _npy(path, arr):
+    np.save(path, arr)
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_user_errors_are_one_line_exit_2(capsys, tmp_path, case):
+    argv, needle = ERROR_CASES[case](tmp_path)
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("taperay: error: ") and needle in lines[0]
+    assert "Traceback" not in err
+
+
+def test_console_entry_point_error_exit_status(tmp_path):
+    """The real process: `python -m taperay.tools.cli` exits 2 with one stderr line."""
+    proc = subprocess.run([sys.executable, "-m", "taperay.tools.cli", "info", str(tmp_path / "gone.vm")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"taperay: error: {tmp_path / 'gone.vm'}: no such file"]
+
+
+def test_keyboard_interrupt_exits_130_quietly(capsys, scene_file, monkeypatch):
+    def interrupted(tape):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "tape_info", interrupted)
+    rc, out, err = run_cli(capsys, "info", scene_file)
+    assert rc == 130 and err == ""
+
+
+def test_internal_errors_are_one_line_too(capsys, scene_file, monkeypatch):
+    def broken(tape):
+        raise RuntimeError("driver said:\n  something\n  on several lines")
+    monkeypatch.setattr(cli, "tape_info", broken)
+    rc, out, err = run_cli(capsys, "info", scene_file)
+    assert rc == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("taperay: error: internal error: RuntimeError: driver said:")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("text,size", [("64x48", (64, 48)), ("1024", (1024, 1024)), ("3X2", (3, 2))])
+def test_parse_size(text, size):
+    assert cli.parse_size(text) == size

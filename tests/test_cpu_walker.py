@@ -1,0 +1,187 @@
+"""The CPU twin as a renderer: marching against analytic ray-sphere answers, every view, the pixel
+convention of ``runtime.camera``, the packed settings layout, field images and PNG writing."""
+import numpy as np
+import pytest
+from PIL import Image
+
+from taperay.runtime.camera import Camera, auto_camera
+from taperay.runtime.image import write_png
+from taperay.runtime.opcodes import Op
+from taperay.runtime.shading import PACK_FIELDS, PACK_LEN, VIEWS, RenderSettings, unpack
+from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
+
+W, H = 64, 48
+R = 0.8
+MATS = np.array([((0.8, 0.3, 0.2), 0.4), ((0.2, 0.4, 0.8), 0.6)], MATERIAL_DTYPE)
+
+
+def make_tape(rows, params, bounds):
+    recs = np.array([tuple(int(v) for v in r) + (0,) * (8 - len(r)) for r in rows], INSTR_DTYPE)
+    n_regs = 1 + int(max(max(r[1:5]) if len(r) > 1 else 0 for r in rows))
+    return Tape(recs, np.array(params, np.float32), MATS, n_regs, np.array(bounds, np.float32))
+
+
+SPHERE = make_tape([(Op.SPHERE, 0, 0, 0, 0, 0, 1)], [R], [[-R] * 3, [R] * 3])
+CAM = Camera((0.4, -3.0, 0.6), (0.0, 0.0, 0.0), fov_deg=40)
+
+
+def analytic(cam, w, h):
+    """Ray-sphere hit t (inf on a miss) and each ray's closest approach to the centre."""
+    eye, d = cam.rays(w, h)
+    o, d = eye.astype(np.float64), d.astype(np.float64)
+    b = d @ o
+    closest = np.sqrt(np.maximum(o @ o - b * b, 0))
+    disc = b * b - (o @ o - R * R)
+    t = np.where(disc >= 0, -b - np.sqrt(np.maximum(disc, 0)), np.inf)
+    return t, closest, d
+
+
+def test_march_hit_mask_and_depth_match_the_analytic_sphere(walker_cpu):
+    st = RenderSettings()
+    mr = walker_cpu.march(SPHERE, CAM, W, H, st)
+    t_ref, closest, d = analytic(CAM, W, H)
+    clear = np.abs(closest - R) > 0.01                 # away from the silhouette
+    assert np.array_equal(mr["hit"][clear], np.isfinite(t_ref)[clear])
+    assert 0.2 < mr["hit"].mean() < 0.8
+    both = mr["hit"] & np.isfinite(t_ref) & clear
+    eps = float(unpack(st.pack(SPHERE), "hit_eps")[0])
+    p = CAM.rays(W, H)[0].astype(np.float64) + np.where(both, t_ref, 0)[..., None] * d
+    cos = np.abs(np.sum(p / R * d, -1))
+    err = (t_ref[both] - mr["t"][both]) * cos[both]    # the march stops within eps of the surface
+    assert np.all(err >= -1e-5) and np.all(err <= eps + 1e-5)
+    assert np.all(np.isinf(mr["t"][~mr["hit"]]))
+    n_ref = p / R
+    assert np.all(np.sum(mr["normal"][both] * n_ref[both], -1) > 1 - 1e-4)
+    assert np.all(mr["mat"][mr["hit"]] == 1)
+    assert mr["steps"].dtype == np.int32 and mr["steps"].max() <= st.max_steps
+
+
+def test_every_view_renders_an_image(walker_cpu):
+    images = {}
+    for view in VIEWS:
+        img = walker_cpu.render(SPHERE, CAM, W, H, view)
+        assert img.shape == (H, W, 3) and img.dtype == np.uint8
+        assert len(np.unique(img.reshape(-1, 3), axis=0)) > (2 if view == "gradient" else 4), view
+        images[view] = img
+    hit = walker_cpu.march(SPHERE, CAM, W, H)["hit"]
+    bg = images["shade"][0, 0]
+    assert np.all(images["shade"][~hit] == bg)
+    assert not np.any(np.all(images["shade"][hit] == bg, axis=-1))
+    green = np.array([0.2, 0.75, 0.3]) * 255                       # |grad f| = 1 on a sphere
+    assert np.mean(np.all(np.abs(images["gradient"][hit] - green) < 12, axis=-1)) > 0.95
+    with pytest.raises(TaperayError):
+        walker_cpu.render(SPHERE, CAM, W, H, "xray")
+
+
+def test_section_view_caps_the_cut_with_the_cut_material(walker_cpu):
+    st = RenderSettings(plane_normal=(0, -1, 0), plane_offset=0.0)   # keep y >= 0; cap faces -y
+    mr = walker_cpu.march(SPHERE, CAM, W, H, st, view="section")
+    eye, d = CAM.rays(W, H)
+    t_plane = -eye[1] / d[..., 1]
+    p = eye + t_plane[..., None] * d
+    inside_disc = np.hypot(p[..., 0], p[..., 2]) < R - 0.02
+    assert inside_disc.sum() > 50
+    assert np.all(mr["hit"][inside_disc])
+    assert np.allclose(mr["t"][inside_disc], t_plane[inside_disc], atol=1e-3)
+    assert np.all(mr["normal"][inside_disc] @ np.array([0, -1, 0]) > 0.999)
+    assert np.all(mr["mat"][inside_disc] == 1)
+
+
+def test_hard_shadows_darken_the_floor_below_a_sphere(walker_cpu):
+    floor_sphere = make_tape([(Op.BOX, 0, 0, 0, 0, 0, 0), (Op.PUSH,), (Op.TRANSLATE, 0, 0, 0, 0, 3),
+                              (Op.SPHERE, 1, 0, 0, 0, 6, 1), (Op.POP,), (Op.UNION, 0, 0, 1)],
+                             [2, 2, 0.1, 0, 0, 0.8, 0.5], [[-2, -2, -0.1], [2, 2, 1.3]])
+    cam = Camera((0, -6, 4), (0, 0, 0.3))
+    off = walker_cpu.render(floor_sphere, cam, W, H, "shade", RenderSettings(shadows="off", ao_strength=0,
+                                                                               key_dir=(0, 0, 1)))
+    on = walker_cpu.render(floor_sphere, cam, W, H, "shade", RenderSettings(shadows="hard", ao_strength=0,
+                                                                              key_dir=(0, 0, 1)))
+    soft = walker_cpu.render(floor_sphere, cam, W, H, "shade", RenderSettings(shadows="soft", ao_strength=0,
+                                                                                key_dir=(0, 0, 1)))
+    darker = off.astype(int).sum(-1) - on.astype(int).sum(-1)
+    assert np.all(darker >= 0)
+    assert (darker > 60).sum() > 20                    # the shadow disc under the sphere
+    assert np.all(soft.astype(int).sum(-1) <= off.astype(int).sum(-1))
+
+
+def test_field_image_is_y_up_with_pixel_centres(walker_cpu):
+    plane_y = make_tape([(Op.PLANE, 0, 0, 0, 0, 0, 0)], [0, 1, 0, 0], [[-1] * 3, [1] * 3])
+    plane_x = make_tape([(Op.PLANE, 0, 0, 0, 0, 0, 0)], [1, 0, 0, 0], [[-1] * 3, [1] * 3])
+    fy = walker_cpu.field_image(plane_y, 8, 6, rect=(-1, 1, -3, 3))
+    fx = walker_cpu.field_image(plane_x, 8, 6, rect=(-1, 1, -3, 3))
+    assert fy.shape == (6, 8) and fy.dtype == np.float32
+    assert np.allclose(fy[:, 0], [2.5, 1.5, 0.5, -0.5, -1.5, -2.5])      # row 0 is the top (y up)
+    assert np.allclose(fx[0], -1 + (np.arange(8) + 0.5) * 0.25)         # column 0 is x0
+    sph = walker_cpu.field_image(SPHERE, 5, 5, rect=(-1, 1, -1, 1), z=0.5)
+    assert np.isclose(sph[2, 2], 0.5 - R)
+
+
+def test_gradient_of_a_sphere_is_the_radial_unit_vector(walker_cpu):
+    p = np.random.default_rng(3).uniform(-1.5, 1.5, (500, 3)).astype(np.float32)
+    p = p[np.linalg.norm(p, axis=1) > 0.2]
+    g = walker_cpu.gradient(SPHERE, p)
+    assert g.shape == p.shape and g.dtype == np.float32
+    assert np.allclose(g, p / np.linalg.norm(p, axis=1, keepdims=True), atol=2e-3)
+
+
+def test_evaluate_shapes_and_errors(walker_cpu):
+    d, m = walker_cpu.evaluate(SPHERE, np.zeros((0, 3), np.float32))
+    assert d.shape == (0,) and m.shape == (0,)
+    with pytest.raises(TaperayError):
+        walker_cpu.evaluate(SPHERE, np.zeros((4, 2), np.float32))
+
+
+def test_pixel_convention():
+    cam = Camera((1.0, -4.0, 2.0), (0.0, 0.5, 0.0), fov_deg=50)
+    eye, d = cam.rays(5, 3)
+    fwd, right, up = cam.basis()
+    assert np.allclose(np.linalg.norm(d, axis=-1), 1, atol=1e-6)
+    assert np.allclose(d[1, 2], fwd, atol=1e-6)                  # the centre pixel looks forward
+    assert np.all(d[0] @ up > 0) and np.all(d[2] @ up < 0)        # row 0 is the top
+    assert np.all(d[:, 0] @ right < 0) and np.all(d[:, 4] @ right > 0)
+    th = np.tan(np.radians(25))
+    ndc = np.array([(2 * 4.5 / 5 - 1) * 5 / 3 * th, (1 - 2 * 0.5 / 3) * th])
+    want = fwd + ndc[0] * right + ndc[1] * up
+    assert np.allclose(d[0, 4], want / np.linalg.norm(want), atol=1e-6)
+    pk = cam.pack()
+    assert pk.dtype == np.float32 and pk.shape == (16,)
+    assert np.allclose(pk[:3], cam.eye) and np.isclose(pk[3], th)
+    assert np.allclose(pk[4:7], right) and np.allclose(pk[8:11], up) and np.allclose(pk[12:15], fwd)
+
+
+def test_auto_camera_frames_the_bounds(walker_cpu):
+    cam = auto_camera(SPHERE.bounds)
+    mr = walker_cpu.march(SPHERE, cam, W, H)
+    assert mr["hit"][H // 2, W // 2]
+    assert not mr["hit"][0].any() and not mr["hit"][-1].any()
+    assert not mr["hit"][:, 0].any() and not mr["hit"][:, -1].any()
+    straight_down = auto_camera(SPHERE.bounds, elevation_deg=90)
+    assert np.all(np.isfinite(straight_down.pack()))
+
+
+def test_packed_settings_layout():
+    offs = sorted(PACK_FIELDS.values())
+    assert offs[0][0] == 0 and all(a + s == b for (a, s), (b, _) in zip(offs, offs[1:]))
+    assert PACK_LEN == offs[-1][0] + offs[-1][1] and PACK_LEN % 4 == 0
+    for name, (off, size) in PACK_FIELDS.items():          # a vec3 never straddles a vec4
+        assert off // 4 == (off + size - 1) // 4, name
+    st = RenderSettings(max_steps=99, hit_eps_rel=1e-3, shadows="soft")
+    pk = st.pack(SPHERE, "section")
+    diag = np.linalg.norm([2 * R] * 3)
+    assert pk.shape == (PACK_LEN,) and pk.dtype == np.float32
+    assert unpack(pk, "max_steps")[0] == 99 and np.isclose(unpack(pk, "hit_eps")[0], 1e-3 * diag)
+    assert unpack(pk, "shadow_mode")[0] == 2 and unpack(pk, "section")[0] == 1
+    assert unpack(pk, "view")[0] == VIEWS.index("section")
+    assert np.allclose(unpack(pk, "box_lo"), -R - 0.05 * diag)
+    with pytest.raises(TaperayError):
+        RenderSettings(shadows="maybe")
+
+
+def test_write_png_round_trips_atomically(tmp_path):
+    img = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    path = write_png(tmp_path / "sub" / "a.png", img)
+    assert np.array_equal(np.asarray(Image.open(path)), img)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["a.png"]
+    with pytest.raises(TaperayError):
+        write_png(tmp_path / "b.png", img.astype(np.float32))
+    assert not (tmp_path / "b.png").exists()

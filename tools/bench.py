@@ -1,0 +1,250 @@
+"""The benchmark harness behind ``taperay bench NAME``: one registry, timing, and the reports.
+
+``BENCHMARKS`` maps a name to the function that measures it (``"module:function"``, imported only
+when that benchmark runs). A benchmark function takes the parsed options (``n``, ``repeat``,
+``seed``, ``out``) and returns a ``BenchResult``; the harness names the machine, writes
+``<out>/<name>.json`` and ``<out>/<name>.md`` (plus ``<name>.png`` when the result asks for a bar
+chart) and prints the table. Benchmarks measure; they never assert on time (tests don't either).
+
+Built in: ``cpu-points`` — the CPU twin evaluating random points in the fixed scene
+``(sphere(1.2) & box(1)) - three cylinders along x, y, z``; warm-up, then the median of repeats.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import import_module
+from pathlib import Path
+from typing import Callable
+
+from taperay.runtime.tape import TaperayError
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    target: str     # "module:function" taking the options and returning a BenchResult
+    help: str
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "cpu-points": Benchmark("taperay.tools.bench:bench_cpu_points",
+                            "CPU twin: points/s evaluating the fixed scene (sphere & box - 3 cylinders)"),
+    "gpu": Benchmark("taperay.tools.bench_gpu:bench_gpu",
+                     "GPU walker: interpreter vs written-out WGSL, compile and evaluation times"),
+}
+
+
+@dataclass
+class BenchResult:
+    """What one benchmark measured: table rows (column -> value, in column order), the settings
+    it ran with, notes for the reader, and machine facts beyond the CPU (e.g. the GPU adapter)."""
+    rows: list[dict]
+    settings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+    chart: tuple[str, str] | None = None     # (label column, value column) for a bar chart PNG
+
+
+# ---------------------------------------------------------------------------------------------
+# machine and timing
+
+def machine_info() -> dict:
+    """CPU model and core count (from /proc/cpuinfo where it exists), OS and Python."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": model or platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "os": platform.platform(),
+            "python": platform.python_version()}
+    try:
+        import numba
+        info["numba"] = numba.__version__
+        info["numba_threads"] = numba.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+def time_calls(fn: Callable[[], object], repeat: int, warmup: int = 1, progress=None) -> list[float]:
+    """Seconds per call of ``fn`` for ``repeat`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if progress is not None:
+            progress()
+    return times
+
+
+def summarize(times: list[float]) -> dict:
+    return {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
+            "max_ms": max(times) * 1e3}
+
+
+# ---------------------------------------------------------------------------------------------
+# built-in benchmarks
+
+def fixed_scene():
+    """The cpu-points scene: sphere(1.2) & box(1), minus cylinders of radius .5 along z, y, x."""
+    from taperay.scenegraph import box, cylinder, sphere
+    bore = cylinder(0.5, 2)
+    return ((sphere(1.2) & box(1)) - bore - bore.rotate((1, 0, 0), 90)
+            - bore.rotate((0, 1, 0), 90))
+
+
+def bench_cpu_points(opts) -> BenchResult:
+    import numpy as np
+    from taperay.runtime.cpu import CpuWalker
+    from taperay.scenegraph import flatten
+    tape = flatten(fixed_scene(), source="bench:cpu-points")
+    rng = np.random.default_rng(opts.seed)
+    pts = rng.uniform(tape.bounds[0], tape.bounds[1], (opts.n, 3)).astype(np.float32)
+    walker = CpuWalker()
+    with _progress(f"cpu-points: {opts.n} points x {opts.repeat}", opts.repeat + 1) as tick:
+        t0 = time.perf_counter()
+        walker.evaluate(tape, pts)             # first call: includes the JIT compile
+        first = time.perf_counter() - t0
+        tick()
+        times = time_calls(lambda: walker.evaluate(tape, pts), opts.repeat, warmup=0, progress=tick)
+    stats = summarize(times)
+    row = {"benchmark": "cpu-points", "walker": walker.name, "records": len(tape),
+           "points": opts.n, "repeats": opts.repeat, "first call ms": first * 1e3,
+           "median ms": stats["median_ms"], "min ms": stats["min_ms"], "max ms": stats["max_ms"],
+           "Mpoints/s": opts.n / (stats["median_ms"] / 1e3) / 1e6}
+    return BenchResult([row], settings={"n": opts.n, "repeat": opts.repeat, "seed": opts.seed},
+                       notes=["first call includes Numba's JIT compile (and any cache load); "
+                              "the median is over the repeats after it"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the harness
+
+class _progress:
+    """A rich progress bar with an ETA on stderr; yields a tick() function."""
+
+    def __init__(self, text: str, total: int):
+        self.text, self.total = text, total
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.bar.__enter__()
+        task = self.bar.add_task(self.text, total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+
+def resolve(name: str) -> Callable:
+    bench = BENCHMARKS[name]
+    module, func = bench.target.split(":")
+    try:
+        return getattr(import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise TaperayError(f"bench {name}: not available in this install ({e})") from None
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+    return str(v)
+
+
+def markdown(name: str, result: BenchResult, machine: dict) -> str:
+    cols = list(result.rows[0]) if result.rows else []
+    lines = [f"## taperay bench {name}", "",
+             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in result.rows]
+    lines += [""] + [f"- {n}" for n in result.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def bar_chart(path: Path, labels: list[str], values: list[float], title: str) -> None:
+    """A plain horizontal bar chart PNG (Pillow only)."""
+    from PIL import Image, ImageDraw
+    w, row_h, left = 720, 22, 260
+    h = 40 + row_h * len(values)
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    d.text((10, 10), title, fill="black")
+    vmax = max(values) or 1.0
+    for i, (lab, v) in enumerate(zip(labels, values)):
+        y = 34 + i * row_h
+        d.text((10, y + 4), lab[:40], fill="black")
+        d.rectangle([left, y + 2, left + (w - left - 90) * v / vmax, y + row_h - 4], fill=(70, 110, 180))
+        d.text((left + (w - left - 90) * v / vmax + 6, y + 4), _cell(v), fill="black")
+    img.save(path)
+
+
+def report(name: str, result: BenchResult, out_dir: Path) -> list[Path]:
+    """Write ``<name>.json``, ``<name>.md`` (and ``<name>.png``) into ``out_dir``."""
+    machine = {**machine_info(), **result.machine}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "command": " ".join(["taperay"] + sys.argv[1:]) if sys.argv else "",
+           "machine": machine, "settings": result.settings, "rows": result.rows, "notes": result.notes}
+    paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
+    paths[0].write_text(json.dumps(doc, indent=2) + "\n")
+    paths[1].write_text(markdown(name, result, machine))
+    if result.chart and result.rows:
+        label, value = result.chart
+        paths.append(out_dir / f"{name}.png")
+        bar_chart(paths[-1], [str(r[label]) for r in result.rows], [float(r[value]) for r in result.rows],
+                  f"taperay bench {name}: {value}")
+    return paths
+
+
+def print_table(name: str, result: BenchResult) -> None:
+    from rich.table import Table
+
+    from .cli import console
+    cols = list(result.rows[0]) if result.rows else []
+    table = Table(*cols, title=f"taperay bench {name}", title_justify="left")
+    for r in result.rows:
+        table.add_row(*(_cell(r.get(c, "")) for c in cols))
+    con = console()
+    con.print(table)
+    for n in result.notes:
+        con.print(f"note: {n}")
+
+
+def run(args) -> int:
+    if args.n < 1 or args.repeat < 1:
+        raise TaperayError("bench: --n and --repeat must be at least 1")
+    result = resolve(args.name)(args)
+    print_table(args.name, result)
+    paths = report(args.name, result, Path(args.out))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def add_parser(subparsers, func) -> None:
+    """The ``bench`` subcommand of the ``taperay`` parser."""
+    p = subparsers.add_parser("bench", help="measure (writes JSON + a markdown table)",
+                              description="Benchmarks: " + "; ".join(
+                                  f"{k}: {b.help}" for k, b in BENCHMARKS.items()))
+    p.add_argument("name", choices=list(BENCHMARKS), metavar="NAME",
+                   help="one of: " + ", ".join(BENCHMARKS))
+    p.add_argument("--n", type=int, default=1_000_000, help="points per evaluation (default 1000000)")
+    p.add_argument("--repeat", type=int, default=7, help="timed repeats after warm-up (default 7)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--out", default="bench-out", metavar="DIR", help="output folder (default bench-out/)")
+    p.set_defaults(func=func)

@@ -1,0 +1,448 @@
+"""The ``taperay`` command line: ``render``, ``eval``, ``info``, ``conform`` and ``bench``.
+
+Owns argument parsing, walker selection (``auto``: the GPU walker when a hardware adapter exists
+and its self-check against the CPU twin passes, else the CPU twin, saying why), the "what it did" report
+with per-stage timings, and the error contract: every error a user can cause ends as one line
+``taperay: error: <file>: <reason>`` on stderr with exit status 2 (never a traceback); a keyboard
+interrupt exits 130 quietly. Heavy modules (numpy, numba, wgpu) are imported lazily so that
+``taperay --help`` is fast.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from taperay.runtime.tape import TaperayError
+
+VIEWS = ("shade", "normals", "depth", "steps", "gradient", "slice", "section")
+WALKERS = ("auto", "cpu", "gpu")
+
+
+class UsageError(TaperayError):
+    """Bad command-line arguments (reported like every other user error)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is the one-line ``taperay: error: ...`` of every other error."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers shared by the commands
+
+def console(stderr: bool = False):
+    """Rich console; piped output is not squeezed into 80 columns (the conformance tables are wide)."""
+    from rich.console import Console
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, soft_wrap=True,
+                   width=None if stream.isatty() else 200)
+
+
+@contextlib.contextmanager
+def _step(text: str):
+    """A transient spinner with elapsed time on stderr while a long step runs."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as progress:
+        progress.add_task(text, total=None)
+        yield
+
+
+class Stopwatch:
+    """Named stage timings in the order they ran."""
+
+    def __init__(self):
+        self.stages: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
+
+    def summary(self) -> str:
+        parts = [f"{k} {_fmt_seconds(v)}" for k, v in self.stages.items()]
+        return ", ".join(parts) + f" (total {_fmt_seconds(sum(self.stages.values()))})"
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``WxH`` or ``N`` (square) -> (width, height)."""
+    parts = text.lower().split("x")
+    try:
+        if len(parts) == 1:
+            w = h = int(parts[0])
+        elif len(parts) == 2:
+            w, h = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--size {text!r}: expected WxH or N, e.g. 640x480") from None
+    if not (1 <= w <= 16384 and 1 <= h <= 16384):
+        raise UsageError(f"--size {text!r}: width and height must be in 1..16384")
+    return w, h
+
+
+def load_scene(path: str, watch: Stopwatch):
+    """Load and flatten a scene source, timing ``load`` and ``flatten/validate`` separately where
+    the source has both stages (a Python scene); other sources are validated while loading."""
+    from taperay.scenegraph import flatten
+    from taperay.scenegraph.loading import load_scene_module, load_tape
+    p = Path(path)
+    if p.suffix.lower() == ".py" and p.is_file():
+        with watch.stage("load"):
+            node = load_scene_module(p)
+        with watch.stage("flatten/validate"):
+            return flatten(node, source=str(p))
+    with watch.stage("load+validate"):
+        return load_tape(p)
+
+
+def _output_path(path: str) -> Path:
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{out}: is a directory; give a file name")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# walkers
+
+def choose_walker(kind: str, log=print):
+    """The walker ``kind`` asks for (``auto``, ``cpu``, ``gpu``), built and ready.
+
+    ``auto`` uses the GPU walker when a hardware adapter exists (a software one such as Mesa's
+    lavapipe runs the kernels slower than the twin), its kernels build and ``gpu_self_check``
+    (the GPU against the CPU twin) passes; otherwise — whatever went wrong on the GPU path — the
+    CPU twin, with the reason logged. ``gpu`` without a working GPU is a user error.
+    """
+    from taperay.runtime.cpu import CpuWalker
+    if kind == "cpu":
+        return CpuWalker()
+    try:
+        from taperay.runtime import gpu
+    except ImportError as e:  # wgpu is missing from this install
+        reason = f"the GPU walker cannot be imported ({e})"
+    else:
+        if not gpu.GpuWalker.available():
+            reason = "no GPU adapter found"
+        elif kind == "auto" and gpu.adapter_info()["software"]:
+            reason = (f"the GPU adapter, {gpu.adapter_info()['name']}, is a software rasteriser, "
+                      "slower than the CPU twin (--walker gpu uses it anyway)")
+        else:
+            try:
+                walker = gpu.GpuWalker(progress=True)   # builds every kernel, with its own progress line
+                if kind == "gpu":
+                    return walker
+                with _step("GPU self-check against the CPU twin"):
+                    check = gpu.gpu_self_check(walker)
+                if check.passed:
+                    return walker
+                reason = f"GPU self-check {check}"
+            except gpu.GpuError as e:
+                reason = str(e)
+            except Exception as e:   # auto never fails for want of a GPU: any GPU fault means the CPU
+                if kind == "gpu":
+                    raise
+                reason = f"the GPU path failed ({type(e).__name__}: {e})"
+    if kind == "gpu":
+        raise TaperayError(f"gpu walker unavailable: {reason}")
+    log(f"walker:    cpu, because {reason}")
+    return CpuWalker()
+
+
+def run_on(walker, kind: str, work, log=print):
+    """``work(walker)``; under ``--walker auto`` a GPU failure mid-run (device lost, out of
+    memory) is logged and the work is redone on the CPU twin."""
+    if kind != "auto" or walker.name == "cpu":
+        return walker, work(walker)
+    from taperay.runtime.gpu import GpuError
+    try:
+        return walker, work(walker)
+    except GpuError as e:
+        from taperay.runtime.cpu import CpuWalker
+        log(f"walker:    cpu, because the GPU failed: {e}")
+        walker = CpuWalker()
+        return walker, work(walker)
+
+
+def _walker_label(walker) -> str:
+    adapter = getattr(walker, "adapter_name", None)
+    return f"{walker.name} ({adapter})" if adapter else walker.name
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+def cmd_render(args) -> int:
+    out = Path(args.output)
+    w, h = parse_size(args.size)
+    if args.two_d and args.view != "shade":
+        raise UsageError("--2d draws the field image; it takes no --view")
+    watch = Stopwatch()
+    tape = load_scene(args.scene, watch)
+    notes: list[str] = []
+    with watch.stage("startup build"):
+        walker = choose_walker(args.walker, log=notes.append)
+
+    def frame(wk):
+        if args.two_d:
+            return field_to_rgb(wk.field_image(tape, w, h, rect=grid_rect(w, h)))
+        from taperay.runtime.camera import auto_camera
+        return wk.render(tape, auto_camera(tape.bounds), w, h, view=args.view)
+
+    with _step(f"rendering {w}x{h}"), watch.stage("frame"):
+        walker, rgb = run_on(walker, args.walker, frame, log=notes.append)
+    with watch.stage("write"):
+        from taperay.runtime.image import write_png
+        write_png(_output_path(str(out)), rgb)
+    con = console()
+    for n in notes:
+        con.print(n)
+    con.print(f"scene:     {args.scene}")
+    con.print(f"records:   {len(tape)} instructions, {len(tape.params)} parameters, "
+              f"{tape.instance_count} instances")
+    con.print(f"walker:    {_walker_label(walker)}")
+    con.print(f"image:     {out} ({w}x{h}, {'2d field' if args.two_d else args.view})")
+    con.print(f"timings:   {watch.summary()}")
+    if walker.name == "cpu":
+        con.print("           (the first run after an install also compiles the CPU twin with Numba; "
+                  "later runs load it from the on-disk cache)")
+    return 0
+
+
+def grid_rect(w: int, h: int) -> tuple[float, float, float, float]:
+    """The field-image rect whose pixel CENTRES run from -1 to 1 inclusive on both axes (the
+    Prospero challenge's grid, ``linspace(-1, 1, n)``): half a sample step beyond [-1, 1]."""
+    ex = 1.0 / (w - 1) if w > 1 else 0.0
+    ey = 1.0 / (h - 1) if h > 1 else 0.0
+    return (-1.0 - ex, 1.0 + ex, -1.0 - ey, 1.0 + ey)
+
+
+def field_to_rgb(field):
+    """A 2D program's field image (H, W) -> white where f < 0 on black, as (H, W, 3) uint8.
+
+    ``field_image`` returns row 0 at the top (largest y), so the picture has y up."""
+    import numpy as np
+    field = np.asarray(field)
+    if field.ndim != 2:
+        raise TaperayError(f"field image has shape {field.shape}, expected (H, W)")
+    inside = (field < 0).astype(np.uint8) * 255
+    return np.repeat(inside[:, :, None], 3, axis=2)
+
+
+def read_points(path: str):
+    """An (N, 3) real-valued .npy array as contiguous float32, or a one-line error."""
+    import numpy as np
+    p = Path(path)
+    if not p.is_file():
+        raise TaperayError(f"{p}: no such file")
+    try:
+        pts = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise TaperayError(f"{p}: not a readable .npy array ({e})") from None
+    if not isinstance(pts, np.ndarray):
+        raise TaperayError(f"{p}: holds an archive, not one (N, 3) array")
+    if pts.ndim != 2 or pts.shape[1] != 3:
+        raise TaperayError(f"{p}: points must have shape (N, 3), got {pts.shape}")
+    if pts.dtype.kind not in "fiu":
+        raise TaperayError(f"{p}: points must be real numbers, got dtype {pts.dtype}")
+    if len(pts) == 0:
+        raise TaperayError(f"{p}: holds no points")
+    return np.ascontiguousarray(pts, np.float32)
+
+
+def cmd_eval(args) -> int:
+    import numpy as np
+    watch = Stopwatch()
+    pts = read_points(args.points)
+    tape = load_scene(args.scene, watch)
+    notes: list[str] = []
+    with watch.stage("startup build"):
+        walker = choose_walker(args.walker, log=notes.append)
+    with _step(f"evaluating {len(pts)} points"), watch.stage("evaluate"):
+        walker, (dist, _) = run_on(walker, args.walker, lambda wk: wk.evaluate(tape, pts), log=notes.append)
+    out = _output_path(args.output)
+    with watch.stage("write"), open(out, "wb") as fh:   # a handle: np.save would append ".npy"
+        np.save(fh, np.asarray(dist, np.float32).reshape(len(pts)))
+    con = console()
+    for n in notes:
+        con.print(n)
+    con.print(f"{len(pts)} distances of {args.scene} -> {out} on {_walker_label(walker)}")
+    con.print(f"timings:   {watch.summary()}")
+    return 0
+
+
+def _f32(x) -> float:
+    """A float32 as the shortest Python float that reads back to it (0.09, not 0.0900000036)."""
+    import numpy as np
+    return float(str(np.float32(x)))
+
+
+def tape_info(tape) -> dict:
+    """The numbers ``taperay info`` reports, as plain JSON-able values."""
+    return {
+        "source": tape.source,
+        "records": len(tape),
+        "ops": dict(sorted(tape.op_counts().items(), key=lambda kv: -kv[1])),
+        "parameters": len(tape.params),
+        "named_parameters": {k: _f32(tape.params[v[0]]) for k, v in sorted(tape.names.items())},
+        "materials": len(tape.materials),
+        "registers": int(tape.n_regs),
+        "instances": int(tape.instance_count),
+        "bounds": [[_f32(x) for x in corner] for corner in tape.bounds],
+    }
+
+
+def cmd_info(args) -> int:
+    import json
+    watch = Stopwatch()
+    info = tape_info(load_scene(args.scene, watch))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    from rich.table import Table
+    con = console()
+    con.print(f"[bold]{args.scene}[/]: {info['records']} records, {info['instances']} instances, "
+              f"{info['parameters']} parameters, {info['materials']} materials, "
+              f"{info['registers']} registers")
+    lo, hi = info["bounds"]
+    con.print("bounds: [" + ", ".join(f"{a:.4g}..{b:.4g}" for a, b in zip(lo, hi)) + "]")
+    ops = Table("op", "records", title="records by op", title_justify="left")
+    for name, count in info["ops"].items():
+        ops.add_row(name, str(count))
+    con.print(ops)
+    if info["named_parameters"]:
+        named = Table("name", "value", title="named parameters", title_justify="left")
+        for name, value in info["named_parameters"].items():
+            named.add_row(name, f"{value:.6g}")
+        con.print(named)
+    con.print(f"loaded in {watch.summary()}")
+    return 0
+
+
+def cmd_conform(args) -> int:
+    if (args.scene is None) == (args.random is None):
+        raise UsageError("conform takes a SCENE or --random N (one of them)")
+    if args.random is not None and args.random < 0:
+        raise UsageError("--random N needs N >= 0")
+    walkers = [w.strip() for w in args.walkers.split(",") if w.strip()] if args.walkers else None
+    watch = Stopwatch()
+    tape = load_scene(args.scene, watch) if args.scene is not None else None
+    from taperay.runtime import conformance
+    with _step("grading the walkers against the CPU twin"), watch.stage("conform"):
+        if tape is not None:
+            report = conformance.conform_tape(tape, walkers=walkers, seed=args.seed)
+        else:
+            report = conformance.conform_random(args.random, walkers=walkers, seed=args.seed)
+    con = console()
+    if not report.walkers:
+        con.print("nothing compared: no walker besides the CPU twin (the reference) is available"
+                  + (f" among {args.walkers}" if args.walkers else ""))
+        return 0
+    con.print(report.table())
+    for line in report.failures():
+        con.print(f"[red]failed:[/] {line}")
+    verdict = "[green]PASS[/]: every tolerance held" if report.passed else "[bold red]FAIL[/]: tolerances broken"
+    con.print(f"{verdict} (walkers {', '.join(report.walkers)} vs cpu; {watch.summary()})")
+    return 0 if report.passed else 1
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    return bench.run(args)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="taperay", description="3D scenes as records: render, evaluate and "
+                     "check tapes on the CPU twin or the GPU.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def walker_arg(p):
+        p.add_argument("--walker", choices=WALKERS, default="auto",
+                       help="auto (default): the GPU when a hardware adapter exists and passes its "
+                       "self-check against the CPU twin, else the CPU twin; gpu also takes a software "
+                       "adapter (Mesa lavapipe)")
+
+    p = sub.add_parser("render", help="render a scene to a PNG")
+    p.add_argument("scene", metavar="SCENE", help="a scene .py (exposing `scene`), .scene, .tape or .vm file")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.png")
+    walker_arg(p)
+    p.add_argument("--size", default="800x600", metavar="WxH", help="image size, WxH or N for NxN (default 800x600)")
+    p.add_argument("--view", choices=VIEWS, default="shade")
+    p.add_argument("--2d", dest="two_d", action="store_true",
+                   help="draw the field image of a 2D program: inside (f<0) white on black, x,y in [-1,1], y up")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("eval", help="evaluate distances at points")
+    p.add_argument("scene", metavar="SCENE")
+    p.add_argument("points", metavar="POINTS.npy", help="an (N, 3) float array")
+    p.add_argument("-o", "--output", required=True, metavar="VALUES.npy", help="(N,) float32 distances")
+    walker_arg(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("info", help="records, parameters, bounds and instances of a scene")
+    p.add_argument("scene", metavar="SCENE")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("conform", help="run a scene or random tapes on every walker and compare")
+    p.add_argument("scene", metavar="SCENE", nargs="?")
+    p.add_argument("--random", type=int, metavar="N", help="N random tapes instead of a scene")
+    p.add_argument("--seed", type=int, default=0, help="seed for --random")
+    p.add_argument("--walkers", metavar="LIST", help="comma-separated walkers (default: every available one)")
+    p.set_defaults(func=cmd_conform)
+
+    from . import bench
+    bench.add_parser(sub, cmd_bench)
+    return parser
+
+
+def _version() -> str:
+    from taperay import __version__
+    return f"taperay {__version__}"
+
+
+def _error_line(e: BaseException) -> str:
+    """The error as one line (driver messages span several)."""
+    text = f"{e.filename}: {e.strerror or e}" if isinstance(e, OSError) and e.filename is not None else str(e)
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 a check failed, 2 a user error,
+    130 interrupted)."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (TaperayError, OSError) as e:
+        print(f"taperay: error: {_error_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug, not the user's fault: still one line unless asked for more
+        if os.environ.get("TAPERAY_DEBUG"):
+            raise
+        print(f"taperay: error: internal error: {type(e).__name__}: {_error_line(e)} "
+              "(set TAPERAY_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
