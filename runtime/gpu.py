@@ -38,6 +38,16 @@ WG = 64                       # workgroup size (bindings.wgsl)
 MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
 UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
 MIN_BUFFER = 256
+COUNTERS_BYTES = 16           # bindings.wgsl: counters (overflow, unfinished, 2 spare)
+N_BINDINGS = 11
+RESUMABLE = ("march", "light")   # kernels that save their state and are dispatched until done
+# Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
+# (lavapipe / llvmpipe) stops every kernel's loops after 65535 iterations in all, so a software
+# adapter gets a cap below that (an evaluation needing more is refused as overflow) and a budget
+# after which march / light resume in the next dispatch; hardware gets no cap and a budget that
+# keeps each dispatch short (watchdogs).
+SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET = 60_000, 40_000
+HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET = 0xFFFFFFFF, 1 << 22
 
 # kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline.
 KERNELS: dict[str, tuple[str, bool]] = {
@@ -135,7 +145,7 @@ class KernelSet:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         ro, rw = "read-only-storage", "storage"
-        kinds = [ro, ro, ro, ro, ro, "uniform", ro, rw, rw, rw]
+        kinds = [ro, ro, ro, ro, ro, "uniform", ro, rw, rw, rw, rw]
         self.bind_group_layout = device.create_bind_group_layout(entries=[
             {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": k}}
             for i, k in enumerate(kinds)])
@@ -192,7 +202,7 @@ class KernelSet:
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
         bufs = [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(5)]
         bufs.append(self.device.create_buffer(size=max(MIN_BUFFER, UNIFORM_BYTES), usage=wgpu.BufferUsage.UNIFORM))
-        bufs += [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(4)]
+        bufs += [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(N_BINDINGS - 6)]
         self._warm_buffers = bufs
         self._warm_group = self.device.create_bind_group(
             layout=self.bind_group_layout,
@@ -426,6 +436,11 @@ class GpuWalker:
         self._out_u = _Buffer(dev, st, "out_u")
         self._accum = _Buffer(dev, st, "accum")
         self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms")
+        self._counters = _Buffer(dev, st, "counters")
+        software = self._ctx.info["software"]
+        self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
+                             else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
+        self.resumed_dispatches = 0
         self._bind_group = None
         self._bind_key = None
         self._validated: dict[int, bool] = {}
@@ -501,7 +516,7 @@ class GpuWalker:
     def _bind(self):
         bufs = [self._tape_bufs[n].buffer for n in _TAPE_ARRAYS] + [
             self._uniform.buffer, self._points.buffer, self._out_f.buffer, self._out_u.buffer,
-            self._accum.buffer]
+            self._accum.buffer, self._counters.buffer]
         key = tuple(id(b) for b in bufs)
         if key != self._bind_key:
             self._bind_group = self._ctx.device.create_bind_group(
@@ -512,9 +527,10 @@ class GpuWalker:
         return self._bind_group
 
     def _uniforms(self, tape: Tape, n_items: int, width=0, height=0, sample=0, rect=(0, 0, 0, 0),
-                  extra=(0, 0, 0, 0), camera=None, settings=None):
+                  extra=(0, 0, 0, 0), camera=None, settings=None) -> np.ndarray:
+        """The Uniforms struct (bindings.wgsl) as uint32 words; word 7 (resume) set per dispatch."""
         u = np.zeros(UNIFORM_BYTES // 4, np.uint32)
-        u[:8] = (len(tape.instrs), n_items, width, height, sample, 0, 0, 0)
+        u[:7] = (len(tape.instrs), n_items, width, height, sample, *self._iter_limits)
         f = u.view(np.float32)
         f[8:12] = rect
         f[12:16] = extra
@@ -522,34 +538,70 @@ class GpuWalker:
             f[16:32] = camera
         if settings is not None:
             f[32:32 + PACK_LEN] = settings
-        self._uniform.ensure(UNIFORM_BYTES)
-        self._uniform.write(0, u)
+        return u
 
     def _prepare_outputs(self, n_f: int, n_u: int, n_accum: int = 0):
         self._out_f.ensure(4 * max(n_f, 1))
         self._out_u.ensure(4 * max(n_u, 1))
         self._accum.ensure(16 * max(n_accum, 1))
         self._points.ensure(MIN_BUFFER)
+        self._uniform.ensure(UNIFORM_BYTES)
+        self._counters.ensure(COUNTERS_BYTES)
 
-    def _dispatch(self, passes: list[tuple[str, int]], variant: int):
-        """Encode and submit the (kernel, n_items) passes in order, one command buffer."""
-        ks = self._ctx.kernels
+    def _submit(self, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray, resume: int):
         dev = self._ctx.device
+        uniforms[7] = resume
+        self._uniform.write(0, uniforms)
+        self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
+        bg = self._bind()
+        enc = dev.create_command_encoder()
+        for kernel, n in passes:
+            groups = max(1, -(-n // WG))
+            gx = min(groups, MAX_GROUPS_X)
+            cp = enc.begin_compute_pass()
+            cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(gx, -(-groups // gx), 1)
+            cp.end()
+        dev.queue.submit([enc.finish()])
+
+    def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray):
+        """Run the (kernel, n_items) passes in order. Resumable passes (march, light) are
+        dispatched again until no pixel is unfinished; an evaluation that hit the iteration cap
+        is a TaperayError naming the tape."""
         try:
-            bg = self._bind()
-            enc = dev.create_command_encoder()
-            for kernel, n in passes:
-                groups = max(1, -(-n // WG))
-                gx = min(groups, MAX_GROUPS_X)
-                gy = -(-groups // gx)
-                cp = enc.begin_compute_pass()
-                cp.set_pipeline(ks.pipeline(kernel, variant))
-                cp.set_bind_group(0, bg)
-                cp.dispatch_workgroups(gx, gy, 1)
-                cp.end()
-            dev.queue.submit([enc.finish()])
+            pending: list[tuple[str, int]] = []
+            for kernel, n in passes + [("", 0)]:
+                if kernel in RESUMABLE or not kernel:
+                    if pending:
+                        self._submit(pending, variant, uniforms, 0)
+                        self._check_counters(tape)
+                        pending = []
+                    if not kernel:
+                        break
+                    resume = 0
+                    while True:
+                        self._submit([(kernel, n)], variant, uniforms, resume)
+                        if self._check_counters(tape) == 0:
+                            break
+                        resume = 1
+                        self.resumed_dispatches += 1
+                else:
+                    pending.append((kernel, n))
+        except TaperayError:
+            raise
         except Exception as e:
             self._lost(e)
+
+    def _check_counters(self, tape: Tape) -> int:
+        """Waits for the GPU; raises on overflow; returns the unfinished pixel count."""
+        c = np.frombuffer(self._ctx.device.queue.read_buffer(self._counters.buffer, 0, COUNTERS_BYTES), np.uint32)
+        if c[0]:
+            raise TaperayError(
+                f"{tape.source or 'tape'}: one evaluation of this tape needs more than {self._iter_limits[0]} "
+                f"interpreter steps, the most this GPU adapter ({self._ctx.info['name']}) runs per "
+                f"invocation ({int(c[0])} evaluations stopped); use the CPU walker")
+        return int(c[1])
 
     def _read(self, buf: _Buffer, dtype, count: int, offset_items: int = 0) -> np.ndarray:
         itemsize = np.dtype(dtype).itemsize
@@ -565,15 +617,12 @@ class GpuWalker:
         _drop_context(self._ctx)
         raise GpuError(f"the GPU failed ({self._ctx.info['name']}): {e}") from e
 
-    def _run_points(self, tape: Tape, points: np.ndarray, kernel: str, extra=(0, 0, 0, 0)):
+    def _run_points(self, tape: Tape, points: np.ndarray, kernel: str, n_items: int, extra=(0, 0, 0, 0)):
         variant = self.upload(tape)
         pts = np.ascontiguousarray(np.asarray(points, np.float32).reshape(-1, 3))
-        n = len(pts)
+        self._prepare_outputs(n_items, n_items)
         self._points.sync(pts)
-        self._prepare_outputs(3 * n, n)
-        self._uniforms(tape, n, extra=extra)
-        self._dispatch([(kernel, n)], variant)
-        return n
+        self._dispatch(tape, [(kernel, n_items)], variant, self._uniforms(tape, n_items, extra=extra))
 
     # -- the CpuWalker API
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
@@ -581,10 +630,11 @@ class GpuWalker:
         pts = np.asarray(points)
         if pts.ndim != 2 or pts.shape[1] != 3:
             raise TaperayError(f"evaluate: points must be (N, 3), got {pts.shape}")
-        if len(pts) == 0:
+        n = len(pts)
+        if n == 0:
             self.upload(tape)
             return np.zeros(0, np.float32), np.zeros(0, np.uint32)
-        n = self._run_points(tape, pts, "eval_points")
+        self._run_points(tape, pts, "eval_points", n)
         return self._read(self._out_f, np.float32, n), self._read(self._out_u, np.uint32, n)
 
     def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
@@ -594,11 +644,14 @@ class GpuWalker:
             raise TaperayError(f"gradient: points must be (N, 3), got {pts.shape}")
         if eps is None:
             eps = 1e-3 * max(float(np.linalg.norm(tape.bounds[1] - tape.bounds[0])), 1e-3)
-        if len(pts) == 0:
+        e = np.float32(eps)
+        n = len(pts)
+        if n == 0:
             self.upload(tape)
             return np.zeros((0, 3), np.float32)
-        n = self._run_points(tape, pts, "gradient_points", extra=(0, np.float32(eps), 0, 0))
-        return self._read(self._out_f, np.float32, 3 * n).reshape(n, 3)
+        self._run_points(tape, pts, "gradient_points", 6 * n, extra=(0, e, 0, 0))
+        d = self._read(self._out_f, np.float32, 6 * n).reshape(n, 6)
+        return ((d[:, :3] - d[:, 3:]) / (np.float32(2) * e)).astype(np.float32)
 
     def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                     z: float = 0.0) -> np.ndarray:
@@ -609,8 +662,8 @@ class GpuWalker:
         variant = self.upload(tape)
         n = width * height
         self._prepare_outputs(n, 1)
-        self._uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
-        self._dispatch([("field_image", n)], variant)
+        u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
+        self._dispatch(tape, [("field_image", n)], variant, u)
         return self._read(self._out_f, np.float32, n).reshape(height, width)
 
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
@@ -622,7 +675,7 @@ class GpuWalker:
         camera = camera or auto_camera(tape.bounds)
         variant = self.upload(tape)
         n = width * height
-        self._prepare_outputs(6 * n, 5 * n, n)
+        self._prepare_outputs(8 * n, 9 * n, n)
         return camera, packed, variant, n
 
     def march(self, tape: Tape, camera: Camera, width: int, height: int,
@@ -630,8 +683,8 @@ class GpuWalker:
         """Primary rays by the camera's pixel convention: t (H,W) f32 (inf = miss), hit, steps int32,
         mat uint32, grad (H,W,3) f32 (field gradient at the hit), normal, dirs, eye."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
-        self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
-        self._dispatch([("march", n)], variant)
+        u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        self._dispatch(tape, [("march", n)], variant, u)
         return self._march_result(camera, width, height)
 
     def _march_result(self, camera: Camera, width: int, height: int) -> dict:
@@ -647,14 +700,14 @@ class GpuWalker:
                     dirs=dirs, eye=eye)
 
     def light(self, tape: Tape, camera: Camera, width: int, height: int,
-              settings: RenderSettings | None = None) -> dict:
+              settings: RenderSettings | None = None, view: str = "shade") -> dict:
         """March, then the key light's visibility and ambient occlusion: the march dict plus
         shadow and ao (H, W) float32 (1 on misses)."""
-        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
-        self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
-        self._dispatch([("march", n), ("light", n)], variant)
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
+        u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        self._dispatch(tape, [("march", n), ("light", n)], variant, u)
         out = self._march_result(camera, width, height)
-        sa = self._read(self._out_f, np.float32, 2 * n, 4 * n).reshape(height, width, 2)
+        sa = self._read(self._out_f, np.float32, 4 * n, 4 * n).reshape(height, width, 4)
         out["shadow"], out["ao"] = np.ascontiguousarray(sa[..., 0]), np.ascontiguousarray(sa[..., 1])
         return out
 
@@ -674,10 +727,10 @@ class GpuWalker:
         rng = np.random.default_rng(0)
         for s in range(samples):
             jitter = (0.0, 0.0) if s == 0 else tuple(rng.uniform(-0.5, 0.5, 2))
-            self._uniforms(tape, n, width, height, sample=s, extra=(0, 0, *jitter),
-                           camera=camera.pack(), settings=packed)
-            self._dispatch(passes + ([("resolve", n)] if s == samples - 1 else []), variant)
-        rgba = self._read(self._out_u, np.uint32, n, 4 * n)
+            u = self._uniforms(tape, n, width, height, sample=s, extra=(0, 0, *jitter),
+                               camera=camera.pack(), settings=packed)
+            self._dispatch(tape, passes + ([("resolve", n)] if s == samples - 1 else []), variant, u)
+        rgba = self._read(self._out_u, np.uint32, n, 8 * n)
         return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
 
 

@@ -57,7 +57,7 @@ from .tape import Tape, TaperayError, validate
 __all__ = ["is_arithmetic", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "DEFAULT_TILES"]
 
-DEFAULT_TILES = (64, 16, 4)   # 2D tile sizes in pixels, coarse to fine (each divides the previous)
+DEFAULT_TILES = (256, 64, 16, 4)   # 2D tile sizes in pixels, coarse to fine (each divides the previous)
 
 # opcode numbers as module constants (Numba freezes globals into its cache; checked at import)
 VAR_X, VAR_Y, VAR_Z, CONST, COPY, NEG, ABS, RECIP, SQRT, SQUARE, FLOOR = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
@@ -88,23 +88,15 @@ _JIT = dict(cache=True, error_model="numpy", fastmath=False)
 
 
 # ----------------------------------------------------------------------------- rounding helpers
-@njit(**_JIT)
-def _dn(x):
-    return np.nextafter(x, -INF)
-
-
-@njit(**_JIT)
-def _up(x):
-    return np.nextafter(x, INF)
-
-
-_UD, _UU, _TINY, _FMAX = _f(1 - 2.0 ** -23), _f(1 + 2.0 ** -23), _f(2.0 ** -126), _f(np.finfo(np.float32).max)
+_UD, _UU, _TINY, _FMAX = _f(1 - 2.0 ** -23), _f(1 + 2.0 ** -23), _f(2.0 ** -60), _f(np.finfo(np.float32).max)
 
 
 @njit(**_JIT)
 def _wdn(x):
-    """A float32 below x by at least one ulp (x - |x| 2^-23 - 2^-126 is at most the predecessor
-    of x; +inf becomes the largest float). Branch-free, unlike nextafter, so lanes vectorise."""
+    """A float32 below x by at least one ulp: x - |x| 2^-23 - 2^-60 (+inf becomes the largest
+    float). Branch-free, unlike nextafter, so lanes vectorise. The 2^-60 also keeps widened
+    zeros far from the subnormal range, whose arithmetic is ~100x slower on x86 (a product of
+    two widened zeros stays normal)."""
     r = x * (_UD if x > F0 else _UU) - _TINY
     return _FMAX if r == INF else r
 
@@ -122,7 +114,7 @@ def _add_dn(a, b):
     s = a + b
     bb = s - a
     err = (a - (s - bb)) + (b - bb)      # exact: a + b = s + err (NaN when s is infinite)
-    return s if err >= F0 else _wdn(s)
+    return s
 
 
 @njit(**_JIT)
@@ -149,21 +141,17 @@ def _f32_up(x):
 @njit(**_JIT)
 def _lo32(x, ulps):
     """A float32 lower bound of the float64 ``x``, widened by ``ulps`` more float32 ulps."""
-    r = _f(x)
-    if r > x:
-        r = _dn(r)
+    r = _f32_dn(x)
     for _ in range(ulps):
-        r = _dn(r)
+        r = _wdn(r)
     return r
 
 
 @njit(**_JIT)
 def _hi32(x, ulps):
-    r = _f(x)
-    if r < x:
-        r = _up(r)
+    r = _f32_up(x)
     for _ in range(ulps):
-        r = _up(r)
+        r = _wup(r)
     return r
 
 
@@ -241,10 +229,10 @@ def _iv_recip(lo, hi):
 def _iv_sqrt(lo, hi):
     if lo != lo or hi != hi or lo < F0:
         return NAN, NAN
-    l, h = np.sqrt(lo), np.sqrt(hi)
+    l, h = np.sqrt(lo), np.sqrt(hi)                         # correctly rounded; 0 is exact
     for _ in range(_WIDEN):
         l, h = _wdn(l), _wup(h)
-    return max(l, F0), h                                   # sqrt is never below 0
+    return max(l, F0), (h if hi > F0 else F0)
 
 
 @njit(**_JIT)
@@ -668,6 +656,9 @@ def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
 
 
 # ----------------------------------------------------------------------------- drivers
+_LANES = 16     # boxes interval-evaluated together (one loop per record over them)
+
+
 @njit(parallel=True, **_JIT)
 def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices, lanes):
     """Interval-evaluate code[start:end] over every box (column of ``boxes``), ``lanes`` at a time."""
@@ -710,17 +701,47 @@ def _leaf_pixels(code, imm, start, end, regs, px, py, pz, buf, xs, ys, zf, r0, r
 
 
 @njit(parallel=True, **_JIT)
-def _image_kernel(code, imm, start, end, n_regs, tiles, xs, ys, zf, top_choices, top_lo, top_hi,
-                  mode, field, sign, stats):
-    """Walk every top tile depth first (see the module docstring). mode 0: field, 1: sign.
-    stats[level, 0 / 1] += (tapes pruned, their total length) at each level (summed per tile in
-    stats rows of the tile: stats has shape (n_top, L, 2))."""
+def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, stats):
+    """The whole image in one parallel launch (see the module docstring). mode 0: field, 1: sign.
+    Serial: the image box and then the top tiles (``_LANES`` at a time) are interval-evaluated;
+    parallel: each top tile is walked depth first. stats[t, l] += (tapes pruned, their total
+    length) at level l for top tile t; stats[0, L] = (1, image tape length)."""
     H, W = ys.shape[0], xs.shape[0]
     L = tiles.shape[0]
     s0 = tiles[0]
-    ntx = (W + s0 - 1) // s0
-    n_top = top_lo.shape[0]
-    n = code.shape[0]
+    ntx, nty = (W + s0 - 1) // s0, (H + s0 - 1) // s0
+    n_top = ntx * nty
+    n = code0.shape[0]
+    end = n
+    code, imm = np.empty_like(code0), np.empty_like(imm0)
+    lo = np.empty((n_regs, _LANES), np.float32)
+    hi = np.empty((n_regs, _LANES), np.float32)
+    box = np.empty((6, _LANES), np.float32)
+    ch = np.empty((n, _LANES), np.uint8)
+    live = np.empty(n_regs, np.bool_)
+    src = np.empty(n, np.int32)
+    box[0, 0], box[1, 0] = _span(xs, 0, W)
+    box[2, 0], box[3, 0] = _span(ys, 0, H)
+    box[4, 0], box[5, 0] = zf, zf
+    _interval_lanes(code0, imm0, 0, n, box, 1, lo, hi, ch)
+    start = _prune(code0, imm0, 0, n, ch[:, 0], live, code, imm, src)
+    stats[0, L, 0], stats[0, L, 1] = 1, end - start
+    top_choices = np.empty((n, n_top), np.uint8)
+    top_lo = np.empty(n_top, np.float32)
+    top_hi = np.empty(n_top, np.float32)
+    for t0 in range(0, n_top, _LANES):
+        K = min(_LANES, n_top - t0)
+        for k in range(K):
+            a0, b0 = ((t0 + k) // ntx) * s0, ((t0 + k) % ntx) * s0
+            box[0, k], box[1, k] = _span(xs, b0, min(b0 + s0, W))
+            box[2, k], box[3, k] = _span(ys, a0, min(a0 + s0, H))
+            box[4, k], box[5, k] = zf, zf
+        _interval_lanes(code, imm, start, end, box, K, lo, hi, ch)
+        for k in range(K):
+            top_lo[t0 + k], top_hi[t0 + k] = lo[0, k], hi[0, k]
+        for i in range(start, end):
+            for k in range(K):
+                top_choices[i, t0 + k] = ch[i, k]
     kmax = 1
     for l in range(L - 1):
         q = (tiles[l] + tiles[l + 1] - 1) // tiles[l + 1]
@@ -949,33 +970,15 @@ def _image(tape: Tape, width, height, rect, z, tiles, mode, stats):
         raise TaperayError(f"pruned image: tile sizes {tiles.tolist()} must be positive and non-increasing")
     code, imm = _checked(tape, "pruned image")
     xs, ys, zf = _pixel_centres(width, height, rect, z)
-    n = len(code)
-    # level "image": the whole image's box, pruned once
-    full = _boxes([xs.min(), ys.min(), zf], [xs.max(), ys.max(), zf])
-    lo, hi, ch = _lanes(code, imm, 0, tape.n_regs, full, 1)
-    root = np.empty_like(code), np.empty_like(imm)
-    start = _prune(code, imm, 0, n, ch[:, 0], np.empty(tape.n_regs, np.bool_), *root, np.empty(n, np.int32))
-    # top tiles, all at once
-    s0 = int(tiles[0])
-    ntx, nty = -(-width // s0), -(-height // s0)
-    c0 = np.arange(ntx) * s0
-    r0 = np.arange(nty) * s0
-    c1, r1 = np.minimum(c0 + s0, width) - 1, np.minimum(r0 + s0, height) - 1
-    xa, xb = np.minimum(xs[c0], xs[c1]), np.maximum(xs[c0], xs[c1])
-    ya, yb = np.minimum(ys[r0], ys[r1]), np.maximum(ys[r0], ys[r1])
-    boxes = np.ascontiguousarray(np.stack([np.tile(xa, nty), np.tile(xb, nty), np.repeat(ya, ntx),
-                                           np.repeat(yb, ntx), np.full(ntx * nty, zf),
-                                           np.full(ntx * nty, zf)]).astype(np.float32))
-    top_lo, top_hi, top_ch = _lanes(root[0], root[1], start, tape.n_regs, boxes)
     field = np.empty((height, width) if mode == 0 else (0, 0), np.float32)
     sign = np.empty((height, width) if mode == 1 else (0, 0), np.bool_)
-    st = np.zeros((ntx * nty, len(tiles), 2), np.int64)
-    _image_kernel(root[0], root[1], start, n, tape.n_regs, tiles, xs, ys, zf, top_ch, top_lo, top_hi,
-                  mode, field, sign, st)
+    n_top = -(-width // int(tiles[0])) * -(-height // int(tiles[0]))
+    st = np.zeros((n_top, len(tiles) + 1, 2), np.int64)
+    _image_kernel(code, imm, tape.n_regs, tiles, xs, ys, zf, mode, field, sign, st)
     if stats is not None:
-        tot = st.sum(0)
+        tot = st[:, :-1].sum(0)
         stats.clear()
-        stats.update(records=n, image=n - start,
+        stats.update(records=len(code), image=int(st[0, -1, 1]),
                      levels=[dict(tile=int(s), tapes=int(c), mean_length=float(t) / c if c else 0.0)
                              for s, (c, t) in zip(tiles, tot)])
     return field if mode == 0 else sign

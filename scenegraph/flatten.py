@@ -59,9 +59,9 @@ def node_bounds(n: Node, cache: dict | None = None) -> np.ndarray:
     """(2,3) float64 box holding the node's surface, in the node's own frame (inf: unbounded)."""
     cache = {} if cache is None else cache
     key = id(n)
-    if key not in cache:
-        cache[key] = _bounds(n, cache)
-    return cache[key]
+    if key not in cache:   # the node is kept alive with its entry, so its id cannot be reused
+        cache[key] = (n, _bounds(n, cache))
+    return cache[key][1]
 
 
 def _bounds(n: Node, cache) -> np.ndarray:
@@ -273,15 +273,12 @@ class _Emitter:
         b = self.bounds(child)
         if not np.all(np.isfinite(b)):
             raise TaperayError("instances: the instanced shape is unbounded (a plane?); instances need bounded shapes")
-        if not self.cull:   # the same field without a BVH: every instance is visited
-            boxes = np.repeat(np.array([[[-INF] * 3, [INF] * 3]]), len(n.array), 0)
-        else:
-            boxes = instance_boxes(b, n.array)
         first_node = sum(len(a) for a in self.bvh)
         first_inst = sum(len(a) for a in self.instances)
-        bvh = build_bvh(boxes, first_node, first_inst)
-        if not self.cull:   # finite stand-ins for "never skip": walkers compute box distances
-            bvh["lo"], bvh["hi"] = -3e38, 3e38
+        bvh = build_bvh(instance_boxes(b, n.array), first_node, first_inst)
+        if not self.cull:   # inner boxes never reject: every leaf box is tested (O(N) a point)
+            inner = bvh["instance"] < 0
+            bvh["lo"][inner], bvh["hi"][inner] = -3e38, 3e38
         self.instances.append(n.array)
         self.bvh.append(bvh)
         begin = self.row(Op.INSTANCES, a=len(bvh), aux=first_node)
@@ -293,10 +290,12 @@ class _Emitter:
     def emit_cull_wrapped(self, child: Node, run: int, mat: int, margin: float, op, kparam) -> int:
         """``run = op(run, child)`` with the child skipped where its box cannot change ``run``."""
         box = self.bounds_of(child)
-        if not self.cull or not np.all(np.isfinite(box)):
+        if not np.all(np.isfinite(box)):
             total = self.emit_group(child, run + 1, mat)
             self.row(op, run, a=run, b=run + 1, param=kparam)
             return total
+        if not self.cull:   # the same field, never skipping: no running value is ever +inf below
+            margin = INF
         cull = self.row(Op.CULL_BOX, run + 1, a=run, param=self.pool([*box[0], *box[1], margin]), aux=mat)
         total = self.emit_group(child, run + 2, mat)
         self.row(Op.INTERSECT, run + 1, a=run + 2, b=run + 1)
@@ -367,7 +366,8 @@ def _build_bvh(items: list, boxes: np.ndarray):
 def flatten(scene: Node, source: str = "", cull: bool = True) -> Tape:
     """Flatten a scene node into a validated ``Tape`` (result in register 0).
 
-    ``cull=False`` writes no CULL_BOX records (the same field, evaluated without skipping).
+    ``cull=False`` gives the same field evaluated without skipping: CULL_BOX records whose margin
+    is +inf never jump, and instance BVHs whose inner boxes never reject.
     """
     if not isinstance(scene, Node):
         raise TaperayError(f"{source or 'scene'}: expected a scene node, got {type(scene).__name__}")

@@ -34,6 +34,10 @@ struct Uniforms {
 const COUNT_OVERFLOW: u32 = 0u;
 const COUNT_UNFINISHED: u32 = 1u;
 
+fn note_overflow() {
+    atomicAdd(&counters[COUNT_OVERFLOW], 1u);
+}
+
 const WG: u32 = 64u;               // workgroup size of every kernel
 
 // +inf (WGSL has no literal for it and rejects it in constant expressions)

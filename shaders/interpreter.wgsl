@@ -4,10 +4,12 @@
 // and bindings.wgsl. Semantics: runtime/opcodes.py (OpSpec docs) with every choice the table leaves
 // open taken exactly as the Numba twin (runtime/cpu.py, evaluated one point at a time) takes it.
 
-// Loop iterations this invocation has run (interpreter records, polygon edges, BVH nodes, fmod
-// steps). Software rasterisers stop a kernel's loops after a fixed number of iterations (Mesa's
-// gallivm: 65535 per invocation, all loops together), so kernels budget their work by it
-// (U.iter_budget), run_tape stops at U.iter_cap and raises `overflow`, which the host reports.
+// Loop iterations this invocation has run. Mesa's gallivm (lavapipe) stops a kernel's loops after
+// 65535 iterations in all, and runs every loop nested in a branch at least once even when no lane
+// takes the branch; so run_tape has ONE loop: polygon edges, BVH nodes and fmod steps are
+// sub-steps of it, and the small fixed loops are unrolled. `iters` then counts exactly what the
+// driver counts: kernels budget their work by it (U.iter_budget) and run_tape stops at U.iter_cap,
+// raising `overflow`, which the host reports.
 var<private> iters: u32;
 var<private> overflow: bool;
 
@@ -57,28 +59,6 @@ fn round_away(x: f32) -> f32 {
         r += 1.0;
     }
     return select(-r, r, x >= 0.0);
-}
-
-// C's fmod, exact: subtract |b| * 2^k (Sterbenz-exact) from |a| until it is below |b|
-fn fmod_exact(a: f32, b: f32) -> f32 {
-    let y = abs(b);
-    var r = abs(a);
-    if (is_nan(a) || is_nan(b) || y == 0.0 || r == inf()) {
-        return (a - a) / (a - a);   // NaN
-    }
-    if (y == inf() || r < y) {
-        return a;
-    }
-    let ey = frexp(y).exp;
-    for (var guard = 0u; guard < 320u && r >= y; guard++) {
-        iters += 1u;
-        var t = ldexp(y, frexp(r).exp - ey);
-        if (t > r) {
-            t = t * 0.5;
-        }
-        r = r - t;
-    }
-    return select(r, -r, a < 0.0);
 }
 
 fn rand_bits(x: u32, y: u32) -> f32 {
@@ -144,42 +124,6 @@ fn sd_ellipsoid(x: f32, y: f32, z: f32, rx: f32, ry: f32, rz: f32) -> f32 {
     return k0 * (k0 - 1.0) / k1;
 }
 
-// signed distance to the closed polygon params[off .. off + 2 nv] (even-odd inside)
-fn sd_poly(off: u32, nv: u32, x: f32, y: f32) -> f32 {
-    let v0x = params[off];
-    let v0y = params[off + 1u];
-    var d = (x - v0x) * (x - v0x) + (y - v0y) * (y - v0y);
-    var s = 1.0;
-    var j = nv - 1u;
-    iters += nv;
-    for (var i = 0u; i < nv; i++) {
-        let vix = params[off + 2u * i];
-        let viy = params[off + 2u * i + 1u];
-        let vjx = params[off + 2u * j];
-        let vjy = params[off + 2u * j + 1u];
-        let ex = vjx - vix;
-        let ey = vjy - viy;
-        let wx = x - vix;
-        let wy = y - viy;
-        let ee = ex * ex + ey * ey;
-        var t = 0.0;
-        if (ee > 0.0) {
-            t = pmin(pmax((wx * ex + wy * ey) / ee, 0.0), 1.0);
-        }
-        let bx = wx - ex * t;
-        let by = wy - ey * t;
-        d = pmin(d, bx * bx + by * by);
-        let c1 = y >= viy;
-        let c2 = y < vjy;
-        let c3 = ex * wy > ey * wx;
-        if ((c1 && c2 && c3) || (!c1 && !c2 && !c3)) {
-            s = -s;
-        }
-        j = i;
-    }
-    return s * sqrt(d);
-}
-
 // conj(q) * v * q for a unit quaternion q = (w, qx, qy, qz)
 fn qrot_conj(q: vec4<f32>, v: vec3<f32>) -> vec3<f32> {
     let ux = -q.y;
@@ -193,7 +137,7 @@ fn qrot_conj(q: vec4<f32>, v: vec3<f32>) -> vec3<f32> {
                      v.z + q.x * tz + (ux * ty - uy * tx));
 }
 
-fn shape(op: u32, p: vec4<f32>, k: u32, a: u32) -> f32 {
+fn shape(op: u32, p: vec4<f32>, k: u32) -> f32 {
     // if-chains, not `switch`: Mesa lowers a switch to a loop, which spends loop iterations
     let x = p.x;
     let y = p.y;
@@ -217,12 +161,8 @@ fn shape(op: u32, p: vec4<f32>, k: u32, a: u32) -> f32 {
         d = sqrt(qx * qx + z * z) - params[k + 1u];
     } else if (op == OP_ELLIPSOID) {
         d = sd_ellipsoid(x, y, z, params[k], params[k + 1u], params[k + 2u]);
-    } else if (op == OP_PLANE) {
+    } else {   // OP_PLANE (EXTRUDE_POLY / REVOLVE_POLY are sub-steps of run_tape)
         d = x * params[k] + y * params[k + 1u] + z * params[k + 2u] - params[k + 3u];
-    } else if (op == OP_EXTRUDE_POLY) {
-        d = cap2(sd_poly(k + 1u, a, x, y), abs(z) - params[k]);
-    } else {   // OP_REVOLVE_POLY
-        d = sd_poly(k, a, len2(x, y), z);
     }
     return d * p.w;
 }
@@ -268,14 +208,10 @@ fn binary(op: u32, va: f32, vb: f32, vc: f32) -> f32 {
         if (is_nan(va) || is_nan(vb)) { return va + vb; }
         return 0.0;
     }
-    if (op == OP_MOD) {
-        let r = fmod_exact(va, vb);
-        return select(r, r + abs(vb), r < 0.0);
-    }
     if (op == OP_AND) { return select(vb, va, va == 0.0); }
     if (op == OP_OR) { return select(vb, va, va != 0.0); }
     if (op == OP_MIX) { return va + (vb - va) * vc; }
-    return rand_bits(bitcast<u32>(va), bitcast<u32>(vb));   // OP_RAND
+    return rand_bits(bitcast<u32>(va), bitcast<u32>(vb));   // OP_RAND (MOD: a sub-step of run_tape)
 }
 
 // ---- patterns ---------------------------------------------------------------------------------
@@ -318,10 +254,27 @@ fn emod(a: i32, n: i32) -> i32 {
     return ((a % n) + n) % n;
 }
 
+struct GridAxis {
+    c: i32,
+    c2: i32,
+    bound: f32,
+    n_iter: u32,
+}
+
+// one axis of REPEAT_GRID as REPEAT_LINEAR with d = s e_axis (count 1: one cell, no bound)
+fn grid_axis(prm: u32, ax: u32, x: f32, scale: f32) -> GridAxis {
+    let s = params[prm + ax];
+    let cnt = i32(params[prm + 3u + ax]);
+    if (cnt == 1) {
+        return GridAxis(0, 0, inf(), 1u);
+    }
+    let cl = cells(x / s, cnt);
+    return GridAxis(cl.c, cl.c2, (cl.bnd * abs(s) - params[prm + 6u + ax]) * scale, 2u);
+}
+
 // open pattern frame L at point p: choose the cells and the unchecked bound
 fn loop_enter(L: u32, op: u32, prm: u32, p: vec4<f32>) {
     loops[L].p = p;
-    iters += 3u;
     var n_iter = 1u;
     if (op == OP_REPEAT_LINEAR) {
         let dx = params[prm];
@@ -352,36 +305,25 @@ fn loop_enter(L: u32, op: u32, prm: u32, p: vec4<f32>) {
         loops[L].cell0 = vec3<i32>(emod(r, cnt), 0, 0);
         loops[L].cell1 = vec3<i32>(emod(r + step, cnt), 0, 0);
         var bnd = inf();
-        if (cnt >= 3) {
-            for (var side = 0; side < 2; side++) {
-                let k = select(max(r, r + step) + 1, min(r, r + step) - 1, side == 0);
-                let th = TWO_PI * f32(emod(k, cnt)) / fcnt;
-                let cs = cos(th);
-                let sn = sin(th);
-                bnd = pmin(bnd, len3(p.x - (cs * cx - sn * cy), p.y - (sn * cx + cs * cy), p.z - cz));
-            }
+        if (cnt >= 3) {   // the two unchecked neighbours lo - 1, then hi + 1 (unrolled)
+            let th0 = TWO_PI * f32(emod(min(r, r + step) - 1, cnt)) / fcnt;
+            let cs0 = cos(th0);
+            let sn0 = sin(th0);
+            bnd = pmin(bnd, len3(p.x - (cs0 * cx - sn0 * cy), p.y - (sn0 * cx + cs0 * cy), p.z - cz));
+            let th1 = TWO_PI * f32(emod(max(r, r + step) + 1, cnt)) / fcnt;
+            let cs1 = cos(th1);
+            let sn1 = sin(th1);
+            bnd = pmin(bnd, len3(p.x - (cs1 * cx - sn1 * cy), p.y - (sn1 * cx + cs1 * cy), p.z - cz));
         }
         loops[L].bound = (bnd - big_r) * p.w;
-    } else {  // OP_REPEAT_GRID
-        var bound = inf();
-        var c0 = vec3<i32>(0);
-        var c1 = vec3<i32>(0);
-        for (var ax = 0u; ax < 3u; ax++) {
-            let s = params[prm + ax];
-            let cnt = i32(params[prm + 3u + ax]);
-            let e = params[prm + 6u + ax];
-            if (cnt == 1) {
-                continue;
-            }
-            n_iter *= 2u;
-            let cl = cells(p[ax] / s, cnt);
-            c0[ax] = cl.c;
-            c1[ax] = cl.c2;
-            bound = pmin(bound, (cl.bnd * abs(s) - e) * p.w);
-        }
-        loops[L].cell0 = c0;
-        loops[L].cell1 = c1;
-        loops[L].bound = bound;
+    } else {  // OP_REPEAT_GRID, the three axes unrolled
+        let gx = grid_axis(prm, 0u, p.x, p.w);
+        let gy = grid_axis(prm, 1u, p.y, p.w);
+        let gz = grid_axis(prm, 2u, p.z, p.w);
+        n_iter = gx.n_iter * gy.n_iter * gz.n_iter;
+        loops[L].cell0 = vec3<i32>(gx.c, gy.c, gz.c);
+        loops[L].cell1 = vec3<i32>(gx.c2, gy.c2, gz.c2);
+        loops[L].bound = pmin(pmin(pmin(inf(), gx.bound), gy.bound), gz.bound);
     }
     loops[L].n_iter = n_iter;
     loops[L].it = 0u;
@@ -390,14 +332,20 @@ fn loop_enter(L: u32, op: u32, prm: u32, p: vec4<f32>) {
 // the grid cell iteration `it` of frame L evaluates (x fastest over the axes with count > 1)
 fn grid_pick(L: u32, it: u32) -> vec3<i32> {
     let prm = loops[L].prm;
+    let c0 = loops[L].cell0;
+    let c1 = loops[L].cell1;
     var sel = it;
     var out = vec3<i32>(0);
-    iters += 3u;
-    for (var ax = 0u; ax < 3u; ax++) {
-        if (i32(params[prm + 3u + ax]) != 1) {
-            out[ax] = select(loops[L].cell0[ax], loops[L].cell1[ax], (sel & 1u) == 1u);
-            sel = sel >> 1u;
-        }
+    if (i32(params[prm + 3u]) != 1) {
+        out.x = select(c0.x, c1.x, (sel & 1u) == 1u);
+        sel = sel >> 1u;
+    }
+    if (i32(params[prm + 4u]) != 1) {
+        out.y = select(c0.y, c1.y, (sel & 1u) == 1u);
+        sel = sel >> 1u;
+    }
+    if (i32(params[prm + 5u]) != 1) {
+        out.z = select(c0.z, c1.z, (sel & 1u) == 1u);
     }
     return out;
 }
@@ -435,31 +383,6 @@ fn instance_index(L: u32) -> f32 {
     return f32(select(loops[L].cell0.x, loops[L].cell1.x, loops[L].it == 1u));
 }
 
-struct Seek {
-    node: u32,
-    b: f32,
-}
-
-// walk the BVH from `node` to the next leaf to evaluate (node == end: none)
-fn bvh_seek(start: u32, end: u32, lp: vec4<f32>, acc: f32) -> Seek {
-    var node = start;
-    while (node < end) {
-        iters += 1u;
-        let nd = bvh[node];
-        let b = sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
-                       lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
-                       (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
-        if (b >= acc) {
-            node = nd.skip;
-        } else if (nd.instance >= 0) {
-            return Seek(node, b);
-        } else {
-            node += 1u;
-        }
-    }
-    return Seek(end, inf());
-}
-
 // p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s for the leaf `node`
 fn instance_point(L: u32, node: u32) -> vec4<f32> {
     let k = bvh[node].instance;
@@ -473,19 +396,143 @@ fn instance_point(L: u32, node: u32) -> vec4<f32> {
 
 // ---- the interpreter --------------------------------------------------------------------------
 
+// sub-step modes of run_tape's one loop
+const STEP_RECORD: u32 = 0u;      // fetch and run the record at pc
+const STEP_POLY: u32 = 1u;        // one polygon edge of EXTRUDE_POLY / REVOLVE_POLY at pc
+const STEP_SEEK: u32 = 2u;        // one BVH node of the INSTANCES loop opened / continued at pc
+const STEP_FMOD: u32 = 3u;        // one exact-fmod subtraction of MOD at pc
+
 fn run_tape(pin: vec3<f32>) -> Eval {
     var p = vec4<f32>(pin, 1.0);
     var sp = 0u;
     var lsp = 0u;
     var pc = 0u;
     let n_ins = U.n_instrs;
-    while (pc < n_ins) {
+    var mode = STEP_RECORD;
+    var ins: Instr;
+    // polygon sub-steps (the twin's _poly): edge i, previous vertex j, squared distance, sign
+    var pg_i = 0u;
+    var pg_j = 0u;
+    var pg_off = 0u;
+    var pg_q = vec2<f32>(0.0);
+    var pg_d = 0.0;
+    var pg_s = 1.0;
+    // BVH sub-steps (the twin's _bvh_seek): node, loop frame, whether REPEAT_END continues
+    var sk_node = 0u;
+    var sk_frame = 0u;
+    var sk_from_end = false;
+    // fmod sub-steps: remainder |r| of |a| by y = |b|, exponent of y
+    var fm_r = 0.0;
+    var fm_y = 0.0;
+    var fm_ey = 0;
+    loop {
+        if (mode == STEP_RECORD && pc >= n_ins) {
+            break;
+        }
         if (iters >= U.iter_cap) {
             overflow = true;
             break;
         }
         iters += 1u;
-        let ins = instrs[pc];
+        if (mode == STEP_POLY) {
+            let n = ins.a;
+            let vix = params[pg_off + 2u * pg_i];
+            let viy = params[pg_off + 2u * pg_i + 1u];
+            let vjx = params[pg_off + 2u * pg_j];
+            let vjy = params[pg_off + 2u * pg_j + 1u];
+            let ex = vjx - vix;
+            let ey = vjy - viy;
+            let wx = pg_q.x - vix;
+            let wy = pg_q.y - viy;
+            let ee = ex * ex + ey * ey;
+            var t = 0.0;
+            if (ee > 0.0) {
+                t = pmin(pmax((wx * ex + wy * ey) / ee, 0.0), 1.0);
+            }
+            let bx = wx - ex * t;
+            let by = wy - ey * t;
+            pg_d = pmin(pg_d, bx * bx + by * by);
+            let c1 = pg_q.y >= viy;
+            let c2 = pg_q.y < vjy;
+            let c3 = ex * wy > ey * wx;
+            if ((c1 && c2 && c3) || (!c1 && !c2 && !c3)) {
+                pg_s = -pg_s;
+            }
+            pg_j = pg_i;
+            pg_i += 1u;
+            if (pg_i == n) {
+                var d = pg_s * sqrt(pg_d);
+                if (ins.op == OP_EXTRUDE_POLY) {
+                    d = cap2(d, abs(p.z) - params[ins.param]);
+                }
+                reg[ins.dst] = d * p.w;
+                regm[ins.dst] = ins.aux;
+                mode = STEP_RECORD;
+                pc += 1u;
+            }
+            continue;
+        }
+        if (mode == STEP_SEEK) {
+            let L = sk_frame;
+            let end = loops[L].end_node;
+            var found = false;
+            var b = inf();
+            if (sk_node < end) {
+                let nd = bvh[sk_node];
+                let lp = loops[L].p;
+                let acc = select(inf(), loops[L].acc, sk_from_end);
+                b = sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
+                           lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
+                           (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
+                if (b >= acc) {
+                    sk_node = nd.skip;
+                    continue;
+                }
+                if (nd.instance < 0) {
+                    sk_node += 1u;
+                    continue;
+                }
+                found = true;
+            }
+            // the walk ended: at a leaf to evaluate (found) or past the last node
+            loops[L].cell0.x = i32(sk_node);
+            loops[L].bound = select(inf(), b, found);
+            mode = STEP_RECORD;
+            if (found) {
+                p = instance_point(L, sk_node);
+                pc = loops[L].open + 1u;
+            } else if (sk_from_end) {
+                reg[ins.dst] = loops[L].acc;
+                regm[ins.dst] = loops[L].acc_mat;
+                p = loops[L].p;
+                lsp -= 1u;
+                pc += 1u;
+            } else {                      // no leaf at all: the loop's value is +inf
+                let end_dst = instrs[ins.jump].dst;
+                reg[end_dst] = inf();
+                regm[end_dst] = 0u;
+                lsp -= 1u;
+                pc = ins.jump + 1u;
+            }
+            continue;
+        }
+        if (mode == STEP_FMOD) {
+            var t = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
+            if (t > fm_r) {
+                t = t * 0.5;
+            }
+            fm_r = fm_r - t;
+            if (fm_r < fm_y) {
+                let vb = reg[ins.b];
+                let r = select(fm_r, -fm_r, reg[ins.a] < 0.0);
+                reg[ins.dst] = select(r, r + abs(vb), r < 0.0);
+                regm[ins.dst] = regm[ins.a];
+                mode = STEP_RECORD;
+                pc += 1u;
+            }
+            continue;
+        }
+        ins = instrs[pc];
         let op = ins.op;
         let dst = ins.dst;
         let prm = ins.param;
@@ -514,6 +561,22 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                     reg[dst] = nmax(va, vb);
                     regm[dst] = select(ma, mb, vb > va);
                 }
+            } else if (op == OP_MOD) {
+                // C's fmod, exact: subtract |b| 2^k (Sterbenz-exact) from |a| while it is >= |b|
+                let va = reg[ins.a];
+                let vb = reg[ins.b];
+                fm_y = abs(vb);
+                fm_r = abs(va);
+                var r = va;
+                if (is_nan(va) || is_nan(vb) || fm_y == 0.0 || fm_r == inf()) {
+                    r = (va - va) / (va - va);   // NaN
+                } else if (!(fm_y == inf() || fm_r < fm_y)) {
+                    fm_ey = frexp(fm_y).exp;
+                    mode = STEP_FMOD;
+                    continue;
+                }
+                reg[dst] = select(r, r + abs(vb), r < 0.0);
+                regm[dst] = regm[ins.a];
             } else {
                 let ma = regm[ins.a];
                 let va = reg[ins.a];
@@ -527,7 +590,18 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 regm[dst] = ma;
             }
         } else if (op < OP_PUSH) {                                     // ---- shapes
-            reg[dst] = shape(op, p, prm, ins.a);
+            if (op == OP_EXTRUDE_POLY || op == OP_REVOLVE_POLY) {
+                pg_off = select(prm, prm + 1u, op == OP_EXTRUDE_POLY);
+                pg_q = select(vec2<f32>(len2(p.x, p.y), p.z), p.xy, op == OP_EXTRUDE_POLY);
+                let v0 = vec2<f32>(params[pg_off], params[pg_off + 1u]);
+                pg_d = (pg_q.x - v0.x) * (pg_q.x - v0.x) + (pg_q.y - v0.y) * (pg_q.y - v0.y);
+                pg_s = 1.0;
+                pg_i = 0u;
+                pg_j = ins.a - 1u;
+                mode = STEP_POLY;
+                continue;
+            }
+            reg[dst] = shape(op, p, prm);
             regm[dst] = ins.aux;
         } else if (op < OP_UNION) {                                    // ---- point ops
             if (op == OP_PUSH) {
@@ -606,40 +680,29 @@ fn run_tape(pin: vec3<f32>) -> Eval {
         } else if (op <= OP_INSTANCES) {                               // ---- patterns
             if (op == OP_REPEAT_END) {
                 let L = lsp - 1u;
-                var again = false;
                 if (loops[L].op == OP_INSTANCES) {
                     let v = pmax(reg[ins.a], loops[L].bound);
                     if (v < loops[L].acc) {
                         loops[L].acc = v;
                         loops[L].acc_mat = regm[ins.a];
                     }
-                    let sk = bvh_seek(u32(loops[L].cell0.x) + 1u, loops[L].end_node, loops[L].p, loops[L].acc);
-                    loops[L].cell0.x = i32(sk.node);
-                    loops[L].bound = sk.b;
-                    again = sk.node < loops[L].end_node;
-                    if (again) {
-                        p = instance_point(L, sk.node);
-                    }
-                } else {
-                    let v = reg[ins.a];
-                    if (loops[L].it == 0u || v < loops[L].acc) {
-                        loops[L].acc = v;
-                        loops[L].acc_mat = regm[ins.a];
-                    }
-                    loops[L].it += 1u;
-                    again = loops[L].it < loops[L].n_iter;
-                    if (again) {
-                        p = loop_point(L, loops[L].it);
-                    }
+                    sk_frame = L;
+                    sk_node = u32(loops[L].cell0.x) + 1u;
+                    sk_from_end = true;
+                    mode = STEP_SEEK;
+                    continue;
                 }
-                if (again) {
+                let v = reg[ins.a];
+                if (loops[L].it == 0u || v < loops[L].acc) {
+                    loops[L].acc = v;
+                    loops[L].acc_mat = regm[ins.a];
+                }
+                loops[L].it += 1u;
+                if (loops[L].it < loops[L].n_iter) {
+                    p = loop_point(L, loops[L].it);
                     nxt = loops[L].open + 1u;
                 } else {
-                    if (loops[L].op == OP_INSTANCES) {
-                        reg[dst] = loops[L].acc;
-                    } else {
-                        reg[dst] = nmin(loops[L].acc, loops[L].bound);
-                    }
+                    reg[dst] = nmin(loops[L].acc, loops[L].bound);
                     regm[dst] = loops[L].acc_mat;
                     p = loops[L].p;
                     lsp -= 1u;
@@ -653,27 +716,18 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 loops[L].acc = inf();
                 loops[L].acc_mat = 0u;
                 if (op == OP_INSTANCES) {
-                    let end = ins.aux + ins.a;
-                    loops[L].end_node = end;
+                    loops[L].end_node = ins.aux + ins.a;
                     loops[L].it = 0u;
                     loops[L].p = p;
                     loops[L].cell1.x = 0;
-                    let sk = bvh_seek(ins.aux, end, p, inf());
-                    loops[L].cell0.x = i32(sk.node);
-                    loops[L].bound = sk.b;
-                    if (sk.node < end) {
-                        p = instance_point(L, sk.node);
-                    } else {                      // no leaf: the loop's value is +inf
-                        let end_dst = instrs[ins.jump].dst;
-                        reg[end_dst] = inf();
-                        regm[end_dst] = 0u;
-                        lsp -= 1u;
-                        nxt = ins.jump + 1u;
-                    }
-                } else {
-                    loop_enter(L, op, prm, p);
-                    p = loop_point(L, 0u);
+                    sk_frame = L;
+                    sk_node = ins.aux;
+                    sk_from_end = false;
+                    mode = STEP_SEEK;
+                    continue;
                 }
+                loop_enter(L, op, prm, p);
+                p = loop_point(L, 0u);
             }
         } else if (op == OP_CULL_BOX) {                                // ---- cull
             let x0 = params[prm];
@@ -698,6 +752,15 @@ fn run_tape(pin: vec3<f32>) -> Eval {
         pc = nxt;
     }
     return Eval(reg[0], regm[0]);
+}
+
+// run_tape, counting an evaluation that hit the iteration cap in counters[COUNT_OVERFLOW]
+fn eval_checked(pin: vec3<f32>) -> Eval {
+    let e = run_tape(pin);
+    if (overflow) {
+        note_overflow();
+    }
+    return e;
 }
 
 // the field a render sees: the tape, capped by the section half-space when the settings ask

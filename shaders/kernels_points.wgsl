@@ -1,5 +1,6 @@
-// Point kernels: distance + material at points, central-difference gradients, the 2D field image.
-// Mirrors CpuWalker.evaluate / gradient / field_image (runtime/cpu.py).
+// Point kernels: distance + material at points, the taps of central-difference gradients, the 2D
+// field image. Mirrors CpuWalker.evaluate / gradient / field_image (runtime/cpu.py). One tape
+// evaluation per invocation (a software rasteriser's loop limit then bounds only the tape).
 
 @compute @workgroup_size(WG)
 fn eval_points(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
@@ -8,12 +9,13 @@ fn eval_points(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if (i >= U.n_items) {
         return;
     }
-    let e = run_tape(vec3<f32>(points[3u * i], points[3u * i + 1u], points[3u * i + 2u]));
+    let e = eval_checked(vec3<f32>(points[3u * i], points[3u * i + 1u], points[3u * i + 2u]));
     out_f[i] = e.d;
     out_u[i] = e.mat;
 }
 
-// (f(p + e a) - f(p - e a)) / (2 e) per axis a, e = U.extra.y
+// tap i % 6 of point i / 6: f(p + e a) for a = x, y, z, then f(p - e a); e = U.extra.y. The host
+// forms (f(p + e a) - f(p - e a)) / (2 e), as the twin does.
 @compute @workgroup_size(WG)
 fn gradient_points(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                    @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -21,18 +23,12 @@ fn gradient_points(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     if (i >= U.n_items) {
         return;
     }
-    let p = vec3<f32>(points[3u * i], points[3u * i + 1u], points[3u * i + 2u]);
+    let j = i / 6u;
+    let k = i % 6u;
+    var q = vec3<f32>(points[3u * j], points[3u * j + 1u], points[3u * j + 2u]);
     let e = U.extra.y;
-    var taps: array<f32, 6>;
-    for (var k = 0u; k < 6u; k++) {
-        var q = p;
-        q[k % 3u] = q[k % 3u] + select(e, -e, k >= 3u);
-        taps[k] = run_tape(q).d;
-    }
-    let two_e = 2.0 * e;
-    for (var a = 0u; a < 3u; a++) {
-        out_f[3u * i + a] = (taps[a] - taps[a + 3u]) / two_e;
-    }
+    q[k % 3u] = q[k % 3u] + select(e, -e, k >= 3u);
+    out_f[i] = eval_checked(q).d;
 }
 
 // the field on the plane z = U.extra.x over rect (x0 x1 y0 y1), pixel centres, row 0 at y1
@@ -48,5 +44,5 @@ fn field_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let r = U.rect;
     let x = r.x + (col + 0.5) / f32(U.width) * (r.y - r.x);
     let y = r.w - (row + 0.5) / f32(U.height) * (r.w - r.z);
-    out_f[i] = run_tape(vec3<f32>(x, y, U.extra.x)).d;
+    out_f[i] = eval_checked(vec3<f32>(x, y, U.extra.x)).d;
 }

@@ -1,11 +1,14 @@
 // Render kernels: primary march, key-light shadow + ambient occlusion, the colour of every view
 // (shading.compose), the slice view, and accumulate / resolve. Mirrors CpuWalker.march / render
 // and runtime/shading.py. Buffers (N = U.n_items pixels, row-major, row 0 at the top):
-//   out_f[4i ..]     march: t (inf = miss), field gradient at the hit (xyz)
-//   out_f[4N + 2i ..] light: key-light visibility, ambient occlusion
-//   out_u[4i ..]     march: steps, material, hit, 0
-//   out_u[4N + i]    resolve: RGBA8 (R in the low byte)
-//   accum[i]         linear colour sums over the samples (view colour before to_rgb8)
+//   out_f[4i ..]       march: t (inf = miss; the current t while unfinished), gradient at the hit
+//   out_u[4i ..]       march: steps, material, hit, phase
+//   out_f[4N + 4i ..]  light: key-light visibility, ambient occlusion, shadow-ray t, penumbra
+//   out_u[4N + 4i ..]  light: shadow-ray steps, phase, shadow hit, occlusion sum (f32 bits)
+//   out_u[8N + i]      resolve: RGBA8 (R in the low byte)
+//   accum[i]           linear colour sums over the samples (the view colour before to_rgb8)
+// march and light are resumable: a pixel whose work would pass U.iter_budget saves its state,
+// counts itself in counters[COUNT_UNFINISHED] and the host dispatches again with U.resume = 1.
 
 // the ray direction of pixel i by runtime/camera.py's convention (+ a sub-pixel jitter)
 fn pixel_dir(i: u32) -> vec3<f32> {
@@ -57,17 +60,8 @@ struct Trace {
     soft_k: f32,
 }
 
-fn trace_start(t0: f32, tfar: f32, max_steps: u32, soft_k: f32) -> Trace {
-    return Trace(t0, tfar, 0u, max_steps, false, 0u, 1.0, soft_k);
-}
-
-// whether the trace has a point to evaluate (the twin's _trace: only rays with t0 <= tfar start)
-fn trace_live(tr: Trace) -> bool {
-    return tr.t <= tr.tfar;
-}
-
-// one sphere-tracing step with the field value e at o + t d; false when the trace is done.
-// Kernels call the field once, in one loop, so the interpreter is inlined once per kernel.
+// one sphere-tracing step with the field value e at o + t d (the twin's _trace); false when the
+// trace is done. Kernels evaluate the field once, in one loop, so the interpreter is inlined once.
 fn trace_step(tr: ptr<function, Trace>, e: Eval) -> bool {
     (*tr).steps += 1u;
     if (e.d < setting(SET_HIT_EPS)) {
@@ -89,13 +83,24 @@ fn ray_point(o: vec3<f32>, d: vec3<f32>, t: f32) -> vec3<f32> {
 
 // tap k of the tetrahedron gradient (shading.py's normal rule)
 fn tetra(k: u32) -> vec3<f32> {
-    switch k {
-        case 0u: { return vec3<f32>(1.0, -1.0, -1.0); }
-        case 1u: { return vec3<f32>(-1.0, -1.0, 1.0); }
-        case 2u: { return vec3<f32>(-1.0, 1.0, -1.0); }
-        default: { return vec3<f32>(1.0, 1.0, 1.0); }
+    if (k == 0u) {
+        return vec3<f32>(1.0, -1.0, -1.0);
     }
+    if (k == 1u) {
+        return vec3<f32>(-1.0, -1.0, 1.0);
+    }
+    if (k == 2u) {
+        return vec3<f32>(-1.0, 1.0, -1.0);
+    }
+    return vec3<f32>(1.0, 1.0, 1.0);
 }
+
+// whether another field evaluation fits this dispatch's budget (the first always does)
+fn budget_allows(cost: u32) -> bool {
+    return iters == 0u || iters + cost <= U.iter_budget;
+}
+
+const MARCH_DONE: u32 = 5u;   // march phases: 0 tracing, 1..4 gradient tap phase-1, 5 done
 
 // primary ray: sphere-trace, then (on a hit) the 4 tetrahedron taps of the gradient
 @compute @workgroup_size(WG)
@@ -108,41 +113,74 @@ fn march(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let o = eye();
     let d = pixel_dir(i);
     let se = slab(o, d);
-    var tr = trace_start(se.x, se.y, u32(setting(SET_MAX_STEPS)), 0.0);
-    let neps = setting(SET_NORMAL_EPS);
+    var tr = Trace(se.x, se.y, 0u, u32(setting(SET_MAX_STEPS)), false, 0u, 1.0, 0.0);
     var g = vec3<f32>(0.0);
-    var hp = vec3<f32>(0.0);
-    var phase = select(5u, 0u, trace_live(tr));   // 0: tracing, 1..4: gradient tap phase-1, 5: done
-    while (phase < 5u) {
+    var phase = select(MARCH_DONE, 0u, se.x <= se.y);
+    if (U.resume != 0u) {
+        phase = out_u[4u * i + 3u];
+        if (phase == MARCH_DONE) {
+            return;
+        }
+        tr.t = out_f[4u * i];
+        tr.steps = out_u[4u * i];
+        tr.mat = out_u[4u * i + 1u];
+        tr.hit = out_u[4u * i + 2u] != 0u;
+        g = vec3<f32>(out_f[4u * i + 1u], out_f[4u * i + 2u], out_f[4u * i + 3u]);
+    }
+    let neps = setting(SET_NORMAL_EPS);
+    var cost = U.n_instrs;
+    var finished = phase == MARCH_DONE;
+    while (phase < MARCH_DONE) {
+        if (!budget_allows(cost)) {
+            atomicAdd(&counters[COUNT_UNFINISHED], 1u);
+            break;
+        }
         var q = ray_point(o, d, tr.t);
         if (phase > 0u) {
             let k = tetra(phase - 1u);
+            let hp = ray_point(o, d, tr.t);
             q = vec3<f32>(hp.x + neps * k.x, hp.y + neps * k.y, hp.z + neps * k.z);
         }
+        let before = iters;
         let e = field(q);
+        cost = max(cost, iters - before);
+        if (overflow) {
+            note_overflow();
+            phase = MARCH_DONE;
+            tr.hit = false;
+            finished = true;
+            break;
+        }
         if (phase == 0u) {
             if (!trace_step(&tr, e)) {
-                phase = select(5u, 1u, tr.hit);
-                hp = ray_point(o, d, tr.t);
+                phase = select(MARCH_DONE, 1u, tr.hit);
             }
         } else {
             let k = tetra(phase - 1u);
             g = vec3<f32>(g.x + k.x * e.d, g.y + k.y * e.d, g.z + k.z * e.d);
             phase += 1u;
         }
+        finished = phase == MARCH_DONE;
     }
-    if (tr.hit) {
-        g = g / (4.0 * neps);
+    if (finished) {
+        if (tr.hit) {
+            g = g / (4.0 * neps);
+        }
+        out_f[4u * i] = select(inf(), tr.t, tr.hit);
+    } else {
+        out_f[4u * i] = tr.t;
     }
-    out_f[4u * i] = select(inf(), tr.t, tr.hit);
     out_f[4u * i + 1u] = g.x;
     out_f[4u * i + 2u] = g.y;
     out_f[4u * i + 3u] = g.z;
     out_u[4u * i] = tr.steps;
     out_u[4u * i + 1u] = tr.mat;
     out_u[4u * i + 2u] = u32(tr.hit);
-    out_u[4u * i + 3u] = 0u;
+    out_u[4u * i + 3u] = phase;
 }
+
+const LIGHT_DONE: u32 = 6u;   // light phases: 0 shadow ray, 1..5 AO tap phase-1, 6 done
+const AO_WEIGHT_SUM: f32 = 1.9375;   // 1 + 1/2 + 1/4 + 1/8 + 1/16, exact in float32
 
 // key-light visibility by an occlusion march from p + 4 eps n, then 5-tap ambient occlusion
 @compute @workgroup_size(WG)
@@ -153,66 +191,94 @@ fn light(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (i >= n_px) {
         return;
     }
-    var shadow = 1.0;
-    var ao = 1.0;
+    let fo = 4u * n_px + 4u * i;
     let th = out_f[4u * i];
-    if (th < inf()) {
-        let g = vec3<f32>(out_f[4u * i + 1u], out_f[4u * i + 2u], out_f[4u * i + 3u]);
-        var gl = len3(g.x, g.y, g.z);
-        if (!(gl > 0.0)) {
-            gl = 1.0;
+    if (!(th < inf())) {
+        out_f[fo] = 1.0;
+        out_f[fo + 1u] = 1.0;
+        out_u[fo + 1u] = LIGHT_DONE;
+        return;
+    }
+    let g = vec3<f32>(out_f[4u * i + 1u], out_f[4u * i + 2u], out_f[4u * i + 3u]);
+    var gl = len3(g.x, g.y, g.z);
+    if (!(gl > 0.0)) {
+        gl = 1.0;
+    }
+    let nrm = g / gl;
+    let eps4 = 4.0 * setting(SET_HIT_EPS);
+    let o = eye();
+    let d = pixel_dir(i);
+    let ro = vec3<f32>(o.x + th * d.x + eps4 * nrm.x, o.y + th * d.y + eps4 * nrm.y,
+                       o.z + th * d.z + eps4 * nrm.z);
+    let key = setting3(SET_KEY_DIR);
+    let mode = u32(setting(SET_SHADOW_MODE));
+    let soft_k = select(0.0, setting(SET_SOFT_K), mode == SHADOW_SOFT);
+    let ao_strength = setting(SET_AO_STRENGTH);
+    let ao_dist = setting(SET_AO_DIST);
+    var tr = Trace(0.0, slab(ro, key).y, 0u, u32(setting(SET_SHADOW_STEPS)), false, 0u, 1.0, soft_k);
+    var occ = 0.0;
+    var phase = 0u;
+    if (mode == SHADOW_OFF || !(tr.t <= tr.tfar)) {
+        phase = select(LIGHT_DONE, 1u, ao_strength > 0.0);
+    }
+    if (U.resume != 0u) {
+        phase = out_u[fo + 1u];
+        if (phase == LIGHT_DONE) {
+            return;
         }
-        let nrm = g / gl;
-        let eps4 = 4.0 * setting(SET_HIT_EPS);
-        let o = eye();
-        let d = pixel_dir(i);
-        let ro = vec3<f32>(o.x + th * d.x + eps4 * nrm.x, o.y + th * d.y + eps4 * nrm.y,
-                           o.z + th * d.z + eps4 * nrm.z);
-        let key = setting3(SET_KEY_DIR);
-        let mode = u32(setting(SET_SHADOW_MODE));
-        let soft_k = select(0.0, setting(SET_SOFT_K), mode == SHADOW_SOFT);
-        var tr = trace_start(0.0, slab(ro, key).y, u32(setting(SET_SHADOW_STEPS)), soft_k);
-        let ao_strength = setting(SET_AO_STRENGTH);
-        let ao_dist = setting(SET_AO_DIST);
-        var occ = 0.0;
-        var wsum = 0.0;
-        var w = 1.0;
-        // phase 0: shadow march; 1..5: AO tap phase-1; 6: done
-        var phase = 0u;
-        if (mode == SHADOW_OFF || !trace_live(tr)) {
-            phase = 1u;
+        tr.t = out_f[fo + 2u];
+        tr.res = out_f[fo + 3u];
+        tr.steps = out_u[fo];
+        tr.hit = out_u[fo + 2u] != 0u;
+        occ = bitcast<f32>(out_u[fo + 3u]);
+    }
+    var cost = U.n_instrs;
+    while (phase < LIGHT_DONE) {
+        if (!budget_allows(cost)) {
+            atomicAdd(&counters[COUNT_UNFINISHED], 1u);
+            break;
         }
-        if (phase == 1u && !(ao_strength > 0.0)) {
-            phase = 6u;
+        let h = ao_dist * f32(phase) / 5.0;
+        var q = ray_point(ro, key, tr.t);
+        if (phase > 0u) {
+            q = vec3<f32>(ro.x - eps4 * nrm.x + h * nrm.x, ro.y - eps4 * nrm.y + h * nrm.y,
+                          ro.z - eps4 * nrm.z + h * nrm.z);
         }
-        while (phase < 6u) {
-            let h = ao_dist * f32(phase) / 5.0;
-            var q = ray_point(ro, key, tr.t);
-            if (phase > 0u) {
-                q = vec3<f32>(ro.x - eps4 * nrm.x + h * nrm.x, ro.y - eps4 * nrm.y + h * nrm.y,
-                              ro.z - eps4 * nrm.z + h * nrm.z);
+        let before = iters;
+        let e = field(q);
+        cost = max(cost, iters - before);
+        if (overflow) {
+            note_overflow();
+            phase = LIGHT_DONE;
+            break;
+        }
+        if (phase == 0u) {
+            if (!trace_step(&tr, e)) {
+                phase = select(LIGHT_DONE, 1u, ao_strength > 0.0);
             }
-            let e = field(q);
-            if (phase == 0u) {
-                if (!trace_step(&tr, e)) {
-                    phase = select(6u, 1u, ao_strength > 0.0);
-                }
-            } else {
-                wsum += w;
-                occ += w * pmax(h - e.d, 0.0) / h;
-                w *= 0.5;
-                phase += 1u;
-            }
+        } else {
+            occ += ldexp(1.0, 1 - i32(phase)) * pmax(h - e.d, 0.0) / h;
+            phase += 1u;
         }
+    }
+    if (phase == LIGHT_DONE) {
+        var shadow = 1.0;
         if (mode != SHADOW_OFF) {
             shadow = select(pmax(pmin(tr.res, 1.0), 0.0), 0.0, tr.hit);
         }
+        var ao = 1.0;
         if (ao_strength > 0.0) {
-            ao = pmax(1.0 - ao_strength * occ / wsum, 0.0);
+            ao = pmax(1.0 - ao_strength * occ / AO_WEIGHT_SUM, 0.0);
         }
+        out_f[fo] = shadow;
+        out_f[fo + 1u] = ao;
     }
-    out_f[4u * n_px + 2u * i] = shadow;
-    out_f[4u * n_px + 2u * i + 1u] = ao;
+    out_f[fo + 2u] = tr.t;
+    out_f[fo + 3u] = tr.res;
+    out_u[fo] = tr.steps;
+    out_u[fo + 1u] = phase;
+    out_u[fo + 2u] = u32(tr.hit);
+    out_u[fo + 3u] = bitcast<u32>(occ);
 }
 
 // shading.heat: dark purple -> red -> yellow -> white, x in [0, 1]
@@ -272,8 +338,8 @@ fn view_colour(i: u32, view: u32) -> vec3<f32> {
     let mt = materials[min(out_u[4u * i + 1u], n_mat - 1u)];
     let base = mt.color;
     let rough = mt.roughness;
-    let shadow = out_f[4u * n_px + 2u * i];
-    let ao = out_f[4u * n_px + 2u * i + 1u];
+    let shadow = out_f[4u * n_px + 4u * i];
+    let ao = out_f[4u * n_px + 4u * i + 1u];
     let key = setting3(SET_KEY_DIR);
     let fill = setting3(SET_FILL_DIR);
     let sky = setting3(SET_SKY_COLOR);
@@ -334,7 +400,7 @@ fn slice(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let valid = t > 0.0 && t < inf() && all(p >= lo) && all(p <= hi);
     var c = setting3(SET_BACKGROUND);
     if (valid) {
-        let f = run_tape(p).d;
+        let f = eval_checked(p).d;
         let sp = max(setting(SET_CONTOUR_SPACING), 1e-12);
         let base = select(vec3<f32>(0.95, 0.62, 0.28), vec3<f32>(0.25, 0.45, 0.85), f < 0.0);
         c = base * (0.8 + 0.2 * cos(TWO_PI * f / sp));
@@ -366,5 +432,5 @@ fn resolve(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         }
         rgba = rgba | (u32(round(clamp(v, 0.0, 1.0) * 255.0)) << (8u * ch));
     }
-    out_u[4u * U.n_items + i] = rgba;
+    out_u[8u * U.n_items + i] = rgba;
 }

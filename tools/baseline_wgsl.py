@@ -121,7 +121,7 @@ class _Writer:
             return f"sd_poly({off}u, {a}u, len2(p.x, p.y), p.z)"
         raise AssertionError(op)
 
-    def point(self, op: Op, off: int, i: int):
+    def point(self, op: Op, off: int):
         P = self.prm
         if op is Op.PUSH:
             self.emit(f"s{self.depth} = p;")
@@ -199,7 +199,7 @@ class _Writer:
             elif Op.SPHERE <= op <= Op.REVOLVE_POLY:
                 self.emit(f"r{dst} = ({self.shape(op, off, a)}) * p.w; m{dst} = {aux}u;")
             elif Op.PUSH <= op <= Op.ELONGATE:
-                self.point(op, off, i)
+                self.point(op, off)
             elif Op.UNION <= op <= Op.SHELL:
                 self.combine(op, dst, a, b, off)
             elif op is Op.CULL_BOX:

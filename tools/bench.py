@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -163,7 +162,7 @@ def resolve(name: str) -> Callable:
 
 def _cell(v) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+        return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
     return str(v)
 
 
@@ -199,7 +198,7 @@ def report(name: str, result: BenchResult, out_dir: Path) -> list[Path]:
     machine = {**machine_info(), **result.machine}
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "command": " ".join(["taperay"] + sys.argv[1:]) if sys.argv else "",
+           "command": f"taperay bench {name} " + " ".join(f"--{k} {v}" for k, v in result.settings.items()),
            "machine": machine, "settings": result.settings, "rows": result.rows, "notes": result.notes}
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
     paths[0].write_text(json.dumps(doc, indent=2) + "\n")

@@ -56,11 +56,14 @@ class BaselineKernel:
         return buf
 
     def _bind(self, n: int):
-        wgpu = self._gpu._wgpu()
+        import wgpu
         st = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         params = self._buffer("params", self.tape.params.nbytes, st)
+        # shaders/bindings.wgsl, in binding order; bindings the layout adds later get small
+        # storage buffers of their own (the baseline kernel does not touch them)
         names = ["instrs", "params", "materials", "instances", "bvh", "uniforms", "points", "out_f",
                  "out_u", "accum"]
+        names += [f"binding{i}" for i in range(len(names), self._gpu.N_BINDINGS)]
         sizes = {"params": self.tape.params.nbytes, "uniforms": self._gpu.UNIFORM_BYTES, "points": 12 * n,
                  "out_f": 4 * n, "out_u": 4 * n}
         usage = {"uniforms": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST}

@@ -1,0 +1,319 @@
+"""Interval evaluation and per-tile pruning on the CPU (runtime.pruning).
+
+* every op's float32 interval contains the float64 reference's values and the CPU twin's float32
+  values at points sampled in its operand intervals; it is "may be NaN" wherever the reference
+  (runtime.intervals) says so, and its MIN / MAX / AND / OR choices are the reference's;
+* pruned tapes give bit-identical values and materials to the full tape at points of their box
+  (random arithmetic tapes using every op, and prospero);
+* the pruned images and points equal the CPU twin bit for bit, for every model; prospero's sign
+  image at 1024^2 matches the reference PNG.
+"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+
+from taperay.runtime.intervals import INTERVAL_OPS, choice
+from taperay.runtime.opcodes import OPS, Family, Op
+from taperay.runtime.pruning import (evaluate_pruned, field_image_pruned, interval_eval, interval_op,
+                                     is_arithmetic, prune, sign_image)
+from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
+from taperay.scenegraph.vm import load_vm
+
+DATA = Path(__file__).parent / "data"
+MODELS = ["quarter", "hi", "sphere", "tanglecube", "prospero"]
+ARITH = [o for o in Op if OPS[o].family is Family.ARITH]
+WITH_OPERANDS = [o for o in ARITH if OPS[o].reads]
+F32 = np.float32
+
+
+def bits(v):
+    return np.asarray(v, np.float32).view(np.uint32)
+
+
+def tape_of(rows, consts, n_regs, bounds=((-2, -2, -2), (2, 2, 2))):
+    """rows: (op, dst, a, b, c, param)."""
+    ins = np.zeros(len(rows), INSTR_DTYPE)
+    for i, r in enumerate(rows):
+        for f, v in zip(("op", "dst", "a", "b", "c", "param"), r):
+            ins[i][f] = int(v)
+    mats = np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE)
+    return Tape(ins, np.array(consts or [0.0], np.float32), mats, n_regs, np.array(bounds, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# one op at a time
+
+bound = st.one_of(st.floats(-50, 50, width=32), st.sampled_from([0.0, -1.0, 1.0, 0.5, -0.5, np.pi / 2]))
+interval = st.tuples(bound, st.one_of(st.just(0.0), st.floats(0, 0.5, width=32), st.floats(0, 20, width=32))).map(
+    lambda cw: (F32(cw[0]), F32(F32(cw[0]) + F32(cw[1]))))
+with_inf = st.one_of(interval, st.tuples(st.sampled_from([-np.inf, -1.0, 0.0]), st.sampled_from([0.0, 1.0, np.inf])).map(
+    lambda lh: (F32(lh[0]), F32(lh[1]))))
+
+
+def _samples(iv, rng, n=96):
+    lo, hi = (float(v) for v in iv)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        inner = np.clip(rng.normal(0, 1e3, n), lo, hi)
+    else:
+        inner = rng.uniform(lo, hi, n)
+    extra = [lo, hi, min(max(0.0, lo), hi)]                  # the ends, and 0 where inside
+    return np.concatenate([extra, inner]).astype(np.float32)
+
+
+def _op_tape(op):
+    """r1 = x, r2 = y, r3 = z; r0 = op(r1, r2, r3): the CPU twin's point values of the op."""
+    return tape_of([(Op.VAR_X, 1, 0, 0, 0, 0), (Op.VAR_Y, 2, 0, 0, 0, 0), (Op.VAR_Z, 3, 0, 0, 0, 0),
+                    (op, 0, 1, 2, 3, 0)], [0.0], 4)
+
+
+def _check_op(walker_cpu, op, ivs, seed):
+    rng = np.random.default_rng(seed)
+    nargs = len(OPS[op].reads)
+    ivs = ivs[:nargs] + [(F32(0), F32(0))] * (3 - nargs)
+    lo, hi, ch = interval_op(op, *ivs)
+    lo, hi, ch = float(lo), float(hi), int(ch)
+    ref = [(np.array(a, np.float64), np.array(b, np.float64)) for a, b in ivs]
+    with np.errstate(all="ignore"):
+        rlo, rhi = INTERVAL_OPS[op](*ref)
+    finite = all(np.isfinite(v) for iv in ivs[:nargs] for v in iv)
+    if np.isnan(rlo):
+        assert np.isnan(lo) and np.isnan(hi), (op.name, ivs, lo, hi)
+    if finite:                                    # NaN only where the reference has it
+        assert np.isnan(lo) == bool(np.isnan(rlo)), (op.name, ivs, lo, hi, rlo, rhi)
+    if op in (Op.MIN, Op.MAX, Op.AND, Op.OR):
+        assert ch == int(choice(op, *ref[:2])), (op.name, ivs, ch)
+    if np.isnan(lo):
+        assert np.isnan(hi)
+        return
+    assert lo <= hi
+    pts = np.stack([_samples(iv, rng) for iv in ivs], 1)
+    mixed = pts.copy()
+    mixed[:, 0] = pts[rng.permutation(len(pts)), 0]           # other pairings of a with b, c
+    pts = np.concatenate([pts, mixed])
+    with np.errstate(all="ignore"):
+        v64 = OPS[op].reference(*(pts[:, i].astype(np.float64) for i in range(nargs)))
+    v32, mat = walker_cpu.evaluate(_op_tape(op), pts)
+    for name, v in (("float64 reference", v64), ("CPU twin", v32)):
+        assert not np.isnan(v).any(), f"{op.name}: NaN {name} value not flagged by {lo, hi} on {ivs}"
+        bad = (v < lo) | (v > hi)
+        assert not bad.any(), (op.name, name, ivs, (lo, hi), pts[bad][:3], v[bad][:3])
+
+
+@pytest.mark.parametrize("op", WITH_OPERANDS, ids=lambda o: o.name)
+@settings(max_examples=60, deadline=None)
+@given(ivs=st.lists(interval, min_size=3, max_size=3), seed=st.integers(0, 2**32 - 1))
+def test_interval_op_contains_sampled_values_and_matches_reference(walker_cpu, op, ivs, seed):
+    _check_op(walker_cpu, op, ivs, seed)
+
+
+@pytest.mark.parametrize("op", WITH_OPERANDS, ids=lambda o: o.name)
+@settings(max_examples=25, deadline=None)
+@given(ivs=st.lists(with_inf, min_size=3, max_size=3), seed=st.integers(0, 2**32 - 1))
+def test_interval_op_with_infinite_bounds(walker_cpu, op, ivs, seed):
+    _check_op(walker_cpu, op, ivs, seed)
+
+
+def test_hidden_nan_cases_are_flagged():
+    """Points can be NaN here although the endpoints are not: the evaluator says "may be NaN"."""
+    inf = F32(np.inf)
+    cases = [(Op.ADD, (F32(1), inf), (-inf, F32(-1))), (Op.SUB, (F32(1), inf), (F32(1), inf)),
+             (Op.MUL, (F32(-1), F32(1)), (F32(1), inf)), (Op.TAN, (F32(0), inf), None)]
+    for op, a, b in cases:
+        lo, hi, _ = interval_op(op, a, b)
+        assert np.isnan(lo) and np.isnan(hi), op.name
+
+
+def test_nan_operands_propagate_as_the_reference_says():
+    nan = (F32(np.nan), F32(np.nan))
+    one, zero = (F32(1), F32(2)), (F32(0), F32(0))
+    assert np.isnan(interval_op(Op.ADD, one, nan)[0])
+    assert np.isnan(interval_op(Op.MIN, nan, one)[0]) and interval_op(Op.MIN, nan, one)[2] == 0
+    assert interval_op(Op.AND, zero, nan)[:2] == (0, 0)           # a == 0: b never read
+    assert np.isnan(interval_op(Op.AND, one, nan)[0])
+    lo, hi, ch = interval_op(Op.OR, one, nan)                     # a != 0: value a
+    assert (lo, hi, ch) == (1, 2, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# random arithmetic tapes
+
+def random_tape(seed, n=40, n_regs=6):
+    """An arithmetic tape using every op (registers reused, MIN / MAX frequent)."""
+    rng = np.random.default_rng(seed)
+    consts = [0.0, 1.0, -1.0, 0.5, 2.0] + list(rng.uniform(-2, 2, 4))
+    rows = [(Op.VAR_X, 1, 0, 0, 0, 0), (Op.VAR_Y, 2, 0, 0, 0, 0), (Op.VAR_Z, 3, 0, 0, 0, 0)]
+    written = {1, 2, 3}
+    pool = [o for o in ARITH if o not in (Op.VAR_X, Op.VAR_Y, Op.VAR_Z)] + [Op.MIN, Op.MAX] * 6 + [Op.AND, Op.OR]
+    for i in range(n):
+        op = pool[rng.integers(len(pool))]
+        dst = 0 if i == n - 1 else int(rng.integers(n_regs))
+        a, b, c = (int(rng.choice(sorted(written))) for _ in range(3))
+        rows.append((op, dst, a, b, c, rng.integers(len(consts)) if op is Op.CONST else 0))
+        written.add(dst)
+    return tape_of(rows, consts, n_regs)
+
+
+def _box_points(lo, hi, rng, n=200):
+    corners = np.array([[lo[0] if i & 1 else hi[0], lo[1] if i & 2 else hi[1], lo[2] if i & 4 else hi[2]]
+                        for i in range(8)])
+    return np.concatenate([corners, rng.uniform(lo, hi, (n, 3))]).astype(np.float32)
+
+
+def _random_box(rng):
+    c = rng.uniform(-1.5, 1.5, 3)
+    w = rng.choice([0.0, 0.01, 0.1, 0.5, 2.0]) * rng.uniform(0, 1, 3)
+    return (c - w).astype(np.float32), (c + w).astype(np.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_tape_interval_contains_values_and_pruning_is_exact(walker_cpu, seed):
+    rng = np.random.default_rng(seed)
+    tape = random_tape(seed)
+    for _ in range(4):
+        lo, hi = _random_box(rng)
+        ilo, ihi, ch = interval_eval(tape, lo, hi)
+        pts = _box_points(lo, hi, rng)
+        v, m = walker_cpu.evaluate(tape, pts)
+        if not np.isnan(ilo[0]):
+            assert not np.isnan(v).any() and np.all(v >= ilo[0]) and np.all(v <= ihi[0]), (seed, lo, hi)
+        short = prune(tape, ch[0])
+        assert len(short) <= len(tape)
+        pv, pm = walker_cpu.evaluate(short, pts)
+        np.testing.assert_array_equal(bits(pv), bits(v))
+        np.testing.assert_array_equal(pm, m)
+
+
+def test_pruning_shortens_and_keeps_registers():
+    # r0 = max(x, 1): decided on x < 1 (CHOICE_B: COPY r0 <- r1) and x >= 1 (CHOICE_A: r0 <- r2)
+    tape = tape_of([(Op.VAR_X, 2, 0, 0, 0, 0), (Op.CONST, 1, 0, 0, 0, 0), (Op.VAR_Y, 3, 0, 0, 0, 0),
+                    (Op.SQUARE, 3, 3, 0, 0, 0), (Op.MAX, 0, 2, 1, 0, 0)], [1.0], 4)
+    lo, hi, ch = interval_eval(tape, [[-1, 0, 0], [2, 0, 0], [0, 0, 0]], [[0.5, 1, 0], [3, 1, 0], [2, 1, 0]])
+    assert ch[:, 4].tolist() == [2, 1, 0]
+    below, above, both = (prune(tape, c) for c in ch)
+    assert below.instrs[["op", "dst", "a"]].tolist() == [(Op.CONST, 1, 0), (Op.COPY, 0, 1)]
+    assert above.instrs[["op", "dst", "a"]].tolist() == [(Op.VAR_X, 2, 0), (Op.COPY, 0, 2)]
+    assert both.instrs["op"].tolist() == [Op.VAR_X, Op.CONST, Op.MAX]      # the dead SQUARE goes
+    assert below.n_regs == tape.n_regs and below.params[0] == 1.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prospero_pruned_tapes_are_exact_in_their_tiles(walker_cpu, seed):
+    tape = load_vm(DATA / "prospero.vm")
+    rng = np.random.default_rng(seed)
+    size = [0.5, 0.1, 0.02][seed]
+    c = rng.uniform(-1, 1 - size, (6, 3)).astype(np.float32)
+    c[:, 2] = 0
+    step = np.array([size, size, 0], np.float32)
+    lo, hi, ch = interval_eval(tape, c, c + step)
+    for k in range(len(c)):
+        short = prune(tape, ch[k])
+        assert len(short) < len(tape)
+        pts = _box_points(c[k], c[k] + step, rng, 300)
+        v, m = walker_cpu.evaluate(tape, pts)
+        pv, pm = walker_cpu.evaluate(short, pts)
+        np.testing.assert_array_equal(bits(pv), bits(v))
+        np.testing.assert_array_equal(pm, m)
+        assert np.all(v >= lo[k]) and np.all(v <= hi[k])
+
+
+# ---------------------------------------------------------------------------------------------
+# images and points against the CPU twin
+
+@pytest.mark.parametrize("model", MODELS)
+def test_models_field_and_sign_images_equal_the_cpu_twin(walker_cpu, model):
+    tape = load_vm(DATA / f"{model}.vm")
+    w, h, rect, z = 150, 97, (-1.1, 1.05, -0.95, 1.2), 0.3 if model in ("sphere", "tanglecube") else 0.0
+    ref = walker_cpu.field_image(tape, w, h, rect, z)
+    for tiles in [(256, 64, 16, 4), (32, 8), (16,)]:
+        f = field_image_pruned(tape, w, h, rect, z, tiles=tiles)
+        np.testing.assert_array_equal(bits(f), bits(ref))
+        np.testing.assert_array_equal(sign_image(tape, w, h, rect, z, tiles=tiles), ref < 0)
+
+
+def test_random_tapes_images_and_points_equal_the_cpu_twin(walker_cpu):
+    rng = np.random.default_rng(5)
+    for seed in range(12):
+        tape = random_tape(seed, n=60)
+        ref = walker_cpu.field_image(tape, 40, 33, (-2, 2, -1.5, 1.7), 0.25)
+        f = field_image_pruned(tape, 40, 33, (-2, 2, -1.5, 1.7), 0.25, tiles=(16, 4))
+        np.testing.assert_array_equal(bits(f), bits(ref))
+        np.testing.assert_array_equal(sign_image(tape, 40, 33, (-2, 2, -1.5, 1.7), 0.25, tiles=(16, 4)), ref < 0)
+        pts = rng.uniform(-2.5, 2.5, (3000, 3)).astype(np.float32)
+        pts[::50] = np.round(pts[::50])                     # zeros and ties
+        d, m = evaluate_pruned(tape, pts, grid=4)
+        rd, rm = walker_cpu.evaluate(tape, pts)
+        np.testing.assert_array_equal(bits(d), bits(rd))
+        np.testing.assert_array_equal(m, rm)
+
+
+@pytest.mark.parametrize("model", ["sphere", "tanglecube", "prospero"])
+def test_models_evaluate_pruned_equals_the_cpu_twin(walker_cpu, model):
+    tape = load_vm(DATA / f"{model}.vm")
+    pts = np.random.default_rng(1).uniform(-1.3, 1.3, (20000, 3)).astype(np.float32)
+    pts[:3] = [np.nan, 0, 0], [np.inf, 0, 0], [0, 0, -np.inf]
+    d, m = evaluate_pruned(tape, pts)
+    rd, rm = walker_cpu.evaluate(tape, pts)
+    np.testing.assert_array_equal(bits(d), bits(rd))
+    np.testing.assert_array_equal(m, rm)
+
+
+def test_prospero_sign_image_matches_the_reference_png():
+    """Pixel centres of the PNG are linspace(-1, 1, 1024): the rect is widened by half a step."""
+    ref = np.asarray(Image.open(DATA / "prospero_1024.png")) == 255
+    n = 1024
+    h = 1.0 / (n - 1)
+    stats = {}
+    inside = sign_image(load_vm(DATA / "prospero.vm"), n, n, rect=(-1 - h, 1 + h, -1 - h, 1 + h), stats=stats)
+    assert inside.shape == (n, n) and inside.dtype == bool
+    differ = inside != ref
+    assert differ.mean() <= 1e-4, int(differ.sum())
+    if differ.any():                                      # only where f is at float32 rounding
+        from test_vm import eval_ssa
+        xs = np.linspace(-1, 1, n)
+        X, Y = np.meshgrid(xs, -xs)
+        pts = np.stack([X[differ], Y[differ], np.zeros(differ.sum())], 1)
+        assert np.all(np.abs(eval_ssa((DATA / "prospero.vm").read_text(), pts)) < 1e-5)
+    lengths = [lv["mean_length"] for lv in stats["levels"]]
+    assert stats["image"] <= stats["records"] and all(a > b for a, b in zip(lengths, lengths[1:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# fallback and errors
+
+def _sphere_tape():
+    ins = np.zeros(1, INSTR_DTYPE)
+    ins[0]["op"] = Op.SPHERE
+    return Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
+                np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
+
+
+def test_non_arithmetic_tapes_fall_back_to_the_unpruned_walker(walker_cpu):
+    tape = _sphere_tape()
+    assert not is_arithmetic(tape) and is_arithmetic(load_vm(DATA / "quarter.vm"))
+    ref = walker_cpu.field_image(tape, 20, 20)
+    np.testing.assert_array_equal(bits(field_image_pruned(tape, 20, 20)), bits(ref))
+    np.testing.assert_array_equal(sign_image(tape, 20, 20), ref < 0)
+    pts = np.random.default_rng(0).uniform(-1, 1, (100, 3))
+    for got, want in zip(evaluate_pruned(tape, pts), walker_cpu.evaluate(tape, pts)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(TaperayError, match="non-arithmetic"):
+        interval_eval(tape, [0, 0, 0], [1, 1, 1])
+
+
+def test_bad_arguments_raise_taperay_errors():
+    tape = load_vm(DATA / "quarter.vm")
+    for bad in [dict(tiles=(4, 16)), dict(tiles=(0,)), dict(tiles=())]:
+        with pytest.raises(TaperayError):
+            sign_image(tape, 8, 8, **bad)
+    with pytest.raises(TaperayError):
+        field_image_pruned(tape, 0, 8)
+    with pytest.raises(TaperayError):
+        evaluate_pruned(tape, np.zeros((4, 2)))
+    with pytest.raises(TaperayError):
+        prune(tape, np.zeros(3, np.uint8))
+    with pytest.raises(TaperayError):
+        interval_op(Op.VAR_X, (0, 1))
