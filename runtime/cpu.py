@@ -768,7 +768,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                 return False
         else:                                                         # ---- SET_MATERIAL
             for j in range(n):
-                regs[dst, j] = regs[a, j]
+                regs[dst, j] = regs[a, j] * p[3, j]
                 mats[dst, j] = aux
         pc = nxt
     for j in range(n):

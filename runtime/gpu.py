@@ -14,6 +14,7 @@ WGSL is formatted here and nothing a scene contains reaches shader text.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -415,6 +416,21 @@ class _Buffer:
 _TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
 
 
+def _guarded(method):
+    """A GpuWalker method that uses the device: picks up a rebuilt context after a device loss and
+    turns every driver / wgpu failure into GpuError (a TaperayError the CLI falls back on)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._ensure_context()
+        try:
+            return method(self, *args, **kwargs)
+        except TaperayError:
+            raise
+        except Exception as e:
+            self._lost(e)
+    return call
+
+
 # ------------------------------------------------------------------------------------ walker
 class GpuWalker:
     """The tape on the GPU: the same API and results as ``CpuWalker`` (float32), plus uploads.
@@ -427,6 +443,12 @@ class GpuWalker:
 
     def __init__(self, progress: bool = False):
         self._ctx = _get_context(progress)
+        self._validated: dict[int, bool] = {}
+        self.resumed_dispatches = 0
+        self._uploaded: int | None = None    # id() of the tape the buffers hold
+        self._init_buffers()
+
+    def _init_buffers(self):
         wgpu = _wgpu()
         dev = self._ctx.device
         st = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
@@ -437,14 +459,18 @@ class GpuWalker:
         self._accum = _Buffer(dev, st, "accum")
         self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms")
         self._counters = _Buffer(dev, st, "counters")
+        self._bind_group = None
+        self._bind_key = None
+        self._uploaded = None
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
-        self.resumed_dispatches = 0
-        self._bind_group = None
-        self._bind_key = None
-        self._validated: dict[int, bool] = {}
-        self._tape_key = None
+
+    def _ensure_context(self):
+        """After a device loss the process's context is rebuilt: pick it up, with new buffers."""
+        if self._ctx is not _context:
+            self._ctx = _get_context()
+            self._init_buffers()
 
     # -- facts
     @staticmethod
@@ -492,25 +518,28 @@ class GpuWalker:
                                    f"most {limit} bytes per buffer")
         return variant
 
+    @_guarded
     def upload(self, tape: Tape) -> int:
         """Validate ``tape`` and make the GPU buffers hold it (writing only changed bytes).
         Returns the register variant its kernels use."""
         variant = self._check(tape)
         for name in _TAPE_ARRAYS:
             self._tape_bufs[name].sync(getattr(tape, name))
-        self._tape_key = (id(tape), variant)
+        self._uploaded = id(tape)
         return variant
 
+    @_guarded
     def set_param(self, tape: Tape, name: str, value) -> None:
-        """Set a named parameter on ``tape`` and write just its slots to the GPU."""
-        sl = tape.set_param(name, value)
+        """Set a named parameter on ``tape``; when ``tape`` is the one on the GPU, write just the
+        4 bytes of each slot holding it (else the next use uploads the difference)."""
+        tape.set_param(name, value)
         buf = self._tape_bufs["params"]
-        if buf.mirror.size < tape.params.nbytes:
-            self.upload(tape)
+        if self._uploaded != id(tape) or buf.mirror.size != tape.params.nbytes:
             return
-        chunk = tape.params[sl].view(np.uint8)
-        buf.write(sl.start * 4, chunk)
-        buf.mirror[sl.start * 4: sl.stop * 4] = chunk
+        for slot in sorted(set(int(i) for i in tape.names[name])):
+            chunk = tape.params[slot:slot + 1].view(np.uint8)
+            buf.write(4 * slot, chunk)
+            buf.mirror[4 * slot: 4 * slot + 4] = chunk
 
     # -- dispatch plumbing
     def _bind(self):
@@ -569,29 +598,24 @@ class GpuWalker:
         """Run the (kernel, n_items) passes in order. Resumable passes (march, light) are
         dispatched again until no pixel is unfinished; an evaluation that hit the iteration cap
         is a TaperayError naming the tape."""
-        try:
-            pending: list[tuple[str, int]] = []
-            for kernel, n in passes + [("", 0)]:
-                if kernel in RESUMABLE or not kernel:
-                    if pending:
-                        self._submit(pending, variant, uniforms, 0)
-                        self._check_counters(tape)
-                        pending = []
-                    if not kernel:
+        pending: list[tuple[str, int]] = []
+        for kernel, n in passes + [("", 0)]:
+            if kernel in RESUMABLE or not kernel:
+                if pending:
+                    self._submit(pending, variant, uniforms, 0)
+                    self._check_counters(tape)
+                    pending = []
+                if not kernel:
+                    break
+                resume = 0
+                while True:
+                    self._submit([(kernel, n)], variant, uniforms, resume)
+                    if self._check_counters(tape) == 0:
                         break
-                    resume = 0
-                    while True:
-                        self._submit([(kernel, n)], variant, uniforms, resume)
-                        if self._check_counters(tape) == 0:
-                            break
-                        resume = 1
-                        self.resumed_dispatches += 1
-                else:
-                    pending.append((kernel, n))
-        except TaperayError:
-            raise
-        except Exception as e:
-            self._lost(e)
+                    resume = 1
+                    self.resumed_dispatches += 1
+            else:
+                pending.append((kernel, n))
 
     def _check_counters(self, tape: Tape) -> int:
         """Waits for the GPU; raises on overflow; returns the unfinished pixel count."""
@@ -607,10 +631,7 @@ class GpuWalker:
         itemsize = np.dtype(dtype).itemsize
         if count == 0:
             return np.zeros(0, dtype)
-        try:
-            raw = self._ctx.device.queue.read_buffer(buf.buffer, offset_items * itemsize, count * itemsize)
-        except Exception as e:
-            self._lost(e)
+        raw = self._ctx.device.queue.read_buffer(buf.buffer, offset_items * itemsize, count * itemsize)
         return np.frombuffer(raw, dtype, count).copy()
 
     def _lost(self, e: Exception):
@@ -625,6 +646,7 @@ class GpuWalker:
         self._dispatch(tape, [(kernel, n_items)], variant, self._uniforms(tape, n_items, extra=extra))
 
     # -- the CpuWalker API
+    @_guarded
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
         pts = np.asarray(points)
@@ -637,6 +659,7 @@ class GpuWalker:
         self._run_points(tape, pts, "eval_points", n)
         return self._read(self._out_f, np.float32, n), self._read(self._out_u, np.uint32, n)
 
+    @_guarded
     def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
         """(N, 3) float32 central differences; eps defaults to 1e-3 of the bounds diagonal."""
         pts = np.asarray(points, np.float32)
@@ -653,6 +676,7 @@ class GpuWalker:
         d = self._read(self._out_f, np.float32, 6 * n).reshape(n, 6)
         return ((d[:, :3] - d[:, 3:]) / (np.float32(2) * e)).astype(np.float32)
 
+    @_guarded
     def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                     z: float = 0.0) -> np.ndarray:
         """(H, W) float32 field on the plane z = const; rect = (x0, x1, y0, y1); pixel centres;
@@ -678,6 +702,7 @@ class GpuWalker:
         self._prepare_outputs(8 * n, 9 * n, n)
         return camera, packed, variant, n
 
+    @_guarded
     def march(self, tape: Tape, camera: Camera, width: int, height: int,
               settings: RenderSettings | None = None, view: str = "shade") -> dict:
         """Primary rays by the camera's pixel convention: t (H,W) f32 (inf = miss), hit, steps int32,
@@ -699,6 +724,7 @@ class GpuWalker:
                     normal=np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32),
                     dirs=dirs, eye=eye)
 
+    @_guarded
     def light(self, tape: Tape, camera: Camera, width: int, height: int,
               settings: RenderSettings | None = None, view: str = "shade") -> dict:
         """March, then the key light's visibility and ambient occlusion: the march dict plus
@@ -711,6 +737,7 @@ class GpuWalker:
         out["shadow"], out["ao"] = np.ascontiguousarray(sa[..., 0]), np.ascontiguousarray(sa[..., 1])
         return out
 
+    @_guarded
     def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                settings: RenderSettings | None = None, samples: int = 1) -> np.ndarray:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``samples`` > 1 accumulates

@@ -88,22 +88,23 @@ _JIT = dict(cache=True, error_model="numpy", fastmath=False)
 
 
 # ----------------------------------------------------------------------------- rounding helpers
-_UD, _UU, _TINY, _FMAX = _f(1 - 2.0 ** -23), _f(1 + 2.0 ** -23), _f(2.0 ** -60), _f(np.finfo(np.float32).max)
+_EPS, _TINY, _FMAX = _f(2.0 ** -23), _f(2.0 ** -60), _f(np.finfo(np.float32).max)
 
 
 @njit(**_JIT)
 def _wdn(x):
     """A float32 below x by at least one ulp: x - |x| 2^-23 - 2^-60 (+inf becomes the largest
-    float). Branch-free, unlike nextafter, so lanes vectorise. The 2^-60 also keeps widened
-    zeros far from the subnormal range, whose arithmetic is ~100x slower on x86 (a product of
-    two widened zeros stays normal)."""
-    r = x * (_UD if x > F0 else _UU) - _TINY
+    float). Branch-free, unlike nextafter. The 2^-60 also keeps widened zeros far from the
+    subnormal range, whose arithmetic is ~100x slower on x86 (a product of two widened zeros
+    stays normal). The hot paths here are written without data-dependent branches: interval
+    outcomes vary from lane to lane, and mispredicted branches cost more than the arithmetic."""
+    r = x * (F1 - np.copysign(_EPS, x)) - _TINY
     return _FMAX if r == INF else r
 
 
 @njit(**_JIT)
 def _wup(x):
-    r = x * (_UU if x > F0 else _UD) + _TINY
+    r = x * (F1 + np.copysign(_EPS, x)) + _TINY
     return -_FMAX if r == -INF else r
 
 
@@ -114,7 +115,7 @@ def _add_dn(a, b):
     s = a + b
     bb = s - a
     err = (a - (s - bb)) + (b - bb)      # exact: a + b = s + err (NaN when s is infinite)
-    return s
+    return s if err >= F0 else _wdn(s)
 
 
 @njit(**_JIT)
@@ -200,20 +201,16 @@ def _iv_div(alo, ahi, blo, bhi):
 
 @njit(**_JIT)
 def _iv_abs(lo, hi):
-    if lo >= F0:
-        return lo, hi
-    if hi <= F0:
-        return -hi, -lo
-    return F0, max(-lo, hi)
+    return max(max(lo, -hi), F0), max(-lo, hi)          # (NaN bounds: the caller's)
 
 
 @njit(**_JIT)
 def _iv_square(lo, hi):
-    if lo != lo or hi != hi:
-        return NAN, NAN
     l, h = _iv_abs(lo, hi)
     l64, h64 = np.float64(l), np.float64(h)
-    return _f32_dn(l64 * l64), _f32_up(h64 * h64)         # exact in float64
+    l, h = _f32_dn(l64 * l64), _f32_up(h64 * h64)          # exact in float64
+    nan = lo != lo
+    return (NAN if nan else l), (NAN if nan else h)
 
 
 @njit(**_JIT)
@@ -227,12 +224,12 @@ def _iv_recip(lo, hi):
 
 @njit(**_JIT)
 def _iv_sqrt(lo, hi):
-    if lo != lo or hi != hi or lo < F0:
-        return NAN, NAN
-    l, h = np.sqrt(lo), np.sqrt(hi)                         # correctly rounded; 0 is exact
+    l, h = np.sqrt(max(lo, F0)), np.sqrt(hi)                 # correctly rounded; 0 is exact
     for _ in range(_WIDEN):
         l, h = _wdn(l), _wup(h)
-    return max(l, F0), (h if hi > F0 else F0)
+    l, h = max(l, F0), (h if hi > F0 else F0)
+    nan = (lo < F0) | (lo != lo)
+    return (NAN if nan else l), (NAN if nan else h)
 
 
 @njit(**_JIT)
@@ -364,13 +361,16 @@ def _iv_logic(op, alo, ahi, blo, bhi):
 
 @njit(**_JIT)
 def _iv_minmax(op, alo, ahi, blo, bhi):
+    """MIN / MAX with the choice: CHOICE_A (1) where a decides, CHOICE_B (2) where b does; the
+    comparisons are false on NaN bounds, giving CHOICE_BOTH (0)."""
     nan = (alo != alo) | (blo != blo)          # (a NaN interval has both bounds NaN)
-    if op == MIN:                              # comparisons with NaN are false: CHOICE_BOTH
-        ch = _CH_A if ahi <= blo else (_CH_B if bhi < alo else _CH_BOTH)
+    if op == MIN:
+        pick_a, pick_b = ahi <= blo, bhi < alo
         lo, hi = min(alo, blo), min(ahi, bhi)
     else:
-        ch = _CH_A if alo >= bhi else (_CH_B if blo > ahi else _CH_BOTH)
+        pick_a, pick_b = alo >= bhi, blo > ahi
         lo, hi = max(alo, blo), max(ahi, bhi)
+    ch = np.uint8(pick_a) | (np.uint8(pick_b) << np.uint8(1))
     return (NAN if nan else lo), (NAN if nan else hi), ch
 
 

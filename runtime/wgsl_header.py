@@ -141,14 +141,15 @@ def write(shader_dir: Path = SHADER_DIR) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m taperay.runtime.wgsl_header", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a committed file drifted")
+    ap.add_argument("--dir", type=Path, default=SHADER_DIR, help="shader folder (default: the package's)")
     args = ap.parse_args(argv)
     if args.check:
-        bad = drifted()
+        bad = drifted(args.dir)
         for name in bad:
-            print(f"drift: shaders/{name} differs from the opcode table / record dtypes", file=sys.stderr)
+            print(f"drift: {args.dir / name} differs from the tables it is generated from", file=sys.stderr)
         return 1 if bad else 0
-    for name in write():
-        print(f"wrote shaders/{name}")
+    for name in write(args.dir):
+        print(f"wrote {args.dir / name}")
     return 0
 
 

@@ -83,6 +83,8 @@ def _bounds(n: Node, cache) -> np.ndarray:
         return _box([-v[0] - v[1], -v[0] - v[1], -v[1]], [v[0] + v[1], v[0] + v[1], v[1]])
     if k == "plane":
         return _box([-INF] * 3, [INF] * 3)
+    if k == "field":
+        return _box(v[:3], v[3:6])
     if k == "extrude":
         xy = v[1:].reshape(-1, 2)
         return _box([*xy.min(0), -v[0]], [*xy.max(0), v[0]])
@@ -187,6 +189,9 @@ class _Emitter:
                 count = len(nums) // 2
             self.row(_SHAPE_OPS[k], dst, a=count, param=self.pool(nums), aux=mat)
             return 1
+        if k == "field":
+            self.emit_field(n.tape, dst, mat)
+            return 1
         if k == "union" and len(n.children) >= _LEAF_CULL_MIN:
             return self.emit_culled_union(list(n.children), dst, mat)
         if k in _COMBINE_OPS:
@@ -226,6 +231,18 @@ class _Emitter:
         if k == "instances":
             return self.emit_instances(n, dst, mat)
         raise AssertionError(k)
+
+    def emit_field(self, sub: Tape, dst: int, mat: int):
+        """Append an arithmetic sub-tape, its registers moved up by ``dst`` (its result, register
+        0, lands in ``dst``), its constants appended to the pool; then give it the material."""
+        rows = sub.instrs.copy()
+        for fld in ("dst", "a", "b", "c"):
+            rows[fld] += np.uint32(dst)
+        rows["param"] += np.uint32(len(self.params))
+        self.params.extend(sub.params.tolist())
+        self.rows.extend(list(r) for r in rows.tolist())
+        self.max_reg = max(self.max_reg, dst + sub.n_regs - 1)
+        self.row(Op.SET_MATERIAL, dst, a=dst, aux=mat)
 
     def emit_pattern(self, n: Node, dst: int, mat: int) -> int:
         child = n.children[0]

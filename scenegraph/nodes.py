@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from taperay.runtime.tape import INSTANCE_DTYPE, TaperayError
+from taperay.runtime.tape import INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError, validate
 
 __all__ = ["Node", "Param", "Material", "KINDS", "node_from_dict", "sphere", "box", "rounded_box",
            "cylinder", "capped_cone", "capsule", "torus", "ellipsoid", "plane", "extrude", "revolve",
@@ -81,6 +81,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("polar_pattern", "pattern", ("n",), 1),
     Kind("grid_pattern", "pattern", ("sx", "sy", "sz", "nx", "ny", "nz"), 1),
     Kind("instances", "pattern", (), 1),     # placements in Node.array (INSTANCE_DTYPE)
+    Kind("field", "shape", ("x0", "y0", "z0", "x1", "y1", "z1"), 0),   # arithmetic tape in Node.tape
 ]}
 
 
@@ -114,6 +115,7 @@ class Node:
     children: tuple["Node", ...] = ()
     mat: Material | None = None
     array: np.ndarray | None = None     # per-instance placements of an "instances" node
+    tape: Tape | None = None            # the arithmetic sub-tape of a "field" node
 
     def __post_init__(self):
         spec = KINDS.get(self.kind)
@@ -121,6 +123,8 @@ class Node:
             raise TaperayError(f"unknown node kind {self.kind!r}")
         if (self.kind == "instances") != (self.array is not None):
             raise TaperayError("only an instances node carries a placement array, and it must")
+        if (self.kind == "field") != (self.tape is not None):
+            raise TaperayError("only a field node carries an arithmetic tape, and it must")
         if self.array is not None and (self.array.dtype != INSTANCE_DTYPE or self.array.ndim != 1 or not len(self.array)):
             raise TaperayError("instance placements must be a non-empty INSTANCE_DTYPE array")
         nums = tuple(_num(v) for v in self.numbers)
@@ -186,7 +190,7 @@ class Node:
     def material(self, m: Material):
         if not isinstance(m, Material):
             raise TaperayError(f"material must be a Material, got {m!r}")
-        return Node(self.kind, self.numbers, self.children, m, self.array)
+        return Node(self.kind, self.numbers, self.children, m, self.array, self.tape)
 
     # -- patterns ------------------------------------------------------------------------------
     def linear_pattern(self, step, count):
@@ -214,6 +218,9 @@ class Node:
             d["children"] = [c.to_dict() for c in self.children]
         if self.array is not None:
             d["placements"] = self.array.tobytes()
+        if self.tape is not None:
+            d["tape"] = {"instrs": self.tape.instrs.tobytes(), "params": self.tape.params.tobytes(),
+                         "n_regs": self.tape.n_regs}
         if self.mat is not None:
             d["material"] = {"name": self.mat.name, "color": list(self.mat.color),
                              "roughness": self.mat.roughness}
@@ -307,7 +314,19 @@ def node_from_dict(d, depth: int = 0) -> Node:
         if len(rec):
             placements(rec["t"], rec["q"], rec["s"])   # validates; the stored records are kept bit-exact
             array = rec.copy()
-    return Node(d["kind"], tuple(numbers), tuple(node_from_dict(c, depth + 1) for c in kids), mat, array)
+    tape = None
+    if "tape" in d:
+        t = d["tape"]
+        try:
+            raw_i, raw_p, n_regs = t["instrs"], t["params"], int(t["n_regs"])
+            if not isinstance(raw_i, bytes) or not isinstance(raw_p, bytes) \
+                    or len(raw_i) % INSTR_DTYPE.itemsize or len(raw_p) % 4:
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise TaperayError(f"{d['kind']}: a field tape needs instrs/params bytes and n_regs") from None
+        tape = validate(Tape(np.frombuffer(raw_i, INSTR_DTYPE), np.frombuffer(raw_p, "<f4"),
+                             np.zeros(1, MATERIAL_DTYPE), n_regs, np.zeros((2, 3))))
+    return Node(d["kind"], tuple(numbers), tuple(node_from_dict(c, depth + 1) for c in kids), mat, array, tape)
 
 
 # -- constructors ------------------------------------------------------------------------------

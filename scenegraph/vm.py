@@ -41,7 +41,7 @@ import numpy as np
 from taperay.runtime.tape import (INSTR_DTYPE, MATERIAL_DTYPE, MAX_INSTRS, REG_CAPS, Op, Tape,
                                   TaperayError, validate)
 
-__all__ = ["load_vm", "VmImportError", "VmSyntaxError", "VM_OPCODES"]
+__all__ = ["load_vm", "program_tape", "Program", "VmImportError", "VmSyntaxError", "VM_OPCODES"]
 
 _LEAF = {"var-x": Op.VAR_X, "var-y": Op.VAR_Y, "var-z": Op.VAR_Z}
 _UNARY = {"neg": Op.NEG, "abs": Op.ABS, "recip": Op.RECIP, "sqrt": Op.SQRT, "square": Op.SQUARE,
@@ -75,7 +75,7 @@ class VmSyntaxError(VmImportError):
     """A malformed clause: ``line`` is the 1-based line number."""
 
 
-class _Program:
+class Program:
     """The hash-consed SSA graph: node i has op ``ops[i]``, arguments ``args[i]`` (node indices,
     all < i), and for constants the float32 value ``consts[i]``."""
 
@@ -98,9 +98,9 @@ class _Program:
         return i
 
 
-def _parse(text: str, source: str) -> tuple[_Program, int]:
+def _parse(text: str, source: str) -> tuple[Program, int]:
     """Parse ``text``; return the program and its output node."""
-    prog = _Program()
+    prog = Program()
     names: dict[str, tuple[int, int]] = {}     # id -> (node, line)
     lines = text.splitlines()
     root, clauses = -1, 0
@@ -161,7 +161,7 @@ def _undefined(source: str, lines: list[str], lineno: int, name: str) -> VmSynta
     return VmSyntaxError(source, f"undefined id {name!r}", lineno)
 
 
-def _live_order(prog: _Program, root: int) -> list[int]:
+def _live_order(prog: Program, root: int) -> list[int]:
     """The nodes the output depends on, in SSA (definition) order."""
     live = bytearray(root + 1)
     live[root] = 1
@@ -172,7 +172,7 @@ def _live_order(prog: _Program, root: int) -> list[int]:
     return [i for i in range(root + 1) if live[i]]
 
 
-def _depth_first_order(prog: _Program, order: list[int]) -> list[int]:
+def _depth_first_order(prog: Program, order: list[int]) -> list[int]:
     """Another topological order of the live nodes: post-order from the output, visiting first the
     argument whose subtree needs the most registers (Sethi-Ullman labels, sharing ignored), so each
     subexpression is computed just before it is consumed."""
@@ -196,7 +196,7 @@ def _depth_first_order(prog: _Program, order: list[int]) -> list[int]:
     return out
 
 
-def _schedule(prog: _Program, order: list[int], max_tree: int) -> list[tuple[int, tuple[int, ...]]]:
+def _schedule(prog: Program, order: list[int], max_tree: int) -> list[tuple[int, tuple[int, ...]]]:
     """Instructions as (node, operand slots; slots index the returned list). Every node whose
     expression tree has at most ``max_tree`` instructions (except the output) is recomputed right
     before each use instead of being held in a register."""
@@ -247,7 +247,7 @@ def _allocate(seq: list[tuple[int, tuple[int, ...]]]) -> tuple[list[int], int]:
     return dst, max(n_regs, 1)
 
 
-def _emit(prog: _Program, seq, dst: list[int], n_regs: int, source: str) -> Tape:
+def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str) -> Tape:
     n = len(seq)
     nodes = np.fromiter((node for node, _ in seq), np.int64, n)
     ops = np.asarray(prog.ops, np.uint32)[nodes]
@@ -295,6 +295,11 @@ def load_vm(path_or_text, max_regs: int = max(REG_CAPS)) -> Tape:
         raise TaperayError(f"max_regs must be in 1..{max(REG_CAPS)}, got {max_regs}")
     text, source = _read(path_or_text)
     prog, root = _parse(text, source)
+    return program_tape(prog, root, source, max_regs)
+
+
+def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_CAPS)) -> Tape:
+    """Schedule and register-allocate the hash-consed program ending in ``root`` into a tape."""
     order = _live_order(prog, root)
     orders = (order, _depth_first_order(prog, order))
     for max_tree in _RECOMPUTE_TREE_SIZES:

@@ -61,6 +61,12 @@ fn round_away(x: f32) -> f32 {
     return select(-r, r, x >= 0.0);
 }
 
+// the value of an opcode the interpreter does not know: NaN (validate() rejects such tapes, so
+// kernels never see one; value-returning dispatch still needs a last branch)
+fn unknown_op() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
 fn rand_bits(x: u32, y: u32) -> f32 {
     var h = (x * 0x9E3779B1u) ^ (y + 0x7F4A7C15u);
     h = (h ^ (h >> 16u)) * 0x45D9F3Bu;
@@ -161,8 +167,10 @@ fn shape(op: u32, p: vec4<f32>, k: u32) -> f32 {
         d = sqrt(qx * qx + z * z) - params[k + 1u];
     } else if (op == OP_ELLIPSOID) {
         d = sd_ellipsoid(x, y, z, params[k], params[k + 1u], params[k + 2u]);
-    } else {   // OP_PLANE (EXTRUDE_POLY / REVOLVE_POLY are sub-steps of run_tape)
+    } else if (op == OP_PLANE) {   // (EXTRUDE_POLY / REVOLVE_POLY are sub-steps of run_tape)
         d = x * params[k] + y * params[k + 1u] + z * params[k + 2u] - params[k + 3u];
+    } else {
+        d = unknown_op();
     }
     return d * p.w;
 }
@@ -176,22 +184,23 @@ fn unary(op: u32, va: f32) -> f32 {
         if (op == OP_ABS) { return abs(va); }
         if (op == OP_RECIP) { return 1.0 / va; }
         if (op == OP_SQRT) { return sqrt(va); }
-        return va * va;   // OP_SQUARE
-    }
-    if (op <= OP_TAN) {
+        if (op == OP_SQUARE) { return va * va; }
+    } else if (op <= OP_TAN) {
         if (op == OP_FLOOR) { return floor(va); }
         if (op == OP_CEIL) { return ceil(va); }
         if (op == OP_ROUND) { return round_away(va); }
         if (op == OP_SIN) { return sin(va); }
         if (op == OP_COS) { return cos(va); }
-        return tan(va);   // OP_TAN
+        if (op == OP_TAN) { return tan(va); }
+    } else {
+        if (op == OP_ASIN) { return asin(va); }
+        if (op == OP_ACOS) { return acos(va); }
+        if (op == OP_ATAN) { return atan(va); }
+        if (op == OP_EXP) { return exp(va); }
+        if (op == OP_LN) { return log(va); }
+        if (op == OP_NOT) { return select(0.0, 1.0, va == 0.0); }
     }
-    if (op == OP_ASIN) { return asin(va); }
-    if (op == OP_ACOS) { return acos(va); }
-    if (op == OP_ATAN) { return atan(va); }
-    if (op == OP_EXP) { return exp(va); }
-    if (op == OP_LN) { return log(va); }
-    return select(0.0, 1.0, va == 0.0);   // OP_NOT
+    return unknown_op();
 }
 
 fn binary(op: u32, va: f32, vb: f32, vc: f32) -> f32 {
@@ -199,7 +208,7 @@ fn binary(op: u32, va: f32, vb: f32, vc: f32) -> f32 {
         if (op == OP_ADD) { return va + vb; }
         if (op == OP_SUB) { return va - vb; }
         if (op == OP_MUL) { return va * vb; }
-        return va / vb;   // OP_DIV
+        if (op == OP_DIV) { return va / vb; }
     }
     if (op == OP_ATAN2) { return atan2(va, vb); }
     if (op == OP_COMPARE) {
@@ -211,7 +220,8 @@ fn binary(op: u32, va: f32, vb: f32, vc: f32) -> f32 {
     if (op == OP_AND) { return select(vb, va, va == 0.0); }
     if (op == OP_OR) { return select(vb, va, va != 0.0); }
     if (op == OP_MIX) { return va + (vb - va) * vc; }
-    return rand_bits(bitcast<u32>(va), bitcast<u32>(vb));   // OP_RAND (MOD: a sub-step of run_tape)
+    if (op == OP_RAND) { return rand_bits(bitcast<u32>(va), bitcast<u32>(vb)); }
+    return unknown_op();   // (MOD is a sub-step of run_tape)
 }
 
 // ---- patterns ---------------------------------------------------------------------------------
@@ -540,8 +550,8 @@ fn run_tape(pin: vec3<f32>) -> Eval {
         if (op < OP_SPHERE) {                                          // ---- arithmetic
             if (op <= OP_CONST || op == OP_INSTANCE_INDEX) {
                 var v = 0.0;
-                if (op <= OP_VAR_Z) {
-                    v = p[op];
+                if (op == OP_VAR_X || op == OP_VAR_Y || op == OP_VAR_Z) {
+                    v = p[op - OP_VAR_X];
                 } else if (op == OP_CONST) {
                     v = params[prm];
                 } else if (lsp > 0u) {
@@ -624,7 +634,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             } else if (op == OP_SCALE) {
                 let s = params[prm];
                 p = vec4<f32>(p.x / s, p.y / s, p.z / s, p.w * s);
-            } else {   // OP_MIRROR
+            } else if (op == OP_MIRROR) {
                 let nx = params[prm];
                 let ny = params[prm + 1u];
                 let nz = params[prm + 2u];
@@ -656,7 +666,8 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 } else if (op == OP_DIFFERENCE) {
                     reg[dst] = nmax(va, -vb);
                     regm[dst] = ma;
-                } else {   // smooth ops: smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k
+                } else if (op == OP_SMOOTH_UNION || op == OP_SMOOTH_INTERSECT || op == OP_SMOOTH_DIFFERENCE) {
+                    // smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k
                     let k = params[prm];
                     var x = va;
                     var y = vb;
@@ -745,7 +756,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             if (culled) {
                 nxt = ins.jump;
             }
-        } else {                                                       // ---- SET_MATERIAL
+        } else if (op == OP_SET_MATERIAL) {                            // ---- material
             reg[dst] = reg[ins.a];
             regm[dst] = ins.aux;
         }

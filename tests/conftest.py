@@ -1,10 +1,44 @@
-"""Shared pytest fixtures: the walkers (``walker_cpu``; ``walkers_all`` once the other walkers exist)."""
+"""Shared pytest fixtures: the walkers (``walker_cpu``, ``walker_gpu`` and ``walkers_all``, which
+parametrises a test over every walker). The GPU walker skips where no adapter exists, except when
+CI sets TAPERAY_REQUIRE_GPU=1: then its absence is a failure."""
+import os
+
 import pytest
 
 from taperay.runtime.cpu import CpuWalker
+
+WALKER_NAMES = ("cpu", "gpu")
+
+
+def gpu_required() -> bool:
+    return os.environ.get("TAPERAY_REQUIRE_GPU") == "1"
+
+
+def _absent(reason: str):
+    if gpu_required():
+        pytest.fail(f"TAPERAY_REQUIRE_GPU=1 but the GPU walker is absent: {reason}")
+    pytest.skip(f"GPU walker absent: {reason}")
 
 
 @pytest.fixture(scope="session")
 def walker_cpu():
     """The Numba reference walker."""
     return CpuWalker()
+
+
+@pytest.fixture(scope="session")
+def walker_gpu():
+    """The wgpu walker (Mesa lavapipe counts as an adapter)."""
+    try:
+        from taperay.runtime.gpu import GpuWalker
+    except ImportError as e:
+        _absent(f"wgpu is not installed ({e})")
+    if not GpuWalker.available():
+        _absent("no GPU adapter")
+    return GpuWalker()
+
+
+@pytest.fixture(params=WALKER_NAMES)
+def walkers_all(request):
+    """Each walker in turn (tests using it run once per walker)."""
+    return request.getfixturevalue(f"walker_{request.param}")

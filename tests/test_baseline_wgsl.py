@@ -45,10 +45,10 @@ TAPES = {
 }
 
 
-def test_text_inlines_parameters_and_fetches_no_instructions():
-    text = baseline_wgsl(flatten(fixed_scene()))
-    assert "instrs[" not in text and "params[" not in text   # no polygons or capsules here
-    assert "run_tape" not in text
+@pytest.mark.parametrize("name", sorted(TAPES))
+def test_text_inlines_parameters_and_fetches_no_instructions(name):
+    text = baseline_wgsl(TAPES[name]())
+    assert "instrs[" not in text and "params[" not in text and "run_tape" not in text
 
 
 def test_culls_become_nested_blocks():
@@ -65,7 +65,8 @@ def test_pattern_tapes_are_refused():
 
 
 @pytest.fixture(scope="module")
-def gpu_walker():
+def walker_gpu():
+    """As in test_cli.py; delete once tests/conftest.py provides `walker_gpu`."""
     from taperay.runtime.gpu import GpuWalker
     if not GpuWalker.available():
         if os.environ.get("TAPERAY_REQUIRE_GPU"):
@@ -77,11 +78,11 @@ def gpu_walker():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(TAPES))
 @pytest.mark.parametrize("culls", [True, False])
-def test_baseline_matches_cpu_twin(gpu_walker, walker_cpu, name, culls):
+def test_baseline_matches_cpu_twin(walker_gpu, walker_cpu, name, culls):
     from taperay.tools.bench_baseline import BaselineKernel
     tape = TAPES[name]()
     pts = np.random.default_rng(3).uniform(tape.bounds[0] - 0.2, tape.bounds[1] + 0.2, (4000, 3)).astype(np.float32)
-    kernel = BaselineKernel(gpu_walker, tape, culls=culls)
+    kernel = BaselineKernel(walker_gpu, tape, culls=culls)
     d, m = kernel.evaluate(pts)
     want_d, want_m = walker_cpu.evaluate(tape, pts)
     # float32 with literals folded by the shader compiler: a few ULP of the field's scale

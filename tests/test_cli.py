@@ -32,7 +32,8 @@ def scene_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def walker_gpu():
-    """The GPU walker (lavapipe counts); skipped without an adapter unless CI requires one."""
+    """The GPU walker (lavapipe counts); skipped without an adapter unless CI requires one
+    (TAPERAY_REQUIRE_GPU=1). Delete once tests/conftest.py provides `walker_gpu`."""
     from taperay.runtime.gpu import GpuWalker
     if not GpuWalker.available():
         if os.environ.get("TAPERAY_REQUIRE_GPU"):

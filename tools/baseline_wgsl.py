@@ -8,13 +8,13 @@ per scene).
 
 The kernel, ``baseline_eval``, has the contract of the interpreter's ``eval_points`` (the same
 bind group: ``points`` in, ``out_f`` distances and ``out_u`` material ids out, ``U.n_items``
-points) and is appended to the interpreter's own prelude, so it calls the very helpers the
-interpreter uses (``sd_box``, ``cap2``, ``qrot_conj``, ``nmin``, ...) and computes the same float32
-results in the same order. Straight-line means: arithmetic, shapes, point ops, combine ops, culls
-(as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``) and materials. Pattern
-loops (``REPEAT_*``, ``INSTANCES``) are not written out; such tapes raise ``TaperayError``.
-Extruded / revolved profiles read their vertices from ``params`` (as a generated kernel would read
-a constant table).
+points). It follows ``shaders/bindings.wgsl`` (bindings, uniforms, ``pmin`` / ``nmin`` ...) and
+nothing of the interpreter: its own helpers (``_HELPERS``) are the Numba twin's formulas
+(``runtime/cpu.py``) in the twin's order of operations, so it computes the twin's float32 results.
+Straight-line means: arithmetic, shapes (polygon edges unrolled, vertices as literals), point ops,
+combine ops, culls (as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``)
+and materials. Pattern loops (``REPEAT_*``, ``INSTANCES``) are not written out; such tapes raise
+``TaperayError``.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from taperay.runtime.opcodes import REG_CAPS, Op
+from taperay.runtime.opcodes import Op
 from taperay.runtime.tape import Tape, TaperayError
 
 __all__ = ["ENTRY", "baseline_wgsl", "module_source"]
@@ -31,7 +31,7 @@ ENTRY = "baseline_eval"
 
 _UNARY = {
     Op.NEG: "-{a}", Op.ABS: "abs({a})", Op.RECIP: "1.0 / {a}", Op.SQRT: "sqrt({a})",
-    Op.SQUARE: "{a} * {a}", Op.FLOOR: "floor({a})", Op.CEIL: "ceil({a})", Op.ROUND: "round_away({a})",
+    Op.SQUARE: "{a} * {a}", Op.FLOOR: "floor({a})", Op.CEIL: "ceil({a})", Op.ROUND: "bl_round({a})",
     Op.SIN: "sin({a})", Op.COS: "cos({a})", Op.TAN: "tan({a})", Op.ASIN: "asin({a})",
     Op.ACOS: "acos({a})", Op.ATAN: "atan({a})", Op.EXP: "exp({a})", Op.LN: "log({a})",
     Op.NOT: "select(0.0, 1.0, {a} == 0.0)", Op.COPY: "{a}",
@@ -40,20 +40,58 @@ _BINARY = {
     Op.ADD: "{a} + {b}", Op.SUB: "{a} - {b}", Op.MUL: "{a} * {b}", Op.DIV: "{a} / {b}",
     Op.ATAN2: "atan2({a}, {b})", Op.AND: "select({b}, {a}, {a} == 0.0)",
     Op.OR: "select({b}, {a}, {a} != 0.0)",
-    Op.RAND: "rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))",
-    Op.MOD: "mod_euclid({a}, {b})",
-    Op.COMPARE: "compare({a}, {b})",
+    Op.RAND: "bl_rand({a}, {b})",
+    Op.MOD: "bl_mod({a}, {b})",
+    Op.COMPARE: "bl_compare({a}, {b})",
 }
 _PATTERNS = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, Op.INSTANCES}
 
-# two helpers the interpreter writes inline inside its `arith` switch
+# the twin's scalar helpers (runtime/cpu.py), written for this baseline alone
 _HELPERS = """
-fn mod_euclid(a: f32, b: f32) -> f32 {
-    let r = fmod_exact(a, b);
+fn bl_len3(x: f32, y: f32, z: f32) -> f32 {
+    return sqrt(x * x + y * y + z * z);
+}
+
+fn bl_len2(x: f32, y: f32) -> f32 {
+    return sqrt(x * x + y * y);
+}
+
+fn bl_round(x: f32) -> f32 {
+    let ax = abs(x);
+    var r = floor(ax);
+    if (ax - r >= 0.5) {
+        r += 1.0;
+    }
+    return select(-r, r, x >= 0.0);
+}
+
+// C's fmod, exact: subtract |b| * 2^k (Sterbenz-exact) from |a| while it is >= |b|
+fn bl_fmod(a: f32, b: f32) -> f32 {
+    let y = abs(b);
+    var r = abs(a);
+    if (is_nan(a) || is_nan(b) || y == 0.0 || r == inf()) {
+        return (a - a) / (a - a);
+    }
+    if (y == inf() || r < y) {
+        return a;
+    }
+    let ey = frexp(y).exp;
+    for (var guard = 0u; guard < 320u && r >= y; guard++) {
+        var t = ldexp(y, frexp(r).exp - ey);
+        if (t > r) {
+            t = t * 0.5;
+        }
+        r = r - t;
+    }
+    return select(r, -r, a < 0.0);
+}
+
+fn bl_mod(a: f32, b: f32) -> f32 {
+    let r = bl_fmod(a, b);
     return select(r, r + abs(b), r < 0.0);
 }
 
-fn compare(a: f32, b: f32) -> f32 {
+fn bl_compare(a: f32, b: f32) -> f32 {
     if (a < b) {
         return -1.0;
     }
@@ -64,6 +102,119 @@ fn compare(a: f32, b: f32) -> f32 {
         return a + b;
     }
     return 0.0;
+}
+
+fn bl_rand(a: f32, b: f32) -> f32 {
+    var h = (bitcast<u32>(a) * 0x9E3779B1u) ^ (bitcast<u32>(b) + 0x7F4A7C15u);
+    h = (h ^ (h >> 16u)) * 0x45D9F3Bu;
+    h = (h ^ (h >> 16u)) * 0x45D9F3Bu;
+    h = h ^ (h >> 16u);
+    return f32(h >> 8u) / 16777216.0;
+}
+
+fn bl_box(x: f32, y: f32, z: f32, hx: f32, hy: f32, hz: f32) -> f32 {
+    let qx = abs(x) - hx;
+    let qy = abs(y) - hy;
+    let qz = abs(z) - hz;
+    let outside = bl_len3(pmax(qx, 0.0), pmax(qy, 0.0), pmax(qz, 0.0));
+    return outside + pmin(pmax(qx, pmax(qy, qz)), 0.0);
+}
+
+fn bl_cap2(dx: f32, dy: f32) -> f32 {
+    let ox = pmax(dx, 0.0);
+    let oy = pmax(dy, 0.0);
+    return pmin(pmax(dx, dy), 0.0) + sqrt(ox * ox + oy * oy);
+}
+
+fn bl_capped_cone(x: f32, y: f32, z: f32, h: f32, r1: f32, r2: f32) -> f32 {
+    let qx = sqrt(x * x + y * y);
+    let qy = z;
+    let k2x = r2 - r1;
+    let k2y = 2.0 * h;
+    let cax = qx - pmin(qx, select(r2, r1, qy < 0.0));
+    let cay = abs(qy) - h;
+    var t = ((r2 - qx) * k2x + (h - qy) * k2y) / (k2x * k2x + k2y * k2y);
+    t = pmin(pmax(t, 0.0), 1.0);
+    let cbx = qx - r2 + k2x * t;
+    let cby = qy - h + k2y * t;
+    let s = select(1.0, -1.0, cbx < 0.0 && cay < 0.0);
+    return s * sqrt(pmin(cax * cax + cay * cay, cbx * cbx + cby * cby));
+}
+
+fn bl_capsule(x: f32, y: f32, z: f32, ax: f32, ay: f32, az: f32, bx: f32, by: f32, bz: f32, r: f32) -> f32 {
+    let pax = x - ax;
+    let pay = y - ay;
+    let paz = z - az;
+    let bax = bx - ax;
+    let bay = by - ay;
+    let baz = bz - az;
+    let bb = bax * bax + bay * bay + baz * baz;
+    var h = 0.0;
+    if (bb > 0.0) {
+        h = pmin(pmax((pax * bax + pay * bay + paz * baz) / bb, 0.0), 1.0);
+    }
+    return bl_len3(pax - bax * h, pay - bay * h, paz - baz * h) - r;
+}
+
+fn bl_torus(x: f32, y: f32, z: f32, big_r: f32, r: f32) -> f32 {
+    let qx = bl_len2(x, y) - big_r;
+    return sqrt(qx * qx + z * z) - r;
+}
+
+fn bl_ellipsoid(x: f32, y: f32, z: f32, rx: f32, ry: f32, rz: f32) -> f32 {
+    let k0 = bl_len3(x / rx, y / ry, z / rz);
+    let k1 = bl_len3(x / (rx * rx), y / (ry * ry), z / (rz * rz));
+    if (k1 == 0.0) {
+        return -pmin(rx, pmin(ry, rz));
+    }
+    return k0 * (k0 - 1.0) / k1;
+}
+
+// one edge (vertex i, previous vertex j) of the twin's _poly: acc = (squared distance, sign)
+fn bl_poly_edge(acc: vec2<f32>, x: f32, y: f32, vix: f32, viy: f32, vjx: f32, vjy: f32) -> vec2<f32> {
+    let ex = vjx - vix;
+    let ey = vjy - viy;
+    let wx = x - vix;
+    let wy = y - viy;
+    let ee = ex * ex + ey * ey;
+    var t = 0.0;
+    if (ee > 0.0) {
+        t = pmin(pmax((wx * ex + wy * ey) / ee, 0.0), 1.0);
+    }
+    let bx = wx - ex * t;
+    let by = wy - ey * t;
+    let c1 = y >= viy;
+    let c2 = y < vjy;
+    let c3 = ex * wy > ey * wx;
+    let flip = (c1 && c2 && c3) || (!c1 && !c2 && !c3);
+    return vec2<f32>(pmin(acc.x, bx * bx + by * by), select(acc.y, -acc.y, flip));
+}
+
+fn bl_qrot_conj(w: f32, qx: f32, qy: f32, qz: f32, v: vec3<f32>) -> vec3<f32> {
+    let ux = -qx;
+    let uy = -qy;
+    let uz = -qz;
+    let tx = 2.0 * (uy * v.z - uz * v.y);
+    let ty = 2.0 * (uz * v.x - ux * v.z);
+    let tz = 2.0 * (ux * v.y - uy * v.x);
+    return vec3<f32>(v.x + w * tx + (uy * tz - uz * ty),
+                     v.y + w * ty + (uz * tx - ux * tz),
+                     v.z + w * tz + (ux * ty - uy * tx));
+}
+
+fn bl_mirror(p: vec4<f32>, nx: f32, ny: f32, nz: f32, d: f32) -> vec4<f32> {
+    let dp = p.x * nx + p.y * ny + p.z * nz;
+    if (dp < d) {
+        let k = 2.0 * (dp - d);
+        return vec4<f32>(p.x - k * nx, p.y - k * ny, p.z - k * nz, p.w);
+    }
+    return p;
+}
+
+// smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k; times the sign sg
+fn bl_smooth(x: f32, y: f32, k: f32, sg: f32) -> f32 {
+    let h = pmax(k - abs(x - y), 0.0) / k;
+    return sg * (nmin(x, y) - h * h * k * 0.25);
 }
 """
 
@@ -84,6 +235,7 @@ class _Writer:
         self.depth = 0            # point-stack depth
         self.max_depth = 0
         self.open_culls: list[int] = []   # jump targets of the open cull blocks
+        self.uses_poly = False
 
     def emit(self, text: str):
         self.lines.append("    " * (1 + len(self.open_culls)) + text)
@@ -91,34 +243,47 @@ class _Writer:
     def prm(self, off: int, k: int) -> list[str]:
         return [_lit(v) for v in self.tape.params[off:off + k]]
 
+    def poly(self, off: int, nv: int, x: str, y: str) -> str:
+        """The polygon at params[off:off + 2 nv], its edges unrolled into ``pq``; returns the
+        signed distance expression."""
+        v = self.tape.params[off:off + 2 * nv].reshape(nv, 2)
+        vx, vy = _lit(v[0, 0]), _lit(v[0, 1])
+        self.emit(f"pq = vec2<f32>(({x} - {vx}) * ({x} - {vx}) + ({y} - {vy}) * ({y} - {vy}), 1.0);")
+        for i in range(nv):
+            j = i - 1 if i else nv - 1
+            self.emit(f"pq = bl_poly_edge(pq, {x}, {y}, {_lit(v[i, 0])}, {_lit(v[i, 1])}, "
+                      f"{_lit(v[j, 0])}, {_lit(v[j, 1])});")
+        self.uses_poly = True
+        return "pq.y * sqrt(pq.x)"
+
     def shape(self, op: Op, off: int, a: int) -> str:
         P = self.prm
         if op is Op.SPHERE:
-            return f"len3(p.x, p.y, p.z) - {P(off, 1)[0]}"
+            return f"bl_len3(p.x, p.y, p.z) - {P(off, 1)[0]}"
         if op is Op.BOX:
-            return "sd_box(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
+            return "bl_box(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
         if op is Op.ROUND_BOX:
             hx, hy, hz, r = P(off, 4)
-            return f"sd_box(p.x, p.y, p.z, {hx} - {r}, {hy} - {r}, {hz} - {r}) - {r}"
+            return f"bl_box(p.x, p.y, p.z, {hx} - {r}, {hy} - {r}, {hz} - {r}) - {r}"
         if op is Op.CYLINDER:
             r, h = P(off, 2)
-            return f"cap2(len2(p.x, p.y) - {r}, abs(p.z) - {h})"
+            return f"bl_cap2(bl_len2(p.x, p.y) - {r}, abs(p.z) - {h})"
         if op is Op.CAPPED_CONE:
-            return "sd_capped_cone(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
+            return "bl_capped_cone(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
         if op is Op.CAPSULE:
-            return f"sd_capsule(p.x, p.y, p.z, {off}u)"
+            return "bl_capsule(p.x, p.y, p.z, {}, {}, {}, {}, {}, {}, {})".format(*P(off, 7))
         if op is Op.TORUS:
-            big, r = P(off, 2)
-            return f"sd_torus_q(len2(p.x, p.y) - {big}, p.z, {r})"
+            return "bl_torus(p.x, p.y, p.z, {}, {})".format(*P(off, 2))
         if op is Op.ELLIPSOID:
-            return "sd_ellipsoid(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
+            return "bl_ellipsoid(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
         if op is Op.PLANE:
             nx, ny, nz, d = P(off, 4)
             return f"p.x * {nx} + p.y * {ny} + p.z * {nz} - {d}"
         if op is Op.EXTRUDE_POLY:
-            return f"cap2(sd_poly({off + 1}u, {a}u, p.x, p.y), abs(p.z) - {P(off, 1)[0]})"
+            return f"bl_cap2({self.poly(off + 1, a, 'p.x', 'p.y')}, abs(p.z) - {P(off, 1)[0]})"
         if op is Op.REVOLVE_POLY:
-            return f"sd_poly({off}u, {a}u, len2(p.x, p.y), p.z)"
+            self.emit("pr = bl_len2(p.x, p.y);")
+            return self.poly(off, a, "pr", "p.z")
         raise AssertionError(op)
 
     def point(self, op: Op, off: int):
@@ -138,13 +303,12 @@ class _Writer:
             self.emit(f"p = vec4<f32>(p.x - pmin(pmax(p.x, -{tx}), {tx}), p.y - pmin(pmax(p.y, -{ty}), {ty}), "
                       f"p.z - pmin(pmax(p.z, -{tz}), {tz}), p.w);")
         elif op is Op.ROTATE:
-            self.emit("p = vec4<f32>(qrot_conj(vec4<f32>({}, {}, {}, {}), p.xyz), p.w);".format(*P(off, 4)))
+            self.emit("p = vec4<f32>(bl_qrot_conj({}, {}, {}, {}, p.xyz), p.w);".format(*P(off, 4)))
         elif op is Op.SCALE:
             s = P(off, 1)[0]
             self.emit(f"p = vec4<f32>(p.x / {s}, p.y / {s}, p.z / {s}, p.w * {s});")
         elif op is Op.MIRROR:
-            nx, ny, nz, d = P(off, 4)
-            self.emit(f"p = mirror_point(p, vec3<f32>({nx}, {ny}, {nz}), {d});")
+            self.emit("p = bl_mirror(p, {}, {}, {}, {});".format(*P(off, 4)))
         else:
             raise AssertionError(op)
 
@@ -169,7 +333,7 @@ class _Writer:
             x, y, sg, m = {Op.SMOOTH_UNION: (va, vb, "1.0", mat_smaller),
                            Op.SMOOTH_INTERSECT: (f"-{va}", f"-{vb}", "-1.0", mat_larger),
                            Op.SMOOTH_DIFFERENCE: (f"-{va}", vb, "-1.0", ma)}[op]
-            self.emit(f"m{dst} = {m}; r{dst} = smooth_min_signed({x}, {y}, {k}, {sg});")
+            self.emit(f"m{dst} = {m}; r{dst} = bl_smooth({x}, {y}, {k}, {sg});")
 
     def write(self) -> list[str]:
         cols = self.tape.as_columns().tolist()
@@ -218,7 +382,7 @@ class _Writer:
         box = self.prm(off, 7)
         c = [_lit(np.float32(np.float32(u) + np.float32(v)) * np.float32(0.5)) for u, v in ((x0, x1), (y0, y1), (z0, z1))]
         h = [_lit(np.float32(np.float32(v) - np.float32(u)) * np.float32(0.5)) for u, v in ((x0, x1), (y0, y1), (z0, z1))]
-        self.emit(f"r{dst} = sd_box(p.x - {c[0]}, p.y - {c[1]}, p.z - {c[2]}, {h[0]}, {h[1]}, {h[2]}) * p.w; "
+        self.emit(f"r{dst} = bl_box(p.x - {c[0]}, p.y - {c[1]}, p.z - {c[2]}, {h[0]}, {h[1]}, {h[2]}) * p.w; "
                   f"m{dst} = {aux}u;")
         if not self.culls:
             return
@@ -230,28 +394,17 @@ class _Writer:
 
 
 def baseline_wgsl(tape: Tape, culls: bool = True, entry: str = ENTRY) -> str:
-    """The kernel ``entry`` evaluating ``tape`` written out (append it to ``module_source``'s
-    prelude; ``module_source`` does both)."""
+    """The helpers and the kernel ``entry`` evaluating ``tape`` written out (to follow the
+    bindings prelude; ``module_source`` gives the whole module)."""
     w = _Writer(tape, culls)
     body = w.write()
     decl = [f"    var r{i} = 0.0;\n    var m{i} = 0u;" for i in range(tape.n_regs)]
     decl += [f"    var s{d} = vec4<f32>(0.0);" for d in range(w.max_depth)]
+    if w.uses_poly:
+        decl += ["    var pq = vec2<f32>(0.0);", "    var pr = 0.0;"]
     return "\n".join([
         f"// {tape.source or 'tape'}: {len(tape)} records written out by tools/baseline_wgsl.py",
         _HELPERS,
-        "fn sd_torus_q(qx: f32, z: f32, r: f32) -> f32 {\n    return sqrt(qx * qx + z * z) - r;\n}\n",
-        "fn mirror_point(p: vec4<f32>, n: vec3<f32>, d: f32) -> vec4<f32> {",
-        "    let dp = p.x * n.x + p.y * n.y + p.z * n.z;",
-        "    if (dp < d) {",
-        "        let k = 2.0 * (dp - d);",
-        "        return vec4<f32>(p.x - k * n.x, p.y - k * n.y, p.z - k * n.z, p.w);",
-        "    }",
-        "    return p;",
-        "}\n",
-        "fn smooth_min_signed(x: f32, y: f32, k: f32, sg: f32) -> f32 {",
-        "    let h = pmax(k - abs(x - y), 0.0) / k;",
-        "    return sg * (nmin(x, y) - h * h * k * 0.25);",
-        "}\n",
         "@compute @workgroup_size(WG)",
         f"fn {entry}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,",
         "            @builtin(num_workgroups) nwg: vec3<u32>) {",
@@ -269,10 +422,9 @@ def baseline_wgsl(tape: Tape, culls: bool = True, entry: str = ENTRY) -> str:
 
 
 def module_source(tape: Tape, culls: bool = True) -> str:
-    """A whole shader module: the interpreter's prelude (the committed shader files the GPU
-    walker concatenates, with the smallest register variant) followed by ``baseline_wgsl``."""
-    from taperay.runtime import gpu
-    from taperay.runtime.wgsl_header import regcap_name
-    names = (*gpu.PRELUDE_BEFORE_REGCAP, regcap_name(REG_CAPS[0]), *gpu.PRELUDE_AFTER_REGCAP)
-    prelude = "\n".join((gpu.SHADER_DIR / n).read_text() for n in names)
+    """A whole shader module: the committed bindings prelude the walker's kernels share
+    (``generated_tape.wgsl``, ``generated_render.wgsl``, ``bindings.wgsl``: the same bind group
+    layout) followed by ``baseline_wgsl``."""
+    from taperay.runtime.wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR
+    prelude = "\n".join((SHADER_DIR / n).read_text() for n in (HEADER_NAME, RENDER_NAME, "bindings.wgsl"))
     return prelude + "\n" + baseline_wgsl(tape, culls)

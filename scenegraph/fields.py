@@ -1,0 +1,132 @@
+"""Custom fields as scene nodes: expressions on x, y, z written with Python operators, or
+imported ``.vm`` programs, become arithmetic sub-tapes inside a ``field`` node.
+
+``x, y, z`` are the current local point, so a field can be transformed, patterned, combined with
+primitives and given a material like any other node. Expressions are hash-consed and
+register-allocated by the same scheduler as the ``.vm`` importer (``vm.program_tape``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from taperay.runtime.tape import OPS, Family, Op, Tape, TaperayError, validate
+
+from .nodes import Node
+
+__all__ = ["Expr", "x", "y", "z", "const", "field", "vm_field", "sqrt", "abs_", "sin", "cos", "tan",
+           "asin", "acos", "atan", "atan2", "exp", "ln", "floor", "ceil", "round_", "square",
+           "minimum", "maximum", "mod", "compare", "mix", "select_and", "select_or", "logical_not"]
+
+
+class Expr:
+    """An arithmetic expression tree (immutable); build with x, y, z, numbers and operators."""
+    __slots__ = ("op", "args", "value")
+
+    def __init__(self, op: Op, args: tuple["Expr", ...] = (), value: float = 0.0):
+        self.op, self.args, self.value = op, args, value
+
+    @staticmethod
+    def lift(v) -> "Expr":
+        if isinstance(v, Expr):
+            return v
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise TaperayError(f"field expressions take numbers and expressions, got {v!r}") from None
+        return Expr(Op.CONST, (), f)
+
+    def _bin(self, op, other, swap=False):
+        a, b = Expr.lift(self), Expr.lift(other)
+        return Expr(op, (b, a) if swap else (a, b))
+
+    def __add__(self, o): return self._bin(Op.ADD, o)
+    def __radd__(self, o): return self._bin(Op.ADD, o, True)
+    def __sub__(self, o): return self._bin(Op.SUB, o)
+    def __rsub__(self, o): return self._bin(Op.SUB, o, True)
+    def __mul__(self, o): return self._bin(Op.MUL, o)
+    def __rmul__(self, o): return self._bin(Op.MUL, o, True)
+    def __truediv__(self, o): return self._bin(Op.DIV, o)
+    def __rtruediv__(self, o): return self._bin(Op.DIV, o, True)
+    def __mod__(self, o): return self._bin(Op.MOD, o)
+    def __neg__(self): return Expr(Op.NEG, (self,))
+    def __abs__(self): return Expr(Op.ABS, (self,))
+
+    def __pow__(self, k):
+        if k == 2:
+            return Expr(Op.SQUARE, (self,))
+        raise TaperayError("field expressions support ** 2 only (use exp/ln for other powers)")
+
+    def __repr__(self):
+        return f"Expr({self.op.name}{', ' + repr(self.value) if self.op is Op.CONST else ''})"
+
+
+def _unary(op):
+    return lambda e: Expr(op, (Expr.lift(e),))
+
+
+def _binary(op):
+    return lambda a, b: Expr(op, (Expr.lift(a), Expr.lift(b)))
+
+
+x, y, z = Expr(Op.VAR_X), Expr(Op.VAR_Y), Expr(Op.VAR_Z)
+const = Expr.lift
+sqrt, abs_, sin, cos, tan = (_unary(o) for o in (Op.SQRT, Op.ABS, Op.SIN, Op.COS, Op.TAN))
+asin, acos, atan, exp, ln = (_unary(o) for o in (Op.ASIN, Op.ACOS, Op.ATAN, Op.EXP, Op.LN))
+floor, ceil, round_, square = (_unary(o) for o in (Op.FLOOR, Op.CEIL, Op.ROUND, Op.SQUARE))
+logical_not = _unary(Op.NOT)
+minimum, maximum, atan2, mod = (_binary(o) for o in (Op.MIN, Op.MAX, Op.ATAN2, Op.MOD))
+compare, select_and, select_or = (_binary(o) for o in (Op.COMPARE, Op.AND, Op.OR))
+
+
+def mix(a, b, t):
+    return Expr(Op.MIX, (Expr.lift(a), Expr.lift(b), Expr.lift(t)))
+
+
+def _expr_tape(root: Expr, source: str) -> Tape:
+    from .vm import Program, program_tape
+    prog = Program()
+    index: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:                       # iterative post-order: deep expressions do not recurse
+        e, ready = stack.pop()
+        if id(e) in index:
+            continue
+        if not ready:
+            stack.append((e, True))
+            stack.extend((a, False) for a in e.args if id(a) not in index)
+            continue
+        if e.op is Op.CONST:
+            v = np.float32(e.value)
+            index[id(e)] = prog.node(Op.CONST, (), float(v), int(v.view(np.uint32)))
+        else:
+            index[id(e)] = prog.node(e.op, tuple(index[id(a)] for a in e.args))
+    keep_alive = root                  # ids stay unique while the tree is referenced
+    tape = program_tape(prog, index[id(keep_alive)], source)
+    return tape
+
+
+def field(expr_or_tape, bounds=((-1, -1, -1), (1, 1, 1)), name: str = "field") -> Node:
+    """A node whose value is an arithmetic expression or arithmetic tape of x, y, z.
+
+    ``bounds``: a box that holds the field's surface (used for framing and culling); the field
+    must be a distance bound (1-Lipschitz) for sphere tracing to be exact.
+    """
+    if isinstance(expr_or_tape, Tape):
+        tape = expr_or_tape
+    elif isinstance(expr_or_tape, (Expr, int, float)):
+        tape = _expr_tape(Expr.lift(expr_or_tape), name)
+    else:
+        raise TaperayError(f"field() takes an expression or an arithmetic tape, got {type(expr_or_tape).__name__}")
+    ops = {Op(int(o)) for o in np.unique(tape.instrs["op"])}
+    bad = sorted(o.name for o in ops if OPS[o].family is not Family.ARITH)
+    if bad:
+        raise TaperayError(f"{tape.source or name}: a field holds arithmetic ops only, not {', '.join(bad)}")
+    validate(tape)
+    b = np.asarray(bounds, float).reshape(2, 3)
+    return Node("field", (*b[0], *b[1]), (), None, None, tape)
+
+
+def vm_field(path, bounds=((-1, -1, -1), (1, 1, 1))) -> Node:
+    """A Fidget ``.vm`` program as a scene node."""
+    from .vm import load_vm
+    return field(load_vm(path), bounds)

@@ -1,0 +1,88 @@
+"""The generated WGSL header: committed files match the tables, layouts match numpy, and every op
+constant is used by the one interpreter that every kernel includes."""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from taperay.runtime import wgsl_header
+from taperay.runtime.opcodes import REG_CAPS, Op
+from taperay.runtime.shading import PACK_FIELDS, VIEWS
+from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE
+
+SHADERS = wgsl_header.SHADER_DIR
+
+
+def test_committed_files_match_the_tables():
+    assert wgsl_header.drifted() == []
+
+
+def test_check_exits_1_on_drift_and_0_when_clean(tmp_path):
+    wgsl_header.write(tmp_path)
+    cmd = [sys.executable, "-m", "taperay.runtime.wgsl_header", "--check", "--dir", str(tmp_path)]
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    header = tmp_path / wgsl_header.HEADER_NAME
+    header.write_text(header.read_text().replace("const OP_ADD: u32 = 22u;", "const OP_ADD: u32 = 23u;"))
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 1 and wgsl_header.HEADER_NAME in run.stderr
+    assert wgsl_header.drifted(tmp_path) == [wgsl_header.HEADER_NAME]
+
+
+def test_header_numbers_equal_the_opcode_table():
+    text = (SHADERS / wgsl_header.HEADER_NAME).read_text()
+    consts = {m[0]: int(m[1]) for m in re.findall(r"const OP_(\w+): u32 = (\d+)u;", text)}
+    assert consts == {op.name: int(op) for op in Op}
+
+
+def test_render_layout_constants_equal_the_packed_settings():
+    text = (SHADERS / wgsl_header.RENDER_NAME).read_text()
+    sets = {m[0]: int(m[1]) for m in re.findall(r"const SET_(\w+): u32 = (\d+)u;", text)}
+    assert sets == {k.upper(): off for k, (off, _) in PACK_FIELDS.items()}
+    views = {m[0]: int(m[1]) for m in re.findall(r"const VIEW_(\w+): u32 = (\d+)u;", text)}
+    assert views == {v.upper(): i for i, v in enumerate(VIEWS)}
+
+
+def _wgsl_offsets(struct_text: str, dtype: np.dtype) -> list[str]:
+    return re.findall(r"^\s+(\w+): ", struct_text, re.M)
+
+
+@pytest.mark.parametrize("name,dtype", [("Instr", INSTR_DTYPE), ("Material", MATERIAL_DTYPE),
+                                        ("Instance", INSTANCE_DTYPE), ("Bvh", BVH_DTYPE)])
+def test_every_record_dtype_has_its_struct(name, dtype):
+    text = (SHADERS / wgsl_header.HEADER_NAME).read_text()
+    body = re.search(rf"struct {name} {{(.*?)}}", text, re.S)
+    assert body, f"struct {name} missing"
+    assert _wgsl_offsets(body.group(1), dtype) == list(dtype.names)
+    assert f"// {dtype.itemsize} bytes" in text
+
+
+def test_layouts_wgsl_cannot_mirror_are_rejected():
+    with pytest.raises(ValueError, match="no WGSL"):
+        wgsl_header.wgsl_struct("Bad", np.dtype([("x", "<f8")]))
+    padded = np.dtype({"names": ["a", "b"], "formats": ["<f4", "<f4"], "offsets": [0, 8], "itemsize": 12})
+    with pytest.raises(ValueError, match="offset"):
+        wgsl_header.wgsl_struct("Padded", padded)
+    # a vec3 followed by a scalar packs into 16 bytes exactly as numpy does
+    assert "vec3<f32>" in wgsl_header.wgsl_struct("M", MATERIAL_DTYPE)
+
+
+def test_one_register_variant_file_per_capacity():
+    for cap in REG_CAPS:
+        text = (SHADERS / wgsl_header.regcap_name(cap)).read_text()
+        assert f"const REG_CAP: u32 = {cap}u;" in text
+
+
+def test_every_op_is_implemented_by_the_interpreter():
+    """Each OP_<NAME> is referenced by interpreter.wgsl (comments stripped), and every kernel
+    module is the fixed prelude + interpreter + a kernel file."""
+    code = re.sub(r"//[^\n]*", "", (SHADERS / "interpreter.wgsl").read_text())
+    missing = [op.name for op in Op if not re.search(rf"\bOP_{op.name}\b", code)]
+    assert missing == []
+    from taperay.runtime import gpu
+    for kernel, (file, _) in gpu.KERNELS.items():
+        for cap in REG_CAPS:
+            src = gpu._shader_text(file, cap)
+            assert (SHADERS / "interpreter.wgsl").read_text() in src
+            assert f"fn {kernel}(" in src

@@ -1,0 +1,52 @@
+"""Benchmark ``prune-cpu``: prospero.vm through the CPU twin's interval pruning (runtime.pruning).
+
+Rows: the sign image (inside where f < 0) and the pruned float field image at 1024^2 and 4096^2,
+and the unpruned CpuWalker.field_image at 1024^2 for the ratio (one timed call: it takes seconds).
+Each pruned row is the median of ``--repeat`` calls after one warm-up call (which also loads or
+compiles the Numba kernels); the mean pruned tape length per tile level is reported beside it.
+``--n`` is not used (the image sizes are fixed).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from taperay.tools.bench import BenchResult, summarize, time_calls
+
+PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
+
+
+def bench_prune_cpu(opts) -> BenchResult:
+    import numba
+
+    from taperay.runtime.cpu import CpuWalker
+    from taperay.runtime.pruning import DEFAULT_TILES, field_image_pruned, sign_image
+    from taperay.scenegraph.vm import load_vm
+    tape = load_vm(PROSPERO)
+    rows = []
+    for size in (1024, 4096):
+        h = 1.0 / (size - 1)
+        rect = (-1 - h, 1 + h, -1 - h, 1 + h)
+        for name, fn in (("sign_image", sign_image), ("field_image_pruned", field_image_pruned)):
+            stats: dict = {}
+            fn(tape, size, size, rect, stats=stats)
+            times = time_calls(lambda: fn(tape, size, size, rect), opts.repeat, warmup=0)
+            s = summarize(times)
+            rows.append({"what": f"{name} {size}", "size": size, "pruned": "yes", "median ms": s["median_ms"],
+                         "min ms": s["min_ms"], "image tape": stats["image"],
+                         "mean tape per level": " / ".join(f"{lv['tile']}px {lv['mean_length']:.0f}"
+                                                           for lv in stats["levels"])})
+    walker = CpuWalker()
+    walker.field_image(tape, 64, 64)
+    s = summarize(time_calls(lambda: walker.field_image(tape, 1024, 1024), 1, warmup=0))
+    rows.append({"what": "CpuWalker.field_image 1024", "size": 1024, "pruned": "no", "median ms": s["median_ms"],
+                 "min ms": s["min_ms"], "image tape": len(tape), "mean tape per level": "-"})
+    return BenchResult(rows, settings={"repeat": opts.repeat, "tiles": list(DEFAULT_TILES),
+                                       "records": len(tape)},
+                       notes=["medians after one warm-up call; the unpruned row is one call",
+                              f"numba threads {numba.get_num_threads()}, threading layer "
+                              f"{numba.config.THREADING_LAYER}, OMP_WAIT_POLICY="
+                              f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}: with the OpenMP layer "
+                              "and the default wait policy, each parallel launch on a busy 2-core "
+                              "machine can cost ~10 ms"],
+                       chart=("what", "median ms"))
