@@ -299,8 +299,7 @@ def first_differing_record(tape: Tape, point: np.ndarray, cpu, walker, tol: Tole
 
 
 def _probe_tape(tape: Tape, k: int) -> Tape | None:
-    ins = tape.instrs[:k + 2].copy()
-    ins[k + 1] = np.zeros(1, INSTR_DTYPE)[0]
+    ins = np.concatenate([tape.instrs[:k + 1], np.zeros(1, INSTR_DTYPE)])
     ins[k + 1]["op"], ins[k + 1]["a"] = int(Op.COPY), tape.instrs[k]["dst"]
     params = tape.params.copy()
     for i in np.flatnonzero(ins["op"][:k + 1] == int(Op.CULL_BOX)):
@@ -323,12 +322,13 @@ def _run(walker, fn: str, *args):
 
 def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_points: int = 256,
                  image: tuple[int, int] = (24, 18), name: str | None = None,
-                 report: ConformanceReport | None = None, _walkers: dict | None = None) -> ConformanceReport:
-    """Grade ``tape`` as a scene on every walker: points (field + material) and a march image."""
+                 report: ConformanceReport | None = None, graded: dict | None = None) -> ConformanceReport:
+    """Grade ``tape`` as a scene on every walker: points (field + material) and a march image.
+    ``graded`` gives the walker objects by name (default: ``available_walkers(walkers)``)."""
     from .cpu import CpuWalker
     validate(tape)
     cpu = CpuWalker()
-    ws = available_walkers(walkers) if _walkers is None else _walkers
+    ws = available_walkers(walkers) if graded is None else graded
     report = report or ConformanceReport(walkers=list(ws))
     rng = np.random.default_rng(seed)
     pts, scale = _points(tape, rng, n_points)
@@ -366,11 +366,11 @@ def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_
 
 
 def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_points: int = 256,
-                   image: tuple[int, int] = (24, 18)) -> ConformanceReport:
+                   image: tuple[int, int] = (24, 18), graded: dict | None = None) -> ConformanceReport:
     """One tape per op (graded with that op's tolerance), ``n`` random composite scenes and a tape
-    wide enough for the largest register variant, on every available walker."""
+    wide enough for the largest register variant, on every available walker (or ``graded``)."""
     from .cpu import CpuWalker
-    ws = available_walkers(walkers)
+    ws = available_walkers(walkers) if graded is None else graded
     report = ConformanceReport(walkers=list(ws))
     cpu = CpuWalker()
     rng = np.random.default_rng(seed)
@@ -392,9 +392,9 @@ def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_po
     for i in range(n):
         tape = random_tape(np.random.default_rng([seed, i]))
         conform_tape(tape, seed=seed + i, n_points=n_points, image=image, name=f"random #{i} (seed {seed})",
-                     report=report, _walkers=ws)
+                     report=report, graded=ws)
     conform_tape(wide_tape(np.random.default_rng([seed, n]), max(REG_CAPS) - 8), seed=seed, n_points=n_points,
-                 image=image, name=f"wide ({max(REG_CAPS) - 8} registers)", report=report, _walkers=ws)
+                 image=image, name=f"wide ({max(REG_CAPS) - 8} registers)", report=report, graded=ws)
     return report
 
 
@@ -450,8 +450,8 @@ def _polygon(rng: np.random.Generator, n: int, r0: float, r1: float, centre=(0.0
     return np.stack([centre[0] + rad * np.cos(ang), centre[1] + rad * np.sin(ang)], 1)
 
 
-_SHAPES = (Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.CAPPED_CONE, Op.CAPSULE, Op.TORUS,
-           Op.ELLIPSOID, Op.PLANE, Op.EXTRUDE_POLY, Op.REVOLVE_POLY)
+_BOUNDED_SHAPES = (Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.CAPPED_CONE, Op.CAPSULE, Op.TORUS,
+                   Op.ELLIPSOID, Op.EXTRUDE_POLY, Op.REVOLVE_POLY)   # (planes: op_tape only)
 
 
 def _shape(b: TapeBuilder, rng: np.random.Generator, op: Op, dst: int, mat: int, size: float = 0.5):
@@ -538,7 +538,7 @@ def _node(b: TapeBuilder, rng: np.random.Generator, dst: int, depth: int, loops:
     mat = int(rng.integers(0, 4))
     choice = rng.uniform()
     if depth <= 0 or choice < 0.3:
-        _shape(b, rng, _SHAPES[int(rng.integers(len(_SHAPES) - 1))], dst, mat, size)   # no planes
+        _shape(b, rng, _BOUNDED_SHAPES[int(rng.integers(len(_BOUNDED_SHAPES)))], dst, mat, size)
     elif choice < 0.45:
         b.row(Op.PUSH)
         for op in rng.choice([Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE],

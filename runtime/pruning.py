@@ -8,9 +8,14 @@ Interval evaluation (``runtime.intervals`` is the float64 reference it implement
   * an interval is a float32 pair (lo, hi); "may be NaN" is lo = hi = NaN and propagates by the
     reference's rules (AND / OR ignore a NaN operand they never select);
   * it contains every value the point interpreter (``runtime.cpu``) computes for points in the
-    box: + - * / and the other rounded ops (recip, square, mod, mix) round each bound outward by
-    one float32 ulp, sqrt and the transcendental ops (computed in float64) by ``WIDEN_ULPS``;
-    exact ops (neg, abs, floor, ceil, round, min, max, compare, not, and, or) are not widened;
+    box, and the exact real values too. Rounding is outward and at least one float32 ulp where
+    a bound may be inexact: add / sub scale the rounded bound by (1 -/+ 2^-23) (a float32 sum
+    that rounds to 0 or a subnormal is exact and is kept, so 0 stays 0); mul / square bound the
+    exact float64 products; recip / div / mod widen by an ulp; sqrt (correctly rounded, exact at
+    0) and the transcendental ops (computed in float64) widen by ``WIDEN_ULPS``; exact ops (neg,
+    abs, floor, ceil, round, min, max, compare, not, and, or) are not widened. Widening uses
+    arithmetic (``_wdn`` / ``_wup``), not nextafter, with a 2^-60 floor that keeps widened
+    zeros out of the slow subnormal range;
   * "may be NaN" is also raised where a point can be NaN although the reference's endpoint
     formulas say it cannot: inf - inf inside add / sub (e.g. [1, inf] + [-inf, -1]), 0 * inf
     inside mul ([-1, 1] * [1, inf]) and tan of an infinite bound. Pruning relies on it: a
@@ -25,9 +30,9 @@ so the pruned tape is run by the same interpreter and gives bit-identical values
 ids) at every point of the box: a decided op returns its chosen operand bit for bit (the point
 rule ``_fmin`` / ``_fmax`` returns a on ties, b only where b < a).
 
-Hierarchical tiles (2D): the whole image is evaluated once and pruned; then the top tiles (first
-entry of ``tiles``, in pixels) are evaluated together in lanes; each top tile is pruned and walked
-depth first: its children (next entry of ``tiles``) are evaluated together with the parent's
+Hierarchical tiles (2D), one parallel launch per image: the whole image is evaluated once and
+pruned; then the top tiles (first entry of ``tiles``, in pixels) are evaluated together in lanes
+of ``_LANES`` boxes; each top tile (prange) is pruned and walked depth first: its children (next entry of ``tiles``) are evaluated together with the parent's
 pruned tape, pruned again, and the last level's tiles evaluate their pixels with their own
 pruned tape. A tile's box is the range of its float32 pixel centres (exactly the points the
 image evaluates), so decisions hold at every pixel. ``sign_image`` fills tiles whose interval is
@@ -45,7 +50,6 @@ patterns, culls, materials) are not pruned: every entry point falls back to ``Cp
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -57,7 +61,7 @@ from .tape import Tape, TaperayError, validate
 __all__ = ["is_arithmetic", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "DEFAULT_TILES"]
 
-DEFAULT_TILES = (256, 64, 16, 4)   # 2D tile sizes in pixels, coarse to fine (each divides the previous)
+DEFAULT_TILES = (256, 64, 16)   # 2D tile sizes in pixels, coarse to fine
 
 # opcode numbers as module constants (Numba freezes globals into its cache; checked at import)
 VAR_X, VAR_Y, VAR_Z, CONST, COPY, NEG, ABS, RECIP, SQRT, SQUARE, FLOOR = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
@@ -81,7 +85,7 @@ if ({o.name: globals()[o.name] for o in _ARITH} != {o.name: int(o) for o in _ARI
                       "runtime.opcodes / runtime.intervals")
 
 _f = np.float32
-F0, F1, FH = _f(0), _f(1), _f(0.5)
+F0, F1 = _f(0), _f(1)
 INF, NAN = _f(np.inf), _f(np.nan)
 PI64 = np.pi
 _JIT = dict(cache=True, error_model="numpy", fastmath=False)
@@ -109,21 +113,16 @@ def _wup(x):
 
 
 @njit(**_JIT)
-def _add_dn(a, b):
-    """A float32 lower bound of the real a + b: the rounded sum where TwoSum shows it is not
-    above the exact sum (exact sums stay exact), else one step below it."""
-    s = a + b
-    bb = s - a
-    err = (a - (s - bb)) + (b - bb)      # exact: a + b = s + err (NaN when s is infinite)
-    return s if err >= F0 else _wdn(s)
+def _sum_dn(s):
+    """A lower bound of the exact sum whose float32 rounding is ``s``: one float32 addition is
+    exact when its result is 0 or subnormal (kept), else s - |s| 2^-23 is at least an ulp below
+    (infinities are kept). Zero staying zero matters: sqrt(x^2 + y^2) must not see -0 - ulp."""
+    return s * (F1 - np.copysign(_EPS, s))
 
 
 @njit(**_JIT)
-def _add_up(a, b):
-    s = a + b
-    bb = s - a
-    err = (a - (s - bb)) + (b - bb)
-    return s if err <= F0 else _wup(s)
+def _sum_up(s):
+    return s * (F1 + np.copysign(_EPS, s))
 
 
 @njit(**_JIT)
@@ -170,19 +169,19 @@ def _has0(lo, hi):
 @njit(**_JIT)
 def _iv_add(alo, ahi, blo, bhi):
     bad = ((ahi == INF) & (blo == -INF)) | ((alo == -INF) & (bhi == INF))    # inf - inf
-    lo, hi = _add_dn(alo, blo), _add_up(ahi, bhi)          # NaN operands give NaN bounds
+    lo, hi = _sum_dn(alo + blo), _sum_up(ahi + bhi)        # NaN operands give NaN bounds
     return (NAN if bad else lo), (NAN if bad else hi)
 
 
 @njit(**_JIT)
 def _iv_mul(alo, ahi, blo, bhi):
-    if _nan2(alo, ahi, blo, bhi):
-        return NAN, NAN
-    if (_has0(alo, ahi) and (blo == -INF or bhi == INF)) or (_has0(blo, bhi) and (alo == -INF or ahi == INF)):
-        return NAN, NAN       # 0 * inf
+    zero_inf = (((alo <= F0) & (ahi >= F0)) & ((blo == -INF) | (bhi == INF))) | \
+        (((blo <= F0) & (bhi >= F0)) & ((alo == -INF) | (ahi == INF)))       # 0 * inf inside
+    nan = zero_inf | (alo != alo) | (blo != blo)
     al, ah, bl, bh = np.float64(alo), np.float64(ahi), np.float64(blo), np.float64(bhi)
     p0, p1, p2, p3 = al * bl, al * bh, ah * bl, ah * bh     # exact in float64
-    return _f32_dn(min(min(p0, p1), min(p2, p3))), _f32_up(max(max(p0, p1), max(p2, p3)))
+    lo, hi = _f32_dn(min(min(p0, p1), min(p2, p3))), _f32_up(max(max(p0, p1), max(p2, p3)))
+    return (NAN if nan else lo), (NAN if nan else hi)
 
 
 @njit(**_JIT)
@@ -208,7 +207,7 @@ def _iv_abs(lo, hi):
 def _iv_square(lo, hi):
     l, h = _iv_abs(lo, hi)
     l64, h64 = np.float64(l), np.float64(h)
-    l, h = _f32_dn(l64 * l64), _f32_up(h64 * h64)          # exact in float64
+    l, h = max(_f32_dn(l64 * l64), F0), _f32_up(h64 * h64)  # exact in float64; never below 0
     nan = lo != lo
     return (NAN if nan else l), (NAN if nan else h)
 
@@ -426,55 +425,59 @@ def _iv(op, alo, ahi, blo, bhi, clo, chi):
     return lo, hi, ch
 
 
-@njit(**_JIT)
-def _interval_lanes(code, imm, start, end, box, K, lo, hi, choices):
-    """Evaluate tape records code[start:end] over K boxes (lanes) at once.
+_LANES = 16     # boxes interval-evaluated together (one loop per record over them)
 
-    box: (6, >=K) float32 rows x_lo x_hi y_lo y_hi z_lo z_hi; lo / hi: (n_regs, >=K) scratch;
-    choices: (>=end, >=K) uint8, written for MIN / MAX / AND / OR records. The result interval of
-    lane k is (lo[0, k], hi[0, k])."""
+
+@njit(**_JIT)
+def _interval_lanes(code, imm, start, end, box, lo, hi, choices):
+    """Evaluate tape records code[start:end] over ``_LANES`` boxes at once (a compile-time trip
+    count: the lane loops unroll and vectorise; unused lanes repeat a box).
+
+    box: (6, _LANES) float32 rows x_lo x_hi y_lo y_hi z_lo z_hi; lo / hi: (n_regs, _LANES)
+    scratch; choices: (>=end, _LANES) uint8, written for MIN / MAX / AND / OR records. The
+    result interval of lane k is (lo[0, k], hi[0, k])."""
     for i in range(start, end):
         op, d, a, b = code[i, 0], code[i, 1], code[i, 2], code[i, 3]
         if op == MAX:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MAX, lo[a, k], hi[a, k], lo[b, k], hi[b, k])
         elif op == SUB:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = _iv_add(lo[a, k], hi[a, k], -hi[b, k], -lo[b, k])
         elif op == CONST:
             v = imm[i]
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = v, v
         elif op == ADD:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = _iv_add(lo[a, k], hi[a, k], lo[b, k], hi[b, k])
         elif op == MIN:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MIN, lo[a, k], hi[a, k], lo[b, k], hi[b, k])
         elif op == NEG:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = -hi[a, k], -lo[a, k]
         elif op == SQUARE:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = _iv_square(lo[a, k], hi[a, k])
         elif op == SQRT:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = _iv_sqrt(lo[a, k], hi[a, k])
         elif op == COPY:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = lo[a, k], hi[a, k]
         elif op == MUL:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = _iv_mul(lo[a, k], hi[a, k], lo[b, k], hi[b, k])
         elif op <= VAR_Z:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = box[2 * op, k], box[2 * op + 1, k]
         elif op == INSTANCE_INDEX:
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k] = F0, F0
         else:
             c = code[i, 4]
-            for k in range(K):
+            for k in range(_LANES):
                 lo[d, k], hi[d, k], choices[i, k] = _iv(op, lo[a, k], hi[a, k], lo[b, k], hi[b, k],
                                                         lo[c, k], hi[c, k])
 
@@ -656,22 +659,30 @@ def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
 
 
 # ----------------------------------------------------------------------------- drivers
-_LANES = 16     # boxes interval-evaluated together (one loop per record over them)
+@njit(**_JIT)
+def _boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, out_lo, out_hi, out_choices):
+    """Interval-evaluate boxes[:, t0 : t0 + _LANES] (fewer at the end) into out_lo / out_hi /
+    out_choices[start:end, t0:...], with the scratch box / lo / hi / ch of one lane group."""
+    K = min(_LANES, boxes.shape[1] - t0)
+    for k in range(_LANES):
+        for r in range(6):
+            box[r, k] = boxes[r, t0 + min(k, K - 1)]
+    _interval_lanes(code, imm, start, end, box, lo, hi, ch)
+    for k in range(K):
+        out_lo[t0 + k], out_hi[t0 + k] = lo[0, k], hi[0, k]
+    for i in range(start, end):
+        for k in range(K):
+            out_choices[i, t0 + k] = ch[i, k]
 
 
 @njit(parallel=True, **_JIT)
-def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices, lanes):
-    """Interval-evaluate code[start:end] over every box (column of ``boxes``), ``lanes`` at a time."""
+def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices):
+    """Interval-evaluate code[start:end] over every box (column of ``boxes``), in lane groups."""
     T = boxes.shape[1]
-    nchunks = (T + lanes - 1) // lanes
-    for ch in prange(nchunks):
-        lo = np.empty((n_regs, lanes), np.float32)
-        hi = np.empty((n_regs, lanes), np.float32)
-        t0 = ch * lanes
-        K = min(lanes, T - t0)
-        _interval_lanes(code, imm, start, end, boxes[:, t0:t0 + K], K, lo, hi, choices[:, t0:t0 + K])
-        for k in range(K):
-            out_lo[t0 + k], out_hi[t0 + k] = lo[0, k], hi[0, k]
+    for g in prange((T + _LANES - 1) // _LANES):
+        _boxes_group(code, imm, start, end, boxes, g * _LANES, np.empty((6, _LANES), np.float32),
+                     np.empty((n_regs, _LANES), np.float32), np.empty((n_regs, _LANES), np.float32),
+                     np.empty((code.shape[0], _LANES), np.uint8), out_lo, out_hi, choices)
 
 
 @njit(**_JIT)
@@ -720,32 +731,28 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     ch = np.empty((n, _LANES), np.uint8)
     live = np.empty(n_regs, np.bool_)
     src = np.empty(n, np.int32)
-    box[0, 0], box[1, 0] = _span(xs, 0, W)
-    box[2, 0], box[3, 0] = _span(ys, 0, H)
-    box[4, 0], box[5, 0] = zf, zf
-    _interval_lanes(code0, imm0, 0, n, box, 1, lo, hi, ch)
-    start = _prune(code0, imm0, 0, n, ch[:, 0], live, code, imm, src)
-    stats[0, L, 0], stats[0, L, 1] = 1, end - start
+    boxes = np.empty((6, max(n_top, 1)), np.float32)
+    boxes[0, 0], boxes[1, 0] = _span(xs, 0, W)
+    boxes[2, 0], boxes[3, 0] = _span(ys, 0, H)
+    boxes[4, 0], boxes[5, 0] = zf, zf
     top_choices = np.empty((n, n_top), np.uint8)
     top_lo = np.empty(n_top, np.float32)
     top_hi = np.empty(n_top, np.float32)
+    _boxes_group(code0, imm0, 0, n, boxes[:, :1], 0, box, lo, hi, ch, top_lo, top_hi, top_choices)
+    start = _prune(code0, imm0, 0, n, top_choices[:, 0], live, code, imm, src)
+    stats[0, L, 0], stats[0, L, 1] = 1, end - start
+    for t in range(n_top):
+        a0, b0 = (t // ntx) * s0, (t % ntx) * s0
+        boxes[0, t], boxes[1, t] = _span(xs, b0, min(b0 + s0, W))
+        boxes[2, t], boxes[3, t] = _span(ys, a0, min(a0 + s0, H))
+        boxes[4, t], boxes[5, t] = zf, zf
     for t0 in range(0, n_top, _LANES):
-        K = min(_LANES, n_top - t0)
-        for k in range(K):
-            a0, b0 = ((t0 + k) // ntx) * s0, ((t0 + k) % ntx) * s0
-            box[0, k], box[1, k] = _span(xs, b0, min(b0 + s0, W))
-            box[2, k], box[3, k] = _span(ys, a0, min(a0 + s0, H))
-            box[4, k], box[5, k] = zf, zf
-        _interval_lanes(code, imm, start, end, box, K, lo, hi, ch)
-        for k in range(K):
-            top_lo[t0 + k], top_hi[t0 + k] = lo[0, k], hi[0, k]
-        for i in range(start, end):
-            for k in range(K):
-                top_choices[i, t0 + k] = ch[i, k]
+        _boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, top_lo, top_hi, top_choices)
     kmax = 1
     for l in range(L - 1):
         q = (tiles[l] + tiles[l + 1] - 1) // tiles[l + 1]
         kmax = max(kmax, q * q)
+    groups = (kmax + _LANES - 1) // _LANES
     pmax = tiles[L - 1] * tiles[L - 1]
     for t in prange(n_top):
         r0, c0 = (t // ntx) * s0, (t % ntx) * s0
@@ -761,12 +768,12 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         tsrc = np.empty(n, np.int32)
         tstart = np.empty(L, np.int64)
         live = np.empty(n_regs, np.bool_)
-        choices = np.empty((L, n, kmax), np.uint8)
-        lo = np.empty((n_regs, kmax), np.float32)
-        hi = np.empty((n_regs, kmax), np.float32)
-        clo = np.empty((L, kmax), np.float32)
-        chi = np.empty((L, kmax), np.float32)
-        box = np.empty((6, kmax), np.float32)
+        choices = np.empty((L, groups, n, _LANES), np.uint8)
+        lo = np.empty((n_regs, _LANES), np.float32)
+        hi = np.empty((n_regs, _LANES), np.float32)
+        clo = np.empty((L, groups * _LANES), np.float32)
+        chi = np.empty((L, groups * _LANES), np.float32)
+        box = np.empty((6, _LANES), np.float32)
         tr = np.empty((L, 4), np.int64)      # tile at each level: r0 r1 c0 c1
         kq = np.empty((L, 2), np.int64)      # children per row, children count
         idx = np.zeros(L, np.int64)
@@ -791,15 +798,17 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
                 nr = (tr[l, 1] - tr[l, 0] + cs - 1) // cs
                 nc = (tr[l, 3] - tr[l, 2] + cs - 1) // cs
                 kq[l, 0], kq[l, 1] = nc, nr * nc
-                for k in range(nr * nc):
-                    a0 = tr[l, 0] + (k // nc) * cs
-                    b0 = tr[l, 2] + (k % nc) * cs
-                    box[0, k], box[1, k] = _span(xs, b0, min(b0 + cs, tr[l, 3]))
-                    box[2, k], box[3, k] = _span(ys, a0, min(a0 + cs, tr[l, 1]))
-                    box[4, k], box[5, k] = zf, zf
-                _interval_lanes(tcode[l], timm[l], tstart[l], end, box, nr * nc, lo, hi, choices[l])
-                for k in range(nr * nc):
-                    clo[l, k], chi[l, k] = lo[0, k], hi[0, k]
+                for g in range(groups):
+                    for q in range(_LANES):      # lanes past the last child repeat it
+                        k = min(g * _LANES + q, nr * nc - 1)
+                        a0 = tr[l, 0] + (k // nc) * cs
+                        b0 = tr[l, 2] + (k % nc) * cs
+                        box[0, q], box[1, q] = _span(xs, b0, min(b0 + cs, tr[l, 3]))
+                        box[2, q], box[3, q] = _span(ys, a0, min(a0 + cs, tr[l, 1]))
+                        box[4, q], box[5, q] = zf, zf
+                    _interval_lanes(tcode[l], timm[l], tstart[l], end, box, lo, hi, choices[l, g])
+                    for q in range(_LANES):
+                        clo[l, g * _LANES + q], chi[l, g * _LANES + q] = lo[0, q], hi[0, q]
                 idx[l] = 0
                 descend = False
             if idx[l] >= kq[l, 1]:
@@ -817,7 +826,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
             if mode == 1 and clo[l, k] >= F0:
                 sign[a0:a1, b0:b1] = False
                 continue
-            tstart[l + 1] = _prune(tcode[l], timm[l], tstart[l], end, choices[l, :, k], live,
+            tstart[l + 1] = _prune(tcode[l], timm[l], tstart[l], end, choices[l, k // _LANES, :, k % _LANES], live,
                                    tcode[l + 1], timm[l + 1], tsrc)
             stats[t, l + 1, 0] += 1
             stats[t, l + 1, 1] += end - tstart[l + 1]
@@ -828,6 +837,55 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
                 l += 1
                 tr[l, 0], tr[l, 1], tr[l, 2], tr[l, 3] = a0, a1, b0, b1
                 descend = True
+
+
+_PRUNE_MIN_RECORDS = 64    # evaluate_pruned: shorter tapes skip the voxel pass
+
+
+@njit(**_JIT)
+def _bucket(pts, lo, cell, grid):
+    """Counting sort of the points into grid^3 voxels (clamped; NaN coordinates to voxel 0).
+    Returns (order, seg, boxes): voxel v of the non-empty ones holds order[seg[v]:seg[v+1]],
+    and boxes[:, v] is its points' range (NaN where a coordinate is NaN)."""
+    N = pts.shape[0]
+    vid = np.empty(N, np.int64)
+    count = np.zeros(grid * grid * grid + 1, np.int64)
+    for q in range(N):
+        v = 0
+        for r in range(2, -1, -1):
+            t = np.floor((pts[q, r] - lo[r]) / cell[r])
+            i = 0 if not t > 0 else (grid - 1 if t > grid - 1 else np.int64(t))
+            v = v * grid + i
+        vid[q] = v
+        count[v + 1] += 1
+    used = 0
+    for v in range(grid * grid * grid):
+        used += count[v + 1] > 0
+        count[v + 1] += count[v]
+    order = np.empty(N, np.int64)
+    fill = count[:-1].copy()
+    for q in range(N):
+        order[fill[vid[q]]] = q
+        fill[vid[q]] += 1
+    seg = np.empty(used + 1, np.int64)
+    boxes = np.empty((6, used), np.float32)
+    u = 0
+    for v in range(grid * grid * grid):
+        if count[v + 1] == count[v]:
+            continue
+        seg[u] = count[v]
+        for r in range(3):
+            a, b = INF, -INF
+            for j in range(count[v], count[v + 1]):
+                x = pts[order[j], r]
+                if x != x:
+                    a, b = NAN, NAN
+                    break
+                a, b = min(a, x), max(b, x)
+            boxes[2 * r, u], boxes[2 * r + 1, u] = a, b
+        u += 1
+    seg[used] = N
+    return order, seg, boxes
 
 
 @njit(parallel=True, **_JIT)
@@ -894,12 +952,12 @@ def _boxes(lo, hi) -> np.ndarray:
     return np.ascontiguousarray(np.stack([lo[:, 0], hi[:, 0], lo[:, 1], hi[:, 1], lo[:, 2], hi[:, 2]]))
 
 
-def _lanes(code, imm, start, n_regs, boxes, lanes=16):
+def _lanes(code, imm, start, n_regs, boxes):
     T = boxes.shape[1]
     out_lo, out_hi = np.empty(T, np.float32), np.empty(T, np.float32)
     choices = np.zeros((len(code), T), np.uint8)
     if T:
-        _lanes_kernel(code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices, lanes)
+        _lanes_kernel(code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices)
     return out_lo, out_hi, choices
 
 
@@ -1008,7 +1066,8 @@ def field_image_pruned(tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.
 def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """(N,) float32 values and (N,) uint32 material ids at (N, 3) points, as CpuWalker.evaluate
     (bit for bit): points are bucketed into grid^3 voxels over the tape bounds, each voxel's
-    tape is pruned over the range of its points. Non-arithmetic tapes: CpuWalker.evaluate."""
+    tape is pruned over the range of its points (tapes under ``_PRUNE_MIN_RECORDS`` records are
+    evaluated in plain chunks). Non-arithmetic tapes: CpuWalker.evaluate."""
     pts = np.asarray(points)
     if pts.ndim != 2 or pts.shape[1] != 3:
         raise TaperayError(f"evaluate_pruned: points must be (N, 3), got {pts.shape}")
@@ -1021,18 +1080,14 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
     out = np.empty(len(pts), np.float32)
     if len(pts) == 0:
         return out, np.zeros(0, np.uint32)
-    lo, hi = tape.bounds[0].astype(np.float64), tape.bounds[1].astype(np.float64)
-    cell = np.where(hi > lo, (hi - lo) / grid, 1.0)
-    with np.errstate(invalid="ignore"):
-        ijk = np.clip(np.nan_to_num(np.floor((pts - lo) / cell), nan=0.0), 0, grid - 1).astype(np.int64)
-    vid = (ijk[:, 2] * grid + ijk[:, 1]) * grid + ijk[:, 0]
-    order = np.argsort(vid, kind="stable")
-    used, seg = np.unique(vid[order], return_index=True)
-    seg = np.append(seg, len(pts)).astype(np.int64)
-    sorted_pts = pts[order]
-    vlo = np.minimum.reduceat(sorted_pts, seg[:-1], axis=0)   # NaN coordinates give NaN boxes
-    vhi = np.maximum.reduceat(sorted_pts, seg[:-1], axis=0)
-    _, _, choices = _lanes(code, imm, 0, tape.n_regs, _boxes(vlo, vhi))
-    _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order.astype(np.int64), seg, choices,
-                   block, out)
+    if len(code) < _PRUNE_MIN_RECORDS:       # too short to gain: chunks, nothing decided
+        seg = np.linspace(0, len(pts), min(len(pts), 64) + 1).astype(np.int64)
+        order = np.arange(len(pts), dtype=np.int64)
+        choices = np.zeros((len(code), len(seg) - 1), np.uint8)
+    else:
+        lo = tape.bounds[0].astype(np.float32)
+        cell = np.where(tape.bounds[1] > lo, (tape.bounds[1] - lo) / np.float32(grid), 1).astype(np.float32)
+        order, seg, vbox = _bucket(pts, lo, cell, grid)
+        _, _, choices = _lanes(code, imm, 0, tape.n_regs, vbox)
+    _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order, seg, choices, block, out)
     return out, np.zeros(len(pts), np.uint32)

@@ -2,7 +2,9 @@
 imported ``.vm`` programs, become arithmetic sub-tapes inside a ``field`` node.
 
 ``x, y, z`` are the current local point, so a field can be transformed, patterned, combined with
-primitives and given a material like any other node. Expressions are hash-consed and
+primitives and given a material like any other node. ``instance_index`` is the index of the copy
+the innermost enclosing pattern or instance list is evaluating (0 outside any), so a parameter can
+vary along a pattern (e.g. a hole radius growing with the index) and stay O(1) per point. Expressions are hash-consed and
 register-allocated by the same scheduler as the ``.vm`` importer (``vm.program_tape``).
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from taperay.runtime.tape import OPS, Family, Op, Tape, TaperayError, validate
 
 from .nodes import Node
 
-__all__ = ["Expr", "x", "y", "z", "const", "field", "vm_field", "sqrt", "abs_", "sin", "cos", "tan",
+__all__ = ["Expr", "x", "y", "z", "instance_index", "const", "field", "vm_field", "sqrt", "abs_", "sin", "cos", "tan",
            "asin", "acos", "atan", "atan2", "exp", "ln", "floor", "ceil", "round_", "square",
            "minimum", "maximum", "mod", "compare", "mix", "select_and", "select_or", "logical_not"]
 
@@ -69,6 +71,7 @@ def _binary(op):
 
 
 x, y, z = Expr(Op.VAR_X), Expr(Op.VAR_Y), Expr(Op.VAR_Z)
+instance_index = Expr(Op.INSTANCE_INDEX)
 const = Expr.lift
 sqrt, abs_, sin, cos, tan = (_unary(o) for o in (Op.SQRT, Op.ABS, Op.SIN, Op.COS, Op.TAN))
 asin, acos, atan, exp, ln = (_unary(o) for o in (Op.ASIN, Op.ACOS, Op.ATAN, Op.EXP, Op.LN))

@@ -9,7 +9,7 @@ import numpy as np
 
 from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, TaperayError
 
-__all__ = ["placements", "instance_boxes", "build_bvh", "quat_rotate"]
+__all__ = ["placements", "instance_boxes", "build_bvh", "quat_matrices"]
 
 
 def placements(translations, rotations=None, scales=None) -> np.ndarray:
@@ -35,20 +35,24 @@ def placements(translations, rotations=None, scales=None) -> np.ndarray:
     return out
 
 
-def quat_rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Rotate vectors v (..., 3) by unit quaternions q (..., 4) (w, x, y, z)."""
-    w, u = q[..., :1], q[..., 1:]
-    return v + 2 * np.cross(u, np.cross(u, v) + w * v)
+def quat_matrices(q: np.ndarray) -> np.ndarray:
+    """(N, 3, 3) rotation matrices of (N, 4) unit quaternions (w, x, y, z)."""
+    w, x, y, z = (q[:, i] for i in range(4))
+    return np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+                     2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+                     2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
 
 
 def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
-    """(N, 2, 3) world boxes of every placed copy of a child with local box ``child_box``."""
+    """(N, 2, 3) world boxes of every placed copy of a child with local box ``child_box``: the
+    rotated box's exact axis-aligned box, centre t + s R c and half extents s |R| h."""
     b = np.asarray(child_box, np.float64)
-    corners = np.array([[b[i & 1, 0], b[i >> 1 & 1, 1], b[i >> 2 & 1, 2]] for i in range(8)])
-    q = inst["q"].astype(np.float64)[:, None, :]
-    world = quat_rotate(q, corners[None] * inst["s"].astype(np.float64)[:, None, None]) \
-        + inst["t"].astype(np.float64)[:, None, :]
-    return np.stack([world.min(1), world.max(1)], axis=1)
+    c, h = (b[0] + b[1]) / 2, (b[1] - b[0]) / 2
+    rot = quat_matrices(inst["q"].astype(np.float64))
+    s = inst["s"].astype(np.float64)[:, None]
+    centre = inst["t"].astype(np.float64) + s * (rot @ c)
+    half = s * (np.abs(rot) @ h)
+    return np.stack([centre - half, centre + half], axis=1)
 
 
 def _morton(centres: np.ndarray) -> np.ndarray:

@@ -757,7 +757,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 nxt = ins.jump;
             }
         } else if (op == OP_SET_MATERIAL) {                            // ---- material
-            reg[dst] = reg[ins.a];
+            reg[dst] = reg[ins.a] * p.w;
             regm[dst] = ins.aux;
         }
         pc = nxt;

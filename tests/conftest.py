@@ -10,6 +10,11 @@ from taperay.runtime.cpu import CpuWalker
 WALKER_NAMES = ("cpu", "gpu")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--regenerate", action="store_true", default=False,
+                     help="rewrite the golden images (tests/golden/) from the GPU walker's renders")
+
+
 def gpu_required() -> bool:
     return os.environ.get("TAPERAY_REQUIRE_GPU") == "1"
 

@@ -157,6 +157,19 @@ def test_bench_cpu_points_writes_json_and_markdown(capsys, tmp_path):
     assert "cpu-points" in out
 
 
+@pytest.mark.gpu
+def test_bench_gpu_compares_interpreter_with_written_out_code(capsys, walker_gpu, tmp_path):
+    rc, out, err = run_cli(capsys, "bench", "gpu", "--n", "200", "--repeat", "1", "-o", tmp_path)
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "gpu.json").read_text())
+    assert doc["machine"]["gpu"] == walker_gpu.info["name"]
+    assert len(doc["rows"]) >= 2
+    for row in doc["rows"]:
+        assert row["points"] == 200
+        assert row["max abs difference"] <= 1e-5   # a few ULP of fields up to ~20
+    assert (tmp_path / "gpu.md").is_file() and (tmp_path / "gpu.png").is_file()
+
+
 def test_bench_scene_is_sphere_and_box_minus_three_bores():
     from taperay.runtime.cpu import CpuWalker
     from taperay.scenegraph import flatten

@@ -237,7 +237,7 @@ def test_models_field_and_sign_images_equal_the_cpu_twin(walker_cpu, model):
 def test_random_tapes_images_and_points_equal_the_cpu_twin(walker_cpu):
     rng = np.random.default_rng(5)
     for seed in range(12):
-        tape = random_tape(seed, n=60)
+        tape = random_tape(seed, n=80)            # longer than _PRUNE_MIN_RECORDS: voxels
         ref = walker_cpu.field_image(tape, 40, 33, (-2, 2, -1.5, 1.7), 0.25)
         f = field_image_pruned(tape, 40, 33, (-2, 2, -1.5, 1.7), 0.25, tiles=(16, 4))
         np.testing.assert_array_equal(bits(f), bits(ref))

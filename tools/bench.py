@@ -35,6 +35,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                             "CPU twin: points/s evaluating the fixed scene (sphere & box - 3 cylinders)"),
     "gpu": Benchmark("taperay.tools.bench_gpu:bench_gpu",
                      "GPU walker: interpreter vs written-out WGSL, compile and evaluation times"),
+    "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
+                           "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }
 
 
@@ -166,12 +168,16 @@ def _cell(v) -> str:
     return str(v)
 
 
+def _md(v) -> str:
+    return _cell(v).replace("|", "\\|")
+
+
 def markdown(name: str, result: BenchResult, machine: dict) -> str:
     cols = list(result.rows[0]) if result.rows else []
     lines = [f"## taperay bench {name}", "",
              "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in result.rows]
+             "| " + " | ".join(map(_md, cols)) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_md(r.get(c, "")) for c in cols) + " |" for r in result.rows]
     lines += [""] + [f"- {n}" for n in result.notes]
     return "\n".join(lines).rstrip() + "\n"
 

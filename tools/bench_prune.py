@@ -1,7 +1,8 @@
 """Benchmark ``prune-cpu``: prospero.vm through the CPU twin's interval pruning (runtime.pruning).
 
 Rows: the sign image (inside where f < 0) and the pruned float field image at 1024^2 and 4096^2,
-and the unpruned CpuWalker.field_image at 1024^2 for the ratio (one timed call: it takes seconds).
+evaluate_pruned at 2^20 random points of the square, and the unpruned CpuWalker.field_image at
+1024^2 for the ratio (one timed call: it takes seconds).
 Each pruned row is the median of ``--repeat`` calls after one warm-up call (which also loads or
 compiles the Numba kernels); the mean pruned tape length per tile level is reported beside it.
 ``--n`` is not used (the image sizes are fixed).
@@ -36,6 +37,15 @@ def bench_prune_cpu(opts) -> BenchResult:
                          "min ms": s["min_ms"], "image tape": stats["image"],
                          "mean tape per level": " / ".join(f"{lv['tile']}px {lv['mean_length']:.0f}"
                                                            for lv in stats["levels"])})
+    import numpy as np
+    from taperay.runtime.pruning import evaluate_pruned
+    pts = np.random.default_rng(opts.seed).uniform(-1, 1, (1 << 20, 3)).astype(np.float32)
+    pts[:, 2] = 0
+    evaluate_pruned(tape, pts)
+    s = summarize(time_calls(lambda: evaluate_pruned(tape, pts), opts.repeat, warmup=0))
+    rows.append({"what": "evaluate_pruned 1M points", "size": 1 << 20, "pruned": "yes",
+                 "median ms": s["median_ms"], "min ms": s["min_ms"], "image tape": len(tape),
+                 "mean tape per level": "8^3 voxels"})
     walker = CpuWalker()
     walker.field_image(tape, 64, 64)
     s = summarize(time_calls(lambda: walker.field_image(tape, 1024, 1024), 1, warmup=0))

@@ -1,0 +1,120 @@
+"""The fixed kernel set: every pipeline created at startup, cached by (kernel, variant), never
+created again whatever the process loads or edits; shader text only from the committed files;
+the startup progress is predicted from a per-machine compile rate."""
+import re
+
+import numpy as np
+import pytest
+
+from taperay.runtime import conformance as C
+from taperay.runtime import gpu
+from taperay.runtime.opcodes import REG_CAPS, Op
+from taperay.runtime.wgsl_header import SHADER_DIR
+
+pytestmark = pytest.mark.gpu
+
+
+def test_startup_builds_every_pipeline_once(walker_gpu):
+    ks = walker_gpu.kernels
+    keys = gpu.KernelSet.keys()
+    per_variant = sum(1 for _, v in gpu.KERNELS.values() if v)
+    assert len(keys) == per_variant * len(REG_CAPS) + len(gpu.KERNELS) - per_variant
+    assert len(ks) == len(keys)
+    assert ks.stats.pipelines_created == len(keys)
+    assert ks.stats.shader_modules_created == len({f for f, _ in gpu.KERNELS.values()}) * len(REG_CAPS)
+    assert ks.stats.predicted_seconds > 0 and ks.stats.build_seconds > 0
+
+
+def test_shader_text_is_only_the_committed_files():
+    """Every module is the fixed files concatenated: nothing formatted, nothing from a scene."""
+    for file, _ in gpu.KERNELS.values():
+        for cap in REG_CAPS:
+            names = (*gpu.PRELUDE_BEFORE_REGCAP, f"generated_regcap_{cap}.wgsl",
+                     *gpu.PRELUDE_AFTER_REGCAP, file)
+            assert gpu._shader_text(file, cap) == "\n".join((SHADER_DIR / n).read_text() for n in names)
+    source = (SHADER_DIR.parent / "runtime" / "gpu.py").read_text()
+    assert ".format(" not in source
+    assert not re.search(r'f"[^"\n]*(fn |@compute|var<|struct )', source)
+
+
+def _random_edit(walker, rng, tape, step):
+    """One of: a named parameter moved, a pattern resized, nodes added / removed (a random tape of
+    another size), a whole other tape (one op's tape). Returns the tape to evaluate next."""
+    kind = step % 4
+    if kind == 0:
+        tape = tape if tape.names else _named_pattern_tape(rng)
+        walker.set_param(tape, "r", float(rng.uniform(0.1, 0.4)))
+        return tape
+    if kind == 1:
+        tape = _named_pattern_tape(rng)
+        rep = np.flatnonzero(tape.instrs["op"] == int(Op.REPEAT_LINEAR))[0]
+        tape.params[tape.instrs[rep]["param"] + 3] = float(rng.integers(1, 7))
+        return tape
+    if kind == 2:
+        return C.random_tape(rng, depth=int(rng.integers(1, 5)))
+    return C.op_tape(Op(rng.choice(list(Op))), rng)
+
+
+def _named_pattern_tape(rng):
+    b = C.TapeBuilder()
+    begin = b.row(Op.REPEAT_LINEAR, params=[0.5, 0.0, 0.0, 3, 0.3])
+    slot = len(b.params)
+    b.row(Op.SPHERE, 1, params=[0.2])
+    b.rows[begin][7] = b.row(Op.REPEAT_END, 0, a=1, jump=begin)
+    tape = b.tape(C._materials(rng), [[-1.0] * 3, [2.0] * 3], "named")
+    tape.names = {"r": [slot]}
+    return tape
+
+
+def test_zero_compiles_across_100_random_edits(walker_gpu, walker_cpu):
+    ks = walker_gpu.kernels
+    created = (ks.stats.shader_modules_created, ks.stats.pipelines_created)
+    misses = ks.stats.cache_misses
+    hits = ks.stats.cache_hits
+    rng = np.random.default_rng(42)
+    tape = _named_pattern_tape(rng)
+    pts = rng.uniform(-1.5, 1.5, (4, 3)).astype(np.float32)
+    variants = set()
+    for step in range(100):
+        tape = _random_edit(walker_gpu, rng, tape, step)
+        variants.add(gpu.variant_for(tape.n_regs))
+        d = walker_gpu.evaluate(tape, pts)[0]
+        if step % 10 == 0:
+            assert np.allclose(d, walker_cpu.evaluate(tape, pts)[0], atol=1e-4, rtol=1e-5, equal_nan=True)
+    assert (ks.stats.shader_modules_created, ks.stats.pipelines_created) == created
+    assert ks.stats.cache_misses == misses
+    assert ks.stats.cache_hits >= hits + 100
+    assert len(variants) >= 1
+
+
+def test_wide_tapes_switch_variants_without_compiling(walker_gpu):
+    ks = walker_gpu.kernels
+    created = ks.stats.pipelines_created
+    for n in (8, 40, 200):
+        walker_gpu.evaluate(C.wide_tape(np.random.default_rng(n), n), np.zeros((2, 3)))
+    assert ks.stats.pipelines_created == created and ks.stats.cache_misses == 0
+
+
+def test_compile_rate_is_stored_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "RATE_FILE", tmp_path / "taperay" / "compile_rate.json")
+    assert gpu._load_rate("machine A") == gpu.DEFAULT_RATE
+    gpu._store_rate("machine A", 1234.5)
+    gpu._store_rate("machine B", 99.0)
+    assert gpu._load_rate("machine A") == 1234.5 and gpu._load_rate("machine B") == 99.0
+    (tmp_path / "taperay" / "compile_rate.json").write_text("not json")
+    assert gpu._load_rate("machine A") == gpu.DEFAULT_RATE
+
+
+def test_progress_line_moves_by_the_clock(capsys, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: now[0])
+    line = gpu._ProgressLine(total=20, predicted=10.0)
+    line.update(0)
+    now[0] += 5.0
+    line.update(0)            # nothing finished yet, but half the predicted time has passed
+    line.finish()
+    err = capsys.readouterr().err
+    frames = err.split("\r")
+    assert "[" + " " * 24 + "]" in frames[1] and "0.0 s of ~10.0 s" in frames[1]
+    assert "#" * 12 in frames[2] and "5.0 s of ~10.0 s" in frames[2]
+    assert "20/20" in frames[3] and err.endswith("\n")

@@ -1,0 +1,259 @@
+"""The GPU walker against the CPU twin: every entry point, every view, the register variants, long
+tapes (resumed dispatches, the iteration cap), refusals before dispatch, device loss, the adapter
+CI requires, and the self-check the CLI trusts the GPU by. Images and point sets stay small:
+lavapipe runs the interpreter on the CPU."""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from conftest import gpu_required
+from taperay.runtime import conformance as C
+from taperay.runtime import gpu
+from taperay.runtime.camera import auto_camera
+from taperay.runtime.opcodes import Op
+from taperay.runtime.shading import VIEWS, RenderSettings
+from taperay.runtime.tape import TaperayError
+from taperay.scenegraph import (Param, box, capsule, cylinder, flatten, smooth_union, sphere, torus,
+                                union)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def scene():
+    """Shapes, point ops, a smooth union, culled unions and linear / polar / grid patterns."""
+    return flatten(union(
+        smooth_union(sphere(Param("radius", 0.45)).translate(0.3, 0, 0),
+                     box(0.3, 0.2, 0.4).rotate((0, 0, 1), 30), k=0.1),
+        torus(0.5, 0.1).translate(0, 0, 0.5),
+        capsule((0, 0, 0), (0.5, 0.5, 0), 0.1),
+        sphere(0.1).linear_pattern((0.3, 0, 0), 5).translate(0, -0.8, 0),
+        cylinder(0.05, 0.1).translate(0.6, 0, 0).polar_pattern(6).translate(0, 0, -0.6),
+        box(0.05).grid_pattern((0.2, 0.2, 0.2), (3, 2, 2)).translate(-1, 0, 0)), source="test scene")
+
+
+def _points(n, seed=0, lo=-1.5, hi=1.5):
+    return np.random.default_rng(seed).uniform(lo, hi, (n, 3)).astype(np.float32)
+
+
+def _exact_or_within(ref, got, ulps=4, abs_tol=2e-6):
+    ok = (ref == got) | (np.abs(ref.astype(np.float64) - got) <= np.maximum(ulps * np.spacing(np.abs(ref)), abs_tol))
+    return bool(ok.all())
+
+
+# ---------------------------------------------------------------------------------- adapter
+def test_lavapipe_is_present_when_ci_requires_the_gpu():
+    """CI (TAPERAY_REQUIRE_GPU=1) must have Mesa's lavapipe installed and an adapter found."""
+    if not gpu_required():
+        pytest.skip("TAPERAY_REQUIRE_GPU is not 1")
+    icds = [f for d in ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+            for f in glob.glob(os.path.join(d, "lvp_icd*.json"))]
+    assert icds, "Mesa lavapipe (mesa-vulkan-drivers) is not installed"
+    info = gpu.adapter_info()
+    assert info is not None, "no GPU adapter although lavapipe is installed"
+    assert gpu.GpuWalker.available()
+
+
+def test_adapter_info_names_the_adapter(walker_gpu):
+    info = walker_gpu.info
+    assert info["name"] and info["backend"]
+    assert isinstance(info["software"], bool)
+    text = (info["name"] + info["driver"]).lower()
+    assert info["software"] == ("llvmpipe" in text or "lavapipe" in text or info["adapter_type"] == "CPU")
+    assert walker_gpu.adapter_name.startswith(info["name"])
+
+
+# ---------------------------------------------------------------------------------- agreement
+def test_evaluate_matches_the_twin(walker_gpu, walker_cpu, scene):
+    pts = _points(500)
+    (dc, mc), (dg, mg) = walker_cpu.evaluate(scene, pts), walker_gpu.evaluate(scene, pts)
+    assert dg.dtype == np.float32 and mg.dtype == np.uint32 and dg.shape == (500,)
+    assert _exact_or_within(dc, dg)
+    assert np.array_equal(mc, mg)
+
+
+def test_gradient_matches_the_twin(walker_gpu, walker_cpu, scene):
+    pts = _points(60, seed=1)
+    gc, gg = walker_cpu.gradient(scene, pts), walker_gpu.gradient(scene, pts, )
+    assert gg.shape == (60, 3) and gg.dtype == np.float32
+    assert np.abs(gc - gg).max() <= 1e-3   # central differences of fields equal to ~1 ULP
+    gc2, gg2 = walker_cpu.gradient(scene, pts, eps=0.01), walker_gpu.gradient(scene, pts, eps=0.01)
+    assert np.abs(gc2 - gg2).max() <= 1e-4
+
+
+def test_field_image_matches_the_twin(walker_gpu, walker_cpu, scene):
+    fc = walker_cpu.field_image(scene, 20, 14, rect=(-1.5, 1.2, -1.0, 1.3), z=0.1)
+    fg = walker_gpu.field_image(scene, 20, 14, rect=(-1.5, 1.2, -1.0, 1.3), z=0.1)
+    assert fg.shape == (14, 20)
+    assert np.abs(fc - fg).max() <= 1e-5   # pixel centres computed in float32 vs float64
+
+
+def test_march_matches_the_twin(walker_gpu, walker_cpu, scene):
+    cam = auto_camera(scene.bounds)
+    mc, mg = walker_cpu.march(scene, cam, 24, 18), walker_gpu.march(scene, cam, 24, 18)
+    assert set(mc) <= set(mg)
+    assert (mc["hit"] != mg["hit"]).mean() <= C.HIT_MASK_MAX
+    both = mc["hit"] & mg["hit"]
+    assert both.sum() > 20
+    assert np.abs(mc["t"][both] - mg["t"][both]).max() <= 4 * RenderSettings().pack(scene)[1]
+    assert np.array_equal(mc["mat"][both], mg["mat"][both])
+    assert np.all(np.isinf(mg["t"][~mg["hit"]]))
+    assert mg["steps"].dtype == np.int32
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_every_view_matches_the_twin(walker_gpu, walker_cpu, scene, view):
+    cam = auto_camera(scene.bounds, azimuth_deg=50)
+    ic = walker_cpu.render(scene, cam, 24, 16, view=view)
+    ig = walker_gpu.render(scene, cam, 24, 16, view=view)
+    assert ig.shape == (16, 24, 3) and ig.dtype == np.uint8
+    cmp = C.compare_images(ic, ig, levels=2)
+    assert cmp["mismatch_fraction"] <= 0.02, cmp
+
+
+def test_soft_shadows_and_no_ao_match_the_twin(walker_gpu, walker_cpu, scene):
+    cam = auto_camera(scene.bounds)
+    st = RenderSettings(shadows="soft", ao_strength=0.0, max_steps=64)
+    cmp = C.compare_images(walker_cpu.render(scene, cam, 20, 14, settings=st),
+                           walker_gpu.render(scene, cam, 20, 14, settings=st), levels=2)
+    assert cmp["mismatch_fraction"] <= 0.02, cmp
+
+
+def test_samples_accumulate_and_the_first_is_the_pixel_centre(walker_gpu, scene):
+    cam = auto_camera(scene.bounds)
+    one = walker_gpu.render(scene, cam, 16, 12, view="normals")
+    four = walker_gpu.render(scene, cam, 16, 12, view="normals", samples=4)
+    assert four.shape == one.shape
+    assert not np.array_equal(one, four)   # silhouettes are averaged
+    assert np.abs(one.astype(int) - four).mean() < 40
+    with pytest.raises(TaperayError):
+        walker_gpu.render(scene, cam, 16, 12, samples=0)
+
+
+@pytest.mark.parametrize("n_regs", [10, 60, 248])
+def test_each_register_variant_matches_the_twin(walker_gpu, walker_cpu, n_regs):
+    tape = C.wide_tape(np.random.default_rng(n_regs), n_regs)
+    assert gpu.variant_for(tape.n_regs) == min(c for c in (16, 64, 256) if c >= n_regs)
+    pts = _points(64, seed=n_regs)
+    assert _exact_or_within(walker_cpu.evaluate(tape, pts)[0], walker_gpu.evaluate(tape, pts)[0])
+
+
+# ---------------------------------------------------------------------------------- long tapes
+def _long_tape(n_spheres):
+    b = C.TapeBuilder()
+    rng = np.random.default_rng(3)
+    b.row(Op.SPHERE, 0, params=[0.2])
+    for _ in range(n_spheres):
+        b.row(Op.PUSH)
+        b.row(Op.TRANSLATE, params=rng.uniform(-1.2, 1.2, 3))
+        b.row(Op.SPHERE, 1, params=[rng.uniform(0.05, 0.3)])
+        b.row(Op.POP)
+        b.row(Op.UNION, 0, a=0, b=1)
+    return b.tape(C._materials(rng), [[-1.6] * 3, [1.6] * 3], "long tape")
+
+
+def test_long_tape_march_resumes_and_matches_the_twin(walker_gpu, walker_cpu):
+    """1201 records x up to 47 steps: more loop iterations than lavapipe runs in one invocation,
+    so the march saves its state and is dispatched again."""
+    tape = _long_tape(240)
+    cam = auto_camera(tape.bounds)
+    before = walker_gpu.resumed_dispatches
+    mc, mg = walker_cpu.march(tape, cam, 16, 12), walker_gpu.march(tape, cam, 16, 12)
+    assert np.array_equal(mc["hit"], mg["hit"])
+    assert np.array_equal(mc["steps"], mg["steps"])
+    if walker_gpu.info["software"]:
+        assert walker_gpu.resumed_dispatches > before
+
+
+def test_an_evaluation_past_the_iteration_cap_is_refused(walker_gpu):
+    if not walker_gpu.info["software"]:
+        pytest.skip("hardware adapters have no per-invocation loop limit")
+    b = C.TapeBuilder()
+    b.row(Op.CONST, 0, params=[0.0])
+    b.row(Op.CONST, 1, params=[1.0])
+    for _ in range(gpu.SOFTWARE_ITER_CAP):
+        b.row(Op.ADD, 0, a=0, b=1)
+    tape = b.tape(C._materials(np.random.default_rng(0)), [[-1] * 3, [1] * 3], "too long")
+    with pytest.raises(TaperayError, match="too long: one evaluation of this tape needs more than"):
+        walker_gpu.evaluate(tape, np.zeros((2, 3)))
+
+
+# ---------------------------------------------------------------------------------- refusals
+def test_tapes_beyond_the_kernels_are_refused_before_dispatch(walker_gpu, scene, monkeypatch):
+    with pytest.raises(TaperayError, match="registers"):
+        gpu.variant_for(257)
+    small = dict(walker_gpu._ctx.limits, max_storage_buffer_binding_size=64)
+    monkeypatch.setattr(walker_gpu._ctx, "limits", small)
+    written = walker_gpu.stats()["tape_bytes_written"]
+    with pytest.raises(TaperayError, match="binds at most 64 bytes"):
+        walker_gpu.evaluate(scene, np.zeros((1, 3)))
+    assert walker_gpu.stats()["tape_bytes_written"] == written
+
+
+def test_bad_arguments_raise_taperay_errors(walker_gpu, scene):
+    with pytest.raises(TaperayError):
+        walker_gpu.evaluate(scene, np.zeros((4, 2)))
+    with pytest.raises(TaperayError):
+        walker_gpu.field_image(scene, 0, 4)
+    with pytest.raises(TaperayError):
+        walker_gpu.render(scene, None, 8, 8, view="nope")
+    d, m = walker_gpu.evaluate(scene, np.zeros((0, 3)))
+    assert d.shape == (0,) and m.shape == (0,)
+
+
+# ---------------------------------------------------------------------------------- edits
+def test_set_param_writes_only_the_changed_bytes(walker_gpu, walker_cpu, scene):
+    pts = _points(32, seed=5)
+    walker_gpu.evaluate(scene, pts)
+    before = walker_gpu.stats()["tape_bytes_written"]
+    walker_gpu.set_param(scene, "radius", 0.6)
+    assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(scene.names["radius"])
+    d_gpu = walker_gpu.evaluate(scene, pts)[0]
+    assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(scene.names["radius"])
+    assert _exact_or_within(walker_cpu.evaluate(scene, pts)[0], d_gpu)
+    walker_gpu.set_param(scene, "radius", 0.45)
+
+
+def test_uploads_write_differences_and_grow_buffers_by_doubling(walker_gpu, scene):
+    walker_gpu.upload(scene)
+    before = walker_gpu.stats()["tape_bytes_written"]
+    walker_gpu.upload(scene)
+    assert walker_gpu.stats()["tape_bytes_written"] == before   # nothing changed, nothing written
+    big = C.wide_tape(np.random.default_rng(9), 200)
+    walker_gpu.upload(big)
+    cap = walker_gpu._tape_bufs["instrs"].capacity
+    assert cap >= big.instrs.nbytes and cap & (cap - 1) == 0 and cap >= gpu.MIN_BUFFER
+
+
+# ---------------------------------------------------------------------------------- failure
+def test_device_loss_is_a_taperay_error_and_the_next_call_rebuilds(walker_gpu, walker_cpu, scene):
+    pts = _points(8, seed=7)
+    walker_gpu.evaluate(scene, pts)
+    old = walker_gpu._ctx
+    old.device.destroy()
+    with pytest.raises(gpu.GpuError, match="the GPU failed"):
+        walker_gpu.evaluate(scene, pts)
+    d = walker_gpu.evaluate(scene, pts)[0]      # a new device and kernel set
+    assert walker_gpu._ctx is not old
+    assert _exact_or_within(walker_cpu.evaluate(scene, pts)[0], d)
+
+
+def test_self_check_passes_here_and_catches_a_wrong_gpu(walker_gpu):
+    check = gpu.gpu_self_check(walker_gpu)
+    assert check.passed, str(check)
+    assert "passed" in str(check) and check.adapter == walker_gpu.adapter_name
+
+    class Wrong:
+        adapter_name = "broken"
+
+        def render(self, tape, cam, w, h, view="shade"):
+            img = walker_gpu.render(tape, cam, w, h, view=view)
+            img[h // 3:, :] = 255 - img[h // 3:, :]
+            return img
+
+    bad = gpu.gpu_self_check(Wrong())
+    assert not bad.passed and bad.mismatch_fraction > 0.3
+    assert bad.first_pixel is not None and bad.first_pixel[0] >= gpu.SELF_CHECK_SIZE[1] // 3
+    assert "FAILED" in str(bad)
