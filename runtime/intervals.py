@@ -110,7 +110,8 @@ def _tan(a, *_):
     with np.errstate(invalid="ignore"):
         pole = np.floor((hi - PI / 2) / PI) >= np.ceil((lo - PI / 2) / PI)
         pole = pole | ((hi - lo) >= PI) | np.isinf(lo) | np.isinf(hi)
-    return _out(np.where(pole, -np.inf, np.tan(lo)), np.where(pole, np.inf, np.tan(hi)), _nanmask(a))
+    return _out(np.where(pole, -np.inf, np.tan(lo)), np.where(pole, np.inf, np.tan(hi)),
+                _nanmask(a) | np.isinf(lo) | np.isinf(hi))      # tan(+-inf) is NaN
 
 
 def _not(a, *_):
@@ -123,7 +124,9 @@ def _not(a, *_):
 def _add(a, b, *_):
     with np.errstate(invalid="ignore"):
         lo, hi = a[0] + b[0], a[1] + b[1]
-    return _out(lo, hi, _nanmask(a, b) | np.isnan(lo) | np.isnan(hi))
+    # inf + -inf is reachable when one operand reaches +inf and the other -inf
+    opposite = ((a[1] == np.inf) & (b[0] == -np.inf)) | ((a[0] == -np.inf) & (b[1] == np.inf))
+    return _out(lo, hi, _nanmask(a, b) | np.isnan(lo) | np.isnan(hi) | opposite)
 
 
 def _sub(a, b, *_):
@@ -133,7 +136,10 @@ def _sub(a, b, *_):
 def _mul(a, b, *_):
     with np.errstate(invalid="ignore"):
         p = np.stack([a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]])
-    return _out(p.min(0), p.max(0), _nanmask(a, b) | np.isnan(p).any(0))
+    # 0 * inf is reachable when one operand holds 0 and the other reaches an infinity
+    zero_inf = (((a[0] <= 0) & (a[1] >= 0)) & (np.isinf(b[0]) | np.isinf(b[1]))) | \
+        (((b[0] <= 0) & (b[1] >= 0)) & (np.isinf(a[0]) | np.isinf(a[1])))
+    return _out(p.min(0), p.max(0), _nanmask(a, b) | np.isnan(p).any(0) | zero_inf)
 
 
 def _div(a, b, *_):

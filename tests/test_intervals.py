@@ -54,3 +54,15 @@ def test_choices_pick_the_operand_that_equals_the_result(op, a, b, seed):
 def test_every_arithmetic_op_with_inputs_has_an_interval_rule():
     arith = {o for o, s in OPS.items() if s.family.value == "arith" and s.reads}
     assert arith <= set(INTERVAL_OPS)
+
+
+@pytest.mark.parametrize("op, args, point", [
+    (Op.ADD, [(1.0, np.inf), (-np.inf, -1.0)], [np.inf, -np.inf]),
+    (Op.MUL, [(-1.0, 1.0), (1.0, np.inf)], [0.0, np.inf]),
+    (Op.TAN, [(0.0, np.inf)], [np.inf]),
+])
+def test_infinite_bounds_flag_reachable_nans(op, args, point):
+    lo, hi = INTERVAL_OPS[op](*[(np.array(a), np.array(b)) for a, b in args], *[None] * (3 - len(args)))
+    with np.errstate(all="ignore"):
+        assert np.isnan(OPS[op].reference(*[np.array(p) for p in point]))
+    assert np.isnan(lo) and np.isnan(hi)
