@@ -64,17 +64,6 @@ def test_pattern_tapes_are_refused():
         baseline_wgsl(tape)
 
 
-@pytest.fixture(scope="module")
-def walker_gpu():
-    """As in test_cli.py; delete once tests/conftest.py provides `walker_gpu`."""
-    from taperay.runtime.gpu import GpuWalker
-    if not GpuWalker.available():
-        if os.environ.get("TAPERAY_REQUIRE_GPU"):
-            pytest.fail("TAPERAY_REQUIRE_GPU is set but there is no GPU adapter")
-        pytest.skip("no GPU adapter")
-    return GpuWalker()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(TAPES))
 @pytest.mark.parametrize("culls", [True, False])

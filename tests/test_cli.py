@@ -30,18 +30,6 @@ def scene_file(tmp_path):
     return path
 
 
-@pytest.fixture(scope="module")
-def walker_gpu():
-    """The GPU walker (lavapipe counts); skipped without an adapter unless CI requires one
-    (TAPERAY_REQUIRE_GPU=1). Delete once tests/conftest.py provides `walker_gpu`."""
-    from taperay.runtime.gpu import GpuWalker
-    if not GpuWalker.available():
-        if os.environ.get("TAPERAY_REQUIRE_GPU"):
-            pytest.fail("TAPERAY_REQUIRE_GPU is set but there is no GPU adapter")
-        pytest.skip("no GPU adapter")
-    return GpuWalker()
-
-
 def run_cli(capsys, *argv):
     rc = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
