@@ -22,7 +22,7 @@ from .shading import RenderSettings
 from .tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, validate
 
 __all__ = ["Tolerance", "TOLERANCES", "ConformanceReport", "OpResult", "SceneResult", "conform_tape",
-           "conform_random", "op_tape", "random_tape", "wide_tape", "reference_tape", "available_walkers",
+           "conform_random", "tape_tolerance", "scene_tolerance", "within_tolerance", "op_tape", "random_tape", "wide_tape", "reference_tape", "available_walkers",
            "compare_images", "ulp_distance", "ULP_BINS"]
 
 
@@ -65,11 +65,17 @@ MATERIAL_MAX = 0.01       # fraction of points whose material may differ (ties d
 ULP_BINS = (0, 1, 2, 4, 16, 256, 4096, 1 << 20)   # histogram edges: [0], [1], [2, 3], [4, 15], ...
 
 
-def scene_tolerance(tape: Tape) -> Tolerance:
+def tape_tolerance(tape: Tape, propagation: float = 1.0) -> Tolerance:
+    """The largest tolerance of the ops a tape uses, times ``propagation`` (a one-op tape: 1; a
+    composite scene, whose ops compound their errors: SCENE_PROPAGATION)."""
     ops = [Op(int(o)) for o in np.unique(tape.instrs["op"])]
-    return Tolerance(SCENE_PROPAGATION * max(TOLERANCES[o].ulps for o in ops),
-                     SCENE_PROPAGATION * max(TOLERANCES[o].abs_rel for o in ops),
-                     "largest tolerance of its ops x " + str(SCENE_PROPAGATION))
+    return Tolerance(propagation * max(TOLERANCES[o].ulps for o in ops),
+                     propagation * max(TOLERANCES[o].abs_rel for o in ops),
+                     f"largest tolerance of its ops x {propagation:g}")
+
+
+def scene_tolerance(tape: Tape) -> Tolerance:
+    return tape_tolerance(tape, SCENE_PROPAGATION)
 
 
 # ----------------------------------------------------------------------------------- measures
@@ -92,7 +98,8 @@ def _ulp_of(x: np.ndarray) -> np.ndarray:
     return np.spacing(np.where(np.isfinite(x), x, np.float32(0)), dtype=np.float32).astype(np.float64)
 
 
-def _within(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: float) -> np.ndarray:
+def within_tolerance(ref: np.ndarray, got: np.ndarray, tol: Tolerance, scale: float) -> np.ndarray:
+    """Per value: equal (NaN counts as equal to NaN), or within ``tol`` at input magnitude ``scale``."""
     ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
     same = (ref == got) | (np.isnan(ref) & np.isnan(got))
     with np.errstate(invalid="ignore"):
@@ -266,7 +273,7 @@ def grade_points(name: str, walker_name: str, tape: Tape, pts: np.ndarray, scale
                  ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray],
                  tol: Tolerance) -> OpResult:
     (rd, rm), (gd, gm) = ref, got
-    ok = _within(rd, gd, tol, scale)
+    ok = within_tolerance(rd, gd, tol, scale)
     bad = np.flatnonzero(~ok)
     max_abs, max_rel = _errors(rd, gd)
     return OpResult(name, walker_name, len(pts), max_abs, max_rel, _histogram(ulp_distance(rd, gd)),
@@ -293,7 +300,7 @@ def first_differing_record(tape: Tape, point: np.ndarray, cpu, walker, tol: Tole
         if probe is None:
             continue
         r, g = cpu.evaluate(probe, pts)[0], walker.evaluate(probe, pts)[0]
-        if not _within(r, g, tol, scale)[0]:
+        if not within_tolerance(r, g, tol, scale)[0]:
             return k
     return None
 
@@ -367,7 +374,8 @@ def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_
 
 def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_points: int = 256,
                    image: tuple[int, int] = (24, 18), graded: dict | None = None) -> ConformanceReport:
-    """One tape per op (graded with that op's tolerance), ``n`` random composite scenes and a tape
+    """One tape per op (graded with the largest tolerance of its ops: the op itself, or e.g. the
+    polar pattern a REPEAT_END closes), ``n`` random composite scenes and a tape
     wide enough for the largest register variant, on every available walker (or ``graded``)."""
     from .cpu import CpuWalker
     ws = available_walkers(walkers) if graded is None else graded
@@ -378,16 +386,15 @@ def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_po
         tape = op_tape(op, rng)
         pts, scale = _points(tape, rng, n_points)
         ref = cpu.evaluate(tape, pts)
+        tol = tape_tolerance(tape)
         for wname, walker in ws.items():
             got, err = _run(walker, "evaluate", tape, pts)
             if err:
-                report.ops.append(OpResult(op.name, wname, len(pts), 0, 0, [], 0, TOLERANCES[op],
-                                           len(pts), None, error=err))
+                report.ops.append(OpResult(op.name, wname, len(pts), 0, 0, [], 0, tol, len(pts), None, error=err))
                 continue
-            res = grade_points(op.name, wname, tape, pts, scale, ref, got, TOLERANCES[op])
+            res = grade_points(op.name, wname, tape, pts, scale, ref, got, tol)
             if res.first_point is not None:
-                res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker,
-                                                          TOLERANCES[op], scale)
+                res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker, tol, scale)
             report.ops.append(res)
     for i in range(n):
         tape = random_tape(np.random.default_rng([seed, i]))

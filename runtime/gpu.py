@@ -570,6 +570,11 @@ class GpuWalker:
         return u
 
     def _prepare_outputs(self, n_f: int, n_u: int, n_accum: int = 0):
+        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        need = max(4 * n_f, 4 * n_u, 16 * n_accum)
+        if need > limit:
+            raise TaperayError(f"this request needs a {need >> 20} MiB GPU buffer; the adapter binds at most "
+                               f"{limit >> 20} MiB (render a smaller image or use the CPU walker)")
         self._out_f.ensure(4 * max(n_f, 1))
         self._out_u.ensure(4 * max(n_u, 1))
         self._accum.ensure(16 * max(n_accum, 1))
@@ -638,12 +643,24 @@ class GpuWalker:
         _drop_context(self._ctx)
         raise GpuError(f"the GPU failed ({self._ctx.info['name']}): {e}") from e
 
-    def _run_points(self, tape: Tape, points: np.ndarray, kernel: str, n_items: int, extra=(0, 0, 0, 0)):
+    def _run_points(self, tape: Tape, points: np.ndarray, kernel: str, per_point: int,
+                    out_dtypes: tuple, extra=(0, 0, 0, 0)) -> list[np.ndarray]:
+        """Run a point kernel (``per_point`` items per point) in chunks that fit the binding
+        limit; returns, per dtype in ``out_dtypes`` (out_f, out_u), the concatenated outputs."""
         variant = self.upload(tape)
         pts = np.ascontiguousarray(np.asarray(points, np.float32).reshape(-1, 3))
-        self._prepare_outputs(n_items, n_items)
-        self._points.sync(pts)
-        self._dispatch(tape, [(kernel, n_items)], variant, self._uniforms(tape, n_items, extra=extra))
+        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        chunk = max(1, min(limit // 12, limit // (4 * per_point)))
+        outs: list[list[np.ndarray]] = [[] for _ in out_dtypes]
+        for s in range(0, len(pts), chunk):
+            part = pts[s:s + chunk]
+            n_items = per_point * len(part)
+            self._prepare_outputs(n_items, n_items)
+            self._points.sync(part)
+            self._dispatch(tape, [(kernel, n_items)], variant, self._uniforms(tape, n_items, extra=extra))
+            for o, (buf, dtype) in zip(outs, zip((self._out_f, self._out_u), out_dtypes)):
+                o.append(self._read(buf, dtype, n_items))
+        return [np.concatenate(o) for o in outs]
 
     # -- the CpuWalker API
     @_guarded
@@ -652,12 +669,11 @@ class GpuWalker:
         pts = np.asarray(points)
         if pts.ndim != 2 or pts.shape[1] != 3:
             raise TaperayError(f"evaluate: points must be (N, 3), got {pts.shape}")
-        n = len(pts)
-        if n == 0:
+        if len(pts) == 0:
             self.upload(tape)
             return np.zeros(0, np.float32), np.zeros(0, np.uint32)
-        self._run_points(tape, pts, "eval_points", n)
-        return self._read(self._out_f, np.float32, n), self._read(self._out_u, np.uint32, n)
+        d, m = self._run_points(tape, pts, "eval_points", 1, (np.float32, np.uint32))
+        return d, m
 
     @_guarded
     def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
@@ -672,8 +688,8 @@ class GpuWalker:
         if n == 0:
             self.upload(tape)
             return np.zeros((0, 3), np.float32)
-        self._run_points(tape, pts, "gradient_points", 6 * n, extra=(0, e, 0, 0))
-        d = self._read(self._out_f, np.float32, 6 * n).reshape(n, 6)
+        (d,) = self._run_points(tape, pts, "gradient_points", 6, (np.float32,), extra=(0, e, 0, 0))
+        d = d.reshape(n, 6)
         return ((d[:, :3] - d[:, 3:]) / (np.float32(2) * e)).astype(np.float32)
 
     @_guarded

@@ -65,13 +65,11 @@ def _morton(centres: np.ndarray) -> np.ndarray:
     return code
 
 
-def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -> np.ndarray:
-    """A BVH over (N,2,3) boxes in depth-first preorder with skip indices (BVH_DTYPE, 2N-1 nodes).
-
-    Leaves are sorted by the Morton code of their box centres; node ranges split at the middle,
-    so a subtree over L leaves holds 2L-1 nodes and its preorder position is computed per level
-    with numpy. ``first_node`` / ``first_instance`` offset the indices into the tape's arrays.
-    """
+def _binary_bvh(boxes: np.ndarray, instance_ids: np.ndarray, first_node: int) -> np.ndarray:
+    """A binary BVH over (L,2,3) boxes in depth-first preorder (2L-1 nodes); leaf k names
+    ``instance_ids[k]``. Leaves are sorted by the Morton code of their box centres; node ranges
+    split at the middle, so a subtree over L leaves holds 2L-1 nodes and its preorder position is
+    computed per level with numpy."""
     n = len(boxes)
     order = np.argsort(_morton(boxes.mean(1)), kind="stable")
     sorted_boxes = boxes[order]
@@ -82,7 +80,7 @@ def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -
         size = hi - lo
         out["skip"][pre] = pre + 2 * size - 1 + first_node
         leaf = size == 1
-        out["instance"][pre[leaf]] = order[lo[leaf]] + first_instance
+        out["instance"][pre[leaf]] = instance_ids[order[lo[leaf]]]
         out["instance"][pre[~leaf]] = -1
         out["lo"][pre[leaf]] = sorted_boxes[lo[leaf], 0]
         out["hi"][pre[leaf]] = sorted_boxes[lo[leaf], 1]
@@ -95,3 +93,57 @@ def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -
         out["lo"][pre] = np.minimum(out["lo"][left], out["lo"][right])
         out["hi"][pre] = np.maximum(out["hi"][left], out["hi"][right])
     return out
+
+
+def sample_levels(centres: np.ndarray) -> list[np.ndarray]:
+    """Instances in groups of ever denser spatial samples: group j holds one not yet taken
+    instance per cell of a grid of cubes 2^-j of the largest extent (j = 1, 2, ...), while a
+    level takes fewer than half of those left; the last group holds the rest."""
+    n = len(centres)
+    lo = centres.min(0)
+    extent = max(float((centres.max(0) - lo).max()), 1e-30)
+    free = np.ones(n, bool)
+    groups = []
+    for level in range(1, 21):
+        left = np.flatnonzero(free)
+        cells = np.minimum(((centres[left] - lo) / extent * (1 << level)).astype(np.int64), (1 << level) - 1)
+        key = (cells[:, 0] << 42) | (cells[:, 1] << 21) | cells[:, 2]
+        picks = left[np.unique(key, return_index=True)[1]]
+        if 2 * len(picks) > len(left):
+            break
+        groups.append(picks)
+        free[picks] = False
+    rest = np.flatnonzero(free)
+    return groups + ([rest] if len(rest) else [])
+
+
+def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -> np.ndarray:
+    """A binary BVH over (N,2,3) boxes in depth-first preorder with skip indices (BVH_DTYPE,
+    2N-1 nodes).
+
+    The INSTANCES walk visits children in preorder with a running minimum that starts at +inf,
+    so what it meets first decides how much it can skip. The tree is therefore a chain over the
+    ``sample_levels`` groups, coarsest first: each chain node's left child is the binary subtree
+    of one group, its right child the chain of the denser groups. A point meets an instance near
+    it within a few dozen nodes, and that distance then culls most of each denser group. (A plain
+    Morton-ordered tree makes the walk sweep space in Z order from a far corner: on 100,000
+    random bolts it evaluated about 10x the leaves.) Any tree is exact; this one is faster.
+    ``first_node`` / ``first_instance`` offset the indices into the tape's arrays.
+    """
+    n = len(boxes)
+    ids = np.arange(n) + first_instance
+    groups = sample_levels(boxes.mean(1)) if n > 8 else [np.arange(n)]
+    # the box of groups k, k+1, ... (what chain node k holds)
+    lo = np.minimum.accumulate(np.array([boxes[g, 0].min(0) for g in groups])[::-1])[::-1]
+    hi = np.maximum.accumulate(np.array([boxes[g, 1].max(0) for g in groups])[::-1])[::-1]
+    parts, at = [], first_node
+    for k, g in enumerate(groups):
+        if k < len(groups) - 1:                  # chain node over this group and all denser ones
+            link = np.zeros(1, BVH_DTYPE)
+            link["lo"], link["hi"], link["instance"] = lo[k], hi[k], -1
+            link["skip"] = first_node + 2 * n - 1
+            parts.append(link)
+            at += 1
+        parts.append(_binary_bvh(boxes[g], ids[g], at))
+        at += len(parts[-1])
+    return np.concatenate(parts)

@@ -282,9 +282,11 @@ fn grid_axis(prm: u32, ax: u32, x: f32, scale: f32) -> GridAxis {
     return GridAxis(cl.c, cl.c2, (cl.bnd * abs(s) - params[prm + 6u + ax]) * scale, 2u);
 }
 
-// open pattern frame L at point p: choose the cells and the unchecked bound
-fn loop_enter(L: u32, op: u32, prm: u32, p: vec4<f32>) {
-    loops[L].p = p;
+// open pattern frame fr (op, prm set) at point p: choose the cells and the unchecked bound
+fn loop_enter(fr: ptr<function, LoopFrame>, p: vec4<f32>) {
+    let op = (*fr).op;
+    let prm = (*fr).prm;
+    (*fr).p = p;
     var n_iter = 1u;
     if (op == OP_REPEAT_LINEAR) {
         let dx = params[prm];
@@ -297,9 +299,9 @@ fn loop_enter(L: u32, op: u32, prm: u32, p: vec4<f32>) {
         n_iter = select(2u, 1u, cnt == 1);
         let t = (p.x * dx + p.y * dy + p.z * dz) / dd;
         let cl = cells(t, cnt);
-        loops[L].cell0 = vec3<i32>(cl.c, 0, 0);
-        loops[L].cell1 = vec3<i32>(cl.c2, 0, 0);
-        loops[L].bound = (cl.bnd * dlen - e) * p.w;
+        (*fr).cell0 = vec3<i32>(cl.c, 0, 0);
+        (*fr).cell1 = vec3<i32>(cl.c2, 0, 0);
+        (*fr).bound = (cl.bnd * dlen - e) * p.w;
     } else if (op == OP_REPEAT_POLAR) {
         let cnt = i32(params[prm]);
         let cx = params[prm + 1u];
@@ -312,8 +314,8 @@ fn loop_enter(L: u32, op: u32, prm: u32, p: vec4<f32>) {
         let s = (atan2(p.y, p.x) - phic) * fcnt / TWO_PI;
         let r = i32(round_away(s));
         let step = select(-1, 1, s >= f32(r));
-        loops[L].cell0 = vec3<i32>(emod(r, cnt), 0, 0);
-        loops[L].cell1 = vec3<i32>(emod(r + step, cnt), 0, 0);
+        (*fr).cell0 = vec3<i32>(emod(r, cnt), 0, 0);
+        (*fr).cell1 = vec3<i32>(emod(r + step, cnt), 0, 0);
         var bnd = inf();
         if (cnt >= 3) {   // the two unchecked neighbours lo - 1, then hi + 1 (unrolled)
             let th0 = TWO_PI * f32(emod(min(r, r + step) - 1, cnt)) / fcnt;
@@ -325,81 +327,76 @@ fn loop_enter(L: u32, op: u32, prm: u32, p: vec4<f32>) {
             let sn1 = sin(th1);
             bnd = pmin(bnd, len3(p.x - (cs1 * cx - sn1 * cy), p.y - (sn1 * cx + cs1 * cy), p.z - cz));
         }
-        loops[L].bound = (bnd - big_r) * p.w;
-    } else {  // OP_REPEAT_GRID, the three axes unrolled
+        (*fr).bound = (bnd - big_r) * p.w;
+    } else if (op == OP_REPEAT_GRID) {   // the three axes unrolled
         let gx = grid_axis(prm, 0u, p.x, p.w);
         let gy = grid_axis(prm, 1u, p.y, p.w);
         let gz = grid_axis(prm, 2u, p.z, p.w);
         n_iter = gx.n_iter * gy.n_iter * gz.n_iter;
-        loops[L].cell0 = vec3<i32>(gx.c, gy.c, gz.c);
-        loops[L].cell1 = vec3<i32>(gx.c2, gy.c2, gz.c2);
-        loops[L].bound = pmin(pmin(pmin(inf(), gx.bound), gy.bound), gz.bound);
+        (*fr).cell0 = vec3<i32>(gx.c, gy.c, gz.c);
+        (*fr).cell1 = vec3<i32>(gx.c2, gy.c2, gz.c2);
+        (*fr).bound = pmin(pmin(pmin(inf(), gx.bound), gy.bound), gz.bound);
     }
-    loops[L].n_iter = n_iter;
-    loops[L].it = 0u;
+    (*fr).n_iter = n_iter;
+    (*fr).it = 0u;
 }
 
-// the grid cell iteration `it` of frame L evaluates (x fastest over the axes with count > 1)
-fn grid_pick(L: u32, it: u32) -> vec3<i32> {
-    let prm = loops[L].prm;
-    let c0 = loops[L].cell0;
-    let c1 = loops[L].cell1;
+// the grid cell iteration `it` of frame fr evaluates (x fastest over the axes with count > 1)
+fn grid_pick(fr: LoopFrame, it: u32) -> vec3<i32> {
+    let prm = fr.prm;
     var sel = it;
     var out = vec3<i32>(0);
     if (i32(params[prm + 3u]) != 1) {
-        out.x = select(c0.x, c1.x, (sel & 1u) == 1u);
+        out.x = select(fr.cell0.x, fr.cell1.x, (sel & 1u) == 1u);
         sel = sel >> 1u;
     }
     if (i32(params[prm + 4u]) != 1) {
-        out.y = select(c0.y, c1.y, (sel & 1u) == 1u);
+        out.y = select(fr.cell0.y, fr.cell1.y, (sel & 1u) == 1u);
         sel = sel >> 1u;
     }
     if (i32(params[prm + 5u]) != 1) {
-        out.z = select(c0.z, c1.z, (sel & 1u) == 1u);
+        out.z = select(fr.cell0.z, fr.cell1.z, (sel & 1u) == 1u);
     }
     return out;
 }
 
-// (p, scale) for iteration `it` of pattern frame L
-fn loop_point(L: u32, it: u32) -> vec4<f32> {
-    let op = loops[L].op;
-    let prm = loops[L].prm;
-    let lp = loops[L].p;
-    if (op == OP_REPEAT_LINEAR) {
-        let k = f32(select(loops[L].cell0.x, loops[L].cell1.x, it == 1u));
+// (p, scale) for iteration `it` of pattern frame fr
+fn loop_point(fr: LoopFrame, it: u32) -> vec4<f32> {
+    let prm = fr.prm;
+    let lp = fr.p;
+    if (fr.op == OP_REPEAT_LINEAR) {
+        let k = f32(select(fr.cell0.x, fr.cell1.x, it == 1u));
         return vec4<f32>(lp.x - k * params[prm], lp.y - k * params[prm + 1u], lp.z - k * params[prm + 2u], lp.w);
     }
-    if (op == OP_REPEAT_POLAR) {
+    if (fr.op == OP_REPEAT_POLAR) {
         let fcnt = params[prm];
-        let th = TWO_PI * f32(select(loops[L].cell0.x, loops[L].cell1.x, it == 1u)) / fcnt;
+        let th = TWO_PI * f32(select(fr.cell0.x, fr.cell1.x, it == 1u)) / fcnt;
         let cs = cos(th);
         let sn = sin(th);
         return vec4<f32>(cs * lp.x + sn * lp.y, cs * lp.y - sn * lp.x, lp.z, lp.w);
     }
-    let g = vec3<f32>(grid_pick(L, it));
+    let g = vec3<f32>(grid_pick(fr, it));
     return vec4<f32>(lp.x - g.x * params[prm], lp.y - g.y * params[prm + 1u], lp.z - g.z * params[prm + 2u], lp.w);
 }
 
-fn instance_index(L: u32) -> f32 {
-    let op = loops[L].op;
-    if (op == OP_INSTANCES) {
-        return f32(loops[L].cell1.x);
+fn instance_index(fr: LoopFrame) -> f32 {
+    if (fr.op == OP_INSTANCES) {
+        return f32(fr.cell1.x);
     }
-    if (op == OP_REPEAT_GRID) {
-        let prm = loops[L].prm;
-        let g = grid_pick(L, loops[L].it);
-        return f32(g.x + i32(params[prm + 3u]) * (g.y + i32(params[prm + 4u]) * g.z));
+    if (fr.op == OP_REPEAT_GRID) {
+        let g = grid_pick(fr, fr.it);
+        return f32(g.x + i32(params[fr.prm + 3u]) * (g.y + i32(params[fr.prm + 4u]) * g.z));
     }
-    return f32(select(loops[L].cell0.x, loops[L].cell1.x, loops[L].it == 1u));
+    return f32(select(fr.cell0.x, fr.cell1.x, fr.it == 1u));
 }
 
 // p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s for the leaf `node`
-fn instance_point(L: u32, node: u32) -> vec4<f32> {
+fn instance_point(fr: ptr<function, LoopFrame>, node: u32) -> vec4<f32> {
     let k = bvh[node].instance;
-    loops[L].cell0.x = i32(node);
-    loops[L].cell1.x = k;
+    (*fr).cell0.x = i32(node);
+    (*fr).cell1.x = k;
     let inst = instances[k];
-    let lp = loops[L].p;
+    let lp = (*fr).p;
     let v = qrot_conj(inst.q, lp.xyz - inst.t);
     return vec4<f32>(v.x / inst.s, v.y / inst.s, v.z / inst.s, lp.w * inst.s);
 }
@@ -412,14 +409,18 @@ const STEP_POLY: u32 = 1u;        // one polygon edge of EXTRUDE_POLY / REVOLVE_
 const STEP_SEEK: u32 = 2u;        // one BVH node of the INSTANCES loop opened / continued at pc
 const STEP_FMOD: u32 = 3u;        // one exact-fmod subtraction of MOD at pc
 
+// Written for a SIMD rasteriser that runs every branch of every iteration (lavapipe): registers
+// are read once and written once per iteration, and the innermost pattern frame lives in `fr`
+// (outer frames are spilled to `loops` only when patterns nest), since dynamically indexed
+// private arrays are what such a target pays for most.
 fn run_tape(pin: vec3<f32>) -> Eval {
     var p = vec4<f32>(pin, 1.0);
     var sp = 0u;
-    var lsp = 0u;
+    var lsp = 0u;                 // open pattern loops; the innermost is fr, outer ones in loops[]
+    var fr: LoopFrame;
     var pc = 0u;
     let n_ins = U.n_instrs;
     var mode = STEP_RECORD;
-    var ins: Instr;
     // polygon sub-steps (the twin's _poly): edge i, previous vertex j, squared distance, sign
     var pg_i = 0u;
     var pg_j = 0u;
@@ -427,9 +428,8 @@ fn run_tape(pin: vec3<f32>) -> Eval {
     var pg_q = vec2<f32>(0.0);
     var pg_d = 0.0;
     var pg_s = 1.0;
-    // BVH sub-steps (the twin's _bvh_seek): node, loop frame, whether REPEAT_END continues
+    // BVH sub-steps (the twin's _bvh_seek): node, and whether a REPEAT_END continues the walk
     var sk_node = 0u;
-    var sk_frame = 0u;
     var sk_from_end = false;
     // fmod sub-steps: remainder |r| of |a| by y = |b|, exponent of y
     var fm_r = 0.0;
@@ -444,8 +444,20 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             break;
         }
         iters += 1u;
+        let ins = instrs[pc];
+        let op = ins.op;
+        let prm = ins.param;
+        let va = reg[ins.a];
+        let vb = reg[ins.b];
+        let vc = reg[ins.c];
+        let ma = regm[ins.a];
+        let mb = regm[ins.b];
+        var nxt = pc + 1u;        // the record after this iteration (pc itself while sub-stepping)
+        var wr = true;            // this iteration writes (wv, wm) into register wd
+        var wd = ins.dst;
+        var wv = 0.0;
+        var wm = ma;
         if (mode == STEP_POLY) {
-            let n = ins.a;
             let vix = params[pg_off + 2u * pg_i];
             let viy = params[pg_off + 2u * pg_i + 1u];
             let vjx = params[pg_off + 2u * pg_j];
@@ -470,111 +482,97 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             }
             pg_j = pg_i;
             pg_i += 1u;
-            if (pg_i == n) {
+            wr = pg_i == ins.a;
+            if (wr) {
                 var d = pg_s * sqrt(pg_d);
-                if (ins.op == OP_EXTRUDE_POLY) {
-                    d = cap2(d, abs(p.z) - params[ins.param]);
+                if (op == OP_EXTRUDE_POLY) {
+                    d = cap2(d, abs(p.z) - params[prm]);
                 }
-                reg[ins.dst] = d * p.w;
-                regm[ins.dst] = ins.aux;
+                wv = d * p.w;
+                wm = ins.aux;
                 mode = STEP_RECORD;
-                pc += 1u;
+            } else {
+                nxt = pc;
             }
-            continue;
-        }
-        if (mode == STEP_SEEK) {
-            let L = sk_frame;
-            let end = loops[L].end_node;
-            var found = false;
+        } else if (mode == STEP_SEEK) {
+            wr = false;
+            nxt = pc;
+            var leaf = false;
             var b = inf();
-            if (sk_node < end) {
+            if (sk_node < fr.end_node) {
                 let nd = bvh[sk_node];
-                let lp = loops[L].p;
-                let acc = select(inf(), loops[L].acc, sk_from_end);
+                let lp = fr.p;
                 b = sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
                            lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
                            (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
-                if (b >= acc) {
+                if (b >= select(inf(), fr.acc, sk_from_end)) {
                     sk_node = nd.skip;
-                    continue;
-                }
-                if (nd.instance < 0) {
+                } else if (nd.instance < 0) {
                     sk_node += 1u;
-                    continue;
+                } else {
+                    leaf = true;
                 }
-                found = true;
             }
-            // the walk ended: at a leaf to evaluate (found) or past the last node
-            loops[L].cell0.x = i32(sk_node);
-            loops[L].bound = select(inf(), b, found);
-            mode = STEP_RECORD;
-            if (found) {
-                p = instance_point(L, sk_node);
-                pc = loops[L].open + 1u;
-            } else if (sk_from_end) {
-                reg[ins.dst] = loops[L].acc;
-                regm[ins.dst] = loops[L].acc_mat;
-                p = loops[L].p;
-                lsp -= 1u;
-                pc += 1u;
-            } else {                      // no leaf at all: the loop's value is +inf
-                let end_dst = instrs[ins.jump].dst;
-                reg[end_dst] = inf();
-                regm[end_dst] = 0u;
-                lsp -= 1u;
-                pc = ins.jump + 1u;
+            if (leaf || sk_node >= fr.end_node) {   // the walk ends: at a leaf or past the last node
+                mode = STEP_RECORD;
+                fr.cell0.x = i32(sk_node);
+                fr.bound = select(inf(), b, leaf);
+                if (leaf) {
+                    p = instance_point(&fr, sk_node);
+                    nxt = fr.open + 1u;
+                } else {
+                    wr = true;
+                    if (sk_from_end) {        // REPEAT_END: the loop's value
+                        wv = fr.acc;
+                        wm = fr.acc_mat;
+                        p = fr.p;
+                        nxt = pc + 1u;
+                    } else {                  // no leaf at all: the loop's value is +inf
+                        wd = instrs[ins.jump].dst;
+                        wv = inf();
+                        wm = 0u;
+                        nxt = ins.jump + 1u;
+                    }
+                    lsp -= 1u;
+                    if (lsp > 0u) {
+                        fr = loops[lsp - 1u];
+                    }
+                }
             }
-            continue;
-        }
-        if (mode == STEP_FMOD) {
+        } else if (mode == STEP_FMOD) {
             var t = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
             if (t > fm_r) {
                 t = t * 0.5;
             }
             fm_r = fm_r - t;
-            if (fm_r < fm_y) {
-                let vb = reg[ins.b];
-                let r = select(fm_r, -fm_r, reg[ins.a] < 0.0);
-                reg[ins.dst] = select(r, r + abs(vb), r < 0.0);
-                regm[ins.dst] = regm[ins.a];
+            wr = fm_r < fm_y;
+            if (wr) {
+                let r = select(fm_r, -fm_r, va < 0.0);
+                wv = select(r, r + abs(vb), r < 0.0);
                 mode = STEP_RECORD;
-                pc += 1u;
+            } else {
+                nxt = pc;
             }
-            continue;
-        }
-        ins = instrs[pc];
-        let op = ins.op;
-        let dst = ins.dst;
-        let prm = ins.param;
-        var nxt = pc + 1u;
-        if (op < OP_SPHERE) {                                          // ---- arithmetic
-            if (op <= OP_CONST || op == OP_INSTANCE_INDEX) {
-                var v = 0.0;
-                if (op == OP_VAR_X || op == OP_VAR_Y || op == OP_VAR_Z) {
-                    v = p[op - OP_VAR_X];
-                } else if (op == OP_CONST) {
-                    v = params[prm];
-                } else if (lsp > 0u) {
-                    v = instance_index(lsp - 1u);
+        } else if (op < OP_SPHERE) {                                   // ---- arithmetic
+            if (op == OP_VAR_X || op == OP_VAR_Y || op == OP_VAR_Z) {
+                wv = p[op - OP_VAR_X];
+                wm = 0u;
+            } else if (op == OP_CONST) {
+                wv = params[prm];
+                wm = 0u;
+            } else if (op == OP_INSTANCE_INDEX) {
+                if (lsp > 0u) {
+                    wv = instance_index(fr);
                 }
-                reg[dst] = v;
-                regm[dst] = 0u;
-            } else if (op == OP_MIN || op == OP_MAX) {
-                let va = reg[ins.a];
-                let vb = reg[ins.b];
-                let ma = regm[ins.a];
-                let mb = regm[ins.b];
-                if (op == OP_MIN) {
-                    reg[dst] = nmin(va, vb);
-                    regm[dst] = select(ma, mb, vb < va);
-                } else {
-                    reg[dst] = nmax(va, vb);
-                    regm[dst] = select(ma, mb, vb > va);
-                }
+                wm = 0u;
+            } else if (op == OP_MIN) {
+                wv = nmin(va, vb);
+                wm = select(ma, mb, vb < va);
+            } else if (op == OP_MAX) {
+                wv = nmax(va, vb);
+                wm = select(ma, mb, vb > va);
             } else if (op == OP_MOD) {
                 // C's fmod, exact: subtract |b| 2^k (Sterbenz-exact) from |a| while it is >= |b|
-                let va = reg[ins.a];
-                let vb = reg[ins.b];
                 fm_y = abs(vb);
                 fm_r = abs(va);
                 var r = va;
@@ -583,21 +581,14 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 } else if (!(fm_y == inf() || fm_r < fm_y)) {
                     fm_ey = frexp(fm_y).exp;
                     mode = STEP_FMOD;
-                    continue;
+                    wr = false;
+                    nxt = pc;
                 }
-                reg[dst] = select(r, r + abs(vb), r < 0.0);
-                regm[dst] = regm[ins.a];
+                wv = select(r, r + abs(vb), r < 0.0);
+            } else if (op <= OP_NOT) {
+                wv = unary(op, va);
             } else {
-                let ma = regm[ins.a];
-                let va = reg[ins.a];
-                var v = 0.0;
-                if (op <= OP_NOT) {
-                    v = unary(op, va);
-                } else {
-                    v = binary(op, va, reg[ins.b], reg[ins.c]);
-                }
-                reg[dst] = v;
-                regm[dst] = ma;
+                wv = binary(op, va, vb, vc);
             }
         } else if (op < OP_PUSH) {                                     // ---- shapes
             if (op == OP_EXTRUDE_POLY || op == OP_REVOLVE_POLY) {
@@ -609,11 +600,14 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 pg_i = 0u;
                 pg_j = ins.a - 1u;
                 mode = STEP_POLY;
-                continue;
+                wr = false;
+                nxt = pc;
+            } else {
+                wv = shape(op, p, prm);
+                wm = ins.aux;
             }
-            reg[dst] = shape(op, p, prm);
-            regm[dst] = ins.aux;
         } else if (op < OP_UNION) {                                    // ---- point ops
+            wr = false;
             if (op == OP_PUSH) {
                 stack_p[sp] = p;
                 sp += 1u;
@@ -646,99 +640,94 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 }
             }
         } else if (op < OP_REPEAT_LINEAR) {                            // ---- combine
-            let va = reg[ins.a];
-            let ma = regm[ins.a];
             if (op == OP_OFFSET || op == OP_SHELL) {
-                reg[dst] = select(va, abs(va), op == OP_SHELL) - params[prm];
-                regm[dst] = ma;
+                wv = select(va, abs(va), op == OP_SHELL) - params[prm];
+            } else if (op == OP_UNION) {
+                wv = nmin(va, vb);
+                wm = select(ma, mb, vb < va);
+            } else if (op == OP_INTERSECT) {
+                wv = nmax(va, vb);
+                wm = select(ma, mb, vb > va);
+            } else if (op == OP_XOR) {
+                wv = nmax(nmin(va, vb), -nmax(va, vb));
+                wm = select(ma, mb, vb < va);
+            } else if (op == OP_DIFFERENCE) {
+                wv = nmax(va, -vb);
+            } else if (op == OP_SMOOTH_UNION || op == OP_SMOOTH_INTERSECT || op == OP_SMOOTH_DIFFERENCE) {
+                // smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k
+                let k = params[prm];
+                var x = va;
+                var y = vb;
+                var sg = 1.0;
+                wm = select(ma, mb, vb < va);
+                if (op == OP_SMOOTH_INTERSECT) {
+                    x = -va;
+                    y = -vb;
+                    sg = -1.0;
+                    wm = select(ma, mb, vb > va);
+                } else if (op == OP_SMOOTH_DIFFERENCE) {
+                    x = -va;
+                    sg = -1.0;
+                    wm = ma;
+                }
+                let h = pmax(k - abs(x - y), 0.0) / k;
+                wv = sg * (nmin(x, y) - h * h * k * 0.25);
+            }
+        } else if (op == OP_REPEAT_END) {                              // ---- patterns
+            wr = false;
+            if (fr.op == OP_INSTANCES) {
+                let v = pmax(va, fr.bound);
+                if (v < fr.acc) {
+                    fr.acc = v;
+                    fr.acc_mat = ma;
+                }
+                sk_node = u32(fr.cell0.x) + 1u;
+                sk_from_end = true;
+                mode = STEP_SEEK;
+                nxt = pc;
             } else {
-                let vb = reg[ins.b];
-                let mb = regm[ins.b];
-                if (op == OP_UNION) {
-                    reg[dst] = nmin(va, vb);
-                    regm[dst] = select(ma, mb, vb < va);
-                } else if (op == OP_INTERSECT) {
-                    reg[dst] = nmax(va, vb);
-                    regm[dst] = select(ma, mb, vb > va);
-                } else if (op == OP_XOR) {
-                    reg[dst] = nmax(nmin(va, vb), -nmax(va, vb));
-                    regm[dst] = select(ma, mb, vb < va);
-                } else if (op == OP_DIFFERENCE) {
-                    reg[dst] = nmax(va, -vb);
-                    regm[dst] = ma;
-                } else if (op == OP_SMOOTH_UNION || op == OP_SMOOTH_INTERSECT || op == OP_SMOOTH_DIFFERENCE) {
-                    // smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k
-                    let k = params[prm];
-                    var x = va;
-                    var y = vb;
-                    var sg = 1.0;
-                    var m = select(ma, mb, vb < va);
-                    if (op == OP_SMOOTH_INTERSECT) {
-                        x = -va;
-                        y = -vb;
-                        sg = -1.0;
-                        m = select(ma, mb, vb > va);
-                    } else if (op == OP_SMOOTH_DIFFERENCE) {
-                        x = -va;
-                        sg = -1.0;
-                        m = ma;
+                if (fr.it == 0u || va < fr.acc) {
+                    fr.acc = va;
+                    fr.acc_mat = ma;
+                }
+                fr.it += 1u;
+                if (fr.it < fr.n_iter) {
+                    p = loop_point(fr, fr.it);
+                    nxt = fr.open + 1u;
+                } else {
+                    wr = true;
+                    wv = nmin(fr.acc, fr.bound);
+                    wm = fr.acc_mat;
+                    p = fr.p;
+                    lsp -= 1u;
+                    if (lsp > 0u) {
+                        fr = loops[lsp - 1u];
                     }
-                    let h = pmax(k - abs(x - y), 0.0) / k;
-                    reg[dst] = sg * (nmin(x, y) - h * h * k * 0.25);
-                    regm[dst] = m;
                 }
             }
-        } else if (op <= OP_INSTANCES) {                               // ---- patterns
-            if (op == OP_REPEAT_END) {
-                let L = lsp - 1u;
-                if (loops[L].op == OP_INSTANCES) {
-                    let v = pmax(reg[ins.a], loops[L].bound);
-                    if (v < loops[L].acc) {
-                        loops[L].acc = v;
-                        loops[L].acc_mat = regm[ins.a];
-                    }
-                    sk_frame = L;
-                    sk_node = u32(loops[L].cell0.x) + 1u;
-                    sk_from_end = true;
-                    mode = STEP_SEEK;
-                    continue;
-                }
-                let v = reg[ins.a];
-                if (loops[L].it == 0u || v < loops[L].acc) {
-                    loops[L].acc = v;
-                    loops[L].acc_mat = regm[ins.a];
-                }
-                loops[L].it += 1u;
-                if (loops[L].it < loops[L].n_iter) {
-                    p = loop_point(L, loops[L].it);
-                    nxt = loops[L].open + 1u;
-                } else {
-                    reg[dst] = nmin(loops[L].acc, loops[L].bound);
-                    regm[dst] = loops[L].acc_mat;
-                    p = loops[L].p;
-                    lsp -= 1u;
-                }
+        } else if (op <= OP_INSTANCES) {   // REPEAT_LINEAR / POLAR / GRID, INSTANCES: open a loop
+            wr = false;
+            if (lsp > 0u) {
+                loops[lsp - 1u] = fr;
+            }
+            lsp += 1u;
+            fr.open = pc;
+            fr.op = op;
+            fr.prm = prm;
+            fr.acc = inf();
+            fr.acc_mat = 0u;
+            if (op == OP_INSTANCES) {
+                fr.end_node = ins.aux + ins.a;
+                fr.it = 0u;
+                fr.p = p;
+                fr.cell1.x = 0;
+                sk_node = ins.aux;
+                sk_from_end = false;
+                mode = STEP_SEEK;
+                nxt = pc;
             } else {
-                let L = lsp;
-                lsp += 1u;
-                loops[L].open = pc;
-                loops[L].op = op;
-                loops[L].prm = prm;
-                loops[L].acc = inf();
-                loops[L].acc_mat = 0u;
-                if (op == OP_INSTANCES) {
-                    loops[L].end_node = ins.aux + ins.a;
-                    loops[L].it = 0u;
-                    loops[L].p = p;
-                    loops[L].cell1.x = 0;
-                    sk_frame = L;
-                    sk_node = ins.aux;
-                    sk_from_end = false;
-                    mode = STEP_SEEK;
-                    continue;
-                }
-                loop_enter(L, op, prm, p);
-                p = loop_point(L, 0u);
+                loop_enter(&fr, p);
+                p = loop_point(fr, 0u);
             }
         } else if (op == OP_CULL_BOX) {                                // ---- cull
             let x0 = params[prm];
@@ -748,17 +737,21 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             let y1 = params[prm + 4u];
             let z1 = params[prm + 5u];
             let m = params[prm + 6u];
-            let bb = sd_box(p.x - (x0 + x1) * 0.5, p.y - (y0 + y1) * 0.5, p.z - (z0 + z1) * 0.5,
-                            (x1 - x0) * 0.5, (y1 - y0) * 0.5, (z1 - z0) * 0.5) * p.w;
-            let culled = bb >= reg[ins.a] + m;
-            reg[dst] = bb;
-            regm[dst] = ins.aux;
-            if (culled) {
+            wv = sd_box(p.x - (x0 + x1) * 0.5, p.y - (y0 + y1) * 0.5, p.z - (z0 + z1) * 0.5,
+                        (x1 - x0) * 0.5, (y1 - y0) * 0.5, (z1 - z0) * 0.5) * p.w;
+            wm = ins.aux;
+            if (wv >= va + m) {
                 nxt = ins.jump;
             }
         } else if (op == OP_SET_MATERIAL) {                            // ---- material
-            reg[dst] = reg[ins.a] * p.w;
-            regm[dst] = ins.aux;
+            wv = va * p.w;
+            wm = ins.aux;
+        } else {
+            wr = false;
+        }
+        if (wr) {
+            reg[wd] = wv;
+            regm[wd] = wm;
         }
         pc = nxt;
     }

@@ -239,3 +239,14 @@ def test_saved_scene_and_tape_load_back_identical(scenes, name, tmp_path):
     same_tape(flatten(load_file(tmp_path / "s.scene"), source=name), tape)
     save_tape(tape, tmp_path / "s.tape")
     same_tape(load_file(tmp_path / "s.tape"), tape)
+
+
+# -- the benchmark's measuring steps (no timing asserts: benchmarks are not tests) ---------------
+def test_bench_load_to_first_frame_reads_a_saved_tape_and_draws(walker_cpu, tmp_path):
+    from taperay.tools.bench_assembly import load_to_first_frame, parse_size
+    ns = module("plate_million_holes")
+    save_tape(flatten(ns["scene"]), tmp_path / "plate.tape")
+    row = load_to_first_frame(walker_cpu, tmp_path / "plate.tape", parse_size("16x9"), repeat=1)
+    assert row["instances"] == ns["TEST"]["instances"] and row["kernels created"] == "-"
+    parts = row["read ms"] + row["validate ms"] + row["upload ms"] + row["first frame ms"]
+    assert row["load-to-first-frame ms"] == pytest.approx(parts, rel=1e-9)

@@ -38,9 +38,13 @@ def _points(n, seed=0, lo=-1.5, hi=1.5):
     return np.random.default_rng(seed).uniform(lo, hi, (n, 3)).astype(np.float32)
 
 
-def _exact_or_within(ref, got, ulps=4, abs_tol=2e-6):
-    ok = (ref == got) | (np.abs(ref.astype(np.float64) - got) <= np.maximum(ulps * np.spacing(np.abs(ref)), abs_tol))
-    return bool(ok.all())
+def _agree(tape, ref, got, scale=1.5):
+    """Within the conformance tolerance of the tape's ops (points in [-scale, scale]^3)."""
+    return bool(C.within_tolerance(ref, got, C.scene_tolerance(tape), scale).all())
+
+
+def _materials_agree(ref, got):
+    return np.mean(ref != got) <= C.MATERIAL_MAX
 
 
 # ---------------------------------------------------------------------------------- adapter
@@ -70,17 +74,22 @@ def test_evaluate_matches_the_twin(walker_gpu, walker_cpu, scene):
     pts = _points(500)
     (dc, mc), (dg, mg) = walker_cpu.evaluate(scene, pts), walker_gpu.evaluate(scene, pts)
     assert dg.dtype == np.float32 and mg.dtype == np.uint32 and dg.shape == (500,)
-    assert _exact_or_within(dc, dg)
-    assert np.array_equal(mc, mg)
+    assert _agree(scene, dc, dg)
+    assert _materials_agree(mc, mg)
 
 
 def test_gradient_matches_the_twin(walker_gpu, walker_cpu, scene):
     pts = _points(60, seed=1)
-    gc, gg = walker_cpu.gradient(scene, pts), walker_gpu.gradient(scene, pts, )
+    gg = walker_gpu.gradient(scene, pts)
     assert gg.shape == (60, 3) and gg.dtype == np.float32
-    assert np.abs(gc - gg).max() <= 1e-3   # central differences of fields equal to ~1 ULP
-    gc2, gg2 = walker_cpu.gradient(scene, pts, eps=0.01), walker_gpu.gradient(scene, pts, eps=0.01)
-    assert np.abs(gc2 - gg2).max() <= 1e-4
+    torus = C.op_tape(Op.TORUS, np.random.default_rng(2))
+    tol = C.tape_tolerance(torus)
+    for eps in (None, 0.01):
+        gc, gg = walker_cpu.gradient(torus, pts, eps=eps), walker_gpu.gradient(torus, pts, eps=eps)
+        e = eps or 1e-3 * float(np.linalg.norm(torus.bounds[1] - torus.bounds[0]))
+        # a difference quotient: the field's tolerance at both taps over 2 eps, plus its rounding
+        bound = 2 * tol.abs_rel * 1.5 / (2 * e) + 1e-5
+        assert np.abs(gc - gg).max() <= bound
 
 
 def test_field_image_matches_the_twin(walker_gpu, walker_cpu, scene):
@@ -98,7 +107,7 @@ def test_march_matches_the_twin(walker_gpu, walker_cpu, scene):
     both = mc["hit"] & mg["hit"]
     assert both.sum() > 20
     assert np.abs(mc["t"][both] - mg["t"][both]).max() <= 4 * RenderSettings().pack(scene)[1]
-    assert np.array_equal(mc["mat"][both], mg["mat"][both])
+    assert _materials_agree(mc["mat"][both], mg["mat"][both])
     assert np.all(np.isinf(mg["t"][~mg["hit"]]))
     assert mg["steps"].dtype == np.int32
 
@@ -137,7 +146,7 @@ def test_each_register_variant_matches_the_twin(walker_gpu, walker_cpu, n_regs):
     tape = C.wide_tape(np.random.default_rng(n_regs), n_regs)
     assert gpu.variant_for(tape.n_regs) == min(c for c in (16, 64, 256) if c >= n_regs)
     pts = _points(64, seed=n_regs)
-    assert _exact_or_within(walker_cpu.evaluate(tape, pts)[0], walker_gpu.evaluate(tape, pts)[0])
+    assert _agree(tape, walker_cpu.evaluate(tape, pts)[0], walker_gpu.evaluate(tape, pts)[0])
 
 
 # ---------------------------------------------------------------------------------- long tapes
@@ -161,8 +170,9 @@ def test_long_tape_march_resumes_and_matches_the_twin(walker_gpu, walker_cpu):
     cam = auto_camera(tape.bounds)
     before = walker_gpu.resumed_dispatches
     mc, mg = walker_cpu.march(tape, cam, 16, 12), walker_gpu.march(tape, cam, 16, 12)
-    assert np.array_equal(mc["hit"], mg["hit"])
-    assert np.array_equal(mc["steps"], mg["steps"])
+    assert mc["hit"].sum() > 10
+    assert (mc["hit"] != mg["hit"]).mean() <= C.HIT_MASK_MAX
+    assert np.abs(mc["steps"] - mg["steps"]).max() <= 2 and mg["steps"].max() > 40
     if walker_gpu.info["software"]:
         assert walker_gpu.resumed_dispatches > before
 
@@ -192,6 +202,18 @@ def test_tapes_beyond_the_kernels_are_refused_before_dispatch(walker_gpu, scene,
     assert walker_gpu.stats()["tape_bytes_written"] == written
 
 
+def test_point_sets_beyond_the_binding_limit_run_in_chunks(walker_gpu, walker_cpu, monkeypatch):
+    tape = C.op_tape(Op.CAPSULE, np.random.default_rng(4))
+    monkeypatch.setattr(walker_gpu._ctx, "limits", dict(walker_gpu._ctx.limits, max_storage_buffer_binding_size=2048))
+    pts = _points(1000, seed=4)
+    (dc, mc), (dg, mg) = walker_cpu.evaluate(tape, pts), walker_gpu.evaluate(tape, pts)
+    assert _agree(tape, dc, dg) and _materials_agree(mc, mg)
+    gc, gg = walker_cpu.gradient(tape, pts[:200]), walker_gpu.gradient(tape, pts[:200])
+    assert gg.shape == (200, 3) and np.abs(gc - gg).max() <= 1e-2
+    with pytest.raises(TaperayError, match="binds at most"):
+        walker_gpu.render(tape, None, 64, 48)
+
+
 def test_bad_arguments_raise_taperay_errors(walker_gpu, scene):
     with pytest.raises(TaperayError):
         walker_gpu.evaluate(scene, np.zeros((4, 2)))
@@ -212,7 +234,7 @@ def test_set_param_writes_only_the_changed_bytes(walker_gpu, walker_cpu, scene):
     assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(scene.names["radius"])
     d_gpu = walker_gpu.evaluate(scene, pts)[0]
     assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(scene.names["radius"])
-    assert _exact_or_within(walker_cpu.evaluate(scene, pts)[0], d_gpu)
+    assert _agree(scene, walker_cpu.evaluate(scene, pts)[0], d_gpu)
     walker_gpu.set_param(scene, "radius", 0.45)
 
 
@@ -237,7 +259,7 @@ def test_device_loss_is_a_taperay_error_and_the_next_call_rebuilds(walker_gpu, w
         walker_gpu.evaluate(scene, pts)
     d = walker_gpu.evaluate(scene, pts)[0]      # a new device and kernel set
     assert walker_gpu._ctx is not old
-    assert _exact_or_within(walker_cpu.evaluate(scene, pts)[0], d)
+    assert _agree(scene, walker_cpu.evaluate(scene, pts)[0], d)
 
 
 def test_self_check_passes_here_and_catches_a_wrong_gpu(walker_gpu):

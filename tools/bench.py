@@ -31,6 +31,8 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {
+    "assembly": Benchmark("taperay.tools.bench_assembly:bench_assembly",
+                          "huge patterned assemblies: load-to-first-frame, frame time vs instances, culling"),
     "cpu-points": Benchmark("taperay.tools.bench:bench_cpu_points",
                             "CPU twin: points/s evaluating the fixed scene (sphere & box - 3 cylinders)"),
     "gpu": Benchmark("taperay.tools.bench_gpu:bench_gpu",

@@ -87,6 +87,14 @@ def upload(walker, tape) -> None:
         walker.upload(tape)
 
 
+def kernels_created(walker) -> int | None:
+    """Shader modules + pipelines the walker has created so far (None: it has no kernels)."""
+    if not hasattr(walker, "stats"):
+        return None
+    st = walker.stats()
+    return st["shader_modules_created"] + st["pipelines_created"]
+
+
 def startup(walker) -> float:
     """Seconds to make the walker ready (kernel load / creation): a tiny tape, tiny frame."""
     from taperay.scenegraph import flatten, sphere
@@ -101,6 +109,7 @@ def load_to_first_frame(walker, path: Path, size, repeat: int) -> dict:
     """Time each step from a saved tape file to its first frame, then the steady frame."""
     from taperay.scenegraph.files import load_tape_file
     w, h = size
+    created = kernels_created(walker)
     t0 = time.perf_counter()
     tape = load_tape_file(path)                 # read + decode + validate
     t1 = time.perf_counter()
@@ -110,12 +119,13 @@ def load_to_first_frame(walker, path: Path, size, repeat: int) -> dict:
     t3 = time.perf_counter()
     walker.render(tape, None, w, h)
     t4 = time.perf_counter()
+    created = None if created is None else kernels_created(walker) - created
     steady = summarize(time_calls(lambda: walker.render(tape, None, w, h), repeat, warmup=0))
     check = t2 - t1
     return {"instances": tape.instance_count, "records": len(tape), "file MB": path.stat().st_size / 2 ** 20,
             "read ms": (t1 - t0 - check) * 1e3, "validate ms": check * 1e3, "upload ms": (t3 - t2) * 1e3,
             "first frame ms": (t4 - t3) * 1e3, "load-to-first-frame ms": (t4 - t0 - check) * 1e3,
-            "frame ms (median)": steady["median_ms"]}
+            "frame ms (median)": steady["median_ms"], "kernels created": "-" if created is None else created}
 
 
 def scaling(walker, size, repeat: int, counts=COUNTS) -> list[dict]:
@@ -197,7 +207,7 @@ def bench_assembly(opts) -> BenchResult:
     walker = make_walker(walker_name)
     rows = [{"scene": "(walker startup)", "instances": "", "records": "", "file MB": "", "read ms": "",
              "validate ms": "", "upload ms": "", "first frame ms": startup(walker) * 1e3,
-             "load-to-first-frame ms": "", "frame ms (median)": ""}]
+             "load-to-first-frame ms": "", "frame ms (median)": "", "kernels created": ""}]
     with tempfile.TemporaryDirectory() as tmp:
         for name in SCENES:
             path = Path(tmp) / f"{name}.tape"
@@ -216,7 +226,9 @@ def bench_assembly(opts) -> BenchResult:
              "once (validation timed alone)",
              "the CPU twin has no upload (it reads the arrays in place); its first frame also hashes the "
              "tape to cache its validation",
-             f"frame ms (median) over {repeat} frames after the first"]
+             f"frame ms (median) over {repeat} frames after the first",
+             "kernels created: shader modules + pipelines the GPU walker created from reading the file to "
+             "the first frame (must be 0; '-' on the CPU twin)"]
     for stem, extra in (("assembly-scaling", scale_rows), ("assembly-culling", cull_rows)):
         (out / f"{stem}.json").write_text(json.dumps({"settings": {"walker": walker_name, "size": list(size),
                                                                     "repeat": repeat}, "rows": extra}, indent=2) + "\n")
