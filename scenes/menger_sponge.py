@@ -1,6 +1,6 @@
 """A Menger sponge of level 7 written as data: one arithmetic field (iq's iterated-cross
 formulation: per level, fold space with mod, measure the distance to the three crossing
-square bars, carve it out with max). 20^7 = 1.28e9 cubes in about 20 records per level; the
+square bars, carve it out with max). 20^7 = 1.28e9 cubes in 30 records per level; the
 tape stands for one field instance."""
 from taperay.scenegraph import Material, field
 from taperay.scenegraph.fields import abs_, maximum, minimum, mod, sqrt, x, y, z

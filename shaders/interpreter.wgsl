@@ -40,6 +40,16 @@ struct Eval {
 }
 
 const TWO_PI: f32 = 6.2831854820251465;   // float32(2 pi), as the twin
+const TWO_PI_HI: f32 = 6.28125;              // 2 pi = HI + LO, HI with 8 significant bits
+const TWO_PI_LO: f32 = 0.0019353071795864769;
+const INV_TWO_PI: f32 = 0.15915494309189535;
+
+// x - 2 pi round(x / 2 pi) (Cody-Waite, two constants): WGSL states sin / cos accuracy only on
+// [-pi, pi], and drivers do deliver less outside it (NVIDIA's Vulkan sin at 5.2 rad, measured)
+fn reduce_angle(x: f32) -> f32 {
+    let k = round(x * INV_TWO_PI);
+    return (x - k * TWO_PI_HI) - k * TWO_PI_LO;
+}
 
 // ---- scalar helpers (the twin's) -------------------------------------------------------------
 
@@ -189,9 +199,9 @@ fn unary(op: u32, va: f32) -> f32 {
         if (op == OP_FLOOR) { return floor(va); }
         if (op == OP_CEIL) { return ceil(va); }
         if (op == OP_ROUND) { return round_away(va); }
-        if (op == OP_SIN) { return sin(va); }
-        if (op == OP_COS) { return cos(va); }
-        if (op == OP_TAN) { return tan(va); }
+        if (op == OP_SIN) { return sin(reduce_angle(va)); }
+        if (op == OP_COS) { return cos(reduce_angle(va)); }
+        if (op == OP_TAN) { return tan(reduce_angle(va)); }
     } else {
         if (op == OP_ASIN) { return asin(va); }
         if (op == OP_ACOS) { return acos(va); }
@@ -318,11 +328,11 @@ fn loop_enter(fr: ptr<function, LoopFrame>, p: vec4<f32>) {
         (*fr).cell1 = vec3<i32>(emod(r + step, cnt), 0, 0);
         var bnd = inf();
         if (cnt >= 3) {   // the two unchecked neighbours lo - 1, then hi + 1 (unrolled)
-            let th0 = TWO_PI * f32(emod(min(r, r + step) - 1, cnt)) / fcnt;
+            let th0 = reduce_angle(TWO_PI * f32(emod(min(r, r + step) - 1, cnt)) / fcnt);
             let cs0 = cos(th0);
             let sn0 = sin(th0);
             bnd = pmin(bnd, len3(p.x - (cs0 * cx - sn0 * cy), p.y - (sn0 * cx + cs0 * cy), p.z - cz));
-            let th1 = TWO_PI * f32(emod(max(r, r + step) + 1, cnt)) / fcnt;
+            let th1 = reduce_angle(TWO_PI * f32(emod(max(r, r + step) + 1, cnt)) / fcnt);
             let cs1 = cos(th1);
             let sn1 = sin(th1);
             bnd = pmin(bnd, len3(p.x - (cs1 * cx - sn1 * cy), p.y - (sn1 * cx + cs1 * cy), p.z - cz));
@@ -370,7 +380,7 @@ fn loop_point(fr: LoopFrame, it: u32) -> vec4<f32> {
     }
     if (fr.op == OP_REPEAT_POLAR) {
         let fcnt = params[prm];
-        let th = TWO_PI * f32(select(fr.cell0.x, fr.cell1.x, it == 1u)) / fcnt;
+        let th = reduce_angle(TWO_PI * f32(select(fr.cell0.x, fr.cell1.x, it == 1u)) / fcnt);
         let cs = cos(th);
         let sn = sin(th);
         return vec4<f32>(cs * lp.x + sn * lp.y, cs * lp.y - sn * lp.x, lp.z, lp.w);

@@ -403,7 +403,7 @@ fn slice(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         let f = eval_checked(p).d;
         let sp = max(setting(SET_CONTOUR_SPACING), 1e-12);
         let base = select(vec3<f32>(0.95, 0.62, 0.28), vec3<f32>(0.25, 0.45, 0.85), f < 0.0);
-        c = base * (0.8 + 0.2 * cos(TWO_PI * f / sp));
+        c = base * (0.8 + 0.2 * cos(reduce_angle(TWO_PI * f / sp)));
         let q = f / sp;
         if (abs(q - round(q)) < 0.05) {
             c = c * 0.55;
