@@ -253,5 +253,8 @@ def add_parser(subparsers, func) -> None:
     p.add_argument("--n", type=int, default=1_000_000, help="points per evaluation (default 1000000)")
     p.add_argument("--repeat", type=int, default=7, help="timed repeats after warm-up (default 7)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--walker", choices=("cpu", "gpu"), default="cpu",
+                   help="walker for benchmarks that render (assembly); default cpu")
+    p.add_argument("--size", default=None, metavar="WxH", help="frame size for benchmarks that render")
     p.add_argument("-o", "--out", default="bench-out", metavar="DIR", help="output folder (default bench-out/)")
     p.set_defaults(func=func)
