@@ -110,7 +110,9 @@ def _tan(a, *_):
     with np.errstate(invalid="ignore"):
         pole = np.floor((hi - PI / 2) / PI) >= np.ceil((lo - PI / 2) / PI)
         pole = pole | ((hi - lo) >= PI) | np.isinf(lo) | np.isinf(hi)
-    return _out(np.where(pole, -np.inf, np.tan(lo)), np.where(pole, np.inf, np.tan(hi)),
+    with np.errstate(invalid="ignore"):
+        t_lo, t_hi = np.tan(lo), np.tan(hi)
+    return _out(np.where(pole, -np.inf, t_lo), np.where(pole, np.inf, t_hi),
                 _nanmask(a) | np.isinf(lo) | np.isinf(hi))      # tan(+-inf) is NaN
 
 
