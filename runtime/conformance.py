@@ -269,9 +269,10 @@ def _points(tape: Tape, rng: np.random.Generator, n: int) -> tuple[np.ndarray, f
     return pts, float(max(np.abs(lo).max(), np.abs(hi).max(), 1.0))
 
 
-def grade_points(name: str, walker_name: str, tape: Tape, pts: np.ndarray, scale: float,
+def grade_points(name: str, walker_name: str, pts: np.ndarray, scale: float,
                  ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray],
                  tol: Tolerance) -> OpResult:
+    """One walker's (distances, materials) at ``pts`` against the twin's ``ref``."""
     (rd, rm), (gd, gm) = ref, got
     ok = within_tolerance(rd, gd, tol, scale)
     bad = np.flatnonzero(~ok)
@@ -353,7 +354,7 @@ def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_
             res = OpResult(label, wname, len(pts), 0, 0, [], 0, tol, len(pts), None, error=err)
             report.scenes.append(SceneResult(res, w * h, 1.0, np.inf, depth_tol, None))
             continue
-        res = grade_points(label, wname, tape, pts, scale, ref, got, tol)
+        res = grade_points(label, wname, pts, scale, ref, got, tol)
         if res.first_point is not None:
             res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker, tol, scale)
         got_m, err = _run(walker, "march", tape, cam, w, h, settings)
@@ -392,7 +393,7 @@ def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_po
             if err:
                 report.ops.append(OpResult(op.name, wname, len(pts), 0, 0, [], 0, tol, len(pts), None, error=err))
                 continue
-            res = grade_points(op.name, wname, tape, pts, scale, ref, got, tol)
+            res = grade_points(op.name, wname, pts, scale, ref, got, tol)
             if res.first_point is not None:
                 res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker, tol, scale)
             report.ops.append(res)

@@ -2,11 +2,15 @@
 
 Owns adapter / device selection (``adapter_info``: name, backend, whether it is a software
 rasteriser such as Mesa lavapipe / llvmpipe), the startup build of EVERY pipeline (all asked for at
-once, compiled in parallel threads through ``create_compute_pipeline_async``, with a progress line
-that moves by the clock, predicted from the kernels' sizes and a per-machine compile rate kept in
-``~/.cache/taperay/compile_rate.json``), the pipeline cache keyed by (kernel, register variant) with
-hit / miss / creation counters, ``GpuWalker`` (the CpuWalker API plus ``upload`` / ``set_param``:
-edits are buffer writes of the changed bytes, never compiles) and ``gpu_self_check``.
+once through ``create_compute_pipeline_async``, from a thread pool because wgpu-native resolves
+that call synchronously; on hardware each pipeline is also dispatched once, empty, so lazy
+drivers compile at startup, see ``_warm_policy``; a progress line moves by the clock, predicted
+from the kernels' sizes and a per-machine compile rate kept in ``~/.cache/taperay/compile_rate.json``;
+nothing dispatches before the build is done), the pipeline cache keyed by (kernel, register
+variant) with hit / miss / creation counters, ``GpuWalker`` (the CpuWalker API plus ``upload`` /
+``set_param``: edits are buffer writes of the changed bytes, never compiles; march and light are
+resumed over several dispatches when a per-invocation iteration budget runs out) and
+``gpu_self_check``.
 
 Shader text is only ever the committed files of ``shaders/`` concatenated in a fixed order (the
 generated headers, one register-capacity file, the bindings, the interpreter, a kernel file); no

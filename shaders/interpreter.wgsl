@@ -45,7 +45,7 @@ const TWO_PI_LO: f32 = 0.0019353071795864769;
 const INV_TWO_PI: f32 = 0.15915494309189535;
 
 // x - 2 pi round(x / 2 pi) (Cody-Waite, two constants): WGSL states sin / cos accuracy only on
-// [-pi, pi], and drivers do deliver less outside it (NVIDIA's Vulkan sin at 5.2 rad, measured)
+// [-pi, pi], so every angle is brought there first (polar copies reach 2 pi)
 fn reduce_angle(x: f32) -> f32 {
     let k = round(x * INV_TWO_PI);
     return (x - k * TWO_PI_HI) - k * TWO_PI_LO;
@@ -270,8 +270,10 @@ fn cells(t: f32, cnt: i32) -> Cells {
     return Cells(c, c2, bnd);
 }
 
+// Python's a % n for n >= 1 and |a| <= 3 n (sector indices): shifted positive first, because a
+// signed % of a negative dividend came out wrong on NVIDIA's Vulkan driver (as if n were 4)
 fn emod(a: i32, n: i32) -> i32 {
-    return ((a % n) + n) % n;
+    return i32(u32(a + 4 * n) % u32(n));
 }
 
 struct GridAxis {

@@ -44,7 +44,7 @@ def test_render_layout_constants_equal_the_packed_settings():
     assert views == {v.upper(): i for i, v in enumerate(VIEWS)}
 
 
-def _wgsl_offsets(struct_text: str, dtype: np.dtype) -> list[str]:
+def _field_names(struct_text: str) -> list[str]:
     return re.findall(r"^\s+(\w+): ", struct_text, re.M)
 
 
@@ -54,7 +54,7 @@ def test_every_record_dtype_has_its_struct(name, dtype):
     text = (SHADERS / wgsl_header.HEADER_NAME).read_text()
     body = re.search(rf"struct {name} {{(.*?)}}", text, re.S)
     assert body, f"struct {name} missing"
-    assert _wgsl_offsets(body.group(1), dtype) == list(dtype.names)
+    assert _field_names(body.group(1)) == list(dtype.names)
     assert f"// {dtype.itemsize} bytes" in text
 
 
