@@ -587,7 +587,7 @@ def _node(b: TapeBuilder, rng: np.random.Generator, dst: int, depth: int, loops:
         b.rows[cull][7] = b.row(Op.UNION, dst, a=dst, b=dst + 1)
     else:
         _node(b, rng, dst, depth - 1, loops, size)
-        b.row(Op.SET_MATERIAL, dst, a=dst, aux=mat)
+        b.row(Op.FIELD_RESULT, dst, a=dst, aux=mat)
 
 
 def random_tape(rng: np.random.Generator, depth: int = 4) -> Tape:
@@ -673,9 +673,9 @@ def op_tape(op: Op, rng: np.random.Generator) -> Tape:
         b.row(Op.POP)
         b.row(Op.INTERSECT, 1, a=2, b=1)
         b.rows[cull][7] = b.row(Op.UNION, 0, a=0, b=1)
-    else:   # SET_MATERIAL
+    else:   # FIELD_RESULT
         _shape(b, rng, Op.TORUS, 1, 1, 1.0)
-        b.row(Op.SET_MATERIAL, 0, a=1, aux=3)
+        b.row(Op.FIELD_RESULT, 0, a=1, aux=3)
     return b.tape(_materials(rng), bounds, f"op {op.name}")
 
 

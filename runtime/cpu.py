@@ -70,7 +70,7 @@ PUSH, POP, TRANSLATE, ROTATE, SCALE, MIRROR, ELONGATE = 60, 61, 62, 63, 64, 65, 
 UNION, INTERSECT, DIFFERENCE, XOR, SMOOTH_UNION, SMOOTH_INTERSECT = 70, 71, 72, 73, 74, 75
 SMOOTH_DIFFERENCE, OFFSET, SHELL = 76, 77, 78
 REPEAT_LINEAR, REPEAT_POLAR, REPEAT_GRID, REPEAT_END, INSTANCES = 80, 81, 82, 83, 84
-CULL_BOX, SET_MATERIAL = 90, 95
+CULL_BOX, FIELD_RESULT = 90, 95
 _STACK_CAP, _LOOP_CAP = 16, 4
 
 _twin = {o.name: globals().get(o.name) for o in Op}
@@ -766,7 +766,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                 nxt = np.int64(cols[pc, 7])
             elif culled > 0:
                 return False
-        else:                                                         # ---- SET_MATERIAL
+        else:                                                         # ---- FIELD_RESULT
             for j in range(n):
                 regs[dst, j] = regs[a, j] * p[3, j]
                 mats[dst, j] = aux

@@ -118,7 +118,7 @@ class Op(enum.IntEnum):
     INSTANCES = 84
     CULL_BOX = 90
     # material
-    SET_MATERIAL = 95
+    FIELD_RESULT = 95
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ _spec(Op.CULL_BOX, F.CULL, A, True, 7,
       "mat[dst] = aux; then if b >= reg[a] + m, jump. a is the running union. The flattener emits "
       "CULL_BOX(dst=t) <subtree into t+1> INTERSECT(t, a=t+1, b=t) and jumps to the UNION after it, "
       "so the subtree always counts as max(v, b): culled and unculled fields are equal exactly.")
-_spec(Op.SET_MATERIAL, F.MATERIAL, A, True, 0,
+_spec(Op.FIELD_RESULT, F.MATERIAL, A, True, 0,
       "reg[dst] = reg[a] * scale; mat[dst] = aux. Closes an arithmetic field: its value, computed "
       "from the local point, becomes a distance in the tape's units, with the field's material.")
 

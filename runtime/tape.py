@@ -161,7 +161,7 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
             raise TapeError(f"{spec.op.name} reads parameters {param}..{param + k - 1} of {n_params}", i, src)
         if spec.family is Family.SHAPE and aux >= n_mats:
             raise TapeError(f"{spec.op.name} uses material {aux} of {n_mats}", i, src)
-        if spec.op in (Op.CULL_BOX, Op.SET_MATERIAL) and aux >= n_mats:
+        if spec.op in (Op.CULL_BOX, Op.FIELD_RESULT) and aux >= n_mats:
             raise TapeError(f"{spec.op.name} uses material {aux} of {n_mats}", i, src)
         if spec.op is Op.PUSH:
             depth += 1

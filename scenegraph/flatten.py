@@ -242,7 +242,7 @@ class _Emitter:
         self.params.extend(sub.params.tolist())
         self.rows.extend(list(r) for r in rows.tolist())
         self.max_reg = max(self.max_reg, dst + sub.n_regs - 1)
-        self.row(Op.SET_MATERIAL, dst, a=dst, aux=mat)
+        self.row(Op.FIELD_RESULT, dst, a=dst, aux=mat)
 
     def emit_pattern(self, n: Node, dst: int, mat: int) -> int:
         child = n.children[0]

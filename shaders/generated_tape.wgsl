@@ -70,7 +70,7 @@ const OP_REPEAT_GRID: u32 = 82u;
 const OP_REPEAT_END: u32 = 83u;
 const OP_INSTANCES: u32 = 84u;
 const OP_CULL_BOX: u32 = 90u;
-const OP_SET_MATERIAL: u32 = 95u;
+const OP_FIELD_RESULT: u32 = 95u;
 
 const STACK_CAP: u32 = 16u;
 const LOOP_CAP: u32 = 4u;

@@ -755,7 +755,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             if (wv >= va + m) {
                 nxt = ins.jump;
             }
-        } else if (op == OP_SET_MATERIAL) {                            // ---- material
+        } else if (op == OP_FIELD_RESULT) {                            // ---- material
             wv = va * p.w;
             wm = ins.aux;
         } else {

@@ -29,7 +29,7 @@ def test_random_tapes_are_valid_and_cover_the_scene_ops():
         validate(tape)
         seen |= set(tape.op_counts())
     wanted = {"SPHERE", "BOX", "UNION", "SMOOTH_UNION", "PUSH", "ROTATE", "REPEAT_LINEAR", "REPEAT_POLAR",
-              "REPEAT_GRID", "INSTANCES", "REPEAT_END", "CULL_BOX", "INSTANCE_INDEX", "SET_MATERIAL",
+              "REPEAT_GRID", "INSTANCES", "REPEAT_END", "CULL_BOX", "INSTANCE_INDEX", "FIELD_RESULT",
               "OFFSET", "SHELL", "EXTRUDE_POLY", "REVOLVE_POLY"}
     assert wanted <= seen
 

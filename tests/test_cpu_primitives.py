@@ -287,7 +287,7 @@ def test_offset_shell_set_material(walker_cpu):
     tb.op(Op.BOX, 0, params=[0.5, 0.6, 0.7], aux=2)
     tb.op(Op.OFFSET, 1, a=0, params=[0.1])
     tb.op(Op.SHELL, 2, a=0, params=[0.05])
-    tb.op(Op.SET_MATERIAL, 3, a=2, aux=5)
+    tb.op(Op.FIELD_RESULT, 3, a=2, aux=5)
     tb.op(Op.UNION, 0, a=1, b=3)
     pts = RNG.uniform(-1.2, 1.2, (4000, 3)).astype(np.float32)
     d, m = walker_cpu.evaluate(tb.tape(), pts)

@@ -368,8 +368,8 @@ class _Writer:
                 self.combine(op, dst, a, b, off)
             elif op is Op.CULL_BOX:
                 self.cull(i, dst, a, off, aux, jump)
-            elif op is Op.SET_MATERIAL:
-                self.emit(f"r{dst} = r{a}; m{dst} = {aux}u;")
+            elif op is Op.FIELD_RESULT:
+                self.emit(f"r{dst} = r{a} * p.w; m{dst} = {aux}u;")
             else:
                 raise TaperayError(f"{self.tape.source or 'tape'}: record {i}: {op.name} is not written out")
         while self.open_culls:
