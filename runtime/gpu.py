@@ -64,6 +64,8 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "slice": ("kernels_render.wgsl", True),
     "shade": ("kernels_render.wgsl", False),
     "resolve": ("kernels_render.wgsl", False),
+    "prune_tiles": ("prune.wgsl", True),
+    "pruned_image": ("prune.wgsl", True),
 }
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl")
@@ -709,6 +711,48 @@ class GpuWalker:
         u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
         self._dispatch(tape, [("field_image", n)], variant, u)
         return self._read(self._out_f, np.float32, n).reshape(height, width)
+
+    def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tile: int,
+                      sign: bool) -> np.ndarray:
+        """prune_tiles (one invocation per tile: interval evaluation, choices, pruned tape in
+        out_u) then pruned_image (one per pixel) in one submission; (H, W) float32 out_f."""
+        if width < 1 or height < 1:
+            raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
+        if not 1 <= tile <= 1 << 16:
+            raise TaperayError(f"pruned image: tile size {tile} must be in 1..65536 pixels")
+        variant = self.upload(tape)
+        n = width * height
+        n_tiles = -(-width // tile) * -(-height // tile)
+        words = 2 * n_tiles * (1 + len(tape.instrs))
+        self._prepare_outputs(n, words)
+        # both passes read these uniforms: n_items is the tile count (the pixel pass bounds itself
+        # by width * height)
+        u = self._uniforms(tape, n_tiles, width, height, rect=[float(v) for v in rect],
+                           extra=(z, tile, 1.0 if sign else 0.0, 0))
+        self._dispatch(tape, [("prune_tiles", n_tiles), ("pruned_image", n)], variant, u)
+        return self._read(self._out_f, np.float32, n).reshape(height, width)
+
+    @_guarded
+    def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                   z: float = 0.0, tile: int = 64) -> np.ndarray:
+        """(H, W) bool: True where the field is < 0, with field_image's pixel centres. Arithmetic
+        tapes are pruned per ``tile`` x ``tile`` pixels on the GPU (shaders/prune.wgsl): tiles
+        whose interval is decided are filled without evaluating pixels, the others evaluate their
+        pruned tape (exact: the values of field_image). Other tapes: field_image < 0."""
+        from .pruning import is_arithmetic
+        if not is_arithmetic(tape):
+            return self.field_image(tape, width, height, rect, z) < 0
+        return self._pruned_image(tape, width, height, rect, z, tile, True) < 0
+
+    @_guarded
+    def field_image_pruned(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                           z: float = 0.0, tile: int = 64) -> np.ndarray:
+        """(H, W) float32 field, every pixel evaluated with its tile's pruned tape: bit-identical
+        to field_image. Non-arithmetic tapes: field_image."""
+        from .pruning import is_arithmetic
+        if not is_arithmetic(tape):
+            return self.field_image(tape, width, height, rect, z)
+        return self._pruned_image(tape, width, height, rect, z, tile, False)
 
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
                      settings: RenderSettings | None, view: str):

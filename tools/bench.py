@@ -37,6 +37,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                             "CPU twin: points/s evaluating the fixed scene (sphere & box - 3 cylinders)"),
     "gpu": Benchmark("taperay.tools.bench_gpu:bench_gpu",
                      "GPU walker: interpreter vs written-out WGSL, compile and evaluation times"),
+    "prune-gpu": Benchmark("taperay.tools.bench_prune_gpu:bench_prune_gpu",
+                           "GPU walker: prospero sign/field image with per-tile interval pruning vs unpruned, 1024² and 4096²"),
     "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
                            "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }

@@ -23,6 +23,8 @@ from .bench import BenchResult, _progress, summarize, time_calls
 HARDWARE_SIZES = (100, 1000, 3000)
 SOFTWARE_SIZES = (10, 100)
 SOFTWARE_MAX_POINTS = 10_000
+FRAME_SIZE, FRAME_VIEWS = (1920, 1080), ("shade", "normals", "depth", "steps")
+SOFTWARE_FRAME_SIZE = (96, 54)
 PROSPERO = Path(__file__).resolve().parents[1] / "tests" / "data" / "prospero.vm"
 
 
@@ -47,13 +49,17 @@ def bench_gpu(opts) -> BenchResult:
     from .bench_baseline import BaselineKernel
     if not gpu.GpuWalker.available():
         raise TaperayError("bench gpu: no GPU adapter on this machine")
+    started = time.perf_counter()
     walker = gpu.GpuWalker(progress=True)
+    startup_s = time.perf_counter() - started
     info = gpu.adapter_info()
     notes = ["interpreter and baseline timings both include uploading the points and reading the "
              "distances back; compile = shader module + pipeline creation, first dispatch = the first "
              "run (drivers that compile lazily, like Mesa's, compile there)"]
     sizes, n = HARDWARE_SIZES, opts.n
+    frame_size, views = FRAME_SIZE, FRAME_VIEWS
     if info["software"]:
+        frame_size, views = SOFTWARE_FRAME_SIZE, ("normals",)
         sizes, n = SOFTWARE_SIZES, min(opts.n, SOFTWARE_MAX_POINTS)
         notes.append(f"software adapter ({info['name']}): scenes of {', '.join(map(str, sizes))} primitives "
                      f"and {n} points only; measure on a real GPU for the numbers that matter")
@@ -67,6 +73,15 @@ def bench_gpu(opts) -> BenchResult:
     with _progress(f"bench gpu: {len(scenes)} scenes x {opts.repeat} repeats x 2", len(scenes) * 2) as tick:
         for name, make in scenes:
             tape = make()
+            started = time.perf_counter()
+            walker.upload(tape)
+            upload_ms = (time.perf_counter() - started) * 1e3
+            frames = {}
+            if name != "prospero.vm":   # a 2D program: its points are the measure, not a 3D frame
+                for view in views:
+                    walker.render(tape, None, *frame_size, view=view)   # warm-up
+                    frames[f"{view} frame ms"] = summarize(time_calls(
+                        lambda v=view: walker.render(tape, None, *frame_size, view=v), opts.repeat))["median_ms"]
             pts = rng.uniform(tape.bounds[0], tape.bounds[1], (n, 3)).astype(np.float32)
             interp = summarize(time_calls(lambda: walker.evaluate(tape, pts), opts.repeat))
             tick()
@@ -74,13 +89,17 @@ def bench_gpu(opts) -> BenchResult:
             base = summarize(time_calls(lambda: baseline.evaluate(pts), opts.repeat))
             tick()
             diff = float(np.max(np.abs(walker.evaluate(tape, pts)[0] - baseline.evaluate(pts)[0])))
-            rows.append({"scene": name, "records": len(tape), "points": n,
+            rows.append({"scene": name, "records": len(tape), "upload ms": upload_ms, **frames, "points": n,
                          "interpreter ms": interp["median_ms"], "written-out ms": base["median_ms"],
                          "interpreter / written-out": interp["median_ms"] / base["median_ms"],
                          "written-out compile s": baseline.compile_seconds,
                          "first dispatch s": baseline.first_dispatch_seconds,
                          "max abs difference": diff})
-    return BenchResult(rows, settings={"n": n, "repeat": opts.repeat, "seed": opts.seed},
+    notes.append(f"startup build (all kernels, once per process): {startup_s:.2f} s; frames are "
+                 f"{frame_size[0]}x{frame_size[1]} renders by the interpreter, image read back included "
+                 f"(the written-out baseline evaluates points only)")
+    return BenchResult(rows, settings={"n": n, "repeat": opts.repeat, "seed": opts.seed,
+                                       "frame": f"{frame_size[0]}x{frame_size[1]}"},
                        notes=notes, machine={"gpu": info["name"], "gpu_backend": info["backend"],
                                              "gpu_driver": info["driver"]},
                        chart=("scene", "interpreter / written-out"))

@@ -1,0 +1,131 @@
+"""Per-tile interval pruning on the GPU walker (shaders/prune.wgsl, GpuWalker.sign_image /
+field_image_pruned).
+
+* the pruned field equals the unpruned GPU field_image bit for bit, for the models, random
+  arithmetic tapes using every op, other planes / rects, and tile sizes that do not divide the image;
+* the sign image equals field_image < 0 on the GPU exactly, and the CPU twin's pruned sign image;
+* no shader module or pipeline is created by any of it (the kernels are the startup set);
+* tapes that need more loop iterations than the adapter allows are refused, non-arithmetic tapes
+  fall back to the unpruned kernel, bad tile sizes are TaperayErrors.
+"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from taperay.runtime.pruning import sign_image as cpu_sign_image
+from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
+from taperay.scenegraph.vm import load_vm
+from test_pruning import random_tape
+
+pytestmark = pytest.mark.gpu
+
+DATA = Path(__file__).parent / "data"
+
+
+def bits(v):
+    return np.asarray(v, np.float32).view(np.uint32)
+
+
+def grid_rect(n):
+    """Pixel centres at linspace(-1, 1, n), as the reference PNG's."""
+    h = 1.0 / (n - 1)
+    return (-1 - h, 1 + h, -1 - h, 1 + h)
+
+
+@pytest.fixture
+def no_new_kernels(walker_gpu):
+    """Asserts, after the test, that no shader module or pipeline was created and no cache miss."""
+    before = walker_gpu.stats()
+    yield
+    after = walker_gpu.stats()
+    for k in ("shader_modules_created", "pipelines_created", "cache_misses", "pipelines"):
+        assert after[k] == before[k], k
+
+
+@pytest.mark.parametrize("model,size,tile,z", [("quarter", 48, 16, 0.0), ("hi", 64, 16, 0.0),
+                                               ("sphere", 40, 12, 0.3), ("tanglecube", 40, 16, -0.7),
+                                               ("prospero", 48, 16, 0.0)])
+def test_models_pruned_field_is_bit_identical_to_field_image(walker_gpu, no_new_kernels, model, size, tile, z):
+    tape = load_vm(DATA / f"{model}.vm")
+    rect = (-1.3, 1.1, -1.2, 1.25)
+    full = walker_gpu.field_image(tape, size, size - 5, rect, z)
+    pruned = walker_gpu.field_image_pruned(tape, size, size - 5, rect, z, tile=tile)
+    np.testing.assert_array_equal(bits(pruned), bits(full))
+    inside = walker_gpu.sign_image(tape, size, size - 5, rect, z, tile=tile)
+    np.testing.assert_array_equal(inside, full < 0)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_tapes_pruned_field_is_bit_identical(walker_gpu, no_new_kernels, seed):
+    """Random arithmetic tapes over every op (test_pruning.random_tape); NaN where both are NaN."""
+    tape = random_tape(seed)
+    rng = np.random.default_rng(seed)
+    c = rng.uniform(-1.5, 1.5, 2)
+    half = rng.choice([0.01, 0.3, 2.0])
+    rect = (c[0] - half, c[0] + half, c[1] - half, c[1] + half)
+    z = float(rng.uniform(-1, 1))
+    full = walker_gpu.field_image(tape, 24, 20, rect, z)
+    pruned = walker_gpu.field_image_pruned(tape, 24, 20, rect, z, tile=int(rng.choice([3, 8, 64])))
+    same = (bits(pruned) == bits(full)) | (np.isnan(pruned) & np.isnan(full))
+    assert same.all(), (seed, int((~same).sum()))
+    np.testing.assert_array_equal(walker_gpu.sign_image(tape, 24, 20, rect, z, tile=5), full < 0)
+
+
+def test_prospero_sign_image_equals_the_cpu_twin(walker_gpu, no_new_kernels):
+    """128^2 on the reference grid: decided tiles are filled, the rest evaluate pruned tapes."""
+    tape = load_vm(DATA / "prospero.vm")
+    n = 128
+    inside = walker_gpu.sign_image(tape, n, n, grid_rect(n), tile=32)
+    assert inside.dtype == bool and inside.shape == (n, n)
+    twin = cpu_sign_image(tape, n, n, grid_rect(n))
+    assert (inside != twin).mean() <= 1e-4
+
+
+def test_prospero_1024_sign_image_matches_the_reference_png(walker_gpu, no_new_kernels):
+    """The acceptance image (<= 0.01 % of pixels may differ); ~5 s on lavapipe."""
+    n = 1024
+    ref = np.asarray(Image.open(DATA / "prospero_1024.png")) == 255
+    inside = walker_gpu.sign_image(load_vm(DATA / "prospero.vm"), n, n, grid_rect(n))
+    assert (inside != ref).mean() <= 1e-4, int((inside != ref).sum())
+
+
+def _chain_tape(n):
+    """x + 1 + 1 + ... (n records): needs 2n loop iterations in the tile pass."""
+    ins = np.zeros(n, INSTR_DTYPE)
+    ins[0]["op"] = 0            # VAR_X into r0
+    ins[1]["op"], ins[1]["dst"] = 3, 1      # CONST 1 into r1
+    ins[2:]["op"], ins[2:]["a"], ins[2:]["b"] = 22, 0, 1   # r0 = r0 + r1
+    mats = np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE)
+    return Tape(ins, np.array([1.0], np.float32), mats, 2, np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
+
+
+def test_tapes_beyond_the_iteration_cap_are_refused(walker_gpu, no_new_kernels):
+    cap = walker_gpu._iter_limits[0]
+    if cap >= 1 << 31:
+        pytest.skip("a hardware adapter has no loop-iteration cap")
+    ok = _chain_tape(cap // 2 - 10)      # (the field image always runs the liveness pass)
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(ok, 4, 4, tile=4)),
+                                  bits(walker_gpu.field_image(ok, 4, 4)))
+    with pytest.raises(TaperayError, match="interpreter steps"):
+        walker_gpu.field_image_pruned(_chain_tape(cap // 2 + 10), 4, 4, tile=4)
+
+
+def test_non_arithmetic_tapes_use_the_unpruned_kernel(walker_gpu, no_new_kernels):
+    ins = np.zeros(1, INSTR_DTYPE)
+    ins[0]["op"] = 40           # SPHERE
+    tape = Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
+                np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
+    full = walker_gpu.field_image(tape, 16, 16)
+    np.testing.assert_array_equal(walker_gpu.sign_image(tape, 16, 16), full < 0)
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, 16, 16)), bits(full))
+
+
+def test_bad_arguments_raise_taperay_errors(walker_gpu):
+    tape = load_vm(DATA / "quarter.vm")
+    for kw in (dict(tile=0), dict(tile=1 << 17)):
+        with pytest.raises(TaperayError):
+            walker_gpu.sign_image(tape, 8, 8, **kw)
+    with pytest.raises(TaperayError):
+        walker_gpu.field_image_pruned(tape, 0, 8)
