@@ -220,7 +220,7 @@ fn binary(op: u32, va: f32, vb: f32, vc: f32) -> f32 {
         if (op == OP_MUL) { return va * vb; }
         if (op == OP_DIV) { return va / vb; }
     }
-    if (op == OP_ATAN2) { return atan2(va, vb); }
+    if (op == OP_ATAN2) { return atan2_full(va, vb); }
     if (op == OP_COMPARE) {
         if (va < vb) { return -1.0; }
         if (va > vb) { return 1.0; }
@@ -268,6 +268,16 @@ fn cells(t: f32, cnt: i32) -> Cells {
         bnd = pmin(bnd, abs(f32(hi + 1) - t));
     }
     return Cells(c, c2, bnd);
+}
+
+// atan2 with IEEE / numpy values where WGSL leaves them undefined: both arguments zero
+// (0 or +-pi by the signs of the zeros), as the CPU twin's np.arctan2
+fn atan2_full(y: f32, x: f32) -> f32 {
+    if (y == 0.0 && x == 0.0) {
+        let v = select(0.0, bitcast<f32>(0x40490fdbu), (bitcast<u32>(x) >> 31u) == 1u);
+        return select(v, -v, (bitcast<u32>(y) >> 31u) == 1u);
+    }
+    return atan2(y, x);
 }
 
 // Python's a % n for n >= 1 and |a| <= 3 n (sector indices): shifted positive first, because a
@@ -320,10 +330,10 @@ fn loop_enter(fr: ptr<function, LoopFrame>, p: vec4<f32>) {
         let cy = params[prm + 2u];
         let cz = params[prm + 3u];
         let big_r = params[prm + 4u];
-        let phic = atan2(cy, cx);
+        let phic = atan2_full(cy, cx);
         let fcnt = f32(cnt);
         n_iter = select(2u, 1u, cnt == 1);
-        let s = (atan2(p.y, p.x) - phic) * fcnt / TWO_PI;
+        let s = (atan2_full(p.y, p.x) - phic) * fcnt / TWO_PI;
         let r = i32(round_away(s));
         let step = select(-1, 1, s >= f32(r));
         (*fr).cell0 = vec3<i32>(emod(r, cnt), 0, 0);
