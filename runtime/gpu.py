@@ -33,7 +33,7 @@ import numpy as np
 from .camera import Camera, auto_camera
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
-from .tape import Tape, TaperayError, validate
+from .tape import Tape, TaperayError, ValidatedTapes
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
 __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "gpu_self_check",
@@ -449,7 +449,7 @@ class GpuWalker:
 
     def __init__(self, progress: bool = False):
         self._ctx = _get_context(progress)
-        self._validated: dict[int, bool] = {}
+        self._validated = ValidatedTapes()
         self.resumed_dispatches = 0
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
@@ -508,13 +508,7 @@ class GpuWalker:
 
     # -- tapes
     def _check(self, tape: Tape):
-        key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, tape.bvh.tobytes(),
-                    tape.instances.tobytes(), len(tape.materials), tape.bounds.tobytes()))
-        if key not in self._validated:
-            validate(tape)
-            if len(self._validated) > 64:
-                self._validated.clear()
-            self._validated[key] = True
+        self._validated.check(tape)
         variant = variant_for(tape.n_regs)
         limit = self._ctx.limits["max_storage_buffer_binding_size"]
         for name in _TAPE_ARRAYS:

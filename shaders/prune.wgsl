@@ -9,13 +9,17 @@
 // out_u layout: per tile t a header out_u[2t] = index of the first record of its pruned tape,
 // out_u[2t + 1] = TILE_AMBIGUOUS / TILE_INSIDE / TILE_OUTSIDE; then the tiles' regions, region t
 // starting at word 2 n_tiles + 2 t n_instrs, record k at words 2k, 2k + 1 (see pack_record). The
-// pruned tape of a tile fills records [start, n_instrs) of its region.
+// pruned tape of a tile fills records [start, n_instrs) of its region; before that, word 2i of
+// the region holds the choice of MIN / MAX / AND / OR record i (the liveness pass reads it, then
+// may overwrite it).
 //
 // Intervals (float32 pairs; "may be NaN" is lo = hi = NaN, as runtime/intervals.py) contain every
 // value run_tape computes at the tile's pixel centres: add / sub / mul / square bounds move at
 // least one ulp outward (and by TINY absolutely, which also covers flushed subnormals); div /
 // recip / sqrt, whose WGSL accuracy is 2.5 ulp, move by REL_LOOSE; the transcendental ops, whose
-// WGSL accuracy is looser still, by REL_WIDE + ABS_WIDE (sin / cos / tan / atan2 use their ranges).
+// WGSL accuracy is looser still, by REL_WIDE + ABS_WIDE; sin / cos / tan / atan2 give their whole
+// range and MOD [0, |b|]. (WGSL has no float64: bounds are looser than runtime/pruning.py's, so
+// fewer ops may be decided than on the CPU twin; every decision is still exact.)
 // MIN / MAX / AND / OR choices follow intervals.choice, so a decided op returns the chosen operand
 // bit for bit at every pixel (nmin / nmax return a on ties): the pruned tape is exact.
 // Every loop counts into run_tape's `iters` and stops at U.iter_cap (overflow, reported by the host).
@@ -366,7 +370,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         }
         ilo[ins.dst] = v.lo;
         ihi[ins.dst] = v.hi;
-        out_u[base + 2u * i] = v.ch;
+        if (op == OP_MIN || op == OP_MAX || op == OP_AND || op == OP_OR) {
+            out_u[base + 2u * i] = v.ch;   // (the liveness pass reads choices of these alone)
+        }
         i += 1u;
     }
     var cls = TILE_AMBIGUOUS;

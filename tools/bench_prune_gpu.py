@@ -6,7 +6,7 @@ Rows: per image size (1024^2 and 4096^2) the sign image and the pruned field ima
 sizes, and the unpruned field image (pruning off). Each row is the median of ``--repeat`` calls
 after one warm-up call (which, on drivers that compile lazily, also compiles the pipeline); every
 call includes the uniform upload, both dispatches and reading the image back. On a software
-adapter (Mesa lavapipe) the sizes are cut to 256^2 and 1024^2 and the unpruned row to 256^2 (the
+adapter (Mesa lavapipe) the sizes are cut to 128^2 and 1024^2 and the unpruned row to 128^2 (the
 run says so): the numbers that matter come from a real GPU, with the machine named.
 ``--n`` is not used.
 """
@@ -20,7 +20,7 @@ from .bench import BenchResult, _progress, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
 HARDWARE = {"sizes": (1024, 4096), "tiles": (32, 64, 128), "unpruned_max": 4096}
-SOFTWARE = {"sizes": (256, 1024), "tiles": (32, 64), "unpruned_max": 256}
+SOFTWARE = {"sizes": (128, 1024), "tiles": (32, 64), "unpruned_max": 128}
 
 
 def _rect(n: int) -> tuple[float, float, float, float]:
