@@ -52,7 +52,7 @@ from numba import njit, prange
 from .camera import Camera, auto_camera
 from .opcodes import LOOP_CAP, STACK_CAP, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
-from .tape import Tape, TaperayError, validate
+from .tape import Tape, TaperayError, ValidatedTapes
 
 __all__ = ["CpuWalker", "BLOCK"]
 
@@ -1042,20 +1042,14 @@ class CpuWalker:
     name = "cpu"
 
     def __init__(self):
-        self._validated: dict[int, tuple] = {}
+        self._validated = ValidatedTapes()
 
     @staticmethod
     def available() -> bool:
         return True
 
     def _prepare(self, tape: Tape):
-        key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, tape.bvh.tobytes(),
-                    tape.instances.tobytes(), len(tape.materials), tape.bounds.tobytes()))
-        if key not in self._validated:
-            validate(tape)
-            if len(self._validated) > 64:
-                self._validated.clear()
-            self._validated[key] = True
+        self._validated.check(tape)
         return _kernel_tape(tape)
 
     def _field(self, tape: Tape, points: np.ndarray, sec=_NO_SECTION):

@@ -16,7 +16,7 @@ from .opcodes import (JUMPING, LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS
                       STACK_CAP, Family, Op, OpSpec)
 
 __all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError", "validate",
-           "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
+           "ValidatedTapes", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
@@ -211,6 +211,22 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
         raise TapeError("the tape never writes its result register 0", n - 1, src)
     return tape
 
+
+class ValidatedTapes:
+    """The walkers' record of the tapes they have validated, by content (at most 65 kept):
+    ``check`` runs ``validate`` once per distinct tape."""
+
+    def __init__(self):
+        self._keys: set[int] = set()
+
+    def check(self, tape: Tape) -> None:
+        key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, tape.bvh.tobytes(),
+                    tape.instances.tobytes(), len(tape.materials), tape.bounds.tobytes()))
+        if key not in self._keys:
+            validate(tape)
+            if len(self._keys) > 64:
+                self._keys.clear()
+            self._keys.add(key)
 
 def _enclosing_loops(cols: list) -> list[int]:
     """For each record, the REPEAT_* / INSTANCES whose body holds it (its REPEAT_END included)."""

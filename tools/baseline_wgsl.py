@@ -9,8 +9,11 @@ per scene).
 The kernel, ``baseline_eval``, has the contract of the interpreter's ``eval_points`` (the same
 bind group: ``points`` in, ``out_f`` distances and ``out_u`` material ids out, ``U.n_items``
 points). It follows ``shaders/bindings.wgsl`` (bindings, uniforms, ``pmin`` / ``nmin`` ...) and
-nothing of the interpreter: its own helpers (``_HELPERS``) are the Numba twin's formulas
-(``runtime/cpu.py``) in the twin's order of operations, so it computes the twin's float32 results.
+nothing else of the interpreter: the self-contained scalar and shape functions of
+``shaders/interpreter.wgsl`` named in ``_SHARED`` (no bindings) are copied from it, and its own
+helpers (``_HELPERS``: literal-parameter capsule / torus / polygon edge, exact fmod, ...) are the
+Numba twin's formulas (``runtime/cpu.py``) in the twin's order of operations, so it computes the
+twin's float32 results.
 Straight-line means: arithmetic, shapes (polygon edges unrolled, vertices as literals), point ops,
 combine ops, culls (as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``)
 and materials. Pattern loops (``REPEAT_*``, ``INSTANCES``) are not written out; such tapes raise
@@ -31,7 +34,7 @@ ENTRY = "baseline_eval"
 
 _UNARY = {
     Op.NEG: "-{a}", Op.ABS: "abs({a})", Op.RECIP: "1.0 / {a}", Op.SQRT: "sqrt({a})",
-    Op.SQUARE: "{a} * {a}", Op.FLOOR: "floor({a})", Op.CEIL: "ceil({a})", Op.ROUND: "bl_round({a})",
+    Op.SQUARE: "{a} * {a}", Op.FLOOR: "floor({a})", Op.CEIL: "ceil({a})", Op.ROUND: "round_away({a})",
     Op.SIN: "sin({a})", Op.COS: "cos({a})", Op.TAN: "tan({a})", Op.ASIN: "asin({a})",
     Op.ACOS: "acos({a})", Op.ATAN: "atan({a})", Op.EXP: "exp({a})", Op.LN: "log({a})",
     Op.NOT: "select(0.0, 1.0, {a} == 0.0)", Op.COPY: "{a}",
@@ -40,31 +43,30 @@ _BINARY = {
     Op.ADD: "{a} + {b}", Op.SUB: "{a} - {b}", Op.MUL: "{a} * {b}", Op.DIV: "{a} / {b}",
     Op.ATAN2: "atan2({a}, {b})", Op.AND: "select({b}, {a}, {a} == 0.0)",
     Op.OR: "select({b}, {a}, {a} != 0.0)",
-    Op.RAND: "bl_rand({a}, {b})",
+    Op.RAND: "rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))",
     Op.MOD: "bl_mod({a}, {b})",
     Op.COMPARE: "bl_compare({a}, {b})",
 }
 _PATTERNS = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, Op.INSTANCES}
 
-# the twin's scalar helpers (runtime/cpu.py), written for this baseline alone
+# the interpreter's functions the baseline calls: self-contained (parameters as arguments, no bindings)
+_SHARED = ("len3", "len2", "round_away", "rand_bits", "sd_box", "cap2", "sd_capped_cone",
+           "sd_ellipsoid", "qrot_conj")
+
+
+def _shared_functions() -> str:
+    """The ``_SHARED`` functions, as written in shaders/interpreter.wgsl."""
+    from taperay.runtime.wgsl_header import SHADER_DIR
+    src = (SHADER_DIR / "interpreter.wgsl").read_text()
+    out = []
+    for name in _SHARED:
+        start = src.index(f"\nfn {name}(") + 1
+        out.append(src[start:src.index("\n}\n", start) + 3])
+    return "\n".join(out)
+
+
+# the twin's scalar helpers (runtime/cpu.py) the interpreter has no self-contained function for
 _HELPERS = """
-fn bl_len3(x: f32, y: f32, z: f32) -> f32 {
-    return sqrt(x * x + y * y + z * z);
-}
-
-fn bl_len2(x: f32, y: f32) -> f32 {
-    return sqrt(x * x + y * y);
-}
-
-fn bl_round(x: f32) -> f32 {
-    let ax = abs(x);
-    var r = floor(ax);
-    if (ax - r >= 0.5) {
-        r += 1.0;
-    }
-    return select(-r, r, x >= 0.0);
-}
-
 // C's fmod, exact: subtract |b| * 2^k (Sterbenz-exact) from |a| while it is >= |b|
 fn bl_fmod(a: f32, b: f32) -> f32 {
     let y = abs(b);
@@ -104,43 +106,6 @@ fn bl_compare(a: f32, b: f32) -> f32 {
     return 0.0;
 }
 
-fn bl_rand(a: f32, b: f32) -> f32 {
-    var h = (bitcast<u32>(a) * 0x9E3779B1u) ^ (bitcast<u32>(b) + 0x7F4A7C15u);
-    h = (h ^ (h >> 16u)) * 0x45D9F3Bu;
-    h = (h ^ (h >> 16u)) * 0x45D9F3Bu;
-    h = h ^ (h >> 16u);
-    return f32(h >> 8u) / 16777216.0;
-}
-
-fn bl_box(x: f32, y: f32, z: f32, hx: f32, hy: f32, hz: f32) -> f32 {
-    let qx = abs(x) - hx;
-    let qy = abs(y) - hy;
-    let qz = abs(z) - hz;
-    let outside = bl_len3(pmax(qx, 0.0), pmax(qy, 0.0), pmax(qz, 0.0));
-    return outside + pmin(pmax(qx, pmax(qy, qz)), 0.0);
-}
-
-fn bl_cap2(dx: f32, dy: f32) -> f32 {
-    let ox = pmax(dx, 0.0);
-    let oy = pmax(dy, 0.0);
-    return pmin(pmax(dx, dy), 0.0) + sqrt(ox * ox + oy * oy);
-}
-
-fn bl_capped_cone(x: f32, y: f32, z: f32, h: f32, r1: f32, r2: f32) -> f32 {
-    let qx = sqrt(x * x + y * y);
-    let qy = z;
-    let k2x = r2 - r1;
-    let k2y = 2.0 * h;
-    let cax = qx - pmin(qx, select(r2, r1, qy < 0.0));
-    let cay = abs(qy) - h;
-    var t = ((r2 - qx) * k2x + (h - qy) * k2y) / (k2x * k2x + k2y * k2y);
-    t = pmin(pmax(t, 0.0), 1.0);
-    let cbx = qx - r2 + k2x * t;
-    let cby = qy - h + k2y * t;
-    let s = select(1.0, -1.0, cbx < 0.0 && cay < 0.0);
-    return s * sqrt(pmin(cax * cax + cay * cay, cbx * cbx + cby * cby));
-}
-
 fn bl_capsule(x: f32, y: f32, z: f32, ax: f32, ay: f32, az: f32, bx: f32, by: f32, bz: f32, r: f32) -> f32 {
     let pax = x - ax;
     let pay = y - ay;
@@ -153,21 +118,12 @@ fn bl_capsule(x: f32, y: f32, z: f32, ax: f32, ay: f32, az: f32, bx: f32, by: f3
     if (bb > 0.0) {
         h = pmin(pmax((pax * bax + pay * bay + paz * baz) / bb, 0.0), 1.0);
     }
-    return bl_len3(pax - bax * h, pay - bay * h, paz - baz * h) - r;
+    return len3(pax - bax * h, pay - bay * h, paz - baz * h) - r;
 }
 
 fn bl_torus(x: f32, y: f32, z: f32, big_r: f32, r: f32) -> f32 {
-    let qx = bl_len2(x, y) - big_r;
+    let qx = len2(x, y) - big_r;
     return sqrt(qx * qx + z * z) - r;
-}
-
-fn bl_ellipsoid(x: f32, y: f32, z: f32, rx: f32, ry: f32, rz: f32) -> f32 {
-    let k0 = bl_len3(x / rx, y / ry, z / rz);
-    let k1 = bl_len3(x / (rx * rx), y / (ry * ry), z / (rz * rz));
-    if (k1 == 0.0) {
-        return -pmin(rx, pmin(ry, rz));
-    }
-    return k0 * (k0 - 1.0) / k1;
 }
 
 // one edge (vertex i, previous vertex j) of the twin's _poly: acc = (squared distance, sign)
@@ -188,18 +144,6 @@ fn bl_poly_edge(acc: vec2<f32>, x: f32, y: f32, vix: f32, viy: f32, vjx: f32, vj
     let c3 = ex * wy > ey * wx;
     let flip = (c1 && c2 && c3) || (!c1 && !c2 && !c3);
     return vec2<f32>(pmin(acc.x, bx * bx + by * by), select(acc.y, -acc.y, flip));
-}
-
-fn bl_qrot_conj(w: f32, qx: f32, qy: f32, qz: f32, v: vec3<f32>) -> vec3<f32> {
-    let ux = -qx;
-    let uy = -qy;
-    let uz = -qz;
-    let tx = 2.0 * (uy * v.z - uz * v.y);
-    let ty = 2.0 * (uz * v.x - ux * v.z);
-    let tz = 2.0 * (ux * v.y - uy * v.x);
-    return vec3<f32>(v.x + w * tx + (uy * tz - uz * ty),
-                     v.y + w * ty + (uz * tx - ux * tz),
-                     v.z + w * tz + (ux * ty - uy * tx));
 }
 
 fn bl_mirror(p: vec4<f32>, nx: f32, ny: f32, nz: f32, d: f32) -> vec4<f32> {
@@ -259,30 +203,30 @@ class _Writer:
     def shape(self, op: Op, off: int, a: int) -> str:
         P = self.prm
         if op is Op.SPHERE:
-            return f"bl_len3(p.x, p.y, p.z) - {P(off, 1)[0]}"
+            return f"len3(p.x, p.y, p.z) - {P(off, 1)[0]}"
         if op is Op.BOX:
-            return "bl_box(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
+            return "sd_box(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
         if op is Op.ROUND_BOX:
             hx, hy, hz, r = P(off, 4)
-            return f"bl_box(p.x, p.y, p.z, {hx} - {r}, {hy} - {r}, {hz} - {r}) - {r}"
+            return f"sd_box(p.x, p.y, p.z, {hx} - {r}, {hy} - {r}, {hz} - {r}) - {r}"
         if op is Op.CYLINDER:
             r, h = P(off, 2)
-            return f"bl_cap2(bl_len2(p.x, p.y) - {r}, abs(p.z) - {h})"
+            return f"cap2(len2(p.x, p.y) - {r}, abs(p.z) - {h})"
         if op is Op.CAPPED_CONE:
-            return "bl_capped_cone(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
+            return "sd_capped_cone(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
         if op is Op.CAPSULE:
             return "bl_capsule(p.x, p.y, p.z, {}, {}, {}, {}, {}, {}, {})".format(*P(off, 7))
         if op is Op.TORUS:
             return "bl_torus(p.x, p.y, p.z, {}, {})".format(*P(off, 2))
         if op is Op.ELLIPSOID:
-            return "bl_ellipsoid(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
+            return "sd_ellipsoid(p.x, p.y, p.z, {}, {}, {})".format(*P(off, 3))
         if op is Op.PLANE:
             nx, ny, nz, d = P(off, 4)
             return f"p.x * {nx} + p.y * {ny} + p.z * {nz} - {d}"
         if op is Op.EXTRUDE_POLY:
-            return f"bl_cap2({self.poly(off + 1, a, 'p.x', 'p.y')}, abs(p.z) - {P(off, 1)[0]})"
+            return f"cap2({self.poly(off + 1, a, 'p.x', 'p.y')}, abs(p.z) - {P(off, 1)[0]})"
         if op is Op.REVOLVE_POLY:
-            self.emit("pr = bl_len2(p.x, p.y);")
+            self.emit("pr = len2(p.x, p.y);")
             return self.poly(off, a, "pr", "p.z")
         raise AssertionError(op)
 
@@ -303,7 +247,7 @@ class _Writer:
             self.emit(f"p = vec4<f32>(p.x - pmin(pmax(p.x, -{tx}), {tx}), p.y - pmin(pmax(p.y, -{ty}), {ty}), "
                       f"p.z - pmin(pmax(p.z, -{tz}), {tz}), p.w);")
         elif op is Op.ROTATE:
-            self.emit("p = vec4<f32>(bl_qrot_conj({}, {}, {}, {}, p.xyz), p.w);".format(*P(off, 4)))
+            self.emit("p = vec4<f32>(qrot_conj(vec4<f32>({}, {}, {}, {}), p.xyz), p.w);".format(*P(off, 4)))
         elif op is Op.SCALE:
             s = P(off, 1)[0]
             self.emit(f"p = vec4<f32>(p.x / {s}, p.y / {s}, p.z / {s}, p.w * {s});")
@@ -382,7 +326,7 @@ class _Writer:
         box = self.prm(off, 7)
         c = [_lit(np.float32(np.float32(u) + np.float32(v)) * np.float32(0.5)) for u, v in ((x0, x1), (y0, y1), (z0, z1))]
         h = [_lit(np.float32(np.float32(v) - np.float32(u)) * np.float32(0.5)) for u, v in ((x0, x1), (y0, y1), (z0, z1))]
-        self.emit(f"r{dst} = bl_box(p.x - {c[0]}, p.y - {c[1]}, p.z - {c[2]}, {h[0]}, {h[1]}, {h[2]}) * p.w; "
+        self.emit(f"r{dst} = sd_box(p.x - {c[0]}, p.y - {c[1]}, p.z - {c[2]}, {h[0]}, {h[1]}, {h[2]}) * p.w; "
                   f"m{dst} = {aux}u;")
         if not self.culls:
             return
@@ -404,6 +348,7 @@ def baseline_wgsl(tape: Tape, culls: bool = True, entry: str = ENTRY) -> str:
         decl += ["    var pq = vec2<f32>(0.0);", "    var pr = 0.0;"]
     return "\n".join([
         f"// {tape.source or 'tape'}: {len(tape)} records written out by tools/baseline_wgsl.py",
+        _shared_functions(),
         _HELPERS,
         "@compute @workgroup_size(WG)",
         f"fn {entry}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,",
