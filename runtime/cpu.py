@@ -1135,6 +1135,13 @@ class CpuWalker:
                       _packed(packed, "ao_dist"), mr["t"], mr["grad"], shadow, ao)
         return dict(shadow=shadow, ao=ao)
 
+    def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                   z: float = 0.0) -> np.ndarray:
+        """(H, W) bool, True where the field is < 0, with field_image's pixel centres; arithmetic
+        tapes by per-tile interval pruning (runtime.pruning), others by the unpruned field."""
+        from .pruning import sign_image
+        return sign_image(tape, width, height, rect, z)
+
     def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                     z: float = 0.0) -> np.ndarray:
         """(H, W) float32 field on the plane z = const; rect = (x0, x1, y0, y1); pixel centres;

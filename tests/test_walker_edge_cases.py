@@ -23,3 +23,15 @@ def test_polar_pattern_at_its_axis_picks_the_twins_sectors(walkers_all, walker_c
     tape = random_tape(np.random.default_rng([0, 1100]))
     pts = np.array([[0.17702772, -0.13378888, 0.11711745]], np.float32)
     assert walkers_all.evaluate(tape, pts)[0] == walker_cpu.evaluate(tape, pts)[0]
+
+
+def test_sign_image_is_the_field_below_zero_on_every_walker(walkers_all):
+    from pathlib import Path
+
+    from taperay.scenegraph.vm import load_vm
+    tape = load_vm(Path(__file__).parent / "data" / "hi.vm")
+    rect = (-1.1, 1.05, -0.95, 1.2)
+    inside = walkers_all.sign_image(tape, 96, 80, rect)
+    assert inside.dtype == bool and inside.shape == (80, 96)
+    assert np.array_equal(inside, walkers_all.field_image(tape, 96, 80, rect) < 0)
+    assert 0 < inside.sum() < inside.size

@@ -199,7 +199,7 @@ def cmd_render(args) -> int:
 
     def frame(wk):
         if args.two_d:
-            return field_to_rgb(wk.field_image(tape, w, h, rect=grid_rect(w, h)))
+            return inside_to_rgb(wk.sign_image(tape, w, h, rect=grid_rect(w, h)))
         from taperay.runtime.camera import auto_camera
         return wk.render(tape, auto_camera(tape.bounds), w, h, view=args.view)
 
@@ -231,16 +231,14 @@ def grid_rect(w: int, h: int) -> tuple[float, float, float, float]:
     return (-1.0 - ex, 1.0 + ex, -1.0 - ey, 1.0 + ey)
 
 
-def field_to_rgb(field):
-    """A 2D program's field image (H, W) -> white where f < 0 on black, as (H, W, 3) uint8.
-
-    ``field_image`` returns row 0 at the top (largest y), so the picture has y up."""
+def inside_to_rgb(inside):
+    """A 2D program's inside mask (H, W) bool (f < 0; row 0 at the top, y up) -> white on black
+    (H, W, 3) uint8."""
     import numpy as np
-    field = np.asarray(field)
-    if field.ndim != 2:
-        raise TaperayError(f"field image has shape {field.shape}, expected (H, W)")
-    inside = (field < 0).astype(np.uint8) * 255
-    return np.repeat(inside[:, :, None], 3, axis=2)
+    inside = np.asarray(inside)
+    if inside.ndim != 2:
+        raise TaperayError(f"field image has shape {inside.shape}, expected (H, W)")
+    return np.repeat((inside.astype(np.uint8) * 255)[:, :, None], 3, axis=2)
 
 
 def read_points(path: str):
