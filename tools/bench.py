@@ -39,6 +39,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                      "GPU walker: interpreter vs written-out WGSL, compile and evaluation times"),
     "prune-gpu": Benchmark("taperay.tools.bench_prune_gpu:bench_prune_gpu",
                            "GPU walker: prospero sign/field image with per-tile interval pruning vs unpruned, 1024² and 4096²"),
+    "flatten": Benchmark("taperay.tools.bench:bench_flatten",
+                         "flatten: patterns of 10^2..10^6 instances and an instance list of 10^5 (no per-instance Python)"),
     "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
                            "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }
@@ -133,6 +135,33 @@ def bench_cpu_points(opts) -> BenchResult:
     return BenchResult([row], settings={"n": opts.n, "repeat": opts.repeat, "seed": opts.seed},
                        notes=["first call includes Numba's JIT compile (and any cache load); "
                               "the median is over the repeats after it"])
+
+
+def bench_flatten(opts) -> BenchResult:
+    """Scene graph -> validated tape: grid patterns whose count grows 10^2..10^6 (the tape must
+    not grow), and an instance list of 10^5 random poses (BVH built with numpy)."""
+    import numpy as np
+    from taperay.scenegraph import box, cylinder, flatten
+    rows = []
+    cases = [(f"plate minus {n}x{n} grid of holes",
+              lambda n=n: box(10, 10, 0.5) - cylinder(0.004, 1).grid_pattern((0.01, 0.01, 1), (n, n, 1)))
+             for n in (10, 100, 1000)]
+    rng = np.random.default_rng(opts.seed)
+    q = rng.normal(size=(100_000, 4))
+    q /= np.linalg.norm(q, axis=1)[:, None]
+    t = rng.uniform(-20, 20, (100_000, 3))
+    cases.append(("instance list of 100000 bolts", lambda: (cylinder(0.02, 0.1) | box(0.04, 0.04, 0.02)).instances(t, q)))
+    with _progress(f"flatten: {len(cases)} scenes x {opts.repeat}", len(cases)) as tick:
+        for name, build in cases:
+            node = build()
+            tape = flatten(node)
+            stats = summarize(time_calls(lambda: flatten(node), opts.repeat))
+            rows.append({"scene": name, "instances": tape.instance_count, "records": len(tape),
+                         "BVH nodes": len(tape.bvh), "median ms": stats["median_ms"],
+                         "min ms": stats["min_ms"], "max ms": stats["max_ms"]})
+            tick()
+    return BenchResult(rows, settings={"repeat": opts.repeat, "seed": opts.seed},
+                       notes=["flatten includes validation; building the scene nodes is not timed"])
 
 
 # ---------------------------------------------------------------------------------------------
