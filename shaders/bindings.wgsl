@@ -79,6 +79,18 @@ fn nmax(a: f32, b: f32) -> f32 {
 }
 
 // the flat invocation index of a 2D dispatch of WG-wide workgroups
+// pixel centres of the 2D field images over U.rect (x0 x1 y0 y1): column 0 at x0, row 0 at y1
+// (y up), as CpuWalker.field_image
+fn pixel_x(col: u32) -> f32 {
+    let r = U.rect;
+    return r.x + (f32(col) + 0.5) / f32(U.width) * (r.y - r.x);
+}
+
+fn pixel_y(row: u32) -> f32 {
+    let r = U.rect;
+    return r.w - (f32(row) + 0.5) / f32(U.height) * (r.w - r.z);
+}
+
 fn flat_index(wid: vec3<u32>, lid: u32, nwg: vec3<u32>) -> u32 {
     return (wid.y * nwg.x + wid.x) * WG + lid;
 }

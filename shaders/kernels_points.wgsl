@@ -39,10 +39,5 @@ fn field_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if (i >= U.n_items) {
         return;
     }
-    let row = f32(i / U.width);
-    let col = f32(i % U.width);
-    let r = U.rect;
-    let x = r.x + (col + 0.5) / f32(U.width) * (r.y - r.x);
-    let y = r.w - (row + 0.5) / f32(U.height) * (r.w - r.z);
-    out_f[i] = eval_checked(vec3<f32>(x, y, U.extra.x)).d;
+    out_f[i] = eval_checked(vec3<f32>(pixel_x(i % U.width), pixel_y(i / U.width), U.extra.x)).d;
 }

@@ -273,17 +273,6 @@ fn iv_binary(op: u32, alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32
     return iv_nan();
 }
 
-// the pixel centre of field_image (kernels_points.wgsl), formula for formula
-fn pixel_x(col: u32) -> f32 {
-    let r = U.rect;
-    return r.x + (f32(col) + 0.5) / f32(U.width) * (r.y - r.x);
-}
-
-fn pixel_y(row: u32) -> f32 {
-    let r = U.rect;
-    return r.w - (f32(row) + 0.5) / f32(U.height) * (r.w - r.z);
-}
-
 fn tile_size() -> u32 {
     return u32(U.extra.y);
 }
