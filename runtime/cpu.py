@@ -52,7 +52,7 @@ from numba import njit, prange
 from .camera import Camera, auto_camera
 from .opcodes import LOOP_CAP, STACK_CAP, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
-from .tape import Tape, TaperayError, ValidatedTapes
+from .tape import Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
 
 __all__ = ["CpuWalker", "BLOCK"]
 
@@ -1063,19 +1063,12 @@ class CpuWalker:
 
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
-        pts = np.asarray(points)
-        if pts.ndim != 2 or pts.shape[1] != 3:
-            raise TaperayError(f"evaluate: points must be (N, 3), got {pts.shape}")
-        return self._field(tape, pts)
+        return self._field(tape, point_array(points, "evaluate"))
 
     def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
         """(N, 3) float32 central differences; eps defaults to 1e-3 of the bounds diagonal."""
-        pts = np.asarray(points, np.float32)
-        if pts.ndim != 2 or pts.shape[1] != 3:
-            raise TaperayError(f"gradient: points must be (N, 3), got {pts.shape}")
-        if eps is None:
-            eps = 1e-3 * max(float(np.linalg.norm(tape.bounds[1] - tape.bounds[0])), 1e-3)
-        e = np.float32(eps)
+        pts = point_array(points, "gradient", np.float32)
+        e = gradient_eps(tape, eps)
         off = np.concatenate([np.eye(3, dtype=np.float32) * e, -np.eye(3, dtype=np.float32) * e])
         d, _ = self._field(tape, (pts[:, None, :] + off[None]).reshape(-1, 3))
         d = d.reshape(-1, 6)

@@ -33,7 +33,7 @@ import numpy as np
 from .camera import Camera, auto_camera
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
-from .tape import Tape, TaperayError, ValidatedTapes
+from .tape import Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
 __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "gpu_self_check",
@@ -666,9 +666,7 @@ class GpuWalker:
     @_guarded
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
-        pts = np.asarray(points)
-        if pts.ndim != 2 or pts.shape[1] != 3:
-            raise TaperayError(f"evaluate: points must be (N, 3), got {pts.shape}")
+        pts = point_array(points, "evaluate")
         if len(pts) == 0:
             self.upload(tape)
             return np.zeros(0, np.float32), np.zeros(0, np.uint32)
@@ -678,12 +676,8 @@ class GpuWalker:
     @_guarded
     def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
         """(N, 3) float32 central differences; eps defaults to 1e-3 of the bounds diagonal."""
-        pts = np.asarray(points, np.float32)
-        if pts.ndim != 2 or pts.shape[1] != 3:
-            raise TaperayError(f"gradient: points must be (N, 3), got {pts.shape}")
-        if eps is None:
-            eps = 1e-3 * max(float(np.linalg.norm(tape.bounds[1] - tape.bounds[0])), 1e-3)
-        e = np.float32(eps)
+        pts = point_array(points, "gradient", np.float32)
+        e = gradient_eps(tape, eps)
         n = len(pts)
         if n == 0:
             self.upload(tape)

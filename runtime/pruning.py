@@ -56,7 +56,7 @@ from numba import njit, prange
 from .cpu import CpuWalker, _fmax, _fmin, _rand, _round
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
-from .tape import Tape, TaperayError, validate
+from .tape import Tape, TaperayError, point_array, validate
 
 __all__ = ["is_arithmetic", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "DEFAULT_TILES"]
@@ -1068,9 +1068,7 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
     (bit for bit): points are bucketed into grid^3 voxels over the tape bounds, each voxel's
     tape is pruned over the range of its points (tapes under ``_PRUNE_MIN_RECORDS`` records are
     evaluated in plain chunks). Non-arithmetic tapes: CpuWalker.evaluate."""
-    pts = np.asarray(points)
-    if pts.ndim != 2 or pts.shape[1] != 3:
-        raise TaperayError(f"evaluate_pruned: points must be (N, 3), got {pts.shape}")
+    pts = point_array(points, "evaluate_pruned")
     if not is_arithmetic(tape):
         return CpuWalker().evaluate(tape, pts)
     if grid < 1 or block < 1:

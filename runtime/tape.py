@@ -17,7 +17,7 @@ from .opcodes import (JUMPING, LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS
 
 __all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError", "validate",
            "ValidatedTapes", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
-           "MAX_PARAMS", "instr_array"]
+           "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
                         ("op", "dst", "a", "b", "c", "param", "aux", "jump")])
@@ -210,6 +210,21 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
     if not written & 1:
         raise TapeError("the tape never writes its result register 0", n - 1, src)
     return tape
+
+
+def point_array(points, what: str, dtype=None) -> np.ndarray:
+    """``points`` as an (N, 3) array (the walkers' point argument), or TaperayError naming ``what``."""
+    pts = np.asarray(points) if dtype is None else np.asarray(points, dtype)
+    if pts.ndim != 2 or pts.shape[1] != 3:
+        raise TaperayError(f"{what}: points must be (N, 3), got {pts.shape}")
+    return pts
+
+
+def gradient_eps(tape: Tape, eps: float | None) -> np.float32:
+    """The central-difference step of the walkers' gradient: ``eps``, or 1e-3 of the bounds diagonal."""
+    if eps is None:
+        eps = 1e-3 * max(float(np.linalg.norm(tape.bounds[1] - tape.bounds[0])), 1e-3)
+    return np.float32(eps)
 
 
 class ValidatedTapes:
