@@ -280,6 +280,29 @@ fn atan2_full(y: f32, x: f32) -> f32 {
     return atan2(y, x);
 }
 
+// MOD's start, shared by every interpreter loop: C's fmod, exact, subtracts |b| 2^k
+// (Sterbenz-exact) from |a| while it is >= |b|, one sub-step per k. r: the result when no
+// sub-steps are needed (a itself, or NaN); steps: sub-steps needed, from y = |b|, ax = |a|, ey.
+struct FmodStart {
+    r: f32,
+    y: f32,
+    ax: f32,
+    ey: i32,
+    steps: bool,
+}
+
+fn fmod_start(va: f32, vb: f32) -> FmodStart {
+    let y = abs(vb);
+    let ax = abs(va);
+    if (is_nan(va) || is_nan(vb) || y == 0.0 || ax == inf()) {
+        return FmodStart((va - va) / (va - va), y, ax, 0, false);   // NaN
+    }
+    if (!(y == inf() || ax < y)) {
+        return FmodStart(va, y, ax, frexp(y).exp, true);
+    }
+    return FmodStart(va, y, ax, 0, false);
+}
+
 // Python's a % n for n >= 1 and |a| <= 3 n (sector indices): shifted positive first, because a
 // signed % of a negative dividend came out wrong on NVIDIA's Vulkan driver (as if n were 4)
 fn emod(a: i32, n: i32) -> i32 {
@@ -594,19 +617,16 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 wv = nmax(va, vb);
                 wm = select(ma, mb, vb > va);
             } else if (op == OP_MOD) {
-                // C's fmod, exact: subtract |b| 2^k (Sterbenz-exact) from |a| while it is >= |b|
-                fm_y = abs(vb);
-                fm_r = abs(va);
-                var r = va;
-                if (is_nan(va) || is_nan(vb) || fm_y == 0.0 || fm_r == inf()) {
-                    r = (va - va) / (va - va);   // NaN
-                } else if (!(fm_y == inf() || fm_r < fm_y)) {
-                    fm_ey = frexp(fm_y).exp;
+                let fs = fmod_start(va, vb);
+                fm_y = fs.y;
+                fm_r = fs.ax;
+                if (fs.steps) {
+                    fm_ey = fs.ey;
                     mode = STEP_FMOD;
                     wr = false;
                     nxt = pc;
                 }
-                wv = select(r, r + abs(vb), r < 0.0);
+                wv = select(fs.r, fs.r + abs(vb), fs.r < 0.0);
             } else if (op <= OP_NOT) {
                 wv = unary(op, va);
             } else {

@@ -504,17 +504,15 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         } else if (op == OP_MAX) {
             wv = nmax(va, vb);
         } else if (op == OP_MOD) {
-            fm_y = abs(vb);
-            fm_r = abs(va);
-            var r = va;
-            if (is_nan(va) || is_nan(vb) || fm_y == 0.0 || fm_r == inf()) {
-                r = (va - va) / (va - va);   // NaN
-            } else if (!(fm_y == inf() || fm_r < fm_y)) {
-                fm_ey = frexp(fm_y).exp;
+            let fs = fmod_start(va, vb);
+            fm_y = fs.y;
+            fm_r = fs.ax;
+            if (fs.steps) {
+                fm_ey = fs.ey;
                 fmod_steps = true;
                 nxt = k;
             }
-            wv = select(r, r + abs(vb), r < 0.0);
+            wv = select(fs.r, fs.r + abs(vb), fs.r < 0.0);
         } else if (op <= OP_NOT) {
             wv = unary(op, va);
         } else {
