@@ -1,5 +1,6 @@
 """The benchmark-only written-out WGSL baseline (tools/baseline_wgsl.py, tools/bench_baseline.py):
-it computes what the CPU twin computes, so `taperay bench gpu` compares equal work."""
+it computes what the CPU twin computes, and renders the interpreter's frames, so `taperay bench gpu`
+compares equal work."""
 import os
 
 import numpy as np
@@ -10,7 +11,7 @@ from taperay.scenegraph import (Material, box, capped_cone, capsule, ellipsoid, 
                                 revolve, rounded_box, smooth_difference, smooth_intersection,
                                 smooth_union, sphere, torus, union)
 from taperay.scenegraph.loading import load_tape
-from taperay.tools.baseline_wgsl import baseline_wgsl
+from taperay.tools.baseline_wgsl import RUN_TAPE, module_source, scene_function
 from taperay.tools.bench import fixed_scene
 
 RED, GREEN = Material("red", (1, 0, 0)), Material("green", (0, 1, 0))
@@ -47,21 +48,33 @@ TAPES = {
 
 @pytest.mark.parametrize("name", sorted(TAPES))
 def test_text_inlines_parameters_and_fetches_no_instructions(name):
-    text = baseline_wgsl(TAPES[name]())
-    assert "instrs[" not in text and "params[" not in text and "run_tape" not in text
+    text = scene_function(TAPES[name]())
+    assert "instrs[" not in text and "params[" not in text and text.count("fn run_tape(") == 1
+
+
+@pytest.mark.parametrize("kernel_file", ["kernels_points.wgsl", "kernels_render.wgsl"])
+def test_module_is_the_walkers_with_run_tape_replaced(kernel_file):
+    from taperay.runtime import gpu
+    tape = TAPES["bench scene"]()
+    module = module_source(tape, kernel_file)
+    walkers = gpu._shader_text(kernel_file, 16)
+    assert module.count(RUN_TAPE) == 1 and module.count("fn run_tape(") == 1
+    head, tail = walkers.split("\n" + RUN_TAPE)
+    assert module.startswith(head) and module.endswith(tail[tail.index("\n}\n") + 3:])
+    assert scene_function(tape) in module
 
 
 def test_culls_become_nested_blocks():
     tape = TAPES["families"]()
     assert tape.op_counts()["CULL_BOX"] > 1
-    assert baseline_wgsl(tape).count("if (!(") == tape.op_counts()["CULL_BOX"]
-    assert "if (!(" not in baseline_wgsl(tape, culls=False)
+    assert scene_function(tape).count("if (!(") == tape.op_counts()["CULL_BOX"]
+    assert "if (!(" not in scene_function(tape, culls=False)
 
 
 def test_pattern_tapes_are_refused():
     tape = flatten(sphere(0.2).linear_pattern((1, 0, 0), 4))
     with pytest.raises(TaperayError, match="pattern"):
-        baseline_wgsl(tape)
+        scene_function(tape)
 
 
 @pytest.mark.gpu
@@ -78,3 +91,32 @@ def test_baseline_matches_cpu_twin(walker_gpu, walker_cpu, name, culls):
     scale = float(np.abs(want_d).max())
     np.testing.assert_allclose(d, want_d, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
     np.testing.assert_array_equal(m, want_m)
+
+
+def three_primitives():
+    """Three overlapping primitives of three materials: silhouettes, shadows and material edges."""
+    return union(sphere(0.6).material(RED), box(0.5, 0.3, 0.4).rotate((1, 1, 0), 25).translate(0.6, 0, 0),
+                 rounded_box(0.2, 0.6, 0.2, 0.05).translate(-0.3, 0.4, 0.2).material(GREEN))
+
+
+@pytest.mark.gpu
+def test_written_out_frames_equal_the_interpreters(walker_gpu):
+    """Every view at 48x27: the written-out kernels are the walker's kernels around a scene function
+    that computes the interpreter's float32 values exactly, so the frames are equal byte for byte."""
+    from taperay.runtime.shading import VIEWS
+    from taperay.tools.bench_baseline import WRITTEN_OUT_KERNELS, BaselineKernel
+    tape = flatten(three_primitives(), source="three primitives")
+    interpreter_march = walker_gpu.kernels.pipeline("march", walker_gpu.upload(tape))
+    kernel = BaselineKernel(walker_gpu, tape, kernels=WRITTEN_OUT_KERNELS)
+    hits = walker_gpu.march(tape, None, 48, 27)["hit"]
+    assert 0.1 < hits.mean() < 0.9
+    for view in VIEWS:
+        want = walker_gpu.render(tape, None, 48, 27, view=view)
+        np.testing.assert_array_equal(kernel.render(None, 48, 27, view), want, err_msg=view)
+    assert walker_gpu.kernels.pipeline("march", kernel.variant) is interpreter_march   # put back
+
+
+def test_render_refuses_kernels_not_written_out():
+    from taperay.tools.bench_baseline import BaselineKernel
+    with pytest.raises(TaperayError, match="choose from"):
+        BaselineKernel(None, None, kernels=("prune_tiles",))

@@ -155,6 +155,9 @@ def test_bench_gpu_compares_interpreter_with_written_out_code(capsys, walker_gpu
     for row in doc["rows"]:
         assert row["points"] == 200
         assert row["max abs difference"] <= 1e-5   # a few ULP of fields up to ~20
+        frame_views = [k[:-len(" written-out frame ms")] for k in row if k.endswith(" written-out frame ms")]
+        assert frame_views and all(f"{v} frame ms" in row and f"{v} frame ratio" in row for v in frame_views)
+        assert row["frame px differing"] == 0 and row["written-out frame compile s"] > 0
     assert (tmp_path / "gpu.md").is_file() and (tmp_path / "gpu.png").is_file()
 
 

@@ -1,23 +1,26 @@
 """BENCHMARK-ONLY: a tape written out as specialised straight-line WGSL (the "compiled" baseline).
 
 ``taperay bench gpu`` compares the fixed tape interpreter with what a code-generating renderer
-would do: write each scene out as its own kernel, with every parameter a literal the compiler can
+would do: write each scene out as its own code, with every parameter a literal the compiler can
 fold, registers as locals and no instruction fetch. This module only produces text; it never
-creates a shader module (``tools/bench*`` do, for this baseline alone — the walkers never compile
-per scene).
+creates a shader module (``tools/bench_baseline.py`` does, for this baseline alone — the walkers
+never compile per scene).
 
-The kernel, ``baseline_eval``, has the contract of the interpreter's ``eval_points`` (the same
-bind group: ``points`` in, ``out_f`` distances and ``out_u`` material ids out, ``U.n_items``
-points). It follows ``shaders/bindings.wgsl`` (bindings, uniforms, ``pmin`` / ``nmin`` ...) and
-nothing else of the interpreter: the self-contained scalar and shape functions of
-``shaders/interpreter.wgsl`` named in ``_SHARED`` (no bindings) are copied from it, and its own
-helpers (``_HELPERS``: literal-parameter capsule / torus / polygon edge, exact fmod, ...) are the
-Numba twin's formulas (``runtime/cpu.py``) in the twin's order of operations, so it computes the
-twin's float32 results.
+The written-out scene is a replacement for the interpreter's ``run_tape`` (``shaders/interpreter.wgsl``:
+``fn run_tape(pin: vec3<f32>) -> Eval``): ``module_source(tape, kernel_file)`` is the GPU walker's
+own module text for that kernel file (``runtime.gpu``'s concatenation of the committed shaders)
+with ``run_tape`` swapped for the written-out function, so the written-out ``eval_points``,
+``march``, ``light``, ``slice`` ... are the walker's kernels, line for line, around a different
+scene function, and bind the walker's buffers. The written-out code calls the interpreter's
+self-contained scalar and shape functions (``len3``, ``sd_box``, ``qrot_conj``, ``fmod_start``,
+...) with literal arguments; its own helpers (``_HELPERS``: literal-parameter capsule / torus /
+polygon edge, ...) are the Numba twin's formulas (``runtime/cpu.py``) in the twin's order of
+operations, so it computes the twin's float32 results.
 Straight-line means: arithmetic, shapes (polygon edges unrolled, vertices as literals), point ops,
 combine ops, culls (as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``)
 and materials. Pattern loops (``REPEAT_*``, ``INSTANCES``) are not written out; such tapes raise
-``TaperayError``.
+``TaperayError``. The written-out function never counts ``iters`` (it has no loop over records),
+so the render kernels' per-dispatch budget never splits its march.
 """
 from __future__ import annotations
 
@@ -28,20 +31,20 @@ import numpy as np
 from taperay.runtime.opcodes import Op
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["ENTRY", "baseline_wgsl", "module_source"]
+__all__ = ["RUN_TAPE", "scene_function", "module_source"]
 
-ENTRY = "baseline_eval"
+RUN_TAPE = "fn run_tape(pin: vec3<f32>) -> Eval {"   # the interpreter function the baseline replaces
 
 _UNARY = {
     Op.NEG: "-{a}", Op.ABS: "abs({a})", Op.RECIP: "1.0 / {a}", Op.SQRT: "sqrt({a})",
     Op.SQUARE: "{a} * {a}", Op.FLOOR: "floor({a})", Op.CEIL: "ceil({a})", Op.ROUND: "round_away({a})",
-    Op.SIN: "sin({a})", Op.COS: "cos({a})", Op.TAN: "tan({a})", Op.ASIN: "asin({a})",
+    Op.SIN: "sin(reduce_angle({a}))", Op.COS: "cos(reduce_angle({a}))", Op.TAN: "tan(reduce_angle({a}))", Op.ASIN: "asin({a})",
     Op.ACOS: "acos({a})", Op.ATAN: "atan({a})", Op.EXP: "exp({a})", Op.LN: "log({a})",
     Op.NOT: "select(0.0, 1.0, {a} == 0.0)", Op.COPY: "{a}",
 }
 _BINARY = {
     Op.ADD: "{a} + {b}", Op.SUB: "{a} - {b}", Op.MUL: "{a} * {b}", Op.DIV: "{a} / {b}",
-    Op.ATAN2: "atan2({a}, {b})", Op.AND: "select({b}, {a}, {a} == 0.0)",
+    Op.ATAN2: "atan2_full({a}, {b})", Op.AND: "select({b}, {a}, {a} == 0.0)",
     Op.OR: "select({b}, {a}, {a} != 0.0)",
     Op.RAND: "rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))",
     Op.MOD: "bl_mod({a}, {b})",
@@ -49,47 +52,23 @@ _BINARY = {
 }
 _PATTERNS = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, Op.INSTANCES}
 
-# the interpreter's functions the baseline calls: self-contained (parameters as arguments, no bindings)
-_SHARED = ("len3", "len2", "round_away", "rand_bits", "sd_box", "cap2", "sd_capped_cone",
-           "sd_ellipsoid", "qrot_conj")
-
-
-def _shared_functions() -> str:
-    """The ``_SHARED`` functions, as written in shaders/interpreter.wgsl."""
-    from taperay.runtime.wgsl_header import SHADER_DIR
-    src = (SHADER_DIR / "interpreter.wgsl").read_text()
-    out = []
-    for name in _SHARED:
-        start = src.index(f"\nfn {name}(") + 1
-        out.append(src[start:src.index("\n}\n", start) + 3])
-    return "\n".join(out)
-
-
 # the twin's scalar helpers (runtime/cpu.py) the interpreter has no self-contained function for
 _HELPERS = """
-// C's fmod, exact: subtract |b| * 2^k (Sterbenz-exact) from |a| while it is >= |b|
-fn bl_fmod(a: f32, b: f32) -> f32 {
-    let y = abs(b);
-    var r = abs(a);
-    if (is_nan(a) || is_nan(b) || y == 0.0 || r == inf()) {
-        return (a - a) / (a - a);
-    }
-    if (y == inf() || r < y) {
-        return a;
-    }
-    let ey = frexp(y).exp;
-    for (var guard = 0u; guard < 320u && r >= y; guard++) {
-        var t = ldexp(y, frexp(r).exp - ey);
-        if (t > r) {
-            t = t * 0.5;
-        }
-        r = r - t;
-    }
-    return select(r, -r, a < 0.0);
-}
-
+// MOD: C's fmod by the interpreter's fmod_start and sub-steps, then Python's sign rule
 fn bl_mod(a: f32, b: f32) -> f32 {
-    let r = bl_fmod(a, b);
+    let fs = fmod_start(a, b);
+    var r = fs.r;
+    if (fs.steps) {
+        var ar = fs.ax;
+        while (ar >= fs.y) {
+            var t = ldexp(fs.y, frexp(ar).exp - fs.ey);
+            if (t > ar) {
+                t = t * 0.5;
+            }
+            ar = ar - t;
+        }
+        r = select(ar, -ar, a < 0.0);
+    }
     return select(r, r + abs(b), r < 0.0);
 }
 
@@ -337,9 +316,9 @@ class _Writer:
         self.open_culls.append(jump)
 
 
-def baseline_wgsl(tape: Tape, culls: bool = True, entry: str = ENTRY) -> str:
-    """The helpers and the kernel ``entry`` evaluating ``tape`` written out (to follow the
-    bindings prelude; ``module_source`` gives the whole module)."""
+def scene_function(tape: Tape, culls: bool = True) -> str:
+    """The helpers and ``fn run_tape(pin: vec3<f32>) -> Eval`` evaluating ``tape`` written out
+    (the interpreter's ``run_tape`` contract: distance and material at ``pin``)."""
     w = _Writer(tape, culls)
     body = w.write()
     decl = [f"    var r{i} = 0.0;\n    var m{i} = 0u;" for i in range(tape.n_regs)]
@@ -347,29 +326,26 @@ def baseline_wgsl(tape: Tape, culls: bool = True, entry: str = ENTRY) -> str:
     if w.uses_poly:
         decl += ["    var pq = vec2<f32>(0.0);", "    var pr = 0.0;"]
     return "\n".join([
-        f"// {tape.source or 'tape'}: {len(tape)} records written out by tools/baseline_wgsl.py",
-        _shared_functions(),
         _HELPERS,
-        "@compute @workgroup_size(WG)",
-        f"fn {entry}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,",
-        "            @builtin(num_workgroups) nwg: vec3<u32>) {",
-        "    let i = flat_index(wid, lid, nwg);",
-        "    if (i >= U.n_items) {",
-        "        return;",
-        "    }",
-        "    var p = vec4<f32>(points[3u * i], points[3u * i + 1u], points[3u * i + 2u], 1.0);",
+        f"// {tape.source or 'tape'}: {len(tape)} records written out by tools/baseline_wgsl.py",
+        RUN_TAPE,
+        "    var p = vec4<f32>(pin, 1.0);",
         *decl,
         *body,
-        "    out_f[i] = r0;",
-        "    out_u[i] = m0;",
+        "    return Eval(r0, m0);",
         "}",
     ]) + "\n"
 
 
-def module_source(tape: Tape, culls: bool = True) -> str:
-    """A whole shader module: the committed bindings prelude the walker's kernels share
-    (``generated_tape.wgsl``, ``generated_render.wgsl``, ``bindings.wgsl``: the same bind group
-    layout) followed by ``baseline_wgsl``."""
-    from taperay.runtime.wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR
-    prelude = "\n".join((SHADER_DIR / n).read_text() for n in (HEADER_NAME, RENDER_NAME, "bindings.wgsl"))
-    return prelude + "\n" + baseline_wgsl(tape, culls)
+def module_source(tape: Tape, kernel_file: str, culls: bool = True) -> str:
+    """The GPU walker's module text for ``kernel_file`` (``kernels_points.wgsl``,
+    ``kernels_render.wgsl``) with the interpreter's ``run_tape`` replaced by ``scene_function``:
+    the same kernels, bindings and helpers, the tape written out."""
+    from taperay.runtime import gpu
+    from taperay.runtime.opcodes import REG_CAPS
+    src = gpu._shader_text(kernel_file, REG_CAPS[0])   # the register file goes unused
+    start = src.find("\n" + RUN_TAPE)
+    if start < 0:
+        raise TaperayError(f"shaders/interpreter.wgsl has no `{RUN_TAPE}` for the written-out baseline to replace")
+    end = src.index("\n}\n", start + 1) + 3
+    return src[:start + 1] + scene_function(tape, culls) + src[end:]

@@ -1,110 +1,100 @@
-"""BENCHMARK-ONLY: the written-out WGSL baseline of one tape, compiled and run on the GPU walker's device.
+"""BENCHMARK-ONLY: the written-out WGSL baseline of one tape, compiled and run through the GPU walker.
 
-``BaselineKernel(walker, tape)`` compiles ``tools.baseline_wgsl.module_source(tape)`` with the
-walker's own device and pipeline layout (so the kernel sees the interpreter's bind group layout) and
-evaluates points with it, reporting how long the compile took. This is the one place outside the
-walker's startup build that creates shader modules, and only for the ``taperay bench gpu``
-comparison (interpreter vs code written out per scene); the walkers never do.
+``BaselineKernel(walker, tape, kernels)`` compiles the walker's own kernels (``eval_points``,
+``march``, ``light``, ``slice``) with the interpreter's ``run_tape`` replaced by the tape written
+out (``tools.baseline_wgsl.module_source``), on the walker's device with its pipeline layout, and
+reports how long that took. ``evaluate`` / ``render`` then run the walker's own ``evaluate`` /
+``render`` — its buffers, uniforms, bind group, passes, resumption and read-back — with the
+written-out pipelines put in place of the interpreter's for the duration of the call
+(``installed``), so the two sides of ``taperay bench gpu`` differ only in the scene function.
+This is the one place outside the walker's startup build that creates shader modules, and only for
+the benchmarks' comparison (interpreter vs code written out per scene); the walkers never do.
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
-from taperay.runtime.tape import Tape
+from taperay.runtime.tape import Tape, TaperayError
 
-from .baseline_wgsl import ENTRY, module_source
+from .baseline_wgsl import module_source
 
-__all__ = ["BaselineKernel"]
+__all__ = ["BaselineKernel", "POINT_KERNELS", "FRAME_KERNELS", "WRITTEN_OUT_KERNELS"]
+
+POINT_KERNELS = ("eval_points",)
+FRAME_KERNELS = ("march", "light")            # every view but slice (shade / resolve read no tape)
+WRITTEN_OUT_KERNELS = ("eval_points", "march", "light", "slice")   # the kernels that call run_tape
 
 
 class BaselineKernel:
-    """One tape written out as WGSL, compiled on ``walker``'s device.
+    """One tape written out as WGSL in the walker's ``kernels`` (a subset of
+    ``WRITTEN_OUT_KERNELS``), compiled on ``walker``'s device.
 
-    ``compile_seconds``: shader module + pipeline creation; ``first_dispatch_seconds``: the first
-    dispatch (one point), where drivers that compile lazily (Mesa lavapipe) do their work.
+    ``source_chars``: the size of the generated text (all modules); ``generate_seconds``: writing
+    it; ``compile_seconds``: shader modules + pipeline creation; ``first_dispatch_seconds``: the
+    first use (one point, a 1x1 frame per view family), where drivers that compile lazily (Mesa
+    lavapipe) do their work.
     """
 
-    def __init__(self, walker, tape: Tape, culls: bool = True):
+    def __init__(self, walker, tape: Tape, culls: bool = True, kernels=POINT_KERNELS):
         from taperay.runtime import gpu
-        self._gpu = gpu
-        self.tape = tape
-        self.source = module_source(tape, culls)
+        unknown = sorted(set(kernels) - set(WRITTEN_OUT_KERNELS))
+        if unknown or not kernels:
+            raise TaperayError(f"baseline kernels {unknown or '()'}: choose from {', '.join(WRITTEN_OUT_KERNELS)}")
+        self.walker, self.tape, self.kernels = walker, tape, tuple(kernels)
+        self.variant = walker.upload(tape)
+        files: dict[str, list[str]] = {}
+        for k in self.kernels:
+            files.setdefault(gpu.KERNELS[k][0], []).append(k)
+        t0 = time.perf_counter()
+        sources = {f: module_source(tape, f, culls) for f in files}
+        self.generate_seconds = time.perf_counter() - t0
+        self.source_chars = sum(len(s) for s in sources.values())
         ks = walker.kernels
-        self.device = ks.device
+        self._pipelines = {}
         t0 = time.perf_counter()
-        module = self.device.create_shader_module(label=f"baseline {tape.source}", code=self.source)
-        self.pipeline = self.device.create_compute_pipeline(
-            label="baseline", layout=ks.pipeline_layout, compute={"module": module, "entry_point": ENTRY})
+        for f, names in files.items():
+            module = ks.device.create_shader_module(label=f"baseline {f} {tape.source}", code=sources[f])
+            for k in names:
+                self._pipelines[(k, self.variant)] = ks.device.create_compute_pipeline(
+                    label=f"baseline {k}", layout=ks.pipeline_layout, compute={"module": module, "entry_point": k})
         self.compile_seconds = time.perf_counter() - t0
-        self._layout = ks.bind_group_layout
-        self._bufs: dict[str, object] = {}
-        self._group = None
         t0 = time.perf_counter()
-        self.evaluate(np.zeros((1, 3), np.float32))
+        if "eval_points" in self.kernels:
+            self.evaluate(np.zeros((1, 3), np.float32))
+        if "march" in self.kernels:
+            self.render(None, 1, 1, "shade" if "light" in self.kernels else "normals")
+        if "slice" in self.kernels:
+            self.render(None, 1, 1, "slice")
         self.first_dispatch_seconds = time.perf_counter() - t0
 
-    def _buffer(self, name: str, nbytes: int, usage):
-        """A buffer of at least ``nbytes`` (rebinding when it has to grow)."""
-        nbytes = max(self._gpu.MIN_BUFFER, -(-nbytes // 16) * 16)
-        buf = self._bufs.get(name)
-        if buf is None or buf.size < nbytes:
-            buf = self.device.create_buffer(label=f"baseline {name}", size=nbytes, usage=usage)
-            self._bufs[name] = buf
-            self._group = None
-        return buf
-
-    def _bind(self, n: int):
-        import wgpu
-        st = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        params = self._buffer("params", self.tape.params.nbytes, st)
-        # shaders/bindings.wgsl, in binding order; bindings the layout adds later get small
-        # storage buffers of their own (the baseline kernel does not touch them)
-        names = ["instrs", "params", "materials", "instances", "bvh", "uniforms", "points", "out_f",
-                 "out_u", "accum"]
-        names += [f"binding{i}" for i in range(len(names), self._gpu.N_BINDINGS)]
-        sizes = {"params": self.tape.params.nbytes, "uniforms": self._gpu.UNIFORM_BYTES, "points": 12 * n,
-                 "out_f": 4 * n, "out_u": 4 * n}
-        usage = {"uniforms": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST}
-        bufs = [self._buffer(k, sizes.get(k, 0), usage.get(k, st)) for k in names]
-        if self._group is None:
-            self._group = self.device.create_bind_group(
-                layout=self._layout,
-                entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                         for i, b in enumerate(bufs)])
-            self.device.queue.write_buffer(params, 0, self.tape.params.tobytes())
-        return dict(zip(names, bufs))
-
-    def dispatch(self, n: int) -> None:
-        """Run the kernel over the ``n`` points already in the points buffer and wait for it."""
-        gx_total = max(1, -(-n // self._gpu.WG))
-        gx = min(gx_total, self._gpu.MAX_GROUPS_X)
-        enc = self.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(self.pipeline)
-        cp.set_bind_group(0, self._group)
-        cp.dispatch_workgroups(gx, -(-gx_total // gx), 1)
-        cp.end()
-        self.device.queue.submit([enc.finish()])
-        self.device.queue.read_buffer(self._bufs["out_f"], 0, 4)   # waits for the dispatch
-
-    def load_points(self, points) -> int:
-        """Upload (N, 3) points and set the item count; returns N."""
-        pts = np.ascontiguousarray(np.asarray(points, np.float32).reshape(-1, 3))
-        n = len(pts)
-        bufs = self._bind(n)
-        u = np.zeros(self._gpu.UNIFORM_BYTES // 4, np.uint32)
-        u[:2] = (len(self.tape), n)
-        self.device.queue.write_buffer(bufs["uniforms"], 0, u.tobytes())
-        self.device.queue.write_buffer(bufs["points"], 0, pts.tobytes())
-        return n
+    @contextmanager
+    def installed(self):
+        """The walker's kernel set serving the written-out pipelines for this tape's register
+        variant (the interpreter's are put back on exit)."""
+        table = self.walker.kernels._pipelines
+        saved = {key: table[key] for key in self._pipelines}
+        table.update(self._pipelines)
+        try:
+            yield
+        finally:
+            table.update(saved)
 
     def evaluate(self, points) -> tuple[np.ndarray, np.ndarray]:
-        """(N,) float32 distances and (N,) uint32 materials, like ``GpuWalker.evaluate``."""
-        n = self.load_points(points)
-        self.dispatch(n)
-        q = self.device.queue
-        d = np.frombuffer(q.read_buffer(self._bufs["out_f"], 0, 4 * n), np.float32).copy()
-        m = np.frombuffer(q.read_buffer(self._bufs["out_u"], 0, 4 * n), np.uint32).copy()
-        return d, m
+        """(N,) float32 distances and (N,) uint32 materials: ``GpuWalker.evaluate``, written out."""
+        with self.installed():
+            return self.walker.evaluate(self.tape, points)
+
+    def render(self, camera, width: int, height: int, view: str = "shade", settings=None,
+               samples: int = 1) -> np.ndarray:
+        """(H, W, 3) uint8: ``GpuWalker.render``, written out (``march`` / ``light`` / ``slice``
+        must be among the kernels the view runs)."""
+        need = {"slice": ("slice",), "shade": FRAME_KERNELS, "section": FRAME_KERNELS}.get(view, ("march",))
+        missing = [k for k in need if k not in self.kernels]
+        if missing:
+            raise TaperayError(f"baseline render {view!r}: kernels {', '.join(missing)} were not written out")
+        with self.installed():
+            return self.walker.render(self.tape, camera, width, height, view=view, settings=settings,
+                                      samples=samples)
