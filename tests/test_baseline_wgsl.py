@@ -71,6 +71,21 @@ def test_culls_become_nested_blocks():
     assert "if (!(" not in scene_function(tape, culls=False)
 
 
+def bolt_bin(n: int):
+    import runpy
+    build = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "scenes", "bolt_bin.py"))["build"]
+    return flatten(build(n), source=f"bolt bin {n}")
+
+
+def test_instance_list_is_one_body_function_and_a_bvh_of_nested_blocks():
+    tape = bolt_bin(20)
+    text = scene_function(tape)
+    assert text.count("fn bl_instances_") == 1
+    assert text.count("bl_instances_6(bl_instance_point(") == len(tape.instances) == 20
+    assert text.count("if (!(bb >= acc6))") == len(tape.bvh)
+    assert "bvh[" not in text and "instances[" not in text
+
+
 def test_pattern_tapes_are_refused():
     tape = flatten(sphere(0.2).linear_pattern((1, 0, 0), 4))
     with pytest.raises(TaperayError, match="pattern"):
@@ -120,3 +135,20 @@ def test_render_refuses_kernels_not_written_out():
     from taperay.tools.bench_baseline import BaselineKernel
     with pytest.raises(TaperayError, match="choose from"):
         BaselineKernel(None, None, kernels=("prune_tiles",))
+
+
+@pytest.mark.gpu
+def test_written_out_instance_list_equals_the_interpreter(walker_gpu):
+    """A bin of 20 bolts (one INSTANCES record over a BVH): the written-out walk gives the
+    interpreter's field and materials exactly (the same float32 operations in the same order) and
+    so the same frame."""
+    from taperay.tools.bench_baseline import FRAME_KERNELS, POINT_KERNELS, BaselineKernel
+    tape = bolt_bin(20)
+    kernel = BaselineKernel(walker_gpu, tape, kernels=POINT_KERNELS + FRAME_KERNELS)
+    pts = np.random.default_rng(5).uniform(tape.bounds[0], tape.bounds[1], (5000, 3)).astype(np.float32)
+    d, m = kernel.evaluate(pts)
+    want_d, want_m = walker_gpu.evaluate(tape, pts)
+    assert float(np.max(np.abs(d - want_d))) <= 1e-6
+    np.testing.assert_array_equal(m, want_m)
+    np.testing.assert_array_equal(kernel.render(None, 48, 27, "normals"),
+                                  walker_gpu.render(tape, None, 48, 27, view="normals"))

@@ -18,8 +18,11 @@ polygon edge, ...) are the Numba twin's formulas (``runtime/cpu.py``) in the twi
 operations, so it computes the twin's float32 results.
 Straight-line means: arithmetic, shapes (polygon edges unrolled, vertices as literals), point ops,
 combine ops, culls (as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``)
-and materials. Pattern loops (``REPEAT_*``, ``INSTANCES``) are not written out; such tapes raise
-``TaperayError``. The written-out function never counts ``iters`` (it has no loop over records),
+and materials; an instance list (``INSTANCES`` ... ``REPEAT_END``) as its shared body written out
+once as a function, and its BVH as nested ``if`` blocks over literal box distances, each leaf a
+call with that instance's rigid transform and scale as literals (the interpreter's walk, unrolled).
+Regular pattern loops (``REPEAT_LINEAR`` / ``POLAR`` / ``GRID``) are not written out; such tapes
+raise ``TaperayError``. The written-out function never counts ``iters`` (it has no loop over records),
 so the render kernels' per-dispatch budget never splits its march.
 """
 from __future__ import annotations
@@ -134,6 +137,12 @@ fn bl_mirror(p: vec4<f32>, nx: f32, ny: f32, nz: f32, d: f32) -> vec4<f32> {
     return p;
 }
 
+// an instance-list body's point conj(q) (p - t) q / s, scale * s (the interpreter's instance_point)
+fn bl_instance_point(p: vec4<f32>, q: vec4<f32>, t: vec3<f32>, s: f32) -> vec4<f32> {
+    let v = qrot_conj(q, p.xyz - t);
+    return vec4<f32>(v.x / s, v.y / s, v.z / s, p.w * s);
+}
+
 // smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k; times the sign sg
 fn bl_smooth(x: f32, y: f32, k: f32, sg: f32) -> f32 {
     let h = pmax(k - abs(x - y), 0.0) / k;
@@ -151,17 +160,50 @@ def _lit(v) -> str:
     return f"f32({text})" if f >= 0 else f"f32(({text}))"
 
 
+def _lits(values) -> str:
+    return ", ".join(_lit(v) for v in np.atleast_1d(values))
+
+
+def _box_distance(lo, hi) -> str:
+    """The signed distance * scale from ``p`` to the box [lo, hi], centre and half extents folded
+    in float32 exactly as the interpreter forms them ((lo + hi) * 0.5, (hi - lo) * 0.5)."""
+    lo, hi = np.asarray(lo, np.float32), np.asarray(hi, np.float32)
+    c = (lo + hi) * np.float32(0.5)
+    h = (hi - lo) * np.float32(0.5)
+    return (f"sd_box(p.x - {_lit(c[0])}, p.y - {_lit(c[1])}, p.z - {_lit(c[2])}, "
+            f"{_lit(h[0])}, {_lit(h[1])}, {_lit(h[2])}) * p.w")
+
+
 class _Writer:
-    def __init__(self, tape: Tape, culls: bool):
+    """The records ``[start, stop)`` of a tape as the lines of one WGSL function body; an instance
+    list's body becomes a function of its own (appended to ``functions``), called per instance."""
+
+    def __init__(self, tape: Tape, culls: bool, functions: list[str], index: str = "0.0"):
         self.tape, self.culls = tape, culls
+        self.cols = tape.as_columns().tolist()
+        self.functions = functions
+        self.index = index        # INSTANCE_INDEX: 0 outside an instance list, its argument inside
         self.lines: list[str] = []
         self.depth = 0            # point-stack depth
         self.max_depth = 0
         self.open_culls: list[int] = []   # jump targets of the open cull blocks
-        self.uses_poly = False
+        self.indent = 0                   # BVH blocks open
+        self.uses_poly = self.uses_bvh = False
 
     def emit(self, text: str):
-        self.lines.append("    " * (1 + len(self.open_culls)) + text)
+        self.lines.append("    " * (1 + len(self.open_culls) + self.indent) + text)
+
+    def function(self, header: str, prologue: str, start: int, stop: int, result: int) -> str:
+        """``header`` (``fn ...(...) -> Eval {``), ``prologue`` (defines ``var p``), the records
+        written out with their locals, and ``return Eval(r<result>, m<result>)``."""
+        body = self.write(start, stop)
+        decl = [f"    var r{i} = 0.0;\n    var m{i} = 0u;" for i in range(self.tape.n_regs)]
+        decl += [f"    var s{d} = vec4<f32>(0.0);" for d in range(self.max_depth)]
+        if self.uses_poly:
+            decl += ["    var pq = vec2<f32>(0.0);", "    var pr = 0.0;"]
+        if self.uses_bvh:
+            decl += ["    var bb = 0.0;"]
+        return "\n".join([header, "    " + prologue, *decl, *body, f"    return Eval(r{result}, m{result});", "}"])
 
     def prm(self, off: int, k: int) -> list[str]:
         return [_lit(v) for v in self.tape.params[off:off + k]]
@@ -258,13 +300,18 @@ class _Writer:
                            Op.SMOOTH_DIFFERENCE: (f"-{va}", vb, "-1.0", ma)}[op]
             self.emit(f"m{dst} = {m}; r{dst} = bl_smooth({x}, {y}, {k}, {sg});")
 
-    def write(self) -> list[str]:
-        cols = self.tape.as_columns().tolist()
-        for i, (op_, dst, a, b, c, off, aux, jump) in enumerate(cols):
+    def write(self, start: int, stop: int) -> list[str]:
+        i = start
+        while i < stop:
+            op_, dst, a, b, c, off, aux, jump = self.cols[i]
             while self.open_culls and self.open_culls[-1] == i:
                 self.open_culls.pop()
                 self.emit("}")
             op = Op(op_)
+            if op is Op.INSTANCES:
+                self.instances(i, aux, a, jump)
+                i = jump + 1
+                continue
             if op in _PATTERNS:
                 raise TaperayError(f"{self.tape.source or 'tape'}: record {i}: {op.name}: the straight-line "
                                    "baseline does not write out pattern loops")
@@ -272,8 +319,8 @@ class _Writer:
                 self.emit(f"r{dst} = p.{'xyz'[op - Op.VAR_X]}; m{dst} = 0u;")
             elif op is Op.CONST:
                 self.emit(f"r{dst} = {self.prm(off, 1)[0]}; m{dst} = 0u;")
-            elif op is Op.INSTANCE_INDEX:     # outside any pattern loop: 0
-                self.emit(f"r{dst} = 0.0; m{dst} = 0u;")
+            elif op is Op.INSTANCE_INDEX:
+                self.emit(f"r{dst} = {self.index}; m{dst} = 0u;")
             elif op in (Op.MIN, Op.MAX):
                 fn, cmp = ("nmin", "<") if op is Op.MIN else ("nmax", ">")
                 self.emit(f"m{dst} = select(m{a}, m{b}, r{b} {cmp} r{a}); r{dst} = {fn}(r{a}, r{b});")
@@ -295,18 +342,59 @@ class _Writer:
                 self.emit(f"r{dst} = r{a} * p.w; m{dst} = {aux}u;")
             else:
                 raise TaperayError(f"{self.tape.source or 'tape'}: record {i}: {op.name} is not written out")
+            i += 1
         while self.open_culls:
             self.open_culls.pop()
             self.emit("}")
         return self.lines
 
+    def instances(self, i: int, first: int, count: int, end: int):
+        """INSTANCES at record ``i`` (BVH nodes ``first .. first + count - 1``, REPEAT_END at
+        ``end``): the body as ``bl_instances_<i>(p, instance index)``, the BVH as nested ``if``
+        blocks over box distances against the running minimum (the interpreter's walk: a subtree
+        whose box is no nearer than the minimum is skipped), each leaf a call with its placement
+        as literals; the minimum of max(body, leaf box) lands in REPEAT_END's register."""
+        _, dst, a = self.cols[end][:3]
+        name = f"bl_instances_{i}"
+        body = _Writer(self.tape, self.culls, self.functions, index="ii")
+        self.functions.append(body.function(f"fn {name}(p_in: vec4<f32>, ii: f32) -> Eval {{", "var p = p_in;",
+                                            i + 1, end, a))
+        self.uses_bvh = True
+        acc, mat = f"acc{i}", f"accm{i}"
+        self.emit(f"var {acc} = inf();")
+        self.emit(f"var {mat} = 0u;")
+        nodes = self.tape.bvh
+        place = self.tape.instances
+
+        def node(k: int):
+            nd = nodes[k]
+            self.emit(f"bb = {_box_distance(nd['lo'], nd['hi'])};")
+            self.emit(f"if (!(bb >= {acc})) {{")
+            self.indent += 1
+            leaf = int(nd["instance"])
+            if leaf >= 0:
+                q, t, s = (_lits(place[leaf][f]) for f in ("q", "t", "s"))
+                self.emit(f"let e = {name}(bl_instance_point(p, vec4<f32>({q}), vec3<f32>({t}), {s}), {_lit(leaf)});")
+                self.emit("let v = pmax(e.d, bb);")
+                self.emit(f"if (v < {acc}) {{ {acc} = v; {mat} = e.mat; }}")
+            else:
+                child = k + 1
+                while child < int(nd["skip"]):
+                    node(child)
+                    child = int(nodes[child]["skip"])
+            self.indent -= 1
+            self.emit("}")
+
+        k = first
+        while k < first + count:
+            node(k)
+            k = int(nodes[k]["skip"])
+        self.emit(f"r{dst} = {acc}; m{dst} = {mat};")
+
     def cull(self, i: int, dst: int, a: int, off: int, aux: int, jump: int):
-        x0, y0, z0, x1, y1, z1, m = (float(v) for v in self.tape.params[off:off + 7])
         box = self.prm(off, 7)
-        c = [_lit(np.float32(np.float32(u) + np.float32(v)) * np.float32(0.5)) for u, v in ((x0, x1), (y0, y1), (z0, z1))]
-        h = [_lit(np.float32(np.float32(v) - np.float32(u)) * np.float32(0.5)) for u, v in ((x0, x1), (y0, y1), (z0, z1))]
-        self.emit(f"r{dst} = sd_box(p.x - {c[0]}, p.y - {c[1]}, p.z - {c[2]}, {h[0]}, {h[1]}, {h[2]}) * p.w; "
-                  f"m{dst} = {aux}u;")
+        lo_hi = self.tape.params[off:off + 6]
+        self.emit(f"r{dst} = {_box_distance(lo_hi[:3], lo_hi[3:])}; m{dst} = {aux}u;")
         if not self.culls:
             return
         if self.open_culls and jump > self.open_culls[-1]:
@@ -318,23 +406,12 @@ class _Writer:
 
 def scene_function(tape: Tape, culls: bool = True) -> str:
     """The helpers and ``fn run_tape(pin: vec3<f32>) -> Eval`` evaluating ``tape`` written out
-    (the interpreter's ``run_tape`` contract: distance and material at ``pin``)."""
-    w = _Writer(tape, culls)
-    body = w.write()
-    decl = [f"    var r{i} = 0.0;\n    var m{i} = 0u;" for i in range(tape.n_regs)]
-    decl += [f"    var s{d} = vec4<f32>(0.0);" for d in range(w.max_depth)]
-    if w.uses_poly:
-        decl += ["    var pq = vec2<f32>(0.0);", "    var pr = 0.0;"]
-    return "\n".join([
-        _HELPERS,
-        f"// {tape.source or 'tape'}: {len(tape)} records written out by tools/baseline_wgsl.py",
-        RUN_TAPE,
-        "    var p = vec4<f32>(pin, 1.0);",
-        *decl,
-        *body,
-        "    return Eval(r0, m0);",
-        "}",
-    ]) + "\n"
+    (the interpreter's ``run_tape`` contract: distance and material at ``pin``), after the
+    functions of its instance-list bodies."""
+    functions: list[str] = []
+    main = _Writer(tape, culls, functions).function(RUN_TAPE, "var p = vec4<f32>(pin, 1.0);", 0, len(tape), 0)
+    return "\n".join([_HELPERS, f"// {tape.source or 'tape'}: {len(tape)} records written out by "
+                       "tools/baseline_wgsl.py", *functions, main]) + "\n"
 
 
 def module_source(tape: Tape, kernel_file: str, culls: bool = True) -> str:
