@@ -152,3 +152,24 @@ def test_written_out_instance_list_equals_the_interpreter(walker_gpu):
     np.testing.assert_array_equal(m, want_m)
     np.testing.assert_array_equal(kernel.render(None, 48, 27, "normals"),
                                   walker_gpu.render(tape, None, 48, 27, view="normals"))
+
+
+def test_compile_prediction_is_a_power_law_of_at_least_one():
+    from taperay.tools.bench_assembly import predict_compile_seconds
+    assert predict_compile_seconds([], 1000) is None
+    assert predict_compile_seconds([(1000, 2.0)], 3000) == pytest.approx(6.0)
+    assert predict_compile_seconds([(1000, 1.0), (2000, 4.0)], 4000) == pytest.approx(16.0)   # exponent 2
+    assert predict_compile_seconds([(1000, 4.0), (2000, 1.0)], 4000) == pytest.approx(2.0)    # never below 1
+
+
+@pytest.mark.gpu
+def test_assembly_bench_compiles_in_a_child_and_stops_at_the_predicted_limit(walker_gpu):
+    """The bolt bin against the written-out baseline: the first count is compiled and measured in a
+    child process; with a limit no compile can meet, the next is predicted past it and not compiled,
+    and neither is any after it (no timing is asserted)."""
+    from taperay.tools.bench_assembly import written_out
+    rows, note = written_out(walker_gpu, (16, 9), 1, limit_s=1e-6, counts=(10, 20, 40))
+    assert [r["status"].split(":")[0] for r in rows] == ["measured", "not compiled", "not compiled (a smaller "
+                                                         "count was predicted past 1e-06 s)"]
+    assert rows[0]["max abs difference"] <= 1e-6 and rows[0]["compile s"] > 0
+    assert "measured at 10 bolts" in note and "not at 20, 40 bolts" in note

@@ -34,7 +34,7 @@ import numpy as np
 from taperay.runtime.opcodes import Op
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["RUN_TAPE", "scene_function", "module_source"]
+__all__ = ["RUN_TAPE", "scene_function", "module_source", "splice"]
 
 RUN_TAPE = "fn run_tape(pin: vec3<f32>) -> Eval {"   # the interpreter function the baseline replaces
 
@@ -418,6 +418,11 @@ def module_source(tape: Tape, kernel_file: str, culls: bool = True) -> str:
     """The GPU walker's module text for ``kernel_file`` (``kernels_points.wgsl``,
     ``kernels_render.wgsl``) with the interpreter's ``run_tape`` replaced by ``scene_function``:
     the same kernels, bindings and helpers, the tape written out."""
+    return splice(scene_function(tape, culls), kernel_file)
+
+
+def splice(scene: str, kernel_file: str) -> str:
+    """``module_source`` from a ``scene_function`` text already written (one text, several files)."""
     from taperay.runtime import gpu
     from taperay.runtime.opcodes import REG_CAPS
     src = gpu._shader_text(kernel_file, REG_CAPS[0])   # the register file goes unused
@@ -425,4 +430,4 @@ def module_source(tape: Tape, kernel_file: str, culls: bool = True) -> str:
     if start < 0:
         raise TaperayError(f"shaders/interpreter.wgsl has no `{RUN_TAPE}` for the written-out baseline to replace")
     end = src.index("\n}\n", start + 1) + 3
-    return src[:start + 1] + scene_function(tape, culls) + src[end:]
+    return src[:start + 1] + scene + src[end:]

@@ -13,7 +13,15 @@ level-7 Menger sponge, 100,000 bolts in a bin):
     (``assembly-scaling.png``, needs matplotlib: ``pip install taperay[bench]``);
   * the bolt bin with culling on and off: field evaluation at random points in the bin for the
     full 100,000 bolts, and frames of a 2,000-bolt bin (unculled, every point tests every
-    bolt's box, so the full bin cannot be framed in reasonable time).
+    bolt's box, so the full bin cannot be framed in reasonable time);
+  * GPU only: the bolt bin against the written-out WGSL baseline (``tools/baseline_wgsl.py``:
+    the bolt body as one function, the BVH as nested ``if`` blocks, each bolt's placement as
+    literals) at 10 .. 100,000 bolts: text size, compile (+ first dispatch) seconds, frame and
+    point times of both, their largest difference. Each count runs in a child process killed
+    after ``--baseline-limit`` seconds (default 600) plus ``CHILD_OVERHEAD_S`` for its startup,
+    text generation and measuring; a count whose compile is predicted (a power law through the
+    compiles measured so far, against the text size) to exceed the limit is not compiled, and
+    neither is any larger one — the table says which, and why.
 
 Frames are 1920x1080 on the GPU; on the CPU twin the default is 480x270 (a 1080p frame of the
 bolt bin takes minutes there) and the report says so. Run: ``taperay bench assembly`` (options
@@ -48,6 +56,10 @@ DEFAULT_SIZE = {"gpu": (1920, 1080), "cpu": (480, 270)}
 CULL_POINTS = 2_000          # random points in the full bolt bin, culling on and off
 CULL_FRAME_BOLTS = 2_000     # bolts in the bin framed with culling on and off
 CULL_FRAME_SIZE = (160, 90)
+BASELINE_COUNTS = (10, 100, 1_000, 10_000, 100_000)   # bolts, against the written-out baseline
+BASELINE_LIMIT_S = 600.0     # compile seconds beyond which a count is not compiled (or is killed)
+CHILD_OVERHEAD_S = 180.0     # a child's walker startup, text generation and measuring, on top
+BASELINE_POINTS = {"hardware": 100_000, "software": 2_000}
 
 
 def scene_module(name: str) -> dict:
@@ -169,6 +181,102 @@ def culling(walker, repeat: int) -> list[dict]:
     return rows
 
 
+def predict_compile_seconds(measured: list[tuple[int, float]], chars: int) -> float | None:
+    """Compile seconds of a ``chars``-long text from the (chars, seconds) compiled so far: a
+    power law through the last two (exponent at least 1: compiles never get cheaper per
+    character), proportional from a single one; None before any."""
+    if not measured:
+        return None
+    c1, s1 = measured[-1]
+    exponent = 1.0
+    if len(measured) > 1:
+        c0, s0 = measured[-2]
+        if c1 > c0 and s0 > 0 and s1 > 0:
+            exponent = max(1.0, math.log(s1 / s0) / math.log(c1 / c0))
+    return s1 * (chars / c1) ** exponent
+
+
+def written_out_row(n: int, size, repeat: int, n_points: int) -> dict:
+    """One count of the written-out comparison, in the calling process (``written_out`` runs it
+    in a child): the bolt bin of ``n`` bolts compiled as written-out WGSL (points and frame
+    kernels) and timed against the interpreter on the same walker."""
+    from taperay.scenegraph import flatten
+    from taperay.tools.bench_baseline import FRAME_KERNELS, POINT_KERNELS, BaselineKernel
+    walker = make_walker("gpu")
+    tape = flatten(scene_module("bolt_bin")["build"](n), source=f"bolt_bin:{n}")
+    kernel = BaselineKernel(walker, tape, kernels=POINT_KERNELS + FRAME_KERNELS)
+    pts = np.random.default_rng(0).uniform(tape.bounds[0], tape.bounds[1], (n_points, 3)).astype(np.float32)
+    row = {"text MB": kernel.source_chars / 2 ** 20, "generate s": kernel.generate_seconds,
+           "compile s": kernel.compile_seconds, "first dispatch s": kernel.first_dispatch_seconds}
+    times = {}
+    for what, fn in (("interpreter frame ms", lambda: walker.render(tape, None, *size)),
+                     ("written-out frame ms", lambda: kernel.render(None, *size)),
+                     ("interpreter points ms", lambda: walker.evaluate(tape, pts)),
+                     ("written-out points ms", lambda: kernel.evaluate(pts))):
+        times[what] = summarize(time_calls(fn, repeat))["median_ms"]
+    diff = float(np.max(np.abs(walker.evaluate(tape, pts)[0] - kernel.evaluate(pts)[0])))
+    return {**row, **times, "frame ratio": times["interpreter frame ms"] / times["written-out frame ms"],
+            "points": n_points, "max abs difference": diff}
+
+
+def written_out(walker, size, repeat: int, limit_s: float = BASELINE_LIMIT_S,
+                counts=BASELINE_COUNTS) -> tuple[list[dict], str]:
+    """The bolt bin against the written-out baseline at growing ``counts``: each count in a child
+    process (so a compile past the limit can be killed), counts predicted past ``limit_s`` not
+    compiled. Returns the rows and a note on what was and was not compiled."""
+    import subprocess
+    import sys
+    from taperay.scenegraph import flatten
+    from taperay.tools.baseline_wgsl import scene_function
+    software = walker.info["software"]
+    n_points = BASELINE_POINTS["software" if software else "hardware"]
+    build = scene_module("bolt_bin")["build"]
+    measured: list[tuple[int, float]] = []
+    rows, stopped = [], None
+    for n in counts:
+        tape = flatten(build(n), source=f"bolt_bin:{n}")
+        row = {"bolts": n, "records": len(tape), "BVH nodes": len(tape.bvh)}
+        if stopped:
+            rows.append({**row, "status": f"not compiled ({stopped})"})
+            continue
+        chars = len(scene_function(tape))
+        predicted = predict_compile_seconds(measured, chars)
+        row["predicted compile s"] = "-" if predicted is None else predicted
+        if predicted is not None and predicted > limit_s:
+            stopped = f"a smaller count was predicted past {limit_s:g} s"
+            rows.append({**row, "status": f"not compiled: predicted {predicted:.3g} s > {limit_s:g} s "
+                                          f"for {chars / 2 ** 20:.1f} MB of scene text"})
+            continue
+        code = ("import json, sys; from taperay.tools.bench_assembly import written_out_row as f; "
+                "print(json.dumps(f(*json.loads(sys.argv[1]))))")
+        args = json.dumps([n, list(size), repeat, n_points])
+        try:
+            done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True,
+                                  timeout=limit_s + CHILD_OVERHEAD_S)
+        except subprocess.TimeoutExpired:
+            stopped = f"a smaller count ran past {limit_s + CHILD_OVERHEAD_S:g} s"
+            rows.append({**row, "status": f"killed after {limit_s + CHILD_OVERHEAD_S:g} s (compile limit "
+                                          f"{limit_s:g} s + {CHILD_OVERHEAD_S:g} s startup, generation, "
+                                          "measuring)"})
+            continue
+        if done.returncode != 0:
+            stopped = "a smaller count failed"
+            tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            rows.append({**row, "status": f"failed: {tail}"})
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        measured.append((chars, result["compile s"] + result["first dispatch s"]))
+        rows.append({**row, **result, "status": "measured"})
+    compiled = [r["bolts"] for r in rows if r["status"] == "measured"]
+    note = (f"written-out baseline (bolt bin, {size[0]}x{size[1]} shade frames, {n_points} points): compiled "
+            f"and measured at {', '.join(map(str, compiled)) or 'no count'} bolts"
+            + ("" if len(compiled) == len(rows) else
+               f"; not at {', '.join(str(r['bolts']) for r in rows if r['status'] != 'measured')} bolts "
+               f"(see the status column)")
+            + f"; compile = shader modules + pipelines (eval_points, march, light), limit {limit_s:g} s")
+    return rows, note
+
+
 def plot(rows: list[dict], path: Path, title: str) -> str | None:
     """Log-log plot of frame time against instance count; returns a note when it is skipped."""
     try:
@@ -215,6 +323,12 @@ def bench_assembly(opts) -> BenchResult:
             rows.append({"scene": name, **load_to_first_frame(walker, path, size, repeat)})
     scale_rows = scaling(walker, size, repeat)
     cull_rows = culling(walker, repeat)
+    extras = [("assembly-scaling", scale_rows), ("assembly-culling", cull_rows)]
+    baseline_note = "written-out baseline: not measured (it runs on the GPU walker only: --walker gpu)"
+    if walker_name == "gpu":
+        base_rows, baseline_note = written_out(walker, size, repeat,
+                                               float(getattr(opts, "baseline_limit", BASELINE_LIMIT_S)))
+        extras.append(("assembly-baseline", base_rows))
     machine = {"walker": walker_name}
     if walker_name == "gpu":
         machine["gpu"] = walker.adapter_name
@@ -229,7 +343,7 @@ def bench_assembly(opts) -> BenchResult:
              f"frame ms (median) over {repeat} frames after the first",
              "kernels created: shader modules + pipelines the GPU walker created from reading the file to "
              "the first frame (must be 0; '-' on the CPU twin)"]
-    for stem, extra in (("assembly-scaling", scale_rows), ("assembly-culling", cull_rows)):
+    for stem, extra in extras:
         (out / f"{stem}.json").write_text(json.dumps({"settings": {"walker": walker_name, "size": list(size),
                                                                     "repeat": repeat}, "rows": extra}, indent=2) + "\n")
         (out / f"{stem}.md").write_text(_table(extra))
@@ -238,15 +352,16 @@ def bench_assembly(opts) -> BenchResult:
     notes.append(f"frame time against instance count, 10 to 10^6: {out / 'assembly-scaling.md'} (.json)"
                  + ("; " + skipped if skipped else f", plotted in {out / 'assembly-scaling.png'}"))
     notes.append(f"bolt bin with culling on and off: {out / 'assembly-culling.md'} (.json)")
+    notes.append(baseline_note + (f": {out / 'assembly-baseline.md'} (.json)" if walker_name == "gpu" else ""))
     return BenchResult(rows, settings={"walker": walker_name, "size": f"{size[0]}x{size[1]}", "repeat": repeat},
                        notes=notes, machine=machine)
 
 
 def _table(rows: list[dict]) -> str:
-    cols = list(rows[0])
+    cols = list(dict.fromkeys(c for r in rows for c in r))   # rows may lack columns (counts not run)
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -256,6 +371,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", default=None, metavar="WxH", help="frame size (default 1920x1080 on gpu, 480x270 on cpu)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("-o", "--out", default="bench-out", metavar="DIR")
+    p.add_argument("--baseline-limit", type=float, default=BASELINE_LIMIT_S, metavar="S",
+                   help="compile seconds past which the written-out baseline is not compiled (default 600)")
     opts = p.parse_args(argv)
     result = bench_assembly(opts)
     paths = report("assembly", result, Path(opts.out))

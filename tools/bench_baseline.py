@@ -2,7 +2,7 @@
 
 ``BaselineKernel(walker, tape, kernels)`` compiles the walker's own kernels (``eval_points``,
 ``march``, ``light``, ``slice``) with the interpreter's ``run_tape`` replaced by the tape written
-out (``tools.baseline_wgsl.module_source``), on the walker's device with its pipeline layout, and
+out (``tools.baseline_wgsl.module_source``, the scene written once for every module), on the walker's device with its pipeline layout, and
 reports how long that took. ``evaluate`` / ``render`` then run the walker's own ``evaluate`` /
 ``render`` — its buffers, uniforms, bind group, passes, resumption and read-back — with the
 written-out pipelines put in place of the interpreter's for the duration of the call
@@ -19,7 +19,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .baseline_wgsl import module_source
+from .baseline_wgsl import scene_function, splice
 
 __all__ = ["BaselineKernel", "POINT_KERNELS", "FRAME_KERNELS", "WRITTEN_OUT_KERNELS"]
 
@@ -49,7 +49,8 @@ class BaselineKernel:
         for k in self.kernels:
             files.setdefault(gpu.KERNELS[k][0], []).append(k)
         t0 = time.perf_counter()
-        sources = {f: module_source(tape, f, culls) for f in files}
+        scene = scene_function(tape, culls)
+        sources = {f: splice(scene, f) for f in files}
         self.generate_seconds = time.perf_counter() - t0
         self.source_chars = sum(len(s) for s in sources.values())
         ks = walker.kernels
