@@ -9,8 +9,9 @@ from the kernels' sizes and a per-machine compile rate kept in ``~/.cache/tapera
 nothing dispatches before the build is done), the pipeline cache keyed by (kernel, register
 variant) with hit / miss / creation counters, ``GpuWalker`` (the CpuWalker API plus ``upload`` /
 ``set_param``: edits are buffer writes of the changed bytes, never compiles; march and light are
-resumed over several dispatches when a per-invocation iteration budget runs out) and
-``gpu_self_check``.
+resumed over several dispatches when a per-invocation iteration budget runs out; pruned 2D images
+over one to four tile levels, shaders/prune.wgsl, with their arena grown when it overflows;
+``gpu_seconds``, the GPU time of an image without host work or read-back) and ``gpu_self_check``.
 
 Shader text is only ever the committed files of ``shaders/`` concatenated in a fixed order (the
 generated headers, one register-capacity file, the bindings, the interpreter, a kernel file); no
@@ -54,6 +55,15 @@ RESUMABLE = ("march", "light")   # kernels that save their state and are dispatc
 SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET = 60_000, 40_000
 HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET = 0xFFFFFFFF, 1 << 22
 
+# Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
+# MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile; the counters'
+# arena words (bump pointer, refusals); U.extra.w, the level each prune_tiles pass works on.
+PRUNE_TILES = (64, 16, 4)
+MAX_TILE_LEVELS = 4
+PRUNE_HEADER_WORDS = 3
+PRUNE_ARENA, PRUNE_ARENA_FULL = 2, 3
+UNIFORM_LEVEL_BYTE = 60
+
 # kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline.
 KERNELS: dict[str, tuple[str, bool]] = {
     "eval_points": ("kernels_points.wgsl", True),
@@ -71,6 +81,27 @@ PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
 DEFAULT_RATE = 60_000.0       # weighted WGSL characters compiled per second, before any measurement
+
+
+def tile_levels(tiles) -> tuple[int, ...]:
+    """The tile levels of a pruned image: ``tiles`` is one size or sizes coarse to fine, pixels."""
+    sizes = (tiles,) if isinstance(tiles, (int, np.integer)) else tuple(tiles)
+    if not 1 <= len(sizes) <= MAX_TILE_LEVELS:
+        raise TaperayError(f"pruned image: {len(sizes)} tile levels; give 1 to {MAX_TILE_LEVELS} sizes")
+    if not all(isinstance(s, (int, np.integer)) and 1 <= s <= 1 << 16 for s in sizes):
+        raise TaperayError(f"pruned image: tile sizes {sizes} must be whole numbers of pixels in 1..65536")
+    if any(b >= a for a, b in zip(sizes, sizes[1:])):
+        raise TaperayError(f"pruned image: tile sizes {sizes} must shrink from level to level")
+    return tuple(int(s) for s in sizes)
+
+
+def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[int]:
+    """Tiles per level: level 0 covers the image; a level-l tile has ceil(size_l / size_l+1)^2
+    sub-tiles (runtime/pruning.py's nesting; those beyond the image are empty)."""
+    counts = [-(-width // sizes[0]) * -(-height // sizes[0])]
+    for a, b in zip(sizes, sizes[1:]):
+        counts.append(counts[-1] * (-(-a // b)) ** 2)
+    return counts
 
 
 class GpuError(TaperayError):
@@ -468,6 +499,7 @@ class GpuWalker:
         self._bind_group = None
         self._bind_key = None
         self._uploaded = None
+        self._arena_words = 0                # pruned images: the arena grown to after an overflow
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -582,22 +614,35 @@ class GpuWalker:
         self._uniform.ensure(UNIFORM_BYTES)
         self._counters.ensure(COUNTERS_BYTES)
 
-    def _submit(self, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray, resume: int):
+    def _encode(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int, repeat: int = 1):
+        """Write the uniforms and zeroed counters; return the command buffer of the (kernel,
+        n_items) passes, ``repeat`` times in a row (each repeat clears the counters first). A pass
+        (kernel, n_items, level) is preceded by copying ``level`` from the level table in the
+        points buffer into U.extra.w (_pruned_setup writes the table)."""
         dev = self._ctx.device
         uniforms[7] = resume
         self._uniform.write(0, uniforms)
         self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
         bg = self._bind()
         enc = dev.create_command_encoder()
-        for kernel, n in passes:
-            groups = max(1, -(-n // WG))
-            gx = min(groups, MAX_GROUPS_X)
-            cp = enc.begin_compute_pass()
-            cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
-            cp.set_bind_group(0, bg)
-            cp.dispatch_workgroups(gx, -(-groups // gx), 1)
-            cp.end()
-        dev.queue.submit([enc.finish()])
+        for r in range(repeat):
+            if r:
+                enc.clear_buffer(self._counters.buffer, 0, COUNTERS_BYTES)
+            for kernel, n, *level in passes:
+                if level:
+                    enc.copy_buffer_to_buffer(self._points.buffer, 4 * level[0], self._uniform.buffer,
+                                              UNIFORM_LEVEL_BYTE, 4)
+                groups = max(1, -(-n // WG))
+                gx = min(groups, MAX_GROUPS_X)
+                cp = enc.begin_compute_pass()
+                cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(gx, -(-groups // gx), 1)
+                cp.end()
+        return enc.finish()
+
+    def _submit(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int):
+        self._ctx.device.queue.submit([self._encode(passes, variant, uniforms, resume)])
 
     def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray):
         """Run the (kernel, n_items) passes in order. Resumable passes (march, light) are
@@ -700,47 +745,135 @@ class GpuWalker:
         self._dispatch(tape, [("field_image", n)], variant, u)
         return self._read(self._out_f, np.float32, n).reshape(height, width)
 
-    def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tile: int,
-                      sign: bool) -> np.ndarray:
-        """prune_tiles (one invocation per tile: interval evaluation, choices, pruned tape in
-        out_u) then pruned_image (one per pixel) in one submission; (H, W) float32 out_f."""
+    def _pruned_setup(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool):
+        """(variant, passes, uniforms, arena words) of a pruned image: prune_tiles once per tile
+        level, coarse to fine, then pruned_image over 8 x 8 pixel blocks; out_u holds the tile
+        headers and an arena of ``self._arena_words`` (shaders/prune.wgsl)."""
         if width < 1 or height < 1:
             raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
-        if not 1 <= tile <= 1 << 16:
-            raise TaperayError(f"pruned image: tile size {tile} must be in 1..65536 pixels")
+        sizes = tile_levels(tiles)
         variant = self.upload(tape)
+        counts = level_tile_counts(sizes, width, height)
+        header = PRUNE_HEADER_WORDS * sum(counts)
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        if header + len(tape.instrs) > limit:
+            raise TaperayError(f"pruned image: tiles {sizes} at {width}x{height} make {sum(counts)} tiles, whose "
+                               f"headers alone exceed the adapter's {limit >> 18} MiB binding limit; use larger tiles")
+        # the arena grown to after an overflow, else a guess per image: level 0's scratch plus a
+        # sixteenth of the tape per level-0 tile, and 64 words per tile
+        guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * sum(counts)
+        arena = min(self._arena_words or guess, limit - header)
         n = width * height
-        n_tiles = -(-width // tile) * -(-height // tile)
-        words = 2 * n_tiles * (1 + len(tape.instrs))
-        self._prepare_outputs(n, words)
-        # both passes read these uniforms: n_items is the tile count (the pixel pass bounds itself
-        # by width * height)
-        u = self._uniforms(tape, n_tiles, width, height, rect=[float(v) for v in rect],
-                           extra=(z, tile, 1.0 if sign else 0.0, 0))
-        self._dispatch(tape, [("prune_tiles", n_tiles), ("pruned_image", n)], variant, u)
-        return self._read(self._out_f, np.float32, n).reshape(height, width)
+        self._prepare_outputs(n, header + arena)
+        camera = np.zeros(16, np.float32)
+        camera[:len(sizes)] = sizes
+        u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
+                           extra=(z, len(sizes), 1.0 if sign else 0.0, 0), camera=camera)
+        u[20] = arena                       # U.camera[1].x: the arena's size in words
+        self._points.sync(np.arange(MAX_TILE_LEVELS, dtype=np.float32))   # the levels the passes copy
+        blocks = -(-width // 8) * -(-height // 8)
+        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)] + [("pruned_image", 64 * blocks)]
+        return variant, passes, u, arena
+
+    def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tiles,
+                      sign: bool) -> np.ndarray:
+        """The tile levels and the pixel pass in one submission; (H, W) float32 out_f. When a
+        tile found no arena room the image is discarded and run again with a larger arena (kept
+        for later calls), up to the adapter's binding limit, past which it is a TaperayError."""
+        while True:
+            variant, passes, u, arena = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
+            self._submit(passes, variant, u, 0)
+            self._check_counters(tape)
+            c = self._read(self._counters, np.uint32, 4)
+            if not c[PRUNE_ARENA_FULL]:
+                break
+            limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+            header = PRUNE_HEADER_WORDS * sum(level_tile_counts(tile_levels(tiles), width, height))
+            if header + arena >= limit:
+                raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of tiles {tile_levels(tiles)} at "
+                                   f"{width}x{height} need more than the adapter's {limit >> 18} MiB binding "
+                                   "limit; use larger tiles or the CPU walker")
+            self._arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+        return self._read(self._out_f, np.float32, width * height).reshape(height, width)
 
     @_guarded
     def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
-                   z: float = 0.0, tile: int = 64) -> np.ndarray:
+                   z: float = 0.0, tiles=PRUNE_TILES) -> np.ndarray:
         """(H, W) bool: True where the field is < 0, with field_image's pixel centres. Arithmetic
-        tapes are pruned per ``tile`` x ``tile`` pixels on the GPU (shaders/prune.wgsl): tiles
-        whose interval is decided are filled without evaluating pixels, the others evaluate their
-        pruned tape (exact: the values of field_image). Other tapes: field_image < 0."""
+        tapes are pruned on the GPU (shaders/prune.wgsl) per tile of each level of ``tiles`` (one
+        size, or sizes coarse to fine, pixels; each level prunes its parent's pruned tape): tiles
+        whose interval is decided are filled without evaluating below them, the others' pixels
+        evaluate their finest tile's pruned tape (exact: the values of field_image). Other
+        tapes: field_image < 0."""
         from .pruning import is_arithmetic
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z) < 0
-        return self._pruned_image(tape, width, height, rect, z, tile, True) < 0
+        return self._pruned_image(tape, width, height, rect, z, tiles, True) < 0
 
     @_guarded
     def field_image_pruned(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
-                           z: float = 0.0, tile: int = 64) -> np.ndarray:
-        """(H, W) float32 field, every pixel evaluated with its tile's pruned tape: bit-identical
-        to field_image. Non-arithmetic tapes: field_image."""
+                           z: float = 0.0, tiles=PRUNE_TILES) -> np.ndarray:
+        """(H, W) float32 field, every pixel evaluated with its finest tile's pruned tape (tile
+        levels as sign_image): bit-identical to field_image. Non-arithmetic tapes: field_image."""
         from .pruning import is_arithmetic
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z)
-        return self._pruned_image(tape, width, height, rect, z, tile, False)
+        return self._pruned_image(tape, width, height, rect, z, tiles, False)
+
+    @_guarded
+    def prune_levels(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                     z: float = 0.0, tiles=PRUNE_TILES, sign: bool = False) -> list[dict]:
+        """Runs the pruned image of an arithmetic tape and reads back its tile headers: per level,
+        the tile size, tiles, tiles decided inside / outside, tiles with a pruned tape and their
+        mean length in records; plus (in each entry) the arena words the image used."""
+        self._pruned_image(tape, width, height, rect, z, tiles, sign)
+        sizes = tile_levels(tiles)
+        counts = level_tile_counts(sizes, width, height)
+        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, 3)
+        used = int(self._read(self._counters, np.uint32, 4)[PRUNE_ARENA])
+        out, at = [], 0
+        for size, count in zip(sizes, counts):
+            h = hdr[at:at + count]
+            at += count
+            cls = h[:, 2]   # prune.wgsl: 0 ambiguous, 1 inside, 2 outside, 3 failed, 4 empty
+            taped = cls == 0 if sign else cls <= 2
+            out.append(dict(tile=size, tiles=int((cls != 4).sum()), inside=int((cls == 1).sum()),
+                            outside=int((cls == 2).sum()), with_tape=int(taped.sum()),
+                            mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used))
+        return out
+
+    @_guarded
+    def gpu_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
+                    tiles=None, sign: bool = False, repeat: int = 8, tile_passes_only: bool = False) -> float:
+        """GPU time of one image, without host work or reading it back: the image's passes are
+        encoded once, and ``repeat`` times in a row, as one command buffer each; each is then
+        submitted and waited for; returns (t_repeat - t_1) / (repeat - 1). ``tiles`` None: the
+        unpruned field_image kernel; else the pruned image (``sign`` as sign_image), or with
+        ``tile_passes_only`` its prune_tiles passes alone."""
+        if repeat < 2:
+            raise TaperayError(f"gpu_seconds: repeat must be >= 2, got {repeat}")
+        if tiles is None:
+            variant = self.upload(tape)
+            n = width * height
+            self._prepare_outputs(n, 1)
+            u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
+            passes = [("field_image", n)]
+        else:
+            self._pruned_image(tape, width, height, rect, z, tiles, sign)   # sizes the arena
+            variant, passes, u, _ = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
+            if tile_passes_only:
+                passes = passes[:-1]
+
+        def run(k: int) -> float:
+            cb = self._encode(passes, variant, u, 0, repeat=k)
+            t0 = time.perf_counter()
+            self._ctx.device.queue.submit([cb])
+            self._check_counters(tape)
+            return time.perf_counter() - t0
+
+        run(1)
+        t1 = run(1)
+        return max(run(repeat) - t1, 0.0) / (repeat - 1)
 
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
                      settings: RenderSettings | None, view: str):

@@ -1,17 +1,26 @@
-// Per-tile interval pruning of arithmetic tapes for the 2D field / sign image (the design of
-// runtime/pruning.py, one level of tiles). Mirrors MPR: `prune_tiles` runs one invocation per tile,
-// `pruned_image` one per pixel.
+// Hierarchical per-tile interval pruning of arithmetic tapes for the 2D field / sign image (the
+// design of runtime/pruning.py on the GPU). Owns the interval arithmetic, `prune_tiles` (one
+// invocation per tile of one level; dispatched once per level, coarse to fine) and
+// `pruned_image` (one invocation per pixel, on its finest tile's pruned tape).
 //
-// Uniforms (one set for both passes): n_items = tiles; width, height, rect as
-// field_image; extra = (z, tile size in pixels, mode, 0), mode 1 = sign image (decided tiles are
-// filled without evaluating pixels), 0 = field (every pixel evaluated with its tile's tape).
+// Uniforms (one set for every pass): width, height, rect as field_image; extra = (z, levels,
+// mode, level): mode 1 = sign image (decided tiles are filled without evaluating below them),
+// 0 = field (every pixel evaluated with its finest tile's tape); `level` is the level a
+// prune_tiles pass works on (the host copies it into the uniform buffer before each pass).
+// camera[0] = the tile size in pixels of levels 0..levels-1 (coarse to fine); camera[1].x = the
+// bits of the arena's size in words. Level 0 tiles the image from pixel (0, 0); a tile of level
+// l + 1 is one of the fanout(l)^2 sub-tiles of its parent (runtime/pruning.py's nesting, so a
+// size need not divide its parent's), numbered parent * fanout(l)^2 + row * fanout(l) + col;
+// sub-tiles beyond the parent's (clipped) extent are empty and never read.
 //
-// out_u layout: per tile t a header out_u[2t] = index of the first record of its pruned tape,
-// out_u[2t + 1] = TILE_AMBIGUOUS / TILE_INSIDE / TILE_OUTSIDE; then the tiles' regions, region t
-// starting at word 2 n_tiles + 2 t n_instrs, record k at words 2k, 2k + 1 (see pack_record). The
-// pruned tape of a tile fills records [start, n_instrs) of its region; before that, word 2i of
-// the region holds the choice of MIN / MAX / AND / OR record i (the liveness pass reads it, then
-// may overwrite it).
+// out_u layout: the headers of every level in order, 3 words per tile (word offset of its pruned
+// tape in out_u, its length in records, its class), then the arena. Arena words are handed out by
+// an atomic bump pointer (counters[COUNT_ARENA], zeroed per submission); a tile that finds no
+// room is TILE_FAILED (counted in counters[COUNT_ARENA_FULL]), so are its sub-tiles and its pixels
+// (NaN): the host sees the count, grows the arena and runs the image again. A level-l tile takes
+// a scratch of one nibble per record of its parent's tape (level 0: the full tape): bits 0-1 the
+// MIN / MAX / AND / OR choice, bit 2 "emitted", then a tape of exactly its pruned length, packed
+// two words a record (pack_record), in execution order.
 //
 // Intervals (float32 pairs; "may be NaN" is lo = hi = NaN, as runtime/intervals.py) contain every
 // value run_tape computes at the tile's pixel centres: add / sub / mul / square bounds move at
@@ -21,12 +30,15 @@
 // range and MOD [0, |b|]. (WGSL has no float64: bounds are looser than runtime/pruning.py's, so
 // fewer ops may be decided than on the CPU twin; every decision is still exact.)
 // MIN / MAX / AND / OR choices follow intervals.choice, so a decided op returns the chosen operand
-// bit for bit at every pixel (nmin / nmax return a on ties): the pruned tape is exact.
-// Every loop counts into run_tape's `iters` and stops at U.iter_cap (overflow, reported by the host).
+// bit for bit at every pixel (nmin / nmax return a on ties): a pruned tape is exact on its tile,
+// and a sub-tile's interval pass over its parent's pruned tape bounds the same values.
+// Every loop over records counts into run_tape's `iters` and stops at U.iter_cap (overflow,
+// reported by the host).
 
 const TILE_AMBIGUOUS: u32 = 0u;
 const TILE_INSIDE: u32 = 1u;
 const TILE_OUTSIDE: u32 = 2u;
+const TILE_FAILED: u32 = 3u;
 const CH_BOTH: u32 = 0u;
 const CH_A: u32 = 1u;
 const CH_B: u32 = 2u;
@@ -273,20 +285,111 @@ fn iv_binary(op: u32, alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32
     return iv_nan();
 }
 
-fn tile_size() -> u32 {
+
+const COUNT_ARENA: u32 = 2u;        // counters' two spare words (bindings.wgsl): arena words handed out
+const COUNT_ARENA_FULL: u32 = 3u;   // tiles refused for want of arena room
+const NO_ROOM: u32 = 0xffffffffu;
+const EMITTED: u32 = 4u;            // scratch nibble bit: the record is in the pruned tape
+const MAX_LEVELS: u32 = 4u;         // level sizes live in one vec4
+const TILE_EMPTY: u32 = 4u;         // a sub-tile beyond its parent's extent (header only)
+const BLOCK: u32 = 8u;              // pruned_image: one workgroup (WG = 64 invocations) an 8 x 8 block
+
+fn n_levels() -> u32 {
     return u32(U.extra.y);
 }
 
-fn tiles_x() -> u32 {
-    return (U.width + tile_size() - 1u) / tile_size();
+fn sign_mode() -> bool {
+    return U.extra.z != 0.0;
 }
 
-fn n_tiles() -> u32 {
-    return tiles_x() * ((U.height + tile_size() - 1u) / tile_size());
+fn level_size(l: u32) -> u32 {
+    return u32(U.camera[0][l]);
 }
 
-fn region(t: u32) -> u32 {
-    return 2u * n_tiles() + 2u * t * U.n_instrs;
+// sub-tiles per side of a level-l tile
+fn fanout(l: u32) -> u32 {
+    let s = level_size(l + 1u);
+    return (level_size(l) + s - 1u) / s;
+}
+
+fn top_x() -> u32 {
+    return (U.width + level_size(0u) - 1u) / level_size(0u);
+}
+
+fn level_tiles(l: u32) -> u32 {
+    var n = top_x() * ((U.height + level_size(0u) - 1u) / level_size(0u));
+    for (var m = 0u; m < l; m++) {
+        n *= fanout(m) * fanout(m);
+    }
+    return n;
+}
+
+// the first header word of level l (of level n_levels(): the arena's first word)
+fn level_header(l: u32) -> u32 {
+    var h = 0u;
+    for (var m = 0u; m < l; m++) {
+        h += 3u * level_tiles(m);
+    }
+    return h;
+}
+
+// `words` arena words: the index of the first in out_u, or NO_ROOM (counted; the host then
+// discards the whole image, so a bump pointer run past the arena does no harm)
+fn alloc(words: u32) -> u32 {
+    let at = atomicAdd(&counters[COUNT_ARENA], words);
+    let cap = bitcast<u32>(U.camera[1].x);
+    if (at > cap || words > cap - at) {
+        atomicAdd(&counters[COUNT_ARENA_FULL], 1u);
+        return NO_ROOM;
+    }
+    return level_header(n_levels()) + at;
+}
+
+// the pixels of a tile: rows r0..r1-1, columns c0..c1-1 (empty when r0 >= r1 or c0 >= c1)
+struct TileBox {
+    r0: u32,
+    c0: u32,
+    r1: u32,
+    c1: u32,
+}
+
+fn tile_box(l: u32, t: u32) -> TileBox {
+    var digit: array<u32, MAX_LEVELS>;
+    var top = t;
+    for (var m = l; m > 0u; m--) {
+        let qq = fanout(m - 1u) * fanout(m - 1u);
+        digit[m] = top % qq;
+        top /= qq;
+    }
+    let s0 = level_size(0u);
+    var b = TileBox((top / top_x()) * s0, (top % top_x()) * s0, 0u, 0u);
+    b.r1 = min(b.r0 + s0, U.height);
+    b.c1 = min(b.c0 + s0, U.width);
+    for (var m = 1u; m <= l; m++) {
+        let q = fanout(m - 1u);
+        let s = level_size(m);
+        b.r0 += (digit[m] / q) * s;
+        b.c0 += (digit[m] % q) * s;
+        b.r1 = min(b.r0 + s, b.r1);
+        b.c1 = min(b.c0 + s, b.c1);
+    }
+    return b;
+}
+
+// the finest tile holding pixel (row, col)
+fn pixel_tile(row: u32, col: u32) -> u32 {
+    let s0 = level_size(0u);
+    var t = (row / s0) * top_x() + col / s0;
+    var rr = row % s0;
+    var cc = col % s0;
+    for (var m = 1u; m < n_levels(); m++) {
+        let s = level_size(m);
+        let q = fanout(m - 1u);
+        t = t * q * q + (rr / s) * q + cc / s;
+        rr %= s;
+        cc %= s;
+    }
+    return t;
 }
 
 // a pruned record in two words: op | dst << 8 | a << 16 | b << 24 (registers < 256, ops < 256),
@@ -299,42 +402,51 @@ fn pack_record(ins: Instr) -> vec2<u32> {
     return vec2<u32>(ins.op | (ins.dst << 8u) | (ins.a << 16u) | (ins.b << 24u), w1);
 }
 
+// record k of the tape a level-l tile prunes: the full tape (level 0) or its parent's pruned
+// tape, whose first word is `src`
+fn source_record(l: u32, src: u32, k: u32) -> vec2<u32> {
+    if (l == 0u) {
+        return pack_record(instrs[k]);
+    }
+    return vec2<u32>(out_u[src + 2u * k], out_u[src + 2u * k + 1u]);
+}
+
 fn n_reads(op: u32) -> u32 {
     if (op <= OP_CONST || op == OP_INSTANCE_INDEX) { return 0u; }
     if (op == OP_MIX) { return 3u; }
     return select(1u, 2u, op >= OP_ADD);
 }
 
-// one invocation per tile: interval-evaluate the tape over the tile's pixel centres (recording
-// the MIN / MAX / AND / OR choices in the tile's region), classify the tile, and unless the sign
-// image does not need it, write the pruned tape (backward liveness) into the region's end.
-@compute @workgroup_size(WG)
-fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-               @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = flat_index(wid, lid, nwg);
-    if (t >= U.n_items) {
-        return;
+// the operand a decided MIN / MAX / AND / OR (choice ch) returns
+fn chosen(w0: u32, ch: u32) -> u32 {
+    return select(w0 >> 24u, (w0 >> 16u) & 0xffu, ch == CH_A);
+}
+
+// One tile of level l over the `len` records of its source tape (source_record): the interval
+// pass over the range of the tile's pixel centres (choices into a scratch from the arena), the
+// class, and unless the sign image does not need it (a decided tile), the backward liveness
+// pass (runtime/pruning.py _prune: marks the emitted records and counts them) and the pruned
+// tape written forward into an arena block of exactly its length. Returns the header (first
+// word of the tape, its length in records, class).
+fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
+    let scratch = alloc((len + 7u) / 8u);
+    if (scratch == NO_ROOM) {
+        return vec3<u32>(0u, 0u, TILE_FAILED);
     }
-    let ts = tile_size();
-    let r0 = (t / tiles_x()) * ts;
-    let c0 = (t % tiles_x()) * ts;
-    let r1 = min(r0 + ts, U.height) - 1u;
-    let c1 = min(c0 + ts, U.width) - 1u;
     // the range of the tile's pixel centres, widened for the rounding of their formula
     let r = U.rect;
     let mx = (abs(r.x) + abs(r.y - r.x)) * 3.814697265625e-06;   // 2^-18
     let my = (abs(r.w) + abs(r.w - r.z)) * 3.814697265625e-06;
-    let xa = pixel_x(c0);
-    let xb = pixel_x(c1);
-    let ya = pixel_y(r0);
-    let yb = pixel_y(r1);
+    let xa = pixel_x(b.c0);
+    let xb = pixel_x(b.c1 - 1u);
+    let ya = pixel_y(b.r0);
+    let yb = pixel_y(b.r1 - 1u);
     let box_lo = vec3<f32>(min(xa, xb) - mx, min(ya, yb) - my, U.extra.x);
     let box_hi = vec3<f32>(max(xa, xb) + mx, max(ya, yb) + my, U.extra.x);
-    let base = region(t);
-    let n = U.n_instrs;
-    var i = 0u;
+    var bits = 0u;
+    var k = 0u;
     loop {
-        if (i >= n) {
+        if (k >= len) {
             break;
         }
         if (iters >= U.iter_cap) {
@@ -342,27 +454,33 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             break;
         }
         iters += 1u;
-        let ins = instrs[i];
-        let op = ins.op;
+        let w = source_record(l, src, k);
+        let op = w.x & 0xffu;
+        let a = (w.x >> 16u) & 0xffu;
+        let bb = w.x >> 24u;
         var v = Iv(0.0, 0.0, CH_BOTH);
         if (op <= OP_VAR_Z) {
             v = Iv(box_lo[op], box_hi[op], CH_BOTH);
         } else if (op == OP_CONST) {
-            let c = params[ins.param];
+            let c = bitcast<f32>(w.y);
             v = Iv(c, c, CH_BOTH);
         } else if (op == OP_INSTANCE_INDEX) {
             v = Iv(0.0, 0.0, CH_BOTH);
         } else if (op <= OP_NOT) {
-            v = iv_unary(op, ilo[ins.a], ihi[ins.a]);
+            v = iv_unary(op, ilo[a], ihi[a]);
         } else {
-            v = iv_binary(op, ilo[ins.a], ihi[ins.a], ilo[ins.b], ihi[ins.b], ilo[ins.c], ihi[ins.c]);
+            let c = w.y & 0xffu;
+            v = iv_binary(op, ilo[a], ihi[a], ilo[bb], ihi[bb], ilo[c], ihi[c]);
         }
-        ilo[ins.dst] = v.lo;
-        ihi[ins.dst] = v.hi;
-        if (op == OP_MIN || op == OP_MAX || op == OP_AND || op == OP_OR) {
-            out_u[base + 2u * i] = v.ch;   // (the liveness pass reads choices of these alone)
+        let dst = (w.x >> 8u) & 0xffu;
+        ilo[dst] = v.lo;
+        ihi[dst] = v.hi;
+        bits |= v.ch << (4u * (k & 7u));
+        if ((k & 7u) == 7u || k + 1u == len) {
+            out_u[scratch + k / 8u] = bits;
+            bits = 0u;
         }
-        i += 1u;
+        k += 1u;
     }
     var cls = TILE_AMBIGUOUS;
     if (ihi[0] < 0.0) {
@@ -370,21 +488,20 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     } else if (ilo[0] >= 0.0) {
         cls = TILE_OUTSIDE;
     }
-    out_u[2u * t + 1u] = cls;
     if (overflow) {
         note_overflow();
-        out_u[2u * t] = n;
-        return;
+        return vec3<u32>(0u, 0u, cls);
     }
-    if (cls != TILE_AMBIGUOUS && U.extra.z != 0.0) {
-        out_u[2u * t] = n;
-        return;
+    if (cls != TILE_AMBIGUOUS && sign_mode()) {
+        return vec3<u32>(0u, 0u, cls);
     }
-    // backward liveness (runtime/pruning.py _prune); the pruned tape is written downwards from
-    // record n - 1. Writing record w overwrites choice words 2w >= 2j only: choices already read.
+    // backward liveness: a decided choice op becomes COPY dst <- chosen operand (nothing when
+    // that is dst itself); records whose result is never read are dropped
     live[0] = true;
-    var w = n;
-    var j = n;
+    var n_out = 0u;
+    var word = 0u;
+    var wi = NO_ROOM;   // the scratch word `word` holds
+    var j = len;
     loop {
         if (j == 0u) {
             break;
@@ -395,76 +512,60 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         }
         iters += 1u;
         j -= 1u;
-        let ins = instrs[j];
-        let op = ins.op;
-        if (!live[ins.dst]) {
+        if (j / 8u != wi) {
+            if (wi != NO_ROOM) {
+                out_u[scratch + wi] = word;
+            }
+            wi = j / 8u;
+            word = out_u[scratch + wi];
+        }
+        let w = source_record(l, src, j);
+        let dst = (w.x >> 8u) & 0xffu;
+        if (!live[dst]) {
             continue;
         }
-        live[ins.dst] = false;
-        if (op == OP_MIN || op == OP_MAX || op == OP_AND || op == OP_OR) {
-            let ch = out_u[base + 2u * j];
-            if (ch != CH_BOTH) {
-                let src = select(ins.b, ins.a, ch == CH_A);
-                live[src] = true;
-                if (src != ins.dst) {
-                    w -= 1u;
-                    out_u[base + 2u * w] = OP_COPY | (ins.dst << 8u) | (src << 16u);
-                    out_u[base + 2u * w + 1u] = 0u;
-                }
-                continue;
+        live[dst] = false;
+        let sh = 4u * (j & 7u);
+        let ch = (word >> sh) & 3u;
+        if (ch != CH_BOTH) {
+            let kept = chosen(w.x, ch);
+            live[kept] = true;
+            if (kept != dst) {
+                word |= EMITTED << sh;
+                n_out += 1u;
             }
+            continue;
         }
-        let rec = pack_record(ins);
-        w -= 1u;
-        out_u[base + 2u * w] = rec.x;
-        out_u[base + 2u * w + 1u] = rec.y;
-        let nr = n_reads(op);
+        word |= EMITTED << sh;
+        n_out += 1u;
+        let nr = n_reads(w.x & 0xffu);
         if (nr >= 1u) {
-            live[ins.a] = true;
+            live[(w.x >> 16u) & 0xffu] = true;
         }
         if (nr >= 2u) {
-            live[ins.b] = true;
+            live[w.x >> 24u] = true;
         }
         if (nr == 3u) {
-            live[ins.c] = true;
+            live[w.y & 0xffu] = true;
         }
+    }
+    if (wi != NO_ROOM) {
+        out_u[scratch + wi] = word;
     }
     if (overflow) {
         note_overflow();
-        w = n;
+        return vec3<u32>(0u, 0u, cls);
     }
-    out_u[2u * t] = w;
-}
-
-// one invocation per pixel: its tile's pruned tape at the pixel centre (run_tape's arithmetic,
-// op for op: unary / binary / nmin / nmax and the exact fmod sub-steps), or, in the sign image,
-// the tile's sign where the tile is decided (-1 inside, 1 outside). out_f[pixel] = the value.
-@compute @workgroup_size(WG)
-fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, lid, nwg);
-    if (i >= U.width * U.height) {
-        return;
+    let tape = alloc(2u * n_out);
+    if (tape == NO_ROOM) {
+        return vec3<u32>(0u, 0u, TILE_FAILED);
     }
-    let row = i / U.width;
-    let col = i % U.width;
-    let ts = tile_size();
-    let t = (row / ts) * tiles_x() + col / ts;
-    let cls = out_u[2u * t + 1u];
-    if (cls != TILE_AMBIGUOUS && U.extra.z != 0.0) {
-        out_f[i] = select(1.0, -1.0, cls == TILE_INSIDE);
-        return;
-    }
-    let p = vec3<f32>(pixel_x(col), pixel_y(row), U.extra.x);
-    let base = region(t);
-    var k = out_u[2u * t];
-    let n = U.n_instrs;
-    var fmod_steps = false;
-    var fm_r = 0.0;
-    var fm_y = 0.0;
-    var fm_ey = 0;
+    // the emitted records in order, eight scratch nibbles a word
+    var at = tape;
+    let n_words = (len + 7u) / 8u;
+    var wj = 0u;
     loop {
-        if (k >= n) {
+        if (wj >= n_words || overflow) {
             break;
         }
         if (iters >= U.iter_cap) {
@@ -472,14 +573,124 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             break;
         }
         iters += 1u;
-        let w0 = out_u[base + 2u * k];
-        let w1 = out_u[base + 2u * k + 1u];
+        let full = out_u[scratch + wj];
+        var m = full & 0x44444444u;
+        loop {
+            if (m == 0u) {
+                break;
+            }
+            if (iters >= U.iter_cap) {
+                overflow = true;
+                break;
+            }
+            iters += 1u;
+            let sh = firstTrailingBit(m) - 2u;
+            m &= m - 1u;
+            var rec = source_record(l, src, wj * 8u + sh / 4u);
+            let ch = (full >> sh) & 3u;
+            if (ch != CH_BOTH) {
+                rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
+            }
+            out_u[at] = rec.x;
+            out_u[at + 1u] = rec.y;
+            at += 2u;
+        }
+        wj += 1u;
+    }
+    if (overflow) {
+        note_overflow();
+        return vec3<u32>(0u, 0u, cls);
+    }
+    return vec3<u32>(tape, n_out, cls);
+}
+
+// one invocation per tile of level U.extra.w: its source tape is the full tape (level 0) or its
+// parent's pruned tape; in the sign image a sub-tile of a decided (or failed) parent takes the
+// parent's class and does nothing else
+@compute @workgroup_size(WG)
+fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = flat_index(wid, lid, nwg);
+    let l = u32(U.extra.w);
+    if (t >= level_tiles(l)) {
+        return;
+    }
+    let hdr = level_header(l) + 3u * t;
+    let b = tile_box(l, t);
+    var h = vec3<u32>(0u, 0u, TILE_EMPTY);
+    if (b.r0 < b.r1 && b.c0 < b.c1) {
+        var src = 0u;
+        var len = U.n_instrs;
+        var pcls = TILE_AMBIGUOUS;
+        if (l > 0u) {
+            let q = fanout(l - 1u);
+            let p = level_header(l - 1u) + 3u * (t / (q * q));
+            src = out_u[p];
+            len = out_u[p + 1u];
+            pcls = out_u[p + 2u];
+        }
+        if (pcls == TILE_FAILED || (pcls != TILE_AMBIGUOUS && sign_mode())) {
+            h.z = pcls;
+        } else {
+            h = prune_tile(l, src, len, b);
+        }
+    }
+    out_u[hdr] = h.x;
+    out_u[hdr + 1u] = h.y;
+    out_u[hdr + 2u] = h.z;
+}
+
+// one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
+// its finest tile's pruned tape at the pixel centre (run_tape's arithmetic, op for op: unary /
+// binary / nmin / nmax and the exact fmod sub-steps), or, in the sign image, the tile's sign
+// where the tile is decided (-1 inside, 1 outside); NaN where the tile found no arena room (the
+// host runs the image again). out_f[row * width + col] = the value.
+@compute @workgroup_size(WG)
+fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, lid, nwg);
+    let blocks_x = (U.width + BLOCK - 1u) / BLOCK;
+    let blk = i / (BLOCK * BLOCK);
+    let row = (blk / blocks_x) * BLOCK + (i % (BLOCK * BLOCK)) / BLOCK;
+    let col = (blk % blocks_x) * BLOCK + i % BLOCK;
+    if (row >= U.height || col >= U.width) {
+        return;
+    }
+    let o = row * U.width + col;
+    let hdr = level_header(n_levels() - 1u) + 3u * pixel_tile(row, col);
+    let cls = out_u[hdr + 2u];
+    if (cls == TILE_FAILED) {
+        out_f[o] = nan();
+        return;
+    }
+    if (cls != TILE_AMBIGUOUS && sign_mode()) {
+        out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
+        return;
+    }
+    let p = vec3<f32>(pixel_x(col), pixel_y(row), U.extra.x);
+    var k = out_u[hdr];
+    let end = k + 2u * out_u[hdr + 1u];
+    var fmod_steps = false;
+    var fm_r = 0.0;
+    var fm_y = 0.0;
+    var fm_ey = 0;
+    loop {
+        if (k >= end) {
+            break;
+        }
+        if (iters >= U.iter_cap) {
+            overflow = true;
+            break;
+        }
+        iters += 1u;
+        let w0 = out_u[k];
+        let w1 = out_u[k + 1u];
         let op = w0 & 0xffu;
         let dst = (w0 >> 8u) & 0xffu;
         let va = reg[(w0 >> 16u) & 0xffu];
         let vb = reg[w0 >> 24u];
         var wv = 0.0;
-        var nxt = k + 1u;
+        var nxt = k + 2u;
         if (fmod_steps) {   // run_tape's STEP_FMOD
             var s = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
             if (s > fm_r) {
@@ -526,5 +737,5 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     if (overflow) {
         note_overflow();
     }
-    out_f[i] = reg[0];
+    out_f[o] = reg[0];
 }

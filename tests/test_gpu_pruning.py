@@ -1,12 +1,16 @@
-"""Per-tile interval pruning on the GPU walker (shaders/prune.wgsl, GpuWalker.sign_image /
-field_image_pruned).
+"""Hierarchical per-tile interval pruning on the GPU walker (shaders/prune.wgsl, GpuWalker.sign_image /
+field_image_pruned / prune_levels).
 
-* the pruned field equals the unpruned GPU field_image bit for bit, for the models, random
-  arithmetic tapes using every op, other planes / rects, and tile sizes that do not divide the image;
-* the sign image equals field_image < 0 on the GPU exactly, and the CPU twin's pruned sign image;
+* the pruned field equals the unpruned GPU field_image bit for bit, for the models, prospero with
+  one to four tile levels (sizes that divide their parents' and sizes that do not), random
+  arithmetic tapes using every op, other planes / rects, and tiles that do not divide the image;
+* the sign image equals field_image < 0 on the GPU exactly, the CPU twin's pruned sign image and
+  the reference PNG;
+* finer levels prune their parents' tapes further; an arena too small for the pruned tapes is
+  grown and the image run again (same bits); past the binding limit it is a TaperayError;
 * no shader module or pipeline is created by any of it (the kernels are the startup set);
 * tapes that need more loop iterations than the adapter allows are refused, non-arithmetic tapes
-  fall back to the unpruned kernel, bad tile sizes are TaperayErrors.
+  fall back to the unpruned kernel, bad tile levels are TaperayErrors.
 """
 from pathlib import Path
 
@@ -44,16 +48,16 @@ def no_new_kernels(walker_gpu):
         assert after[k] == before[k], k
 
 
-@pytest.mark.parametrize("model,size,tile,z", [("quarter", 48, 16, 0.0), ("hi", 64, 16, 0.0),
-                                               ("sphere", 40, 12, 0.3), ("tanglecube", 40, 16, -0.7),
-                                               ("prospero", 48, 16, 0.0)])
-def test_models_pruned_field_is_bit_identical_to_field_image(walker_gpu, no_new_kernels, model, size, tile, z):
+@pytest.mark.parametrize("model,size,tiles,z", [("quarter", 48, 16, 0.0), ("hi", 64, (16, 4), 0.0),
+                                                ("sphere", 40, (12, 5), 0.3), ("tanglecube", 40, (16, 3), -0.7),
+                                                ("prospero", 48, 16, 0.0)])
+def test_models_pruned_field_is_bit_identical_to_field_image(walker_gpu, no_new_kernels, model, size, tiles, z):
     tape = load_vm(DATA / f"{model}.vm")
     rect = (-1.3, 1.1, -1.2, 1.25)
     full = walker_gpu.field_image(tape, size, size - 5, rect, z)
-    pruned = walker_gpu.field_image_pruned(tape, size, size - 5, rect, z, tile=tile)
+    pruned = walker_gpu.field_image_pruned(tape, size, size - 5, rect, z, tiles=tiles)
     np.testing.assert_array_equal(bits(pruned), bits(full))
-    inside = walker_gpu.sign_image(tape, size, size - 5, rect, z, tile=tile)
+    inside = walker_gpu.sign_image(tape, size, size - 5, rect, z, tiles=tiles)
     np.testing.assert_array_equal(inside, full < 0)
 
 
@@ -67,17 +71,67 @@ def test_random_tapes_pruned_field_is_bit_identical(walker_gpu, no_new_kernels, 
     rect = (c[0] - half, c[0] + half, c[1] - half, c[1] + half)
     z = float(rng.uniform(-1, 1))
     full = walker_gpu.field_image(tape, 24, 20, rect, z)
-    pruned = walker_gpu.field_image_pruned(tape, 24, 20, rect, z, tile=int(rng.choice([3, 8, 64])))
+    tiles = [3, 8, 64, (8, 3), (64, 5, 2), (7, 3, 2, 1)][seed % 6]
+    pruned = walker_gpu.field_image_pruned(tape, 24, 20, rect, z, tiles=tiles)
     same = (bits(pruned) == bits(full)) | (np.isnan(pruned) & np.isnan(full))
-    assert same.all(), (seed, int((~same).sum()))
-    np.testing.assert_array_equal(walker_gpu.sign_image(tape, 24, 20, rect, z, tile=5), full < 0)
+    assert same.all(), (seed, tiles, int((~same).sum()))
+    np.testing.assert_array_equal(walker_gpu.sign_image(tape, 24, 20, rect, z, tiles=(5, 2)), full < 0)
+
+
+@pytest.fixture(scope="module")
+def prospero_96(walker_gpu):
+    """prospero's unpruned GPU field image at 96^2 on the reference grid (~10 s on lavapipe)."""
+    tape = load_vm(DATA / "prospero.vm")
+    return tape, walker_gpu.field_image(tape, 96, 96, grid_rect(96))
+
+
+@pytest.mark.parametrize("tiles", [48, (48, 12), (32, 8, 2), (40, 9, 4, 1)])
+def test_prospero_tile_levels_are_bit_identical(walker_gpu, no_new_kernels, prospero_96, tiles):
+    """Every level prunes its parent's tape; the pixels of the finest give field_image's bits."""
+    tape, full = prospero_96
+    n = full.shape[0]
+    pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), tiles=tiles)
+    np.testing.assert_array_equal(bits(pruned), bits(full))
+    np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), tiles=tiles), full < 0)
+
+
+def test_finer_levels_have_shorter_tapes(walker_gpu, no_new_kernels, prospero_96):
+    tape, full = prospero_96
+    n = full.shape[0]
+    field = walker_gpu.prune_levels(tape, n, n, grid_rect(n), tiles=(32, 8, 2))
+    assert [lv["tiles"] for lv in field] == [9, 144, 2304]
+    assert all(lv["with_tape"] == lv["tiles"] for lv in field)   # the field image: every tile
+    lengths = [lv["mean_length"] for lv in field]
+    assert len(tape) > lengths[0] > lengths[1] > lengths[2] > 0, lengths
+    sign = walker_gpu.prune_levels(tape, n, n, grid_rect(n), tiles=(32, 8, 2), sign=True)
+    for lv in sign:   # decided tiles (and their sub-tiles) need no tape
+        assert lv["inside"] + lv["outside"] + lv["with_tape"] == lv["tiles"]
+    assert sign[-1]["with_tape"] < 0.5 * sign[-1]["tiles"]
+
+
+def test_a_small_arena_is_grown_and_the_image_run_again(walker_gpu, no_new_kernels, prospero_96, monkeypatch):
+    tape, full = prospero_96
+    n = full.shape[0]
+    monkeypatch.setattr(walker_gpu, "_arena_words", 1000)
+    pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), tiles=(32, 8))
+    np.testing.assert_array_equal(bits(pruned), bits(full))
+    assert walker_gpu._arena_words > 1000
+
+
+def test_an_arena_beyond_the_binding_limit_is_a_taperay_error(walker_gpu, no_new_kernels, monkeypatch):
+    """A tape of 7,591 records pruned per 4 px of a 64^2 image does not fit in 256 KiB."""
+    tape = load_vm(DATA / "prospero.vm")
+    monkeypatch.setattr(walker_gpu, "_arena_words", 1000)
+    monkeypatch.setitem(walker_gpu._ctx.limits, "max_storage_buffer_binding_size", 1 << 18)
+    with pytest.raises(TaperayError, match="binding limit"):
+        walker_gpu.field_image_pruned(tape, 64, 64, tiles=(16, 4))
 
 
 def test_prospero_sign_image_equals_the_cpu_twin(walker_gpu, no_new_kernels):
     """128^2 on the reference grid: decided tiles are filled, the rest evaluate pruned tapes."""
     tape = load_vm(DATA / "prospero.vm")
     n = 128
-    inside = walker_gpu.sign_image(tape, n, n, grid_rect(n), tile=32)
+    inside = walker_gpu.sign_image(tape, n, n, grid_rect(n), tiles=(32, 8))
     assert inside.dtype == bool and inside.shape == (n, n)
     twin = cpu_sign_image(tape, n, n, grid_rect(n))
     assert (inside != twin).mean() <= 1e-4
@@ -92,7 +146,8 @@ def test_prospero_1024_sign_image_matches_the_reference_png(walker_gpu, no_new_k
 
 
 def _chain_tape(n):
-    """x + 1 + 1 + ... (n records): needs 2n loop iterations in the tile pass."""
+    """x + 1 + 1 + ... (n records): needs over 2n loop iterations in the tile pass (interval and
+    liveness passes, then writing the n records out)."""
     ins = np.zeros(n, INSTR_DTYPE)
     ins[0]["op"] = 0            # VAR_X into r0
     ins[1]["op"], ins[1]["dst"] = 3, 1      # CONST 1 into r1
@@ -105,11 +160,11 @@ def test_tapes_beyond_the_iteration_cap_are_refused(walker_gpu, no_new_kernels):
     cap = walker_gpu._iter_limits[0]
     if cap >= 1 << 31:
         pytest.skip("a hardware adapter has no loop-iteration cap")
-    ok = _chain_tape(cap // 2 - 10)      # (the field image always runs the liveness pass)
-    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(ok, 4, 4, tile=4)),
+    ok = _chain_tape(cap // 4)      # (the field image always runs the liveness pass)
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(ok, 4, 4, tiles=(4, 2))),
                                   bits(walker_gpu.field_image(ok, 4, 4)))
     with pytest.raises(TaperayError, match="interpreter steps"):
-        walker_gpu.field_image_pruned(_chain_tape(cap // 2 + 10), 4, 4, tile=4)
+        walker_gpu.field_image_pruned(_chain_tape(cap // 2 + 10), 4, 4, tiles=(4, 2))
 
 
 def test_non_arithmetic_tapes_use_the_unpruned_kernel(walker_gpu, no_new_kernels):
@@ -124,8 +179,8 @@ def test_non_arithmetic_tapes_use_the_unpruned_kernel(walker_gpu, no_new_kernels
 
 def test_bad_arguments_raise_taperay_errors(walker_gpu):
     tape = load_vm(DATA / "quarter.vm")
-    for kw in (dict(tile=0), dict(tile=1 << 17)):
-        with pytest.raises(TaperayError):
-            walker_gpu.sign_image(tape, 8, 8, **kw)
+    for tiles in (0, 1 << 17, (16, 32), (16, 16), (64, 32, 16, 8, 4), (), (8, 2.5), "8"):
+        with pytest.raises(TaperayError, match="tile"):
+            walker_gpu.sign_image(tape, 8, 8, tiles=tiles)
     with pytest.raises(TaperayError):
         walker_gpu.field_image_pruned(tape, 0, 8)
