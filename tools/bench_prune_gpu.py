@@ -1,17 +1,29 @@
-"""Benchmark ``prune-gpu``: prospero.vm's 2D image on the GPU walker with per-tile interval pruning
-(``GpuWalker.sign_image`` / ``field_image_pruned``, shaders/prune.wgsl) against the unpruned
-``field_image`` kernel, in one run on one device.
+"""Benchmark ``prune-gpu``: prospero.vm's 2D image on the GPU walker with hierarchical per-tile
+interval pruning (``GpuWalker.sign_image`` / ``field_image_pruned``, shaders/prune.wgsl) against the
+unpruned ``field_image`` kernel, in one run on one device.
 
 Rows: per image size (1024^2 and 4096^2) the sign image and the pruned field image for a few tile
-sizes, and the unpruned field image (pruning off). Each row is the median of ``--repeat`` calls
-after one warm-up call (which, on drivers that compile lazily, also compiles the pipeline); every
-call includes the uniform upload, both dispatches and reading the image back. On a software
-adapter (Mesa lavapipe) the sizes are cut to 128^2 and 1024^2 and the unpruned row to 128^2 (the
+level settings (sizes coarse to fine, each level pruning its parent's pruned tape), and the
+unpruned field image (pruning off). Columns:
+
+* wall: the median / min / max of ``--repeat`` calls after one warm-up call (which, on drivers that
+  compile lazily, also compiles the pipelines, and grows the pruning arena); every call includes
+  the uniform upload, the dispatches and reading the image back (the tape is uploaded once);
+* GPU: ``GpuWalker.gpu_seconds``, the median of 3 measurements, each (t_K - t_1) / (K - 1) where
+  t_K is the time from submitting K images' passes, encoded in one command buffer beforehand, to
+  their completion: no host work and no read-back (K aims at ~0.25 s of work, 2..16); "tile
+  passes" the same for the prune_tiles passes alone, so "pixel pass" is the difference. (Timestamp
+  queries would need the device opened with that feature; this does not depend on it.)
+* the mean pruned tape length per level (records; in the sign image over the tiles that still
+  have a tape, i.e. not decided), read back from the tile headers (``GpuWalker.prune_levels``).
+
+On a software adapter (Mesa lavapipe) the size is cut to 128^2 and the settings to three (the
 run says so): the numbers that matter come from a real GPU, with the machine named.
 ``--n`` is not used.
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from taperay.runtime.tape import TaperayError
@@ -19,14 +31,22 @@ from taperay.runtime.tape import TaperayError
 from .bench import BenchResult, _progress, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
-HARDWARE = {"sizes": (1024, 4096), "tiles": (32, 64, 128), "unpruned_max": 4096}
-SOFTWARE = {"sizes": (128, 1024), "tiles": (32, 64), "unpruned_max": 128}
+HARDWARE = {"sizes": (1024, 4096), "tiles": ((32,), (64, 8), (32, 4), (64, 16, 4), (128, 32, 8, 2))}
+SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4))}
+GPU_MEASUREMENTS = 3
+GPU_TARGET_S = 0.25
 
 
 def _rect(n: int) -> tuple[float, float, float, float]:
     """Pixel centres at linspace(-1, 1, n) (the reference image's grid)."""
     h = 1.0 / (n - 1)
     return (-1 - h, 1 + h, -1 - h, 1 + h)
+
+
+def _gpu_ms(walker, tape, size: int, wall_ms: float, **kw) -> float:
+    k = int(min(16, max(2, round(GPU_TARGET_S * 1e3 / max(wall_ms, 1e-3)))))
+    return 1e3 * statistics.median(
+        walker.gpu_seconds(tape, size, size, _rect(size), repeat=k, **kw) for _ in range(GPU_MEASUREMENTS))
 
 
 def bench_prune_gpu(opts) -> BenchResult:
@@ -38,46 +58,72 @@ def bench_prune_gpu(opts) -> BenchResult:
     info = gpu.adapter_info()
     plan = SOFTWARE if info["software"] else HARDWARE
     tape = load_vm(PROSPERO)
-    notes = ["each row: median of the repeats after one warm-up call; times include the uniform "
-             "upload, the dispatches and reading the image back (the tape is uploaded once)",
-             "sign image: tiles decided by their interval are filled without evaluating pixels; "
-             "pruned field: every pixel runs its tile's pruned tape (bit-identical to field_image)"]
+    notes = ["wall: median of the repeats after one warm-up call, including the uniform upload, the "
+             "dispatches and reading the image back (the tape is uploaded once)",
+             f"GPU: median of {GPU_MEASUREMENTS} x (t_K - t_1) / (K - 1), t_K = K images' passes encoded "
+             "beforehand in one command buffer, from submit to completion (no host work, no read-back); "
+             "tile passes: the prune_tiles passes alone; pixel pass = GPU - tile passes",
+             "sign image: tiles decided at any level are filled without evaluating below them; pruned "
+             "field: every pixel runs its finest tile's pruned tape (bit-identical to field_image)",
+             "mean tape length per level: records, coarse to fine (sign image: over the undecided tiles)"]
     if info["software"]:
-        notes.append(f"software adapter ({info['name']}): sizes {plan['sizes']} and the unpruned row at "
-                     f"{plan['unpruned_max']}^2 only; measure on a real GPU for the numbers that matter")
+        notes.append(f"software adapter ({info['name']}): {plan['sizes']} px and {len(plan['tiles'])} tile "
+                     "settings only; measure on a real GPU for the numbers that matter")
     cases = []
     for size in plan["sizes"]:
-        for tile in plan["tiles"]:
-            limit = walker.info["limits"]["max_storage_buffer_binding_size"]
-            if 8 * -(-size // tile) ** 2 * (len(tape) + 1) > limit:
-                notes.append(f"{size}^2 with {tile} px tiles skipped: its pruned tapes exceed the "
-                             f"adapter's {limit >> 20} MiB binding limit")
-                continue
-            cases.append((size, "sign image", tile, "yes",
-                          lambda s=size, t=tile: walker.sign_image(tape, s, s, _rect(s), tile=t)))
-            cases.append((size, "field image", tile, "yes",
-                          lambda s=size, t=tile: walker.field_image_pruned(tape, s, s, _rect(s), tile=t)))
-        if size <= plan["unpruned_max"]:
-            cases.append((size, "field image", "-", "no",
-                          lambda s=size: walker.field_image(tape, s, s, _rect(s))))
+        for tiles in plan["tiles"]:
+            for what, sign in (("sign image", True), ("field image", False)):
+                cases.append((size, what, tiles, sign))
+        cases.append((size, "field image", None, False))
     rows = []
     unpruned = {}
-    with _progress(f"prune-gpu: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 1)) as tick:
-        for size, what, tile, pruned, fn in cases:
-            s = summarize(time_calls(fn, opts.repeat, warmup=1, progress=tick))
+    with _progress(f"prune-gpu: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
+        for size, what, tiles, sign in cases:
+            rect = _rect(size)
+            if tiles is None:
+                def fn(s=size, r=rect):
+                    return walker.field_image(tape, s, s, r)
+            elif sign:
+                def fn(s=size, r=rect, t=tiles):
+                    return walker.sign_image(tape, s, s, r, tiles=t)
+            else:
+                def fn(s=size, r=rect, t=tiles):
+                    return walker.field_image_pruned(tape, s, s, r, tiles=t)
+            try:
+                wall = summarize(time_calls(fn, opts.repeat, warmup=1, progress=tick))
+            except TaperayError as e:   # e.g. tile headers / arena beyond the binding limit
+                notes.append(f"{what} {size}^2 tiles {tiles} skipped: {e}")
+                tick(), tick()
+                continue
             tick()
-            rows.append({"what": f"{what} {size} tile {tile}" if pruned == "yes" else f"{what} {size} unpruned",
-                         "size": size, "image": what, "pruning": pruned, "tile px": tile,
-                         "median ms": s["median_ms"], "min ms": s["min_ms"], "max ms": s["max_ms"]})
-            if pruned == "no":
-                unpruned[size] = s["median_ms"]
+            gpu_ms = _gpu_ms(walker, tape, size, wall["median_ms"], tiles=tiles, sign=sign)
+            tick()
+            row = {"what": f"{what} {size} " + ("tiles " + "/".join(map(str, tiles)) if tiles else "unpruned"),
+                   "size": size, "image": what, "pruning": "yes" if tiles else "no",
+                   "tiles px": "/".join(map(str, tiles)) if tiles else "-",
+                   "wall median ms": wall["median_ms"], "wall min ms": wall["min_ms"],
+                   "wall max ms": wall["max_ms"], "GPU ms": gpu_ms, "tile passes GPU ms": "-",
+                   "pixel pass GPU ms": "-", "mean tape length per level": "-"}
+            if tiles:
+                passes = _gpu_ms(walker, tape, size, wall["median_ms"], tiles=tiles, sign=sign,
+                                 tile_passes_only=True)
+                levels = walker.prune_levels(tape, size, size, rect, tiles=tiles, sign=sign)
+                row.update({"tile passes GPU ms": passes, "pixel pass GPU ms": gpu_ms - passes,
+                            "mean tape length per level": " / ".join(f"{lv['mean_length']:.0f}" for lv in levels)})
+            else:
+                unpruned[size] = (wall["median_ms"], gpu_ms)
+            rows.append(row)
     for r in rows:
         base = unpruned.get(r["size"])
-        r["speed-up vs unpruned"] = base / r["median ms"] if base and r["pruning"] == "yes" else "-"
+        ok = base and r["pruning"] == "yes"
+        r["wall speed-up vs unpruned"] = base[0] / r["wall median ms"] if ok else "-"
+        r["GPU speed-up vs unpruned"] = base[1] / r["GPU ms"] if ok and r["GPU ms"] > 0 else "-"
     stats = walker.stats()
     notes.append(f"pipelines created after startup: {stats['pipelines_created'] - len(walker.kernels)} "
                  f"(cache misses {stats['cache_misses']})")
-    return BenchResult(rows, settings={"repeat": opts.repeat, "records": len(tape)}, notes=notes,
+    return BenchResult(rows, settings={"repeat": opts.repeat, "records": len(tape),
+                                       "gpu_measurements": GPU_MEASUREMENTS},
+                       notes=notes,
                        machine={"gpu": info["name"], "gpu_driver": info["driver"], "gpu_backend": info["backend"],
                                 "gpu_software": info["software"]},
-                       chart=("what", "median ms"))
+                       chart=("what", "GPU ms"))
