@@ -443,8 +443,11 @@ fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
     let yb = pixel_y(b.r1 - 1u);
     let box_lo = vec3<f32>(min(xa, xb) - mx, min(ya, yb) - my, U.extra.x);
     let box_hi = vec3<f32>(max(xa, xb) + mx, max(ya, yb) + my, U.extra.x);
+    // (each loop fetches the next record before working on this one: the walk is serial, so
+    // the fetch's latency would otherwise add to every record)
     var bits = 0u;
     var k = 0u;
+    var next = source_record(l, src, 0u);
     loop {
         if (k >= len) {
             break;
@@ -454,7 +457,10 @@ fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
             break;
         }
         iters += 1u;
-        let w = source_record(l, src, k);
+        let w = next;
+        if (k + 1u < len) {
+            next = source_record(l, src, k + 1u);
+        }
         let op = w.x & 0xffu;
         let a = (w.x >> 16u) & 0xffu;
         let bb = w.x >> 24u;
@@ -502,6 +508,7 @@ fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
     var word = 0u;
     var wi = NO_ROOM;   // the scratch word `word` holds
     var j = len;
+    next = source_record(l, src, max(len, 1u) - 1u);
     loop {
         if (j == 0u) {
             break;
@@ -512,6 +519,10 @@ fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
         }
         iters += 1u;
         j -= 1u;
+        let w = next;
+        if (j > 0u) {
+            next = source_record(l, src, j - 1u);
+        }
         if (j / 8u != wi) {
             if (wi != NO_ROOM) {
                 out_u[scratch + wi] = word;
@@ -519,7 +530,6 @@ fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
             wi = j / 8u;
             word = out_u[scratch + wi];
         }
-        let w = source_record(l, src, j);
         let dst = (w.x >> 8u) & 0xffu;
         if (!live[dst]) {
             continue;
