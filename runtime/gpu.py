@@ -44,7 +44,7 @@ WG = 64                       # workgroup size (bindings.wgsl)
 MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
 UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
 MIN_BUFFER = 256
-COUNTERS_BYTES = 16           # bindings.wgsl: counters (overflow, unfinished, 2 spare)
+COUNTERS_BYTES = 16           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl arena, refusals)
 N_BINDINGS = 11
 RESUMABLE = ("march", "light")   # kernels that save their state and are dispatched until done
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm

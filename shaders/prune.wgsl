@@ -6,12 +6,13 @@
 // Uniforms (one set for every pass): width, height, rect as field_image; extra = (z, levels,
 // mode, level): mode 1 = sign image (decided tiles are filled without evaluating below them),
 // 0 = field (every pixel evaluated with its finest tile's tape); `level` is the level a
-// prune_tiles pass works on (the host copies it into the uniform buffer before each pass).
+// prune_tiles pass works on (copied into the uniform buffer by a command the host encodes
+// before each pass).
 // camera[0] = the tile size in pixels of levels 0..levels-1 (coarse to fine); camera[1].x = the
 // bits of the arena's size in words. Level 0 tiles the image from pixel (0, 0); a tile of level
 // l + 1 is one of the fanout(l)^2 sub-tiles of its parent (runtime/pruning.py's nesting, so a
 // size need not divide its parent's), numbered parent * fanout(l)^2 + row * fanout(l) + col;
-// sub-tiles beyond the parent's (clipped) extent are empty and never read.
+// sub-tiles beyond the parent's (clipped) extent are empty (class TILE_EMPTY) and never read.
 //
 // out_u layout: the headers of every level in order, 3 words per tile (word offset of its pruned
 // tape in out_u, its length in records, its class), then the arena. Arena words are handed out by
