@@ -139,6 +139,9 @@ def _bounds(n: Node, cache) -> np.ndarray:
 
 
 # -- emission ----------------------------------------------------------------------------------
+_POINT_KINDS = ("transform", "mirror", "elongate")
+
+
 class _Emitter:
     def __init__(self, cull: bool):
         self.cull = cull
@@ -210,20 +213,18 @@ class _Emitter:
             total = self.emit(n.children[0], dst, mat)
             self.row(Op.OFFSET if k == "offset" else Op.SHELL, dst, a=dst, param=self.pool(n.numbers))
             return total
-        if k in ("transform", "mirror", "elongate"):
+        if k in _POINT_KINDS:
+            # a chain of point ops (t.rotate(...).translate(...)) shares one PUSH / POP: nothing
+            # reads p between an inner POP and the outer one
             self.row(Op.PUSH)
-            if k == "transform":
-                t, q, s = n.numbers[:3], n.numbers[3:7], n.numbers[7]
-                named = lambda vs: any(isinstance(x, Param) for x in vs)
-                if named(t) or any(float(x) for x in t):
-                    self.row(Op.TRANSLATE, param=self.pool(t))
-                if named(q) or [float(x) for x in q] != [1, 0, 0, 0]:
-                    self.row(Op.ROTATE, param=self.pool(q))
-                if named([s]) or float(s) != 1:
-                    self.row(Op.SCALE, param=self.pool([s]))
-            else:
-                self.row(Op.MIRROR if k == "mirror" else Op.ELONGATE, param=self.pool(n.numbers))
-            total = self.emit(n.children[0], dst, mat)
+            while True:
+                self.emit_point_op(n)
+                n = n.children[0]
+                if n.kind not in _POINT_KINDS:
+                    break
+                if n.mat is not None:
+                    mat = self.material_id(n.mat)
+            total = self.emit(n, dst, mat)
             self.row(Op.POP)
             return total
         if k in ("linear_pattern", "polar_pattern", "grid_pattern"):
@@ -231,6 +232,20 @@ class _Emitter:
         if k == "instances":
             return self.emit_instances(n, dst, mat)
         raise AssertionError(k)
+
+    def emit_point_op(self, n: Node):
+        """The point ops of one transform / mirror / elongate node (identity parts left out)."""
+        if n.kind == "transform":
+            t, q, s = n.numbers[:3], n.numbers[3:7], n.numbers[7]
+            named = lambda vs: any(isinstance(x, Param) for x in vs)
+            if named(t) or any(float(x) for x in t):
+                self.row(Op.TRANSLATE, param=self.pool(t))
+            if named(q) or [float(x) for x in q] != [1, 0, 0, 0]:
+                self.row(Op.ROTATE, param=self.pool(q))
+            if named([s]) or float(s) != 1:
+                self.row(Op.SCALE, param=self.pool([s]))
+        else:
+            self.row(Op.MIRROR if n.kind == "mirror" else Op.ELONGATE, param=self.pool(n.numbers))
 
     def emit_field(self, sub: Tape, dst: int, mat: int):
         """Append an arithmetic sub-tape, its registers moved up by ``dst`` (its result, register

@@ -1,4 +1,6 @@
 """The modelling API and flatten: structure, bounds, patterns, culling, parameters, errors."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -92,6 +94,27 @@ def test_flattened_tapes_validate_and_are_deterministic():
 
 
 # -- semantics, graded on the CPU twin ---------------------------------------------------------
+def test_a_chain_of_transforms_shares_one_push_and_pop(walker_cpu):
+    red, blue = Material("red", (1, 0, 0)), Material("blue", (0, 0, 1))
+    part = (box(0.3, 0.2, 0.1).material(blue).rotate((1, 1, 0), 30).scale(1.5).material(red)
+            .mirror((1, 0, 0)).translate(0.2, 0, 0))
+    t = flatten(part)
+    ops = [Op(int(o)) for o in t.instrs["op"]]
+    assert ops.count(Op.PUSH) == ops.count(Op.POP) == 1
+    assert ops == [Op.PUSH, Op.TRANSLATE, Op.MIRROR, Op.SCALE, Op.ROTATE, Op.BOX, Op.POP]
+    # the same chain with a PUSH / POP per node (what flatten emitted before) gives the same bits
+    nested = t.instrs.copy()
+    rows = [nested[0], nested[1], nested[0], nested[2], nested[0], nested[3], nested[0], nested[4],
+            nested[5], nested[6], nested[6], nested[6], nested[6]]
+    u = replace(t, instrs=np.array(rows, dtype=t.instrs.dtype))
+    pts = RNG.uniform(-1, 1, (3000, 3)).astype(np.float32)
+    d, m = walker_cpu.evaluate(t, pts)
+    du, mu = walker_cpu.evaluate(u, pts)
+    assert np.array_equal(d, du) and np.array_equal(m, mu)
+    blue_id = [tuple(c) for c in t.materials["color"].tolist()].index((0.0, 0.0, 1.0))
+    assert set(np.unique(m).tolist()) == {blue_id}   # the innermost material wins, as before
+
+
 def test_union_of_spheres_matches_brute_force(walker_cpu):
     centres = RNG.uniform(-3, 3, (60, 3))
     t = flatten(union(*[sphere(0.3).translate(*c) for c in centres]))

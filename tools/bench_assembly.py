@@ -56,6 +56,7 @@ DEFAULT_SIZE = {"gpu": (1920, 1080), "cpu": (480, 270)}
 CULL_POINTS = 2_000          # random points in the full bolt bin, culling on and off
 CULL_FRAME_BOLTS = 2_000     # bolts in the bin framed with culling on and off
 CULL_FRAME_SIZE = (160, 90)
+PARTS = ("load", "scaling", "culling", "baseline")   # what bench_assembly measures (--parts)
 BASELINE_COUNTS = (10, 100, 1_000, 10_000, 100_000)   # bolts, against the written-out baseline
 BASELINE_LIMIT_S = 600.0     # compile seconds beyond which a count is not compiled (or is killed)
 CHILD_OVERHEAD_S = 180.0     # a child's walker startup, text generation and measuring, on top
@@ -312,20 +313,23 @@ def bench_assembly(opts) -> BenchResult:
     repeat = max(1, opts.repeat)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
+    parts = set(getattr(opts, "parts", None) or PARTS)
     walker = make_walker(walker_name)
     rows = [{"scene": "(walker startup)", "instances": "", "records": "", "file MB": "", "read ms": "",
              "validate ms": "", "upload ms": "", "first frame ms": startup(walker) * 1e3,
              "load-to-first-frame ms": "", "frame ms (median)": "", "kernels created": ""}]
     with tempfile.TemporaryDirectory() as tmp:
-        for name in SCENES:
+        for name in SCENES if "load" in parts else ():
             path = Path(tmp) / f"{name}.tape"
             save_tape(flatten(scene_module(name)["scene"], source=name), path)
             rows.append({"scene": name, **load_to_first_frame(walker, path, size, repeat)})
-    scale_rows = scaling(walker, size, repeat)
-    cull_rows = culling(walker, repeat)
-    extras = [("assembly-scaling", scale_rows), ("assembly-culling", cull_rows)]
+    scale_rows = scaling(walker, size, repeat) if "scaling" in parts else []
+    cull_rows = culling(walker, repeat) if "culling" in parts else []
+    extras = [(stem, r) for stem, r in (("assembly-scaling", scale_rows), ("assembly-culling", cull_rows)) if r]
     baseline_note = "written-out baseline: not measured (it runs on the GPU walker only: --walker gpu)"
-    if walker_name == "gpu":
+    if "baseline" not in parts:
+        baseline_note = "written-out baseline: not measured (not among --parts)"
+    elif walker_name == "gpu":
         base_rows, baseline_note = written_out(walker, size, repeat,
                                                float(getattr(opts, "baseline_limit", BASELINE_LIMIT_S)))
         extras.append(("assembly-baseline", base_rows))
@@ -347,12 +351,16 @@ def bench_assembly(opts) -> BenchResult:
         (out / f"{stem}.json").write_text(json.dumps({"settings": {"walker": walker_name, "size": list(size),
                                                                     "repeat": repeat}, "rows": extra}, indent=2) + "\n")
         (out / f"{stem}.md").write_text(_table(extra))
-    skipped = plot(scale_rows, out / "assembly-scaling.png",
-                   f"taperay bench assembly: frame time vs instances ({walker_name}, {size[0]}x{size[1]})")
-    notes.append(f"frame time against instance count, 10 to 10^6: {out / 'assembly-scaling.md'} (.json)"
-                 + ("; " + skipped if skipped else f", plotted in {out / 'assembly-scaling.png'}"))
-    notes.append(f"bolt bin with culling on and off: {out / 'assembly-culling.md'} (.json)")
-    notes.append(baseline_note + (f": {out / 'assembly-baseline.md'} (.json)" if walker_name == "gpu" else ""))
+    if scale_rows:
+        skipped = plot(scale_rows, out / "assembly-scaling.png",
+                       f"taperay bench assembly: frame time vs instances ({walker_name}, {size[0]}x{size[1]})")
+        notes.append(f"frame time against instance count, 10 to 10^6: {out / 'assembly-scaling.md'} (.json)"
+                     + ("; " + skipped if skipped else f", plotted in {out / 'assembly-scaling.png'}"))
+    if cull_rows:
+        notes.append(f"bolt bin with culling on and off: {out / 'assembly-culling.md'} (.json)")
+    notes.append(baseline_note + (f": {out / 'assembly-baseline.md'} (.json)"
+                                  if walker_name == "gpu" and "baseline" in parts else ""))
+    notes.append(f"parts measured: {', '.join(p for p in PARTS if p in parts)}")
     return BenchResult(rows, settings={"walker": walker_name, "size": f"{size[0]}x{size[1]}", "repeat": repeat},
                        notes=notes, machine=machine)
 
@@ -373,6 +381,8 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--out", default="bench-out", metavar="DIR")
     p.add_argument("--baseline-limit", type=float, default=BASELINE_LIMIT_S, metavar="S",
                    help="compile seconds past which the written-out baseline is not compiled (default 600)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="what to measure (default all): load-to-first-frame, scaling, culling, baseline")
     opts = p.parse_args(argv)
     result = bench_assembly(opts)
     paths = report("assembly", result, Path(opts.out))
