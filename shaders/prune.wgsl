@@ -423,71 +423,197 @@ fn chosen(w0: u32, ch: u32) -> u32 {
     return select(w0 >> 24u, (w0 >> 16u) & 0xffu, ch == CH_A);
 }
 
-// One tile of level l over the `len` records of its source tape (source_record): the interval
-// pass over the range of the tile's pixel centres (choices into a scratch from the arena), the
-// class, and unless the sign image does not need it (a decided tile), the backward liveness
-// pass (runtime/pruning.py _prune: marks the emitted records and counts them) and the pruned
-// tape written forward into an arena block of exactly its length. Returns the header (first
-// word of the tape, its length in records, class).
-fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
-    let scratch = alloc((len + 7u) / 8u);
-    if (scratch == NO_ROOM) {
-        return vec3<u32>(0u, 0u, TILE_FAILED);
-    }
-    // the range of the tile's pixel centres, widened for the rounding of their formula
-    let r = U.rect;
-    let mx = (abs(r.x) + abs(r.y - r.x)) * 3.814697265625e-06;   // 2^-18
-    let my = (abs(r.w) + abs(r.w - r.z)) * 3.814697265625e-06;
-    let xa = pixel_x(b.c0);
-    let xb = pixel_x(b.c1 - 1u);
-    let ya = pixel_y(b.r0);
-    let yb = pixel_y(b.r1 - 1u);
-    let box_lo = vec3<f32>(min(xa, xb) - mx, min(ya, yb) - my, U.extra.x);
-    let box_hi = vec3<f32>(max(xa, xb) + mx, max(ya, yb) + my, U.extra.x);
-    // (each loop fetches the next record before working on this one: the walk is serial, so
-    // the fetch's latency would otherwise add to every record)
-    var bits = 0u;
-    var k = 0u;
-    var next = source_record(l, src, 0u);
+// ---- prune_tiles: the walks over records held in workgroup memory ------------------------------
+// A tile's walks are serial (each record needs the intervals the previous ones wrote), so one
+// invocation's record fetches would be on its critical path. The 64 tiles of a workgroup walk at
+// most MAX_SLOTS source tapes (level 0: the one full tape; level l > 0: the pruned tapes of the
+// parents of 64 consecutive tiles, fanout >= 2, so at most 17), all in lockstep: the workgroup
+// loads the next CHUNK records of them together (coalesced, packed as pack_record), one segment
+// of `seg` records per source tape, then each invocation walks its segment from workgroup memory.
+// Barriers are in uniform control flow: every invocation of the workgroup runs the chunk loops
+// (those with no tile to work on, or done, with `working` false), and a chunk loop stops, for all
+// at once, when no invocation is working (wg_busy).
+const CHUNK: u32 = 1536u;      // records in workgroup memory (12 KiB of the default 16 KiB)
+const MAX_SLOTS: u32 = 17u;
+var<workgroup> wg_rec: array<vec2<u32>, CHUNK>;
+var<workgroup> wg_src: array<u32, MAX_SLOTS>;   // per source tape: its first word in out_u, its length
+var<workgroup> wg_len: array<u32, MAX_SLOTS>;
+var<workgroup> wg_chunks: u32;                  // chunks of the longest source tape
+// whether any invocation is still working, one word per chunk in turn (three, so that the word an
+// invocation sets before a chunk's barrier was cleared by invocation 0 two chunks before)
+var<workgroup> wg_busy: array<u32, 3>;
+
+// the records of chunk `c` (records c * seg .. c * seg + seg - 1 of every source tape) into wg_rec
+fn load_chunk(l: u32, c: u32, seg: u32, n_slots: u32, lid: u32) {
+    var i = lid;
     loop {
-        if (k >= len) {
-            break;
-        }
-        if (iters >= U.iter_cap) {
-            overflow = true;
+        if (i >= n_slots * seg) {
             break;
         }
         iters += 1u;
-        let w = next;
-        if (k + 1u < len) {
-            next = source_record(l, src, k + 1u);
+        let s = i / seg;
+        let k = c * seg + i % seg;
+        if (k < wg_len[s]) {
+            wg_rec[i] = source_record(l, wg_src[s], k);
         }
-        let op = w.x & 0xffu;
-        let a = (w.x >> 16u) & 0xffu;
-        let bb = w.x >> 24u;
-        var v = Iv(0.0, 0.0, CH_BOTH);
-        if (op <= OP_VAR_Z) {
-            v = Iv(box_lo[op], box_hi[op], CH_BOTH);
-        } else if (op == OP_CONST) {
-            let c = bitcast<f32>(w.y);
-            v = Iv(c, c, CH_BOTH);
-        } else if (op == OP_INSTANCE_INDEX) {
-            v = Iv(0.0, 0.0, CH_BOTH);
-        } else if (op <= OP_NOT) {
-            v = iv_unary(op, ilo[a], ihi[a]);
-        } else {
-            let c = w.y & 0xffu;
-            v = iv_binary(op, ilo[a], ihi[a], ilo[bb], ihi[bb], ilo[c], ihi[c]);
+        i += WG;
+    }
+}
+
+// one invocation per tile of level U.extra.w: its source tape is the full tape (level 0) or its
+// parent's pruned tape; in the sign image a sub-tile of a decided (or failed) parent takes the
+// parent's class and does nothing else. Otherwise the tile's walks over its source tape (`len`
+// records): the interval pass over the range of the tile's pixel centres (choices into a scratch
+// from the arena: one nibble per record), the class, and unless the sign image does not need it
+// (a decided tile), the backward liveness pass (runtime/pruning.py _prune: marks the emitted
+// records and counts them) and the pruned tape written forward into an arena block of exactly
+// its length. The tile's header: first word of the tape, its length in records, class.
+@compute @workgroup_size(WG)
+fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = flat_index(wid, lid, nwg);
+    let t0 = flat_index(wid, 0u, nwg);
+    let l = u32(U.extra.w);
+    let n = level_tiles(l);
+    // the workgroup's source tapes (slots): level 0 one, level l > 0 its tiles' parents in order
+    var qq = 1u;
+    var p_first = 0u;
+    var n_slots = select(0u, 1u, t0 < n);
+    if (l > 0u) {
+        qq = fanout(l - 1u) * fanout(l - 1u);
+        if (t0 < n) {
+            p_first = t0 / qq;
+            n_slots = min(t0 + WG - 1u, n - 1u) / qq - p_first + 1u;
         }
-        let dst = (w.x >> 8u) & 0xffu;
-        ilo[dst] = v.lo;
-        ihi[dst] = v.hi;
-        bits |= v.ch << (4u * (k & 7u));
-        if ((k & 7u) == 7u || k + 1u == len) {
-            out_u[scratch + k / 8u] = bits;
-            bits = 0u;
+    }
+    let seg = (CHUNK / max(n_slots, 1u)) & ~7u;   // whole scratch words per segment
+    if (lid < n_slots) {
+        var s_src = 0u;
+        var s_len = U.n_instrs;
+        if (l > 0u) {
+            let p = level_header(l - 1u) + 3u * (p_first + lid);
+            s_src = out_u[p];
+            s_len = out_u[p + 1u];
         }
-        k += 1u;
+        wg_src[lid] = s_src;
+        wg_len[lid] = s_len;
+    }
+    if (lid < 3u) {
+        wg_busy[lid] = 0u;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var longest = 0u;
+        for (var s = 0u; s < n_slots; s++) {
+            longest = max(longest, wg_len[s]);
+        }
+        wg_chunks = (longest + seg - 1u) / seg;
+    }
+
+    var h = vec3<u32>(0u, 0u, TILE_EMPTY);
+    var working = false;
+    var base = 0u;      // the tile's segment in wg_rec
+    var len = 0u;
+    var scratch = 0u;
+    var box_lo = vec3<f32>(0.0);
+    var box_hi = vec3<f32>(0.0);
+    if (t < n) {
+        let b = tile_box(l, t);
+        if (b.r0 < b.r1 && b.c0 < b.c1) {
+            var slot = 0u;
+            var pcls = TILE_AMBIGUOUS;
+            if (l > 0u) {
+                slot = t / qq - p_first;
+                pcls = out_u[level_header(l - 1u) + 3u * (t / qq) + 2u];
+            }
+            base = slot * seg;
+            len = wg_len[slot];
+            h = vec3<u32>(0u, 0u, pcls);
+            if (pcls != TILE_FAILED && (pcls == TILE_AMBIGUOUS || !sign_mode())) {
+                scratch = alloc((len + 7u) / 8u);
+                if (scratch == NO_ROOM) {
+                    h.z = TILE_FAILED;
+                } else {
+                    working = true;
+                }
+            }
+            // the range of the tile's pixel centres, widened for the rounding of their formula
+            let r = U.rect;
+            let mx = (abs(r.x) + abs(r.y - r.x)) * 3.814697265625e-06;   // 2^-18
+            let my = (abs(r.w) + abs(r.w - r.z)) * 3.814697265625e-06;
+            let xa = pixel_x(b.c0);
+            let xb = pixel_x(b.c1 - 1u);
+            let ya = pixel_y(b.r0);
+            let yb = pixel_y(b.r1 - 1u);
+            box_lo = vec3<f32>(min(xa, xb) - mx, min(ya, yb) - my, U.extra.x);
+            box_hi = vec3<f32>(max(xa, xb) + mx, max(ya, yb) + my, U.extra.x);
+        }
+    }
+    let n_chunks = workgroupUniformLoad(&wg_chunks);
+    var phase = 0u;     // chunks run so far (the wg_busy word of the next is phase % 3)
+
+    // the interval pass
+    var bits = 0u;
+    for (var c = 0u; c < n_chunks; c++) {
+        iters += 1u;
+        if (working) {
+            wg_busy[phase % 3u] = 1u;
+        }
+        let busy = workgroupUniformLoad(&wg_busy[phase % 3u]);
+        if (lid == 0u) {
+            wg_busy[(phase + 2u) % 3u] = 0u;
+        }
+        phase += 1u;
+        if (busy == 0u) {
+            break;
+        }
+        load_chunk(l, c, seg, n_slots, lid);
+        workgroupBarrier();
+        if (working) {
+            let k0 = c * seg;
+            let k1 = min(len, k0 + seg);
+            var k = k0;
+            loop {
+                if (k >= k1) {
+                    break;
+                }
+                if (iters >= U.iter_cap) {
+                    overflow = true;
+                    break;
+                }
+                iters += 1u;
+                let w = wg_rec[base + k - k0];
+                let op = w.x & 0xffu;
+                let a = (w.x >> 16u) & 0xffu;
+                let bb = w.x >> 24u;
+                var v = Iv(0.0, 0.0, CH_BOTH);
+                if (op <= OP_VAR_Z) {
+                    v = Iv(box_lo[op], box_hi[op], CH_BOTH);
+                } else if (op == OP_CONST) {
+                    let cv = bitcast<f32>(w.y);
+                    v = Iv(cv, cv, CH_BOTH);
+                } else if (op == OP_INSTANCE_INDEX) {
+                    v = Iv(0.0, 0.0, CH_BOTH);
+                } else if (op <= OP_NOT) {
+                    v = iv_unary(op, ilo[a], ihi[a]);
+                } else {
+                    let cc = w.y & 0xffu;
+                    v = iv_binary(op, ilo[a], ihi[a], ilo[bb], ihi[bb], ilo[cc], ihi[cc]);
+                }
+                let dst = (w.x >> 8u) & 0xffu;
+                ilo[dst] = v.lo;
+                ihi[dst] = v.hi;
+                bits |= v.ch << (4u * (k & 7u));
+                if ((k & 7u) == 7u || k + 1u == len) {
+                    out_u[scratch + k / 8u] = bits;
+                    bits = 0u;
+                }
+                k += 1u;
+            }
+            if (overflow) {
+                working = false;
+            }
+        }
     }
     var cls = TILE_AMBIGUOUS;
     if (ihi[0] < 0.0) {
@@ -495,160 +621,179 @@ fn prune_tile(l: u32, src: u32, len: u32, b: TileBox) -> vec3<u32> {
     } else if (ilo[0] >= 0.0) {
         cls = TILE_OUTSIDE;
     }
-    if (overflow) {
-        note_overflow();
-        return vec3<u32>(0u, 0u, cls);
+    if (working || overflow) {
+        h = vec3<u32>(0u, 0u, cls);
+        if (cls != TILE_AMBIGUOUS && sign_mode()) {
+            working = false;
+        }
     }
-    if (cls != TILE_AMBIGUOUS && sign_mode()) {
-        return vec3<u32>(0u, 0u, cls);
-    }
+
     // backward liveness: a decided choice op becomes COPY dst <- chosen operand (nothing when
-    // that is dst itself); records whose result is never read are dropped
+    // that is dst itself); records whose result is never read are dropped. The scratch word
+    // before the one in use is fetched ahead.
     live[0] = true;
     var n_out = 0u;
     var word = 0u;
+    var ahead = 0u;
     var wi = NO_ROOM;   // the scratch word `word` holds
-    var j = len;
-    next = source_record(l, src, max(len, 1u) - 1u);
-    loop {
-        if (j == 0u) {
-            break;
-        }
-        if (iters >= U.iter_cap) {
-            overflow = true;
-            break;
-        }
+    for (var cb = 0u; cb < n_chunks; cb++) {
         iters += 1u;
-        j -= 1u;
-        let w = next;
-        if (j > 0u) {
-            next = source_record(l, src, j - 1u);
+        let c = n_chunks - 1u - cb;
+        if (working) {
+            wg_busy[phase % 3u] = 1u;
         }
-        if (j / 8u != wi) {
-            if (wi != NO_ROOM) {
-                out_u[scratch + wi] = word;
-            }
-            wi = j / 8u;
-            word = out_u[scratch + wi];
+        let busy = workgroupUniformLoad(&wg_busy[phase % 3u]);
+        if (lid == 0u) {
+            wg_busy[(phase + 2u) % 3u] = 0u;
         }
-        let dst = (w.x >> 8u) & 0xffu;
-        if (!live[dst]) {
-            continue;
+        phase += 1u;
+        if (busy == 0u) {
+            break;
         }
-        live[dst] = false;
-        let sh = 4u * (j & 7u);
-        let ch = (word >> sh) & 3u;
-        if (ch != CH_BOTH) {
-            let kept = chosen(w.x, ch);
-            live[kept] = true;
-            if (kept != dst) {
+        load_chunk(l, c, seg, n_slots, lid);
+        workgroupBarrier();
+        if (working) {
+            let k0 = c * seg;
+            var j = min(len, k0 + seg);
+            loop {
+                if (j <= k0) {
+                    break;
+                }
+                if (iters >= U.iter_cap) {
+                    overflow = true;
+                    break;
+                }
+                iters += 1u;
+                j -= 1u;
+                let w = wg_rec[base + j - k0];
+                if (j / 8u != wi) {
+                    if (wi != NO_ROOM) {
+                        out_u[scratch + wi] = word;
+                        word = ahead;
+                    } else {
+                        word = out_u[scratch + j / 8u];
+                    }
+                    wi = j / 8u;
+                    if (wi > 0u) {
+                        ahead = out_u[scratch + wi - 1u];
+                    }
+                }
+                let dst = (w.x >> 8u) & 0xffu;
+                if (!live[dst]) {
+                    continue;
+                }
+                live[dst] = false;
+                let sh = 4u * (j & 7u);
+                let ch = (word >> sh) & 3u;
+                if (ch != CH_BOTH) {
+                    let kept = chosen(w.x, ch);
+                    live[kept] = true;
+                    if (kept != dst) {
+                        word |= EMITTED << sh;
+                        n_out += 1u;
+                    }
+                    continue;
+                }
                 word |= EMITTED << sh;
                 n_out += 1u;
+                let nr = n_reads(w.x & 0xffu);
+                if (nr >= 1u) {
+                    live[(w.x >> 16u) & 0xffu] = true;
+                }
+                if (nr >= 2u) {
+                    live[w.x >> 24u] = true;
+                }
+                if (nr == 3u) {
+                    live[w.y & 0xffu] = true;
+                }
             }
-            continue;
-        }
-        word |= EMITTED << sh;
-        n_out += 1u;
-        let nr = n_reads(w.x & 0xffu);
-        if (nr >= 1u) {
-            live[(w.x >> 16u) & 0xffu] = true;
-        }
-        if (nr >= 2u) {
-            live[w.x >> 24u] = true;
-        }
-        if (nr == 3u) {
-            live[w.y & 0xffu] = true;
-        }
-    }
-    if (wi != NO_ROOM) {
-        out_u[scratch + wi] = word;
-    }
-    if (overflow) {
-        note_overflow();
-        return vec3<u32>(0u, 0u, cls);
-    }
-    let tape = alloc(2u * n_out);
-    if (tape == NO_ROOM) {
-        return vec3<u32>(0u, 0u, TILE_FAILED);
-    }
-    // the emitted records in order, eight scratch nibbles a word
-    var at = tape;
-    let n_words = (len + 7u) / 8u;
-    var wj = 0u;
-    loop {
-        if (wj >= n_words || overflow) {
-            break;
-        }
-        if (iters >= U.iter_cap) {
-            overflow = true;
-            break;
-        }
-        iters += 1u;
-        let full = out_u[scratch + wj];
-        var m = full & 0x44444444u;
-        loop {
-            if (m == 0u) {
-                break;
+            if (overflow) {
+                working = false;
             }
-            if (iters >= U.iter_cap) {
-                overflow = true;
-                break;
-            }
-            iters += 1u;
-            let sh = firstTrailingBit(m) - 2u;
-            m &= m - 1u;
-            var rec = source_record(l, src, wj * 8u + sh / 4u);
-            let ch = (full >> sh) & 3u;
-            if (ch != CH_BOTH) {
-                rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
-            }
-            out_u[at] = rec.x;
-            out_u[at + 1u] = rec.y;
-            at += 2u;
         }
-        wj += 1u;
     }
-    if (overflow) {
-        note_overflow();
-        return vec3<u32>(0u, 0u, cls);
-    }
-    return vec3<u32>(tape, n_out, cls);
-}
-
-// one invocation per tile of level U.extra.w: its source tape is the full tape (level 0) or its
-// parent's pruned tape; in the sign image a sub-tile of a decided (or failed) parent takes the
-// parent's class and does nothing else
-@compute @workgroup_size(WG)
-fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-               @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = flat_index(wid, lid, nwg);
-    let l = u32(U.extra.w);
-    if (t >= level_tiles(l)) {
-        return;
-    }
-    let hdr = level_header(l) + 3u * t;
-    let b = tile_box(l, t);
-    var h = vec3<u32>(0u, 0u, TILE_EMPTY);
-    if (b.r0 < b.r1 && b.c0 < b.c1) {
-        var src = 0u;
-        var len = U.n_instrs;
-        var pcls = TILE_AMBIGUOUS;
-        if (l > 0u) {
-            let q = fanout(l - 1u);
-            let p = level_header(l - 1u) + 3u * (t / (q * q));
-            src = out_u[p];
-            len = out_u[p + 1u];
-            pcls = out_u[p + 2u];
+    if (working) {
+        if (wi != NO_ROOM) {
+            out_u[scratch + wi] = word;
         }
-        if (pcls == TILE_FAILED || (pcls != TILE_AMBIGUOUS && sign_mode())) {
-            h.z = pcls;
+        let tape = alloc(2u * n_out);
+        if (tape == NO_ROOM) {
+            h = vec3<u32>(0u, 0u, TILE_FAILED);
+            working = false;
         } else {
-            h = prune_tile(l, src, len, b);
+            h = vec3<u32>(tape, n_out, cls);
         }
     }
-    out_u[hdr] = h.x;
-    out_u[hdr + 1u] = h.y;
-    out_u[hdr + 2u] = h.z;
+
+    // the emitted records in order, eight scratch nibbles a word
+    var at = h.x;
+    for (var c = 0u; c < n_chunks; c++) {
+        iters += 1u;
+        if (working) {
+            wg_busy[phase % 3u] = 1u;
+        }
+        let busy = workgroupUniformLoad(&wg_busy[phase % 3u]);
+        if (lid == 0u) {
+            wg_busy[(phase + 2u) % 3u] = 0u;
+        }
+        phase += 1u;
+        if (busy == 0u) {
+            break;
+        }
+        load_chunk(l, c, seg, n_slots, lid);
+        workgroupBarrier();
+        if (working) {
+            let k0 = c * seg;
+            let w_end = (min(len, k0 + seg) + 7u) / 8u;
+            var wj = k0 / 8u;
+            loop {
+                if (wj >= w_end || overflow) {
+                    break;
+                }
+                if (iters >= U.iter_cap) {
+                    overflow = true;
+                    break;
+                }
+                iters += 1u;
+                let full = out_u[scratch + wj];
+                var m = full & 0x44444444u;
+                loop {
+                    if (m == 0u) {
+                        break;
+                    }
+                    if (iters >= U.iter_cap) {
+                        overflow = true;
+                        break;
+                    }
+                    iters += 1u;
+                    let sh = firstTrailingBit(m) - 2u;
+                    m &= m - 1u;
+                    var rec = wg_rec[base + wj * 8u + sh / 4u - k0];
+                    let ch = (full >> sh) & 3u;
+                    if (ch != CH_BOTH) {
+                        rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
+                    }
+                    out_u[at] = rec.x;
+                    out_u[at + 1u] = rec.y;
+                    at += 2u;
+                }
+                wj += 1u;
+            }
+            if (overflow) {
+                working = false;
+            }
+        }
+    }
+    if (overflow) {
+        note_overflow();
+        h = vec3<u32>(0u, 0u, cls);
+    }
+    if (t < n) {
+        let hdr = level_header(l) + 3u * t;
+        out_u[hdr] = h.x;
+        out_u[hdr + 1u] = h.y;
+        out_u[hdr + 2u] = h.z;
+    }
 }
 
 // one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
