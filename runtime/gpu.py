@@ -70,6 +70,7 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "gradient_points": ("kernels_points.wgsl", True),
     "field_image": ("kernels_points.wgsl", True),
     "march": ("kernels_render.wgsl", True),
+    "surface": ("kernels_render.wgsl", True),
     "light": ("kernels_render.wgsl", True),
     "slice": ("kernels_render.wgsl", True),
     "shade": ("kernels_render.wgsl", False),
@@ -77,6 +78,10 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "prune_tiles": ("prune.wgsl", True),
     "pruned_image": ("prune.wgsl", True),
 }
+# pipeline-overridable constants per kernel: march and light need distances only (the hit's
+# material comes from the surface pass), so their interpreter is built without material ids
+KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {"march": {"WITH_MATERIALS": False},
+                                                "light": {"WITH_MATERIALS": False}}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
@@ -214,7 +219,7 @@ class KernelSet:
         module = self._module(self._module_key(kernel, variant))
         promise = self.device.create_compute_pipeline_async(
             label=f"{kernel}@{variant}", layout=self.pipeline_layout,
-            compute={"module": module, "entry_point": kernel})
+            compute={"module": module, "entry_point": kernel, "constants": KERNEL_CONSTANTS.get(kernel, {})})
         pipe = promise.sync_wait()
         with self._lock:
             self.stats.pipelines_created += 1
@@ -894,7 +899,7 @@ class GpuWalker:
         mat uint32, grad (H,W,3) f32 (field gradient at the hit), normal, dirs, eye."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
-        self._dispatch(tape, [("march", n)], variant, u)
+        self._dispatch(tape, [("march", n), ("surface", n)], variant, u)
         return self._march_result(camera, width, height)
 
     def _march_result(self, camera: Camera, width: int, height: int) -> dict:
@@ -916,7 +921,7 @@ class GpuWalker:
         shadow and ao (H, W) float32 (1 on misses)."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
-        self._dispatch(tape, [("march", n), ("light", n)], variant, u)
+        self._dispatch(tape, [("march", n), ("surface", n), ("light", n)], variant, u)
         out = self._march_result(camera, width, height)
         sa = self._read(self._out_f, np.float32, 4 * n, 4 * n).reshape(height, width, 4)
         out["shadow"], out["ao"] = np.ascontiguousarray(sa[..., 0]), np.ascontiguousarray(sa[..., 1])
@@ -933,8 +938,8 @@ class GpuWalker:
         if view == "slice":
             passes = [("slice", n)]
         elif view in ("shade", "section"):
-            passes = [("march", n), ("light", n), ("shade", n)]
-        else:
+            passes = [("march", n), ("surface", n), ("light", n), ("shade", n)]
+        else:   # the other views' colours do not read the material
             passes = [("march", n), ("shade", n)]
         rng = np.random.default_rng(0)
         for s in range(samples):

@@ -15,6 +15,10 @@ var<private> overflow: bool;
 
 var<private> reg: array<f32, REG_CAP>;
 var<private> regm: array<u32, REG_CAP>;
+// Whether run_tape tracks material ids: a pipeline constant, off for the kernels that need
+// distances only (march, light: runtime/gpu.py KERNEL_CONSTANTS), where the compiler then drops
+// `regm` and its loads and stores; their Evals carry material 0.
+override WITH_MATERIALS: bool = true;
 var<private> stack_p: array<vec4<f32>, STACK_CAP>;   // (p, scale) frames of PUSH / POP
 
 // one open pattern loop (the twin's lp / lacc / lmat / lbound / lcell / lint rows)
@@ -495,8 +499,12 @@ fn run_tape(pin: vec3<f32>) -> Eval {
         let va = reg[ins.a];
         let vb = reg[ins.b];
         let vc = reg[ins.c];
-        let ma = regm[ins.a];
-        let mb = regm[ins.b];
+        var ma = 0u;
+        var mb = 0u;
+        if (WITH_MATERIALS) {
+            ma = regm[ins.a];
+            mb = regm[ins.b];
+        }
         var nxt = pc + 1u;        // the record after this iteration (pc itself while sub-stepping)
         var wr = true;            // this iteration writes (wv, wm) into register wd
         var wd = ins.dst;
@@ -793,11 +801,17 @@ fn run_tape(pin: vec3<f32>) -> Eval {
         }
         if (wr) {
             reg[wd] = wv;
-            regm[wd] = wm;
+            if (WITH_MATERIALS) {
+                regm[wd] = wm;
+            }
         }
         pc = nxt;
     }
-    return Eval(reg[0], regm[0]);
+    var mat = 0u;
+    if (WITH_MATERIALS) {
+        mat = regm[0];
+    }
+    return Eval(reg[0], mat);
 }
 
 // run_tape, counting an evaluation that hit the iteration cap in counters[COUNT_OVERFLOW]

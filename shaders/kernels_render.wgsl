@@ -2,7 +2,7 @@
 // (shading.compose), the slice view, and accumulate / resolve. Mirrors CpuWalker.march / render
 // and runtime/shading.py. Buffers (N = U.n_items pixels, row-major, row 0 at the top):
 //   out_f[4i ..]       march: t (inf = miss; the current t while unfinished), gradient at the hit
-//   out_u[4i ..]       march: steps, material, hit, phase
+//   out_u[4i ..]       march: steps, material (written by surface), hit, phase
 //   out_f[4N + 4i ..]  light: key-light visibility, ambient occlusion, shadow-ray t, penumbra
 //   out_u[4N + 4i ..]  light: shadow-ray steps, phase, shadow hit, occlusion sum (f32 bits)
 //   out_u[8N + i]      resolve: RGBA8 (R in the low byte)
@@ -177,6 +177,22 @@ fn march(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     out_u[4u * i + 1u] = tr.mat;
     out_u[4u * i + 2u] = u32(tr.hit);
     out_u[4u * i + 3u] = phase;
+}
+
+// the material of each hit: march runs without materials (WITH_MATERIALS off), so the field is
+// evaluated once more, with them, at the march's final point (the point whose value was the hit)
+@compute @workgroup_size(WG)
+fn surface(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+           @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, lid, nwg);
+    if (i >= U.n_items || out_u[4u * i + 2u] == 0u) {
+        return;
+    }
+    let e = field(ray_point(eye(), pixel_dir(i), out_f[4u * i]));
+    if (overflow) {
+        note_overflow();
+    }
+    out_u[4u * i + 1u] = e.mat;
 }
 
 const LIGHT_DONE: u32 = 6u;   // light phases: 0 shadow ray, 1..5 AO tap phase-1, 6 done

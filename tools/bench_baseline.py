@@ -24,8 +24,8 @@ from .baseline_wgsl import scene_function, splice
 __all__ = ["BaselineKernel", "POINT_KERNELS", "FRAME_KERNELS", "WRITTEN_OUT_KERNELS"]
 
 POINT_KERNELS = ("eval_points",)
-FRAME_KERNELS = ("march", "light")            # every view but slice (shade / resolve read no tape)
-WRITTEN_OUT_KERNELS = ("eval_points", "march", "light", "slice")   # the kernels that call run_tape
+FRAME_KERNELS = ("march", "surface", "light")   # every view but slice (shade / resolve read no tape)
+WRITTEN_OUT_KERNELS = ("eval_points", "march", "surface", "light", "slice")   # the kernels that call run_tape
 
 
 class BaselineKernel:
@@ -60,7 +60,8 @@ class BaselineKernel:
             module = ks.device.create_shader_module(label=f"baseline {f} {tape.source}", code=sources[f])
             for k in names:
                 self._pipelines[(k, self.variant)] = ks.device.create_compute_pipeline(
-                    label=f"baseline {k}", layout=ks.pipeline_layout, compute={"module": module, "entry_point": k})
+                    label=f"baseline {k}", layout=ks.pipeline_layout,
+                    compute={"module": module, "entry_point": k, "constants": gpu.KERNEL_CONSTANTS.get(k, {})})
         self.compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         if "eval_points" in self.kernels:
