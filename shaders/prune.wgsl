@@ -54,8 +54,7 @@ const HALF_PI_UP: f32 = 1.5723;                 // > pi/2 (1 + 2^-9)
 const PI_UP: f32 = 3.1447;                      // > pi (1 + 2^-9)
 const TRIG_UP: f32 = 1.0009765625;              // |sin|, |cos| on the GPU: <= 1 + 2^-11
 
-var<private> ilo: array<f32, REG_CAP>;
-var<private> ihi: array<f32, REG_CAP>;
+var<private> ireg: array<vec2<f32>, REG_CAP>;   // the intervals of the registers (lo, hi)
 var<private> live: array<bool, REG_CAP>;   // the pruner's live registers (private: zeroed)
 
 fn nan() -> f32 {
@@ -573,6 +572,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             let k0 = c * seg;
             let k1 = min(len, k0 + seg);
             var k = k0;
+            var next = wg_rec[base];   // (the next record is read before working on this one)
             loop {
                 if (k >= k1) {
                     break;
@@ -582,7 +582,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     break;
                 }
                 iters += 1u;
-                let w = wg_rec[base + k - k0];
+                let w = next;
+                next = wg_rec[min(base + k + 1u - k0, CHUNK - 1u)];
                 let op = w.x & 0xffu;
                 let a = (w.x >> 16u) & 0xffu;
                 let bb = w.x >> 24u;
@@ -595,14 +596,15 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 } else if (op == OP_INSTANCE_INDEX) {
                     v = Iv(0.0, 0.0, CH_BOTH);
                 } else if (op <= OP_NOT) {
-                    v = iv_unary(op, ilo[a], ihi[a]);
+                    let ia = ireg[a];
+                    v = iv_unary(op, ia.x, ia.y);
                 } else {
-                    let cc = w.y & 0xffu;
-                    v = iv_binary(op, ilo[a], ihi[a], ilo[bb], ihi[bb], ilo[cc], ihi[cc]);
+                    let ia = ireg[a];
+                    let ib = ireg[bb];
+                    let ic = ireg[w.y & 0xffu];
+                    v = iv_binary(op, ia.x, ia.y, ib.x, ib.y, ic.x, ic.y);
                 }
-                let dst = (w.x >> 8u) & 0xffu;
-                ilo[dst] = v.lo;
-                ihi[dst] = v.hi;
+                ireg[(w.x >> 8u) & 0xffu] = vec2<f32>(v.lo, v.hi);
                 bits |= v.ch << (4u * (k & 7u));
                 if ((k & 7u) == 7u || k + 1u == len) {
                     out_u[scratch + k / 8u] = bits;
@@ -616,9 +618,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         }
     }
     var cls = TILE_AMBIGUOUS;
-    if (ihi[0] < 0.0) {
+    if (ireg[0].y < 0.0) {
         cls = TILE_INSIDE;
-    } else if (ilo[0] >= 0.0) {
+    } else if (ireg[0].x >= 0.0) {
         cls = TILE_OUTSIDE;
     }
     if (working || overflow) {
@@ -655,6 +657,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         if (working) {
             let k0 = c * seg;
             var j = min(len, k0 + seg);
+            var next = wg_rec[base + select(0u, j - k0 - 1u, j > k0)];
             loop {
                 if (j <= k0) {
                     break;
@@ -665,7 +668,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 iters += 1u;
                 j -= 1u;
-                let w = wg_rec[base + j - k0];
+                let w = next;
+                next = wg_rec[base + select(0u, j - k0 - 1u, j > k0)];
                 if (j / 8u != wi) {
                     if (wi != NO_ROOM) {
                         out_u[scratch + wi] = word;
