@@ -750,6 +750,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             let k0 = c * seg;
             let w_end = (min(len, k0 + seg) + 7u) / 8u;
             var wj = k0 / 8u;
+            var next = out_u[scratch + min(wj, max(w_end, 1u) - 1u)];   // (read a word ahead)
             loop {
                 if (wj >= w_end || overflow) {
                     break;
@@ -759,7 +760,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     break;
                 }
                 iters += 1u;
-                let full = out_u[scratch + wj];
+                let full = next;
+                next = out_u[scratch + min(wj + 1u, max(w_end, 1u) - 1u)];
                 var m = full & 0x44444444u;
                 loop {
                     if (m == 0u) {
