@@ -849,12 +849,14 @@ class GpuWalker:
 
     @_guarded
     def gpu_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
-                    tiles=None, sign: bool = False, repeat: int = 8, tile_passes_only: bool = False) -> float:
+                    tiles=None, sign: bool = False, repeat: int = 8, tile_passes_only: bool = False,
+                    levels: int | None = None) -> float:
         """GPU time of one image, without host work or reading it back: the image's passes are
         encoded once, and ``repeat`` times in a row, as one command buffer each; each is then
         submitted and waited for; returns (t_repeat - t_1) / (repeat - 1). ``tiles`` None: the
         unpruned field_image kernel; else the pruned image (``sign`` as sign_image), or with
-        ``tile_passes_only`` its prune_tiles passes alone."""
+        ``tile_passes_only`` its prune_tiles passes alone (with ``levels``, only those of the first
+        ``levels`` tile levels)."""
         if repeat < 2:
             raise TaperayError(f"gpu_seconds: repeat must be >= 2, got {repeat}")
         if tiles is None:
@@ -867,7 +869,7 @@ class GpuWalker:
             self._pruned_image(tape, width, height, rect, z, tiles, sign)   # sizes the arena
             variant, passes, u, _ = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
             if tile_passes_only:
-                passes = passes[:-1]
+                passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
 
         def run(k: int) -> float:
             cb = self._encode(passes, variant, u, 0, repeat=k)

@@ -12,7 +12,8 @@ unpruned field image (pruning off). Columns:
 * GPU: ``GpuWalker.gpu_seconds``, the median of 3 measurements, each (t_K - t_1) / (K - 1) where
   t_K is the time from submitting K images' passes, encoded in one command buffer beforehand, to
   their completion: no host work and no read-back (K aims at ~0.25 s of work, 2..16); "tile
-  passes" the same for the prune_tiles passes alone, so "pixel pass" is the difference. (Timestamp
+  passes" the same for the prune_tiles passes alone, so "pixel pass" is the difference, and "level 0
+  pass" the same for level 0's prune_tiles pass alone (the walks over the full tape). (Timestamp
   queries would need the device opened with that feature; this does not depend on it.)
 * the mean pruned tape length per level (records; in the sign image over the tiles that still
   have a tape, i.e. not decided), read back from the tile headers (``GpuWalker.prune_levels``).
@@ -62,7 +63,8 @@ def bench_prune_gpu(opts) -> BenchResult:
              "dispatches and reading the image back (the tape is uploaded once)",
              f"GPU: median of {GPU_MEASUREMENTS} x (t_K - t_1) / (K - 1), t_K = K images' passes encoded "
              "beforehand in one command buffer, from submit to completion (no host work, no read-back); "
-             "tile passes: the prune_tiles passes alone; pixel pass = GPU - tile passes",
+             "tile passes: the prune_tiles passes alone; pixel pass = GPU - tile passes; level 0 pass: "
+             "level 0's prune_tiles pass alone",
              "sign image: tiles decided at any level are filled without evaluating below them; pruned "
              "field: every pixel runs its finest tile's pruned tape (bit-identical to field_image)",
              "mean tape length per level: records, coarse to fine (sign image: over the undecided tiles)"]
@@ -103,12 +105,15 @@ def bench_prune_gpu(opts) -> BenchResult:
                    "tiles px": "/".join(map(str, tiles)) if tiles else "-",
                    "wall median ms": wall["median_ms"], "wall min ms": wall["min_ms"],
                    "wall max ms": wall["max_ms"], "GPU ms": gpu_ms, "tile passes GPU ms": "-",
-                   "pixel pass GPU ms": "-", "mean tape length per level": "-"}
+                   "pixel pass GPU ms": "-", "level 0 pass GPU ms": "-", "mean tape length per level": "-"}
             if tiles:
                 passes = _gpu_ms(walker, tape, size, wall["median_ms"], tiles=tiles, sign=sign,
                                  tile_passes_only=True)
+                level0 = _gpu_ms(walker, tape, size, wall["median_ms"], tiles=tiles, sign=sign,
+                                 tile_passes_only=True, levels=1)
                 levels = walker.prune_levels(tape, size, size, rect, tiles=tiles, sign=sign)
                 row.update({"tile passes GPU ms": passes, "pixel pass GPU ms": gpu_ms - passes,
+                            "level 0 pass GPU ms": level0,
                             "mean tape length per level": " / ".join(f"{lv['mean_length']:.0f}" for lv in levels)})
             else:
                 unpruned[size] = (wall["median_ms"], gpu_ms)
