@@ -34,7 +34,8 @@
 // bit for bit at every pixel (nmin / nmax return a on ties): a pruned tape is exact on its tile,
 // and a sub-tile's interval pass over its parent's pruned tape bounds the same values.
 // Every loop over records counts into run_tape's `iters` and stops at U.iter_cap (overflow,
-// reported by the host).
+// reported by the host); so do prune_tiles' chunk loops and the loads of each chunk into workgroup
+// memory.
 
 const TILE_AMBIGUOUS: u32 = 0u;
 const TILE_INSIDE: u32 = 1u;
