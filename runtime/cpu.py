@@ -235,12 +235,14 @@ def _cells(t, cnt):
 # ----------------------------------------------------------------------------- workspace
 @njit(**_JIT)
 def _workspace(n_regs, B):
-    """Per-chunk scratch: (pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcell, lint)."""
+    """Per-chunk scratch: (pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
+    lcell, lint)."""
     return (np.zeros((3, B), np.float32), np.zeros(B, np.float32), np.zeros(B, np.uint32),
             np.zeros((n_regs, B), np.float32), np.zeros((n_regs, B), np.uint32),
             np.zeros((4, B), np.float32), np.zeros((_STACK_CAP, 4, B), np.float32),
             np.zeros((_LOOP_CAP, 4, B), np.float32), np.zeros((_LOOP_CAP, B), np.float32),
             np.zeros((_LOOP_CAP, B), np.uint32), np.zeros((_LOOP_CAP, B), np.float32),
+            np.zeros((_LOOP_CAP, B), np.float32),
             np.zeros((_LOOP_CAP, 6, B), np.int64), np.zeros((_LOOP_CAP, 8), np.int64))
 
 
@@ -351,6 +353,28 @@ def _loop_point(L, it, n, params, p, lp, lcell, lint):
 
 
 @njit(**_JIT)
+def _copy_bound(L, n, params, p, lint, lcopy):
+    """lcopy[L] = the bound of the copy p (set by _loop_point) evaluates: the distance, times the
+    scale, to the child's box (grid: half extents e), slab (linear: |p . d| / |d| <= e) or sphere
+    (polar: centre c, radius R). A copy's value is max(body, this bound), so a copy whose bound is
+    >= the running minimum cannot change the pattern's value (the GPU skips it)."""
+    op, prm = lint[L, 3], lint[L, 4]
+    if op == REPEAT_LINEAR:
+        dx, dy, dz, e = params[prm], params[prm + 1], params[prm + 2], params[prm + 4]
+        dlen = np.sqrt(dx * dx + dy * dy + dz * dz)
+        for j in range(n):
+            lcopy[L, j] = (abs(p[0, j] * dx + p[1, j] * dy + p[2, j] * dz) / dlen - e) * p[3, j]
+    elif op == REPEAT_POLAR:
+        cx, cy, cz, R = params[prm + 1], params[prm + 2], params[prm + 3], params[prm + 4]
+        for j in range(n):
+            lcopy[L, j] = (_len3(p[0, j] - cx, p[1, j] - cy, p[2, j] - cz) - R) * p[3, j]
+    else:
+        ex, ey, ez = params[prm + 6], params[prm + 7], params[prm + 8]
+        for j in range(n):
+            lcopy[L, j] = _box(p[0, j], p[1, j], p[2, j], ex, ey, ez) * p[3, j]
+
+
+@njit(**_JIT)
 def _instance_index(L, j, params, lcell, lint):
     op = lint[L, 3]
     if op == INSTANCES:
@@ -397,7 +421,7 @@ def _instance_point(L, j, node, p, lp, lcell, bvhi, inst):
 @njit(**_JIT)
 def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
     """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the block."""
-    pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcell, lint = ws
+    pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint = ws
     for j in range(n):
         p[0, j], p[1, j], p[2, j], p[3, j] = pin[0, j], pin[1, j], pin[2, j], F1
     sp = 0
@@ -700,15 +724,24 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                     again = active > 0
                 else:
                     for j in range(n):
-                        v = regs[a, j]
+                        v = max(regs[a, j], lcopy[L, j])
                         if it == 0 or v < lacc[L, j]:
                             lacc[L, j] = v
                             lmat[L, j] = mats[a, j]
                     it += 1
+                    while it < lint[L, 1]:   # the next copy some point of the block needs
+                        _loop_point(L, it, n, params, p, lp, lcell, lint)
+                        _copy_bound(L, n, params, p, lint, lcopy)
+                        needed = False
+                        for j in range(n):
+                            if not lcopy[L, j] >= lacc[L, j]:
+                                needed = True
+                                break
+                        if needed:
+                            break
+                        it += 1
                     lint[L, 2] = it
                     again = it < lint[L, 1]
-                    if again:
-                        _loop_point(L, it, n, params, p, lp, lcell, lint)
                 if again:
                     nxt = lint[L, 0] + 1
                 else:
@@ -750,6 +783,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                 else:
                     _loop_enter(op, prm, params, n, L, p, lp, lbound, lcell, lint)
                     _loop_point(L, 0, n, params, p, lp, lcell, lint)
+                    _copy_bound(L, n, params, p, lint, lcopy)
         elif op == CULL_BOX:                                          # ---- cull
             x0, y0, z0 = params[prm], params[prm + 1], params[prm + 2]
             x1, y1, z1, m = params[prm + 3], params[prm + 4], params[prm + 5], params[prm + 6]

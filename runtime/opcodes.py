@@ -267,6 +267,10 @@ _spec(Op.INSTANCES, F.PATTERN, (), False, 0,
       "INSTANCE_INDEX reads the instance index.")
 _spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
       "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "
+      "REPEAT_*: a copy counts as max(body, copy bound), the copy bound being the distance * scale "
+      "from the copy's point to the child's box (grid: half extents e), slab (linear: |p.d|/|d| <= e) "
+      "or sphere (polar: c, R); a copy whose bound is >= the running minimum cannot change the value "
+      "and may be skipped (exact; the GPU skips it, the twin skips it where a whole block may). "
       "jump = index of the REPEAT_* / INSTANCES that opened the loop; restores p and scale when "
       "done. The loop's running minimum lives in the loop frame, not in reg[dst]; bodies never "
       "write reg[dst]. For REPEAT_GRID, INSTANCE_INDEX is i + nx*(j + ny*k).")

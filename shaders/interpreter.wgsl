@@ -27,6 +27,7 @@ struct LoopFrame {
     acc: f32,            // running minimum over the evaluated copies
     acc_mat: u32,
     bound: f32,          // bound of the unchecked copies (INSTANCES: box distance of the leaf)
+    copy_bound: f32,     // REPEAT_*: bound of the copy being evaluated (copy_bound())
     open: u32,           // index of the REPEAT_* / INSTANCES record
     op: u32,
     prm: u32,
@@ -450,6 +451,23 @@ fn instance_point(fr: ptr<function, LoopFrame>, node: u32) -> vec4<f32> {
     return vec4<f32>(v.x / inst.s, v.y / inst.s, v.z / inst.s, lp.w * inst.s);
 }
 
+// the twin's _copy_bound: the distance, times the scale, from the copy's point q (loop_point) to
+// the child's box (grid: half extents e), slab (linear: |q . d| / |d| <= e) or sphere (polar: c, R)
+fn copy_bound(fr: LoopFrame, q: vec4<f32>) -> f32 {
+    let prm = fr.prm;
+    if (fr.op == OP_REPEAT_LINEAR) {
+        let dx = params[prm];
+        let dy = params[prm + 1u];
+        let dz = params[prm + 2u];
+        let dlen = sqrt(dx * dx + dy * dy + dz * dz);
+        return (abs(q.x * dx + q.y * dy + q.z * dz) / dlen - params[prm + 4u]) * q.w;
+    }
+    if (fr.op == OP_REPEAT_POLAR) {
+        return (len3(q.x - params[prm + 1u], q.y - params[prm + 2u], q.z - params[prm + 3u]) - params[prm + 4u]) * q.w;
+    }
+    return sd_box(q.x, q.y, q.z, params[prm + 6u], params[prm + 7u], params[prm + 8u]) * q.w;
+}
+
 // ---- the interpreter --------------------------------------------------------------------------
 
 // sub-step modes of run_tape's one loop
@@ -457,6 +475,7 @@ const STEP_RECORD: u32 = 0u;      // fetch and run the record at pc
 const STEP_POLY: u32 = 1u;        // one polygon edge of EXTRUDE_POLY / REVOLVE_POLY at pc
 const STEP_SEEK: u32 = 2u;        // one BVH node of the INSTANCES loop opened / continued at pc
 const STEP_FMOD: u32 = 3u;        // one exact-fmod subtraction of MOD at pc
+const STEP_NEXT_COPY: u32 = 4u;   // REPEAT_END at pc: copy fr.it, run unless its bound >= fr.acc
 
 // Written for a SIMD rasteriser that runs every branch of every iteration (lavapipe): registers
 // are read once and written once per iteration, and the innermost pattern frame lives in `fr`
@@ -591,6 +610,34 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                         fr = loops[lsp - 1u];
                     }
                 }
+            }
+        } else if (mode == STEP_NEXT_COPY) {
+            // a copy's value is max(body, copy bound): one whose bound is >= the running minimum
+            // cannot change the pattern's value, and is skipped
+            wr = false;
+            nxt = pc;
+            if (fr.it < fr.n_iter) {
+                let q = loop_point(fr, fr.it);
+                let b = copy_bound(fr, q);
+                if (b >= fr.acc) {
+                    fr.it += 1u;
+                } else {
+                    fr.copy_bound = b;
+                    p = q;
+                    nxt = fr.open + 1u;
+                    mode = STEP_RECORD;
+                }
+            } else {
+                wr = true;
+                wv = nmin(fr.acc, fr.bound);
+                wm = fr.acc_mat;
+                p = fr.p;
+                lsp -= 1u;
+                if (lsp > 0u) {
+                    fr = loops[lsp - 1u];
+                }
+                nxt = pc + 1u;
+                mode = STEP_RECORD;
             }
         } else if (mode == STEP_FMOD) {
             var t = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
@@ -736,24 +783,14 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 mode = STEP_SEEK;
                 nxt = pc;
             } else {
-                if (fr.it == 0u || va < fr.acc) {
-                    fr.acc = va;
+                let v = pmax(va, fr.copy_bound);
+                if (fr.it == 0u || v < fr.acc) {
+                    fr.acc = v;
                     fr.acc_mat = ma;
                 }
                 fr.it += 1u;
-                if (fr.it < fr.n_iter) {
-                    p = loop_point(fr, fr.it);
-                    nxt = fr.open + 1u;
-                } else {
-                    wr = true;
-                    wv = nmin(fr.acc, fr.bound);
-                    wm = fr.acc_mat;
-                    p = fr.p;
-                    lsp -= 1u;
-                    if (lsp > 0u) {
-                        fr = loops[lsp - 1u];
-                    }
-                }
+                mode = STEP_NEXT_COPY;
+                nxt = pc;
             }
         } else if (op <= OP_INSTANCES) {   // REPEAT_LINEAR / POLAR / GRID, INSTANCES: open a loop
             wr = false;
@@ -778,6 +815,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             } else {
                 loop_enter(&fr, p);
                 p = loop_point(fr, 0u);
+                fr.copy_bound = copy_bound(fr, p);
             }
         } else if (op == OP_CULL_BOX) {                                // ---- cull
             let x0 = params[prm];

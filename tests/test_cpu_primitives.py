@@ -497,35 +497,74 @@ def test_pattern_is_a_bound_when_the_child_overflows_its_cell(walker_cpu, name):
     assert np.mean(np.abs(d - brute) < 1e-5) > 0.25     # not vacuous: often still exact
 
 
-def test_instance_index_reports_the_evaluated_copies(walker_cpu):
-    op, prm, r, _ = PATTERNS["linear"]
-    prm = list(prm)
-    prm[4] = -100.0                                  # unchecked bound far above: min over evaluated copies
-
+def test_a_copy_counts_as_at_least_its_bound(walker_cpu):
+    # a body far below its copies' bounds: each copy counts as max(body, bound), the pattern as the
+    # smallest over the evaluated copies (nearest and neighbour), so the value is the distance
+    # to the nearer of the two copies' slabs |x - 100 k| <= 10
     def body(tb):
-        tb.op(Op.INSTANCE_INDEX, 1)
-    tape = _pattern_tape(op, prm, r, body)
-    t = np.array([0.2, 0.7, 2.3, 2.5, 3.9, 5.6, 6.4, 8.0, -1.0], np.float64)
-    pts = (t[:, None] * np.asarray(prm[:3])).astype(np.float32)
-    got, _ = walker_cpu.evaluate(tape, pts)
-    c = np.clip(np.round(t), 0, 6)
-    nb = c + np.where(t >= c, 1, -1)
-    nb = np.where((nb < 0) | (nb > 6), c - np.where(t >= c, 1, -1), nb)
-    assert got.tolist() == np.minimum(c, nb).tolist()
+        tb.op(Op.CONST, 1, params=[-1000.0])
+    tape = _pattern_tape(Op.REPEAT_LINEAR, [100.0, 0.0, 0.0, 7, 10.0], 0.0, body)
+    x = np.array([0.0, 5.0, 30.0, 149.0, 251.0, 620.0, 700.0, -50.0])
+    got, _ = walker_cpu.evaluate(tape, np.stack([x, 0 * x, 0 * x], 1).astype(np.float32))
+    nearest = np.clip(np.floor(x / 100 + 0.5), 0, 6)
+    assert got.tolist() == (np.abs(x - 100 * nearest) - 10).tolist()
 
 
-def test_grid_instance_index_is_linear_index(walker_cpu):
-    prm = [1.0, 1.0, 1.0, 3, 4, 2, -100.0, -100.0, -100.0]
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_pattern_blocks_skip_copies_without_changing_a_bit(walker_cpu, name):
+    # the twin skips a copy when every point of a block has a bound >= its running minimum; a
+    # point evaluated alone skips whenever its own bound allows: the bits must not differ
+    op, prm, r, (lo, hi) = PATTERNS[name]
+    tape = _pattern_tape(op, prm, r)
+    pts = RNG.uniform(lo, hi, (3000, 3)).astype(np.float32)
+    d, m = walker_cpu.evaluate(tape, pts)
+    alone = [walker_cpu.evaluate(tape, pts[i:i + 1]) for i in range(0, 3000, 60)]
+    assert np.array_equal(d[::60], np.concatenate([a[0] for a in alone]))
+    assert np.array_equal(m[::60], np.concatenate([a[1] for a in alone]))
+
+
+def test_instance_index_reports_the_evaluated_copies(walker_cpu):
+    # copies 100 apart along x, child slab e = 0: a copy's bound is |t - k| * 100 and the unchecked
+    # bound 100 * (distance to the nearest unchecked index). The body, index + y (y is the same in
+    # every copy), lies between the two, so the value is y + the smallest evaluated index.
+    prm = [100.0, 0.0, 0.0, 7, 0.0]
 
     def body(tb):
         tb.op(Op.INSTANCE_INDEX, 2)
-        tb.op(Op.NEG, 1, a=2)                        # min over copies of -index = -max index
+        tb.op(Op.VAR_Y, 3)
+        tb.op(Op.ADD, 1, a=2, b=3)
+    tape = _pattern_tape(Op.REPEAT_LINEAR, prm, 0.0, body)
+    t = np.array([0.2, 0.7, 2.3, 2.5, 3.9, 5.6, 6.4, 8.0, -1.0], np.float64)
+    c = np.clip(np.floor(t + 0.5), 0, 6)                           # the nearest copy (round half up)
+    nb = c + np.where(t >= c, 1, -1)                               # and its neighbour towards t
+    nb = np.where((nb < 0) | (nb > 6), c - np.where(t >= c, 1, -1), nb)
+    far = 100 * np.maximum(np.abs(t - c), np.abs(t - nb))          # largest evaluated copy bound
+    k = np.arange(7)
+    unchecked = (k[None] < np.minimum(c, nb)[:, None]) | (k[None] > np.maximum(c, nb)[:, None])
+    unchecked_bound = 100 * np.where(unchecked, np.abs(t[:, None] - k), np.inf).min(1)
+    y = np.ceil(far) + 1
+    assert np.all(y + 6 < unchecked_bound)                         # the window the test relies on
+    pts = np.stack([t * 100, y, np.zeros_like(t)], 1).astype(np.float32)
+    got, _ = walker_cpu.evaluate(tape, pts)
+    assert got.tolist() == (y + np.minimum(c, nb)).tolist()
+
+
+def test_grid_instance_index_is_linear_index(walker_cpu):
+    # cells 100 apart, child boxes of zero size: a cell's bound is its distance from the point; the
+    # body 170 - index lies between the evaluated cells' bounds and the unchecked bound, so the
+    # value is 170 - the largest evaluated index
+    prm = [100.0, 100.0, 100.0, 3, 4, 2, 0.0, 0.0, 0.0]
+
+    def body(tb):
+        tb.op(Op.INSTANCE_INDEX, 2)
+        tb.op(Op.CONST, 3, params=[170.0])
+        tb.op(Op.SUB, 1, a=3, b=2)
     tape = _pattern_tape(Op.REPEAT_GRID, prm, 0.1, body)
-    pts = np.array([[0.2, 0.2, 0.2], [1.6, 2.7, 0.9], [2.0, 3.0, 1.0]], np.float32)
+    pts = np.array([[20, 20, 20], [160, 270, 90], [200, 300, 100]], np.float32)
     got, _ = walker_cpu.evaluate(tape, pts)
     # cells per axis: (0,1) (0,1) (0,1) -> max index 1 + 3*(1 + 4*1); (1,2) (2,3) (0,1) -> 2 + 3*(3 + 4);
     # (2,1) (3,2) (1,0) -> 2 + 3*(3 + 4*1)
-    assert (-got).tolist() == [1 + 3 * 5, 2 + 3 * 7, 2 + 3 * 7]
+    assert (170 - got).tolist() == [1 + 3 * 5, 2 + 3 * 7, 2 + 3 * 7]
 
 
 def test_nested_patterns_and_point_stack_inside_bodies(walker_cpu):
