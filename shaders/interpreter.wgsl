@@ -470,10 +470,67 @@ fn copy_bound(fr: LoopFrame, q: vec4<f32>) -> f32 {
 
 // ---- the interpreter --------------------------------------------------------------------------
 
+// One polygon edge (the twin's _poly loop body), a no-op once all n edges are done: edge i from
+// vertex i to the previous vertex j, the squared distance d and the winding sign s so far, at q.
+// STEP_POLY runs four per iteration of run_tape's loop, written out (no nested loop: see `iters`).
+fn poly_edge(off: u32, q: vec2<f32>, n: u32, i: ptr<function, u32>, j: ptr<function, u32>,
+             d: ptr<function, f32>, s: ptr<function, f32>) {
+    if (*i >= n) {
+        return;
+    }
+    let vix = params[off + 2u * *i];
+    let viy = params[off + 2u * *i + 1u];
+    let vjx = params[off + 2u * *j];
+    let vjy = params[off + 2u * *j + 1u];
+    let ex = vjx - vix;
+    let ey = vjy - viy;
+    let wx = q.x - vix;
+    let wy = q.y - viy;
+    let ee = ex * ex + ey * ey;
+    var t = 0.0;
+    if (ee > 0.0) {
+        t = pmin(pmax((wx * ex + wy * ey) / ee, 0.0), 1.0);
+    }
+    let bx = wx - ex * t;
+    let by = wy - ey * t;
+    *d = pmin(*d, bx * bx + by * by);
+    let c1 = q.y >= viy;
+    let c2 = q.y < vjy;
+    let c3 = ex * wy > ey * wx;
+    if ((c1 && c2 && c3) || (!c1 && !c2 && !c3)) {
+        *s = -*s;
+    }
+    *j = *i;
+    *i += 1u;
+}
+
+// One node of the INSTANCES walk (the twin's _bvh_seek loop body), a no-op once a leaf is found
+// or the walk has passed the last node: skip the node's subtree when its box distance b >= the
+// running minimum (+inf before the first leaf), step into it, or stop at the leaf. STEP_SEEK runs
+// four per iteration of run_tape's loop, written out (no nested loop: see `iters`).
+fn seek_node(fr: LoopFrame, from_end: bool, node: ptr<function, u32>, leaf: ptr<function, bool>,
+             b: ptr<function, f32>) {
+    if (*leaf || *node >= fr.end_node) {
+        return;
+    }
+    let nd = bvh[*node];
+    let lp = fr.p;
+    *b = sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
+                lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
+                (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
+    if (*b >= select(inf(), fr.acc, from_end)) {
+        *node = nd.skip;
+    } else if (nd.instance < 0) {
+        *node += 1u;
+    } else {
+        *leaf = true;
+    }
+}
+
 // sub-step modes of run_tape's one loop
 const STEP_RECORD: u32 = 0u;      // fetch and run the record at pc
-const STEP_POLY: u32 = 1u;        // one polygon edge of EXTRUDE_POLY / REVOLVE_POLY at pc
-const STEP_SEEK: u32 = 2u;        // one BVH node of the INSTANCES loop opened / continued at pc
+const STEP_POLY: u32 = 1u;        // four polygon edges of EXTRUDE_POLY / REVOLVE_POLY at pc
+const STEP_SEEK: u32 = 2u;        // four BVH nodes of the INSTANCES loop opened / continued at pc
 const STEP_FMOD: u32 = 3u;        // one exact-fmod subtraction of MOD at pc
 const STEP_NEXT_COPY: u32 = 4u;   // REPEAT_END at pc: copy fr.it, run unless its bound >= fr.acc
 
@@ -530,30 +587,10 @@ fn run_tape(pin: vec3<f32>) -> Eval {
         var wv = 0.0;
         var wm = ma;
         if (mode == STEP_POLY) {
-            let vix = params[pg_off + 2u * pg_i];
-            let viy = params[pg_off + 2u * pg_i + 1u];
-            let vjx = params[pg_off + 2u * pg_j];
-            let vjy = params[pg_off + 2u * pg_j + 1u];
-            let ex = vjx - vix;
-            let ey = vjy - viy;
-            let wx = pg_q.x - vix;
-            let wy = pg_q.y - viy;
-            let ee = ex * ex + ey * ey;
-            var t = 0.0;
-            if (ee > 0.0) {
-                t = pmin(pmax((wx * ex + wy * ey) / ee, 0.0), 1.0);
-            }
-            let bx = wx - ex * t;
-            let by = wy - ey * t;
-            pg_d = pmin(pg_d, bx * bx + by * by);
-            let c1 = pg_q.y >= viy;
-            let c2 = pg_q.y < vjy;
-            let c3 = ex * wy > ey * wx;
-            if ((c1 && c2 && c3) || (!c1 && !c2 && !c3)) {
-                pg_s = -pg_s;
-            }
-            pg_j = pg_i;
-            pg_i += 1u;
+            poly_edge(pg_off, pg_q, ins.a, &pg_i, &pg_j, &pg_d, &pg_s);
+            poly_edge(pg_off, pg_q, ins.a, &pg_i, &pg_j, &pg_d, &pg_s);
+            poly_edge(pg_off, pg_q, ins.a, &pg_i, &pg_j, &pg_d, &pg_s);
+            poly_edge(pg_off, pg_q, ins.a, &pg_i, &pg_j, &pg_d, &pg_s);
             wr = pg_i == ins.a;
             if (wr) {
                 var d = pg_s * sqrt(pg_d);
@@ -571,20 +608,10 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             nxt = pc;
             var leaf = false;
             var b = inf();
-            if (sk_node < fr.end_node) {
-                let nd = bvh[sk_node];
-                let lp = fr.p;
-                b = sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
-                           lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
-                           (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
-                if (b >= select(inf(), fr.acc, sk_from_end)) {
-                    sk_node = nd.skip;
-                } else if (nd.instance < 0) {
-                    sk_node += 1u;
-                } else {
-                    leaf = true;
-                }
-            }
+            seek_node(fr, sk_from_end, &sk_node, &leaf, &b);
+            seek_node(fr, sk_from_end, &sk_node, &leaf, &b);
+            seek_node(fr, sk_from_end, &sk_node, &leaf, &b);
+            seek_node(fr, sk_from_end, &sk_node, &leaf, &b);
             if (leaf || sk_node >= fr.end_node) {   // the walk ends: at a leaf or past the last node
                 mode = STEP_RECORD;
                 fr.cell0.x = i32(sk_node);
