@@ -567,11 +567,16 @@ class GpuWalker:
 
     @_guarded
     def set_param(self, tape: Tape, name: str, value) -> None:
-        """Set a named parameter on ``tape``; when ``tape`` is the one on the GPU, write just the
-        4 bytes of each slot holding it (else the next use uploads the difference)."""
-        tape.set_param(name, value)
+        """Set a named parameter on ``tape`` (``Tape.set_param``: refitting its bounds when it came
+        from a scene); when ``tape`` is the one on the GPU, write just the 4 bytes of each slot
+        holding it, or, when the refit changed more, the spans that differ (else the next use
+        uploads the difference)."""
+        refitted = tape.set_param(name, value)
         buf = self._tape_bufs["params"]
-        if self._uploaded != id(tape) or buf.mirror.size != tape.params.nbytes:
+        if self._uploaded != id(tape):
+            return
+        if refitted or buf.mirror.size != tape.params.nbytes:
+            self.upload(tape)
             return
         for slot in sorted(set(int(i) for i in tape.names[name])):
             chunk = tape.params[slot:slot + 1].view(np.uint8)

@@ -9,6 +9,7 @@ jump targets, parameter ranges, reads of unwritten registers).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -63,6 +64,8 @@ class Tape:
     source: str = ""                        # where it came from (file / scene name)
     instances: np.ndarray = field(default_factory=lambda: np.zeros(0, INSTANCE_DTYPE))
     bvh: np.ndarray = field(default_factory=lambda: np.zeros(0, BVH_DTYPE))
+    # flatten's: the tape of the same scene with one named parameter changed (None: not from a scene)
+    refit: Callable[[str, float], "Tape"] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.instrs = np.ascontiguousarray(self.instrs, INSTR_DTYPE)
@@ -80,14 +83,29 @@ class Tape:
         ops, counts = np.unique(self.instrs["op"], return_counts=True)
         return {Op(int(o)).name: int(c) for o, c in zip(ops, counts)}
 
-    def set_param(self, name: str, value) -> slice:
-        """Write a named parameter into every slot that holds it; returns the pool slice that changed
-        (for partial uploads). Bounds and cull boxes are not refitted: see ``scenegraph.Param``."""
+    def set_param(self, name: str, value) -> bool:
+        """Set a named parameter. A tape flattened from a scene is refitted: the scene is flattened
+        again with the new value, so cull boxes, pattern extents and BVH boxes follow the edit and
+        culling stays exact; returns True when anything but the parameter's own slots changed
+        (the caller uploads the differences), False when only those slots were written. A tape
+        without its scene (read from a .tape file, built by hand) gets its slots written and keeps
+        the bounds it has: an edit that grows a part past them needs the scene."""
         if name not in self.names:
             raise TaperayError(f"no parameter named {name!r} (have: {', '.join(sorted(self.names)) or 'none'})")
         slots = self.names[name]
-        self.params[slots] = np.float32(value)
-        return slice(min(slots), max(slots) + 1)
+        if self.refit is None:
+            self.params[slots] = np.float32(value)
+            return False
+        new = self.refit(name, value)
+        expected = self.params.copy()
+        expected[slots] = np.float32(value)
+        refitted = not (np.array_equal(new.instrs, self.instrs) and np.array_equal(new.bvh, self.bvh)
+                        and np.array_equal(new.instances, self.instances)
+                        and new.params.tobytes() == expected.tobytes())
+        for f in ("instrs", "params", "materials", "n_regs", "bounds", "names", "instance_count",
+                  "instances", "bvh", "refit"):
+            setattr(self, f, getattr(new, f))
+        return refitted
 
     def as_columns(self) -> np.ndarray:
         """The instructions as a contiguous (n, 8) uint32 array (what the kernels read)."""

@@ -9,13 +9,14 @@ pattern of 10^6 instances is a handful of records.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
 
 from .instancing import build_bvh, instance_boxes
-from .nodes import DEFAULT_MATERIAL, Material, Node, Param
+from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
 
 __all__ = ["flatten", "node_bounds"]
 
@@ -148,6 +149,7 @@ class _Emitter:
         self.rows: list[tuple] = []
         self.params: list[float] = []
         self.names: dict[str, list[int]] = {}
+        self.param_values: dict[str, float] = {}
         self.materials: list[Material] = [DEFAULT_MATERIAL]
         self.max_reg = 0
         self.bounds_cache: dict = {}
@@ -162,6 +164,7 @@ class _Emitter:
         for v in values:
             if isinstance(v, Param):
                 self.names.setdefault(v.name, []).append(len(self.params))
+                self.param_values[v.name] = float(v)
             self.params.append(float(v))
         return off
 
@@ -395,23 +398,26 @@ def _build_bvh(items: list, boxes: np.ndarray):
     return (left, right, box)
 
 
-def flatten(scene: Node, source: str = "", cull: bool = True) -> Tape:
+def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, float] | None = None) -> Tape:
     """Flatten a scene node into a validated ``Tape`` (result in register 0).
 
     ``cull=False`` gives the same field evaluated without skipping: CULL_BOX records whose margin
-    is +inf never jump, and instance BVHs whose inner boxes never reject.
+    is +inf never jump, and instance BVHs whose inner boxes never reject. ``params`` gives named
+    ``Param``s other values than their own. The tape keeps a ``refit`` that flattens the scene
+    again with one parameter changed, which ``Tape.set_param`` uses so that bounds follow edits.
     """
     if not isinstance(scene, Node):
         raise TaperayError(f"{source or 'scene'}: expected a scene node, got {type(scene).__name__}")
     em = _Emitter(cull)
-    instances = em.emit(scene, 0, 0)
+    with param_values(params):
+        instances = em.emit(scene, 0, 0)
+        b = em.bounds(scene)
+        if not np.all(np.isfinite(b)):   # unbounded (planes): frame the bounded leaves, else a unit box
+            finite = [em.bounds(n) for n in scene.walk() if not n.children and np.all(np.isfinite(em.bounds(n)))]
+            b = np.array([np.min([f[0] for f in finite], 0), np.max([f[1] for f in finite], 0)]) if finite \
+                else _box([-1] * 3, [1] * 3)
     instrs = np.array([tuple(r) for r in em.rows], INSTR_DTYPE)
     mats = np.array([(m.color, m.roughness) for m in em.materials], MATERIAL_DTYPE)
-    b = em.bounds(scene)
-    if not np.all(np.isfinite(b)):   # unbounded (planes): frame the bounded leaves, else a unit box
-        finite = [em.bounds(n) for n in scene.walk() if not n.children and np.all(np.isfinite(em.bounds(n)))]
-        b = np.array([np.min([f[0] for f in finite], 0), np.max([f[1] for f in finite], 0)]) if finite \
-            else _box([-1] * 3, [1] * 3)
     n_regs = em.max_reg + 1
     if n_regs > max(REG_CAPS):
         raise TaperayError(f"{source or 'scene'}: needs {n_regs} registers, kernels hold {max(REG_CAPS)}; "
@@ -419,5 +425,19 @@ def flatten(scene: Node, source: str = "", cull: bool = True) -> Tape:
     tape = Tape(instrs, np.array(em.params, np.float32), mats, n_regs, b.astype(np.float32),
                 names=em.names, instance_count=int(instances), source=source,
                 instances=np.concatenate(em.instances) if em.instances else None,
-                bvh=np.concatenate(em.bvh) if em.bvh else None)
+                bvh=np.concatenate(em.bvh) if em.bvh else None,
+                refit=_Refit(scene, source, cull, em.param_values))
     return validate(tape)
+
+
+@dataclass(frozen=True)
+class _Refit:
+    """A flattened scene and the parameter values it was flattened with: called with one changed
+    parameter, it flattens the scene again (the new tape carries the updated refit)."""
+    scene: Node
+    source: str
+    cull: bool
+    values: dict[str, float]
+
+    def __call__(self, name: str, value: float) -> Tape:
+        return flatten(self.scene, self.source, self.cull, {**self.values, name: float(value)})

@@ -8,6 +8,8 @@ a slider or optimiser moves). ``to_dict`` / ``node_from_dict`` are the scene-fil
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -25,14 +27,28 @@ __all__ = ["Node", "Param", "Material", "KINDS", "node_from_dict", "sphere", "bo
 class Param:
     """A named free parameter: usable wherever a node takes a number; stable name in the tape.
 
-    Bounds (and therefore cull boxes and pattern extents) are computed from ``value`` at flatten
-    time; moving a parameter far enough to grow a shape past them needs a re-flatten.
+    Its number is ``value``, unless a flatten with other values is under way (``param_values``):
+    that is how ``Tape.set_param`` refits cull boxes, pattern extents and BVH boxes to an edit.
     """
     name: str
     value: float
 
     def __float__(self) -> float:
-        return float(self.value)
+        values = _PARAM_VALUES.get()
+        return float(self.value if values is None else values.get(self.name, self.value))
+
+
+_PARAM_VALUES: ContextVar[dict[str, float] | None] = ContextVar("taperay_param_values", default=None)
+
+
+@contextmanager
+def param_values(values: dict[str, float] | None):
+    """Within the block, every ``Param`` named in ``values`` reads as that value."""
+    token = _PARAM_VALUES.set(values)
+    try:
+        yield
+    finally:
+        _PARAM_VALUES.reset(token)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ CI requires, and the self-check the CLI trusts the GPU by. Images and point sets
 lavapipe runs the interpreter on the CPU."""
 import glob
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -227,15 +228,41 @@ def test_bad_arguments_raise_taperay_errors(walker_gpu, scene):
 
 # ---------------------------------------------------------------------------------- edits
 def test_set_param_writes_only_the_changed_bytes(walker_gpu, walker_cpu, scene):
+    tape = replace(scene, refit=None)    # as read from a .tape file: no scene, no refit
     pts = _points(32, seed=5)
+    walker_gpu.evaluate(tape, pts)
+    before = walker_gpu.stats()["tape_bytes_written"]
+    walker_gpu.set_param(tape, "radius", 0.4)
+    assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(tape.names["radius"])
+    d_gpu = walker_gpu.evaluate(tape, pts)[0]
+    assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(tape.names["radius"])
+    assert _agree(tape, walker_cpu.evaluate(tape, pts)[0], d_gpu)
+    # from a scene, the edit also refits the cull boxes around the sphere: a few spans, not the tape
     walker_gpu.evaluate(scene, pts)
     before = walker_gpu.stats()["tape_bytes_written"]
     walker_gpu.set_param(scene, "radius", 0.6)
-    assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(scene.names["radius"])
+    written = walker_gpu.stats()["tape_bytes_written"] - before
+    assert 4 * len(scene.names["radius"]) < written < scene.params.nbytes + scene.instrs.nbytes
     d_gpu = walker_gpu.evaluate(scene, pts)[0]
-    assert walker_gpu.stats()["tape_bytes_written"] - before == 4 * len(scene.names["radius"])
+    assert walker_gpu.stats()["tape_bytes_written"] - before == written
     assert _agree(scene, walker_cpu.evaluate(scene, pts)[0], d_gpu)
     walker_gpu.set_param(scene, "radius", 0.45)
+
+
+def test_set_param_refits_a_culled_scene_on_the_gpu(walker_gpu, walker_cpu):
+    from taperay.scenegraph import Param, flatten, sphere, union
+    centres = np.random.default_rng(4).uniform(-2, 2, (12, 3))
+    tape = flatten(union(*[sphere(Param("r", 0.15)).translate(*c) for c in centres]))
+    pts = _points(64, seed=9) * 2
+    walker_gpu.evaluate(tape, pts)
+    before = walker_gpu.stats()["tape_bytes_written"]
+    walker_gpu.set_param(tape, "r", 0.8)                 # past the cull boxes: they are refitted
+    assert walker_gpu.stats()["tape_bytes_written"] - before > 4 * len(tape.names["r"])
+    d_gpu = walker_gpu.evaluate(tape, pts)[0]
+    d_cpu = walker_cpu.evaluate(tape, pts)[0]
+    assert _agree(tape, d_cpu, d_gpu)
+    brute = (np.linalg.norm(pts[:, None].astype(float) - centres[None], axis=2) - 0.8).min(1)
+    np.testing.assert_allclose(d_cpu, brute, atol=2e-6)
 
 
 def test_uploads_write_differences_and_grow_buffers_by_doubling(walker_gpu, scene):

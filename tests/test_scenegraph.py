@@ -38,11 +38,35 @@ def test_named_parameters_share_stable_slots():
     r = Param("radius", 0.5)
     t = flatten(sphere(r).translate(1, 0, 0) | sphere(r))
     assert set(t.names) == {"radius"} and len(t.names["radius"]) == 2
-    changed = t.set_param("radius", 0.25)
+    assert t.set_param("radius", 0.25) is False        # nothing culled: only its slots change
     assert np.all(t.params[t.names["radius"]] == np.float32(0.25))
-    assert changed.stop - changed.start <= len(t.params)
     with pytest.raises(TaperayError, match="no parameter named"):
         t.set_param("nope", 1)
+
+
+def test_editing_a_parameter_refits_cull_boxes_and_stays_exact(walker_cpu):
+    centres = RNG.uniform(-3, 3, (16, 3))
+    scene = lambda r: union(*[sphere(r).translate(*c) for c in centres])
+    t = flatten(scene(Param("r", 0.2)))
+    assert t.set_param("r", 0.9) is True               # the spheres outgrew their cull boxes
+    pts = RNG.uniform(-4, 4, (20000, 3)).astype(np.float32)
+    d, _ = walker_cpu.evaluate(t, pts)
+    assert np.array_equal(d, walker_cpu.evaluate(flatten(scene(Param("r", 0.9))), pts)[0])
+    np.testing.assert_allclose(d, brute_union_of_spheres(pts, centres, 0.9), atol=2e-6)
+    assert t.set_param("r", 0.9) is False              # the same value again: nothing to refit
+
+
+def test_editing_a_patterned_part_refits_the_pattern_or_refuses(walker_cpu):
+    scene = lambda r: box(21, 21, 0.2) - cylinder(r, 1).grid_pattern((1.0, 1.0, 1.0), (20, 20, 1))
+    t = flatten(scene(Param("hole", 0.2)))
+    t.set_param("hole", 0.45)
+    pts = RNG.uniform(-1, 21, (20000, 3)).astype(np.float32)
+    assert np.array_equal(walker_cpu.evaluate(t, pts)[0],
+                          walker_cpu.evaluate(flatten(scene(Param("hole", 0.45))), pts)[0])
+    before = t.params.copy()
+    with pytest.raises(TaperayError):
+        t.set_param("hole", 5.0)   # 400 copies overlapping far past a neighbour: refused by flatten
+    assert np.array_equal(t.params, before)             # refused edits leave the tape as it was
 
 
 def test_scene_dict_round_trip_gives_the_same_tape():
