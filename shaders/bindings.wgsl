@@ -28,7 +28,8 @@ struct Uniforms {
 @group(0) @binding(8) var<storage, read_write> out_u: array<u32>;
 @group(0) @binding(9) var<storage, read_write> accum: array<vec4<f32>>;
 // [COUNT_OVERFLOW] invocations whose tape evaluation hit U.iter_cap; [COUNT_UNFINISHED] pixels
-// that saved their state for another dispatch
+// that saved their state for another dispatch; words 2 and 3: the pruning passes' arena pointer
+// and refusals (prune.wgsl COUNT_ARENA, COUNT_ARENA_FULL)
 @group(0) @binding(10) var<storage, read_write> counters: array<atomic<u32>, 4>;
 
 const COUNT_OVERFLOW: u32 = 0u;

@@ -287,7 +287,7 @@ fn iv_binary(op: u32, alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32
 }
 
 
-const COUNT_ARENA: u32 = 2u;        // counters' two spare words (bindings.wgsl): arena words handed out
+const COUNT_ARENA: u32 = 2u;        // counters' words 2 and 3 (bindings.wgsl): arena words handed out
 const COUNT_ARENA_FULL: u32 = 3u;   // tiles refused for want of arena room
 const NO_ROOM: u32 = 0xffffffffu;
 const EMITTED: u32 = 4u;            // scratch nibble bit: the record is in the pruned tape
