@@ -1,8 +1,9 @@
 """Interval arithmetic and per-tile tape pruning on the CPU (Numba): the fast path for math tapes.
 
 Owns the float32 interval evaluator of arithmetic-only tapes, the pruner that shortens a tape
-for one tile, and the hierarchical drivers built on them: ``sign_image`` / ``field_image_pruned``
-(2D, the plane z = const) and ``evaluate_pruned`` (points in 3D, bucketed into voxels).
+for one tile, and the drivers built on them: ``sign_image`` / ``field_image_pruned`` (2D, the
+plane z = const, hierarchical tiles), ``evaluate_pruned`` (points in 3D, bucketed into voxels) and
+``march_pruned`` (the 3D march, every step's points on the tapes of a fixed grid of cells).
 
 Interval evaluation (``runtime.intervals`` is the float64 reference it implements):
   * an interval is a float32 pair (lo, hi); "may be NaN" is lo = hi = NaN and propagates by the
@@ -59,7 +60,7 @@ from .opcodes import OPS, Family, Op
 from .tape import Tape, TaperayError, point_array, validate
 
 __all__ = ["is_arithmetic", "interval_eval", "interval_op", "prune", "sign_image",
-           "field_image_pruned", "evaluate_pruned", "DEFAULT_TILES"]
+           "field_image_pruned", "evaluate_pruned", "march_pruned", "DEFAULT_TILES"]
 
 DEFAULT_TILES = (256, 64, 16)   # 2D tile sizes in pixels, coarse to fine
 
@@ -843,13 +844,31 @@ _PRUNE_MIN_RECORDS = 64    # evaluate_pruned: shorter tapes skip the voxel pass
 
 
 @njit(**_JIT)
+def _counting_sort(vid, n_ids):
+    """The indices of vid (ids in 0..n_ids-1) sorted by id, stably: (order, count, used), id v's
+    run being order[count[v]:count[v + 1]], ``used`` the number of ids that occur."""
+    count = np.zeros(n_ids + 1, np.int64)
+    for q in range(vid.shape[0]):
+        count[vid[q] + 1] += 1
+    used = 0
+    for v in range(n_ids):
+        used += count[v + 1] > 0
+        count[v + 1] += count[v]
+    order = np.empty(vid.shape[0], np.int64)
+    fill = count[:-1].copy()
+    for q in range(vid.shape[0]):
+        order[fill[vid[q]]] = q
+        fill[vid[q]] += 1
+    return order, count, used
+
+
+@njit(**_JIT)
 def _bucket(pts, lo, cell, grid):
     """Counting sort of the points into grid^3 voxels (clamped; NaN coordinates to voxel 0).
     Returns (order, seg, boxes): voxel v of the non-empty ones holds order[seg[v]:seg[v+1]],
     and boxes[:, v] is its points' range (NaN where a coordinate is NaN)."""
     N = pts.shape[0]
     vid = np.empty(N, np.int64)
-    count = np.zeros(grid * grid * grid + 1, np.int64)
     for q in range(N):
         v = 0
         for r in range(2, -1, -1):
@@ -857,16 +876,7 @@ def _bucket(pts, lo, cell, grid):
             i = 0 if not t > 0 else (grid - 1 if t > grid - 1 else np.int64(t))
             v = v * grid + i
         vid[q] = v
-        count[v + 1] += 1
-    used = 0
-    for v in range(grid * grid * grid):
-        used += count[v + 1] > 0
-        count[v + 1] += count[v]
-    order = np.empty(N, np.int64)
-    fill = count[:-1].copy()
-    for q in range(N):
-        order[fill[vid[q]]] = q
-        fill[vid[q]] += 1
+    order, count, used = _counting_sort(vid, grid * grid * grid)
     seg = np.empty(used + 1, np.int64)
     boxes = np.empty((6, used), np.float32)
     u = 0
@@ -1089,3 +1099,139 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
         _, _, choices = _lanes(code, imm, 0, tape.n_regs, vbox)
     _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order, seg, choices, block, out)
     return out, np.zeros(len(pts), np.uint32)
+
+
+# ----------------------------------------------------------------------------- the 3D march
+@njit(**_JIT)
+def _bucket_cells(pts, lo, cell, grid):
+    """Counting sort of the points into the cells of a fixed grid^3 grid (cell id
+    i + grid (j + grid k)); points outside the grid (or NaN) get id grid^3. Returns (order, seg,
+    ids): segment u holds order[seg[u]:seg[u + 1]], all in cell ids[u]."""
+    N = pts.shape[0]
+    G3 = grid * grid * grid
+    vid = np.empty(N, np.int64)
+    for q in range(N):
+        v = 0
+        for r in range(2, -1, -1):
+            t = np.floor((pts[q, r] - lo[r]) / cell[r])
+            if not (t >= 0 and t <= grid - 1):
+                v = -1
+                break
+            v = v * grid + np.int64(t)
+        vid[q] = G3 if v < 0 else v
+    order, count, used = _counting_sort(vid, G3 + 1)
+    seg = np.empty(used + 1, np.int64)
+    ids = np.empty(used, np.int64)
+    u = 0
+    for v in range(G3 + 1):
+        if count[v + 1] > count[v]:
+            seg[u], ids[u] = count[v], v
+            u += 1
+    seg[used] = N
+    return order, seg, ids
+
+
+class _CellTapes:
+    """An arithmetic tape's choices for every cell of a grid^3 grid over a box (each cell's box
+    grown by a rounding margin), plus an all-undecided column for points outside the grid:
+    ``evaluate`` gives CpuWalker.evaluate's values bit for bit, each point on its cell's tape."""
+
+    def __init__(self, tape: Tape, lo, hi, grid: int):
+        self.code, self.imm = _checked(tape, "march_pruned")
+        self.n_regs, self.grid = tape.n_regs, grid
+        lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+        self.lo = lo.astype(np.float32)
+        self.cell = np.where(hi > lo, (hi - lo) / grid, 1.0).astype(np.float32)
+        i = np.arange(grid)
+        k, j, i = np.meshgrid(i, i, i, indexing="ij")        # cell id i + grid (j + grid k)
+        ijk = np.stack([i.ravel(), j.ravel(), k.ravel()], 1)
+        margin = 1e-4 * self.cell + 1e-6 * (np.abs(lo) + np.abs(hi))
+        c_lo = self.lo + ijk * self.cell.astype(np.float64) - margin
+        c_hi = self.lo + (ijk + 1) * self.cell.astype(np.float64) + margin
+        _, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
+        self.choices = np.concatenate([choices, np.zeros((len(self.code), 1), np.uint8)], 1)
+
+    def evaluate(self, pts: np.ndarray) -> np.ndarray:
+        pts = np.ascontiguousarray(pts, np.float32)
+        out = np.empty(len(pts), np.float32)
+        if len(pts):
+            order, seg, ids = _bucket_cells(pts, self.lo, self.cell, self.grid)
+            _points_kernel(self.code, self.imm, 0, len(self.code), self.n_regs, pts, order, seg,
+                           np.ascontiguousarray(self.choices[:, ids]), 64, out)
+        return out
+
+
+_TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
+
+
+def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, view: str = "shade",
+                 grid: int = 8) -> dict:
+    """CpuWalker.march of an arithmetic tape, bit for bit, with every evaluation on a pruned tape:
+    the march box is cut into grid^3 cells, each interval-evaluated once, and each step's points
+    are bucketed by cell and run on their cell's tape (points outside the box on the whole tape).
+    The rays advance together, a step at a time (a wavefront), by the twin's rules (_trace,
+    _slab, _gradients: the same float32 operations in the same order). Non-arithmetic tapes:
+    CpuWalker.march."""
+    from .cpu import _packed, _section
+    from .shading import RenderSettings
+    if not is_arithmetic(tape):
+        return CpuWalker().march(tape, camera, width, height, settings, view)
+    if grid < 1:
+        raise TaperayError(f"march_pruned: grid {grid} must be at least 1")
+    settings = settings or RenderSettings()
+    packed = settings.pack(tape, view)
+    box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
+    eps, neps, step_scale = (np.float32(_packed(packed, k)) for k in ("hit_eps", "normal_eps", "step_scale"))
+    max_steps = int(_packed(packed, "max_steps"))
+    sec = _section(packed)
+    cells = _CellTapes(tape, box[0], box[1], grid)
+
+    def field(p):
+        d = cells.evaluate(p)
+        if sec[0] != 0:
+            pv = p[:, 0] * sec[1] + p[:, 1] * sec[2] + p[:, 2] * sec[3] - sec[4]
+            d = np.where(pv > d, pv, d)
+        return d
+
+    eye, dirs = camera.rays(width, height)
+    eye = np.asarray(eye, np.float32)
+    rd = np.ascontiguousarray(dirs, np.float32).reshape(-1, 3)
+    with np.errstate(divide="ignore", invalid="ignore"):      # the twin's _slab, every ray at once
+        t0 = np.full(len(rd), -np.inf, np.float32)
+        t1 = np.full(len(rd), np.inf, np.float32)
+        miss = np.zeros(len(rd), bool)
+        for r in range(3):
+            flat = rd[:, r] == 0
+            miss |= flat & ((eye[r] < box[0, r]) | (eye[r] > box[1, r]))
+            ta = (box[0, r] - eye[r]) / rd[:, r]
+            tb = (box[1, r] - eye[r]) / rd[:, r]
+            t0 = np.where(flat, t0, np.maximum(t0, np.minimum(ta, tb)))
+            t1 = np.where(flat, t1, np.minimum(t1, np.maximum(ta, tb)))
+        t = np.where(miss, np.float32(np.inf), np.maximum(t0, np.float32(0)))
+        tfar = np.where(miss, np.float32(-np.inf), t1)
+    steps = np.zeros(len(rd), np.int32)
+    hit = np.zeros(len(rd), bool)
+    live = np.flatnonzero(t <= tfar)
+    while live.size:                                            # the twin's _trace
+        d = field(eye + t[live, None] * rd[live])
+        steps[live] += 1
+        h = d < eps
+        hit[live[h]] = True
+        go = live[~h]
+        t[go] += d[~h] * step_scale
+        live = go[(t[go] <= tfar[go]) & (steps[go] < max_steps)]
+    grad = np.zeros((len(rd), 3), np.float32)
+    at = np.flatnonzero(hit)
+    if at.size:                                                 # the twin's _gradients
+        px = eye + t[at, None] * rd[at]
+        g = np.zeros((at.size, 3), np.float32)
+        for k in _TETRA:
+            g += k * field(px + neps * k)[:, None]
+        grad[at] = g / (np.float32(4) * neps)
+    shape = (height, width)
+    g = grad.reshape(height, width, 3)
+    norm = np.linalg.norm(g, axis=-1, keepdims=True)
+    return dict(t=np.where(hit, t, np.float32(np.inf)).reshape(shape), hit=hit.reshape(shape),
+                steps=steps.reshape(shape), mat=np.zeros(shape, np.uint32), grad=g,
+                normal=np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32),
+                dirs=dirs, eye=camera.rays(width, height)[0])

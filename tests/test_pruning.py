@@ -317,3 +317,41 @@ def test_bad_arguments_raise_taperay_errors():
         prune(tape, np.zeros(3, np.uint8))
     with pytest.raises(TaperayError):
         interval_op(Op.VAR_X, (0, 1))
+
+
+# -- the 3D march ------------------------------------------------------------------------------
+def _same_march(a, b):
+    return all(np.array_equal(a[k], b[k], equal_nan=True) for k in ("t", "hit", "steps", "mat", "grad", "normal"))
+
+
+@pytest.mark.parametrize("model", ["sphere.vm", "tanglecube.vm"])
+@pytest.mark.parametrize("view", ["shade", "section"])
+def test_march_pruned_is_the_twins_march_bit_for_bit(walker_cpu, model, view):
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.pruning import march_pruned
+    tape = load_vm(DATA / model)
+    cam = auto_camera(tape.bounds)
+    assert _same_march(walker_cpu.march(tape, cam, 40, 30, view=view), march_pruned(tape, cam, 40, 30, view=view))
+
+
+def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.pruning import _CellTapes, march_pruned
+    from taperay.tools.bench_prune import spheres_program
+    tape = load_vm(spheres_program(60, seed=2))
+    cam = auto_camera(tape.bounds)
+    a = walker_cpu.march(tape, cam, 48, 36)
+    assert a["hit"].mean() > 0.05 and _same_march(a, march_pruned(tape, cam, 48, 36))
+    cells = _CellTapes(tape, tape.bounds[0], tape.bounds[1], 4)
+    mins = tape.instrs["op"] == Op.MIN
+    assert (cells.choices[mins, :-1] != 0).mean() > 0.5   # most MIN records decided in most cells
+    assert not cells.choices[:, -1].any()                  # outside the grid: the whole tape
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_march_pruned_of_random_tapes(walker_cpu, seed):
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.pruning import march_pruned
+    tape = random_tape(seed)
+    cam = auto_camera(tape.bounds)
+    assert _same_march(walker_cpu.march(tape, cam, 32, 24), march_pruned(tape, cam, 32, 24))
