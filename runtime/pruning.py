@@ -898,6 +898,24 @@ def _bucket(pts, lo, cell, grid):
     return order, seg, boxes
 
 
+@njit(**_JIT)
+def _eval_run(tcode, timm, s, end, n_regs, pts, order, b, e, block, out):
+    """out[order[b:e]] = the tape tcode / timm [s, end) at those points, in blocks."""
+    regs = np.empty((n_regs, block), np.float32)
+    px = np.empty(block, np.float32)
+    py = np.empty(block, np.float32)
+    pz = np.empty(block, np.float32)
+    buf = np.empty(block, np.float32)
+    for b0 in range(b, e, block):
+        m = min(block, e - b0)
+        for j in range(m):
+            q = order[b0 + j]
+            px[j], py[j], pz[j] = pts[q, 0], pts[q, 1], pts[q, 2]
+        _eval_points(tcode, timm, s, end, regs, px, py, pz, m, buf)
+        for j in range(m):
+            out[order[b0 + j]] = buf[j]
+
+
 @njit(parallel=True, **_JIT)
 def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, block, out):
     """Per voxel v (points order[seg[v]:seg[v+1]]): prune with choices[v], evaluate in blocks."""
@@ -905,22 +923,28 @@ def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, bloc
     for v in prange(seg.shape[0] - 1):
         tcode = np.empty((n, 5), np.int32)
         timm = np.empty(n, np.float32)
-        tsrc = np.empty(n, np.int32)
-        live = np.empty(n_regs, np.bool_)
-        regs = np.empty((n_regs, block), np.float32)
-        px = np.empty(block, np.float32)
-        py = np.empty(block, np.float32)
-        pz = np.empty(block, np.float32)
-        buf = np.empty(block, np.float32)
-        s = _prune(code, imm, start, end, choices[:, v], live, tcode, timm, tsrc)
-        for b0 in range(seg[v], seg[v + 1], block):
-            m = min(block, seg[v + 1] - b0)
-            for j in range(m):
-                q = order[b0 + j]
-                px[j], py[j], pz[j] = pts[q, 0], pts[q, 1], pts[q, 2]
-            _eval_points(tcode, timm, s, end, regs, px, py, pz, m, buf)
-            for j in range(m):
-                out[order[b0 + j]] = buf[j]
+        s = _prune(code, imm, start, end, choices[:, v], np.empty(n_regs, np.bool_), tcode, timm,
+                   np.empty(n, np.int32))
+        _eval_run(tcode, timm, s, end, n_regs, pts, order, seg[v], seg[v + 1], block, out)
+
+
+@njit(parallel=True, **_JIT)
+def _prune_cells(code, imm, n_regs, choices, tcodes, timms, starts):
+    """Every cell's pruned tape: cell c (column c of choices) into tcodes[c] / timms[c] from
+    starts[c] on."""
+    n = code.shape[0]
+    for c in prange(choices.shape[1]):
+        starts[c] = _prune(code, imm, 0, n, choices[:, c], np.empty(n_regs, np.bool_), tcodes[c],
+                           timms[c], np.empty(n, np.int32))
+
+
+@njit(parallel=True, **_JIT)
+def _cells_points_kernel(tcodes, timms, starts, n_regs, pts, order, seg, ids, block, out):
+    """Per segment u (points order[seg[u]:seg[u+1]], all in cell ids[u]): that cell's tape."""
+    end = tcodes.shape[1]
+    for u in prange(seg.shape[0] - 1):
+        c = ids[u]
+        _eval_run(tcodes[c], timms[c], starts[c], end, n_regs, pts, order, seg[u], seg[u + 1], block, out)
 
 
 # ----------------------------------------------------------------------------- Python API
@@ -1132,9 +1156,10 @@ def _bucket_cells(pts, lo, cell, grid):
 
 
 class _CellTapes:
-    """An arithmetic tape's choices for every cell of a grid^3 grid over a box (each cell's box
-    grown by a rounding margin), plus an all-undecided column for points outside the grid:
-    ``evaluate`` gives CpuWalker.evaluate's values bit for bit, each point on its cell's tape."""
+    """An arithmetic tape pruned for every cell of a grid^3 grid over a box (each cell's box grown
+    by a rounding margin), plus the whole tape (an all-undecided column) for points outside the
+    grid, pruned once: ``evaluate`` gives CpuWalker.evaluate's values bit for bit, each point on
+    its cell's tape."""
 
     def __init__(self, tape: Tape, lo, hi, grid: int):
         self.code, self.imm = _checked(tape, "march_pruned")
@@ -1149,26 +1174,37 @@ class _CellTapes:
         c_lo = self.lo + ijk * self.cell.astype(np.float64) - margin
         c_hi = self.lo + (ijk + 1) * self.cell.astype(np.float64) + margin
         _, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
-        self.choices = np.concatenate([choices, np.zeros((len(self.code), 1), np.uint8)], 1)
+        self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((len(self.code), 1), np.uint8)], 1))
+        n_cells = self.choices.shape[1]
+        if n_cells * len(self.code) * 24 > _CELL_TAPES_MAX_BYTES:
+            raise TaperayError(f"march_pruned: {n_cells - 1} cells of a {len(self.code)}-record tape need "
+                               f"{n_cells * len(self.code) * 24 / 2**20:.0f} MB of pruned tapes "
+                               f"(at most {_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid")
+        self.tcodes = np.empty((n_cells, len(self.code), 5), np.int32)
+        self.timms = np.empty((n_cells, len(self.code)), np.float32)
+        self.starts = np.empty(n_cells, np.int64)
+        _prune_cells(self.code, self.imm, self.n_regs, self.choices, self.tcodes, self.timms, self.starts)
 
     def evaluate(self, pts: np.ndarray) -> np.ndarray:
         pts = np.ascontiguousarray(pts, np.float32)
         out = np.empty(len(pts), np.float32)
         if len(pts):
             order, seg, ids = _bucket_cells(pts, self.lo, self.cell, self.grid)
-            _points_kernel(self.code, self.imm, 0, len(self.code), self.n_regs, pts, order, seg,
-                           np.ascontiguousarray(self.choices[:, ids]), 64, out)
+            _cells_points_kernel(self.tcodes, self.timms, self.starts, self.n_regs, pts, order, seg,
+                                 ids, 64, out)
         return out
 
 
 _TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
+_CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells together
 
 
 def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, view: str = "shade",
                  grid: int = 8) -> dict:
     """CpuWalker.march of an arithmetic tape, bit for bit, with every evaluation on a pruned tape:
-    the march box is cut into grid^3 cells, each interval-evaluated once, and each step's points
-    are bucketed by cell and run on their cell's tape (points outside the box on the whole tape).
+    the march box is cut into grid^3 cells, each interval-evaluated and pruned once (kept: 24
+    bytes per record and cell), and each step's points are bucketed by cell and run on their
+    cell's tape (points outside the box on the whole tape).
     The rays advance together, a step at a time (a wavefront), by the twin's rules (_trace,
     _slab, _gradients: the same float32 operations in the same order). Non-arithmetic tapes:
     CpuWalker.march."""
