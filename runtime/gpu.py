@@ -77,6 +77,7 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "resolve": ("kernels_render.wgsl", False),
     "prune_tiles": ("prune.wgsl", True),
     "pruned_image": ("prune.wgsl", True),
+    "pruned_points": ("prune.wgsl", True),
 }
 # pipeline-overridable constants per kernel: march and light need distances only (the hit's
 # material comes from the surface pass), so their interpreter is built without material ids
@@ -98,6 +99,133 @@ def tile_levels(tiles) -> tuple[int, ...]:
     if any(b >= a for a, b in zip(sizes, sizes[1:])):
         raise TaperayError(f"pruned image: tile sizes {sizes} must shrink from level to level")
     return tuple(int(s) for s in sizes)
+
+
+# Pruned point evaluation (GpuWalker.evaluate_pruned): level-0 cells over the points' bounding box
+# (at most POINT_CELLS, and at most one per POINT_MIN_PER_CELL points), each finer level splitting
+# a cell 4 ways per axis the points span; the points buffer's words per point (x y z, cell, index);
+# points per dispatch (the index is a float: exact below 2^24).
+POINT_CELLS = 1024
+POINT_MIN_PER_CELL = 256
+POINT_WORDS = 5
+POINT_CHUNK = 1 << 24
+
+
+def _bucket_points(pts, lo, scale, g0, shift, fan, n_levels, n_tiles, offsets, out_words):
+    """Counting sort of the points by finest cell. Per point and axis r the finest-grid
+    coordinate i_r = clamp(floor((x - lo) * scale), 0, g0[r] << shift - 1) (NaN: 0); the
+    level-0 cell (i >> shift) over the g0 grid, then per finer level m the digit of the
+    4-way split (fan[r] is 4 or 1). out_words: the level table, the boxes of every cell of
+    every level (lo.xyz hi.xyz; empty: +inf / -inf; NaN along an axis holding a NaN), then
+    per sorted point x y z, its finest cell, its index q (floats). Returns nothing."""
+    N = pts.shape[0]
+    qq = fan[0] * fan[1] * fan[2]
+    fine = np.empty(N, np.int64)
+    ii = np.empty(3, np.int64)
+    for q in range(N):
+        for r in range(3):
+            t = np.floor((np.float64(pts[q, r]) - lo[r]) * scale[r])
+            top = (g0[r] << shift) - 1
+            ii[r] = 0 if not t > 0 else (top if t > top else np.int64(t))
+        c = ((ii[2] >> shift) * g0[1] + (ii[1] >> shift)) * g0[0] + (ii[0] >> shift)
+        for m in range(1, n_levels):
+            sh = 2 * (n_levels - 1 - m)
+            d = (((ii[2] >> sh) & 3) * fan[1] + ((ii[1] >> sh) & 3)) * fan[0] + ((ii[0] >> sh) & 3)
+            c = c * qq + d
+        fine[q] = c
+    nf = n_tiles[n_levels - 1]
+    count = np.zeros(nf + 1, np.int64)
+    for q in range(N):
+        count[fine[q] + 1] += 1
+    for c in range(nf):
+        count[c + 1] += count[c]
+    for l in range(4):
+        out_words[l] = l
+    for l in range(n_levels):
+        for t in range(n_tiles[l]):
+            b = 4 + 6 * (offsets[l] + t)
+            for r in range(3):
+                out_words[b + r] = np.inf
+                out_words[b + 3 + r] = -np.inf
+    base = 4 + 6 * (offsets[n_levels - 1] + n_tiles[n_levels - 1])
+    for q in range(N):
+        c = fine[q]
+        at = count[c]
+        count[c] += 1
+        w = base + POINT_WORDS * at
+        b = 4 + 6 * (offsets[n_levels - 1] + c)
+        for r in range(3):
+            x = pts[q, r]
+            out_words[w + r] = x
+            if x != x or out_words[b + r] != out_words[b + r]:
+                out_words[b + r] = np.nan
+                out_words[b + 3 + r] = np.nan
+            else:
+                out_words[b + r] = min(out_words[b + r], x)
+                out_words[b + 3 + r] = max(out_words[b + 3 + r], x)
+        out_words[w + 3] = c
+        out_words[w + 4] = q
+    for l in range(n_levels - 2, -1, -1):   # a cell's box: the union of its sub-cells'
+        for t in range(n_tiles[l]):
+            b = 4 + 6 * (offsets[l] + t)
+            for k in range(qq):
+                s = 4 + 6 * (offsets[l + 1] + t * qq + k)
+                if out_words[s] > out_words[s + 3]:
+                    continue   # empty
+                for r in range(3):
+                    a, z = out_words[s + r], out_words[s + 3 + r]
+                    if a != a or out_words[b + r] != out_words[b + r]:
+                        out_words[b + r] = np.nan
+                        out_words[b + 3 + r] = np.nan
+                    else:
+                        out_words[b + r] = min(out_words[b + r], a)
+                        out_words[b + 3 + r] = max(out_words[b + 3 + r], z)
+
+
+_point_bucket = None
+
+
+def _point_bucketer():
+    """_bucket_points through Numba, compiled on first use (cached on disk)."""
+    global _point_bucket
+    if _point_bucket is None:
+        from numba import njit
+        _point_bucket = njit(cache=True, error_model="numpy", fastmath=False)(_bucket_points)
+    return _point_bucket
+
+
+def point_cells(pts: np.ndarray, levels: int, cells: int):
+    """The cell levels of evaluate_pruned over (N, 3) float32 points: (tiles per level, the points
+    buffer's float32 words: level table, cell boxes, sorted points with their cell and index;
+    the word where the points start). Level 0: a grid over the bounding box of the finite
+    coordinates, about ``cells`` cells shared among the axes the points span; each finer level
+    splits a cell 4 ways per such axis (levels whose cells would outnumber the points 4 to 1, or
+    beyond MAX_TILE_LEVELS, are dropped). A cell's box is the range of
+    its points, so every point lies in its cell's box exactly."""
+    n = len(pts)
+    fin = np.where(np.isfinite(pts), pts, np.nan)
+    with np.errstate(all="ignore"):
+        lo = np.nan_to_num(np.nanmin(fin, axis=0), nan=0.0).astype(np.float64) if n else np.zeros(3)
+        hi = np.nan_to_num(np.nanmax(fin, axis=0), nan=0.0).astype(np.float64) if n else np.zeros(3)
+    span = hi > lo
+    d = int(span.sum())
+    target = max(1, int(cells))
+    per_axis = max(1, int(round(target ** (1.0 / d)))) if d else 1
+    g0 = np.where(span, per_axis, 1).astype(np.int64)
+    levels = max(1, min(levels, MAX_TILE_LEVELS)) if d else 1
+    fan = np.where(span, 4, 1).astype(np.int64)
+    qq = int(fan.prod())
+    while levels > 1 and int(g0.prod()) * qq ** (levels - 1) > 4 * max(n, 1):
+        levels -= 1
+    shift = 2 * (levels - 1)
+    scale = np.where(span, (g0 << shift) / np.where(span, hi - lo, 1.0), 0.0)
+    n_tiles = np.array([int(g0.prod()) * qq ** m for m in range(levels)], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(n_tiles)[:-1]]).astype(np.int64)
+    first = 4 + 6 * int(n_tiles.sum())
+    words = np.empty(first + POINT_WORDS * n, np.float32)
+    _point_bucketer()(np.ascontiguousarray(pts, np.float32), lo, scale.astype(np.float64), g0, shift, fan,
+                      levels, n_tiles, offsets, words)
+    return [int(c) for c in n_tiles], words, first
 
 
 def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[int]:
@@ -505,6 +633,7 @@ class GpuWalker:
         self._bind_key = None
         self._uploaded = None
         self._arena_words = 0                # pruned images: the arena grown to after an overflow
+        self._point_arena_words = 0          # evaluate_pruned: the same
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -851,6 +980,150 @@ class GpuWalker:
                             outside=int((cls == 2).sum()), with_tape=int(taped.sum()),
                             mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used))
         return out
+
+    def _point_chunk(self) -> int:
+        """Points per evaluate_pruned dispatch: their words, their cells' boxes and headers (finer
+        levels: at most 4 cells a point, 16/3 over the levels, plus level 0's) fit the binding
+        limit, the index fits a float."""
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        return max(1, min(POINT_CHUNK, limit // (POINT_WORDS + 6 * 6 + 3 * 6)))
+
+    def _points_setup(self, tape: Tape, pts: np.ndarray, cells, levels: int):
+        """(variant, passes, uniforms, arena words, header words) of the pruned points of one chunk
+        (the points buffer written: level table, cell boxes, sorted points): prune_tiles once
+        per cell level, coarse to fine, then pruned_points (shaders/prune.wgsl, points mode)."""
+        variant = self.upload(tape)
+        n = len(pts)
+        if cells is None:
+            cells = min(POINT_CELLS, max(1, n // POINT_MIN_PER_CELL))
+        counts, words, first = point_cells(pts, levels, cells)
+        header = PRUNE_HEADER_WORDS * sum(counts)
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        if header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
+            raise TaperayError(f"evaluate_pruned: {sum(counts)} cells for {n} points exceed the adapter's "
+                               f"{limit >> 18} MiB binding limit; use fewer cells")
+        self._points.ensure(4 * len(words))
+        self._points.write(0, words)
+        self._points.mirror = np.zeros(0, np.uint8)    # (the next sync writes everything)
+        boxes = words[4:first].reshape(-1, 6)
+        filled = int((~(boxes[:, 0] > boxes[:, 3])).sum())
+        filled0 = int((~(boxes[:counts[0], 0] > boxes[:counts[0], 3])).sum())
+        guess = filled0 * (len(tape.instrs) // 4 + 8) + 64 * filled
+        arena = min(self._point_arena_words or guess, limit - header)
+        self._prepare_outputs(n, header + arena)
+        camera = np.zeros(16, np.float32)
+        camera[:len(counts)] = counts       # points mode: the cells of each level
+        u = self._uniforms(tape, n, extra=(0.0, len(counts), 2.0, 0), camera=camera)
+        u[20] = arena                       # U.camera[1].x: the arena's size in words
+        u[21] = first                       # U.camera[1].y: the points' first word
+        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)] + [("pruned_points", n)]
+        return variant, passes, u, arena, header
+
+    def _pruned_points(self, tape: Tape, pts: np.ndarray, cells, levels: int) -> np.ndarray:
+        """One chunk's values in the caller's order; the arena grown and the points run again when
+        a cell found no room (as _pruned_image)."""
+        while True:
+            variant, passes, u, arena, header = self._points_setup(tape, pts, cells, levels)
+            self._submit(passes, variant, u, 0)
+            self._check_counters(tape)
+            c = self._read(self._counters, np.uint32, 4)
+            if not c[PRUNE_ARENA_FULL]:
+                return self._read(self._out_f, np.float32, len(pts))
+            limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+            if header + arena >= limit:
+                raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of {len(pts)} points' cells need "
+                                   f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells "
+                                   "or GpuWalker.evaluate")
+            self._point_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+
+    @staticmethod
+    def _point_args(cells, levels):
+        if cells is not None and not (isinstance(cells, (int, np.integer)) and 1 <= cells <= 1 << 22):
+            raise TaperayError(f"evaluate_pruned: cells must be a whole number in 1..{1 << 22}, got {cells!r}")
+        if not (isinstance(levels, (int, np.integer)) and 1 <= levels <= MAX_TILE_LEVELS):
+            raise TaperayError(f"evaluate_pruned: levels must be 1..{MAX_TILE_LEVELS}, got {levels!r}")
+
+    @_guarded
+    def evaluate_pruned(self, tape: Tape, points, cells: int | None = None,
+                        levels: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) float32 values and (N,) uint32 material ids at the (N, 3) points, as evaluate, bit
+        for bit. An arithmetic tape is pruned on the GPU (shaders/prune.wgsl) per cell of a grid
+        over the points' bounding box: the host sorts the points by cell (counting sort) and finds
+        each cell's box (the range of its points); prune_tiles prunes the full tape over each
+        level-0 cell's box (``cells`` of them, default min(POINT_CELLS, N / POINT_MIN_PER_CELL),
+        shared among the axes the points span), each of ``levels`` - 1 finer levels its parent's
+        tape over 4 sub-cells per such axis; pruned_points runs each point on its finest cell's
+        tape, a warp's points sharing a cell. Other tapes: evaluate."""
+        from .pruning import is_arithmetic
+        pts = point_array(points, "evaluate_pruned")
+        self._point_args(cells, levels)
+        if not is_arithmetic(tape) or len(pts) == 0:
+            return self.evaluate(tape, pts)
+        pts = np.ascontiguousarray(pts, np.float32)
+        chunk = self._point_chunk()
+        d = np.concatenate([self._pruned_points(tape, pts[s:s + chunk], cells, levels)
+                            for s in range(0, len(pts), chunk)])
+        return d, np.zeros(len(pts), np.uint32)
+
+    @_guarded
+    def prune_levels_points(self, tape: Tape, points, cells: int | None = None, levels: int = 1) -> list[dict]:
+        """evaluate_pruned of an arithmetic tape (one chunk of points), then its cells' headers read
+        back: per level, the cells, cells with points, decided inside / outside, and the mean
+        pruned tape length in records over the cells with points; plus the arena words used."""
+        self._point_args(cells, levels)
+        pts = np.ascontiguousarray(point_array(points, "prune_levels_points", np.float32))
+        if not 1 <= len(pts) <= self._point_chunk():
+            raise TaperayError(f"prune_levels_points: 1..{self._point_chunk()} points, got {len(pts)}")
+        self.evaluate_pruned(tape, pts, cells, levels)
+        _, passes, _, _, _ = self._points_setup(tape, pts, cells, levels)   # (the same cells)
+        counts = [p[1] for p in passes[:-1]]
+        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, 3)
+        used = int(self._read(self._counters, np.uint32, 4)[PRUNE_ARENA])
+        out, at = [], 0
+        for count in counts:
+            h = hdr[at:at + count]
+            at += count
+            cls = h[:, 2]   # prune.wgsl: 0 ambiguous, 1 inside, 2 outside, 3 failed, 4 empty
+            taped = cls <= 2
+            out.append(dict(cells=count, with_points=int(taped.sum()), inside=int((cls == 1).sum()),
+                            outside=int((cls == 2).sum()),
+                            mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used))
+        return out
+
+    @_guarded
+    def gpu_seconds_points(self, tape: Tape, points, pruned: bool = True, cells: int | None = None,
+                           levels: int = 1, repeat: int = 8) -> float:
+        """GPU time of one evaluation of (at most one chunk of) points, as gpu_seconds: the passes
+        (pruned: the cell levels and pruned_points, after one evaluate_pruned that sizes the arena;
+        else eval_points) encoded ``repeat`` times in one command buffer, (t_repeat - t_1) /
+        (repeat - 1); no host bucketing, upload or read-back."""
+        if repeat < 2:
+            raise TaperayError(f"gpu_seconds_points: repeat must be >= 2, got {repeat}")
+        self._point_args(cells, levels)
+        pts = np.ascontiguousarray(point_array(points, "gpu_seconds_points", np.float32))
+        if not 1 <= len(pts) <= self._point_chunk():
+            raise TaperayError(f"gpu_seconds_points: 1..{self._point_chunk()} points, got {len(pts)}")
+        n = len(pts)
+        if pruned:
+            self.evaluate_pruned(tape, pts, cells, levels)   # sizes the arena
+            variant, passes, u, _, _ = self._points_setup(tape, pts, cells, levels)
+        else:
+            variant = self.upload(tape)
+            self._prepare_outputs(n, n)
+            self._points.sync(pts)
+            u = self._uniforms(tape, n)
+            passes = [("eval_points", n)]
+
+        def run(k: int) -> float:
+            cb = self._encode(passes, variant, u, 0, repeat=k)
+            t0 = time.perf_counter()
+            self._ctx.device.queue.submit([cb])
+            self._check_counters(tape)
+            return time.perf_counter() - t0
+
+        run(1)
+        t1 = run(1)
+        return max(run(repeat) - t1, 0.0) / (repeat - 1)
 
     @_guarded
     def gpu_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,

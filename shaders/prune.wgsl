@@ -1,11 +1,16 @@
 // Hierarchical per-tile interval pruning of arithmetic tapes for the 2D field / sign image (the
 // design of runtime/pruning.py on the GPU). Owns the interval arithmetic, `prune_tiles` (one
 // invocation per tile of one level; dispatched once per level, coarse to fine) and
-// `pruned_image` (one invocation per pixel, on its finest tile's pruned tape).
+// `pruned_image` (one invocation per pixel, on its finest tile's pruned tape); the same tiles over
+// cells of points for GpuWalker.evaluate_pruned (points mode, `pruned_points`: one invocation per
+// point, on its finest cell's pruned tape).
 //
 // Uniforms (one set for every pass): width, height, rect as field_image; extra = (z, levels,
 // mode, level): mode 1 = sign image (decided tiles are filled without evaluating below them),
-// 0 = field (every pixel evaluated with its finest tile's tape); `level` is the level a
+// 0 = field (every pixel evaluated with its finest tile's tape), 2 = points (camera[0] = the
+// tiles of each level instead of their sizes, a level-l tile having level_tiles(l + 1) /
+// level_tiles(l) >= 4 sub-tiles; the boxes from the points buffer, see tile_extent;
+// camera[1].y = the bits of the points' first word there); `level` is the level a
 // prune_tiles pass works on (copied into the uniform buffer by a command the host encodes
 // before each pass).
 // camera[0] = the tile size in pixels of levels 0..levels-1 (coarse to fine); camera[1].x = the
@@ -300,7 +305,12 @@ fn n_levels() -> u32 {
 }
 
 fn sign_mode() -> bool {
-    return U.extra.z != 0.0;
+    return U.extra.z == 1.0;
+}
+
+// mode 2: the tiles are cells of points (pruned_points), their boxes given by the host
+fn points_mode() -> bool {
+    return U.extra.z == 2.0;
 }
 
 fn level_size(l: u32) -> u32 {
@@ -318,11 +328,23 @@ fn top_x() -> u32 {
 }
 
 fn level_tiles(l: u32) -> u32 {
+    if (points_mode()) {
+        return u32(U.camera[0][l]);
+    }
     var n = top_x() * ((U.height + level_size(0u) - 1u) / level_size(0u));
     for (var m = 0u; m < l; m++) {
         n *= fanout(m) * fanout(m);
     }
     return n;
+}
+
+// the sub-tiles of a level-l tile (points mode: at least 4, so 64 consecutive tiles have at most
+// MAX_SLOTS parents)
+fn children(l: u32) -> u32 {
+    if (points_mode()) {
+        return level_tiles(l + 1u) / level_tiles(l);
+    }
+    return fanout(l) * fanout(l);
 }
 
 // the first header word of level l (of level n_levels(): the arena's first word)
@@ -391,6 +413,39 @@ fn pixel_tile(row: u32, col: u32) -> u32 {
         cc %= s;
     }
     return t;
+}
+
+// the box a level-l tile's interval pass runs over; `ok` false for an empty tile. Pixel tiles: the
+// range of the tile's pixel centres, widened for the rounding of their formula. Points mode: the
+// range of the cell's points as the host found it (lo > hi when empty; NaN along an axis where a
+// point's coordinate is NaN), read from the points buffer after the level table:
+// points[4 + 6 * (index of the tile over all levels) ..] = lo.xyz, hi.xyz.
+struct TileExtent {
+    ok: bool,
+    lo: vec3<f32>,
+    hi: vec3<f32>,
+}
+
+fn tile_extent(l: u32, t: u32) -> TileExtent {
+    if (points_mode()) {
+        let q = 4u + 2u * (level_header(l) + 3u * t);
+        let lo = vec3<f32>(points[q], points[q + 1u], points[q + 2u]);
+        let hi = vec3<f32>(points[q + 3u], points[q + 4u], points[q + 5u]);
+        return TileExtent(!(lo.x > hi.x), lo, hi);
+    }
+    let b = tile_box(l, t);
+    if (b.r0 >= b.r1 || b.c0 >= b.c1) {
+        return TileExtent(false, vec3<f32>(0.0), vec3<f32>(0.0));
+    }
+    let r = U.rect;
+    let mx = (abs(r.x) + abs(r.y - r.x)) * 3.814697265625e-06;   // 2^-18
+    let my = (abs(r.w) + abs(r.w - r.z)) * 3.814697265625e-06;
+    let xa = pixel_x(b.c0);
+    let xb = pixel_x(b.c1 - 1u);
+    let ya = pixel_y(b.r0);
+    let yb = pixel_y(b.r1 - 1u);
+    return TileExtent(true, vec3<f32>(min(xa, xb) - mx, min(ya, yb) - my, U.extra.x),
+                      vec3<f32>(max(xa, xb) + mx, max(ya, yb) + my, U.extra.x));
 }
 
 // a pruned record in two words: op | dst << 8 | a << 16 | b << 24 (registers < 256, ops < 256),
@@ -480,7 +535,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var p_first = 0u;
     var n_slots = select(0u, 1u, t0 < n);
     if (l > 0u) {
-        qq = fanout(l - 1u) * fanout(l - 1u);
+        qq = children(l - 1u);
         if (t0 < n) {
             p_first = t0 / qq;
             n_slots = min(t0 + WG - 1u, n - 1u) / qq - p_first + 1u;
@@ -518,8 +573,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var box_lo = vec3<f32>(0.0);
     var box_hi = vec3<f32>(0.0);
     if (t < n) {
-        let b = tile_box(l, t);
-        if (b.r0 < b.r1 && b.c0 < b.c1) {
+        let ext = tile_extent(l, t);
+        if (ext.ok) {
             var slot = 0u;
             var pcls = TILE_AMBIGUOUS;
             if (l > 0u) {
@@ -537,16 +592,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     working = true;
                 }
             }
-            // the range of the tile's pixel centres, widened for the rounding of their formula
-            let r = U.rect;
-            let mx = (abs(r.x) + abs(r.y - r.x)) * 3.814697265625e-06;   // 2^-18
-            let my = (abs(r.w) + abs(r.w - r.z)) * 3.814697265625e-06;
-            let xa = pixel_x(b.c0);
-            let xb = pixel_x(b.c1 - 1u);
-            let ya = pixel_y(b.r0);
-            let yb = pixel_y(b.r1 - 1u);
-            box_lo = vec3<f32>(min(xa, xb) - mx, min(ya, yb) - my, U.extra.x);
-            box_hi = vec3<f32>(max(xa, xb) + mx, max(ya, yb) + my, U.extra.x);
+            box_lo = ext.lo;
+            box_hi = ext.hi;
         }
     }
     let n_chunks = workgroupUniformLoad(&wg_chunks);
@@ -803,36 +850,13 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
 }
 
-// one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
-// its finest tile's pruned tape at the pixel centre (run_tape's arithmetic, op for op: unary /
-// binary / nmin / nmax and the exact fmod sub-steps), or, in the sign image, the tile's sign
-// where the tile is decided (-1 inside, 1 outside); NaN where the tile found no arena room (the
-// host runs the image again). out_f[row * width + col] = the value.
-@compute @workgroup_size(WG)
-fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, lid, nwg);
-    let blocks_x = (U.width + BLOCK - 1u) / BLOCK;
-    let blk = i / (BLOCK * BLOCK);
-    let row = (blk / blocks_x) * BLOCK + (i % (BLOCK * BLOCK)) / BLOCK;
-    let col = (blk % blocks_x) * BLOCK + i % BLOCK;
-    if (row >= U.height || col >= U.width) {
-        return;
-    }
-    let o = row * U.width + col;
-    let hdr = level_header(n_levels() - 1u) + 3u * pixel_tile(row, col);
-    let cls = out_u[hdr + 2u];
-    if (cls == TILE_FAILED) {
-        out_f[o] = nan();
-        return;
-    }
-    if (cls != TILE_AMBIGUOUS && sign_mode()) {
-        out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
-        return;
-    }
-    let p = vec3<f32>(pixel_x(col), pixel_y(row), U.extra.x);
-    var k = out_u[hdr];
-    let end = k + 2u * out_u[hdr + 1u];
+// run_tape's arithmetic, op for op (unary / binary / nmin / nmax and the exact fmod sub-steps), on
+// the packed pruned tape of `n_records` records at word `first` of out_u, at point p: register 0
+// (the loop counts into `iters` and stops at U.iter_cap, setting `overflow`). The pixel pass and
+// the point pass share it.
+fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
+    var k = first;
+    let end = k + 2u * n_records;
     var fmod_steps = false;
     var fm_r = 0.0;
     var fm_y = 0.0;
@@ -897,8 +921,65 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         }
         k = nxt;
     }
+    return reg[0];
+}
+
+// one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
+// its finest tile's pruned tape at the pixel centre (run_tape's arithmetic, op for op: unary /
+// binary / nmin / nmax and the exact fmod sub-steps), or, in the sign image, the tile's sign
+// where the tile is decided (-1 inside, 1 outside); NaN where the tile found no arena room (the
+// host runs the image again). out_f[row * width + col] = the value.
+@compute @workgroup_size(WG)
+fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, lid, nwg);
+    let blocks_x = (U.width + BLOCK - 1u) / BLOCK;
+    let blk = i / (BLOCK * BLOCK);
+    let row = (blk / blocks_x) * BLOCK + (i % (BLOCK * BLOCK)) / BLOCK;
+    let col = (blk % blocks_x) * BLOCK + i % BLOCK;
+    if (row >= U.height || col >= U.width) {
+        return;
+    }
+    let o = row * U.width + col;
+    let hdr = level_header(n_levels() - 1u) + 3u * pixel_tile(row, col);
+    let cls = out_u[hdr + 2u];
+    if (cls == TILE_FAILED) {
+        out_f[o] = nan();
+        return;
+    }
+    if (cls != TILE_AMBIGUOUS && sign_mode()) {
+        out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
+        return;
+    }
+    out_f[o] = run_packed(out_u[hdr], out_u[hdr + 1u], vec3<f32>(pixel_x(col), pixel_y(row), U.extra.x));
     if (overflow) {
         note_overflow();
     }
-    out_f[o] = reg[0];
+}
+
+
+// one invocation per point of GpuWalker.evaluate_pruned (points mode): the host uploads the points
+// sorted by their finest cell (so a warp shares a cell's tape), five floats each from word
+// bits(U.camera[1].y) of the points buffer: x, y, z, the finest cell's index, the point's index in
+// the caller's order (floats, exact below 2^24). out_f[index] = the value of the cell's pruned
+// tape at the point (the full tape's bits: the cell's box holds the point), NaN where the cell
+// found no arena room (the host runs the points again).
+@compute @workgroup_size(WG)
+fn pruned_points(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, lid, nwg);
+    if (i >= U.n_items) {
+        return;
+    }
+    let q = bitcast<u32>(U.camera[1].y) + 5u * i;
+    let o = u32(points[q + 4u]);
+    let hdr = level_header(n_levels() - 1u) + 3u * u32(points[q + 3u]);
+    if (out_u[hdr + 2u] == TILE_FAILED) {
+        out_f[o] = nan();
+        return;
+    }
+    out_f[o] = run_packed(out_u[hdr], out_u[hdr + 1u], vec3<f32>(points[q], points[q + 1u], points[q + 2u]));
+    if (overflow) {
+        note_overflow();
+    }
 }

@@ -184,3 +184,104 @@ def test_bad_arguments_raise_taperay_errors(walker_gpu):
             walker_gpu.sign_image(tape, 8, 8, tiles=tiles)
     with pytest.raises(TaperayError):
         walker_gpu.field_image_pruned(tape, 0, 8)
+
+
+# ---- GpuWalker.evaluate_pruned: points bucketed into cells, each cell's tape pruned on the GPU
+def _points(rng, n, lo=-1.2, hi=1.2, plane=False):
+    """Random points plus the awkward ones: duplicates, cell-boundary coordinates (multiples of
+    the grid step over [lo, hi]), the bounding box's corners, a NaN, infinities and -0.0."""
+    p = rng.uniform(lo, hi, (n, 3)).astype(np.float32)
+    k = n // 8
+    p[:k] = np.round(p[:k] * 4) / 4                            # on cell faces for many grids
+    p[k:2 * k] = p[:k][::-1]                                   # duplicates
+    p[-6] = (np.inf, 0.2, -0.3)
+    p[-7] = (-np.inf, np.inf, 0.1)
+    p[-1] = (lo, lo, lo)
+    p[-2] = (hi, hi, hi)
+    p[-3] = (np.nan, 0.1, 0.2)
+    p[-4] = (0.3, np.nan, np.nan)
+    p[-5] = (-0.0, 0.0, -0.0)
+    if plane:
+        p[:, 2] = 0.0
+    return p
+
+
+def _same(a, b):
+    """Bit for bit; a NaN value may differ from the other NaN in its payload only."""
+    return (bits(a) == bits(b)) | (np.isnan(a) & np.isnan(b))
+
+
+@pytest.mark.parametrize("model,cells,levels", [("quarter", 64, 1), ("hi", 16, 2), ("sphere", 8, 3),
+                                                ("tanglecube", 27, 2), ("prospero", 64, 2)])
+def test_models_evaluate_pruned_is_bit_identical_to_evaluate(walker_gpu, no_new_kernels, model, cells, levels):
+    tape = load_vm(DATA / f"{model}.vm")
+    rng = np.random.default_rng(len(model))
+    for plane in (True, False):
+        pts = _points(rng, 600 if model == "prospero" else 1500, plane=plane)
+        d, m = walker_gpu.evaluate(tape, pts)
+        dp, mp = walker_gpu.evaluate_pruned(tape, pts, cells=cells, levels=levels)
+        assert dp.dtype == np.float32 and mp.dtype == np.uint32 and dp.shape == (len(pts),)
+        assert _same(dp, d).all(), (model, plane, int((~_same(dp, d)).sum()))
+        np.testing.assert_array_equal(mp, m)
+        finite = np.isfinite(pts).all(axis=1)
+        np.testing.assert_array_equal(bits(dp[finite]), bits(d[finite]))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_tapes_evaluate_pruned_is_bit_identical(walker_gpu, no_new_kernels, seed):
+    tape = random_tape(seed)
+    rng = np.random.default_rng(100 + seed)
+    c = rng.uniform(-1.5, 1.5)
+    half = float(rng.choice([0.01, 0.3, 2.0]))
+    pts = _points(rng, 700, c - half, c + half, plane=seed % 3 == 0)
+    d, m = walker_gpu.evaluate(tape, pts)
+    cells, levels = [(1, 1), (8, 1), (64, 2), (8, 3), (1, 4), (200, 2)][seed % 6]
+    dp, mp = walker_gpu.evaluate_pruned(tape, pts, cells=cells, levels=levels)
+    assert _same(dp, d).all(), (seed, cells, levels, int((~_same(dp, d)).sum()))
+    np.testing.assert_array_equal(mp, m)
+
+
+def test_evaluate_pruned_prunes_and_finer_levels_prune_further(walker_gpu, no_new_kernels):
+    """1M-point bench geometry, small: points in [-1, 1]^2 x {0} on prospero."""
+    tape = load_vm(DATA / "prospero.vm")
+    rng = np.random.default_rng(7)
+    pts = np.zeros((2000, 3), np.float32)
+    pts[:, :2] = rng.uniform(-1, 1, (2000, 2))
+    lv = walker_gpu.prune_levels_points(tape, pts, cells=16, levels=3)
+    assert [x["cells"] for x in lv] == [16, 256, 4096]   # z is flat: 4 x 4 sub-cells a cell
+    assert lv[0]["with_points"] == 16 and lv[2]["with_points"] <= 2000
+    lengths = [x["mean_length"] for x in lv]
+    assert len(tape) > 2 * lengths[0] and lengths[0] > lengths[1] > lengths[2] > 0, lengths
+    d, _ = walker_gpu.evaluate(tape, pts)
+    np.testing.assert_array_equal(bits(walker_gpu.evaluate_pruned(tape, pts, cells=16, levels=3)[0]), bits(d))
+    np.testing.assert_array_equal(bits(walker_gpu.evaluate_pruned(tape, pts)[0]), bits(d))   # defaults
+
+
+def test_evaluate_pruned_grows_a_small_arena(walker_gpu, no_new_kernels, monkeypatch):
+    tape = load_vm(DATA / "prospero.vm")
+    pts = _points(np.random.default_rng(3), 500, plane=True)
+    monkeypatch.setattr(walker_gpu, "_point_arena_words", 1000)
+    dp, _ = walker_gpu.evaluate_pruned(tape, pts, cells=64, levels=2)
+    assert walker_gpu._point_arena_words > 1000
+    assert _same(dp, walker_gpu.evaluate(tape, pts)[0]).all()
+
+
+def test_evaluate_pruned_falls_back_and_checks_its_arguments(walker_gpu, no_new_kernels):
+    ins = np.zeros(1, INSTR_DTYPE)
+    ins[0]["op"] = 40           # SPHERE: not arithmetic
+    tape = Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
+                np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
+    pts = _points(np.random.default_rng(1), 100)
+    for a, b in zip(walker_gpu.evaluate_pruned(tape, pts), walker_gpu.evaluate(tape, pts)):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    quarter = load_vm(DATA / "quarter.vm")
+    d, m = walker_gpu.evaluate_pruned(quarter, np.zeros((0, 3), np.float32))
+    assert d.shape == m.shape == (0,) and d.dtype == np.float32 and m.dtype == np.uint32
+    one = np.array([[0.25, -0.5, 0.0]], np.float32)
+    np.testing.assert_array_equal(bits(walker_gpu.evaluate_pruned(quarter, one)[0]),
+                                  bits(walker_gpu.evaluate(quarter, one)[0]))
+    for kw in (dict(cells=0), dict(cells=2.5), dict(levels=0), dict(levels=5)):
+        with pytest.raises(TaperayError):
+            walker_gpu.evaluate_pruned(quarter, pts, **kw)
+    with pytest.raises(TaperayError):
+        walker_gpu.evaluate_pruned(quarter, np.zeros((4, 2), np.float32))
