@@ -111,9 +111,19 @@ POINT_WORDS = 5
 POINT_CHUNK = 1 << 24
 
 
+def _grid_coord(x, lo, scale, top):
+    """clamp(floor((x - lo) * scale), 0, top) (NaN: 0)."""
+    t = (np.float64(x) - lo) * scale
+    if not t > 0.0:
+        return 0
+    if t >= top:
+        return np.int64(top)
+    return np.int64(t)
+
+
 def _bucket_points(pts, lo, scale, g0, shift, fan, n_levels, n_tiles, offsets, out_words):
     """Counting sort of the points by finest cell. Per point and axis r the finest-grid
-    coordinate i_r = clamp(floor((x - lo) * scale), 0, g0[r] << shift - 1) (NaN: 0); the
+    coordinate i_r = _grid_coord(x, lo, scale, g0[r] << shift - 1); the
     level-0 cell (i >> shift) over the g0 grid, then per finer level m the digit of the
     4-way split (fan[r] is 4 or 1). out_words: the level table, the boxes of every cell of
     every level (lo.xyz hi.xyz; empty: +inf / -inf; NaN along an axis holding a NaN), then
@@ -121,17 +131,17 @@ def _bucket_points(pts, lo, scale, g0, shift, fan, n_levels, n_tiles, offsets, o
     N = pts.shape[0]
     qq = fan[0] * fan[1] * fan[2]
     fine = np.empty(N, np.int64)
-    ii = np.empty(3, np.int64)
+    top = np.empty(3, np.float64)
+    for r in range(3):
+        top[r] = (g0[r] << shift) - 1
     for q in range(N):
-        for r in range(3):
-            t = np.floor((np.float64(pts[q, r]) - lo[r]) * scale[r])
-            top = (g0[r] << shift) - 1
-            ii[r] = 0 if not t > 0 else (top if t > top else np.int64(t))
-        c = ((ii[2] >> shift) * g0[1] + (ii[1] >> shift)) * g0[0] + (ii[0] >> shift)
+        i0 = _grid_coord(pts[q, 0], lo[0], scale[0], top[0])
+        i1 = _grid_coord(pts[q, 1], lo[1], scale[1], top[1])
+        i2 = _grid_coord(pts[q, 2], lo[2], scale[2], top[2])
+        c = ((i2 >> shift) * g0[1] + (i1 >> shift)) * g0[0] + (i0 >> shift)
         for m in range(1, n_levels):
             sh = 2 * (n_levels - 1 - m)
-            d = (((ii[2] >> sh) & 3) * fan[1] + ((ii[1] >> sh) & 3)) * fan[0] + ((ii[0] >> sh) & 3)
-            c = c * qq + d
+            c = c * qq + (((i2 >> sh) & 3) * fan[1] + ((i1 >> sh) & 3)) * fan[0] + ((i0 >> sh) & 3)
         fine[q] = c
     nf = n_tiles[n_levels - 1]
     count = np.zeros(nf + 1, np.int64)
@@ -157,12 +167,14 @@ def _bucket_points(pts, lo, scale, g0, shift, fan, n_levels, n_tiles, offsets, o
         for r in range(3):
             x = pts[q, r]
             out_words[w + r] = x
-            if x != x or out_words[b + r] != out_words[b + r]:
+            if x != x:
                 out_words[b + r] = np.nan
                 out_words[b + 3 + r] = np.nan
-            else:
-                out_words[b + r] = min(out_words[b + r], x)
-                out_words[b + 3 + r] = max(out_words[b + 3 + r], x)
+            else:   # (a NaN bound stays NaN: both compares are false)
+                if x < out_words[b + r]:
+                    out_words[b + r] = x
+                if x > out_words[b + 3 + r]:
+                    out_words[b + 3 + r] = x
         out_words[w + 3] = c
         out_words[w + 4] = q
     for l in range(n_levels - 2, -1, -1):   # a cell's box: the union of its sub-cells'
@@ -182,16 +194,34 @@ def _bucket_points(pts, lo, scale, g0, shift, fan, n_levels, n_tiles, offsets, o
                         out_words[b + 3 + r] = max(out_words[b + 3 + r], z)
 
 
-_point_bucket = None
+def _finite_bounds(pts, lo, hi):
+    """lo, hi: per axis the range of the finite coordinates (0, 0 where there is none)."""
+    for r in range(3):
+        lo[r], hi[r] = np.inf, -np.inf
+    for q in range(pts.shape[0]):
+        for r in range(3):
+            x = np.float64(pts[q, r])
+            if x - x == 0.0:    # finite
+                lo[r] = min(lo[r], x)
+                hi[r] = max(hi[r], x)
+    for r in range(3):
+        if lo[r] > hi[r]:
+            lo[r], hi[r] = 0.0, 0.0
 
 
-def _point_bucketer():
-    """_bucket_points through Numba, compiled on first use (cached on disk)."""
-    global _point_bucket
-    if _point_bucket is None:
+_point_jit: tuple | None = None
+
+
+def _point_kernels():
+    """(_finite_bounds, _bucket_points) through Numba, compiled on first use (cached on disk)."""
+    global _point_jit
+    if _point_jit is None:
         from numba import njit
-        _point_bucket = njit(cache=True, error_model="numpy", fastmath=False)(_bucket_points)
-    return _point_bucket
+        jit = njit(cache=True, error_model="numpy", fastmath=False)
+        global _grid_coord
+        _grid_coord = jit(_grid_coord)
+        _point_jit = (jit(_finite_bounds), jit(_bucket_points))
+    return _point_jit
 
 
 def point_cells(pts: np.ndarray, levels: int, cells: int):
@@ -203,10 +233,10 @@ def point_cells(pts: np.ndarray, levels: int, cells: int):
     beyond MAX_TILE_LEVELS, are dropped). A cell's box is the range of
     its points, so every point lies in its cell's box exactly."""
     n = len(pts)
-    fin = np.where(np.isfinite(pts), pts, np.nan)
-    with np.errstate(all="ignore"):
-        lo = np.nan_to_num(np.nanmin(fin, axis=0), nan=0.0).astype(np.float64) if n else np.zeros(3)
-        hi = np.nan_to_num(np.nanmax(fin, axis=0), nan=0.0).astype(np.float64) if n else np.zeros(3)
+    pts = np.ascontiguousarray(pts, np.float32)
+    bounds, bucket = _point_kernels()
+    lo, hi = np.zeros(3), np.zeros(3)
+    bounds(pts, lo, hi)
     span = hi > lo
     d = int(span.sum())
     target = max(1, int(cells))
@@ -223,8 +253,7 @@ def point_cells(pts: np.ndarray, levels: int, cells: int):
     offsets = np.concatenate([[0], np.cumsum(n_tiles)[:-1]]).astype(np.int64)
     first = 4 + 6 * int(n_tiles.sum())
     words = np.empty(first + POINT_WORDS * n, np.float32)
-    _point_bucketer()(np.ascontiguousarray(pts, np.float32), lo, scale.astype(np.float64), g0, shift, fan,
-                      levels, n_tiles, offsets, words)
+    bucket(pts, lo, scale.astype(np.float64), g0, shift, fan, levels, n_tiles, offsets, words)
     return [int(c) for c in n_tiles], words, first
 
 
