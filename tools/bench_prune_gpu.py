@@ -18,22 +18,35 @@ unpruned field image (pruning off). Columns:
 * the mean pruned tape length per level (records; in the sign image over the tiles that still
   have a tape, i.e. not decided), read back from the tile headers (``GpuWalker.prune_levels``).
 
-On a software adapter (Mesa lavapipe) the size is cut to 128^2 and the settings to three (the
-run says so): the numbers that matter come from a real GPU, with the machine named.
-``--n`` is not used.
+Point rows (issue 4's point evaluator): 2^20 random points in [-1, 1]^2 x {0} (``--seed``, as
+``bench prune-cpu``), ``GpuWalker.evaluate_pruned`` for a few (level-0 cells, levels) settings
+against the unpruned ``GpuWalker.evaluate``. wall: as above, every call including the host
+bucketing (a Numba counting sort of the points by cell, with the cells' boxes), the upload of the
+points and the read-back of the values; "host bucketing ms" is that bucketing alone
+(``gpu.point_cells``, median of the repeats); GPU: ``GpuWalker.gpu_seconds_points`` (the same K
+method, no host work, upload or read-back); mean tape length per level over the cells holding
+points (``GpuWalker.prune_levels_points``).
+
+On a software adapter (Mesa lavapipe) the size is cut to 128^2 and the settings to three, the
+points to 2^14 (the run says so): the numbers that matter come from a real GPU, with the machine
+named. ``--n`` is not used.
 """
 from __future__ import annotations
 
 import statistics
+import time
 from pathlib import Path
+
+import numpy as np
 
 from taperay.runtime.tape import TaperayError
 
 from .bench import BenchResult, _progress, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
-HARDWARE = {"sizes": (1024, 4096), "tiles": ((32,), (64, 8), (32, 4), (64, 16, 4), (128, 32, 8, 2))}
-SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4))}
+HARDWARE = {"sizes": (1024, 4096), "tiles": ((32,), (64, 8), (32, 4), (64, 16, 4), (128, 32, 8, 2)),
+            "points": 1 << 20, "cells": ((1024, 1), (256, 2), (1024, 2))}
+SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4)), "points": 1 << 12, "cells": ((16, 1), (16, 2))}
 GPU_MEASUREMENTS = 3
 GPU_TARGET_S = 0.25
 
@@ -70,7 +83,7 @@ def bench_prune_gpu(opts) -> BenchResult:
              "mean tape length per level: records, coarse to fine (sign image: over the undecided tiles)"]
     if info["software"]:
         notes.append(f"software adapter ({info['name']}): {plan['sizes']} px and {len(plan['tiles'])} tile "
-                     "settings only; measure on a real GPU for the numbers that matter")
+                     f"settings only, {plan['points']} points; measure on a real GPU for the numbers that matter")
     cases = []
     for size in plan["sizes"]:
         for tiles in plan["tiles"]:
@@ -123,12 +136,82 @@ def bench_prune_gpu(opts) -> BenchResult:
         ok = base and r["pruning"] == "yes"
         r["wall speed-up vs unpruned"] = base[0] / r["wall median ms"] if ok else "-"
         r["GPU speed-up vs unpruned"] = base[1] / r["GPU ms"] if ok and r["GPU ms"] > 0 else "-"
+    rows += _point_rows(walker, tape, plan, opts, notes)
     stats = walker.stats()
     notes.append(f"pipelines created after startup: {stats['pipelines_created'] - len(walker.kernels)} "
                  f"(cache misses {stats['cache_misses']})")
-    return BenchResult(rows, settings={"repeat": opts.repeat, "records": len(tape),
+    return BenchResult(rows, settings={"repeat": opts.repeat, "records": len(tape), "points": plan["points"], "seed": opts.seed,
                                        "gpu_measurements": GPU_MEASUREMENTS},
                        notes=notes,
                        machine={"gpu": info["name"], "gpu_driver": info["driver"], "gpu_backend": info["backend"],
                                 "gpu_software": info["software"]},
                        chart=("what", "GPU ms"))
+
+
+def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
+    """evaluate_pruned per (cells, levels) setting and the unpruned evaluate, at plan["points"]
+    random points of [-1, 1]^2 x {0}."""
+    from taperay.runtime import gpu
+    n = plan["points"]
+    pts = np.random.default_rng(opts.seed).uniform(-1, 1, (n, 3)).astype(np.float32)
+    pts[:, 2] = 0
+    notes.append(f"points: {n} random points of [-1, 1]^2 x {{0}}; wall includes the host bucketing, the "
+                 "upload of the points and the read-back of the values; GPU: gpu_seconds_points (no host "
+                 "work, upload or read-back)")
+    cases = [(c, lv) for c, lv in plan["cells"]] + [None]
+    rows = []
+    base = None
+    exact = True
+    ref = None
+    with _progress(f"prune-gpu points: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
+        for case in reversed(cases):   # the unpruned one first (the speed-ups' base, the reference)
+            if case is None:
+                def fn():
+                    return walker.evaluate(tape, pts)
+            else:
+                def fn(c=case):
+                    return walker.evaluate_pruned(tape, pts, cells=c[0], levels=c[1])
+            try:
+                values = fn()[0]
+                wall = summarize(time_calls(fn, opts.repeat, warmup=0, progress=tick))
+            except TaperayError as e:
+                notes.append(f"points {case} skipped: {e}")
+                tick(), tick()
+                continue
+            tick()
+            if case is None:
+                ref = values
+            elif ref is not None:
+                exact &= bool((values.view(np.uint32) == ref.view(np.uint32)).all())
+            k = int(min(16, max(2, round(GPU_TARGET_S * 1e3 / max(wall["median_ms"], 1e-3)))))
+            gpu_ms = 1e3 * statistics.median(
+                walker.gpu_seconds_points(tape, pts, pruned=case is not None,
+                                          cells=case[0] if case else None, levels=case[1] if case else 1,
+                                          repeat=k) for _ in range(GPU_MEASUREMENTS))
+            tick()
+            row = {"what": f"evaluate {n} points " + (f"cells {case[0]} levels {case[1]}" if case else "unpruned"),
+                   "size": n, "image": "points", "pruning": "yes" if case else "no",
+                   "tiles px": f"{case[0]} cells x {case[1]} levels" if case else "-",
+                   "wall median ms": wall["median_ms"], "wall min ms": wall["min_ms"],
+                   "wall max ms": wall["max_ms"], "GPU ms": gpu_ms, "tile passes GPU ms": "-",
+                   "pixel pass GPU ms": "-", "level 0 pass GPU ms": "-", "mean tape length per level": "-",
+                   "host bucketing ms": "-"}
+            if case:
+                host = []
+                for _ in range(max(1, opts.repeat)):
+                    t0 = time.perf_counter()
+                    gpu.point_cells(pts, case[1], case[0])
+                    host.append(time.perf_counter() - t0)
+                levels = walker.prune_levels_points(tape, pts, cells=case[0], levels=case[1])
+                row.update({"host bucketing ms": 1e3 * statistics.median(host),
+                            "mean tape length per level": " / ".join(f"{lv['mean_length']:.0f}" for lv in levels)})
+            else:
+                base = (wall["median_ms"], gpu_ms)
+            rows.append(row)
+    rows.reverse()
+    for r in rows:
+        ok = base and r["pruning"] == "yes"
+        r["wall speed-up vs unpruned"] = base[0] / r["wall median ms"] if ok else "-"
+        r["GPU speed-up vs unpruned"] = base[1] / r["GPU ms"] if ok and r["GPU ms"] > 0 else "-"
+    notes.append(f"points: evaluate_pruned bit-identical to evaluate at every point: {exact}")
+    return rows
