@@ -278,3 +278,11 @@ def test_internal_errors_are_one_line_too(capsys, scene_file, monkeypatch):
 @pytest.mark.parametrize("text,size", [("64x48", (64, 48)), ("1024", (1024, 1024)), ("3X2", (3, 2))])
 def test_parse_size(text, size):
     assert cli.parse_size(text) == size
+
+
+def test_bench_tables_show_columns_that_only_later_rows_have():
+    from taperay.tools.bench import markdown_table
+    table = markdown_table([{"what": "image", "ms": 1.5}, {"what": "points", "ms": 2.0, "host ms": 0.25}])
+    head, _, first, second = table.splitlines()
+    assert head == "| what | ms | host ms |"
+    assert first == "| image | 1.5 |  |" and second == "| points | 2 | 0.25 |"

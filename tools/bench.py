@@ -205,12 +205,22 @@ def _md(v) -> str:
     return _cell(v).replace("|", "\\|")
 
 
+def columns(rows: list[dict]) -> list[str]:
+    """Every column of the rows, in order of first appearance (rows may differ in columns)."""
+    return list(dict.fromkeys(c for r in rows for c in r))
+
+
+def markdown_table(rows: list[dict]) -> str:
+    cols = columns(rows)
+    lines = ["| " + " | ".join(map(_md, cols)) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_md(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(name: str, result: BenchResult, machine: dict) -> str:
-    cols = list(result.rows[0]) if result.rows else []
     lines = [f"## taperay bench {name}", "",
              "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
-             "| " + " | ".join(map(_md, cols)) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_md(r.get(c, "")) for c in cols) + " |" for r in result.rows]
+             markdown_table(result.rows).rstrip("\n")]
     lines += [""] + [f"- {n}" for n in result.notes]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -254,7 +264,7 @@ def print_table(name: str, result: BenchResult) -> None:
     from rich.table import Table
 
     from .cli import console
-    cols = list(result.rows[0]) if result.rows else []
+    cols = columns(result.rows)
     table = Table(*cols, title=f"taperay bench {name}", title_justify="left")
     for r in result.rows:
         table.add_row(*(_cell(r.get(c, "")) for c in cols))

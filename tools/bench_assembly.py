@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from taperay.runtime.tape import TaperayError, validate
-from taperay.tools.bench import BenchResult, report, summarize, time_calls
+from taperay.tools.bench import BenchResult, markdown_table, report, summarize, time_calls
 
 SCENES_DIR = Path(__file__).resolve().parent.parent / "scenes"
 SCENES = ("lens_bench_1000", "plate_million_holes", "strut_lattice", "menger_sponge", "bolt_bin")
@@ -350,7 +350,7 @@ def bench_assembly(opts) -> BenchResult:
     for stem, extra in extras:
         (out / f"{stem}.json").write_text(json.dumps({"settings": {"walker": walker_name, "size": list(size),
                                                                     "repeat": repeat}, "rows": extra}, indent=2) + "\n")
-        (out / f"{stem}.md").write_text(_table(extra))
+        (out / f"{stem}.md").write_text(markdown_table(extra))
     if scale_rows:
         skipped = plot(scale_rows, out / "assembly-scaling.png",
                        f"taperay bench assembly: frame time vs instances ({walker_name}, {size[0]}x{size[1]})")
@@ -363,14 +363,6 @@ def bench_assembly(opts) -> BenchResult:
     notes.append(f"parts measured: {', '.join(p for p in PARTS if p in parts)}")
     return BenchResult(rows, settings={"walker": walker_name, "size": f"{size[0]}x{size[1]}", "repeat": repeat},
                        notes=notes, machine=machine)
-
-
-def _table(rows: list[dict]) -> str:
-    cols = list(dict.fromkeys(c for r in rows for c in r))   # rows may lack columns (counts not run)
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
