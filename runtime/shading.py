@@ -194,7 +194,9 @@ def compose(view: str, packed: np.ndarray, materials: np.ndarray, camera_pack: n
     hit = march["hit"]
     if view == "steps":
         return heat(march["steps"] / _get(packed, "max_steps")[0])
-    g = np.asarray(march["grad"], np.float64)
+    # the other views colour the hit pixels only (misses show the background): each array below
+    # holds the hit pixels' values, in row-major order
+    g = np.asarray(march["grad"], np.float64)[hit]
     glen = np.linalg.norm(g, axis=-1)
     n = g / np.where(glen > 0, glen, 1)[..., None]
     if view == "normals":
@@ -204,7 +206,7 @@ def compose(view: str, packed: np.ndarray, materials: np.ndarray, camera_pack: n
         lo, hi = _get(packed, "box_lo"), _get(packed, "box_hi")
         dist, rad = np.linalg.norm(eye - (lo + hi) / 2), np.linalg.norm(hi - lo) / 2
         near, far = max(dist - rad, 0.0), dist + rad
-        t = np.where(hit, march["t"], far)
+        t = march["t"][hit]
         col = np.repeat((0.15 + 0.85 * (1 - np.clip((t - near) / (far - near), 0, 1)))[..., None], 3, -1)
     elif view == "gradient":
         x = np.clip(np.log2(np.where(glen > 0, glen, 1e-30)), -1, 1)[..., None]
@@ -213,14 +215,14 @@ def compose(view: str, packed: np.ndarray, materials: np.ndarray, camera_pack: n
     elif view in ("shade", "section"):
         if light is None:
             raise TaperayError(f"view {view!r} needs light results (shadow, ao)")
-        m = np.clip(march["mat"].astype(np.int64), 0, len(materials) - 1)
+        m = np.clip(march["mat"][hit].astype(np.int64), 0, len(materials) - 1)
         base = materials["color"][m].astype(np.float64)
         rough = materials["roughness"][m].astype(np.float64)
         key, fill = _get(packed, "key_dir"), _get(packed, "fill_dir")
         sky, ground = _get(packed, "sky_color"), _get(packed, "ground_color")
         key_col, fill_col = _get(packed, "key_color"), _get(packed, "fill_color")
-        shadow, ao = light["shadow"][..., None], light["ao"][..., None]
-        v = -np.asarray(dirs, np.float64)
+        shadow, ao = light["shadow"][hit][..., None], light["ao"][hit][..., None]
+        v = -np.asarray(dirs, np.float64)[hit]
         amb = ground + (sky - ground) * (0.5 + 0.5 * n[..., 2:3])
         ndk = n @ key
         kd = np.maximum(ndk, 0)[..., None] * shadow
@@ -234,7 +236,10 @@ def compose(view: str, packed: np.ndarray, materials: np.ndarray, camera_pack: n
         col = np.clip(lin, 0, 1) ** (1 / 2.2)
     else:
         raise TaperayError(f"unknown view {view!r}; views are {', '.join(VIEWS)}")
-    return np.where(hit[..., None], col, bg)
+    out = np.empty(hit.shape + (3,), np.float64)
+    out[...] = bg
+    out[hit] = col
+    return out
 
 
 def to_rgb8(colors: np.ndarray) -> np.ndarray:
