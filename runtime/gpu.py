@@ -9,9 +9,12 @@ from the kernels' sizes and a per-machine compile rate kept in ``~/.cache/tapera
 nothing dispatches before the build is done), the pipeline cache keyed by (kernel, register
 variant) with hit / miss / creation counters, ``GpuWalker`` (the CpuWalker API plus ``upload`` /
 ``set_param``: edits are buffer writes of the changed bytes, never compiles; march and light are
-resumed over several dispatches when a per-invocation iteration budget runs out; pruned 2D images
-over one to four tile levels, shaders/prune.wgsl, with their arena grown when it overflows;
-``gpu_seconds``, the GPU time of an image without host work or read-back) and ``gpu_self_check``.
+resumed over several dispatches when a per-invocation iteration budget runs out, and run their
+interpreter without material ids (the pipeline constants of ``KERNEL_CONSTANTS``; a ``surface``
+pass evaluates the hit's material); pruned 2D images over one to four tile levels and pruned point
+sets over cells of the points (``evaluate_pruned``), shaders/prune.wgsl, with their arena grown
+when it overflows; ``gpu_seconds`` / ``gpu_seconds_points``, GPU time without host work or
+read-back) and ``gpu_self_check``.
 
 Shader text is only ever the committed files of ``shaders/`` concatenated in a fixed order (the
 generated headers, one register-capacity file, the bindings, the interpreter, a kernel file); no
