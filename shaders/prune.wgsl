@@ -498,6 +498,27 @@ var<workgroup> wg_chunks: u32;                  // chunks of the longest source 
 // invocation sets before a chunk's barrier was cleared by invocation 0 two chunks before)
 var<workgroup> wg_busy: array<u32, 3>;
 
+// the start of a pass's chunk c, in uniform control flow: the workgroup votes (word phase % 3 of
+// wg_busy; the word two votes ahead is cleared for its turn) whether any of its tiles is still
+// working; if none is, false (the pass stops), else chunk c is loaded into wg_rec and true
+fn next_chunk(working: bool, phase: ptr<function, u32>, l: u32, c: u32, seg: u32, n_slots: u32,
+              lid: u32) -> bool {
+    if (working) {
+        wg_busy[*phase % 3u] = 1u;
+    }
+    let busy = workgroupUniformLoad(&wg_busy[*phase % 3u]);
+    if (lid == 0u) {
+        wg_busy[(*phase + 2u) % 3u] = 0u;
+    }
+    *phase += 1u;
+    if (busy == 0u) {
+        return false;
+    }
+    load_chunk(l, c, seg, n_slots, lid);
+    workgroupBarrier();
+    return true;
+}
+
 // the records of chunk `c` (records c * seg .. c * seg + seg - 1 of every source tape) into wg_rec
 fn load_chunk(l: u32, c: u32, seg: u32, n_slots: u32, lid: u32) {
     var i = lid;
@@ -603,19 +624,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var bits = 0u;
     for (var c = 0u; c < n_chunks; c++) {
         iters += 1u;
-        if (working) {
-            wg_busy[phase % 3u] = 1u;
-        }
-        let busy = workgroupUniformLoad(&wg_busy[phase % 3u]);
-        if (lid == 0u) {
-            wg_busy[(phase + 2u) % 3u] = 0u;
-        }
-        phase += 1u;
-        if (busy == 0u) {
+        if (!next_chunk(working, &phase, l, c, seg, n_slots, lid)) {
             break;
         }
-        load_chunk(l, c, seg, n_slots, lid);
-        workgroupBarrier();
         if (working) {
             let k0 = c * seg;
             let k1 = min(len, k0 + seg);
@@ -689,19 +700,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     for (var cb = 0u; cb < n_chunks; cb++) {
         iters += 1u;
         let c = n_chunks - 1u - cb;
-        if (working) {
-            wg_busy[phase % 3u] = 1u;
-        }
-        let busy = workgroupUniformLoad(&wg_busy[phase % 3u]);
-        if (lid == 0u) {
-            wg_busy[(phase + 2u) % 3u] = 0u;
-        }
-        phase += 1u;
-        if (busy == 0u) {
+        if (!next_chunk(working, &phase, l, c, seg, n_slots, lid)) {
             break;
         }
-        load_chunk(l, c, seg, n_slots, lid);
-        workgroupBarrier();
         if (working) {
             let k0 = c * seg;
             var j = min(len, k0 + seg);
@@ -781,19 +782,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var at = h.x;
     for (var c = 0u; c < n_chunks; c++) {
         iters += 1u;
-        if (working) {
-            wg_busy[phase % 3u] = 1u;
-        }
-        let busy = workgroupUniformLoad(&wg_busy[phase % 3u]);
-        if (lid == 0u) {
-            wg_busy[(phase + 2u) % 3u] = 0u;
-        }
-        phase += 1u;
-        if (busy == 0u) {
+        if (!next_chunk(working, &phase, l, c, seg, n_slots, lid)) {
             break;
         }
-        load_chunk(l, c, seg, n_slots, lid);
-        workgroupBarrier();
         if (working) {
             let k0 = c * seg;
             let w_end = (min(len, k0 + seg) + 7u) / 8u;
