@@ -1122,6 +1122,22 @@ class GpuWalker:
                             mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used))
         return out
 
+    def _time_passes(self, tape: Tape, passes: list[tuple], variant: int, uniforms: np.ndarray,
+                     repeat: int) -> float:
+        """GPU seconds of one run of ``passes``: encoded once and ``repeat`` times in a row, one
+        command buffer each, submitted and waited for (after a warm-up of the single one):
+        (t_repeat - t_1) / (repeat - 1)."""
+        def run(k: int) -> float:
+            cb = self._encode(passes, variant, uniforms, 0, repeat=k)
+            t0 = time.perf_counter()
+            self._ctx.device.queue.submit([cb])
+            self._check_counters(tape)
+            return time.perf_counter() - t0
+
+        run(1)
+        t1 = run(1)
+        return max(run(repeat) - t1, 0.0) / (repeat - 1)
+
     @_guarded
     def gpu_seconds_points(self, tape: Tape, points, pruned: bool = True, cells: int | None = None,
                            levels: int = 1, repeat: int = 8) -> float:
@@ -1145,17 +1161,7 @@ class GpuWalker:
             self._points.sync(pts)
             u = self._uniforms(tape, n)
             passes = [("eval_points", n)]
-
-        def run(k: int) -> float:
-            cb = self._encode(passes, variant, u, 0, repeat=k)
-            t0 = time.perf_counter()
-            self._ctx.device.queue.submit([cb])
-            self._check_counters(tape)
-            return time.perf_counter() - t0
-
-        run(1)
-        t1 = run(1)
-        return max(run(repeat) - t1, 0.0) / (repeat - 1)
+        return self._time_passes(tape, passes, variant, u, repeat)
 
     @_guarded
     def gpu_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
@@ -1180,17 +1186,7 @@ class GpuWalker:
             variant, passes, u, _ = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
             if tile_passes_only:
                 passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
-
-        def run(k: int) -> float:
-            cb = self._encode(passes, variant, u, 0, repeat=k)
-            t0 = time.perf_counter()
-            self._ctx.device.queue.submit([cb])
-            self._check_counters(tape)
-            return time.perf_counter() - t0
-
-        run(1)
-        t1 = run(1)
-        return max(run(repeat) - t1, 0.0) / (repeat - 1)
+        return self._time_passes(tape, passes, variant, u, repeat)
 
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
                      settings: RenderSettings | None, view: str):
