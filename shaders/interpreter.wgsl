@@ -478,14 +478,21 @@ fn poly_edge(off: u32, q: vec2<f32>, n: u32, i: ptr<function, u32>, j: ptr<funct
     if (*i >= n) {
         return;
     }
-    let vix = params[off + 2u * *i];
-    let viy = params[off + 2u * *i + 1u];
-    let vjx = params[off + 2u * *j];
-    let vjy = params[off + 2u * *j + 1u];
+    let acc = poly_edge_acc(vec2<f32>(*d, *s), q.x, q.y, params[off + 2u * *i], params[off + 2u * *i + 1u],
+                            params[off + 2u * *j], params[off + 2u * *j + 1u]);
+    *d = acc.x;
+    *s = acc.y;
+    *j = *i;
+    *i += 1u;
+}
+
+// the twin's _poly loop body at (x, y) for the edge from vertex i to the previous vertex j:
+// acc = (squared distance so far, winding sign so far) -> the same after this edge
+fn poly_edge_acc(acc: vec2<f32>, x: f32, y: f32, vix: f32, viy: f32, vjx: f32, vjy: f32) -> vec2<f32> {
     let ex = vjx - vix;
     let ey = vjy - viy;
-    let wx = q.x - vix;
-    let wy = q.y - viy;
+    let wx = x - vix;
+    let wy = y - viy;
     let ee = ex * ex + ey * ey;
     var t = 0.0;
     if (ee > 0.0) {
@@ -493,15 +500,11 @@ fn poly_edge(off: u32, q: vec2<f32>, n: u32, i: ptr<function, u32>, j: ptr<funct
     }
     let bx = wx - ex * t;
     let by = wy - ey * t;
-    *d = pmin(*d, bx * bx + by * by);
-    let c1 = q.y >= viy;
-    let c2 = q.y < vjy;
+    let c1 = y >= viy;
+    let c2 = y < vjy;
     let c3 = ex * wy > ey * wx;
-    if ((c1 && c2 && c3) || (!c1 && !c2 && !c3)) {
-        *s = -*s;
-    }
-    *j = *i;
-    *i += 1u;
+    let flip = (c1 && c2 && c3) || (!c1 && !c2 && !c3);
+    return vec2<f32>(pmin(acc.x, bx * bx + by * by), select(acc.y, -acc.y, flip));
 }
 
 // One node of the INSTANCES walk (the twin's _bvh_seek loop body), a no-op once a leaf is found

@@ -13,8 +13,8 @@ with ``run_tape`` swapped for the written-out function, so the written-out ``eva
 ``march``, ``light``, ``slice`` ... are the walker's kernels, line for line, around a different
 scene function, and bind the walker's buffers. The written-out code calls the interpreter's
 self-contained scalar and shape functions (``len3``, ``sd_box``, ``qrot_conj``, ``fmod_start``,
-...) with literal arguments; its own helpers (``_HELPERS``: literal-parameter capsule / torus /
-polygon edge, ...) are the Numba twin's formulas (``runtime/cpu.py``) in the twin's order of
+``poly_edge_acc``, ...) with literal arguments; its own helpers (``_HELPERS``: literal-parameter
+capsule / torus, ...) are the Numba twin's formulas (``runtime/cpu.py``) in the twin's order of
 operations, so it computes the twin's float32 results.
 Straight-line means: arithmetic, shapes (polygon edges unrolled, vertices as literals), point ops,
 combine ops, culls (as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``)
@@ -108,26 +108,6 @@ fn bl_torus(x: f32, y: f32, z: f32, big_r: f32, r: f32) -> f32 {
     return sqrt(qx * qx + z * z) - r;
 }
 
-// one edge (vertex i, previous vertex j) of the twin's _poly: acc = (squared distance, sign)
-fn bl_poly_edge(acc: vec2<f32>, x: f32, y: f32, vix: f32, viy: f32, vjx: f32, vjy: f32) -> vec2<f32> {
-    let ex = vjx - vix;
-    let ey = vjy - viy;
-    let wx = x - vix;
-    let wy = y - viy;
-    let ee = ex * ex + ey * ey;
-    var t = 0.0;
-    if (ee > 0.0) {
-        t = pmin(pmax((wx * ex + wy * ey) / ee, 0.0), 1.0);
-    }
-    let bx = wx - ex * t;
-    let by = wy - ey * t;
-    let c1 = y >= viy;
-    let c2 = y < vjy;
-    let c3 = ex * wy > ey * wx;
-    let flip = (c1 && c2 && c3) || (!c1 && !c2 && !c3);
-    return vec2<f32>(pmin(acc.x, bx * bx + by * by), select(acc.y, -acc.y, flip));
-}
-
 fn bl_mirror(p: vec4<f32>, nx: f32, ny: f32, nz: f32, d: f32) -> vec4<f32> {
     let dp = p.x * nx + p.y * ny + p.z * nz;
     if (dp < d) {
@@ -216,7 +196,7 @@ class _Writer:
         self.emit(f"pq = vec2<f32>(({x} - {vx}) * ({x} - {vx}) + ({y} - {vy}) * ({y} - {vy}), 1.0);")
         for i in range(nv):
             j = i - 1 if i else nv - 1
-            self.emit(f"pq = bl_poly_edge(pq, {x}, {y}, {_lit(v[i, 0])}, {_lit(v[i, 1])}, "
+            self.emit(f"pq = poly_edge_acc(pq, {x}, {y}, {_lit(v[i, 0])}, {_lit(v[i, 1])}, "
                       f"{_lit(v[j, 0])}, {_lit(v[j, 1])});")
         self.uses_poly = True
         return "pq.y * sqrt(pq.x)"
