@@ -1229,8 +1229,8 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
             d = np.where(pv > d, pv, d)
         return d
 
-    eye, dirs = camera.rays(width, height)
-    eye = np.asarray(eye, np.float32)
+    eye_out, dirs = camera.rays(width, height)
+    eye = np.asarray(eye_out, np.float32)
     rd = np.ascontiguousarray(dirs, np.float32).reshape(-1, 3)
     with np.errstate(divide="ignore", invalid="ignore"):      # the twin's _slab, every ray at once
         t0 = np.full(len(rd), -np.inf, np.float32)
@@ -1270,4 +1270,4 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     return dict(t=np.where(hit, t, np.float32(np.inf)).reshape(shape), hit=hit.reshape(shape),
                 steps=steps.reshape(shape), mat=np.zeros(shape, np.uint32), grad=g,
                 normal=np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32),
-                dirs=dirs, eye=camera.rays(width, height)[0])
+                dirs=dirs, eye=eye_out)
