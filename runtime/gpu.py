@@ -49,7 +49,8 @@ UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Unifo
 MIN_BUFFER = 256
 COUNTERS_BYTES = 16           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl arena, refusals)
 N_BINDINGS = 11
-RESUMABLE = ("march", "light")   # kernels that save their state and are dispatched until done
+RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
+                                                                 # dispatched until done
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
 # (lavapipe / llvmpipe) stops every kernel's loops after 65535 iterations in all, so a software
 # adapter gets a cap below that (an evaluation needing more is refused as overflow) and a budget
@@ -75,6 +76,8 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "march": ("kernels_render.wgsl", True),
     "surface": ("kernels_render.wgsl", True),
     "light": ("kernels_render.wgsl", True),
+    "march_cells": ("kernels_render.wgsl", True),
+    "light_cells": ("kernels_render.wgsl", True),
     "slice": ("kernels_render.wgsl", True),
     "shade": ("kernels_render.wgsl", False),
     "resolve": ("kernels_render.wgsl", False),
@@ -83,11 +86,16 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "pruned_points": ("prune.wgsl", True),
 }
 # pipeline-overridable constants per kernel: march and light need distances only (the hit's
-# material comes from the surface pass), so their interpreter is built without material ids
-KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {"march": {"WITH_MATERIALS": False},
-                                                "light": {"WITH_MATERIALS": False}}
+# material comes from the surface pass), so their interpreter is built without material ids; their
+# _cells pipelines (the same entry points, KERNEL_ENTRY) evaluate an arithmetic tape's pruned cell
+# tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_value)
+KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
+    "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
+    "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
+    "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True}}
+KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light"}   # kernel -> entry point, where they differ
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
-PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl")
+PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
 DEFAULT_RATE = 60_000.0       # weighted WGSL characters compiled per second, before any measurement
 
@@ -260,6 +268,53 @@ def point_cells(pts: np.ndarray, levels: int, cells: int):
     return [int(c) for c in n_tiles], words, first
 
 
+# Pruned march and light (GpuWalker.march / light / render of an arithmetic tape): MARCH_CELLS =
+# (g0, levels), g0^3 level-0 cells over the march box, each finer level splitting a cell 4 x 4 x 4
+# (packed.wgsl cell_value); "auto" prunes tapes of at least MARCH_CELLS_MIN_RECORDS records.
+MARCH_CELLS = (8, 2)
+MARCH_CELLS_MIN_RECORDS = 64
+CELL_DESCRIPTOR_WORDS = 9
+
+
+def march_cells(lo, hi, g0: int, levels: int):
+    """The cells of a pruned march over the box lo..hi: (cells per level, the points buffer's
+    float32 words, the descriptor's first word; packed.wgsl cell_value reads them). Level 0: g0^3
+    grid cells (id i + g0 (j + g0 k)) and the outside cell (box NaN); level m + 1: 64 sub-cells per
+    level-m cell (the outside cell's empty). A grid cell's box is its float64 extent grown by
+    1e-4 of its size plus 1e-6 of |lo| + |hi| (so a point whose rounded index names a neighbour
+    still lies in the box), in float32, clipped to its parent's box: a sub-cell's tape, pruned
+    from its parent's over its box, is exact wherever it is used."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    size0 = np.where(hi > lo, (hi - lo) / g0, 1.0)
+    slack = 1e-6 * (np.abs(lo) + np.abs(hi))
+    c = np.arange(g0 ** 3)
+    ijk = np.stack([c % g0, c // g0 % g0, c // (g0 * g0)], 1)
+    c = np.arange(64)
+    local = np.stack([c % 4, c // 4 % 4, c // 16], 1)   # sub-cell (i j k) of id i + 4 (j + 4 k)
+    grid_boxes, boxes = [], []
+    for m in range(levels):
+        size = size0 / 4.0 ** m
+        margin = 1e-4 * size + slack
+        box = np.concatenate([lo + ijk * size - margin, lo + (ijk + 1) * size + margin], 1).astype(np.float32)
+        if m:   # within the parent's box
+            parent = np.repeat(grid_boxes[-1], 64, 0)
+            box[:, :3] = np.maximum(box[:, :3], parent[:, :3])
+            box[:, 3:] = np.minimum(box[:, 3:], parent[:, 3:])
+        grid_boxes.append(box)
+        outside = np.full((1, 6), np.nan, np.float32) if m == 0 else \
+            np.tile(np.array([np.inf] * 3 + [-np.inf] * 3, np.float32), (64 * len(boxes[-1]) - len(box), 1))
+        boxes.append(np.concatenate([box, outside]))
+        ijk = (ijk[:, None, :] * 4 + local[None]).reshape(-1, 3)
+    desc = 4 + 6 * sum(len(b) for b in boxes)
+    words = np.empty(desc + CELL_DESCRIPTOR_WORDS, np.float32)
+    words[:4] = np.arange(4)
+    words[4:desc] = np.concatenate(boxes).ravel()
+    words[desc:desc + 3] = lo
+    words[desc + 3:desc + 6] = size0 / 4.0 ** (levels - 1)
+    words[desc + 6:].view(np.uint32)[:2] = g0, levels   # (the header base: GpuWalker._prune_cells)
+    return [len(b) for b in boxes], words, desc
+
+
 def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[int]:
     """Tiles per level: level 0 covers the image; a level-l tile has ceil(size_l / size_l+1)^2
     sub-tiles (runtime/pruning.py's nesting; those beyond the image are empty)."""
@@ -379,7 +434,8 @@ class KernelSet:
         module = self._module(self._module_key(kernel, variant))
         promise = self.device.create_compute_pipeline_async(
             label=f"{kernel}@{variant}", layout=self.pipeline_layout,
-            compute={"module": module, "entry_point": kernel, "constants": KERNEL_CONSTANTS.get(kernel, {})})
+            compute={"module": module, "entry_point": KERNEL_ENTRY.get(kernel, kernel),
+                     "constants": KERNEL_CONSTANTS.get(kernel, {})})
         pipe = promise.sync_wait()
         with self._lock:
             self.stats.pipelines_created += 1
@@ -666,6 +722,7 @@ class GpuWalker:
         self._uploaded = None
         self._arena_words = 0                # pruned images: the arena grown to after an overflow
         self._point_arena_words = 0          # evaluate_pruned: the same
+        self._cell_arena_words = 0           # pruned march cells: the same
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -1108,19 +1165,37 @@ class GpuWalker:
             raise TaperayError(f"prune_levels_points: 1..{self._point_chunk()} points, got {len(pts)}")
         self.evaluate_pruned(tape, pts, cells, levels)
         _, passes, _, _, _ = self._points_setup(tape, pts, cells, levels)   # (the same cells)
-        counts = [p[1] for p in passes[:-1]]
-        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, 3)
+        return [dict(cells=len(h), with_points=int(taped.sum()), inside=int((h[:, 2] == 1).sum()),
+                     outside=int((h[:, 2] == 2).sum()),
+                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used)
+                for h, taped, used in self._cell_headers([p[1] for p in passes[:-1]], 0)]
+
+    def _cell_headers(self, counts: list[int], base: int):
+        """Per level of points-mode cells (``counts`` of them, headers from out_u word ``base``):
+        its (cells, 3) headers, which cells have a pruned tape, the arena words used."""
+        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts), base).reshape(-1, 3)
         used = int(self._read(self._counters, np.uint32, 4)[PRUNE_ARENA])
         out, at = [], 0
         for count in counts:
             h = hdr[at:at + count]
             at += count
-            cls = h[:, 2]   # prune.wgsl: 0 ambiguous, 1 inside, 2 outside, 3 failed, 4 empty
-            taped = cls <= 2
-            out.append(dict(cells=count, with_points=int(taped.sum()), inside=int((cls == 1).sum()),
-                            outside=int((cls == 2).sum()),
-                            mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used))
+            out.append((h, h[:, 2] <= 2, used))   # prune.wgsl: 0 ambiguous, 1 inside, 2 outside, 3 failed, 4 empty
         return out
+
+    @_guarded
+    def march_cell_levels(self, tape: Tape, settings: RenderSettings | None = None, view: str = "shade",
+                          cells=MARCH_CELLS) -> list[dict]:
+        """Prunes an arithmetic tape over the cells of its march box (as march does) and reads
+        their headers back: per level, the cells, those with a pruned tape (the outside cell's
+        empty sub-cells have none) and their mean length in records, plus the arena words used."""
+        cells = self._march_cells_for(tape, cells)
+        if cells is None:
+            raise TaperayError(f"{tape.source or 'tape'}: march cells are for arithmetic tapes only")
+        variant = self.upload(tape)
+        _, counts = self._prune_cells(tape, (settings or RenderSettings()).pack(tape, view), variant, 0, cells)
+        return [dict(cells=len(h), with_tape=int(taped.sum()),
+                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used)
+                for h, taped, used in self._cell_headers(counts, 0)]
 
     def _time_passes(self, tape: Tape, passes: list[tuple], variant: int, uniforms: np.ndarray,
                      repeat: int) -> float:
@@ -1188,6 +1263,70 @@ class GpuWalker:
                 passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
         return self._time_passes(tape, passes, variant, u, repeat)
 
+    @staticmethod
+    def _march_cells_for(tape: Tape, cells) -> tuple[int, int] | None:
+        """The (g0, levels) of a pruned march of ``tape``, or None: ``cells`` None (off), "auto"
+        (MARCH_CELLS for arithmetic tapes of at least MARCH_CELLS_MIN_RECORDS records) or
+        (g0, levels) (any arithmetic tape)."""
+        from .pruning import is_arithmetic
+        if cells is None or not is_arithmetic(tape):
+            return None
+        if isinstance(cells, str) and cells == "auto":
+            return MARCH_CELLS if len(tape.instrs) >= MARCH_CELLS_MIN_RECORDS else None
+        ok = (isinstance(cells, tuple) and len(cells) == 2 and all(isinstance(v, (int, np.integer)) for v in cells)
+              and 1 <= cells[0] <= 64 and 1 <= cells[1] <= MAX_TILE_LEVELS)
+        if not ok:
+            raise TaperayError(f"cells must be None, 'auto' or (g0 in 1..64, levels in 1..{MAX_TILE_LEVELS}), "
+                               f"got {cells!r}")
+        return int(cells[0]), int(cells[1])
+
+    def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]) -> int:
+        """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``: prune_tiles
+        once per level (points mode) in a submission of its own, the headers and arena in out_u
+        after the n pixels' outputs (from word 9n), the arena grown and the cells run again on
+        overflow. Returns the cell descriptor's word in the points buffer (U.extra.x of the
+        _cells kernels) and the cells per level."""
+        from .cpu import _packed
+        g0, levels = cells
+        lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
+        counts, words, desc = march_cells(lo, hi, g0, levels)
+        base = 9 * n
+        words[desc + 8:].view(np.uint32)[0] = base
+        header = PRUNE_HEADER_WORDS * sum(counts)
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        if base + header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
+            raise TaperayError(f"pruned march: {sum(counts)} cells {cells} at {n} pixels exceed the adapter's "
+                               f"{limit >> 18} MiB binding limit; use fewer cells or levels")
+        self._points.ensure(4 * len(words))
+        self._points.write(0, words)
+        self._points.mirror = np.zeros(0, np.uint8)    # (the next sync writes everything)
+        filled = 1 + sum(g0 ** 3 * 64 ** m for m in range(levels))   # (not the outside cell's empty sub-cells)
+        camera = np.zeros(16, np.float32)
+        camera[:levels] = counts
+        u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
+        u[22] = base                        # U.camera[1].z: the headers' first word
+        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)]
+        while True:
+            guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
+            arena = min(self._cell_arena_words or guess, limit - base - header)
+            self._prepare_outputs(8 * n, base + header + arena, n)
+            u[20] = arena                   # U.camera[1].x: the arena's size in words
+            self._submit(passes, variant, u, 0)
+            self._check_counters(tape)
+            c = self._read(self._counters, np.uint32, 4)
+            if not c[PRUNE_ARENA_FULL]:
+                return desc, counts
+            if base + header + arena >= limit:
+                raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of the march cells {cells} need "
+                                   f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells")
+            self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+
+    @staticmethod
+    def _on_cells(passes: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """A frame's passes on the pruned cell tapes: march and light as their _cells pipelines;
+        no surface pass (an arithmetic tape's material is 0 everywhere, as march_cells writes)."""
+        return [(k + "_cells" if k in ("march", "light") else k, m) for k, m in passes if k != "surface"]
+
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
                      settings: RenderSettings | None, view: str):
         if width < 1 or height < 1:
@@ -1200,14 +1339,38 @@ class GpuWalker:
         self._prepare_outputs(8 * n, 9 * n, n)
         return camera, packed, variant, n
 
+    def _frame(self, tape: Tape, camera: Camera | None, width: int, height: int,
+               settings: RenderSettings | None, view: str, passes: list[str], cells, samples: int = 1,
+               final: tuple[str, ...] = ()) -> Camera:
+        """Dispatches ``passes`` (kernel names, n pixels each) for each of ``samples`` jittered
+        samples (the first the pixel centre, as the twin renders), then the ``final`` passes; on
+        the pruned cell tapes when _march_cells_for(tape, cells) says so (pruned once, before the
+        first sample). Returns the camera used."""
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
+        frame = [(k, n) for k in passes]
+        cells = self._march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
+        desc = None
+        if cells is not None:
+            desc, _ = self._prune_cells(tape, packed, variant, n, cells)
+            frame = self._on_cells(frame)
+        rng = np.random.default_rng(0)
+        for s in range(samples):
+            jitter = (0.0, 0.0) if s == 0 else tuple(rng.uniform(-0.5, 0.5, 2))
+            u = self._uniforms(tape, n, width, height, sample=s, extra=(0, 0, *jitter),
+                               camera=camera.pack(), settings=packed)
+            if desc is not None:
+                u[12] = desc                # U.extra.x: the bits of the cell descriptor's word
+            self._dispatch(tape, frame + ([(k, n) for k in final] if s == samples - 1 else []), variant, u)
+        return camera
+
     @_guarded
     def march(self, tape: Tape, camera: Camera, width: int, height: int,
-              settings: RenderSettings | None = None, view: str = "shade") -> dict:
+              settings: RenderSettings | None = None, view: str = "shade", cells="auto") -> dict:
         """Primary rays by the camera's pixel convention: t (H,W) f32 (inf = miss), hit, steps int32,
-        mat uint32, grad (H,W,3) f32 (field gradient at the hit), normal, dirs, eye."""
-        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
-        u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
-        self._dispatch(tape, [("march", n), ("surface", n)], variant, u)
+        mat uint32, grad (H,W,3) f32 (field gradient at the hit), normal, dirs, eye. ``cells``
+        (None, "auto" or (g0, levels)): an arithmetic tape is marched on its pruned cell tapes
+        (packed.wgsl cell_value; the same bits)."""
+        camera = self._frame(tape, camera, width, height, settings, view, ["march", "surface"], cells)
         return self._march_result(camera, width, height)
 
     def _march_result(self, camera: Camera, width: int, height: int) -> dict:
@@ -1224,12 +1387,11 @@ class GpuWalker:
 
     @_guarded
     def light(self, tape: Tape, camera: Camera, width: int, height: int,
-              settings: RenderSettings | None = None, view: str = "shade") -> dict:
+              settings: RenderSettings | None = None, view: str = "shade", cells="auto") -> dict:
         """March, then the key light's visibility and ambient occlusion: the march dict plus
-        shadow and ao (H, W) float32 (1 on misses)."""
-        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
-        u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
-        self._dispatch(tape, [("march", n), ("surface", n), ("light", n)], variant, u)
+        shadow and ao (H, W) float32 (1 on misses). ``cells`` as march."""
+        camera = self._frame(tape, camera, width, height, settings, view, ["march", "surface", "light"], cells)
+        n = width * height
         out = self._march_result(camera, width, height)
         sa = self._read(self._out_f, np.float32, 4 * n, 4 * n).reshape(height, width, 4)
         out["shadow"], out["ao"] = np.ascontiguousarray(sa[..., 0]), np.ascontiguousarray(sa[..., 1])
@@ -1237,24 +1399,20 @@ class GpuWalker:
 
     @_guarded
     def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
-               settings: RenderSettings | None = None, samples: int = 1) -> np.ndarray:
+               settings: RenderSettings | None = None, samples: int = 1, cells="auto") -> np.ndarray:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``samples`` > 1 accumulates
-        jittered sub-pixel samples (the first is the pixel centre, as the twin renders)."""
+        jittered sub-pixel samples (the first is the pixel centre, as the twin renders).
+        ``cells`` as march."""
         if samples < 1:
             raise TaperayError(f"render: samples must be >= 1, got {samples}")
-        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         if view == "slice":
-            passes = [("slice", n)]
+            passes = ["slice"]
         elif view in ("shade", "section"):
-            passes = [("march", n), ("surface", n), ("light", n), ("shade", n)]
+            passes = ["march", "surface", "light", "shade"]
         else:   # the other views' colours do not read the material
-            passes = [("march", n), ("shade", n)]
-        rng = np.random.default_rng(0)
-        for s in range(samples):
-            jitter = (0.0, 0.0) if s == 0 else tuple(rng.uniform(-0.5, 0.5, 2))
-            u = self._uniforms(tape, n, width, height, sample=s, extra=(0, 0, *jitter),
-                               camera=camera.pack(), settings=packed)
-            self._dispatch(tape, passes + ([("resolve", n)] if s == samples - 1 else []), variant, u)
+            passes = ["march", "shade"]
+        self._frame(tape, camera, width, height, settings, view, passes, cells, samples, final=("resolve",))
+        n = width * height
         rgba = self._read(self._out_u, np.uint32, n, 8 * n)
         return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
 

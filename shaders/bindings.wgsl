@@ -46,6 +46,11 @@ fn inf() -> f32 {
     return bitcast<f32>(0x7f800000u);
 }
 
+// a quiet NaN (no literal either)
+fn nan() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
 // NaN test by the bits: `x != x` compiles to an ordered compare (always false) through naga
 fn is_nan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;

@@ -891,9 +891,18 @@ fn eval_checked(pin: vec3<f32>) -> Eval {
     return e;
 }
 
-// the field a render sees: the tape, capped by the section half-space when the settings ask
+// the field a render sees: the tape (with FIELD_CELLS, set for the pruned march and light of an
+// arithmetic tape: its pruned cell tapes, packed.wgsl cell_value, material 0), capped by the
+// section half-space when the settings ask
+override FIELD_CELLS: bool = false;
+
 fn field(pin: vec3<f32>) -> Eval {
-    var e = run_tape(pin);
+    var e: Eval;
+    if (FIELD_CELLS) {
+        e = Eval(cell_value(pin), 0u);
+    } else {
+        e = run_tape(pin);
+    }
     if (setting(SET_SECTION) != 0.0) {
         let n = setting3(SET_PLANE_N);
         let pv = pin.x * n.x + pin.y * n.y + pin.z * n.z - setting(SET_PLANE_D);

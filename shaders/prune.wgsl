@@ -19,7 +19,8 @@
 // size need not divide its parent's), numbered parent * fanout(l)^2 + row * fanout(l) + col;
 // sub-tiles beyond the parent's (clipped) extent are empty (class TILE_EMPTY) and never read.
 //
-// out_u layout: the headers of every level in order, 3 words per tile (word offset of its pruned
+// out_u layout, from word bits(camera[1].z) (0 but for the cells of a pruned march, whose pixel
+// outputs come first): the headers of every level in order, 3 words per tile (word offset of its pruned
 // tape in out_u, its length in records, its class), then the arena. Arena words are handed out by
 // an atomic bump pointer (counters[COUNT_ARENA], zeroed per submission); a tile that finds no
 // room is TILE_FAILED (counted in counters[COUNT_ARENA_FULL]), so are its sub-tiles and its pixels
@@ -42,10 +43,6 @@
 // reported by the host); so do prune_tiles' chunk loops and the loads of each chunk into workgroup
 // memory.
 
-const TILE_AMBIGUOUS: u32 = 0u;
-const TILE_INSIDE: u32 = 1u;
-const TILE_OUTSIDE: u32 = 2u;
-const TILE_FAILED: u32 = 3u;
 const CH_BOTH: u32 = 0u;
 const CH_A: u32 = 1u;
 const CH_B: u32 = 2u;
@@ -62,10 +59,6 @@ const TRIG_UP: f32 = 1.0009765625;              // |sin|, |cos| on the GPU: <= 1
 
 var<private> ireg: array<vec2<f32>, REG_CAP>;   // the intervals of the registers (lo, hi)
 var<private> live: array<bool, REG_CAP>;   // the pruner's live registers (private: zeroed)
-
-fn nan() -> f32 {
-    return bitcast<f32>(0x7fc00000u);
-}
 
 // a float below / above x by `rel` of |x| and `abs_` (infinite bounds stay infinite, except that
 // a lower bound of +inf becomes FMAX and an upper bound of -inf -FMAX, as runtime/pruning.py)
@@ -347,13 +340,19 @@ fn children(l: u32) -> u32 {
     return fanout(l) * fanout(l);
 }
 
-// the first header word of level l (of level n_levels(): the arena's first word)
-fn level_header(l: u32) -> u32 {
-    var h = 0u;
+// the index over all levels of level l's first tile
+fn level_first(l: u32) -> u32 {
+    var t = 0u;
     for (var m = 0u; m < l; m++) {
-        h += 3u * level_tiles(m);
+        t += level_tiles(m);
     }
-    return h;
+    return t;
+}
+
+// the first header word of level l in out_u (of level n_levels(): the arena's first word); the
+// headers start at word bits(U.camera[1].z) (0 but for a pruned march, whose pixels come first)
+fn level_header(l: u32) -> u32 {
+    return bitcast<u32>(U.camera[1].z) + 3u * level_first(l);
 }
 
 // `words` arena words: the index of the first in out_u, or NO_ROOM (counted; the host then
@@ -428,7 +427,7 @@ struct TileExtent {
 
 fn tile_extent(l: u32, t: u32) -> TileExtent {
     if (points_mode()) {
-        let q = 4u + 2u * (level_header(l) + 3u * t);
+        let q = 4u + 6u * (level_first(l) + t);
         let lo = vec3<f32>(points[q], points[q + 1u], points[q + 2u]);
         let hi = vec3<f32>(points[q + 3u], points[q + 4u], points[q + 5u]);
         return TileExtent(!(lo.x > hi.x), lo, hi);
@@ -839,80 +838,6 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         out_u[hdr + 1u] = h.y;
         out_u[hdr + 2u] = h.z;
     }
-}
-
-// run_tape's arithmetic, op for op (unary / binary / nmin / nmax and the exact fmod sub-steps), on
-// the packed pruned tape of `n_records` records at word `first` of out_u, at point p: register 0
-// (the loop counts into `iters` and stops at U.iter_cap, setting `overflow`). The pixel pass and
-// the point pass share it.
-fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
-    var k = first;
-    let end = k + 2u * n_records;
-    var fmod_steps = false;
-    var fm_r = 0.0;
-    var fm_y = 0.0;
-    var fm_ey = 0;
-    loop {
-        if (k >= end) {
-            break;
-        }
-        if (iters >= U.iter_cap) {
-            overflow = true;
-            break;
-        }
-        iters += 1u;
-        let w0 = out_u[k];
-        let w1 = out_u[k + 1u];
-        let op = w0 & 0xffu;
-        let dst = (w0 >> 8u) & 0xffu;
-        let va = reg[(w0 >> 16u) & 0xffu];
-        let vb = reg[w0 >> 24u];
-        var wv = 0.0;
-        var nxt = k + 2u;
-        if (fmod_steps) {   // run_tape's STEP_FMOD
-            var s = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
-            if (s > fm_r) {
-                s = s * 0.5;
-            }
-            fm_r = fm_r - s;
-            if (fm_r < fm_y) {
-                let r = select(fm_r, -fm_r, va < 0.0);
-                wv = select(r, r + abs(vb), r < 0.0);
-                fmod_steps = false;
-            } else {
-                nxt = k;
-            }
-        } else if (op <= OP_VAR_Z) {
-            wv = p[op];
-        } else if (op == OP_CONST) {
-            wv = bitcast<f32>(w1);
-        } else if (op == OP_INSTANCE_INDEX) {
-            wv = 0.0;
-        } else if (op == OP_MIN) {
-            wv = nmin(va, vb);
-        } else if (op == OP_MAX) {
-            wv = nmax(va, vb);
-        } else if (op == OP_MOD) {
-            let fs = fmod_start(va, vb);
-            fm_y = fs.y;
-            fm_r = fs.ax;
-            if (fs.steps) {
-                fm_ey = fs.ey;
-                fmod_steps = true;
-                nxt = k;
-            }
-            wv = select(fs.r, fs.r + abs(vb), fs.r < 0.0);
-        } else if (op <= OP_NOT) {
-            wv = unary(op, va);
-        } else {
-            wv = binary(op, va, vb, reg[w1 & 0xffu]);
-        }
-        if (nxt != k) {
-            reg[dst] = wv;
-        }
-        k = nxt;
-    }
-    return reg[0];
 }
 
 // one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):

@@ -285,3 +285,82 @@ def test_evaluate_pruned_falls_back_and_checks_its_arguments(walker_gpu, no_new_
             walker_gpu.evaluate_pruned(quarter, pts, **kw)
     with pytest.raises(TaperayError):
         walker_gpu.evaluate_pruned(quarter, np.zeros((4, 2), np.float32))
+
+
+# ------------------------------------------------------------------ the pruned march and light
+def _march_bits(r):
+    return {k: np.asarray(r[k]).view(np.uint8) for k in ("t", "hit", "steps", "mat", "grad", "shadow", "ao")
+            if k in r}
+
+
+def _same_bits(a, b):
+    a, b = _march_bits(a), _march_bits(b)
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def spheres_60():
+    from taperay.tools.bench_prune import spheres_program
+    return load_vm(spheres_program(60, seed=2))
+
+
+@pytest.mark.parametrize("cells", [(1, 1), (4, 1), (3, 2), (2, 3)])
+@pytest.mark.parametrize("view", ["shade", "section"])
+def test_march_and_light_on_cells_are_bit_identical(walker_gpu, no_new_kernels, spheres_60, cells, view):
+    from taperay.runtime.camera import auto_camera
+    cam = auto_camera(spheres_60.bounds)
+    full = walker_gpu.light(spheres_60, cam, 40, 30, view=view, cells=None)
+    assert full["hit"].mean() > 0.03
+    assert _same_bits(walker_gpu.light(spheres_60, cam, 40, 30, view=view, cells=cells), full)
+
+
+@pytest.mark.parametrize("model", ["sphere", "tanglecube", "hi"])
+def test_models_march_on_cells_is_bit_identical_inside_and_outside_the_box(walker_gpu, no_new_kernels, model):
+    """Models (3D and 2D programs), the camera outside the march box and inside it."""
+    from taperay.runtime.camera import Camera, auto_camera
+    tape = load_vm(DATA / f"{model}.vm")
+    for cam in (auto_camera(tape.bounds), Camera(eye=(0.1, 0.05, 0.2), target=(1, 0.3, -0.2), fov_deg=70)):
+        full = walker_gpu.march(tape, cam, 36, 28, cells=None)
+        assert _same_bits(walker_gpu.march(tape, cam, 36, 28, cells=(4, 2)), full)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_tapes_march_on_cells_is_bit_identical(walker_gpu, no_new_kernels, seed):
+    from taperay.runtime.camera import auto_camera
+    tape = random_tape(seed)
+    cam = auto_camera(tape.bounds)
+    full = walker_gpu.march(tape, cam, 32, 24, cells=None)
+    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, cells=(3, 2)), full)
+
+
+def test_render_on_cells_is_the_unpruned_image_and_cells_prune(walker_gpu, no_new_kernels, spheres_60):
+    for view in ("shade", "normals", "steps"):
+        np.testing.assert_array_equal(walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2),
+                                      walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2, cells=None))
+    levels = walker_gpu.march_cell_levels(spheres_60, cells=(4, 2))
+    assert [lv["cells"] for lv in levels] == [65, 65 * 64]
+    assert levels[0]["with_tape"] == 65 and levels[1]["with_tape"] == 64 * 64   # (not the outside cell's)
+    n = len(spheres_60.instrs)
+    assert levels[0]["mean_length"] < 0.7 * n and levels[1]["mean_length"] < 0.2 * n
+
+
+def test_march_cells_grow_a_small_arena(walker_gpu, no_new_kernels, spheres_60, monkeypatch):
+    from taperay.runtime.camera import auto_camera
+    cam = auto_camera(spheres_60.bounds)
+    full = walker_gpu.march(spheres_60, cam, 24, 20, cells=None)
+    monkeypatch.setattr(walker_gpu, "_cell_arena_words", 500)
+    assert _same_bits(walker_gpu.march(spheres_60, cam, 24, 20, cells=(4, 2)), full)
+    assert walker_gpu._cell_arena_words > 500
+
+
+def test_march_cells_choice_and_bad_cells(walker_gpu, spheres_60):
+    from taperay.runtime.gpu import MARCH_CELLS, GpuWalker
+    assert GpuWalker._march_cells_for(spheres_60, "auto") == MARCH_CELLS
+    assert GpuWalker._march_cells_for(load_vm(DATA / "sphere.vm"), "auto") is None      # short: not worth it
+    assert GpuWalker._march_cells_for(load_vm(DATA / "sphere.vm"), (2, 1)) == (2, 1)
+    assert GpuWalker._march_cells_for(spheres_60, None) is None
+    for bad in ((0, 1), (4, 5), (4,), "yes", (2.5, 1)):
+        with pytest.raises(TaperayError):
+            walker_gpu.march(spheres_60, None, 8, 8, cells=bad)
+    with pytest.raises(TaperayError):
+        walker_gpu.march_cell_levels(load_vm(DATA / "sphere.vm"), cells=None)

@@ -85,4 +85,4 @@ def test_every_op_is_implemented_by_the_interpreter():
         for cap in REG_CAPS:
             src = gpu._shader_text(file, cap)
             assert (SHADERS / "interpreter.wgsl").read_text() in src
-            assert f"fn {kernel}(" in src
+            assert f"fn {gpu.KERNEL_ENTRY.get(kernel, kernel)}(" in src

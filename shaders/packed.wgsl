@@ -1,0 +1,143 @@
+// Packed pruned tapes (shaders/prune.wgsl writes them) and the one loop that runs them, shared by
+// every kernel: the pruned image and point passes and, through `field` (interpreter.wgsl) with
+// FIELD_CELLS on, the pruned march and light (`cell_value`).
+//
+// A packed tape is n records of two words in out_u (prune.wgsl pack_record): op | dst << 8 |
+// a << 16 | b << 24, then c (MIX) or the bits of the constant (CONST). A tile's (or cell's) header
+// is 3 words: the first word of its packed tape, its length in records, its class (TILE_*).
+
+const TILE_AMBIGUOUS: u32 = 0u;
+const TILE_INSIDE: u32 = 1u;
+const TILE_OUTSIDE: u32 = 2u;
+const TILE_FAILED: u32 = 3u;
+
+// run_tape's arithmetic, op for op (unary / binary / nmin / nmax and the exact fmod sub-steps), on
+// the packed pruned tape of `n_records` records at word `first` of out_u, at point p: register 0
+// (the loop counts into `iters` and stops at U.iter_cap, setting `overflow`). The pruned pixel,
+// point and march passes share it.
+fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
+    var k = first;
+    let end = k + 2u * n_records;
+    var fmod_steps = false;
+    var fm_r = 0.0;
+    var fm_y = 0.0;
+    var fm_ey = 0;
+    loop {
+        if (k >= end) {
+            break;
+        }
+        if (iters >= U.iter_cap) {
+            overflow = true;
+            break;
+        }
+        iters += 1u;
+        let w0 = out_u[k];
+        let w1 = out_u[k + 1u];
+        let op = w0 & 0xffu;
+        let dst = (w0 >> 8u) & 0xffu;
+        let va = reg[(w0 >> 16u) & 0xffu];
+        let vb = reg[w0 >> 24u];
+        var wv = 0.0;
+        var nxt = k + 2u;
+        if (fmod_steps) {   // run_tape's STEP_FMOD
+            var s = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
+            if (s > fm_r) {
+                s = s * 0.5;
+            }
+            fm_r = fm_r - s;
+            if (fm_r < fm_y) {
+                let r = select(fm_r, -fm_r, va < 0.0);
+                wv = select(r, r + abs(vb), r < 0.0);
+                fmod_steps = false;
+            } else {
+                nxt = k;
+            }
+        } else if (op <= OP_VAR_Z) {
+            wv = p[op];
+        } else if (op == OP_CONST) {
+            wv = bitcast<f32>(w1);
+        } else if (op == OP_INSTANCE_INDEX) {
+            wv = 0.0;
+        } else if (op == OP_MIN) {
+            wv = nmin(va, vb);
+        } else if (op == OP_MAX) {
+            wv = nmax(va, vb);
+        } else if (op == OP_MOD) {
+            let fs = fmod_start(va, vb);
+            fm_y = fs.y;
+            fm_r = fs.ax;
+            if (fs.steps) {
+                fm_ey = fs.ey;
+                fmod_steps = true;
+                nxt = k;
+            }
+            wv = select(fs.r, fs.r + abs(vb), fs.r < 0.0);
+        } else if (op <= OP_NOT) {
+            wv = unary(op, va);
+        } else {
+            wv = binary(op, va, vb, reg[w1 & 0xffu]);
+        }
+        if (nxt != k) {
+            reg[dst] = wv;
+        }
+        k = nxt;
+    }
+    return reg[0];
+}
+
+// The cells of a pruned march (GpuWalker.march with cells): a grid of g0^3 level-0 cells over the
+// march box plus one last level-0 cell for every point outside it (its box NaN: nothing is
+// decided, its tape is the whole tape less dead code); each finer level splits a cell 4 x 4 x 4
+// (cell c of level m has the sub-cells 64 c .. 64 c + 63 of level m + 1; the outside cell's are
+// empty). prune_tiles (points mode) has pruned every cell's tape over its box; boxes are in the
+// points buffer from word 4 (prune.wgsl tile_extent), a sub-cell's box inside its parent's. The
+// descriptor, at word bits(U.extra.x) of the points buffer: lo.xyz of the grid, the finest cell's
+// size xyz, then the bits of g0, of the levels and of the first header word in out_u.
+struct MarchCells {
+    lo: vec3<f32>,
+    size: vec3<f32>,
+    g0: u32,
+    levels: u32,
+    base: u32,
+}
+
+fn march_cells() -> MarchCells {
+    let q = bitcast<u32>(U.extra.x);
+    return MarchCells(vec3<f32>(points[q], points[q + 1u], points[q + 2u]),
+                 vec3<f32>(points[q + 3u], points[q + 4u], points[q + 5u]),
+                 bitcast<u32>(points[q + 6u]), bitcast<u32>(points[q + 7u]), bitcast<u32>(points[q + 8u]));
+}
+
+// the field at p on the pruned tape of the finest cell whose box holds p (the whole tape's bits:
+// pruning is exact in the box), or of the outside cell where p lies in no grid cell's box (outside
+// the grid, NaN, or moved out of the cell its index names by the rounding of that index)
+fn cell_value(p: vec3<f32>) -> f32 {
+    let g = march_cells();
+    let n0 = g.g0 * g.g0 * g.g0 + 1u;
+    var tile = n0 - 1u;                     // the outside cell
+    let shift = 2u * (g.levels - 1u);
+    let f = floor((p - g.lo) / g.size);
+    let top = f32(g.g0 << shift);
+    if (all(f >= vec3<f32>(0.0)) && all(f < vec3<f32>(top))) {
+        let i = vec3<u32>(f);
+        var c = ((i.z >> shift) * g.g0 + (i.y >> shift)) * g.g0 + (i.x >> shift);
+        var first = 0u;                     // the index of level m's first cell over all levels
+        var count = n0;
+        for (var m = 1u; m < g.levels; m++) {
+            let sh = 2u * (g.levels - 1u - m);
+            c = c * 64u + (((i.z >> sh) & 3u) * 4u + ((i.y >> sh) & 3u)) * 4u + ((i.x >> sh) & 3u);
+            first += count;
+            count *= 64u;
+        }
+        let b = 4u + 6u * (first + c);
+        if (p.x >= points[b] && p.y >= points[b + 1u] && p.z >= points[b + 2u] &&
+            p.x <= points[b + 3u] && p.y <= points[b + 4u] && p.z <= points[b + 5u]) {
+            tile = first + c;
+        }
+    }
+    let hdr = g.base + 3u * tile;
+    if (out_u[hdr + 2u] == TILE_FAILED) {   // (the host reruns the cells before marching)
+        return nan();
+    }
+    return run_packed(out_u[hdr], out_u[hdr + 1u], p);
+}
