@@ -1192,7 +1192,7 @@ class GpuWalker:
         if cells is None:
             raise TaperayError(f"{tape.source or 'tape'}: march cells are for arithmetic tapes only")
         variant = self.upload(tape)
-        _, counts = self._prune_cells(tape, (settings or RenderSettings()).pack(tape, view), variant, 0, cells)
+        counts = self._prune_cells(tape, (settings or RenderSettings()).pack(tape, view), variant, 0, cells)[1]
         return [dict(cells=len(h), with_tape=int(taped.sum()),
                      mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used)
                 for h, taped, used in self._cell_headers(counts, 0)]
@@ -1280,12 +1280,12 @@ class GpuWalker:
                                f"got {cells!r}")
         return int(cells[0]), int(cells[1])
 
-    def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]) -> int:
+    def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]):
         """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``: prune_tiles
         once per level (points mode) in a submission of its own, the headers and arena in out_u
         after the n pixels' outputs (from word 9n), the arena grown and the cells run again on
         overflow. Returns the cell descriptor's word in the points buffer (U.extra.x of the
-        _cells kernels) and the cells per level."""
+        _cells kernels), the cells per level and the (passes, uniforms) that pruned them."""
         from .cpu import _packed
         g0, levels = cells
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
@@ -1315,7 +1315,7 @@ class GpuWalker:
             self._check_counters(tape)
             c = self._read(self._counters, np.uint32, 4)
             if not c[PRUNE_ARENA_FULL]:
-                return desc, counts
+                return desc, counts, (passes, u)
             if base + header + arena >= limit:
                 raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of the march cells {cells} need "
                                    f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells")
@@ -1326,6 +1326,33 @@ class GpuWalker:
         """A frame's passes on the pruned cell tapes: march and light as their _cells pipelines;
         no surface pass (an arithmetic tape's material is 0 everywhere, as march_cells writes)."""
         return [(k + "_cells" if k in ("march", "light") else k, m) for k, m in passes if k != "surface"]
+
+    @_guarded
+    def gpu_seconds_frame(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
+                          cells="auto", repeat: int = 8) -> dict:
+        """GPU time of one sample of render(``view``), as gpu_seconds ((t_K - t_1) / (K - 1), K =
+        ``repeat`` runs encoded in one command buffer; no host work or read-back): "cells", the
+        prune_tiles passes over the march cells (0 when the frame is not pruned), and "frame",
+        the frame's passes (march, light, shade, resolve). A frame that needs more than one
+        dispatch (march / light's iteration budget) is a TaperayError."""
+        if repeat < 2:
+            raise TaperayError(f"gpu_seconds_frame: repeat must be >= 2, got {repeat}")
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, None, view)
+        frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
+        u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        out = {"cells": 0.0}
+        cells = self._march_cells_for(tape, cells) if view != "slice" else None
+        if cells is not None:
+            desc, _, (passes, cu) = self._prune_cells(tape, packed, variant, n, cells)
+            out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
+            u[12] = desc
+            frame = self._on_cells(frame)
+        self._submit(frame, variant, u, 0)
+        if self._check_counters(tape):
+            raise TaperayError(f"gpu_seconds_frame: a {width}x{height} {view} frame of {tape.source or 'tape'} "
+                               "needs more than one dispatch on this adapter")
+        out["frame"] = self._time_passes(tape, frame, variant, u, repeat)
+        return out
 
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
                      settings: RenderSettings | None, view: str):
@@ -1351,7 +1378,7 @@ class GpuWalker:
         cells = self._march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
         desc = None
         if cells is not None:
-            desc, _ = self._prune_cells(tape, packed, variant, n, cells)
+            desc = self._prune_cells(tape, packed, variant, n, cells)[0]
             frame = self._on_cells(frame)
         rng = np.random.default_rng(0)
         for s in range(samples):
@@ -1405,16 +1432,20 @@ class GpuWalker:
         ``cells`` as march."""
         if samples < 1:
             raise TaperayError(f"render: samples must be >= 1, got {samples}")
-        if view == "slice":
-            passes = ["slice"]
-        elif view in ("shade", "section"):
-            passes = ["march", "surface", "light", "shade"]
-        else:   # the other views' colours do not read the material
-            passes = ["march", "shade"]
-        self._frame(tape, camera, width, height, settings, view, passes, cells, samples, final=("resolve",))
+        self._frame(tape, camera, width, height, settings, view, _view_passes(view), cells, samples,
+                    final=("resolve",))
         n = width * height
         rgba = self._read(self._out_u, np.uint32, n, 8 * n)
         return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
+
+
+def _view_passes(view: str) -> list[str]:
+    """The kernels of one sample of ``view`` (resolve follows the last sample)."""
+    if view == "slice":
+        return ["slice"]
+    if view in ("shade", "section"):
+        return ["march", "surface", "light", "shade"]
+    return ["march", "shade"]   # the other views' colours do not read the material
 
 
 # ------------------------------------------------------------------------------------ self-check

@@ -27,8 +27,15 @@ points and the read-back of the values; "host bucketing ms" is that bucketing al
 method, no host work, upload or read-back); mean tape length per level over the cells holding
 points (``GpuWalker.prune_levels_points``).
 
+Frame rows (issue 4's 3D march): ``render`` (shade view, auto camera) at 1920x1080 of prospero (a 2D
+program, so an extruded slab of text) and of ``spheres_program(SPHERES)``, unpruned and on the
+pruned tapes of g0^3 x levels march cells (``GpuWalker.march`` cells); wall per render call
+(pruning the cells, the frame, reading the image back); GPU: ``GpuWalker.gpu_seconds_frame`` (the
+cell passes and the frame's passes, each by the K method); mean tape length per cell level
+(``GpuWalker.march_cell_levels``); whether each pruned frame equals the unpruned one bit for bit.
+
 On a software adapter (Mesa lavapipe) the size is cut to 128^2 and the settings to three, the
-points to 2^14 (the run says so): the numbers that matter come from a real GPU, with the machine
+points to 2^12, the frames to 64x48 (the run says so): the numbers that matter come from a real GPU, with the machine
 named. ``--n`` is not used.
 """
 from __future__ import annotations
@@ -45,8 +52,11 @@ from .bench import BenchResult, _progress, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
 HARDWARE = {"sizes": (1024, 4096), "tiles": ((32,), (64, 8), (32, 4), (64, 16, 4), (128, 32, 8, 2)),
-            "points": 1 << 20, "cells": ((1024, 1), (256, 2), (1024, 2))}
-SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4)), "points": 1 << 12, "cells": ((16, 1), (16, 2))}
+            "points": 1 << 20, "cells": ((1024, 1), (256, 2), (1024, 2)),
+            "frame": (1920, 1080), "march_cells": ((8, 1), (4, 2), (8, 2), (4, 3))}
+SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4)), "points": 1 << 12, "cells": ((16, 1), (16, 2)),
+            "frame": (64, 48), "march_cells": ((4, 1), (4, 2))}
+SPHERES = 200   # the 3D frame rows' second program: spheres_program(SPHERES), 15 records a sphere
 GPU_MEASUREMENTS = 3
 GPU_TARGET_S = 0.25
 
@@ -137,6 +147,7 @@ def bench_prune_gpu(opts) -> BenchResult:
         r["wall speed-up vs unpruned"] = base[0] / r["wall median ms"] if ok else "-"
         r["GPU speed-up vs unpruned"] = base[1] / r["GPU ms"] if ok and r["GPU ms"] > 0 else "-"
     rows += _point_rows(walker, tape, plan, opts, notes)
+    rows += _frame_rows(walker, tape, plan, opts, notes)
     stats = walker.stats()
     notes.append(f"pipelines created after startup: {stats['pipelines_created'] - len(walker.kernels)} "
                  f"(cache misses {stats['cache_misses']})")
@@ -214,4 +225,69 @@ def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
         r["wall speed-up vs unpruned"] = base[0] / r["wall median ms"] if ok else "-"
         r["GPU speed-up vs unpruned"] = base[1] / r["GPU ms"] if ok and r["GPU ms"] > 0 else "-"
     notes.append(f"points: evaluate_pruned bit-identical to evaluate at every point: {exact}")
+    return rows
+
+
+def _frame_rows(walker, prospero, plan, opts, notes) -> list[dict]:
+    """3D frames (render, shade view, auto camera) of prospero (a 2D program: an extruded slab of
+    text) and spheres_program(SPHERES), on the pruned cell tapes for each (g0, levels) of
+    plan["march_cells"] and unpruned."""
+    from taperay.scenegraph.vm import load_vm
+
+    from .bench_prune import spheres_program
+    w, h = plan["frame"]
+    notes.append(f"frames: render(view='shade') at {w}x{h}, auto camera; cells g0 x levels: g0^3 cells over the "
+                 "march box, each level splitting a cell 4 x 4 x 4; wall includes pruning the cells, the "
+                 "frame and reading the image back; GPU: gpu_seconds_frame (cells: the prune_tiles passes "
+                 "over the cells; frame: march, light, shade, resolve); mean tape length per level over the "
+                 "cells with a tape")
+    rows = []
+    programs = (("prospero", prospero), (f"{SPHERES} spheres", load_vm(spheres_program(SPHERES, seed=opts.seed))))
+    cases = [(name, tape, c) for name, tape in programs for c in [None, *plan["march_cells"]]]
+    exact = True
+    with _progress(f"prune-gpu frames: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
+        ref = base = None
+        for name, tape, cells in cases:
+            def fn(t=tape, c=cells):
+                return walker.render(t, None, w, h, cells=c)
+            try:
+                image = fn()
+                wall = summarize(time_calls(fn, opts.repeat, warmup=0, progress=tick))
+            except TaperayError as e:
+                notes.append(f"frame {name} cells {cells} skipped: {e}")
+                tick(), tick()
+                continue
+            if cells is None:
+                ref, base = image, None
+            else:
+                exact &= ref is not None and bool(np.array_equal(image, ref))
+            k = int(min(8, max(2, round(GPU_TARGET_S * 1e3 / max(wall["median_ms"], 1e-3)))))
+            try:
+                gpu_ms = [walker.gpu_seconds_frame(tape, None, w, h, cells=cells, repeat=k)
+                          for _ in range(GPU_MEASUREMENTS if wall["median_ms"] < 200 else 1)]
+                cell_ms = 1e3 * statistics.median(g["cells"] for g in gpu_ms)
+                frame_ms = 1e3 * statistics.median(g["frame"] for g in gpu_ms)
+            except TaperayError as e:   # a frame resumed over several dispatches (software adapters)
+                notes.append(f"frame {name} cells {cells}: no GPU time: {e}")
+                cell_ms = frame_ms = float("nan")
+            tick()
+            row = {"what": f"frame {name} " + (f"cells {cells[0]}^3 x {cells[1]} levels" if cells else "unpruned"),
+                   "size": f"{w}x{h}", "image": "3D frame", "pruning": "yes" if cells else "no",
+                   "tiles px": f"{cells[0]}^3 cells x {cells[1]} levels" if cells else "-",
+                   "wall median ms": wall["median_ms"], "wall min ms": wall["min_ms"],
+                   "wall max ms": wall["max_ms"], "GPU ms": cell_ms + frame_ms,
+                   "tile passes GPU ms": cell_ms if cells else "-", "pixel pass GPU ms": frame_ms,
+                   "level 0 pass GPU ms": "-", "mean tape length per level": "-", "host bucketing ms": "-"}
+            if cells:
+                levels = walker.march_cell_levels(tape, cells=cells)
+                row["mean tape length per level"] = " / ".join(f"{lv['mean_length']:.0f}" for lv in levels)
+                if base:
+                    row["wall speed-up vs unpruned"] = base[0] / wall["median_ms"]
+                    row["GPU speed-up vs unpruned"] = base[1] / row["GPU ms"] if row["GPU ms"] > 0 else "-"
+            else:
+                base = (wall["median_ms"], row["GPU ms"])
+                row["mean tape length per level"] = f"{len(tape.instrs)} (whole tape)"
+            tick()
+            rows.append(row)
+    notes.append(f"frames: every pruned frame bit-identical to the unpruned frame: {exact}")
     return rows
