@@ -276,6 +276,13 @@ MARCH_CELLS_MIN_RECORDS = 64
 CELL_DESCRIPTOR_WORDS = 9
 
 
+@functools.lru_cache(maxsize=8)
+def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int):
+    counts, words, desc = march_cells(lo, hi, g0, levels)
+    words.flags.writeable = False
+    return counts, words, desc
+
+
 def march_cells(lo, hi, g0: int, levels: int):
     """The cells of a pruned march over the box lo..hi: (cells per level, the points buffer's
     float32 words, the descriptor's first word; packed.wgsl cell_value reads them). Level 0: g0^3
@@ -304,7 +311,8 @@ def march_cells(lo, hi, g0: int, levels: int):
         outside = np.full((1, 6), np.nan, np.float32) if m == 0 else \
             np.tile(np.array([np.inf] * 3 + [-np.inf] * 3, np.float32), (64 * len(boxes[-1]) - len(box), 1))
         boxes.append(np.concatenate([box, outside]))
-        ijk = (ijk[:, None, :] * 4 + local[None]).reshape(-1, 3)
+        if m + 1 < levels:
+            ijk = (ijk[:, None, :] * 4 + local[None]).reshape(-1, 3)
     desc = 4 + 6 * sum(len(b) for b in boxes)
     words = np.empty(desc + CELL_DESCRIPTOR_WORDS, np.float32)
     words[:4] = np.arange(4)
@@ -1289,7 +1297,8 @@ class GpuWalker:
         from .cpu import _packed
         g0, levels = cells
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
-        counts, words, desc = march_cells(lo, hi, g0, levels)
+        counts, words, desc = _march_cells_cached(tuple(lo), tuple(hi), g0, levels)   # (the same box each frame)
+        words = words.copy()
         base = 9 * n
         words[desc + 8:].view(np.uint32)[0] = base
         header = PRUNE_HEADER_WORDS * sum(counts)
@@ -1297,9 +1306,7 @@ class GpuWalker:
         if base + header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
             raise TaperayError(f"pruned march: {sum(counts)} cells {cells} at {n} pixels exceed the adapter's "
                                f"{limit >> 18} MiB binding limit; use fewer cells or levels")
-        self._points.ensure(4 * len(words))
-        self._points.write(0, words)
-        self._points.mirror = np.zeros(0, np.uint8)    # (the next sync writes everything)
+        self._points.sync(words)
         filled = 1 + sum(g0 ** 3 * 64 ** m for m in range(levels))   # (not the outside cell's empty sub-cells)
         camera = np.zeros(16, np.float32)
         camera[:levels] = counts
