@@ -12,8 +12,9 @@ variant) with hit / miss / creation counters, ``GpuWalker`` (the CpuWalker API p
 resumed over several dispatches when a per-invocation iteration budget runs out, and run their
 interpreter without material ids (the pipeline constants of ``KERNEL_CONSTANTS``; a ``surface``
 pass evaluates the hit's material); pruned 2D images over one to four tile levels and pruned point
-sets over cells of the points (``evaluate_pruned``), shaders/prune.wgsl, with their arena grown
-when it overflows; ``gpu_seconds`` / ``gpu_seconds_points``, GPU time without host work or
+sets over cells of the points (``evaluate_pruned``), march / light / render of arithmetic tapes
+over hierarchical 3D cells of the march box (``march_cells``, the ``_cells`` pipelines), all
+shaders/prune.wgsl + packed.wgsl, with their arena grown when it overflows; ``gpu_seconds`` / ``gpu_seconds_points``, GPU time without host work or
 read-back) and ``gpu_self_check``.
 
 Shader text is only ever the committed files of ``shaders/`` concatenated in a fixed order (the
