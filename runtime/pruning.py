@@ -250,8 +250,10 @@ def _sin_range(lo, hi, shift):
 
 @njit(**_JIT)
 def _iv_transcendental(op, alo, ahi, blo, bhi):
-    """SIN COS TAN ASIN ACOS ATAN EXP LN ATAN2 in float64, rounded outward to float32 + WIDEN_ULPS."""
-    if _nan2(alo, ahi, blo, bhi):
+    """SIN COS TAN ASIN ACOS ATAN EXP LN ATAN2 in float64, rounded outward to float32 + WIDEN_ULPS.
+    Only ATAN2 reads b (the others' b field names a register that may hold anything, e.g. in a
+    pruned tape one that is never written)."""
+    if _nan2(alo, ahi, blo, bhi) if op == ATAN2 else (alo != alo or ahi != ahi):
         return NAN, NAN
     lo, hi = np.float64(alo), np.float64(ahi)
     if op == SIN or op == COS:
@@ -899,13 +901,13 @@ def _bucket(pts, lo, cell, grid):
 
 
 @njit(**_JIT)
-def _eval_run(tcode, timm, s, end, n_regs, pts, order, b, e, block, out):
-    """out[order[b:e]] = the tape tcode / timm [s, end) at those points, in blocks."""
-    regs = np.empty((n_regs, block), np.float32)
-    px = np.empty(block, np.float32)
-    py = np.empty(block, np.float32)
-    pz = np.empty(block, np.float32)
-    buf = np.empty(block, np.float32)
+def _eval_run(tcode, timm, s, end, pts, order, b, e, work, out):
+    """out[order[b:e]] = the tape tcode / timm [s, end) at those points, in blocks of
+    work.shape[1] points; work: (n_regs + 4, block) scratch (the registers, then x y z and the
+    values of a block)."""
+    block = work.shape[1]
+    px, py, pz, buf = work[-4], work[-3], work[-2], work[-1]
+    regs = work[:-4]
     for b0 in range(b, e, block):
         m = min(block, e - b0)
         for j in range(m):
@@ -925,7 +927,8 @@ def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, bloc
         timm = np.empty(n, np.float32)
         s = _prune(code, imm, start, end, choices[:, v], np.empty(n_regs, np.bool_), tcode, timm,
                    np.empty(n, np.int32))
-        _eval_run(tcode, timm, s, end, n_regs, pts, order, seg[v], seg[v + 1], block, out)
+        _eval_run(tcode, timm, s, end, pts, order, seg[v], seg[v + 1], np.empty((n_regs + 4, block), np.float32),
+                  out)
 
 
 @njit(parallel=True, **_JIT)
@@ -938,13 +941,62 @@ def _prune_cells(code, imm, n_regs, choices, tcodes, timms, starts):
                            timms[c], np.empty(n, np.int32))
 
 
+@njit(**_JIT)
+def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm, lengths, first):
+    """The 64 sub-cells (boxes: (6, 64)) of one cell whose pruned tape is tcode / timm [start, n):
+    their tapes' lengths into lengths[first:first + 64], or with ``write`` the tapes into
+    fcode / fimm from offsets[first + k] (the lengths pass and the writing pass must agree: both
+    are deterministic)."""
+    n = tcode.shape[0]
+    box = np.empty((6, _LANES), np.float32)
+    lo = np.zeros((n_regs, _LANES), np.float32)    # (zeros: the result never depends on stale memory)
+    hi = np.zeros((n_regs, _LANES), np.float32)
+    ch = np.zeros((n, _LANES), np.uint8)
+    out_lo = np.empty(64, np.float32)
+    out_hi = np.empty(64, np.float32)
+    choices = np.zeros((n, 64), np.uint8)
+    for g in range(0, 64, _LANES):
+        _boxes_group(tcode, timm, start, n, boxes, g, box, lo, hi, ch, out_lo, out_hi, choices)
+    live = np.empty(n_regs, np.bool_)
+    oc = np.empty((n, 5), np.int32)
+    oi = np.empty(n, np.float32)
+    src = np.empty(n, np.int32)
+    for k in range(64):
+        w = _prune(tcode, timm, start, n, choices[:, k], live, oc, oi, src)
+        if not write:
+            lengths[first + k] = n - w
+        else:
+            o = offsets[first + k]
+            fcode[o:o + n - w] = oc[w:]
+            fimm[o:o + n - w] = oi[w:]
+
+
 @njit(parallel=True, **_JIT)
-def _cells_points_kernel(tcodes, timms, starts, n_regs, pts, order, seg, ids, block, out):
-    """Per segment u (points order[seg[u]:seg[u+1]], all in cell ids[u]): that cell's tape."""
-    end = tcodes.shape[1]
-    for u in prange(seg.shape[0] - 1):
-        c = ids[u]
-        _eval_run(tcodes[c], timms[c], starts[c], end, n_regs, pts, order, seg[u], seg[u + 1], block, out)
+def _prune_subcells(tcodes, timms, starts, n_regs, sub_boxes, write, offsets, fcode, fimm, lengths):
+    """The 64 sub-cells of each grid cell c (sub-cell boxes sub_boxes[:, 64 c : 64 c + 64]), each
+    pruned from cell c's pruned tape (tcodes[c] / timms[c] from starts[c]): their lengths into
+    ``lengths``, or with ``write`` the sub-tapes into fcode / fimm from offsets[64 c + k]. (No
+    None arguments: Numba's parallel loops mishandle them.)"""
+    for c in prange(tcodes.shape[0] - 1):      # (not the outside cell: it has no sub-cells)
+        _subcells_of(tcodes[c], timms[c], starts[c], n_regs, sub_boxes[:, 64 * c:64 * c + 64], write, offsets,
+                     fcode, fimm, lengths, 64 * c)
+
+
+_SEGMENT_RUNS = 256
+
+
+@njit(parallel=True, **_JIT)
+def _cells_points_kernel(fcode, fimm, first, end, n_regs, pts, order, seg, ids, block, out):
+    """Per segment u (points order[seg[u]:seg[u+1]], all in cell ids[u]): that cell's tape,
+    fcode / fimm [first[id], end[id]). Segments go in runs of about 1 / _SEGMENT_RUNS of them per
+    parallel task (few points a segment: scratch is allocated per run, not per segment)."""
+    n_seg = seg.shape[0] - 1
+    runs = min(n_seg, _SEGMENT_RUNS)
+    for r in prange(runs):
+        work = np.empty((n_regs + 4, block), np.float32)
+        for u in range(r * n_seg // runs, (r + 1) * n_seg // runs):
+            c = ids[u]
+            _eval_run(fcode, fimm, first[c], end[c], pts, order, seg[u], seg[u + 1], work, out)
 
 
 # ----------------------------------------------------------------------------- Python API
@@ -1157,41 +1209,88 @@ def _bucket_cells(pts, lo, cell, grid):
 
 class _CellTapes:
     """An arithmetic tape pruned for every cell of a grid^3 grid over a box (each cell's box grown
-    by a rounding margin), plus the whole tape (an all-undecided column) for points outside the
-    grid, pruned once: ``evaluate`` gives CpuWalker.evaluate's values bit for bit, each point on
-    its cell's tape."""
+    by a rounding margin) and, with ``levels`` 2, again for each of a cell's 4 x 4 x 4 sub-cells
+    (from the cell's pruned tape), plus the whole tape (an all-undecided column) for points
+    outside the grid, pruned once: ``evaluate`` gives CpuWalker.evaluate's values bit for bit,
+    each point on its finest cell's tape. The finest tapes are packed one after another in
+    ``fcode`` / ``fimm``; tape t is [first[t], end[t]) (the outside cell's last)."""
 
-    def __init__(self, tape: Tape, lo, hi, grid: int):
+    def __init__(self, tape: Tape, lo, hi, grid: int, levels: int = 1):
         self.code, self.imm = _checked(tape, "march_pruned")
-        self.n_regs, self.grid = tape.n_regs, grid
+        self.n_regs, self.grid, self.levels = tape.n_regs, grid, levels
+        n = len(self.code)
         lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
         self.lo = lo.astype(np.float32)
-        self.cell = np.where(hi > lo, (hi - lo) / grid, 1.0).astype(np.float32)
-        i = np.arange(grid)
-        k, j, i = np.meshgrid(i, i, i, indexing="ij")        # cell id i + grid (j + grid k)
-        ijk = np.stack([i.ravel(), j.ravel(), k.ravel()], 1)
-        margin = 1e-4 * self.cell + 1e-6 * (np.abs(lo) + np.abs(hi))
-        c_lo = self.lo + ijk * self.cell.astype(np.float64) - margin
-        c_hi = self.lo + (ijk + 1) * self.cell.astype(np.float64) + margin
+        size = np.where(hi > lo, (hi - lo) / grid, 1.0)
+        c_lo, c_hi = self._grid_boxes(lo, hi, size, grid)
         _, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
-        self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((len(self.code), 1), np.uint8)], 1))
+        self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
         n_cells = self.choices.shape[1]
-        if n_cells * len(self.code) * 24 > _CELL_TAPES_MAX_BYTES:
-            raise TaperayError(f"march_pruned: {n_cells - 1} cells of a {len(self.code)}-record tape need "
-                               f"{n_cells * len(self.code) * 24 / 2**20:.0f} MB of pruned tapes "
+        if n_cells * n * 24 > _CELL_TAPES_MAX_BYTES:
+            raise TaperayError(f"march_pruned: {n_cells - 1} cells of a {n}-record tape need "
+                               f"{n_cells * n * 24 / 2**20:.0f} MB of pruned tapes "
                                f"(at most {_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid")
-        self.tcodes = np.empty((n_cells, len(self.code), 5), np.int32)
-        self.timms = np.empty((n_cells, len(self.code)), np.float32)
-        self.starts = np.empty(n_cells, np.int64)
-        _prune_cells(self.code, self.imm, self.n_regs, self.choices, self.tcodes, self.timms, self.starts)
+        tcodes = np.empty((n_cells, n, 5), np.int32)
+        timms = np.empty((n_cells, n), np.float32)
+        starts = np.empty(n_cells, np.int64)
+        _prune_cells(self.code, self.imm, self.n_regs, self.choices, tcodes, timms, starts)
+        if levels == 1:
+            tapes = [(tcodes[c, starts[c]:], timms[c, starts[c]:]) for c in range(n_cells)]
+            self.fcode = np.ascontiguousarray(np.concatenate([t[0] for t in tapes]))
+            self.fimm = np.ascontiguousarray(np.concatenate([t[1] for t in tapes]))
+            lengths = n - starts
+        else:
+            order = np.arange(grid ** 3 * 64)          # sub-cell k of cell c: index 64 c + k
+            c, k = order // 64, order % 64
+            ijk = np.stack([c % grid, c // grid % grid, c // (grid * grid)], 1) * 4 + \
+                np.stack([k % 4, k // 4 % 4, k // 16], 1)
+            s_lo, s_hi = self._grid_boxes(lo, hi, size / 4, grid * 4, ijk)
+            sub = _boxes(s_lo, s_hi)
+            sub_lengths = np.empty(len(order), np.int64)
+            _prune_subcells(tcodes, timms, starts, self.n_regs, sub, False, sub_lengths, tcodes[0], timms[0],
+                            sub_lengths)
+            lengths = np.append(sub_lengths, n - starts[-1])
+            if int(lengths.sum()) * 24 > _CELL_TAPES_MAX_BYTES:
+                raise TaperayError(f"march_pruned: the {len(order)} sub-cells' tapes need "
+                                   f"{int(lengths.sum()) * 24 / 2**20:.0f} MB (at most "
+                                   f"{_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid or one level")
+            offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+            self.fcode = np.empty((int(lengths.sum()), 5), np.int32)
+            self.fimm = np.empty(len(self.fcode), np.float32)
+            _prune_subcells(tcodes, timms, starts, self.n_regs, sub, True, offsets, self.fcode, self.fimm, sub_lengths)
+            self.fcode[offsets[-1]:] = tcodes[-1, starts[-1]:]
+            self.fimm[offsets[-1]:] = timms[-1, starts[-1]:]
+        self.end = np.cumsum(lengths).astype(np.int64)
+        self.first = self.end - lengths
+        self.fine = grid * 4 ** (levels - 1)
+        self.cell = (size / 4 ** (levels - 1)).astype(np.float32)
+        # finest grid id i + G (j + G k) -> its tape; id G^3 (outside the grid) -> the last
+        f = np.arange(self.fine ** 3)
+        i, j, k = f % self.fine, f // self.fine % self.fine, f // (self.fine * self.fine)
+        if levels == 1:
+            table = f
+        else:
+            table = ((i >> 2) + grid * ((j >> 2) + grid * (k >> 2))) * 64 + (i & 3) + 4 * ((j & 3) + 4 * (k & 3))
+        self.tape_of = np.append(table, len(lengths) - 1).astype(np.int64)
+
+    @staticmethod
+    def _grid_boxes(lo, hi, size, grid, ijk=None):
+        """The boxes of grid cells (all, id i + grid (j + grid k), or those of ``ijk``): their
+        extent grown by 1e-4 of ``size`` plus 1e-6 of |lo| + |hi| (a sub-cell's margin is smaller
+        than its parent's, so its box lies inside the parent's, float32 rounding being monotone)."""
+        if ijk is None:
+            c = np.arange(grid ** 3)
+            ijk = np.stack([c % grid, c // grid % grid, c // (grid * grid)], 1)
+        margin = 1e-4 * size + 1e-6 * (np.abs(lo) + np.abs(hi))
+        return lo + ijk * size - margin, lo + (ijk + 1) * size + margin
 
     def evaluate(self, pts: np.ndarray) -> np.ndarray:
         pts = np.ascontiguousarray(pts, np.float32)
         out = np.empty(len(pts), np.float32)
         if len(pts):
-            order, seg, ids = _bucket_cells(pts, self.lo, self.cell, self.grid)
-            _cells_points_kernel(self.tcodes, self.timms, self.starts, self.n_regs, pts, order, seg,
-                                 ids, 64, out)
+            order, seg, ids = _bucket_cells(pts, self.lo, self.cell, self.fine)
+            _cells_points_kernel(self.fcode, self.fimm, self.first, self.end, self.n_regs, pts, order, seg,
+                                 self.tape_of[ids], 64, out)
         return out
 
 
@@ -1200,11 +1299,12 @@ _CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells to
 
 
 def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, view: str = "shade",
-                 grid: int = 8) -> dict:
+                 grid: int = 8, levels: int = 2) -> dict:
     """CpuWalker.march of an arithmetic tape, bit for bit, with every evaluation on a pruned tape:
     the march box is cut into grid^3 cells, each interval-evaluated and pruned once (kept: 24
-    bytes per record and cell), and each step's points are bucketed by cell and run on their
-    cell's tape (points outside the box on the whole tape).
+    bytes per record and cell), with ``levels`` 2 each cell's 4 x 4 x 4 sub-cells again from the
+    cell's tape, and each step's points are bucketed by finest cell and run on its tape (points
+    outside the box on the whole tape).
     The rays advance together, a step at a time (a wavefront), by the twin's rules (_trace,
     _slab, _gradients: the same float32 operations in the same order). Non-arithmetic tapes:
     CpuWalker.march."""
@@ -1212,15 +1312,15 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     from .shading import RenderSettings
     if not is_arithmetic(tape):
         return CpuWalker().march(tape, camera, width, height, settings, view)
-    if grid < 1:
-        raise TaperayError(f"march_pruned: grid {grid} must be at least 1")
+    if grid < 1 or levels not in (1, 2):
+        raise TaperayError(f"march_pruned: grid {grid} must be at least 1 and levels {levels} 1 or 2")
     settings = settings or RenderSettings()
     packed = settings.pack(tape, view)
     box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
     eps, neps, step_scale = (np.float32(_packed(packed, k)) for k in ("hit_eps", "normal_eps", "step_scale"))
     max_steps = int(_packed(packed, "max_steps"))
     sec = _section(packed)
-    cells = _CellTapes(tape, box[0], box[1], grid)
+    cells = _CellTapes(tape, box[0], box[1], grid, levels)
 
     def field(p):
         d = cells.evaluate(p)

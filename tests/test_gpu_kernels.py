@@ -32,9 +32,10 @@ def test_shader_text_is_only_the_committed_files():
             names = (*gpu.PRELUDE_BEFORE_REGCAP, f"generated_regcap_{cap}.wgsl",
                      *gpu.PRELUDE_AFTER_REGCAP, file)
             assert gpu._shader_text(file, cap) == "\n".join((SHADER_DIR / n).read_text() for n in names)
-    source = (SHADER_DIR.parent / "runtime" / "gpu.py").read_text()
-    assert ".format(" not in source
-    assert not re.search(r'f"[^"\n]*(fn |@compute|var<|struct )', source)
+    for module in ("gpu.py", "gpu_pruning.py"):
+        source = (SHADER_DIR.parent / "runtime" / module).read_text()
+        assert ".format(" not in source
+        assert not re.search(r'f"[^"\n]*(fn |@compute|var<|struct )', source)
 
 
 def _random_edit(walker, rng, tape, step):

@@ -354,7 +354,8 @@ def test_march_cells_grow_a_small_arena(walker_gpu, no_new_kernels, spheres_60, 
 
 
 def test_march_cells_choice_and_bad_cells(walker_gpu, spheres_60):
-    from taperay.runtime.gpu import MARCH_CELLS, GpuWalker
+    from taperay.runtime.gpu import GpuWalker
+    from taperay.runtime.gpu_pruning import MARCH_CELLS
     assert GpuWalker._march_cells_for(spheres_60, "auto") == MARCH_CELLS
     assert GpuWalker._march_cells_for(load_vm(DATA / "sphere.vm"), "auto") is None      # short: not worth it
     assert GpuWalker._march_cells_for(load_vm(DATA / "sphere.vm"), (2, 1)) == (2, 1)

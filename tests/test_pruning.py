@@ -326,12 +326,14 @@ def _same_march(a, b):
 
 @pytest.mark.parametrize("model", ["sphere.vm", "tanglecube.vm"])
 @pytest.mark.parametrize("view", ["shade", "section"])
-def test_march_pruned_is_the_twins_march_bit_for_bit(walker_cpu, model, view):
+@pytest.mark.parametrize("levels", [1, 2])
+def test_march_pruned_is_the_twins_march_bit_for_bit(walker_cpu, model, view, levels):
     from taperay.runtime.camera import auto_camera
     from taperay.runtime.pruning import march_pruned
     tape = load_vm(DATA / model)
     cam = auto_camera(tape.bounds)
-    assert _same_march(walker_cpu.march(tape, cam, 40, 30, view=view), march_pruned(tape, cam, 40, 30, view=view))
+    assert _same_march(walker_cpu.march(tape, cam, 40, 30, view=view),
+                       march_pruned(tape, cam, 40, 30, view=view, grid=5, levels=levels))
 
 
 def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
@@ -341,11 +343,18 @@ def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
     tape = load_vm(spheres_program(60, seed=2))
     cam = auto_camera(tape.bounds)
     a = walker_cpu.march(tape, cam, 48, 36)
-    assert a["hit"].mean() > 0.05 and _same_march(a, march_pruned(tape, cam, 48, 36))
+    assert a["hit"].mean() > 0.05
+    assert _same_march(a, march_pruned(tape, cam, 48, 36, levels=1)) and _same_march(a, march_pruned(tape, cam, 48, 36))
     cells = _CellTapes(tape, tape.bounds[0], tape.bounds[1], 4)
     mins = tape.instrs["op"] == Op.MIN
     assert (cells.choices[mins, :-1] != 0).mean() > 0.5   # most MIN records decided in most cells
     assert not cells.choices[:, -1].any()                  # outside the grid: the whole tape
+    fine = _CellTapes(tape, tape.bounds[0], tape.bounds[1], 4, levels=2)
+    lengths, fine_lengths = cells.end - cells.first, fine.end - fine.first
+    assert len(fine_lengths) == 4 ** 3 * 64 + 1 and fine_lengths[-1] == lengths[-1]
+    assert fine_lengths[:-1].mean() < 0.5 * lengths[:-1].mean()   # sub-cells prune further
+    with pytest.raises(TaperayError):
+        march_pruned(tape, cam, 8, 8, levels=3)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -354,4 +363,25 @@ def test_march_pruned_of_random_tapes(walker_cpu, seed):
     from taperay.runtime.pruning import march_pruned
     tape = random_tape(seed)
     cam = auto_camera(tape.bounds)
-    assert _same_march(walker_cpu.march(tape, cam, 32, 24), march_pruned(tape, cam, 32, 24))
+    a = walker_cpu.march(tape, cam, 32, 24)
+    assert _same_march(a, march_pruned(tape, cam, 32, 24, grid=3)) and _same_march(a, march_pruned(tape, cam, 32, 24))
+
+
+@pytest.mark.parametrize("op", [Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.EXP, Op.LN])
+def test_unary_intervals_do_not_read_the_b_register(op):
+    """A unary op's b field may name a register holding anything (in a pruned tape, one never
+    written): a NaN there must not make the result "may be NaN"."""
+    nan = (np.float32(np.nan), np.float32(np.nan))
+    a = (np.float32(0.25), np.float32(0.5))
+    lo, hi, _ = interval_op(op, a, b=nan)
+    assert (lo, hi) == tuple(interval_op(op, a, b=a)[:2]) and not np.isnan(lo) and not np.isnan(hi)
+    assert np.isnan(interval_op(Op.ATAN2, a, b=nan)[0])
+
+
+def test_sub_cell_tapes_are_deterministic():
+    """The sub-cells are pruned in a lengths pass and a writing pass that must agree."""
+    from taperay.runtime.pruning import _CellTapes
+    tape = random_tape(3)
+    lo, hi = tape.bounds[0] - 1.3, tape.bounds[1] + 1.3
+    a, b = _CellTapes(tape, lo, hi, 3, levels=2), _CellTapes(tape, lo, hi, 3, levels=2)
+    assert np.array_equal(a.first, b.first) and np.array_equal(a.fcode, b.fcode)

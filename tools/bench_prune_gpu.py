@@ -23,7 +23,7 @@ Point rows (issue 4's point evaluator): 2^20 random points in [-1, 1]^2 x {0} (`
 against the unpruned ``GpuWalker.evaluate``. wall: as above, every call including the host
 bucketing (a Numba counting sort of the points by cell, with the cells' boxes), the upload of the
 points and the read-back of the values; "host bucketing ms" is that bucketing alone
-(``gpu.point_cells``, median of the repeats); GPU: ``GpuWalker.gpu_seconds_points`` (the same K
+(``gpu_pruning.point_cells``, median of the repeats); GPU: ``GpuWalker.gpu_seconds_points`` (the same K
 method, no host work, upload or read-back); mean tape length per level over the cells holding
 points (``GpuWalker.prune_levels_points``).
 
@@ -162,7 +162,7 @@ def bench_prune_gpu(opts) -> BenchResult:
 def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
     """evaluate_pruned per (cells, levels) setting and the unpruned evaluate, at plan["points"]
     random points of [-1, 1]^2 x {0}."""
-    from taperay.runtime import gpu
+    from taperay.runtime.gpu_pruning import point_cells
     n = plan["points"]
     pts = np.random.default_rng(opts.seed).uniform(-1, 1, (n, 3)).astype(np.float32)
     pts[:, 2] = 0
@@ -211,7 +211,7 @@ def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
                 host = []
                 for _ in range(max(1, opts.repeat)):
                     t0 = time.perf_counter()
-                    gpu.point_cells(pts, case[1], case[0])
+                    point_cells(pts, case[1], case[0])
                     host.append(time.perf_counter() - t0)
                 levels = walker.prune_levels_points(tape, pts, cells=case[0], levels=case[1])
                 row.update({"host bucketing ms": 1e3 * statistics.median(host),

@@ -1,0 +1,23 @@
+"""The guard of every ``GpuWalker`` method that uses the device, in a module of its own so that
+runtime/gpu.py and the walker's pruned passes (runtime/gpu_pruning.py, which gpu.py imports) both
+decorate with it without importing each other."""
+from __future__ import annotations
+
+import functools
+
+from .tape import TaperayError
+
+
+def _guarded(method):
+    """A GpuWalker method that uses the device: picks up a rebuilt context after a device loss and
+    turns every driver / wgpu failure into GpuError (a TaperayError the CLI falls back on)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._ensure_context()
+        try:
+            return method(self, *args, **kwargs)
+        except TaperayError:
+            raise
+        except Exception as e:
+            self._lost(e)
+    return call

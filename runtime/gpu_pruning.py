@@ -1,0 +1,600 @@
+"""The GPU walker's interval-pruned passes (shaders/prune.wgsl + packed.wgsl): ``PrunedPasses``,
+a mixin ``GpuWalker`` (runtime/gpu.py) inherits, and the host side of its cells and tiles.
+
+Owns pruned 2D images over one to four tile levels (``sign_image``, ``field_image_pruned``,
+``prune_levels``; ``tile_levels``, ``level_tile_counts``), pruned point sets over cells of the
+points (``evaluate_pruned``, ``prune_levels_points``; ``point_cells``, the host's counting sort of
+the points by cell, through Numba), march / light / render of arithmetic tapes over hierarchical 3D
+cells of the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``), all with
+their arena grown when it overflows; and ``gpu_seconds_points`` plus the pruned images of
+``gpu_seconds``, GPU time without host work or read-back.
+
+The passes are dispatched with the walker's plumbing; no WGSL is formatted here.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .gpu_guard import _guarded
+from .shading import RenderSettings
+from .tape import Tape, TaperayError, point_array
+
+# Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
+# MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile; the counters'
+# arena words (bump pointer, refusals).
+PRUNE_TILES = (64, 16, 4)
+MAX_TILE_LEVELS = 4
+PRUNE_HEADER_WORDS = 3
+PRUNE_ARENA, PRUNE_ARENA_FULL = 2, 3
+
+
+def tile_levels(tiles) -> tuple[int, ...]:
+    """The tile levels of a pruned image: ``tiles`` is one size or sizes coarse to fine, pixels."""
+    sizes = (tiles,) if isinstance(tiles, (int, np.integer)) else tuple(tiles)
+    if not 1 <= len(sizes) <= MAX_TILE_LEVELS:
+        raise TaperayError(f"pruned image: {len(sizes)} tile levels; give 1 to {MAX_TILE_LEVELS} sizes")
+    if not all(isinstance(s, (int, np.integer)) and 1 <= s <= 1 << 16 for s in sizes):
+        raise TaperayError(f"pruned image: tile sizes {sizes} must be whole numbers of pixels in 1..65536")
+    if any(b >= a for a, b in zip(sizes, sizes[1:])):
+        raise TaperayError(f"pruned image: tile sizes {sizes} must shrink from level to level")
+    return tuple(int(s) for s in sizes)
+
+
+# Pruned point evaluation (GpuWalker.evaluate_pruned): level-0 cells over the points' bounding box
+# (at most POINT_CELLS, and at most one per POINT_MIN_PER_CELL points), each finer level splitting
+# a cell 4 ways per axis the points span; the points buffer's words per point (x y z, cell, index);
+# points per dispatch (the index is a float: exact below 2^24).
+POINT_CELLS = 1024
+POINT_MIN_PER_CELL = 256
+POINT_WORDS = 5
+POINT_CHUNK = 1 << 24
+
+
+def _grid_coord(x, lo, scale, top):
+    """clamp(floor((x - lo) * scale), 0, top) (NaN: 0)."""
+    t = (np.float64(x) - lo) * scale
+    if not t > 0.0:
+        return 0
+    if t >= top:
+        return np.int64(top)
+    return np.int64(t)
+
+
+def _bucket_points(pts, lo, scale, g0, shift, fan, n_levels, n_tiles, offsets, out_words):
+    """Counting sort of the points by finest cell. Per point and axis r the finest-grid
+    coordinate i_r = _grid_coord(x, lo, scale, g0[r] << shift - 1); the
+    level-0 cell (i >> shift) over the g0 grid, then per finer level m the digit of the
+    4-way split (fan[r] is 4 or 1). out_words: the level table, the boxes of every cell of
+    every level (lo.xyz hi.xyz; empty: +inf / -inf; NaN along an axis holding a NaN), then
+    per sorted point x y z, its finest cell, its index q (floats). Returns nothing."""
+    N = pts.shape[0]
+    qq = fan[0] * fan[1] * fan[2]
+    fine = np.empty(N, np.int64)
+    top = np.empty(3, np.float64)
+    for r in range(3):
+        top[r] = (g0[r] << shift) - 1
+    for q in range(N):
+        i0 = _grid_coord(pts[q, 0], lo[0], scale[0], top[0])
+        i1 = _grid_coord(pts[q, 1], lo[1], scale[1], top[1])
+        i2 = _grid_coord(pts[q, 2], lo[2], scale[2], top[2])
+        c = ((i2 >> shift) * g0[1] + (i1 >> shift)) * g0[0] + (i0 >> shift)
+        for m in range(1, n_levels):
+            sh = 2 * (n_levels - 1 - m)
+            c = c * qq + (((i2 >> sh) & 3) * fan[1] + ((i1 >> sh) & 3)) * fan[0] + ((i0 >> sh) & 3)
+        fine[q] = c
+    nf = n_tiles[n_levels - 1]
+    count = np.zeros(nf + 1, np.int64)
+    for q in range(N):
+        count[fine[q] + 1] += 1
+    for c in range(nf):
+        count[c + 1] += count[c]
+    for l in range(4):
+        out_words[l] = l
+    for l in range(n_levels):
+        for t in range(n_tiles[l]):
+            b = 4 + 6 * (offsets[l] + t)
+            for r in range(3):
+                out_words[b + r] = np.inf
+                out_words[b + 3 + r] = -np.inf
+    base = 4 + 6 * (offsets[n_levels - 1] + n_tiles[n_levels - 1])
+    for q in range(N):
+        c = fine[q]
+        at = count[c]
+        count[c] += 1
+        w = base + POINT_WORDS * at
+        b = 4 + 6 * (offsets[n_levels - 1] + c)
+        for r in range(3):
+            x = pts[q, r]
+            out_words[w + r] = x
+            if x != x:
+                out_words[b + r] = np.nan
+                out_words[b + 3 + r] = np.nan
+            else:   # (a NaN bound stays NaN: both compares are false)
+                if x < out_words[b + r]:
+                    out_words[b + r] = x
+                if x > out_words[b + 3 + r]:
+                    out_words[b + 3 + r] = x
+        out_words[w + 3] = c
+        out_words[w + 4] = q
+    for l in range(n_levels - 2, -1, -1):   # a cell's box: the union of its sub-cells'
+        for t in range(n_tiles[l]):
+            b = 4 + 6 * (offsets[l] + t)
+            for k in range(qq):
+                s = 4 + 6 * (offsets[l + 1] + t * qq + k)
+                if out_words[s] > out_words[s + 3]:
+                    continue   # empty
+                for r in range(3):
+                    a, z = out_words[s + r], out_words[s + 3 + r]
+                    if a != a or out_words[b + r] != out_words[b + r]:
+                        out_words[b + r] = np.nan
+                        out_words[b + 3 + r] = np.nan
+                    else:
+                        out_words[b + r] = min(out_words[b + r], a)
+                        out_words[b + 3 + r] = max(out_words[b + 3 + r], z)
+
+
+def _finite_bounds(pts, lo, hi):
+    """lo, hi: per axis the range of the finite coordinates (0, 0 where there is none)."""
+    for r in range(3):
+        lo[r], hi[r] = np.inf, -np.inf
+    for q in range(pts.shape[0]):
+        for r in range(3):
+            x = np.float64(pts[q, r])
+            if x - x == 0.0:    # finite
+                lo[r] = min(lo[r], x)
+                hi[r] = max(hi[r], x)
+    for r in range(3):
+        if lo[r] > hi[r]:
+            lo[r], hi[r] = 0.0, 0.0
+
+
+_point_jit: tuple | None = None
+
+
+def _point_kernels():
+    """(_finite_bounds, _bucket_points) through Numba, compiled on first use (cached on disk)."""
+    global _point_jit
+    if _point_jit is None:
+        from numba import njit
+        jit = njit(cache=True, error_model="numpy", fastmath=False)
+        global _grid_coord
+        _grid_coord = jit(_grid_coord)
+        _point_jit = (jit(_finite_bounds), jit(_bucket_points))
+    return _point_jit
+
+
+def point_cells(pts: np.ndarray, levels: int, cells: int):
+    """The cell levels of evaluate_pruned over (N, 3) float32 points: (tiles per level, the points
+    buffer's float32 words: level table, cell boxes, sorted points with their cell and index;
+    the word where the points start). Level 0: a grid over the bounding box of the finite
+    coordinates, about ``cells`` cells shared among the axes the points span; each finer level
+    splits a cell 4 ways per such axis (levels whose cells would outnumber the points 4 to 1, or
+    beyond MAX_TILE_LEVELS, are dropped). A cell's box is the range of
+    its points, so every point lies in its cell's box exactly."""
+    n = len(pts)
+    pts = np.ascontiguousarray(pts, np.float32)
+    bounds, bucket = _point_kernels()
+    lo, hi = np.zeros(3), np.zeros(3)
+    bounds(pts, lo, hi)
+    span = hi > lo
+    d = int(span.sum())
+    target = max(1, int(cells))
+    per_axis = max(1, int(round(target ** (1.0 / d)))) if d else 1
+    g0 = np.where(span, per_axis, 1).astype(np.int64)
+    levels = max(1, min(levels, MAX_TILE_LEVELS)) if d else 1
+    fan = np.where(span, 4, 1).astype(np.int64)
+    qq = int(fan.prod())
+    while levels > 1 and int(g0.prod()) * qq ** (levels - 1) > 4 * max(n, 1):
+        levels -= 1
+    shift = 2 * (levels - 1)
+    scale = np.where(span, (g0 << shift) / np.where(span, hi - lo, 1.0), 0.0)
+    n_tiles = np.array([int(g0.prod()) * qq ** m for m in range(levels)], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(n_tiles)[:-1]]).astype(np.int64)
+    first = 4 + 6 * int(n_tiles.sum())
+    words = np.empty(first + POINT_WORDS * n, np.float32)
+    bucket(pts, lo, scale.astype(np.float64), g0, shift, fan, levels, n_tiles, offsets, words)
+    return [int(c) for c in n_tiles], words, first
+
+
+# Pruned march and light (GpuWalker.march / light / render of an arithmetic tape): MARCH_CELLS =
+# (g0, levels), g0^3 level-0 cells over the march box, each finer level splitting a cell 4 x 4 x 4
+# (packed.wgsl cell_value); "auto" prunes tapes of at least MARCH_CELLS_MIN_RECORDS records.
+MARCH_CELLS = (8, 2)
+MARCH_CELLS_MIN_RECORDS = 64
+CELL_DESCRIPTOR_WORDS = 9
+
+
+@functools.lru_cache(maxsize=8)
+def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int):
+    counts, words, desc = march_cells(lo, hi, g0, levels)
+    words.flags.writeable = False
+    return counts, words, desc
+
+
+def march_cells(lo, hi, g0: int, levels: int):
+    """The cells of a pruned march over the box lo..hi: (cells per level, the points buffer's
+    float32 words, the descriptor's first word; packed.wgsl cell_value reads them). Level 0: g0^3
+    grid cells (id i + g0 (j + g0 k)) and the outside cell (box NaN); level m + 1: 64 sub-cells per
+    level-m cell (the outside cell's empty). A grid cell's box is its float64 extent grown by
+    1e-4 of its size plus 1e-6 of |lo| + |hi| (so a point whose rounded index names a neighbour
+    still lies in the box), in float32, clipped to its parent's box: a sub-cell's tape, pruned
+    from its parent's over its box, is exact wherever it is used."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    size0 = np.where(hi > lo, (hi - lo) / g0, 1.0)
+    slack = 1e-6 * (np.abs(lo) + np.abs(hi))
+    c = np.arange(g0 ** 3)
+    ijk = np.stack([c % g0, c // g0 % g0, c // (g0 * g0)], 1)
+    c = np.arange(64)
+    local = np.stack([c % 4, c // 4 % 4, c // 16], 1)   # sub-cell (i j k) of id i + 4 (j + 4 k)
+    grid_boxes, boxes = [], []
+    for m in range(levels):
+        size = size0 / 4.0 ** m
+        margin = 1e-4 * size + slack
+        box = np.concatenate([lo + ijk * size - margin, lo + (ijk + 1) * size + margin], 1).astype(np.float32)
+        if m:   # within the parent's box
+            parent = np.repeat(grid_boxes[-1], 64, 0)
+            box[:, :3] = np.maximum(box[:, :3], parent[:, :3])
+            box[:, 3:] = np.minimum(box[:, 3:], parent[:, 3:])
+        grid_boxes.append(box)
+        outside = np.full((1, 6), np.nan, np.float32) if m == 0 else \
+            np.tile(np.array([np.inf] * 3 + [-np.inf] * 3, np.float32), (64 * len(boxes[-1]) - len(box), 1))
+        boxes.append(np.concatenate([box, outside]))
+        if m + 1 < levels:
+            ijk = (ijk[:, None, :] * 4 + local[None]).reshape(-1, 3)
+    desc = 4 + 6 * sum(len(b) for b in boxes)
+    words = np.empty(desc + CELL_DESCRIPTOR_WORDS, np.float32)
+    words[:4] = np.arange(4)
+    words[4:desc] = np.concatenate(boxes).ravel()
+    words[desc:desc + 3] = lo
+    words[desc + 3:desc + 6] = size0 / 4.0 ** (levels - 1)
+    words[desc + 6:].view(np.uint32)[:2] = g0, levels   # (the header base: GpuWalker._prune_cells)
+    return [len(b) for b in boxes], words, desc
+
+
+def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[int]:
+    """Tiles per level: level 0 covers the image; a level-l tile has ceil(size_l / size_l+1)^2
+    sub-tiles (runtime/pruning.py's nesting; those beyond the image are empty)."""
+    counts = [-(-width // sizes[0]) * -(-height // sizes[0])]
+    for a, b in zip(sizes, sizes[1:]):
+        counts.append(counts[-1] * (-(-a // b)) ** 2)
+    return counts
+
+
+class PrunedPasses:
+    """The pruned passes of ``GpuWalker``. Holds no state of its own; needs from the class that
+    uses it (runtime/gpu.py GpuWalker):
+
+    - ``upload``, ``evaluate``, ``field_image`` (the unpruned fallbacks of non-arithmetic tapes);
+    - ``_ctx`` (``limits``: the binding limit), the buffers ``_points``, ``_out_f``, ``_out_u``,
+      ``_counters``, and the arena sizes grown to after an overflow, ``_arena_words``,
+      ``_point_arena_words``, ``_cell_arena_words``;
+    - the dispatch plumbing ``_uniforms``, ``_prepare_outputs``, ``_submit``, ``_check_counters``,
+      ``_read``, ``_time_passes`` (a pass (kernel, n, level) has ``level`` copied into U.extra.w
+      first, ``_encode``);
+    - ``_ensure_context`` and ``_lost``, which ``_guarded`` calls.
+    """
+
+    def _pruned_setup(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool):
+        """(variant, passes, uniforms, arena words) of a pruned image: prune_tiles once per tile
+        level, coarse to fine, then pruned_image over 8 x 8 pixel blocks; out_u holds the tile
+        headers and an arena of ``self._arena_words`` (shaders/prune.wgsl)."""
+        if width < 1 or height < 1:
+            raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
+        sizes = tile_levels(tiles)
+        variant = self.upload(tape)
+        counts = level_tile_counts(sizes, width, height)
+        header = PRUNE_HEADER_WORDS * sum(counts)
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        if header + len(tape.instrs) > limit:
+            raise TaperayError(f"pruned image: tiles {sizes} at {width}x{height} make {sum(counts)} tiles, whose "
+                               f"headers alone exceed the adapter's {limit >> 18} MiB binding limit; use larger tiles")
+        # the arena grown to after an overflow, else a guess per image: level 0's scratch plus a
+        # sixteenth of the tape per level-0 tile, and 64 words per tile
+        guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * sum(counts)
+        arena = min(self._arena_words or guess, limit - header)
+        n = width * height
+        self._prepare_outputs(n, header + arena)
+        camera = np.zeros(16, np.float32)
+        camera[:len(sizes)] = sizes
+        u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
+                           extra=(z, len(sizes), 1.0 if sign else 0.0, 0), camera=camera)
+        u[20] = arena                       # U.camera[1].x: the arena's size in words
+        self._points.sync(np.arange(MAX_TILE_LEVELS, dtype=np.float32))   # the levels the passes copy
+        blocks = -(-width // 8) * -(-height // 8)
+        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)] + [("pruned_image", 64 * blocks)]
+        return variant, passes, u, arena
+
+    def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tiles,
+                      sign: bool) -> np.ndarray:
+        """The tile levels and the pixel pass in one submission; (H, W) float32 out_f. When a
+        tile found no arena room the image is discarded and run again with a larger arena (kept
+        for later calls), up to the adapter's binding limit, past which it is a TaperayError."""
+        while True:
+            variant, passes, u, arena = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
+            self._submit(passes, variant, u, 0)
+            self._check_counters(tape)
+            c = self._read(self._counters, np.uint32, 4)
+            if not c[PRUNE_ARENA_FULL]:
+                break
+            limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+            header = PRUNE_HEADER_WORDS * sum(level_tile_counts(tile_levels(tiles), width, height))
+            if header + arena >= limit:
+                raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of tiles {tile_levels(tiles)} at "
+                                   f"{width}x{height} need more than the adapter's {limit >> 18} MiB binding "
+                                   "limit; use larger tiles or the CPU walker")
+            self._arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+        return self._read(self._out_f, np.float32, width * height).reshape(height, width)
+
+    @_guarded
+    def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                   z: float = 0.0, tiles=PRUNE_TILES) -> np.ndarray:
+        """(H, W) bool: True where the field is < 0, with field_image's pixel centres. Arithmetic
+        tapes are pruned on the GPU (shaders/prune.wgsl) per tile of each level of ``tiles`` (one
+        size, or sizes coarse to fine, pixels; each level prunes its parent's pruned tape): tiles
+        whose interval is decided are filled without evaluating below them, the others' pixels
+        evaluate their finest tile's pruned tape (exact: the values of field_image). Other
+        tapes: field_image < 0."""
+        from .pruning import is_arithmetic
+        if not is_arithmetic(tape):
+            return self.field_image(tape, width, height, rect, z) < 0
+        return self._pruned_image(tape, width, height, rect, z, tiles, True) < 0
+
+    @_guarded
+    def field_image_pruned(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                           z: float = 0.0, tiles=PRUNE_TILES) -> np.ndarray:
+        """(H, W) float32 field, every pixel evaluated with its finest tile's pruned tape (tile
+        levels as sign_image): bit-identical to field_image. Non-arithmetic tapes: field_image."""
+        from .pruning import is_arithmetic
+        if not is_arithmetic(tape):
+            return self.field_image(tape, width, height, rect, z)
+        return self._pruned_image(tape, width, height, rect, z, tiles, False)
+
+    @_guarded
+    def prune_levels(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                     z: float = 0.0, tiles=PRUNE_TILES, sign: bool = False) -> list[dict]:
+        """Runs the pruned image of an arithmetic tape and reads back its tile headers: per level,
+        the tile size, tiles, tiles decided inside / outside, tiles with a pruned tape and their
+        mean length in records; plus (in each entry) the arena words the image used."""
+        self._pruned_image(tape, width, height, rect, z, tiles, sign)
+        sizes = tile_levels(tiles)
+        counts = level_tile_counts(sizes, width, height)
+        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, 3)
+        used = int(self._read(self._counters, np.uint32, 4)[PRUNE_ARENA])
+        out, at = [], 0
+        for size, count in zip(sizes, counts):
+            h = hdr[at:at + count]
+            at += count
+            cls = h[:, 2]   # prune.wgsl: 0 ambiguous, 1 inside, 2 outside, 3 failed, 4 empty
+            taped = cls == 0 if sign else cls <= 2
+            out.append(dict(tile=size, tiles=int((cls != 4).sum()), inside=int((cls == 1).sum()),
+                            outside=int((cls == 2).sum()), with_tape=int(taped.sum()),
+                            mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used))
+        return out
+
+    def _point_chunk(self) -> int:
+        """Points per evaluate_pruned dispatch: their words, their cells' boxes and headers (finer
+        levels: at most 4 cells a point, 16/3 over the levels, plus level 0's) fit the binding
+        limit, the index fits a float."""
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        return max(1, min(POINT_CHUNK, limit // (POINT_WORDS + 6 * 6 + 3 * 6)))
+
+    def _points_setup(self, tape: Tape, pts: np.ndarray, cells, levels: int):
+        """(variant, passes, uniforms, arena words, header words) of the pruned points of one chunk
+        (the points buffer written: level table, cell boxes, sorted points): prune_tiles once
+        per cell level, coarse to fine, then pruned_points (shaders/prune.wgsl, points mode)."""
+        variant = self.upload(tape)
+        n = len(pts)
+        if cells is None:
+            cells = min(POINT_CELLS, max(1, n // POINT_MIN_PER_CELL))
+        counts, words, first = point_cells(pts, levels, cells)
+        header = PRUNE_HEADER_WORDS * sum(counts)
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        if header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
+            raise TaperayError(f"evaluate_pruned: {sum(counts)} cells for {n} points exceed the adapter's "
+                               f"{limit >> 18} MiB binding limit; use fewer cells")
+        self._points.ensure(4 * len(words))
+        self._points.write(0, words)
+        self._points.mirror = np.zeros(0, np.uint8)    # (the next sync writes everything)
+        boxes = words[4:first].reshape(-1, 6)
+        filled = int((~(boxes[:, 0] > boxes[:, 3])).sum())
+        filled0 = int((~(boxes[:counts[0], 0] > boxes[:counts[0], 3])).sum())
+        guess = filled0 * (len(tape.instrs) // 4 + 8) + 64 * filled
+        arena = min(self._point_arena_words or guess, limit - header)
+        self._prepare_outputs(n, header + arena)
+        camera = np.zeros(16, np.float32)
+        camera[:len(counts)] = counts       # points mode: the cells of each level
+        u = self._uniforms(tape, n, extra=(0.0, len(counts), 2.0, 0), camera=camera)
+        u[20] = arena                       # U.camera[1].x: the arena's size in words
+        u[21] = first                       # U.camera[1].y: the points' first word
+        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)] + [("pruned_points", n)]
+        return variant, passes, u, arena, header
+
+    def _pruned_points(self, tape: Tape, pts: np.ndarray, cells, levels: int) -> np.ndarray:
+        """One chunk's values in the caller's order; the arena grown and the points run again when
+        a cell found no room (as _pruned_image)."""
+        while True:
+            variant, passes, u, arena, header = self._points_setup(tape, pts, cells, levels)
+            self._submit(passes, variant, u, 0)
+            self._check_counters(tape)
+            c = self._read(self._counters, np.uint32, 4)
+            if not c[PRUNE_ARENA_FULL]:
+                return self._read(self._out_f, np.float32, len(pts))
+            limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+            if header + arena >= limit:
+                raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of {len(pts)} points' cells need "
+                                   f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells "
+                                   "or GpuWalker.evaluate")
+            self._point_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+
+    @staticmethod
+    def _point_args(cells, levels):
+        if cells is not None and not (isinstance(cells, (int, np.integer)) and 1 <= cells <= 1 << 22):
+            raise TaperayError(f"evaluate_pruned: cells must be a whole number in 1..{1 << 22}, got {cells!r}")
+        if not (isinstance(levels, (int, np.integer)) and 1 <= levels <= MAX_TILE_LEVELS):
+            raise TaperayError(f"evaluate_pruned: levels must be 1..{MAX_TILE_LEVELS}, got {levels!r}")
+
+    @_guarded
+    def evaluate_pruned(self, tape: Tape, points, cells: int | None = None,
+                        levels: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) float32 values and (N,) uint32 material ids at the (N, 3) points, as evaluate, bit
+        for bit. An arithmetic tape is pruned on the GPU (shaders/prune.wgsl) per cell of a grid
+        over the points' bounding box: the host sorts the points by cell (counting sort) and finds
+        each cell's box (the range of its points); prune_tiles prunes the full tape over each
+        level-0 cell's box (``cells`` of them, default min(POINT_CELLS, N / POINT_MIN_PER_CELL),
+        shared among the axes the points span), each of ``levels`` - 1 finer levels its parent's
+        tape over 4 sub-cells per such axis; pruned_points runs each point on its finest cell's
+        tape, a warp's points sharing a cell. Other tapes: evaluate."""
+        from .pruning import is_arithmetic
+        pts = point_array(points, "evaluate_pruned")
+        self._point_args(cells, levels)
+        if not is_arithmetic(tape) or len(pts) == 0:
+            return self.evaluate(tape, pts)
+        pts = np.ascontiguousarray(pts, np.float32)
+        chunk = self._point_chunk()
+        d = np.concatenate([self._pruned_points(tape, pts[s:s + chunk], cells, levels)
+                            for s in range(0, len(pts), chunk)])
+        return d, np.zeros(len(pts), np.uint32)
+
+    @_guarded
+    def prune_levels_points(self, tape: Tape, points, cells: int | None = None, levels: int = 1) -> list[dict]:
+        """evaluate_pruned of an arithmetic tape (one chunk of points), then its cells' headers read
+        back: per level, the cells, cells with points, decided inside / outside, and the mean
+        pruned tape length in records over the cells with points; plus the arena words used."""
+        self._point_args(cells, levels)
+        pts = np.ascontiguousarray(point_array(points, "prune_levels_points", np.float32))
+        if not 1 <= len(pts) <= self._point_chunk():
+            raise TaperayError(f"prune_levels_points: 1..{self._point_chunk()} points, got {len(pts)}")
+        self.evaluate_pruned(tape, pts, cells, levels)
+        _, passes, _, _, _ = self._points_setup(tape, pts, cells, levels)   # (the same cells)
+        return [dict(cells=len(h), with_points=int(taped.sum()), inside=int((h[:, 2] == 1).sum()),
+                     outside=int((h[:, 2] == 2).sum()),
+                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used)
+                for h, taped, used in self._cell_headers([p[1] for p in passes[:-1]], 0)]
+
+    def _cell_headers(self, counts: list[int], base: int):
+        """Per level of points-mode cells (``counts`` of them, headers from out_u word ``base``):
+        its (cells, 3) headers, which cells have a pruned tape, the arena words used."""
+        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts), base).reshape(-1, 3)
+        used = int(self._read(self._counters, np.uint32, 4)[PRUNE_ARENA])
+        out, at = [], 0
+        for count in counts:
+            h = hdr[at:at + count]
+            at += count
+            out.append((h, h[:, 2] <= 2, used))   # prune.wgsl: 0 ambiguous, 1 inside, 2 outside, 3 failed, 4 empty
+        return out
+
+    @_guarded
+    def march_cell_levels(self, tape: Tape, settings: RenderSettings | None = None, view: str = "shade",
+                          cells=MARCH_CELLS) -> list[dict]:
+        """Prunes an arithmetic tape over the cells of its march box (as march does) and reads
+        their headers back: per level, the cells, those with a pruned tape (the outside cell's
+        empty sub-cells have none) and their mean length in records, plus the arena words used."""
+        cells = self._march_cells_for(tape, cells)
+        if cells is None:
+            raise TaperayError(f"{tape.source or 'tape'}: march cells are for arithmetic tapes only")
+        variant = self.upload(tape)
+        counts = self._prune_cells(tape, (settings or RenderSettings()).pack(tape, view), variant, 0, cells)[1]
+        return [dict(cells=len(h), with_tape=int(taped.sum()),
+                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used)
+                for h, taped, used in self._cell_headers(counts, 0)]
+
+    @staticmethod
+    def _march_cells_for(tape: Tape, cells) -> tuple[int, int] | None:
+        """The (g0, levels) of a pruned march of ``tape``, or None: ``cells`` None (off), "auto"
+        (MARCH_CELLS for arithmetic tapes of at least MARCH_CELLS_MIN_RECORDS records) or
+        (g0, levels) (any arithmetic tape)."""
+        from .pruning import is_arithmetic
+        if cells is None or not is_arithmetic(tape):
+            return None
+        if isinstance(cells, str) and cells == "auto":
+            return MARCH_CELLS if len(tape.instrs) >= MARCH_CELLS_MIN_RECORDS else None
+        ok = (isinstance(cells, tuple) and len(cells) == 2 and all(isinstance(v, (int, np.integer)) for v in cells)
+              and 1 <= cells[0] <= 64 and 1 <= cells[1] <= MAX_TILE_LEVELS)
+        if not ok:
+            raise TaperayError(f"cells must be None, 'auto' or (g0 in 1..64, levels in 1..{MAX_TILE_LEVELS}), "
+                               f"got {cells!r}")
+        return int(cells[0]), int(cells[1])
+
+    def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]):
+        """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``: prune_tiles
+        once per level (points mode) in a submission of its own, the headers and arena in out_u
+        after the n pixels' outputs (from word 9n), the arena grown and the cells run again on
+        overflow. Returns the cell descriptor's word in the points buffer (U.extra.x of the
+        _cells kernels), the cells per level and the (passes, uniforms) that pruned them."""
+        from .cpu import _packed
+        g0, levels = cells
+        lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
+        counts, words, desc = _march_cells_cached(tuple(lo), tuple(hi), g0, levels)   # (the same box each frame)
+        words = words.copy()
+        base = 9 * n
+        words[desc + 8:].view(np.uint32)[0] = base
+        header = PRUNE_HEADER_WORDS * sum(counts)
+        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        if base + header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
+            raise TaperayError(f"pruned march: {sum(counts)} cells {cells} at {n} pixels exceed the adapter's "
+                               f"{limit >> 18} MiB binding limit; use fewer cells or levels")
+        self._points.sync(words)
+        filled = 1 + sum(g0 ** 3 * 64 ** m for m in range(levels))   # (not the outside cell's empty sub-cells)
+        camera = np.zeros(16, np.float32)
+        camera[:levels] = counts
+        u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
+        u[22] = base                        # U.camera[1].z: the headers' first word
+        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)]
+        while True:
+            guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
+            arena = min(self._cell_arena_words or guess, limit - base - header)
+            self._prepare_outputs(8 * n, base + header + arena, n)
+            u[20] = arena                   # U.camera[1].x: the arena's size in words
+            self._submit(passes, variant, u, 0)
+            self._check_counters(tape)
+            c = self._read(self._counters, np.uint32, 4)
+            if not c[PRUNE_ARENA_FULL]:
+                return desc, counts, (passes, u)
+            if base + header + arena >= limit:
+                raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of the march cells {cells} need "
+                                   f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells")
+            self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+
+    @staticmethod
+    def _on_cells(passes: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """A frame's passes on the pruned cell tapes: march and light as their _cells pipelines;
+        no surface pass (an arithmetic tape's material is 0 everywhere, as march_cells writes)."""
+        return [(k + "_cells" if k in ("march", "light") else k, m) for k, m in passes if k != "surface"]
+
+    def _pruned_image_timing(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool,
+                             tile_passes_only: bool, levels: int | None):
+        """gpu_seconds' (variant, passes, uniforms) of a pruned image, after one run that sizes the
+        arena: with ``tile_passes_only`` its prune_tiles passes alone (with ``levels``, only those
+        of the first ``levels`` tile levels)."""
+        self._pruned_image(tape, width, height, rect, z, tiles, sign)   # sizes the arena
+        variant, passes, u, _ = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
+        if tile_passes_only:
+            passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
+        return variant, passes, u
+
+    @_guarded
+    def gpu_seconds_points(self, tape: Tape, points, pruned: bool = True, cells: int | None = None,
+                           levels: int = 1, repeat: int = 8) -> float:
+        """GPU time of one evaluation of (at most one chunk of) points, as gpu_seconds: the passes
+        (pruned: the cell levels and pruned_points, after one evaluate_pruned that sizes the arena;
+        else eval_points) encoded ``repeat`` times in one command buffer, (t_repeat - t_1) /
+        (repeat - 1); no host bucketing, upload or read-back."""
+        if repeat < 2:
+            raise TaperayError(f"gpu_seconds_points: repeat must be >= 2, got {repeat}")
+        self._point_args(cells, levels)
+        pts = np.ascontiguousarray(point_array(points, "gpu_seconds_points", np.float32))
+        if not 1 <= len(pts) <= self._point_chunk():
+            raise TaperayError(f"gpu_seconds_points: 1..{self._point_chunk()} points, got {len(pts)}")
+        n = len(pts)
+        if pruned:
+            self.evaluate_pruned(tape, pts, cells, levels)   # sizes the arena
+            variant, passes, u, _, _ = self._points_setup(tape, pts, cells, levels)
+        else:
+            variant = self.upload(tape)
+            self._prepare_outputs(n, n)
+            self._points.sync(pts)
+            u = self._uniforms(tape, n)
+            passes = [("eval_points", n)]
+        return self._time_passes(tape, passes, variant, u, repeat)
