@@ -1299,7 +1299,7 @@ _CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells to
 
 
 def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, view: str = "shade",
-                 grid: int = 8, levels: int = 2) -> dict:
+                 grid: int = 4, levels: int = 2) -> dict:
     """CpuWalker.march of an arithmetic tape, bit for bit, with every evaluation on a pruned tape:
     the march box is cut into grid^3 cells, each interval-evaluated and pruned once (kept: 24
     bytes per record and cell), with ``levels`` 2 each cell's 4 x 4 x 4 sub-cells again from the

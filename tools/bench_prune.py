@@ -2,7 +2,8 @@
 
 Rows: the sign image (inside where f < 0) and the pruned float field image at 1024^2 and 4096^2,
 evaluate_pruned at 2^20 random points of the square, the 3D march of a 3,000-record program (200
-spheres, ``spheres_program``) at 480x360 by CpuWalker.march and by march_pruned (the same bits), and
+spheres, ``spheres_program``) at 480x360 by CpuWalker.march and by march_pruned for each (grid, levels)
+of MARCH_CELLS (the same bits), and
 the unpruned CpuWalker.field_image at 1024^2 for the ratio (one timed call: it takes seconds).
 Each pruned row is the median of ``--repeat`` calls after one warm-up call (which also loads or
 compiles the Numba kernels); the mean pruned tape length per tile level is reported beside it.
@@ -10,6 +11,7 @@ compiles the Numba kernels); the mean pruned tape length per tile level is repor
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from taperay.tools.bench import BenchResult, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
 SPHERES, MARCH_SIZE = 200, (480, 360)      # the 3D march rows: a union of spheres as a .vm program
+MARCH_CELLS = ((8, 1), (4, 2), (8, 2))      # march_pruned's (grid, levels) rows
 
 
 def spheres_program(n: int, seed: int = 0) -> str:
@@ -68,13 +71,15 @@ def bench_prune_cpu(opts) -> BenchResult:
     from taperay.runtime.pruning import march_pruned
     spheres = load_vm(spheres_program(SPHERES))
     cam = auto_camera(spheres.bounds)
-    for name, march in (("CpuWalker.march", walker.march), ("march_pruned", march_pruned)):
+    marches = [("CpuWalker.march", walker.march, "-")] + [
+        (f"march_pruned {g}^3 x {lv}", functools.partial(march_pruned, grid=g, levels=lv),
+         f"{g}^3 cells" + (" / 4^3 sub-cells" if lv == 2 else "")) for g, lv in MARCH_CELLS]
+    for name, march, cells in marches:
         march(spheres, cam, 32, 24)
         s = summarize(time_calls(lambda: march(spheres, cam, *MARCH_SIZE), opts.repeat, warmup=0))
         rows.append({"what": f"{name} {SPHERES} spheres {MARCH_SIZE[0]}x{MARCH_SIZE[1]}", "size": MARCH_SIZE[0],
-                     "pruned": "yes" if name == "march_pruned" else "no", "median ms": s["median_ms"],
-                     "min ms": s["min_ms"], "image tape": len(spheres),
-                     "mean tape per level": "8^3 cells" if name == "march_pruned" else "-"})
+                     "pruned": "no" if cells == "-" else "yes", "median ms": s["median_ms"],
+                     "min ms": s["min_ms"], "image tape": len(spheres), "mean tape per level": cells})
     walker.field_image(tape, 64, 64)
     s = summarize(time_calls(lambda: walker.field_image(tape, 1024, 1024), 1, warmup=0))
     rows.append({"what": "CpuWalker.field_image 1024", "size": 1024, "pruned": "no", "median ms": s["median_ms"],
