@@ -789,7 +789,7 @@ class GpuWalker(PrunedPasses):
             desc, _, (passes, cu) = self._prune_cells(tape, packed, variant, n, cells)
             out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
             u[12] = desc
-            frame = self._on_cells(frame)
+            frame = self._on_cells(tape, frame)
         self._submit(frame, variant, u, 0)
         if self._check_counters(tape):
             raise TaperayError(f"gpu_seconds_frame: a {width}x{height} {view} frame of {tape.source or 'tape'} "
@@ -822,7 +822,7 @@ class GpuWalker(PrunedPasses):
         desc = None
         if cells is not None:
             desc = self._prune_cells(tape, packed, variant, n, cells)[0]
-            frame = self._on_cells(frame)
+            frame = self._on_cells(tape, frame)
         rng = np.random.default_rng(0)
         for s in range(samples):
             jitter = (0.0, 0.0) if s == 0 else tuple(rng.uniform(-0.5, 0.5, 2))

@@ -18,6 +18,7 @@ import functools
 import numpy as np
 
 from .gpu_guard import _guarded
+from .opcodes import Op
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, point_array
 
@@ -503,10 +504,10 @@ class PrunedPasses:
     @staticmethod
     def _march_cells_for(tape: Tape, cells) -> tuple[int, int] | None:
         """The (g0, levels) of a pruned march of ``tape``, or None: ``cells`` None (off), "auto"
-        (MARCH_CELLS for arithmetic tapes of at least MARCH_CELLS_MIN_RECORDS records) or
-        (g0, levels) (any arithmetic tape)."""
+        (MARCH_CELLS for arithmetic tapes, scene fields allowed (pruning.FIELD_OPS), of at least
+        MARCH_CELLS_MIN_RECORDS records) or (g0, levels) (any such tape)."""
         from .pruning import is_arithmetic
-        if cells is None or not is_arithmetic(tape):
+        if cells is None or not is_arithmetic(tape, fields=True):
             return None
         if isinstance(cells, str) and cells == "auto":
             return MARCH_CELLS if len(tape.instrs) >= MARCH_CELLS_MIN_RECORDS else None
@@ -558,10 +559,13 @@ class PrunedPasses:
             self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
 
     @staticmethod
-    def _on_cells(passes: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        """A frame's passes on the pruned cell tapes: march and light as their _cells pipelines;
-        no surface pass (an arithmetic tape's material is 0 everywhere, as march_cells writes)."""
-        return [(k + "_cells" if k in ("march", "light") else k, m) for k, m in passes if k != "surface"]
+    def _on_cells(tape: Tape, passes: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """A frame's passes on the pruned cell tapes: march and light as their _cells pipelines
+        (material 0); the surface pass (the full tape at the hit) only where scene fields'
+        FIELD_RESULT records give materials (an arithmetic tape's material is 0 everywhere)."""
+        materials = bool((tape.instrs["op"] == Op.FIELD_RESULT).any())
+        return [(k + "_cells" if k in ("march", "light") else k, m) for k, m in passes
+                if k != "surface" or materials]
 
     def _pruned_image_timing(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool,
                              tile_passes_only: bool, levels: int | None):

@@ -1000,10 +1000,20 @@ def _cells_points_kernel(fcode, fimm, first, end, n_regs, pts, order, seg, ids, 
 
 
 # ----------------------------------------------------------------------------- Python API
-def is_arithmetic(tape: Tape) -> bool:
-    """Whether every record of ``tape`` is an arithmetic op (the tapes this module prunes)."""
+FIELD_OPS = {Op.FIELD_RESULT: Op.COPY, Op.UNION: Op.MIN, Op.INTERSECT: Op.MAX}
+
+
+def is_arithmetic(tape: Tape, fields: bool = False) -> bool:
+    """Whether every record of ``tape`` is an arithmetic op (the tapes this module prunes). With
+    ``fields``, the records of scene fields and their unions / intersections are allowed too
+    (FIELD_OPS): in a tape with no transforms (a tape of these ops has none) FIELD_RESULT's value
+    is reg[a] * 1, a COPY, and UNION / INTERSECT are MIN / MAX with the same value and material
+    rules, so their values prune as those ops' do (the GPU's pruned march does so), while their
+    materials need the full tape."""
     ops = np.unique(tape.instrs["op"])
-    return all(int(o) in Op._value2member_map_ and OPS[Op(int(o))].family is Family.ARITH for o in ops)
+    ok = set(FIELD_OPS) if fields else set()
+    return all(int(o) in Op._value2member_map_ and (OPS[Op(int(o))].family is Family.ARITH or Op(int(o)) in ok)
+               for o in ops)
 
 
 _COMPACT: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -448,13 +448,24 @@ fn tile_extent(l: u32, t: u32) -> TileExtent {
 }
 
 // a pruned record in two words: op | dst << 8 | a << 16 | b << 24 (registers < 256, ops < 256),
-// then c (MIX) or the bits of the constant (CONST)
+// then c (MIX) or the bits of the constant (CONST). A scene field's records (only in the tapes of
+// a pruned march, which have no transforms; runtime/pruning.py FIELD_OPS) become the arithmetic
+// ops with their values: FIELD_RESULT a COPY (reg[a] * 1), UNION MIN, INTERSECT MAX; materials
+// are the surface pass's, from the full tape.
 fn pack_record(ins: Instr) -> vec2<u32> {
     var w1 = ins.c;
     if (ins.op == OP_CONST) {
         w1 = bitcast<u32>(params[ins.param]);
     }
-    return vec2<u32>(ins.op | (ins.dst << 8u) | (ins.a << 16u) | (ins.b << 24u), w1);
+    var op = ins.op;
+    if (op == OP_FIELD_RESULT) {
+        op = OP_COPY;
+    } else if (op == OP_UNION) {
+        op = OP_MIN;
+    } else if (op == OP_INTERSECT) {
+        op = OP_MAX;
+    }
+    return vec2<u32>(op | (ins.dst << 8u) | (ins.a << 16u) | (ins.b << 24u), w1);
 }
 
 // record k of the tape a level-l tile prunes: the full tape (level 0) or its parent's pruned

@@ -365,3 +365,29 @@ def test_march_cells_choice_and_bad_cells(walker_gpu, spheres_60):
             walker_gpu.march(spheres_60, None, 8, 8, cells=bad)
     with pytest.raises(TaperayError):
         walker_gpu.march_cell_levels(load_vm(DATA / "sphere.vm"), cells=None)
+
+
+@pytest.mark.parametrize("view", ["shade", "section"])
+def test_fields_with_materials_march_on_cells_bit_identical(walker_gpu, no_new_kernels, view):
+    """Scene fields (arithmetic records closed by FIELD_RESULT with a material: a level-3 Menger
+    sponge in union with a second material's field) march on cells, FIELD_RESULT pruned as a
+    COPY and UNION as MIN, and the surface pass gives the materials: every output equals the
+    unpruned march's."""
+    from taperay.runtime.gpu import GpuWalker
+    from taperay.runtime.pruning import is_arithmetic
+    from taperay.scenegraph import Material, field
+    from taperay.scenegraph.fields import x, y, z
+    from taperay.scenegraph.flatten import flatten
+    from taperay.scenes.menger_sponge import build
+    ball = field((x - 0.8) ** 2 + y * y + (z - 0.8) ** 2 - 0.25, bounds=((0.2, -0.6, 0.2), (1.4, 0.6, 1.4)),
+                 name="ball").material(Material("glass", (0.3, 0.5, 0.9), 0.2))
+    tape = flatten(build(level=3) | ball)
+    assert not is_arithmetic(tape) and is_arithmetic(tape, fields=True)
+    assert GpuWalker._march_cells_for(tape, "auto") is not None
+    full = walker_gpu.light(tape, None, 40, 30, view=view, cells=None)
+    assert len(np.unique(full["mat"][full["hit"]])) == 2
+    assert _same_bits(walker_gpu.light(tape, None, 40, 30, view=view, cells=(3, 2)), full)
+    np.testing.assert_array_equal(walker_gpu.render(tape, None, 40, 30, view=view),
+                                  walker_gpu.render(tape, None, 40, 30, view=view, cells=None))
+    fine = walker_gpu.march_cell_levels(tape, view=view, cells=(3, 2))[1]
+    assert fine["mean_length"] < 0.8 * len(tape.instrs)   # the union decided in most cells
