@@ -1019,11 +1019,16 @@ def is_arithmetic(tape: Tape, fields: bool = False) -> bool:
 _COMPACT: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
+def _tape_key(tape: Tape) -> int:
+    """A hash of what an arithmetic tape's evaluation depends on (its content, not its identity)."""
+    return hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, len(tape.materials),
+                 tape.bounds.tobytes()))
+
+
 def _checked(tape: Tape, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Validate an arithmetic-only tape (once per content) and return its compact records:
     (n, 5) int32 op dst a b c and the (n,) float32 CONST values."""
-    key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, len(tape.materials),
-                tape.bounds.tobytes()))
+    key = _tape_key(tape)
     if key not in _COMPACT:
         validate(tape)
         if not is_arithmetic(tape):
@@ -1306,13 +1311,14 @@ class _CellTapes:
 
 _TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
 _CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells together
+_CELL_CACHE: dict[tuple, _CellTapes] = {}   # march_pruned: the last (tape content, box, grid, levels)'s cells
 
 
 def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, view: str = "shade",
                  grid: int = 4, levels: int = 2) -> dict:
     """CpuWalker.march of an arithmetic tape, bit for bit, with every evaluation on a pruned tape:
     the march box is cut into grid^3 cells, each interval-evaluated and pruned once (kept: 24
-    bytes per record and cell), with ``levels`` 2 each cell's 4 x 4 x 4 sub-cells again from the
+    bytes per record and cell, and kept for the next call on the same tape content and box), with ``levels`` 2 each cell's 4 x 4 x 4 sub-cells again from the
     cell's tape, and each step's points are bucketed by finest cell and run on its tape (points
     outside the box on the whole tape).
     The rays advance together, a step at a time (a wavefront), by the twin's rules (_trace,
@@ -1330,7 +1336,11 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     eps, neps, step_scale = (np.float32(_packed(packed, k)) for k in ("hit_eps", "normal_eps", "step_scale"))
     max_steps = int(_packed(packed, "max_steps"))
     sec = _section(packed)
-    cells = _CellTapes(tape, box[0], box[1], grid, levels)
+    key = (_tape_key(tape), box.tobytes(), grid, levels)
+    if key not in _CELL_CACHE:
+        _CELL_CACHE.clear()          # (one: the cells of a big tape take up to _CELL_TAPES_MAX_BYTES)
+        _CELL_CACHE[key] = _CellTapes(tape, box[0], box[1], grid, levels)
+    cells = _CELL_CACHE[key]
 
     def field(p):
         d = cells.evaluate(p)
