@@ -8,7 +8,9 @@ the other walkers must match it.
 Execution model: a *block interpreter*. Points are cut into blocks of ``BLOCK`` (prange over
 chunks of blocks, one workspace per chunk); for each instruction one tight loop runs over the
 block, so dispatch is paid per block and the loops vectorise. Registers are ``(n_regs, BLOCK)``
-float32 (+ u32 material ids); ``p`` and ``scale`` are per point (rows x, y, z, scale). Control flow:
+float32 (+ u32 material ids); ``p`` and ``scale`` are per point (rows x, y, z, scale). The value
+loops of the arithmetic ops that read registers are ``_arith_block``, shared with runtime.pruning's
+point interpreter (the interpreter keeps their material ids). Control flow:
 
   * REPEAT_LINEAR / POLAR / GRID run the same number of body iterations at every point (only the
     instance each point evaluates differs), so they run blockwise;
@@ -103,6 +105,13 @@ def _round(x):
     if ax - r >= FH:
         r += F1
     return r if x >= F0 else -r
+
+
+@njit(**_JIT)
+def _rem32(x, b):
+    """MOD's rule: r = fmod(x, b); r < 0 ? r + |b| : r, in float32."""
+    r = np.fmod(x, b)
+    return r + abs(b) if r < F0 else r
 
 
 @njit(**_JIT)
@@ -208,6 +217,120 @@ def _rand(a, b):
     h = ((h ^ (h >> np.uint64(16))) * np.uint64(0x45D9F3B)) & m
     h = h ^ (h >> np.uint64(16))
     return _f(h >> np.uint64(8)) / _f(16777216.0)
+
+
+@njit(**_JIT)
+def _libm_block(op, regs, d, a, n):
+    """regs[d, :n] = op(regs[a, :n]) for SIN COS TAN ASIN ACOS ATAN EXP LN (float32 libm), for
+    _arith_block. The op is chosen per lane, but in a function this small LLVM unswitches the
+    loop (one loop per op, as fast as writing them out); inlined into _arith_block it did not
+    (~20% slower on trigonometric tapes), so _arith_block calls it."""
+    for j in range(n):
+        x = regs[a, j]
+        if op <= TAN:
+            r = np.sin(x) if op == SIN else (np.cos(x) if op == COS else np.tan(x))
+        elif op <= ATAN:
+            r = np.arcsin(x) if op == ASIN else (np.arccos(x) if op == ACOS else np.arctan(x))
+        else:
+            r = np.exp(x) if op == EXP else np.log(x)
+        regs[d, j] = r
+
+
+# forceinline (LLVM alwaysinline): a call per op is slower where blocks hold few points (the
+# march's late steps, march_pruned's cells: _run_block at 8 points ~25% per op), and Numba's IR
+# inlining (inline="always") adds an atomic refcount increment / decrement of ``regs`` per op.
+# No array views inside (RAND takes its bits from scalar views), so the body needs no refcounting.
+# Numba caches per source file (content hash): an edit here does not recompile runtime.pruning's
+# cached callers; clear runtime/__pycache__ after one.
+@njit(forceinline=True, **_JIT)
+def _arith_block(op, regs, d, a, b, c, n):
+    """regs[d, :n] = op(regs[a], regs[b], regs[c]) lane by lane, for the arithmetic ops that read
+    registers (COPY .. RAND but INSTANCE_INDEX): the twin's float32 rule of each, shared by
+    _run_block and runtime.pruning's point interpreter. Values only: VAR_* / CONST /
+    INSTANCE_INDEX (they read the point, the parameters, the pattern frame) and material ids are
+    the callers'. The hot ops of SDF tapes come first."""
+    if op == MAX:
+        for j in range(n):
+            regs[d, j] = _fmax(regs[a, j], regs[b, j])
+    elif op == SUB:
+        for j in range(n):
+            regs[d, j] = regs[a, j] - regs[b, j]
+    elif op == ADD:
+        for j in range(n):
+            regs[d, j] = regs[a, j] + regs[b, j]
+    elif op == MIN:
+        for j in range(n):
+            regs[d, j] = _fmin(regs[a, j], regs[b, j])
+    elif op == COPY:
+        for j in range(n):
+            regs[d, j] = regs[a, j]
+    elif op == NEG:
+        for j in range(n):
+            regs[d, j] = -regs[a, j]
+    elif op == SQUARE:
+        for j in range(n):
+            regs[d, j] = regs[a, j] * regs[a, j]
+    elif op == SQRT:
+        for j in range(n):
+            regs[d, j] = np.sqrt(regs[a, j])
+    elif op == MUL:
+        for j in range(n):
+            regs[d, j] = regs[a, j] * regs[b, j]
+    elif op == ABS:
+        for j in range(n):
+            regs[d, j] = abs(regs[a, j])
+    elif op == RECIP:
+        for j in range(n):
+            regs[d, j] = F1 / regs[a, j]
+    elif op == DIV:
+        for j in range(n):
+            regs[d, j] = regs[a, j] / regs[b, j]
+    elif op == FLOOR:
+        for j in range(n):
+            regs[d, j] = np.floor(regs[a, j])
+    elif op == CEIL:
+        for j in range(n):
+            regs[d, j] = np.ceil(regs[a, j])
+    elif op == ROUND:
+        for j in range(n):
+            regs[d, j] = _round(regs[a, j])
+    elif SIN <= op <= LN:
+        _libm_block(op, regs, d, a, n)
+    elif op == NOT:
+        for j in range(n):
+            regs[d, j] = F1 if regs[a, j] == F0 else F0
+    elif op == ATAN2:
+        for j in range(n):
+            regs[d, j] = np.arctan2(regs[a, j], regs[b, j])
+    elif op == COMPARE:
+        for j in range(n):
+            va, vb = regs[a, j], regs[b, j]
+            r = F0
+            if va < vb:
+                r = -F1
+            elif va > vb:
+                r = F1
+            elif va != va or vb != vb:
+                r = va + vb
+            regs[d, j] = r
+    elif op == MOD:
+        for j in range(n):
+            regs[d, j] = _rem32(regs[a, j], regs[b, j])
+    elif op == AND:
+        for j in range(n):
+            va = regs[a, j]
+            regs[d, j] = va if va == F0 else regs[b, j]
+    elif op == OR:
+        for j in range(n):
+            va = regs[a, j]
+            regs[d, j] = va if va != F0 else regs[b, j]
+    elif op == MIX:
+        for j in range(n):
+            va = regs[a, j]
+            regs[d, j] = va + (regs[b, j] - va) * regs[c, j]
+    elif op == RAND:                 # (bits by scalar views: no array views, no refcounting)
+        for j in range(n):
+            regs[d, j] = _rand(np.float32(regs[a, j]).view(np.uint32), np.float32(regs[b, j]).view(np.uint32))
 
 
 @njit(**_JIT)
@@ -448,121 +571,19 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                 for j in range(n):
                     regs[dst, j] = _f(_instance_index(lsp - 1, j, params, lcell, lint)) if lsp > 0 else F0
                     mats[dst, j] = 0
-            elif op == MIN or op == MAX:
-                for j in range(n):
-                    va, vb = regs[a, j], regs[b, j]
-                    ma, mb = mats[a, j], mats[b, j]
-                    if op == MIN:
-                        regs[dst, j] = _fmin(va, vb)
-                        mats[dst, j] = mb if vb < va else ma
-                    else:
-                        regs[dst, j] = _fmax(va, vb)
-                        mats[dst, j] = mb if vb > va else ma
             else:
-                for j in range(n):
-                    mats[dst, j] = mats[a, j]
-                if op == COPY:
+                if op == MIN:   # materials first (dst may be a or b): both loaded, then one selected
                     for j in range(n):
-                        regs[dst, j] = regs[a, j]
-                elif op == NEG:
+                        ma, mb = mats[a, j], mats[b, j]
+                        mats[dst, j] = mb if regs[b, j] < regs[a, j] else ma
+                elif op == MAX:
                     for j in range(n):
-                        regs[dst, j] = -regs[a, j]
-                elif op == ABS:
+                        ma, mb = mats[a, j], mats[b, j]
+                        mats[dst, j] = mb if regs[b, j] > regs[a, j] else ma
+                else:
                     for j in range(n):
-                        regs[dst, j] = abs(regs[a, j])
-                elif op == RECIP:
-                    for j in range(n):
-                        regs[dst, j] = F1 / regs[a, j]
-                elif op == SQRT:
-                    for j in range(n):
-                        regs[dst, j] = np.sqrt(regs[a, j])
-                elif op == SQUARE:
-                    for j in range(n):
-                        regs[dst, j] = regs[a, j] * regs[a, j]
-                elif op == FLOOR:
-                    for j in range(n):
-                        regs[dst, j] = np.floor(regs[a, j])
-                elif op == CEIL:
-                    for j in range(n):
-                        regs[dst, j] = np.ceil(regs[a, j])
-                elif op == ROUND:
-                    for j in range(n):
-                        regs[dst, j] = _round(regs[a, j])
-                elif op == SIN:
-                    for j in range(n):
-                        regs[dst, j] = np.sin(regs[a, j])
-                elif op == COS:
-                    for j in range(n):
-                        regs[dst, j] = np.cos(regs[a, j])
-                elif op == TAN:
-                    for j in range(n):
-                        regs[dst, j] = np.tan(regs[a, j])
-                elif op == ASIN:
-                    for j in range(n):
-                        regs[dst, j] = np.arcsin(regs[a, j])
-                elif op == ACOS:
-                    for j in range(n):
-                        regs[dst, j] = np.arccos(regs[a, j])
-                elif op == ATAN:
-                    for j in range(n):
-                        regs[dst, j] = np.arctan(regs[a, j])
-                elif op == EXP:
-                    for j in range(n):
-                        regs[dst, j] = np.exp(regs[a, j])
-                elif op == LN:
-                    for j in range(n):
-                        regs[dst, j] = np.log(regs[a, j])
-                elif op == NOT:
-                    for j in range(n):
-                        regs[dst, j] = F1 if regs[a, j] == F0 else F0
-                elif op == ADD:
-                    for j in range(n):
-                        regs[dst, j] = regs[a, j] + regs[b, j]
-                elif op == SUB:
-                    for j in range(n):
-                        regs[dst, j] = regs[a, j] - regs[b, j]
-                elif op == MUL:
-                    for j in range(n):
-                        regs[dst, j] = regs[a, j] * regs[b, j]
-                elif op == DIV:
-                    for j in range(n):
-                        regs[dst, j] = regs[a, j] / regs[b, j]
-                elif op == ATAN2:
-                    for j in range(n):
-                        regs[dst, j] = np.arctan2(regs[a, j], regs[b, j])
-                elif op == COMPARE:
-                    for j in range(n):
-                        va, vb = regs[a, j], regs[b, j]
-                        r = F0
-                        if va < vb:
-                            r = -F1
-                        elif va > vb:
-                            r = F1
-                        elif va != va or vb != vb:
-                            r = va + vb
-                        regs[dst, j] = r
-                elif op == MOD:
-                    for j in range(n):
-                        vb = regs[b, j]
-                        r = np.fmod(regs[a, j], vb)
-                        regs[dst, j] = r + abs(vb) if r < F0 else r
-                elif op == AND:
-                    for j in range(n):
-                        va = regs[a, j]
-                        regs[dst, j] = va if va == F0 else regs[b, j]
-                elif op == OR:
-                    for j in range(n):
-                        va = regs[a, j]
-                        regs[dst, j] = va if va != F0 else regs[b, j]
-                elif op == MIX:
-                    for j in range(n):
-                        va = regs[a, j]
-                        regs[dst, j] = va + (regs[b, j] - va) * regs[c, j]
-                elif op == RAND:
-                    ua = regs[a, :n].view(np.uint32)
-                    ub = regs[b, :n].view(np.uint32)
-                    for j in range(n):
-                        regs[dst, j] = _rand(ua[j], ub[j])
+                        mats[dst, j] = mats[a, j]
+                _arith_block(op, regs, dst, a, b, c, n)
         elif op < PUSH:                                               # ---- shapes
             for j in range(n):
                 mats[dst, j] = aux
@@ -929,31 +950,41 @@ def _gradients(tp, sec, ws, ws1, n, px, neps, grad):
             grad[r, i] /= F4 * neps
 
 
+_TW, _TH = 16, BLOCK // 16    # the march / light kernels' pixel tiles (BLOCK pixels each)
+
+
+@njit(**_JIT)
+def _tile_count(dirs):
+    """Tiles of _TW x _TH pixels covering the (H, W, 3) ray directions."""
+    return ((dirs.shape[1] + _TW - 1) // _TW) * ((dirs.shape[0] + _TH - 1) // _TH)
+
+
+@njit(**_JIT)
+def _tile_setup(tile, dirs, n_regs):
+    """Tile ``tile`` (row-major) of the march / light kernels: its pixel rows r0:r1 and columns
+    c0:c1 and its scratch: (r0, r1, c0, c1, ws, ws1, ro, rd, v3, t, tfar, steps, hit, mat, res,
+    idx, pix), ws / ws1 the workspaces of _field, the rest per ray (ro, rd, v3: (3, BLOCK); pix:
+    (2, BLOCK) row, col)."""
+    H, W = dirs.shape[0], dirs.shape[1]
+    ntx = (W + _TW - 1) // _TW
+    r0, c0 = (tile // ntx) * _TH, (tile % ntx) * _TW
+    return (r0, min(r0 + _TH, H), c0, min(c0 + _TW, W),
+            _workspace(n_regs, BLOCK), _workspace(n_regs, 1),
+            np.empty((3, BLOCK), np.float32), np.empty((3, BLOCK), np.float32),
+            np.empty((3, BLOCK), np.float32), np.empty(BLOCK, np.float32), np.empty(BLOCK, np.float32),
+            np.empty(BLOCK, np.int32), np.empty(BLOCK, np.bool_), np.empty(BLOCK, np.uint32),
+            np.empty(BLOCK, np.float32), np.empty(BLOCK, np.int64), np.empty((2, BLOCK), np.int64))
+
+
 @njit(parallel=True, **_JIT)
 def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale,
                   out_t, out_hit, out_steps, out_mat, out_grad):
-    H, W = dirs.shape[0], dirs.shape[1]
-    TW, TH = 16, BLOCK // 16
-    ntx = (W + TW - 1) // TW
-    nty = (H + TH - 1) // TH
-    for tile in prange(ntx * nty):
-        ws = _workspace(n_regs, BLOCK)
-        ws1 = _workspace(n_regs, 1)
-        ro = np.empty((3, BLOCK), np.float32)
-        rd = np.empty((3, BLOCK), np.float32)
-        t = np.empty(BLOCK, np.float32)
-        tfar = np.empty(BLOCK, np.float32)
-        steps = np.empty(BLOCK, np.int32)
-        hit = np.empty(BLOCK, np.bool_)
-        mat = np.empty(BLOCK, np.uint32)
-        res = np.empty(BLOCK, np.float32)
-        idx = np.empty(BLOCK, np.int64)
-        pix = np.empty((2, BLOCK), np.int64)
-        grad = np.empty((3, BLOCK), np.float32)
-        r0, c0 = (tile // ntx) * TH, (tile % ntx) * TW
+    for tile in prange(_tile_count(dirs)):
+        r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix = \
+            _tile_setup(tile, dirs, n_regs)
         n = 0
-        for row in range(r0, min(r0 + TH, H)):
-            for col in range(c0, min(c0 + TW, W)):
+        for row in range(r0, r1):
+            for col in range(c0, c1):
                 d = dirs[row, col]
                 t0, t1 = _slab(eye, d, box)
                 for r in range(3):
@@ -989,29 +1020,13 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
 def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale, shadow_mode,
                   soft_k, key_dir, ao_strength, ao_dist, in_t, in_grad, out_shadow, out_ao):
     """Key-light visibility (occlusion march from p + 4 eps n) and 5-tap ambient occlusion."""
-    H, W = dirs.shape[0], dirs.shape[1]
-    TW, TH = 16, BLOCK // 16
-    ntx = (W + TW - 1) // TW
-    nty = (H + TH - 1) // TH
-    for tile in prange(ntx * nty):
-        ws = _workspace(n_regs, BLOCK)
-        ws1 = _workspace(n_regs, 1)
-        ro = np.empty((3, BLOCK), np.float32)
-        rd = np.empty((3, BLOCK), np.float32)
-        nrm = np.empty((3, BLOCK), np.float32)
-        t = np.empty(BLOCK, np.float32)
-        tfar = np.empty(BLOCK, np.float32)
-        steps = np.empty(BLOCK, np.int32)
-        hit = np.empty(BLOCK, np.bool_)
-        mat = np.empty(BLOCK, np.uint32)
-        res = np.empty(BLOCK, np.float32)
-        idx = np.empty(BLOCK, np.int64)
-        pix = np.empty((2, BLOCK), np.int64)
+    for tile in prange(_tile_count(dirs)):
+        r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix = \
+            _tile_setup(tile, dirs, n_regs)
         occ = np.zeros(BLOCK, np.float32)
-        r0, c0 = (tile // ntx) * TH, (tile % ntx) * TW
         n = 0
-        for row in range(r0, min(r0 + TH, H)):
-            for col in range(c0, min(c0 + TW, W)):
+        for row in range(r0, r1):
+            for col in range(c0, c1):
                 out_shadow[row, col] = F1
                 out_ao[row, col] = F1
                 th = in_t[row, col]

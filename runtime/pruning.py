@@ -42,9 +42,11 @@ evaluates every pixel with its tile's pruned tape and equals ``CpuWalker.field_i
 bit. ``evaluate_pruned`` buckets points into a grid of voxels over the tape bounds (points
 outside fall into the edge voxels) and prunes per voxel, the voxel box being the points' range.
 
-Pixel / point evaluation runs this module's arithmetic-only block interpreter, which follows the
-CPU twin's rules exactly and reuses its scalar helpers (``_fmin``, ``_fmax``, ``_round``,
-``_rand``); tests check it against ``CpuWalker.evaluate`` bit for bit. Arithmetic-only tapes
+Pixel / point evaluation runs this module's arithmetic-only block interpreter, which handles
+VAR_* / CONST / INSTANCE_INDEX itself and runs every other op with the CPU twin's own per-op block
+code (``runtime.cpu._arith_block``, the loops the twin's interpreter runs; MOD's rule ``_rem32``,
+used by the interval MOD too, is the twin's as well); tests check it against
+``CpuWalker.evaluate`` bit for bit. Arithmetic-only tapes
 have material 0 everywhere (VAR_*, CONST, INSTANCE_INDEX write 0; every other op carries an
 operand's material). Tapes with any op outside ``Family.ARITH`` (shapes, point ops, combine,
 patterns, culls, materials) are not pruned: every entry point falls back to ``CpuWalker``.
@@ -54,7 +56,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu import CpuWalker, _fmax, _fmin, _rand, _round
+from .cpu import CpuWalker, _arith_block, _rem32, _round
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
 from .tape import Tape, TaperayError, point_array, validate
@@ -294,13 +296,6 @@ def _iv_transcendental(op, alo, ahi, blo, bhi):
 
 
 @njit(**_JIT)
-def _rem32(x, b):
-    """The point rule of MOD (runtime.cpu): r = fmod(x, b); r < 0 ? r + |b| : r, in float32."""
-    r = np.fmod(x, b)
-    return r + abs(b) if r < F0 else r
-
-
-@njit(**_JIT)
 def _iv_mod(alo, ahi, blo, bhi):
     if _nan2(alo, ahi, blo, bhi) or _has0(blo, bhi) or np.isinf(alo) or np.isinf(ahi):
         return NAN, NAN
@@ -531,132 +526,22 @@ def _prune(code, imm, start, end, choice_row, live, out_code, out_imm, out_src):
 @njit(**_JIT)
 def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
     """Arithmetic-only block interpreter: code[start:end] at n points; out[:n] = reg 0.
-    The semantics are runtime.cpu's, op by op."""
+    The ops reading registers are runtime.cpu's ``_arith_block`` (the twin's own code)."""
     for i in range(start, end):
-        op, d, a, b = code[i, 0], code[i, 1], code[i, 2], code[i, 3]
-        if op == MAX:
-            for j in range(n):
-                regs[d, j] = _fmax(regs[a, j], regs[b, j])
-        elif op == SUB:
-            for j in range(n):
-                regs[d, j] = regs[a, j] - regs[b, j]
-        elif op == CONST:
+        op, d = code[i, 0], code[i, 1]
+        if op == CONST:
             v = imm[i]
             for j in range(n):
                 regs[d, j] = v
-        elif op == ADD:
+        elif op <= VAR_Z:
+            q = px if op == VAR_X else (py if op == VAR_Y else pz)
             for j in range(n):
-                regs[d, j] = regs[a, j] + regs[b, j]
-        elif op == MIN:
-            for j in range(n):
-                regs[d, j] = _fmin(regs[a, j], regs[b, j])
-        elif op == COPY:
-            for j in range(n):
-                regs[d, j] = regs[a, j]
-        elif op == NEG:
-            for j in range(n):
-                regs[d, j] = -regs[a, j]
-        elif op == SQUARE:
-            for j in range(n):
-                regs[d, j] = regs[a, j] * regs[a, j]
-        elif op == SQRT:
-            for j in range(n):
-                regs[d, j] = np.sqrt(regs[a, j])
-        elif op == MUL:
-            for j in range(n):
-                regs[d, j] = regs[a, j] * regs[b, j]
-        elif op == VAR_X:
-            for j in range(n):
-                regs[d, j] = px[j]
-        elif op == VAR_Y:
-            for j in range(n):
-                regs[d, j] = py[j]
-        elif op == VAR_Z:
-            for j in range(n):
-                regs[d, j] = pz[j]
+                regs[d, j] = q[j]
         elif op == INSTANCE_INDEX:
             for j in range(n):
                 regs[d, j] = F0
-        elif op == ABS:
-            for j in range(n):
-                regs[d, j] = abs(regs[a, j])
-        elif op == RECIP:
-            for j in range(n):
-                regs[d, j] = F1 / regs[a, j]
-        elif op == DIV:
-            for j in range(n):
-                regs[d, j] = regs[a, j] / regs[b, j]
-        elif op == FLOOR:
-            for j in range(n):
-                regs[d, j] = np.floor(regs[a, j])
-        elif op == CEIL:
-            for j in range(n):
-                regs[d, j] = np.ceil(regs[a, j])
-        elif op == ROUND:
-            for j in range(n):
-                regs[d, j] = _round(regs[a, j])
-        elif op == SIN:
-            for j in range(n):
-                regs[d, j] = np.sin(regs[a, j])
-        elif op == COS:
-            for j in range(n):
-                regs[d, j] = np.cos(regs[a, j])
-        elif op == TAN:
-            for j in range(n):
-                regs[d, j] = np.tan(regs[a, j])
-        elif op == ASIN:
-            for j in range(n):
-                regs[d, j] = np.arcsin(regs[a, j])
-        elif op == ACOS:
-            for j in range(n):
-                regs[d, j] = np.arccos(regs[a, j])
-        elif op == ATAN:
-            for j in range(n):
-                regs[d, j] = np.arctan(regs[a, j])
-        elif op == EXP:
-            for j in range(n):
-                regs[d, j] = np.exp(regs[a, j])
-        elif op == LN:
-            for j in range(n):
-                regs[d, j] = np.log(regs[a, j])
-        elif op == NOT:
-            for j in range(n):
-                regs[d, j] = F1 if regs[a, j] == F0 else F0
-        elif op == ATAN2:
-            for j in range(n):
-                regs[d, j] = np.arctan2(regs[a, j], regs[b, j])
-        elif op == COMPARE:
-            for j in range(n):
-                va, vb = regs[a, j], regs[b, j]
-                r = F0
-                if va < vb:
-                    r = -F1
-                elif va > vb:
-                    r = F1
-                elif va != va or vb != vb:
-                    r = va + vb
-                regs[d, j] = r
-        elif op == MOD:
-            for j in range(n):
-                regs[d, j] = _rem32(regs[a, j], regs[b, j])
-        elif op == AND:
-            for j in range(n):
-                va = regs[a, j]
-                regs[d, j] = va if va == F0 else regs[b, j]
-        elif op == OR:
-            for j in range(n):
-                va = regs[a, j]
-                regs[d, j] = va if va != F0 else regs[b, j]
-        elif op == MIX:
-            c = code[i, 4]
-            for j in range(n):
-                va = regs[a, j]
-                regs[d, j] = va + (regs[b, j] - va) * regs[c, j]
-        else:  # RAND
-            ua = regs[a, :n].view(np.uint32)
-            ub = regs[b, :n].view(np.uint32)
-            for j in range(n):
-                regs[d, j] = _rand(ua[j], ub[j])
+        else:
+            _arith_block(op, regs, d, code[i, 2], code[i, 3], code[i, 4], n)
     for j in range(n):
         out[j] = regs[0, j]
 
