@@ -201,9 +201,8 @@ def point_cells(pts: np.ndarray, levels: int, cells: int):
 
 # Pruned march and light (GpuWalker.march / light / render of an arithmetic tape): MARCH_CELLS =
 # (g0, levels), g0^3 level-0 cells over the march box, each finer level splitting a cell 4 x 4 x 4
-# (packed.wgsl cell_value); "auto" prunes tapes of at least MARCH_CELLS_MIN_RECORDS records.
+# (packed.wgsl cell_value); "auto" prunes tapes of at least pruning.PRUNE_MIN_RECORDS records.
 MARCH_CELLS = (8, 2)
-MARCH_CELLS_MIN_RECORDS = 64
 CELL_DESCRIPTOR_WORDS = 9
 
 
@@ -505,12 +504,12 @@ class PrunedPasses:
     def _march_cells_for(tape: Tape, cells) -> tuple[int, int] | None:
         """The (g0, levels) of a pruned march of ``tape``, or None: ``cells`` None (off), "auto"
         (MARCH_CELLS for arithmetic tapes, scene fields allowed (pruning.FIELD_OPS), of at least
-        MARCH_CELLS_MIN_RECORDS records) or (g0, levels) (any such tape)."""
-        from .pruning import is_arithmetic
+        PRUNE_MIN_RECORDS records) or (g0, levels) (any such tape)."""
+        from .pruning import PRUNE_MIN_RECORDS, is_arithmetic
         if cells is None or not is_arithmetic(tape, fields=True):
             return None
         if isinstance(cells, str) and cells == "auto":
-            return MARCH_CELLS if len(tape.instrs) >= MARCH_CELLS_MIN_RECORDS else None
+            return MARCH_CELLS if len(tape.instrs) >= PRUNE_MIN_RECORDS else None
         ok = (isinstance(cells, tuple) and len(cells) == 2 and all(isinstance(v, (int, np.integer)) for v in cells)
               and 1 <= cells[0] <= 64 and 1 <= cells[1] <= MAX_TILE_LEVELS)
         if not ok:

@@ -727,7 +727,8 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
                 descend = True
 
 
-_PRUNE_MIN_RECORDS = 64    # evaluate_pruned: shorter tapes skip the voxel pass
+PRUNE_MIN_RECORDS = 64     # shorter tapes do not gain from pruning: evaluate_pruned skips its voxel pass,
+                           # and the walkers' renders do not march on cells ("auto")
 
 
 @njit(**_JIT)
@@ -1052,7 +1053,7 @@ def field_image_pruned(tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.
 def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """(N,) float32 values and (N,) uint32 material ids at (N, 3) points, as CpuWalker.evaluate
     (bit for bit): points are bucketed into grid^3 voxels over the tape bounds, each voxel's
-    tape is pruned over the range of its points (tapes under ``_PRUNE_MIN_RECORDS`` records are
+    tape is pruned over the range of its points (tapes under ``PRUNE_MIN_RECORDS`` records are
     evaluated in plain chunks). Non-arithmetic tapes: CpuWalker.evaluate."""
     pts = point_array(points, "evaluate_pruned")
     if not is_arithmetic(tape):
@@ -1064,7 +1065,7 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
     out = np.empty(len(pts), np.float32)
     if len(pts) == 0:
         return out, np.zeros(0, np.uint32)
-    if len(code) < _PRUNE_MIN_RECORDS:       # too short to gain: chunks, nothing decided
+    if len(code) < PRUNE_MIN_RECORDS:       # too short to gain: chunks, nothing decided
         seg = np.linspace(0, len(pts), min(len(pts), 64) + 1).astype(np.int64)
         order = np.arange(len(pts), dtype=np.int64)
         choices = np.zeros((len(code), len(seg) - 1), np.uint8)

@@ -237,7 +237,7 @@ def test_models_field_and_sign_images_equal_the_cpu_twin(walker_cpu, model):
 def test_random_tapes_images_and_points_equal_the_cpu_twin(walker_cpu):
     rng = np.random.default_rng(5)
     for seed in range(12):
-        tape = random_tape(seed, n=80)            # longer than _PRUNE_MIN_RECORDS: voxels
+        tape = random_tape(seed, n=80)            # longer than PRUNE_MIN_RECORDS: voxels
         ref = walker_cpu.field_image(tape, 40, 33, (-2, 2, -1.5, 1.7), 0.25)
         f = field_image_pruned(tape, 40, 33, (-2, 2, -1.5, 1.7), 0.25, tiles=(16, 4))
         np.testing.assert_array_equal(bits(f), bits(ref))
@@ -385,3 +385,25 @@ def test_sub_cell_tapes_are_deterministic():
     lo, hi = tape.bounds[0] - 1.3, tape.bounds[1] + 1.3
     a, b = _CellTapes(tape, lo, hi, 3, levels=2), _CellTapes(tape, lo, hi, 3, levels=2)
     assert np.array_equal(a.first, b.first) and np.array_equal(a.fcode, b.fcode)
+
+
+def test_twin_render_marches_long_arithmetic_tapes_on_cells(walker_cpu, monkeypatch):
+    """CpuWalker.render(cells="auto") takes march_pruned for a long arithmetic tape (the same
+    image as cells=None), the plain march for a short one; bad cells are TaperayErrors."""
+    from taperay.runtime import pruning
+    from taperay.tools.bench_prune import spheres_program
+    calls = []
+    real = pruning.march_pruned
+    monkeypatch.setattr(pruning, "march_pruned", lambda *a, **k: calls.append(k) or real(*a, **k))
+    tape = load_vm(spheres_program(20, seed=1))
+    for view in ("shade", "normals"):
+        np.testing.assert_array_equal(walker_cpu.render(tape, None, 40, 30, view=view),
+                                      walker_cpu.render(tape, None, 40, 30, view=view, cells=None))
+    assert len(calls) == 2
+    np.testing.assert_array_equal(walker_cpu.render(tape, None, 40, 30, cells=(3, 1)),
+                                  walker_cpu.render(tape, None, 40, 30, cells=None))
+    assert calls[-1] == dict(grid=3, levels=1)
+    walker_cpu.render(load_vm(DATA / "sphere.vm"), None, 16, 12)     # short: the plain march
+    assert len(calls) == 3
+    with pytest.raises(TaperayError):
+        walker_cpu.render(tape, None, 8, 8, cells="yes")
