@@ -4,8 +4,9 @@ a mixin ``GpuWalker`` (runtime/gpu.py) inherits, and the host side of its cells 
 Owns pruned 2D images over one to four tile levels (``sign_image``, ``field_image_pruned``,
 ``prune_levels``; ``tile_levels``, ``level_tile_counts``), pruned point sets over cells of the
 points (``evaluate_pruned``, ``prune_levels_points``; ``point_cells``, the host's counting sort of
-the points by cell, through Numba), march / light / render of arithmetic tapes over hierarchical 3D
-cells of the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``), all with
+the points by cell, through Numba), march / light / render of arithmetic tapes and scene fields
+(pruning.FIELD_OPS, their materials from the unpruned surface pass) over hierarchical 3D cells of
+the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``), all with
 their arena grown when it overflows; and ``gpu_seconds_points`` plus the pruned images of
 ``gpu_seconds``, GPU time without host work or read-back.
 
