@@ -52,6 +52,8 @@ UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Unifo
 MIN_BUFFER = 256
 COUNTERS_BYTES = 16           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl arena, refusals)
 N_BINDINGS = 11
+CELLS_KEEPING = ("march_cells", "light_cells", "surface", "shade", "resolve")   # passes that leave a frame's
+                                                                              # pruned cells in out_u alone
 RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
                                                                  # dispatched until done
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
@@ -481,6 +483,7 @@ class GpuWalker(PrunedPasses):
         self._arena_words = 0                # pruned images: the arena grown to after an overflow
         self._point_arena_words = 0          # evaluate_pruned: the same
         self._cell_arena_words = 0           # pruned march cells: the same
+        self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame)
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -604,7 +607,10 @@ class GpuWalker(PrunedPasses):
         """Write the uniforms and zeroed counters; return the command buffer of the (kernel,
         n_items) passes, ``repeat`` times in a row (each repeat clears the counters first). A pass
         (kernel, n_items, level) is preceded by copying ``level`` from the level table in the
-        points buffer into U.extra.w (_pruned_setup writes the table)."""
+        points buffer into U.extra.w (_pruned_setup writes the table). Passes other than a
+        frame's on cells may overwrite the pruned cells _frame keeps: they are forgotten."""
+        if any(k not in CELLS_KEEPING for k, *_ in passes):
+            self._kept_cells = None
         dev = self._ctx.device
         uniforms[7] = resume
         self._uniform.write(0, uniforms)
@@ -814,14 +820,21 @@ class GpuWalker(PrunedPasses):
                final: tuple[str, ...] = ()) -> Camera:
         """Dispatches ``passes`` (kernel names, n pixels each) for each of ``samples`` jittered
         samples (the first the pixel centre, as the twin renders), then the ``final`` passes; on
-        the pruned cell tapes when _march_cells_for(tape, cells) says so (pruned once, before the
-        first sample). Returns the camera used."""
+        the pruned cell tapes when _march_cells_for(tape, cells) says so (pruned before the first
+        sample, or kept from the last frame of the same tape bytes, settings and size while no
+        other pass has run: a camera that moves re-uses them). Returns the camera used."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         frame = [(k, n) for k in passes]
         cells = self._march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
         desc = None
         if cells is not None:
-            desc = self._prune_cells(tape, packed, variant, n, cells)[0]
+            def key():   # what the kept cells depend on: the tape's bytes, the settings, the size, the buffers
+                return (id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), packed.tobytes(), cells,
+                        n, id(self._out_u.buffer), id(self._points.buffer))
+            if self._kept_cells is None or self._kept_cells[0] != key():
+                desc = self._prune_cells(tape, packed, variant, n, cells)[0]
+                self._kept_cells = (key(), desc)
+            desc = self._kept_cells[1]
             frame = self._on_cells(tape, frame)
         rng = np.random.default_rng(0)
         for s in range(samples):

@@ -391,3 +391,32 @@ def test_fields_with_materials_march_on_cells_bit_identical(walker_gpu, no_new_k
                                   walker_gpu.render(tape, None, 40, 30, view=view, cells=None))
     fine = walker_gpu.march_cell_levels(tape, view=view, cells=(3, 2))[1]
     assert fine["mean_length"] < 0.8 * len(tape.instrs)   # the union decided in most cells
+
+
+def test_frames_keep_their_cells_until_something_else_runs(walker_gpu, no_new_kernels, spheres_60, monkeypatch):
+    """A second frame of the same tape and settings (another camera) re-uses the pruned cells;
+    another size, another pass in between, another tape or an edit makes the next frame prune
+    again; every frame equals its unpruned render."""
+    from taperay.runtime.camera import Camera
+    from taperay.tools.bench_prune import spheres_program
+    pruned, frames = [], []
+    real = type(walker_gpu)._prune_cells
+    monkeypatch.setattr(type(walker_gpu), "_prune_cells", lambda self, *a: pruned.append(1) or real(self, *a))
+    walker_gpu._kept_cells = None
+    cams = [Camera(eye=(3, -2.5, 2), target=(0, 0, 0)), Camera(eye=(-2, -3, 1.5), target=(0.1, 0, 0))]
+    other = load_vm(spheres_program(50, seed=5))
+
+    def frame(cam, size=(32, 24), tape=spheres_60):
+        frames.append((walker_gpu.render(tape, cam, *size), tape, cam, size))
+        return len(pruned)
+
+    assert frame(cams[0]) == 1 and frame(cams[1]) == 1          # kept: another camera, no pruning
+    assert frame(cams[0], (24, 20)) == 2                        # another size
+    walker_gpu.evaluate(spheres_60, np.zeros((10, 3), np.float32))
+    assert frame(cams[0], (24, 20)) == 3                        # another pass ran in between
+    assert frame(cams[1], tape=other) == 4                      # another tape
+    assert frame(cams[0], tape=other) == 4
+    walker_gpu.upload(spheres_60)                               # tape buffers written (as an edit does)
+    assert frame(cams[0], tape=other) == 5
+    for image, tape, cam, size in frames:
+        np.testing.assert_array_equal(image, walker_gpu.render(tape, cam, *size, cells=None))
