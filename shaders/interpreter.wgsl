@@ -296,6 +296,28 @@ struct FmodStart {
     steps: bool,
 }
 
+// MOD's value from fmod's remainder r (the sign of a): r, or r + |b| when r < 0
+fn mod_value(r: f32, vb: f32) -> f32 {
+    return select(r, r + abs(vb), r < 0.0);
+}
+
+// one sub-step of the exact fmod: r less the largest y 2^k not above it (y = |b|, ey its exponent);
+// done when r < y, with MOD's value (the run_tape / run_packed sub-step, one function)
+struct FmodStep {
+    r: f32,
+    done: bool,
+    value: f32,
+}
+
+fn fmod_step(r: f32, y: f32, ey: i32, va: f32, vb: f32) -> FmodStep {
+    var t = ldexp(y, frexp(r).exp - ey);
+    if (t > r) {
+        t = t * 0.5;
+    }
+    let rn = r - t;
+    return FmodStep(rn, rn < y, mod_value(select(rn, -rn, va < 0.0), vb));
+}
+
 fn fmod_start(va: f32, vb: f32) -> FmodStart {
     let y = abs(vb);
     let ax = abs(va);
@@ -670,15 +692,11 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 mode = STEP_RECORD;
             }
         } else if (mode == STEP_FMOD) {
-            var t = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
-            if (t > fm_r) {
-                t = t * 0.5;
-            }
-            fm_r = fm_r - t;
-            wr = fm_r < fm_y;
+            let st = fmod_step(fm_r, fm_y, fm_ey, va, vb);
+            fm_r = st.r;
+            wr = st.done;
             if (wr) {
-                let r = select(fm_r, -fm_r, va < 0.0);
-                wv = select(r, r + abs(vb), r < 0.0);
+                wv = st.value;
                 mode = STEP_RECORD;
             } else {
                 nxt = pc;
@@ -711,7 +729,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                     wr = false;
                     nxt = pc;
                 }
-                wv = select(fs.r, fs.r + abs(vb), fs.r < 0.0);
+                wv = mod_value(fs.r, vb);
             } else if (op <= OP_NOT) {
                 wv = unary(op, va);
             } else {

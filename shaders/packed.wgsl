@@ -40,14 +40,10 @@ fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
         var wv = 0.0;
         var nxt = k + 2u;
         if (fmod_steps) {   // run_tape's STEP_FMOD
-            var s = ldexp(fm_y, frexp(fm_r).exp - fm_ey);
-            if (s > fm_r) {
-                s = s * 0.5;
-            }
-            fm_r = fm_r - s;
-            if (fm_r < fm_y) {
-                let r = select(fm_r, -fm_r, va < 0.0);
-                wv = select(r, r + abs(vb), r < 0.0);
+            let st = fmod_step(fm_r, fm_y, fm_ey, va, vb);
+            fm_r = st.r;
+            if (st.done) {
+                wv = st.value;
                 fmod_steps = false;
             } else {
                 nxt = k;
@@ -71,7 +67,7 @@ fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
                 fmod_steps = true;
                 nxt = k;
             }
-            wv = select(fs.r, fs.r + abs(vb), fs.r < 0.0);
+            wv = mod_value(fs.r, vb);
         } else if (op <= OP_NOT) {
             wv = unary(op, va);
         } else {

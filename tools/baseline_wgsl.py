@@ -57,22 +57,17 @@ _PATTERNS = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, O
 
 # the twin's scalar helpers (runtime/cpu.py) the interpreter has no self-contained function for
 _HELPERS = """
-// MOD: C's fmod by the interpreter's fmod_start and sub-steps, then Python's sign rule
+// MOD: C's fmod by the interpreter's fmod_start and fmod_step, then Python's sign rule
 fn bl_mod(a: f32, b: f32) -> f32 {
     let fs = fmod_start(a, b);
-    var r = fs.r;
-    if (fs.steps) {
-        var ar = fs.ax;
-        while (ar >= fs.y) {
-            var t = ldexp(fs.y, frexp(ar).exp - fs.ey);
-            if (t > ar) {
-                t = t * 0.5;
-            }
-            ar = ar - t;
-        }
-        r = select(ar, -ar, a < 0.0);
+    if (!fs.steps) {
+        return mod_value(fs.r, b);
     }
-    return select(r, r + abs(b), r < 0.0);
+    var st = FmodStep(fs.ax, false, 0.0);
+    while (!st.done) {
+        st = fmod_step(st.r, fs.y, fs.ey, a, b);
+    }
+    return st.value;
 }
 
 fn bl_compare(a: f32, b: f32) -> f32 {
