@@ -218,22 +218,16 @@ def march_cells(lo, hi, g0: int, levels: int):
     """The cells of a pruned march over the box lo..hi: (cells per level, the points buffer's
     float32 words, the descriptor's first word; packed.wgsl cell_value reads them). Level 0: g0^3
     grid cells (id i + g0 (j + g0 k)) and the outside cell (box NaN); level m + 1: 64 sub-cells per
-    level-m cell (the outside cell's empty). A grid cell's box is its float64 extent grown by
-    1e-4 of its size plus 1e-6 of |lo| + |hi| (so a point whose rounded index names a neighbour
-    still lies in the box), in float32, clipped to its parent's box: a sub-cell's tape, pruned
+    level-m cell (the outside cell's empty). A grid cell's box is the twin's
+    (pruning.grid_cell_boxes) in float32, clipped to its parent's box: a sub-cell's tape, pruned
     from its parent's over its box, is exact wherever it is used."""
+    from .pruning import grid_cell_boxes, grid_ijk, sub_cell_ijk
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     size0 = np.where(hi > lo, (hi - lo) / g0, 1.0)
-    slack = 1e-6 * (np.abs(lo) + np.abs(hi))
-    c = np.arange(g0 ** 3)
-    ijk = np.stack([c % g0, c // g0 % g0, c // (g0 * g0)], 1)
-    c = np.arange(64)
-    local = np.stack([c % 4, c // 4 % 4, c // 16], 1)   # sub-cell (i j k) of id i + 4 (j + 4 k)
+    ijk = grid_ijk(g0)
     grid_boxes, boxes = [], []
     for m in range(levels):
-        size = size0 / 4.0 ** m
-        margin = 1e-4 * size + slack
-        box = np.concatenate([lo + ijk * size - margin, lo + (ijk + 1) * size + margin], 1).astype(np.float32)
+        box = np.concatenate(grid_cell_boxes(lo, hi, size0 / 4.0 ** m, ijk), 1).astype(np.float32)
         if m:   # within the parent's box
             parent = np.repeat(grid_boxes[-1], 64, 0)
             box[:, :3] = np.maximum(box[:, :3], parent[:, :3])
@@ -243,14 +237,14 @@ def march_cells(lo, hi, g0: int, levels: int):
             np.tile(np.array([np.inf] * 3 + [-np.inf] * 3, np.float32), (64 * len(boxes[-1]) - len(box), 1))
         boxes.append(np.concatenate([box, outside]))
         if m + 1 < levels:
-            ijk = (ijk[:, None, :] * 4 + local[None]).reshape(-1, 3)
+            ijk = sub_cell_ijk(ijk)
     desc = 4 + 6 * sum(len(b) for b in boxes)
     words = np.empty(desc + CELL_DESCRIPTOR_WORDS, np.float32)
     words[:4] = np.arange(4)
     words[4:desc] = np.concatenate(boxes).ravel()
     words[desc:desc + 3] = lo
     words[desc + 3:desc + 6] = size0 / 4.0 ** (levels - 1)
-    words[desc + 6:].view(np.uint32)[:2] = g0, levels   # (the header base: GpuWalker._prune_cells)
+    words[desc + 6:].view(np.uint32)[:] = g0, levels, 0   # (the header base: set by GpuWalker._prune_cells)
     return [len(b) for b in boxes], words, desc
 
 

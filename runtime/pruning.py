@@ -1108,6 +1108,30 @@ def _bucket_cells(pts, lo, cell, grid):
     return order, seg, ids
 
 
+def grid_ijk(grid: int) -> np.ndarray:
+    """(grid^3, 3) integer coordinates (i, j, k) of the cells of a grid^3 grid, in id order
+    i + grid (j + grid k) (the cells of march_pruned and of the GPU's march cells, and the 64
+    sub-cells of a cell with grid 4)."""
+    c = np.arange(grid ** 3)
+    return np.stack([c % grid, c // grid % grid, c // (grid * grid)], 1)
+
+
+def sub_cell_ijk(ijk: np.ndarray) -> np.ndarray:
+    """The coordinates, one level finer, of the 64 sub-cells of each cell in ``ijk`` (sub-cell k
+    of cell c at row 64 c + k)."""
+    return (ijk[:, None, :] * 4 + grid_ijk(4)[None]).reshape(-1, 3)
+
+
+def grid_cell_boxes(lo, hi, size, ijk) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (lo, hi) boxes of the cells ``ijk`` of a grid from ``lo`` with cells of ``size``:
+    their extent grown by 1e-4 of ``size`` plus 1e-6 of |lo| + |hi| (``hi`` the grid's far corner),
+    so that a point whose rounded cell index names a neighbour still lies in the box. A sub-cell's
+    margin is smaller than its parent's, so its box lies inside the parent's (and stays inside
+    after rounding to float32, rounding being monotone)."""
+    margin = 1e-4 * size + 1e-6 * (np.abs(lo) + np.abs(hi))
+    return lo + ijk * size - margin, lo + (ijk + 1) * size + margin
+
+
 class _CellTapes:
     """An arithmetic tape pruned for every cell of a grid^3 grid over a box (each cell's box grown
     by a rounding margin) and, with ``levels`` 2, again for each of a cell's 4 x 4 x 4 sub-cells
@@ -1123,7 +1147,7 @@ class _CellTapes:
         lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
         self.lo = lo.astype(np.float32)
         size = np.where(hi > lo, (hi - lo) / grid, 1.0)
-        c_lo, c_hi = self._grid_boxes(lo, hi, size, grid)
+        c_lo, c_hi = grid_cell_boxes(lo, hi, size, grid_ijk(grid))
         _, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
         self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
         n_cells = self.choices.shape[1]
@@ -1141,18 +1165,13 @@ class _CellTapes:
             self.fimm = np.ascontiguousarray(np.concatenate([t[1] for t in tapes]))
             lengths = n - starts
         else:
-            order = np.arange(grid ** 3 * 64)          # sub-cell k of cell c: index 64 c + k
-            c, k = order // 64, order % 64
-            ijk = np.stack([c % grid, c // grid % grid, c // (grid * grid)], 1) * 4 + \
-                np.stack([k % 4, k // 4 % 4, k // 16], 1)
-            s_lo, s_hi = self._grid_boxes(lo, hi, size / 4, grid * 4, ijk)
-            sub = _boxes(s_lo, s_hi)
-            sub_lengths = np.empty(len(order), np.int64)
+            sub = _boxes(*grid_cell_boxes(lo, hi, size / 4, sub_cell_ijk(grid_ijk(grid))))
+            sub_lengths = np.empty(sub.shape[1], np.int64)     # sub-cell k of cell c: index 64 c + k
             _prune_subcells(tcodes, timms, starts, self.n_regs, sub, False, sub_lengths, tcodes[0], timms[0],
                             sub_lengths)
             lengths = np.append(sub_lengths, n - starts[-1])
             if int(lengths.sum()) * 24 > _CELL_TAPES_MAX_BYTES:
-                raise TaperayError(f"march_pruned: the {len(order)} sub-cells' tapes need "
+                raise TaperayError(f"march_pruned: the {len(sub_lengths)} sub-cells' tapes need "
                                    f"{int(lengths.sum()) * 24 / 2**20:.0f} MB (at most "
                                    f"{_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid or one level")
             offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
@@ -1173,17 +1192,6 @@ class _CellTapes:
         else:
             table = ((i >> 2) + grid * ((j >> 2) + grid * (k >> 2))) * 64 + (i & 3) + 4 * ((j & 3) + 4 * (k & 3))
         self.tape_of = np.append(table, len(lengths) - 1).astype(np.int64)
-
-    @staticmethod
-    def _grid_boxes(lo, hi, size, grid, ijk=None):
-        """The boxes of grid cells (all, id i + grid (j + grid k), or those of ``ijk``): their
-        extent grown by 1e-4 of ``size`` plus 1e-6 of |lo| + |hi| (a sub-cell's margin is smaller
-        than its parent's, so its box lies inside the parent's, float32 rounding being monotone)."""
-        if ijk is None:
-            c = np.arange(grid ** 3)
-            ijk = np.stack([c % grid, c // grid % grid, c // (grid * grid)], 1)
-        margin = 1e-4 * size + 1e-6 * (np.abs(lo) + np.abs(hi))
-        return lo + ijk * size - margin, lo + (ijk + 1) * size + margin
 
     def evaluate(self, pts: np.ndarray) -> np.ndarray:
         pts = np.ascontiguousarray(pts, np.float32)
