@@ -1148,7 +1148,7 @@ class CpuWalker:
     def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                settings: RenderSettings | None = None, cells="auto") -> np.ndarray:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``cells``: "auto" marches an
-        arithmetic tape of at least pruning.PRUNE_MIN_RECORDS records on pruned cells
+        arithmetic tape (scene fields allowed) of at least pruning.PRUNE_MIN_RECORDS records on pruned cells
         (runtime.pruning.march_pruned, bit for bit ``march``), (grid, levels) any arithmetic
         tape, None never (``march`` itself stays the unpruned reference)."""
         settings = settings or RenderSettings()
@@ -1173,7 +1173,7 @@ class CpuWalker:
         auto = isinstance(cells, str) and cells == "auto"
         if not (cells is None or auto or (isinstance(cells, tuple) and len(cells) == 2)):
             raise TaperayError(f"cells must be None, 'auto' or (grid, levels), got {cells!r}")
-        if cells is None or not is_arithmetic(tape) or (auto and len(tape.instrs) < PRUNE_MIN_RECORDS):
+        if cells is None or not is_arithmetic(tape, fields=True) or (auto and len(tape.instrs) < PRUNE_MIN_RECORDS):
             return self.march(tape, camera, width, height, settings, view)
         grid = {} if auto else dict(grid=cells[0], levels=cells[1])
         return march_pruned(tape, camera, width, height, settings, view, **grid)

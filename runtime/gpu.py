@@ -779,13 +779,14 @@ class GpuWalker(PrunedPasses):
     @_guarded
     def gpu_seconds_frame(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                           cells="auto", repeat: int = 8) -> dict:
-        """GPU time of one sample of render(``view``), as gpu_seconds ((t_K - t_1) / (K - 1), K =
+        """GPU time of one sample of render(``view``) (of its render_tape), as gpu_seconds ((t_K - t_1) / (K - 1), K =
         ``repeat`` runs encoded in one command buffer; no host work or read-back): "cells", the
         prune_tiles passes over the march cells (0 when the frame is not pruned), and "frame",
         the frame's passes (march, light, shade, resolve). A frame that needs more than one
         dispatch (march / light's iteration budget) is a TaperayError."""
         if repeat < 2:
             raise TaperayError(f"gpu_seconds_frame: repeat must be >= 2, got {repeat}")
+        tape = self.render_tape(tape, view, cells)
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, None, view)
         frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
         u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
@@ -885,14 +886,28 @@ class GpuWalker(PrunedPasses):
                settings: RenderSettings | None = None, samples: int = 1, cells="auto") -> np.ndarray:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``samples`` > 1 accumulates
         jittered sub-pixel samples (the first is the pixel centre, as the twin renders).
-        ``cells`` as march."""
+        ``cells`` as march; a scene tape that is not arithmetic is rendered on cells too, as its
+        lowering to arithmetic where it has one (``render_tape``)."""
         if samples < 1:
             raise TaperayError(f"render: samples must be >= 1, got {samples}")
-        self._frame(tape, camera, width, height, settings, view, _view_passes(view), cells, samples,
-                    final=("resolve",))
+        self._frame(self.render_tape(tape, view, cells), camera, width, height, settings, view,
+                    _view_passes(view), cells, samples, final=("resolve",))
         n = width * height
         rgba = self._read(self._out_u, np.uint32, n, 8 * n)
         return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
+
+
+    @staticmethod
+    def render_tape(tape: Tape, view: str = "shade", cells="auto") -> Tape:
+        """The tape ``render`` runs for ``tape``: itself, or, for a scene tape of at least
+        pruning.PRUNE_MIN_RECORDS records with march cells on (``cells`` not None) and a view that
+        marches, its lowering to arithmetic (pruning.cell_tape, runtime.lowering: the plain union
+        of its primitives, without cull boxes), whose cells prune it."""
+        from .pruning import PRUNE_MIN_RECORDS, cell_tape, is_arithmetic
+        if (cells is None or view == "slice" or len(tape.instrs) < PRUNE_MIN_RECORDS
+                or is_arithmetic(tape, fields=True)):
+            return tape
+        return cell_tape(tape) or tape
 
 
 def _view_passes(view: str) -> list[str]:

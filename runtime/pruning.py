@@ -902,7 +902,29 @@ def is_arithmetic(tape: Tape, fields: bool = False) -> bool:
                for o in ops)
 
 
-_COMPACT: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_CELL_TAPE: dict[int, Tape | None] = {}
+
+
+def cell_tape(tape: Tape) -> Tape | None:
+    """The tape whose values march cells prune for ``tape`` (both walkers' renders use it): the
+    tape itself when it is arithmetic (scene fields allowed), else its lowering to arithmetic
+    (``runtime.lowering``; kept per tape content, the same object while the content stays) when
+    it has one, else None."""
+    if is_arithmetic(tape, fields=True):
+        return tape
+    key = _tape_key(tape)
+    if key not in _CELL_TAPE:
+        from .lowering import NotLowerable, lower
+        if len(_CELL_TAPE) > 16:
+            _CELL_TAPE.clear()
+        try:
+            _CELL_TAPE[key] = lower(tape)
+        except NotLowerable:
+            _CELL_TAPE[key] = None
+    return _CELL_TAPE[key]
+
+
+_COMPACT: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _tape_key(tape: Tape) -> int:
@@ -911,17 +933,21 @@ def _tape_key(tape: Tape) -> int:
                  tape.bounds.tobytes()))
 
 
-def _checked(tape: Tape, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _checked(tape: Tape, what: str, fields: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Validate an arithmetic-only tape (once per content) and return its compact records:
-    (n, 5) int32 op dst a b c and the (n,) float32 CONST values."""
-    key = _tape_key(tape)
+    (n, 5) int32 op dst a b c and the (n,) float32 CONST values. With ``fields``, a tape of
+    scene fields too, their records given as FIELD_OPS's arithmetic ops (the same values; the
+    materials are the caller's, from the full tape)."""
+    key = (_tape_key(tape), fields)
     if key not in _COMPACT:
         validate(tape)
-        if not is_arithmetic(tape):
+        if not is_arithmetic(tape, fields):
             raise TaperayError(f"{what}: {tape.source or 'the tape'} holds non-arithmetic ops; "
                                "only arithmetic-only tapes are pruned")
         ins = tape.instrs
         code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int32)
+        for field_op, op in FIELD_OPS.items():
+            code[code[:, 0] == field_op, 0] = op
         imm = np.zeros(len(ins), np.float32)
         const = ins["op"] == Op.CONST
         imm[const] = tape.params[ins["param"][const]]
@@ -1141,7 +1167,7 @@ class _CellTapes:
     ``fcode`` / ``fimm``; tape t is [first[t], end[t]) (the outside cell's last)."""
 
     def __init__(self, tape: Tape, lo, hi, grid: int, levels: int = 1):
-        self.code, self.imm = _checked(tape, "march_pruned")
+        self.code, self.imm = _checked(tape, "march_pruned", fields=True)
         self.n_regs, self.grid, self.levels = tape.n_regs, grid, levels
         n = len(self.code)
         lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
@@ -1216,11 +1242,12 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     cell's tape, and each step's points are bucketed by finest cell and run on its tape (points
     outside the box on the whole tape).
     The rays advance together, a step at a time (a wavefront), by the twin's rules (_trace,
-    _slab, _gradients: the same float32 operations in the same order). Non-arithmetic tapes:
+    _slab, _gradients: the same float32 operations in the same order). Scene fields (FIELD_OPS)
+    are pruned too, their materials at the hits taken from the full tape. Other tapes:
     CpuWalker.march."""
     from .cpu import _packed, _section
     from .shading import RenderSettings
-    if not is_arithmetic(tape):
+    if not is_arithmetic(tape, fields=True):
         return CpuWalker().march(tape, camera, width, height, settings, view)
     if grid < 1 or levels not in (1, 2):
         raise TaperayError(f"march_pruned: grid {grid} must be at least 1 and levels {levels} 1 or 2")
@@ -1278,10 +1305,13 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
         for k in _TETRA:
             g += k * field(px + neps * k)[:, None]
         grad[at] = g / (np.float32(4) * neps)
+    mat = np.zeros(len(rd), np.uint32)
+    if at.size and (tape.instrs["op"] == Op.FIELD_RESULT).any():    # the twin's material at the hit
+        mat[at] = CpuWalker()._field(tape, eye + t[at, None] * rd[at], sec)[1]
     shape = (height, width)
     g = grad.reshape(height, width, 3)
     norm = np.linalg.norm(g, axis=-1, keepdims=True)
     return dict(t=np.where(hit, t, np.float32(np.inf)).reshape(shape), hit=hit.reshape(shape),
-                steps=steps.reshape(shape), mat=np.zeros(shape, np.uint32), grad=g,
+                steps=steps.reshape(shape), mat=mat.reshape(shape), grad=g,
                 normal=np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32),
                 dirs=dirs, eye=eye_out)

@@ -5,7 +5,7 @@ imported ``.vm`` programs, become arithmetic sub-tapes inside a ``field`` node.
 primitives and given a material like any other node. ``instance_index`` is the index of the copy
 the innermost enclosing pattern or instance list is evaluating (0 outside any), so a parameter can
 vary along a pattern (e.g. a hole radius growing with the index) and stay O(1) per point. Expressions are hash-consed and
-register-allocated by the same scheduler as the ``.vm`` importer (``vm.program_tape``).
+register-allocated by the same scheduler as the ``.vm`` importer (``runtime.program.program_tape``).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def mix(a, b, t):
 
 
 def _expr_tape(root: Expr, source: str) -> Tape:
-    from .vm import Program, program_tape
+    from taperay.runtime.program import Program, program_tape
     prog = Program()
     index: dict[int, int] = {}
     stack = [(root, False)]

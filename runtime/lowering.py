@@ -1,0 +1,224 @@
+"""Lowering of scene tapes to arithmetic: primitives, rigid transforms and CSG rewritten as
+arithmetic records closed by FIELD_RESULT, so that interval pruning (``runtime.pruning``, the
+GPU's march cells) applies to ordinary scenes, not only to imported programs.
+
+``lower(tape)`` walks the tape once, keeping the current point as three SSA nodes of x, y, z
+(the point ops PUSH / POP / TRANSLATE / ROTATE (as its 3x3 matrix) / SCALE / MIRROR / ELONGATE
+become arithmetic on them; the scale is a number, since without patterns it is the same at every
+point), and writes each primitive's formula (the twin's, ``runtime.cpu``) on that point, times
+the scale, closed by FIELD_RESULT with the primitive's material. UNION and INTERSECT stay (they
+prune as MIN / MAX); DIFFERENCE is ``max(a, FIELD_RESULT(-b))`` with a's material (when a has
+one material), OFFSET and SHELL are SUB / ABS (which carry their first operand's material).
+The program is hash-consed and register-allocated by ``runtime.program``.
+
+What changes: the flattener's CULL_BOX records are dropped. A culled subtree counts as
+``max(v, box distance)``, which differs from ``v`` only inside the solid, where the box is
+nearer than the surface; the lowered field is the plain union of the scene's primitives (the
+same zero set, the same sign everywhere, the same values outside every solid up to float32
+rounding of the rewritten formulas). Tapes with patterns, instance lists, smooth blends, XOR,
+capped cones, ellipsoids or polygons are not lowered (``NotLowerable`` says which record).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .opcodes import OPS, Family, Op
+from .program import Program, program_tape
+from .tape import Tape, TaperayError
+
+__all__ = ["lower", "NotLowerable"]
+
+
+class NotLowerable(TaperayError):
+    """The tape holds a record the lowering does not rewrite (``record`` its index)."""
+
+    def __init__(self, reason: str, record: int | None = None):
+        self.reason, self.record = reason, record
+        super().__init__(f"record {record}: {reason}" if record is not None else reason)
+
+
+_CULLED = -1   # register value of a CULL_BOX: only the INTERSECT that closes its subtree reads it
+
+
+class _Writer:
+    """SSA nodes of one program, with the folding of identities (x - 0, x * 1)."""
+
+    def __init__(self):
+        self.prog = Program()
+
+    def const(self, v) -> int:
+        v32 = np.float32(v)
+        return self.prog.node(Op.CONST, (), float(v32), int(v32.view(np.uint32)))
+
+    def is_const(self, n: int, v: float) -> bool:
+        return self.prog.ops[n] == Op.CONST and self.prog.consts[n] == np.float32(v)
+
+    def op(self, op: Op, *args: int, aux: int = 0) -> int:
+        return self.prog.node(op, tuple(args), aux=aux)
+
+    def sub(self, a: int, b: int) -> int:
+        return a if self.is_const(b, 0) else self.op(Op.SUB, a, b)
+
+    def subc(self, a: int, v: float) -> int:
+        return self.sub(a, self.const(v))
+
+    def mulc(self, a: int, v: float) -> int:
+        return a if np.float32(v) == 1 else self.op(Op.MUL, a, self.const(v))
+
+    def add(self, *xs: int) -> int:
+        total = xs[0]
+        for x in xs[1:]:
+            total = self.op(Op.ADD, total, x)
+        return total
+
+    def length(self, *xs: int) -> int:
+        return self.op(Op.SQRT, self.add(*(self.op(Op.SQUARE, x) for x in xs)))
+
+    def max0(self, a: int) -> int:
+        return self.op(Op.MAX, a, self.const(0))
+
+    def min0(self, a: int) -> int:
+        return self.op(Op.MIN, a, self.const(0))
+
+    def dot(self, p: tuple[int, int, int], n) -> int:
+        """p . n for a constant n, zero components left out (0 when n is 0)."""
+        terms = [self.mulc(pi, ni) for pi, ni in zip(p, n) if np.float32(ni) != 0]
+        return self.add(*terms) if terms else self.const(0)
+
+
+def _rotation_inverse(q) -> np.ndarray:
+    """The matrix of p -> conj(q) * p * q (the transpose of q's rotation), in float64."""
+    w, x, y, z = (float(v) for v in q)
+    r = np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                  [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                  [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+    return r.T
+
+
+def _shape(w: _Writer, op: Op, p: tuple[int, int, int], prm: np.ndarray) -> int | None:
+    """The unscaled value of one primitive at p (the twin's formula), or None if not lowered."""
+    x, y, z = p
+
+    def box(hx, hy, hz):
+        q = [w.subc(w.op(Op.ABS, c), h) for c, h in zip(p, (hx, hy, hz))]
+        outside = w.length(*(w.max0(c) for c in q))
+        return w.add(outside, w.min0(w.op(Op.MAX, q[0], w.op(Op.MAX, q[1], q[2]))))
+
+    def cap2(dx, dy):
+        return w.add(w.min0(w.op(Op.MAX, dx, dy)), w.length(w.max0(dx), w.max0(dy)))
+
+    if op == Op.SPHERE:
+        return w.subc(w.length(x, y, z), prm[0])
+    if op in (Op.BOX, Op.ROUND_BOX):
+        r = prm[3] if op == Op.ROUND_BOX else np.float32(0)
+        return w.subc(box(*(np.float32(h - r) for h in prm[:3])), r)
+    if op == Op.CYLINDER:
+        return cap2(w.subc(w.length(x, y), prm[0]), w.subc(w.op(Op.ABS, z), prm[1]))
+    if op == Op.TORUS:
+        return w.subc(w.length(w.subc(w.length(x, y), prm[0]), z), prm[1])
+    if op == Op.PLANE:
+        return w.subc(w.dot(p, prm[:3]), prm[3])
+    if op == Op.CAPSULE:
+        a, b, r = prm[:3], prm[3:6], prm[6]
+        pa = [w.subc(c, v) for c, v in zip(p, a)]
+        ba = (b - a).astype(np.float32)
+        bb = np.float32(ba @ ba)
+        if bb > 0:
+            h = w.op(Op.DIV, w.dot(tuple(pa), ba), w.const(bb))
+            h = w.op(Op.MIN, w.max0(h), w.const(1))
+            pa = [w.sub(c, w.op(Op.MUL, h, w.const(v))) if v != 0 else c for c, v in zip(pa, ba)]
+        return w.subc(w.length(*pa), r)
+    return None
+
+
+def lower(tape: Tape) -> Tape:
+    """``tape``'s field as an arithmetic tape of scene fields (see the module docstring), with the
+    same materials, bounds, instance count and source. ``NotLowerable`` when a record has no
+    arithmetic form here."""
+    w = _Writer()
+    ins, params = tape.instrs, tape.params
+    var = (w.op(Op.VAR_X), w.op(Op.VAR_Y), w.op(Op.VAR_Z))
+    point, scale = var, 1.0
+    stack: list[tuple[tuple[int, int, int], float]] = []
+    regs: dict[int, int] = {}
+    mats: dict[int, frozenset] = {}       # node -> the materials its value may carry
+
+    def read(i: int, r: int) -> int:
+        if r not in regs or regs[r] == _CULLED:
+            raise NotLowerable(f"{Op(int(ins['op'][i])).name} reads register {r}, which holds no lowered value", i)
+        return regs[r]
+
+    def closed(i: int, value: int, aux: int) -> int:
+        n = w.op(Op.FIELD_RESULT, w.mulc(value, scale), aux=aux)
+        mats[n] = frozenset([aux])
+        return n
+
+    for i in range(len(ins)):
+        op = Op(int(ins["op"][i]))
+        dst, a, b, prm_at, aux = (int(ins[k][i]) for k in ("dst", "a", "b", "param", "aux"))
+        spec = OPS[op]
+        prm = params[prm_at:prm_at + max(spec.n_params, 0)]
+        fam = spec.family
+        if fam is Family.ARITH:
+            if op in (Op.VAR_X, Op.VAR_Y, Op.VAR_Z):
+                regs[dst] = point[op - Op.VAR_X]
+            elif op == Op.CONST:
+                regs[dst] = w.const(prm[0])
+            elif op == Op.INSTANCE_INDEX:
+                regs[dst] = w.const(0)                    # (no loops in a lowered tape)
+            else:
+                regs[dst] = w.op(op, *(read(i, int(ins[f][i])) for f in spec.reads))
+            mats[regs[dst]] = mats.get(regs[dst], frozenset([0]))
+        elif op == Op.FIELD_RESULT:
+            regs[dst] = closed(i, read(i, a), aux)
+        elif fam is Family.SHAPE:
+            value = _shape(w, op, point, prm)
+            if value is None:
+                raise NotLowerable(f"{op.name} has no arithmetic form here", i)
+            regs[dst] = closed(i, value, aux)
+        elif op == Op.PUSH:
+            stack.append((point, scale))
+        elif op == Op.POP:
+            point, scale = stack.pop()
+        elif op == Op.TRANSLATE:
+            point = tuple(w.subc(c, t) for c, t in zip(point, prm))
+        elif op == Op.ROTATE:
+            m = _rotation_inverse(prm)
+            point = tuple(w.dot(point, row.astype(np.float32)) for row in m)
+        elif op == Op.SCALE:
+            point = tuple(w.op(Op.DIV, c, w.const(prm[0])) for c in point)
+            scale *= float(prm[0])
+        elif op == Op.ELONGATE:
+            point = tuple(w.sub(c, w.op(Op.MIN, w.op(Op.MAX, c, w.const(-h)), w.const(h)))
+                          for c, h in zip(point, prm))
+        elif op == Op.MIRROR:       # p - 2 min(p.n - d, 0) n: the child's half n.p >= d mirrored
+            k = w.min0(w.subc(w.dot(point, prm[:3]), prm[3]))
+            point = tuple(w.sub(c, w.op(Op.MUL, k, w.const(2 * ni))) if np.float32(ni) != 0 else c
+                          for c, ni in zip(point, prm[:3]))
+        elif op == Op.CULL_BOX:
+            regs[dst] = _CULLED
+        elif op == Op.INTERSECT and regs.get(b) == _CULLED:
+            regs[dst] = read(i, a)                        # the subtree, without its cull box
+        elif op in (Op.UNION, Op.INTERSECT):
+            va, vb = read(i, a), read(i, b)
+            regs[dst] = w.op(op, va, vb)
+            mats[regs[dst]] = mats[va] | mats[vb]
+        elif op == Op.DIFFERENCE:
+            va, vb = read(i, a), read(i, b)
+            if len(mats[va]) != 1:
+                raise NotLowerable("DIFFERENCE of a part with several materials", i)
+            cut = w.op(Op.FIELD_RESULT, w.op(Op.NEG, vb), aux=next(iter(mats[va])))
+            regs[dst] = w.op(Op.INTERSECT, va, cut)
+            mats[regs[dst]] = mats[va]
+        elif op in (Op.OFFSET, Op.SHELL):
+            va = read(i, a)
+            regs[dst] = w.subc(va if op == Op.OFFSET else w.op(Op.ABS, va), prm[0])
+            mats[regs[dst]] = mats[va]
+        else:
+            raise NotLowerable(f"{op.name} has no arithmetic form here", i)
+    root = read(len(ins) - 1, 0) if len(ins) else None
+    if root is None:
+        raise NotLowerable("an empty tape")
+    out = program_tape(w.prog, root, tape.source)
+    return Tape(out.instrs, out.params, tape.materials, out.n_regs, tape.bounds,
+                instance_count=tape.instance_count, source=tape.source)
