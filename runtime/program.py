@@ -143,7 +143,7 @@ def _allocate(seq: list[tuple[int, tuple[int, ...]]]) -> tuple[list[int], int]:
     return dst, max(n_regs, 1)
 
 
-def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str) -> Tape:
+def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str, materials) -> Tape:
     n = len(seq)
     nodes = np.fromiter((node for node, _ in seq), np.int64, n)
     ops = np.asarray(prog.ops, np.uint32)[nodes]
@@ -161,19 +161,20 @@ def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str) -> Tape:
     instrs["a"], instrs["b"], instrs["c"] = operands.T
     instrs["param"][is_const] = param_of.astype(np.uint32)
     instrs["aux"] = np.asarray(prog.auxs, np.uint32)[nodes]
-    materials = np.array([GREY], MATERIAL_DTYPE)
+    materials = np.array([GREY], MATERIAL_DTYPE) if materials is None else materials
     bounds = np.array([[-1, -1, -1], [1, 1, 1]], np.float32)
     return Tape(instrs, params, materials, n_regs, bounds, names={}, instance_count=1, source=source)
 
 
-def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_CAPS)) -> Tape:
-    """Schedule and register-allocate the hash-consed program ending in ``root`` into a tape."""
+def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_CAPS), materials=None) -> Tape:
+    """Schedule and register-allocate the hash-consed program ending in ``root`` into a tape
+    with ``materials`` (MATERIAL_DTYPE records; default one, GREY)."""
     order = _live_order(prog, root)
     orders = (order, _depth_first_order(prog, order))
     for max_tree in _RECOMPUTE_TREE_SIZES:
         plans = [(seq, *_allocate(seq)) for seq in (_schedule(prog, o, max_tree) for o in orders)]
         seq, dst, n_regs = min(plans, key=lambda p: (p[2], len(p[0])))
         if n_regs <= max_regs:
-            return validate(_emit(prog, seq, dst, n_regs, source))
+            return validate(_emit(prog, seq, dst, n_regs, source, materials))
     raise TapeError(f"the program needs {n_regs} registers even with every subexpression "
                     f"of up to {max_tree} instructions recomputed; the budget is {max_regs}", source=source)

@@ -1,0 +1,158 @@
+"""Lowering of scene tapes to arithmetic (runtime.lowering) and the renders that use it.
+
+* every lowerable record (the primitives, the point ops, the combine ops, arithmetic fields):
+  without cull boxes the lowered field equals the tape's everywhere (float32 rounding of the
+  rewritten formulas apart), with its materials;
+* with cull boxes (unions of many leaves) it equals the tape's wherever that is >= 0 and has
+  its sign everywhere (the cull box only changes values inside a solid);
+* what it does not rewrite is NotLowerable, naming the record, and cell_tape says None;
+* the twin's march_pruned of a lowered scene is CpuWalker.march bit for bit, materials too;
+* GpuWalker.render of a scene tape runs the lowered tape on cells: the same bits as the lowered
+  tape's unpruned render, the twin's image of it, no kernel created.
+"""
+import numpy as np
+import pytest
+
+from taperay.runtime.camera import auto_camera
+from taperay.runtime.lowering import NotLowerable, lower
+from taperay.runtime.opcodes import Family, OPS, Op
+from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned
+from taperay.scenegraph import (Material, box, capped_cone, capsule, cylinder, difference, ellipsoid, field,
+                                fields, flatten, intersection, plane, rounded_box, smooth_union, sphere, torus,
+                                union)
+
+RED, BLUE, GREEN = (Material((0.8, 0.1, 0.1), 0.4), Material((0.1, 0.2, 0.8), 0.6),
+                    Material((0.1, 0.7, 0.2), 0.3))
+TOL = 2e-5   # float32 rounding of the rewritten formulas, at scene sizes of a few units
+
+
+def _points(tape, n=40000, seed=0):
+    rng = np.random.default_rng(seed)
+    lo, hi = tape.bounds.astype(np.float64)
+    pad = 0.25 * (hi - lo) + 0.1
+    return rng.uniform(lo - pad, hi + pad, (n, 3)).astype(np.float32)
+
+
+def _leaf_scene():
+    """Each lowerable primitive and point op once, combined by every lowerable combine op (two
+    children each: no cull boxes)."""
+    x, y, z = fields.x, fields.y, fields.z
+    gyroid = field(fields.sin(x * 3) * 0.1 + z - 0.2, bounds=((-1, -1, -1), (1, 1, 1)))
+    parts = [
+        difference(sphere(0.5), cylinder(0.2, 3.0).rotate((1, 0, 0), 30)).translate(-2, 0, 0).material(RED),
+        box(0.4, 0.3, 0.2).rotate((1, 2, 3), 40).translate(-1, 0.5, 0).material(BLUE),
+        rounded_box(0.4, 0.3, 0.3, 0.1).rotate((0, 1, 0), 25).translate(0, 0.5, 0),
+        cylinder(0.3, 0.5).rotate((1, 0, 0), 70).translate(1, 0, 0.2).material(GREEN),
+        torus(0.5, 0.15).scale(1.5).translate(2, 0, 0),
+        capsule((0, 0, -0.5), (0.3, 0.2, 0.5), 0.2).translate(0, -1.5, 0).material(RED),
+        sphere(0.4).elongate(0.3, 0.0, 0.2).translate(-1, -1.2, 0.3),
+        box(0.3).translate(0.5, 0, 0).mirror((1, 0, 0), 0.0).translate(0, 1.5, 0).material(BLUE),
+        gyroid.translate(0, 0, -1.5).material(GREEN),
+    ]
+    scene = parts[0]
+    for part in parts[1:]:       # (an offset keeps unions binary: n-ary ones get cull boxes)
+        scene = union(scene, part).offset(0.0)
+    shaped = intersection(scene, box(3, 2.5, 2.5)).offset(0.02)
+    top = union(shaped, sphere(0.3).shell(0.05).translate(0, 0, 1.5)).offset(0.0)
+    return union(top, plane((0, 0, 1), -2.2).material(RED))
+
+
+def test_every_lowerable_record_without_culls_gives_the_same_field_and_materials(walker_cpu):
+    tape = flatten(_leaf_scene(), cull=False)
+    assert not (tape.instrs["op"] == Op.CULL_BOX).any()
+    ops = {Op(int(o)) for o in np.unique(tape.instrs["op"])}
+    assert {Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.TORUS, Op.CAPSULE, Op.PLANE, Op.TRANSLATE,
+            Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE, Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.OFFSET,
+            Op.SHELL, Op.FIELD_RESULT} <= ops
+    low = lower(tape)
+    assert is_arithmetic(low, fields=True) and not is_arithmetic(tape, fields=True)
+    assert {Op(int(o)) for o in np.unique(low.instrs["op"])} <= \
+        {o for o in Op if OPS[o].family is Family.ARITH} | {Op.FIELD_RESULT, Op.UNION, Op.INTERSECT}
+    assert low.materials.tobytes() == tape.materials.tobytes()
+    assert np.array_equal(low.bounds, tape.bounds) and low.instance_count == tape.instance_count
+    pts = _points(tape)
+    f0, m0 = walker_cpu.evaluate(tape, pts)
+    f1, m1 = walker_cpu.evaluate(low, pts)
+    np.testing.assert_allclose(f1, f0, rtol=0, atol=TOL)
+    assert np.mean(f0 < 0) > 0.02           # points inside too
+    clear = np.abs(f0) > 1e-3                # (away from ties between parts)
+    assert len(set(m0.tolist())) >= 3 and np.array_equal(m1[clear], m0[clear])
+
+
+def test_culled_unions_lower_to_the_plain_union(walker_cpu):
+    from taperay.tools.bench_gpu import primitive_scene
+    tape = flatten(primitive_scene(60, seed=3))
+    assert (tape.instrs["op"] == Op.CULL_BOX).sum() > 50
+    low = lower(tape)
+    assert not (low.instrs["op"] == Op.CULL_BOX).any()
+    pts = _points(tape, 60000)
+    f0, m0 = walker_cpu.evaluate(tape, pts)
+    f1, m1 = walker_cpu.evaluate(low, pts)
+    out = f0 >= 0
+    np.testing.assert_allclose(f1[out], f0[out], rtol=0, atol=TOL)
+    far = np.abs(f0) > TOL
+    assert np.array_equal(np.sign(f1[far]), np.sign(f0[far]))
+    assert np.all(f1[~out] <= f0[~out] + TOL)   # inside, the cull box can only have made it shallower
+    assert np.array_equal(m1[out & far], m0[out & far])
+
+
+@pytest.mark.parametrize("scene,what", [
+    (lambda: smooth_union(sphere(1), box(0.5).translate(1, 0, 0), k=0.2), "SMOOTH_UNION"),
+    (lambda: ellipsoid(1, 0.5, 0.3), "ELLIPSOID"),
+    (lambda: capped_cone(1, 0.5, 0.2), "CAPPED_CONE"),
+    (lambda: sphere(0.3).linear_pattern((1, 0, 0), 5), "REPEAT_LINEAR"),
+    (lambda: difference(union(sphere(1).material(RED), box(0.5).translate(1, 0, 0).material(BLUE)),
+                        sphere(0.3)), "DIFFERENCE"),
+])
+def test_what_is_not_lowered_says_which_record(scene, what):
+    tape = flatten(scene())
+    with pytest.raises(NotLowerable, match=what) as e:
+        lower(tape)
+    assert e.value.record is not None and Op(int(tape.instrs["op"][e.value.record])).name == what
+    assert cell_tape(tape) is None
+
+
+def test_cell_tape_is_the_tape_itself_for_arithmetic_and_kept_per_content():
+    arith = flatten(field(fields.x * fields.x + fields.y - 0.5))
+    assert cell_tape(arith) is arith
+    scene = flatten(union(*[sphere(0.2).translate(i, 0, 0) for i in range(8)]))
+    first = cell_tape(scene)
+    assert first is not None and cell_tape(flatten(union(*[sphere(0.2).translate(i, 0, 0) for i in range(8)]))) is first
+
+
+def _material_scene():
+    """30 rotated spheres, boxes and cylinders in three materials, packed close (a culled union)."""
+    rng = np.random.default_rng(5)
+    shapes = (lambda: sphere(rng.uniform(0.3, 0.6)), lambda: box(*rng.uniform(0.2, 0.5, 3)),
+              lambda: cylinder(rng.uniform(0.2, 0.4), rng.uniform(0.3, 0.6)))
+    mats = (RED, BLUE, GREEN)
+    return union(*[shapes[i % 3]().rotate(rng.normal(size=3), rng.uniform(0, 180))
+                   .translate(*rng.uniform(-1.5, 1.5, 3)).material(mats[i % 3]) for i in range(30)])
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_twin_march_pruned_of_a_lowered_scene_is_march_bit_for_bit(walker_cpu, levels):
+    low = lower(flatten(_material_scene()))
+    cam = auto_camera(low.bounds)
+    ref = walker_cpu.march(low, cam, 40, 30)
+    got = march_pruned(low, cam, 40, 30, grid=4, levels=levels)
+    assert ref["hit"].mean() > 0.1 and len(np.unique(ref["mat"][ref["hit"]])) >= 3
+    for k in ("t", "hit", "steps", "mat", "grad"):
+        np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+
+
+@pytest.mark.gpu
+def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker_cpu):
+    before = walker_gpu.stats()
+    tape = flatten(_material_scene())
+    low = walker_gpu.render_tape(tape)
+    assert low is cell_tape(tape) and low is not tape
+    assert walker_gpu.render_tape(tape, cells=None) is tape and walker_gpu.render_tape(tape, "slice") is tape
+    cam = auto_camera(tape.bounds)
+    for view in ("shade", "normals"):
+        on_cells = walker_gpu.render(tape, cam, 40, 30, view=view)
+        np.testing.assert_array_equal(on_cells, walker_gpu.render(low, cam, 40, 30, view=view, cells=None))
+        np.testing.assert_array_equal(on_cells, walker_cpu.render(low, cam, 40, 30, view=view))
+    after = walker_gpu.stats()
+    for k in ("shader_modules_created", "pipelines_created", "cache_misses"):
+        assert after[k] == before[k], k
