@@ -37,7 +37,7 @@ import numpy as np
 
 from .camera import Camera, auto_camera
 from .gpu_guard import _guarded
-from .gpu_pruning import PrunedPasses
+from .gpu_pruning import CellsTooLarge, PrunedPasses
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
 from .tape import Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
@@ -397,10 +397,11 @@ def kernels(progress: bool = False) -> KernelSet:
 
 # ------------------------------------------------------------------------------------ buffers
 class _Buffer:
-    """A storage buffer grown by doubling, with a host mirror so uploads write only changed bytes."""
+    """A storage buffer grown by doubling, but never past ``limit`` bytes (the adapter's binding
+    limit: the whole buffer is bound), with a host mirror so uploads write only changed bytes."""
 
-    def __init__(self, device, usage, label: str):
-        self.device, self.usage, self.label = device, usage, label
+    def __init__(self, device, usage, label: str, limit: int):
+        self.device, self.usage, self.label, self.limit = device, usage, label, limit
         self.capacity = 0
         self.buffer = None
         self.mirror = np.zeros(0, np.uint8)
@@ -413,6 +414,7 @@ class _Buffer:
         cap = max(MIN_BUFFER, self.capacity)
         while cap < nbytes:
             cap *= 2
+        cap = max(nbytes, min(cap, self.limit // 4 * 4))
         self.buffer = self.device.create_buffer(label=self.label, size=cap, usage=self.usage)
         self.capacity = cap
         self.mirror = np.zeros(0, np.uint8)
@@ -470,13 +472,14 @@ class GpuWalker(PrunedPasses):
         wgpu = _wgpu()
         dev = self._ctx.device
         st = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        self._tape_bufs = {n: _Buffer(dev, st, n) for n in _TAPE_ARRAYS}
-        self._points = _Buffer(dev, st, "points")
-        self._out_f = _Buffer(dev, st, "out_f")
-        self._out_u = _Buffer(dev, st, "out_u")
-        self._accum = _Buffer(dev, st, "accum")
-        self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms")
-        self._counters = _Buffer(dev, st, "counters")
+        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        self._tape_bufs = {n: _Buffer(dev, st, n, limit) for n in _TAPE_ARRAYS}
+        self._points = _Buffer(dev, st, "points", limit)
+        self._out_f = _Buffer(dev, st, "out_f", limit)
+        self._out_u = _Buffer(dev, st, "out_u", limit)
+        self._accum = _Buffer(dev, st, "accum", limit)
+        self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms", limit)
+        self._counters = _Buffer(dev, st, "counters", limit)
         self._bind_group = None
         self._bind_key = None
         self._uploaded = None
@@ -887,11 +890,19 @@ class GpuWalker(PrunedPasses):
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``samples`` > 1 accumulates
         jittered sub-pixel samples (the first is the pixel centre, as the twin renders).
         ``cells`` as march; a scene tape that is not arithmetic is rendered on cells too, as its
-        lowering to arithmetic where it has one (``render_tape``)."""
+        lowering to arithmetic where it has one (``render_tape``), or by its own records where the
+        lowered tape's cells exceed the adapter's binding limit."""
         if samples < 1:
             raise TaperayError(f"render: samples must be >= 1, got {samples}")
-        self._frame(self.render_tape(tape, view, cells), camera, width, height, settings, view,
-                    _view_passes(view), cells, samples, final=("resolve",))
+        run = self.render_tape(tape, view, cells)
+        try:
+            self._frame(run, camera, width, height, settings, view, _view_passes(view), cells, samples,
+                        final=("resolve",))
+        except CellsTooLarge:
+            if run is tape:
+                raise
+            self._frame(tape, camera, width, height, settings, view, _view_passes(view), cells, samples,
+                        final=("resolve",))      # (the scene's own records: no cells)
         n = width * height
         rgba = self._read(self._out_u, np.uint32, n, 8 * n)
         return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()

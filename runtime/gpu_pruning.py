@@ -257,6 +257,10 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
     return counts
 
 
+class CellsTooLarge(TaperayError):
+    """The march cells' headers or pruned tapes do not fit the adapter's binding limit."""
+
+
 class PrunedPasses:
     """The pruned passes of ``GpuWalker``. Holds no state of its own; needs from the class that
     uses it (runtime/gpu.py GpuWalker):
@@ -528,7 +532,7 @@ class PrunedPasses:
         header = PRUNE_HEADER_WORDS * sum(counts)
         limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
         if base + header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
-            raise TaperayError(f"pruned march: {sum(counts)} cells {cells} at {n} pixels exceed the adapter's "
+            raise CellsTooLarge(f"pruned march: {sum(counts)} cells {cells} at {n} pixels exceed the adapter's "
                                f"{limit >> 18} MiB binding limit; use fewer cells or levels")
         self._points.sync(words)
         filled = 1 + sum(g0 ** 3 * 64 ** m for m in range(levels))   # (not the outside cell's empty sub-cells)
@@ -548,7 +552,7 @@ class PrunedPasses:
             if not c[PRUNE_ARENA_FULL]:
                 return desc, counts, (passes, u)
             if base + header + arena >= limit:
-                raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of the march cells {cells} need "
+                raise CellsTooLarge(f"{tape.source or 'tape'}: the pruned tapes of the march cells {cells} need "
                                    f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells")
             self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
 

@@ -157,7 +157,11 @@ def test_bench_gpu_compares_interpreter_with_written_out_code(capsys, walker_gpu
         assert row["max abs difference"] <= 1e-5   # a few ULP of fields up to ~20
         frame_views = [k[:-len(" written-out frame ms")] for k in row if k.endswith(" written-out frame ms")]
         assert frame_views and all(f"{v} frame ms" in row and f"{v} frame ratio" in row for v in frame_views)
-        assert row["frame px differing"] == 0 and row["written-out frame compile s"] > 0
+        # the written-out code computes the tape's values exactly; the lowered scene (on cells)
+        # differs from them by float32 rounding: a silhouette pixel at most here and there
+        assert row["frame px differing (unpruned)"] == 0 and row["written-out frame compile s"] > 0
+        w, h = map(int, doc["settings"]["frame"].split("x"))
+        assert row["frame px differing (cells)"] <= 0.01 * len(frame_views) * w * h
     assert (tmp_path / "gpu.md").is_file() and (tmp_path / "gpu.png").is_file()
 
 
