@@ -219,6 +219,6 @@ def lower(tape: Tape) -> Tape:
     root = read(len(ins) - 1, 0) if len(ins) else None
     if root is None:
         raise NotLowerable("an empty tape")
-    out = program_tape(w.prog, root, tape.source, materials=tape.materials)
+    out = program_tape(w.prog, root, tape.source, materials=tape.materials, reorder=False)
     return Tape(out.instrs, out.params, tape.materials, out.n_regs, tape.bounds,
                 instance_count=tape.instance_count, source=tape.source)

@@ -166,11 +166,13 @@ def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str, material
     return Tape(instrs, params, materials, n_regs, bounds, names={}, instance_count=1, source=source)
 
 
-def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_CAPS), materials=None) -> Tape:
+def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_CAPS), materials=None,
+                 reorder: bool = True) -> Tape:
     """Schedule and register-allocate the hash-consed program ending in ``root`` into a tape
-    with ``materials`` (MATERIAL_DTYPE records; default one, GREY)."""
+    with ``materials`` (MATERIAL_DTYPE records; default one, GREY). ``reorder`` False tries the
+    definition order only (for programs built in a good order, as the lowering's)."""
     order = _live_order(prog, root)
-    orders = (order, _depth_first_order(prog, order))
+    orders = (order, _depth_first_order(prog, order)) if reorder else (order,)
     for max_tree in _RECOMPUTE_TREE_SIZES:
         plans = [(seq, *_allocate(seq)) for seq in (_schedule(prog, o, max_tree) for o in orders)]
         seq, dst, n_regs = min(plans, key=lambda p: (p[2], len(p[0])))
