@@ -26,7 +26,7 @@ from .opcodes import OPS, Family, Op
 from .program import Program, program_tape
 from .tape import Tape, TaperayError
 
-__all__ = ["lower", "NotLowerable"]
+__all__ = ["lower", "first_unlowered", "NotLowerable", "LOWERED_OPS"]
 
 
 class NotLowerable(TaperayError):
@@ -35,6 +35,19 @@ class NotLowerable(TaperayError):
     def __init__(self, reason: str, record: int | None = None):
         self.reason, self.record = reason, record
         super().__init__(f"record {record}: {reason}" if record is not None else reason)
+
+
+LOWERED_OPS = frozenset({o for o in Op if OPS[o].family is Family.ARITH} | {
+    Op.FIELD_RESULT, Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.TORUS, Op.PLANE, Op.CAPSULE,
+    Op.PUSH, Op.POP, Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE, Op.CULL_BOX,
+    Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.OFFSET, Op.SHELL})
+
+
+def first_unlowered(tape: Tape) -> int | None:
+    """The index of the first record whose op ``lower`` does not rewrite, or None (a scan of
+    the op column: a DIFFERENCE of several materials is found by ``lower`` itself)."""
+    bad = np.flatnonzero(~np.isin(tape.instrs["op"], np.array(sorted(LOWERED_OPS), np.uint32)))
+    return int(bad[0]) if len(bad) else None
 
 
 _CULLED = -1   # register value of a CULL_BOX: only the INTERSECT that closes its subtree reads it
@@ -95,8 +108,8 @@ def _rotation_inverse(q) -> np.ndarray:
     return r.T
 
 
-def _shape(w: _Writer, op: Op, p: tuple[int, int, int], prm: np.ndarray) -> int | None:
-    """The unscaled value of one primitive at p (the twin's formula), or None if not lowered."""
+def _shape(w: _Writer, op: Op, p: tuple[int, int, int], prm: np.ndarray) -> int:
+    """The unscaled value of one primitive of LOWERED_OPS at p (the twin's formula)."""
     x, y, z = p
 
     def box(hx, hy, hz):
@@ -128,13 +141,16 @@ def _shape(w: _Writer, op: Op, p: tuple[int, int, int], prm: np.ndarray) -> int 
             h = w.op(Op.MIN, w.max0(h), w.const(1))
             pa = [w.sub(c, w.op(Op.MUL, h, w.const(v))) if v != 0 else c for c, v in zip(pa, ba)]
         return w.subc(w.length(*pa), r)
-    return None
+    raise AssertionError(op)
 
 
 def lower(tape: Tape) -> Tape:
     """``tape``'s field as an arithmetic tape of scene fields (see the module docstring), with the
     same materials, bounds, instance count and source. ``NotLowerable`` when a record has no
     arithmetic form here."""
+    bad = first_unlowered(tape)
+    if bad is not None:
+        raise NotLowerable(f"{Op(int(tape.instrs['op'][bad])).name} has no arithmetic form here", bad)
     w = _Writer()
     ins, params = tape.instrs, tape.params
     var = (w.op(Op.VAR_X), w.op(Op.VAR_Y), w.op(Op.VAR_Z))
@@ -172,10 +188,7 @@ def lower(tape: Tape) -> Tape:
         elif op == Op.FIELD_RESULT:
             regs[dst] = closed(i, read(i, a), aux)
         elif fam is Family.SHAPE:
-            value = _shape(w, op, point, prm)
-            if value is None:
-                raise NotLowerable(f"{op.name} has no arithmetic form here", i)
-            regs[dst] = closed(i, value, aux)
+            regs[dst] = closed(i, _shape(w, op, point, prm), aux)
         elif op == Op.PUSH:
             stack.append((point, scale))
         elif op == Op.POP:
@@ -215,7 +228,7 @@ def lower(tape: Tape) -> Tape:
             regs[dst] = w.subc(va if op == Op.OFFSET else w.op(Op.ABS, va), prm[0])
             mats[regs[dst]] = mats[va]
         else:
-            raise NotLowerable(f"{op.name} has no arithmetic form here", i)
+            raise AssertionError(op)    # (first_unlowered lets only LOWERED_OPS through)
     root = read(len(ins) - 1, 0) if len(ins) else None
     if root is None:
         raise NotLowerable("an empty tape")

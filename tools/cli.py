@@ -301,7 +301,23 @@ def tape_info(tape) -> dict:
         "registers": int(tape.n_regs),
         "instances": int(tape.instance_count),
         "bounds": [[_f32(x) for x in corner] for corner in tape.bounds],
+        "march_cells": _march_cells_info(tape),
     }
+
+
+def _march_cells_info(tape) -> str:
+    """Whether the GPU's render prunes this tape on march cells, and as what."""
+    from taperay.runtime.lowering import first_unlowered
+    from taperay.runtime.opcodes import Op
+    from taperay.runtime.pruning import PRUNE_MIN_RECORDS, is_arithmetic
+    if len(tape) < PRUNE_MIN_RECORDS:
+        return f"none: fewer than {PRUNE_MIN_RECORDS} records (too short to gain)"
+    if is_arithmetic(tape, fields=True):
+        return "the tape itself (arithmetic)"
+    bad = first_unlowered(tape)
+    if bad is None:
+        return "its lowering to arithmetic (runtime.lowering)"
+    return f"none: record {bad} ({Op(int(tape.instrs['op'][bad])).name}) has no arithmetic form"
 
 
 def cmd_info(args) -> int:
@@ -318,6 +334,7 @@ def cmd_info(args) -> int:
               f"{info['registers']} registers")
     lo, hi = info["bounds"]
     con.print("bounds: [" + ", ".join(f"{a:.4g}..{b:.4g}" for a, b in zip(lo, hi)) + "]")
+    con.print(f"GPU march cells: {info['march_cells']}")
     ops = Table("op", "records", title="records by op", title_justify="left")
     for name, count in info["ops"].items():
         ops.add_row(name, str(count))
