@@ -49,7 +49,10 @@ used by the interval MOD too, is the twin's as well); tests check it against
 ``CpuWalker.evaluate`` bit for bit. Arithmetic-only tapes
 have material 0 everywhere (VAR_*, CONST, INSTANCE_INDEX write 0; every other op carries an
 operand's material). Tapes with any op outside ``Family.ARITH`` (shapes, point ops, combine,
-patterns, culls, materials) are not pruned: every entry point falls back to ``CpuWalker``.
+patterns, culls, materials) are not pruned: every entry point falls back to ``CpuWalker``, except
+that ``march_pruned`` also takes scene fields (FIELD_OPS: the values prune as COPY / MIN / MAX,
+the materials at the hits come from the full tape). ``cell_tape`` gives the tape the GPU's render
+prunes for a scene tape: itself, or its lowering (``runtime.lowering``).
 """
 from __future__ import annotations
 
