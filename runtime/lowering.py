@@ -5,7 +5,7 @@ GPU's march cells) applies to ordinary scenes, not only to imported programs.
 ``lower(tape)`` walks the tape once, keeping the current point as three SSA nodes of x, y, z
 (the point ops PUSH / POP / TRANSLATE / ROTATE (as its 3x3 matrix) / SCALE / MIRROR / ELONGATE
 become arithmetic on them; the scale is a number, since without patterns it is the same at every
-point), and writes each primitive's formula (the twin's, ``runtime.cpu``) on that point, times
+point; a sphere reads the point from before the rotations that directly precede it), and writes each primitive's formula (the twin's, ``runtime.cpu``) on that point, times
 the scale, closed by FIELD_RESULT with the primitive's material. UNION and INTERSECT stay (they
 prune as MIN / MAX); DIFFERENCE is ``max(a, FIELD_RESULT(-b))`` with a's material (when a has
 one material), OFFSET and SHELL are SUB / ABS (which carry their first operand's material).
@@ -144,6 +144,23 @@ def _shape(w: _Writer, op: Op, p: tuple[int, int, int], prm: np.ndarray) -> int:
     raise AssertionError(op)
 
 
+def _point_op(w: _Writer, op: Op, point: tuple[int, int, int], scale: float, prm: np.ndarray):
+    """The point and scale after one point op (the twin's rule, as arithmetic)."""
+    if op == Op.TRANSLATE:
+        return tuple(w.subc(c, t) for c, t in zip(point, prm)), scale
+    if op == Op.ROTATE:
+        return tuple(w.dot(point, row.astype(np.float32)) for row in _rotation_inverse(prm)), scale
+    if op == Op.SCALE:
+        return tuple(w.op(Op.DIV, c, w.const(prm[0])) for c in point), scale * float(prm[0])
+    if op == Op.ELONGATE:
+        return tuple(w.sub(c, w.op(Op.MIN, w.op(Op.MAX, c, w.const(-h)), w.const(h)))
+                     for c, h in zip(point, prm)), scale
+    # MIRROR: p - 2 min(p.n - d, 0) n (the child's half n.p >= d mirrored)
+    k = w.min0(w.subc(w.dot(point, prm[:3]), prm[3]))
+    return tuple(w.sub(c, w.op(Op.MUL, k, w.const(2 * ni))) if np.float32(ni) != 0 else c
+                 for c, ni in zip(point, prm[:3])), scale
+
+
 def lower(tape: Tape) -> Tape:
     """``tape``'s field as an arithmetic tape of scene fields (see the module docstring), with the
     same materials, bounds, instance count and source. ``NotLowerable`` when a record has no
@@ -155,7 +172,10 @@ def lower(tape: Tape) -> Tape:
     ins, params = tape.instrs, tape.params
     var = (w.op(Op.VAR_X), w.op(Op.VAR_Y), w.op(Op.VAR_Z))
     point, scale = var, 1.0
-    stack: list[tuple[tuple[int, int, int], float]] = []
+    # the point before the trailing run of ROTATEs: a sphere is the same after rotations about its
+    # centre, so it reads this one (fewer records, intervals not widened by the rotation)
+    unrotated = var
+    stack: list[tuple] = []
     regs: dict[int, int] = {}
     mats: dict[int, frozenset] = {}       # node -> the materials its value may carry
 
@@ -188,26 +208,15 @@ def lower(tape: Tape) -> Tape:
         elif op == Op.FIELD_RESULT:
             regs[dst] = closed(i, read(i, a), aux)
         elif fam is Family.SHAPE:
-            regs[dst] = closed(i, _shape(w, op, point, prm), aux)
+            regs[dst] = closed(i, _shape(w, op, unrotated if op == Op.SPHERE else point, prm), aux)
         elif op == Op.PUSH:
-            stack.append((point, scale))
+            stack.append((point, unrotated, scale))
         elif op == Op.POP:
-            point, scale = stack.pop()
-        elif op == Op.TRANSLATE:
-            point = tuple(w.subc(c, t) for c, t in zip(point, prm))
-        elif op == Op.ROTATE:
-            m = _rotation_inverse(prm)
-            point = tuple(w.dot(point, row.astype(np.float32)) for row in m)
-        elif op == Op.SCALE:
-            point = tuple(w.op(Op.DIV, c, w.const(prm[0])) for c in point)
-            scale *= float(prm[0])
-        elif op == Op.ELONGATE:
-            point = tuple(w.sub(c, w.op(Op.MIN, w.op(Op.MAX, c, w.const(-h)), w.const(h)))
-                          for c, h in zip(point, prm))
-        elif op == Op.MIRROR:       # p - 2 min(p.n - d, 0) n: the child's half n.p >= d mirrored
-            k = w.min0(w.subc(w.dot(point, prm[:3]), prm[3]))
-            point = tuple(w.sub(c, w.op(Op.MUL, k, w.const(2 * ni))) if np.float32(ni) != 0 else c
-                          for c, ni in zip(point, prm[:3]))
+            point, unrotated, scale = stack.pop()
+        elif op in (Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.ELONGATE, Op.MIRROR):
+            point, scale = _point_op(w, op, point, scale, prm)
+            if op != Op.ROTATE:
+                unrotated = point
         elif op == Op.CULL_BOX:
             regs[dst] = _CULLED
         elif op == Op.INTERSECT and regs.get(b) == _CULLED:

@@ -156,3 +156,14 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
     after = walker_gpu.stats()
     for k in ("shader_modules_created", "pipelines_created", "cache_misses"):
         assert after[k] == before[k], k
+
+
+def test_a_sphere_reads_the_point_from_before_its_rotations(walker_cpu):
+    turned = flatten(union(sphere(0.5).rotate((1, 2, 3), 40).rotate((0, 0, 1), 10).translate(1, 2, 3),
+                           box(0.3).rotate((1, 0, 0), 30).translate(-1, 0, 0)).offset(0.0))
+    plain = flatten(union(sphere(0.5).translate(1, 2, 3), box(0.3).rotate((1, 0, 0), 30).translate(-1, 0, 0))
+                    .offset(0.0))
+    low = lower(turned)
+    assert len(low) == len(lower(plain)) < len(turned) + 45
+    pts = _points(turned)
+    np.testing.assert_allclose(walker_cpu.evaluate(low, pts)[0], walker_cpu.evaluate(turned, pts)[0], rtol=0, atol=TOL)
