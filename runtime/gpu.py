@@ -487,6 +487,7 @@ class GpuWalker(PrunedPasses):
         self._point_arena_words = 0          # evaluate_pruned: the same
         self._cell_arena_words = 0           # pruned march cells: the same
         self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame)
+        self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -891,10 +892,15 @@ class GpuWalker(PrunedPasses):
         jittered sub-pixel samples (the first is the pixel centre, as the twin renders).
         ``cells`` as march; a scene tape that is not arithmetic is rendered on cells too, as its
         lowering to arithmetic where it has one (``render_tape``), or by its own records where the
-        lowered tape's cells exceed the adapter's binding limit."""
+        lowered tape's cells exceed the adapter's binding limit. With ``cells`` "auto" a scene
+        tape is lowered from its second render on: the first frame comes at once, on its own
+        records, and the lowering (host work, and cells to build) pays off over the frames that
+        follow, as while the camera moves."""
         if samples < 1:
             raise TaperayError(f"render: samples must be >= 1, got {samples}")
         run = self.render_tape(tape, view, cells)
+        if run is not tape and isinstance(cells, str) and not self._rendered_before(tape):
+            run = tape
         try:
             self._frame(run, camera, width, height, settings, view, _view_passes(view), cells, samples,
                         final=("resolve",))
@@ -908,9 +914,19 @@ class GpuWalker(PrunedPasses):
         return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
 
 
+    def _rendered_before(self, tape: Tape) -> bool:
+        """Whether a tape of this content was rendered before by this walker (and note it)."""
+        from .pruning import tape_key
+        key = tape_key(tape)
+        seen = key in self._rendered
+        if len(self._rendered) > 64:
+            self._rendered.clear()
+        self._rendered.add(key)
+        return seen
+
     @staticmethod
     def render_tape(tape: Tape, view: str = "shade", cells="auto") -> Tape:
-        """The tape ``render`` runs for ``tape``: itself, or, for a scene tape of at least
+        """The tape ``render`` runs for ``tape`` (from its second render on, with "auto"): itself, or, for a scene tape of at least
         pruning.PRUNE_MIN_RECORDS records with march cells on (``cells`` not None) and a view that
         marches, its lowering to arithmetic (pruning.cell_tape, runtime.lowering: the plain union
         of its primitives, without cull boxes), whose cells prune it."""

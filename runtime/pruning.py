@@ -915,7 +915,7 @@ def cell_tape(tape: Tape) -> Tape | None:
     it has one, else None."""
     if is_arithmetic(tape, fields=True):
         return tape
-    key = _tape_key(tape)
+    key = tape_key(tape)
     if key not in _CELL_TAPE:
         from .lowering import NotLowerable, lower
         if len(_CELL_TAPE) > 16:
@@ -930,7 +930,7 @@ def cell_tape(tape: Tape) -> Tape | None:
 _COMPACT: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _tape_key(tape: Tape) -> int:
+def tape_key(tape: Tape) -> int:
     """A hash of what an arithmetic tape's evaluation depends on (its content, not its identity)."""
     return hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, len(tape.materials),
                  tape.bounds.tobytes()))
@@ -941,7 +941,7 @@ def _checked(tape: Tape, what: str, fields: bool = False) -> tuple[np.ndarray, n
     (n, 5) int32 op dst a b c and the (n,) float32 CONST values. With ``fields``, a tape of
     scene fields too, their records given as FIELD_OPS's arithmetic ops (the same values; the
     materials are the caller's, from the full tape)."""
-    key = (_tape_key(tape), fields)
+    key = (tape_key(tape), fields)
     if key not in _COMPACT:
         validate(tape)
         if not is_arithmetic(tape, fields):
@@ -1260,7 +1260,7 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     eps, neps, step_scale = (np.float32(_packed(packed, k)) for k in ("hit_eps", "normal_eps", "step_scale"))
     max_steps = int(_packed(packed, "max_steps"))
     sec = _section(packed)
-    key = (_tape_key(tape), box.tobytes(), grid, levels)
+    key = (tape_key(tape), box.tobytes(), grid, levels)
     if key not in _CELL_CACHE:
         _CELL_CACHE.clear()          # (one: the cells of a big tape take up to _CELL_TAPES_MAX_BYTES)
         _CELL_CACHE[key] = _CellTapes(tape, box[0], box[1], grid, levels)

@@ -7,8 +7,8 @@
   its sign everywhere (the cull box only changes values inside a solid);
 * what it does not rewrite is NotLowerable, naming the record, and cell_tape says None;
 * the twin's march_pruned of a lowered scene is CpuWalker.march bit for bit, materials too;
-* GpuWalker.render of a scene tape runs the lowered tape on cells: the same bits as the lowered
-  tape's unpruned render, the twin's image of it, no kernel created.
+* GpuWalker.render of a scene tape runs the lowered tape on cells from its second render on: the
+  same bits as the lowered tape's unpruned render, the twin's image of it, no kernel created.
 """
 import numpy as np
 import pytest
@@ -149,10 +149,16 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
     assert low is cell_tape(tape) and low is not tape
     assert walker_gpu.render_tape(tape, cells=None) is tape and walker_gpu.render_tape(tape, "slice") is tape
     cam = auto_camera(tape.bounds)
+    # the first render of a tape's content is on its own records, the next ones on cells
+    first = walker_gpu.render(tape, cam, 40, 30, view="normals")
+    assert walker_gpu._kept_cells is None                      # (no cells were built for it)
+    np.testing.assert_array_equal(first, walker_gpu.render(tape, cam, 40, 30, view="normals", cells=None))
     for view in ("shade", "normals"):
         on_cells = walker_gpu.render(tape, cam, 40, 30, view=view)
         np.testing.assert_array_equal(on_cells, walker_gpu.render(low, cam, 40, 30, view=view, cells=None))
         np.testing.assert_array_equal(on_cells, walker_cpu.render(low, cam, 40, 30, view=view))
+        walker_gpu.render(tape, cam, 40, 30, view=view)
+        assert walker_gpu._kept_cells is not None              # (on the lowered tape's cells)
     after = walker_gpu.stats()
     for k in ("shader_modules_created", "pipelines_created", "cache_misses"):
         assert after[k] == before[k], k
