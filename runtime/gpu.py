@@ -37,7 +37,7 @@ import numpy as np
 
 from .camera import Camera, auto_camera
 from .gpu_guard import _guarded
-from .gpu_pruning import CellsTooLarge, PrunedPasses
+from .gpu_pruning import LOWERED_CELLS, MARCH_CELLS, CellsTooLarge, PrunedPasses
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
 from .tape import Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
@@ -488,6 +488,7 @@ class GpuWalker(PrunedPasses):
         self._cell_arena_words = 0           # pruned march cells: the same
         self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame)
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
+        self._cells_too_large: set[tuple] = set()   # (tape_key of a lowered tape, cells) past the limit
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -790,7 +791,10 @@ class GpuWalker(PrunedPasses):
         dispatch (march / light's iteration budget) is a TaperayError."""
         if repeat < 2:
             raise TaperayError(f"gpu_seconds_frame: repeat must be >= 2, got {repeat}")
-        tape = self.render_tape(tape, view, cells)
+        run = self.render_tape(tape, view, cells)
+        if run is not tape and isinstance(cells, str):
+            cells = next(c for r, c in self._render_plans(tape, run, cells) if r is run)
+        tape = run
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, None, view)
         frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
         u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
@@ -901,18 +905,31 @@ class GpuWalker(PrunedPasses):
         run = self.render_tape(tape, view, cells)
         if run is not tape and isinstance(cells, str) and not self._rendered_before(tape):
             run = tape
-        try:
-            self._frame(run, camera, width, height, settings, view, _view_passes(view), cells, samples,
-                        final=("resolve",))
-        except CellsTooLarge:
-            if run is tape:
-                raise
-            self._frame(tape, camera, width, height, settings, view, _view_passes(view), cells, samples,
-                        final=("resolve",))      # (the scene's own records: no cells)
+        for run, run_cells in self._render_plans(tape, run, cells):
+            try:
+                self._frame(run, camera, width, height, settings, view, _view_passes(view), run_cells, samples,
+                            final=("resolve",))
+                break
+            except CellsTooLarge:
+                if run is tape:
+                    raise
+                from .pruning import tape_key
+                self._cells_too_large.add((tape_key(run), run_cells))
         n = width * height
         rgba = self._read(self._out_u, np.uint32, n, 8 * n)
         return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
 
+
+    def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:
+        """The (tape, cells) a render tries in turn: the lowered tape ``run`` on LOWERED_CELLS,
+        then on MARCH_CELLS (with "auto"; those whose cells were too large for ``run`` before
+        left out), then the scene's own records; or (run, cells) alone."""
+        from .pruning import tape_key
+        if run is tape:
+            return [(tape, cells)]
+        tries = [LOWERED_CELLS, MARCH_CELLS] if isinstance(cells, str) else [cells]
+        key = tape_key(run)
+        return [(run, c) for c in tries if (key, c) not in self._cells_too_large] + [(tape, cells)]
 
     def _rendered_before(self, tape: Tape) -> bool:
         """Whether a tape of this content was rendered before by this walker (and note it)."""

@@ -16,7 +16,7 @@ import pytest
 from taperay.runtime.camera import auto_camera
 from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.opcodes import Family, OPS, Op
-from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned
+from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned, tape_key
 from taperay.scenegraph import (Material, box, capped_cone, capsule, cylinder, difference, ellipsoid, field,
                                 fields, flatten, intersection, plane, rounded_box, smooth_union, sphere, torus,
                                 union)
@@ -173,3 +173,22 @@ def test_a_sphere_reads_the_point_from_before_its_rotations(walker_cpu):
     assert len(low) == len(lower(plain)) < len(turned) + 45
     pts = _points(turned)
     np.testing.assert_allclose(walker_cpu.evaluate(low, pts)[0], walker_cpu.evaluate(turned, pts)[0], rtol=0, atol=TOL)
+
+
+@pytest.mark.gpu
+def test_gpu_render_falls_back_when_the_lowered_cells_do_not_fit(walker_gpu, monkeypatch):
+    import taperay.runtime.gpu as gpu
+    tape = flatten(_material_scene())
+    low = cell_tape(tape)
+    cam = auto_camera(tape.bounds)
+    walker_gpu.render(tape, cam, 32, 24, view="normals")          # (the first render: own records)
+    walker_gpu._cells_too_large.clear()
+    monkeypatch.setattr(gpu, "LOWERED_CELLS", (64, 2))             # 64^3 * 65 cells: past any limit
+    on_march_cells = walker_gpu.render(tape, cam, 32, 24, view="normals")
+    assert walker_gpu._cells_too_large == {(tape_key(low), (64, 2))}
+    np.testing.assert_array_equal(on_march_cells, walker_gpu.render(low, cam, 32, 24, view="normals", cells=None))
+    monkeypatch.setattr(gpu, "MARCH_CELLS", (64, 2))
+    walker_gpu._cells_too_large.clear()
+    own = walker_gpu.render(tape, cam, 32, 24, view="normals")
+    assert walker_gpu._cells_too_large == {(tape_key(low), (64, 2))}   # (both tries were (64, 2))
+    np.testing.assert_array_equal(own, walker_gpu.render(tape, cam, 32, 24, view="normals", cells=None))
