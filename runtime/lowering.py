@@ -8,15 +8,16 @@ become arithmetic on them; the scale is a number, since without patterns it is t
 point; a sphere reads the point from before the rotations that directly precede it), and writes each primitive's formula (the twin's, ``runtime.cpu``) on that point, times
 the scale, closed by FIELD_RESULT with the primitive's material. UNION and INTERSECT stay (they
 prune as MIN / MAX); DIFFERENCE is ``max(a, FIELD_RESULT(-b))`` with a's material (when a has
-one material), OFFSET and SHELL are SUB / ABS (which carry their first operand's material).
+one material), OFFSET and SHELL are SUB / ABS (which carry their first operand's material), the
+smooth ops the twin's formula (SMOOTH_DIFFERENCE, too, for an ``a`` of one material).
 The program is hash-consed and register-allocated by ``runtime.program``.
 
 What changes: the flattener's CULL_BOX records are dropped. A culled subtree counts as
 ``max(v, box distance)``, which differs from ``v`` only inside the solid, where the box is
 nearer than the surface; the lowered field is the plain union of the scene's primitives (the
 same zero set, the same sign everywhere, the same values outside every solid up to float32
-rounding of the rewritten formulas). Tapes with patterns, instance lists, smooth blends, XOR,
-capped cones, ellipsoids or polygons are not lowered (``NotLowerable`` says which record).
+rounding of the rewritten formulas). Tapes with patterns, instance lists, XOR, capped cones,
+ellipsoids or polygons are not lowered (``NotLowerable`` says which record).
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class NotLowerable(TaperayError):
 LOWERED_OPS = frozenset({o for o in Op if OPS[o].family is Family.ARITH} | {
     Op.FIELD_RESULT, Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.TORUS, Op.PLANE, Op.CAPSULE,
     Op.PUSH, Op.POP, Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE, Op.CULL_BOX,
-    Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.OFFSET, Op.SHELL})
+    Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.OFFSET, Op.SHELL, Op.SMOOTH_UNION, Op.SMOOTH_INTERSECT,
+    Op.SMOOTH_DIFFERENCE})
 
 
 def first_unlowered(tape: Tape) -> int | None:
@@ -161,6 +163,18 @@ def _point_op(w: _Writer, op: Op, point: tuple[int, int, int], scale: float, prm
                  for c, ni in zip(point, prm[:3])), scale
 
 
+def _smooth(w: _Writer, op: Op, a: int, b: int, k) -> int:
+    """The twin's smooth ops: sg * (min(x, y) - h*h*k/4), h = max(k - |x - y|, 0) / k, with
+    (x, y, sg) = (a, b, 1) (union), (-a, -b, -1) (intersection), (-a, b, -1) (difference); MIN
+    gives the material of the smaller x / y (a on ties), SUB and NEG carry it."""
+    x = a if op == Op.SMOOTH_UNION else w.op(Op.NEG, a)
+    y = w.op(Op.NEG, b) if op == Op.SMOOTH_INTERSECT else b
+    h = w.op(Op.DIV, w.max0(w.op(Op.SUB, w.const(k), w.op(Op.ABS, w.op(Op.SUB, x, y)))), w.const(k))
+    t = w.mulc(w.op(Op.MUL, w.op(Op.MUL, h, h), w.const(k)), 0.25)
+    v = w.op(Op.SUB, w.op(Op.MIN, x, y), t)
+    return v if op == Op.SMOOTH_UNION else w.op(Op.NEG, v)
+
+
 def lower(tape: Tape) -> Tape:
     """``tape``'s field as an arithmetic tape of scene fields (see the module docstring), with the
     same materials, bounds, instance count and source. ``NotLowerable`` when a record has no
@@ -232,6 +246,14 @@ def lower(tape: Tape) -> Tape:
             cut = w.op(Op.FIELD_RESULT, w.op(Op.NEG, vb), aux=next(iter(mats[va])))
             regs[dst] = w.op(Op.INTERSECT, va, cut)
             mats[regs[dst]] = mats[va]
+        elif op in (Op.SMOOTH_UNION, Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE):
+            va, vb = read(i, a), read(i, b)
+            if op == Op.SMOOTH_DIFFERENCE:
+                if len(mats[va]) != 1:
+                    raise NotLowerable("SMOOTH_DIFFERENCE of a part with several materials", i)
+                vb = w.op(Op.FIELD_RESULT, vb, aux=next(iter(mats[va])))   # (b's value, a's material)
+            regs[dst] = _smooth(w, op, va, vb, prm[0])
+            mats[regs[dst]] = mats[va] if op == Op.SMOOTH_DIFFERENCE else mats[va] | mats[vb]
         elif op in (Op.OFFSET, Op.SHELL):
             va = read(i, a)
             regs[dst] = w.subc(va if op == Op.OFFSET else w.op(Op.ABS, va), prm[0])
