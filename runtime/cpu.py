@@ -1147,10 +1147,16 @@ class CpuWalker:
 
     def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                settings: RenderSettings | None = None, cells="auto") -> np.ndarray:
-        """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``cells``: "auto" marches an
-        arithmetic tape (scene fields allowed) of at least pruning.PRUNE_MIN_RECORDS records on pruned cells
-        (runtime.pruning.march_pruned, bit for bit ``march``), (grid, levels) any arithmetic
-        tape, None never (``march`` itself stays the unpruned reference)."""
+        """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``cells``: "auto" marches and
+        lights a tape of at least pruning.PRUNE_MIN_RECORDS records on pruned cells
+        (runtime.pruning.march_pruned / light_pruned, bit for bit ``march`` and the light pass):
+        an arithmetic tape (scene fields allowed) itself, another scene tape as its lowering to
+        arithmetic where it has one (pruning.cell_tape, as GpuWalker.render); (grid, levels) the
+        same with that grid; None never (``march`` itself stays the unpruned reference)."""
+        from .pruning import PRUNE_MIN_RECORDS, cell_tape, light_pruned, march_pruned
+        auto = isinstance(cells, str) and cells == "auto"
+        if not (cells is None or auto or (isinstance(cells, tuple) and len(cells) == 2)):
+            raise TaperayError(f"cells must be None, 'auto' or (grid, levels), got {cells!r}")
         settings = settings or RenderSettings()
         packed = settings.pack(tape, view)       # rejects unknown views
         camera = camera or auto_camera(tape.bounds)
@@ -1161,22 +1167,21 @@ class CpuWalker:
             field = np.full(valid.shape, np.nan, np.float32)
             field[valid] = f
             return to_rgb8(compose("slice", packed, tape.materials, camera.pack(), dirs, slice_field=field))
-        mr = self._march_for_render(tape, camera, width, height, settings, view, cells)
+        run = None
+        if cells is not None and not (auto and len(tape.instrs) < PRUNE_MIN_RECORDS):
+            run = cell_tape(tape)
         light = None
-        if view in ("shade", "section"):
-            light = self._light(tape, packed, mr)
+        if run is None:
+            mr = self.march(tape, camera, width, height, settings, view)
+            if view in ("shade", "section"):
+                light = self._light(tape, packed, mr)
+        else:
+            grid = {} if auto else dict(grid=cells[0], levels=cells[1])
+            packed = settings.pack(run, view)
+            mr = march_pruned(run, camera, width, height, settings, view, **grid)
+            if view in ("shade", "section"):
+                light = light_pruned(run, packed, mr, **grid)
         return to_rgb8(compose(view, packed, tape.materials, camera.pack(), mr["dirs"], march=mr, light=light))
-
-    def _march_for_render(self, tape, camera, width, height, settings, view, cells) -> dict:
-        """``march``'s result, by march_pruned where ``cells`` (render's) says so."""
-        from .pruning import PRUNE_MIN_RECORDS, is_arithmetic, march_pruned
-        auto = isinstance(cells, str) and cells == "auto"
-        if not (cells is None or auto or (isinstance(cells, tuple) and len(cells) == 2)):
-            raise TaperayError(f"cells must be None, 'auto' or (grid, levels), got {cells!r}")
-        if cells is None or not is_arithmetic(tape, fields=True) or (auto and len(tape.instrs) < PRUNE_MIN_RECORDS):
-            return self.march(tape, camera, width, height, settings, view)
-        grid = {} if auto else dict(grid=cells[0], levels=cells[1])
-        return march_pruned(tape, camera, width, height, settings, view, **grid)
 
     def _light(self, tape: Tape, packed: np.ndarray, mr: dict) -> dict:
         tp = self._prepare(tape)

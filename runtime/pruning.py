@@ -64,7 +64,7 @@ from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
 from .tape import Tape, TaperayError, point_array, validate
 
-__all__ = ["is_arithmetic", "interval_eval", "interval_op", "prune", "sign_image",
+__all__ = ["is_arithmetic", "light_pruned", "cell_tape", "tape_key", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "march_pruned", "DEFAULT_TILES"]
 
 DEFAULT_TILES = (256, 64, 16)   # 2D tile sizes in pixels, coarse to fine
@@ -1161,6 +1161,54 @@ def grid_cell_boxes(lo, hi, size, ijk) -> tuple[np.ndarray, np.ndarray]:
     return lo + ijk * size - margin, lo + (ijk + 1) * size + margin
 
 
+def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels: int = 2) -> dict:
+    """The twin's light pass (cpu._light_kernel: the key light's occlusion march from p + 4 eps n,
+    5-tap ambient occlusion) of march_pruned's result ``mr``, bit for bit, every evaluation on
+    march_pruned's cells (kept from the march). Returns shadow and ao (H, W) float32 (1 on
+    misses)."""
+    from .cpu import _packed
+    field = _pruned_field(tape, packed, grid, levels)
+    box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
+    eps, step_scale, soft_k, ao_strength, ao_dist = (np.float32(_packed(packed, k)) for k in
+                                                     ("hit_eps", "step_scale", "soft_k", "ao_strength", "ao_dist"))
+    key_dir = np.asarray(_packed(packed, "key_dir"), np.float32)
+    shadow_steps, shadow_mode = int(_packed(packed, "shadow_steps")), int(_packed(packed, "shadow_mode"))
+    h, w = mr["t"].shape
+    shadow = np.ones(h * w, np.float32)
+    ao = np.ones(h * w, np.float32)
+    th_all = mr["t"].reshape(-1)
+    at = np.flatnonzero(th_all < np.inf)
+    if at.size:
+        th = th_all[at]
+        g = mr["grad"].reshape(-1, 3)[at]
+        gl = np.sqrt(g[:, 0] * g[:, 0] + g[:, 1] * g[:, 1] + g[:, 2] * g[:, 2])
+        gl = np.where(gl > 0, gl, np.float32(1))
+        nrm = g / gl[:, None]
+        dirs = np.asarray(mr["dirs"], np.float32).reshape(-1, 3)[at]
+        lift = np.float32(4) * eps
+        ro = np.asarray(mr["eye"], np.float32) + th[:, None] * dirs + lift * nrm
+        if shadow_mode > 0:
+            rd = np.broadcast_to(key_dir, ro.shape)
+            tfar = _slabs(ro, rd, box)[1]
+            t = np.zeros(len(at), np.float32)
+            _, hit, res = _wavefront(field, ro, rd, t, tfar, eps, shadow_steps, step_scale,
+                                     soft_k if shadow_mode == 2 else np.float32(0))
+            one = np.where(np.float32(1) < res, np.float32(1), res)
+            shadow[at] = np.where(hit, np.float32(0), np.where(np.float32(0) > one, np.float32(0), one))
+        if ao_strength > 0:
+            occ = np.zeros(len(at), np.float32)
+            wsum, wt = np.float32(0), np.float32(1)
+            for tap in range(5):
+                hh = ao_dist * np.float32(tap + 1) / np.float32(5)
+                wsum += wt
+                d = field((ro - lift * nrm) + hh * nrm)
+                gap = hh - d
+                occ += wt * np.where(np.float32(0) > gap, np.float32(0), gap) / hh
+                wt *= np.float32(0.5)
+            v = np.float32(1) - ao_strength * occ / wsum
+            ao[at] = np.where(np.float32(0) > v, np.float32(0), v)
+    return dict(shadow=shadow.reshape(h, w), ao=ao.reshape(h, w))
+
 class _CellTapes:
     """An arithmetic tape pruned for every cell of a grid^3 grid over a box (each cell's box grown
     by a rounding margin) and, with ``levels`` 2, again for each of a cell's 4 x 4 x 4 sub-cells
@@ -1237,6 +1285,71 @@ _CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells to
 _CELL_CACHE: dict[tuple, _CellTapes] = {}   # march_pruned: the last (tape content, box, grid, levels)'s cells
 
 
+def _pruned_field(tape: Tape, packed: np.ndarray, grid: int, levels: int):
+    """The field of ``tape`` (arithmetic, scene fields allowed) on march_pruned's cells over the
+    march box of ``packed`` (kept per tape content and box), capped by the section half-space as
+    the twin's _field: a function of (N, 3) float32 points."""
+    from .cpu import _packed, _section
+    box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
+    sec = _section(packed)
+    key = (tape_key(tape), box.tobytes(), grid, levels)
+    if key not in _CELL_CACHE:
+        _CELL_CACHE.clear()          # (one: the cells of a big tape take up to _CELL_TAPES_MAX_BYTES)
+        _CELL_CACHE[key] = _CellTapes(tape, box[0], box[1], grid, levels)
+    cells = _CELL_CACHE[key]
+
+    def field(p):
+        d = cells.evaluate(p)
+        if sec[0] != 0:
+            pv = p[:, 0] * sec[1] + p[:, 1] * sec[2] + p[:, 2] * sec[3] - sec[4]
+            d = np.where(pv > d, pv, d)
+        return d
+    return field
+
+
+def _slabs(ro: np.ndarray, rd: np.ndarray, box: np.ndarray):
+    """The twin's _slab for every ray (N, 3) at once: entry max(t0, 0) and exit t1 (inf, -inf
+    where a ray parallel to a slab lies outside it)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t0 = np.full(len(rd), -np.inf, np.float32)
+        t1 = np.full(len(rd), np.inf, np.float32)
+        miss = np.zeros(len(rd), bool)
+        for r in range(3):
+            flat = rd[:, r] == 0
+            miss |= flat & ((ro[:, r] < box[0, r]) | (ro[:, r] > box[1, r]))
+            ta = (box[0, r] - ro[:, r]) / rd[:, r]
+            tb = (box[1, r] - ro[:, r]) / rd[:, r]
+            t0 = np.where(flat, t0, np.maximum(t0, np.minimum(ta, tb)))
+            t1 = np.where(flat, t1, np.minimum(t1, np.maximum(ta, tb)))
+        return (np.where(miss, np.float32(np.inf), np.maximum(t0, np.float32(0))),
+                np.where(miss, np.float32(-np.inf), t1))
+
+
+def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k):
+    """The twin's _trace for every ray at once, a step at a time: ``t`` advanced in place;
+    returns steps, hit and the soft-shadow penumbra res (iq's min(1, k f / t) where soft_k > 0).
+    ``ro`` is (3,) or (N, 3)."""
+    steps = np.zeros(len(rd), np.int32)
+    hit = np.zeros(len(rd), bool)
+    res = np.ones(len(rd), np.float32)
+    live = np.flatnonzero(t <= tfar)
+    one_origin = ro.ndim == 1
+    while live.size:
+        d = field((ro if one_origin else ro[live]) + t[live, None] * rd[live])
+        steps[live] += 1
+        h = d < eps
+        hit[live[h]] = True
+        res[live[h]] = 0
+        go, d = live[~h], d[~h]
+        if soft_k > 0:
+            tg = t[go]
+            pen = np.where(tg > 0, soft_k * d / np.where(tg > 0, tg, np.float32(1)), res[go])
+            res[go] = np.where(pen < res[go], pen, res[go])
+        t[go] += d * step_scale
+        live = go[(t[go] <= tfar[go]) & (steps[go] < max_steps)]
+    return steps, hit, res
+
+
 def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, view: str = "shade",
                  grid: int = 4, levels: int = 2) -> dict:
     """CpuWalker.march of an arithmetic tape, bit for bit, with every evaluation on a pruned tape:
@@ -1260,46 +1373,12 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     eps, neps, step_scale = (np.float32(_packed(packed, k)) for k in ("hit_eps", "normal_eps", "step_scale"))
     max_steps = int(_packed(packed, "max_steps"))
     sec = _section(packed)
-    key = (tape_key(tape), box.tobytes(), grid, levels)
-    if key not in _CELL_CACHE:
-        _CELL_CACHE.clear()          # (one: the cells of a big tape take up to _CELL_TAPES_MAX_BYTES)
-        _CELL_CACHE[key] = _CellTapes(tape, box[0], box[1], grid, levels)
-    cells = _CELL_CACHE[key]
-
-    def field(p):
-        d = cells.evaluate(p)
-        if sec[0] != 0:
-            pv = p[:, 0] * sec[1] + p[:, 1] * sec[2] + p[:, 2] * sec[3] - sec[4]
-            d = np.where(pv > d, pv, d)
-        return d
-
+    field = _pruned_field(tape, packed, grid, levels)
     eye_out, dirs = camera.rays(width, height)
     eye = np.asarray(eye_out, np.float32)
     rd = np.ascontiguousarray(dirs, np.float32).reshape(-1, 3)
-    with np.errstate(divide="ignore", invalid="ignore"):      # the twin's _slab, every ray at once
-        t0 = np.full(len(rd), -np.inf, np.float32)
-        t1 = np.full(len(rd), np.inf, np.float32)
-        miss = np.zeros(len(rd), bool)
-        for r in range(3):
-            flat = rd[:, r] == 0
-            miss |= flat & ((eye[r] < box[0, r]) | (eye[r] > box[1, r]))
-            ta = (box[0, r] - eye[r]) / rd[:, r]
-            tb = (box[1, r] - eye[r]) / rd[:, r]
-            t0 = np.where(flat, t0, np.maximum(t0, np.minimum(ta, tb)))
-            t1 = np.where(flat, t1, np.minimum(t1, np.maximum(ta, tb)))
-        t = np.where(miss, np.float32(np.inf), np.maximum(t0, np.float32(0)))
-        tfar = np.where(miss, np.float32(-np.inf), t1)
-    steps = np.zeros(len(rd), np.int32)
-    hit = np.zeros(len(rd), bool)
-    live = np.flatnonzero(t <= tfar)
-    while live.size:                                            # the twin's _trace
-        d = field(eye + t[live, None] * rd[live])
-        steps[live] += 1
-        h = d < eps
-        hit[live[h]] = True
-        go = live[~h]
-        t[go] += d[~h] * step_scale
-        live = go[(t[go] <= tfar[go]) & (steps[go] < max_steps)]
+    t, tfar = _slabs(np.broadcast_to(eye, rd.shape), rd, box)
+    steps, hit, _ = _wavefront(field, eye, rd, t, tfar, eps, max_steps, step_scale, np.float32(0))
     grad = np.zeros((len(rd), 3), np.float32)
     at = np.flatnonzero(hit)
     if at.size:                                                 # the twin's _gradients

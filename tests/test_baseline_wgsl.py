@@ -173,3 +173,20 @@ def test_assembly_bench_compiles_in_a_child_and_stops_at_the_predicted_limit(wal
                                                          "count was predicted past 1e-06 s)"]
     assert rows[0]["max abs difference"] <= 1e-6 and rows[0]["compile s"] > 0
     assert "measured at 10 bolts" in note and "not at 20, 40 bolts" in note
+
+
+@pytest.mark.gpu
+def test_written_out_frames_run_the_tapes_own_records_not_its_lowering(walker_gpu):
+    """GpuWalker.render draws a scene tape it has seen before as its lowering on cells; the
+    baseline's render must still run the written-out kernels of the tape itself."""
+    from taperay.tools.bench_baseline import FRAME_KERNELS, BaselineKernel
+    from taperay.tools.bench_gpu import primitive_scene
+    tape = flatten(primitive_scene(12, seed=1), source="12 primitives")
+    assert walker_gpu.render_tape(tape) is not tape                       # (a lowerable tape)
+    kernel = BaselineKernel(walker_gpu, tape, kernels=FRAME_KERNELS)
+    for _ in range(2):
+        walker_gpu.render(tape, None, 32, 18, view="normals")             # (seen: lowered from now on)
+    walker_gpu._kept_cells = None
+    image = kernel.render(None, 32, 18, "normals")
+    assert walker_gpu._kept_cells is None                                 # no cells were built or used
+    np.testing.assert_array_equal(image, walker_gpu.render(tape, None, 32, 18, view="normals", cells=None))

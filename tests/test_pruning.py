@@ -407,3 +407,24 @@ def test_twin_render_marches_long_arithmetic_tapes_on_cells(walker_cpu, monkeypa
     assert len(calls) == 3
     with pytest.raises(TaperayError):
         walker_cpu.render(tape, None, 8, 8, cells="yes")
+
+
+@pytest.mark.parametrize("shadows", ["hard", "soft"])
+@pytest.mark.parametrize("view", ["shade", "section"])
+def test_light_pruned_is_the_twins_light_pass_bit_for_bit(walker_cpu, shadows, view):
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.pruning import light_pruned, march_pruned
+    from taperay.runtime.shading import RenderSettings
+    from taperay.tools.bench_prune import spheres_program
+    tape = load_vm(spheres_program(60, seed=2))
+    cam = auto_camera(tape.bounds)
+    settings = RenderSettings(shadows=shadows)
+    packed = settings.pack(tape, view)
+    mr = march_pruned(tape, cam, 40, 30, settings, view)
+    ref = walker_cpu._light(tape, packed, mr)
+    got = light_pruned(tape, packed, mr)
+    assert (ref["shadow"] < 1).mean() > 0.01 and (ref["ao"] < 1).mean() > 0.05
+    for k in ("shadow", "ao"):
+        np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+    image = walker_cpu.render(tape, cam, 40, 30, view, settings)      # (cells="auto": pruned)
+    np.testing.assert_array_equal(image, walker_cpu.render(tape, cam, 40, 30, view, settings, cells=None))

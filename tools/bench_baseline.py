@@ -97,6 +97,6 @@ class BaselineKernel:
         missing = [k for k in need if k not in self.kernels]
         if missing:
             raise TaperayError(f"baseline render {view!r}: kernels {', '.join(missing)} were not written out")
-        with self.installed():
+        with self.installed():      # (cells=None: the tape's own records, which were written out)
             return self.walker.render(self.tape, camera, width, height, view=view, settings=settings,
-                                      samples=samples)
+                                      samples=samples, cells=None)
