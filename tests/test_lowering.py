@@ -217,3 +217,12 @@ def test_gpu_render_falls_back_when_the_lowered_cells_do_not_fit(walker_gpu, mon
     own = walker_gpu.render(tape, cam, 32, 24, view="normals")
     assert walker_gpu._cells_too_large == {(tape_key(low), (64, 2))}   # (both tries were (64, 2))
     np.testing.assert_array_equal(own, walker_gpu.render(tape, cam, 32, 24, view="normals", cells=None))
+
+
+def test_twin_render_of_a_scene_is_its_lowering_on_cells(walker_cpu):
+    tape = flatten(_material_scene())
+    low = lower(tape)
+    cam = auto_camera(tape.bounds)
+    image = walker_cpu.render(tape, cam, 40, 30)
+    np.testing.assert_array_equal(image, walker_cpu.render(low, cam, 40, 30, cells=None))
+    assert np.any(walker_cpu.render(tape, cam, 40, 30, view="depth", cells=None) != 0)

@@ -423,7 +423,7 @@ def test_light_pruned_is_the_twins_light_pass_bit_for_bit(walker_cpu, shadows, v
     mr = march_pruned(tape, cam, 40, 30, settings, view)
     ref = walker_cpu._light(tape, packed, mr)
     got = light_pruned(tape, packed, mr)
-    assert (ref["shadow"] < 1).mean() > 0.01 and (ref["ao"] < 1).mean() > 0.05
+    assert (ref["shadow"] < 1).sum() >= 10 and (ref["ao"] < 1).sum() >= 10   # (shadows and occlusion to compare)
     for k in ("shadow", "ao"):
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
     image = walker_cpu.render(tape, cam, 40, 30, view, settings)      # (cells="auto": pruned)
