@@ -916,8 +916,8 @@ class GpuWalker(PrunedPasses):
                 from .pruning import tape_key
                 self._cells_too_large.add((tape_key(run), run_cells))
         n = width * height
-        rgba = self._read(self._out_u, np.uint32, n, 8 * n)
-        return rgba.view(np.uint8).reshape(height, width, 4)[..., :3].copy()
+        rgb = self._read(self._out_u, np.uint32, (3 * n + 3) // 4, 8 * n)   # (resolve packs RGB bytes)
+        return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
 
 
     def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:

@@ -5,7 +5,7 @@
 //   out_u[4i ..]       march: steps, material (written by surface), hit, phase
 //   out_f[4N + 4i ..]  light: key-light visibility, ambient occlusion, shadow-ray t, penumbra
 //   out_u[4N + 4i ..]  light: shadow-ray steps, phase, shadow hit, occlusion sum (f32 bits)
-//   out_u[8N + i]      resolve: RGBA8 (R in the low byte)
+//   out_u[8N + i]      resolve: the RGB bytes of the image, four a word (byte 3p + c: pixel p, channel c)
 //   accum[i]           linear colour sums over the samples (the view colour before to_rgb8)
 // march and light are resumable: a pixel whose work would pass U.iter_budget saves its state,
 // counts itself in counters[COUNT_UNFINISHED] and the host dispatches again with U.resume = 1.
@@ -431,22 +431,29 @@ fn slice(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     accumulate(i, c);
 }
 
-// mean over the samples -> RGBA8 by shading.to_rgb8 (round to nearest even, NaN -> 0)
+// mean over the samples -> 8-bit RGB by shading.to_rgb8 (round to nearest even, NaN -> 0)
 @compute @workgroup_size(WG)
 fn resolve(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
            @builtin(num_workgroups) nwg: vec3<u32>) {
+    // the image as packed RGB bytes (pixel-major, 3 bytes a pixel), four bytes a word: the host
+    // reads 3n bytes and reshapes them, with no per-pixel copy
     let i = flat_index(wid, lid, nwg);
-    if (i >= U.n_items) {
+    let n_bytes = 3u * U.n_items;
+    if (4u * i >= n_bytes) {
         return;
     }
-    let a = accum[i];
-    var rgba = 0xff000000u;
-    for (var ch = 0u; ch < 3u; ch++) {
-        var v = a[ch] / a.w;
+    var word = 0u;
+    for (var b = 0u; b < 4u; b++) {
+        let q = 4u * i + b;
+        if (q >= n_bytes) {
+            break;
+        }
+        let a = accum[q / 3u];
+        var v = a[q % 3u] / a.w;
         if (is_nan(v)) {
             v = 0.0;
         }
-        rgba = rgba | (u32(round(clamp(v, 0.0, 1.0) * 255.0)) << (8u * ch));
+        word = word | (u32(round(clamp(v, 0.0, 1.0) * 255.0)) << (8u * b));
     }
-    out_u[8u * U.n_items + i] = rgba;
+    out_u[8u * U.n_items + i] = word;
 }
