@@ -784,8 +784,9 @@ class GpuWalker(PrunedPasses):
     @_guarded
     def gpu_seconds_frame(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                           cells="auto", repeat: int = 8) -> dict:
-        """GPU time of one sample of render(``view``) (of its render_tape), as gpu_seconds ((t_K - t_1) / (K - 1), K =
-        ``repeat`` runs encoded in one command buffer; no host work or read-back): "cells", the
+        """GPU time of one sample of render(``view``) (of its render_tape, on the cells render
+        would use), as gpu_seconds ((t_K - t_1) / (K - 1), K = ``repeat`` runs encoded in one
+        command buffer; no host work or read-back): "cells", the
         prune_tiles passes over the march cells (0 when the frame is not pruned), and "frame",
         the frame's passes (march, light, shade, resolve). A frame that needs more than one
         dispatch (march / light's iteration budget) is a TaperayError."""
@@ -919,7 +920,6 @@ class GpuWalker(PrunedPasses):
         rgb = self._read(self._out_u, np.uint32, (3 * n + 3) // 4, 8 * n)   # (resolve packs RGB bytes)
         return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
 
-
     def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:
         """The (tape, cells) a render tries in turn: the lowered tape ``run`` on LOWERED_CELLS,
         then on MARCH_CELLS (with "auto"; those whose cells were too large for ``run`` before
@@ -943,10 +943,11 @@ class GpuWalker(PrunedPasses):
 
     @staticmethod
     def render_tape(tape: Tape, view: str = "shade", cells="auto") -> Tape:
-        """The tape ``render`` runs for ``tape`` (from its second render on, with "auto"): itself, or, for a scene tape of at least
-        pruning.PRUNE_MIN_RECORDS records with march cells on (``cells`` not None) and a view that
-        marches, its lowering to arithmetic (pruning.cell_tape, runtime.lowering: the plain union
-        of its primitives, without cull boxes), whose cells prune it."""
+        """The tape ``render`` runs for ``tape`` (with "auto", from the second render of its
+        content on): itself, or, for a scene tape of at least pruning.PRUNE_MIN_RECORDS records
+        with march cells on (``cells`` not None) and a view that marches, its lowering to
+        arithmetic (pruning.cell_tape, runtime.lowering: the plain union of its primitives,
+        without cull boxes), whose cells prune it."""
         from .pruning import PRUNE_MIN_RECORDS, cell_tape, is_arithmetic
         if (cells is None or view == "slice" or len(tape.instrs) < PRUNE_MIN_RECORDS
                 or is_arithmetic(tape, fields=True)):
