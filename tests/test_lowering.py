@@ -8,12 +8,14 @@
 * what it does not rewrite is NotLowerable, naming the record, and cell_tape says None;
 * the twin's march_pruned of a lowered scene is CpuWalker.march bit for bit, materials too;
 * GpuWalker.render of a scene tape runs the lowered tape on cells from its second render on: the
-  same bits as the lowered tape's unpruned render, the twin's image of it, no kernel created.
+  same bits as the lowered tape's unpruned render, the twin's image of it (by the walkers' image
+  contract), no kernel created.
 """
 import numpy as np
 import pytest
 
 from taperay.runtime.camera import auto_camera
+from taperay.runtime.conformance import compare_images
 from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.opcodes import Family, OPS, Op
 from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned, tape_key
@@ -181,7 +183,10 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
     for view in ("shade", "normals"):
         on_cells = walker_gpu.render(tape, cam, 40, 30, view=view)
         np.testing.assert_array_equal(on_cells, walker_gpu.render(low, cam, 40, 30, view=view, cells=None))
-        np.testing.assert_array_equal(on_cells, walker_cpu.render(low, cam, 40, 30, view=view))
+        # the twin's image of the same tape, by the walkers' image contract (equal on lavapipe;
+        # a real GPU rounds a level here and there)
+        cmp = compare_images(walker_cpu.render(low, cam, 40, 30, view=view), on_cells, levels=2)
+        assert cmp["mismatch_fraction"] <= 0.02, cmp
         walker_gpu.render(tape, cam, 40, 30, view=view)
         assert walker_gpu._kept_cells is not None              # (on the lowered tape's cells)
     after = walker_gpu.stats()
