@@ -55,14 +55,12 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
     second render on: lowered and the cells built by the warm-up calls, and kept), render's unpruned frame ms (cells=None, the tape's
     own records with its cull boxes) and the written-out frame ms; the lowering's host ms, the
     GPU ms of building the cells and of one shade frame on them."""
-    from taperay.runtime import pruning
     from taperay.runtime.lowering import lower
 
     from .bench_baseline import FRAME_KERNELS, BaselineKernel
     started = time.perf_counter()
     lowered = lower(tape)
     out = {"lowered records": len(lowered), "lowering ms": (time.perf_counter() - started) * 1e3}
-    pruning._CELL_TAPE.clear()
     written = BaselineKernel(walker, tape, kernels=FRAME_KERNELS)
     differing = {"cells": 0, "unpruned": 0}
     for view in views:
