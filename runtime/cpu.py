@@ -54,7 +54,7 @@ from numba import njit, prange
 from .camera import Camera, auto_camera
 from .opcodes import LOOP_CAP, STACK_CAP, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
-from .tape import Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
+from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
 
 __all__ = ["CpuWalker", "BLOCK"]
 
@@ -1151,8 +1151,10 @@ class CpuWalker:
         lights a tape of at least pruning.PRUNE_MIN_RECORDS records on pruned cells
         (runtime.pruning.march_pruned / light_pruned, bit for bit ``march`` and the light pass):
         an arithmetic tape (scene fields allowed) itself, another scene tape as its lowering to
-        arithmetic where it has one (pruning.cell_tape, as GpuWalker.render); (grid, levels) the
-        same with that grid; None never (``march`` itself stays the unpruned reference)."""
+        arithmetic where it has one (pruning.cell_tape, as GpuWalker.render), by the tape's own
+        records where the cells would exceed pruning's memory cap; (grid, levels) the same with
+        that grid (CellsTooLarge past the cap); None never (``march`` itself stays the unpruned
+        reference)."""
         from .pruning import PRUNE_MIN_RECORDS, cell_tape, light_pruned, march_pruned
         auto = isinstance(cells, str) and cells == "auto"
         if not (cells is None or auto or (isinstance(cells, tuple) and len(cells) == 2)):
@@ -1171,16 +1173,20 @@ class CpuWalker:
         if cells is not None and not (auto and len(tape.instrs) < PRUNE_MIN_RECORDS):
             run = cell_tape(tape)
         light = None
+        if run is not None:
+            grid = {} if auto else dict(grid=cells[0], levels=cells[1])
+            try:
+                mr = march_pruned(run, camera, width, height, settings, view, **grid)
+                if view in ("shade", "section"):
+                    light = light_pruned(run, settings.pack(run, view), mr, **grid)
+            except CellsTooLarge:
+                if not auto:
+                    raise
+                run = None                     # (the cells of a long tape: the tape's own records)
         if run is None:
             mr = self.march(tape, camera, width, height, settings, view)
             if view in ("shade", "section"):
                 light = self._light(tape, packed, mr)
-        else:
-            grid = {} if auto else dict(grid=cells[0], levels=cells[1])
-            packed = settings.pack(run, view)
-            mr = march_pruned(run, camera, width, height, settings, view, **grid)
-            if view in ("shade", "section"):
-                light = light_pruned(run, packed, mr, **grid)
         return to_rgb8(compose(view, packed, tape.materials, camera.pack(), mr["dirs"], march=mr, light=light))
 
     def _light(self, tape: Tape, packed: np.ndarray, mr: dict) -> dict:

@@ -37,10 +37,10 @@ import numpy as np
 
 from .camera import Camera, auto_camera
 from .gpu_guard import _guarded
-from .gpu_pruning import LOWERED_CELLS, MARCH_CELLS, CellsTooLarge, PrunedPasses
+from .gpu_pruning import LOWERED_CELLS, MARCH_CELLS, PrunedPasses
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
-from .tape import Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
+from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
 __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "gpu_self_check",

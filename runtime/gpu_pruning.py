@@ -21,7 +21,7 @@ import numpy as np
 from .gpu_guard import _guarded
 from .opcodes import Op
 from .shading import RenderSettings
-from .tape import Tape, TaperayError, point_array
+from .tape import CellsTooLarge, Tape, TaperayError, point_array
 
 # Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
 # MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile; the counters'
@@ -260,10 +260,6 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
     for a, b in zip(sizes, sizes[1:]):
         counts.append(counts[-1] * (-(-a // b)) ** 2)
     return counts
-
-
-class CellsTooLarge(TaperayError):
-    """The march cells' headers or pruned tapes do not fit the adapter's binding limit."""
 
 
 class PrunedPasses:

@@ -62,7 +62,7 @@ from numba import njit, prange
 from .cpu import CpuWalker, _arith_block, _rem32, _round
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
-from .tape import Tape, TaperayError, point_array, validate
+from .tape import CellsTooLarge, Tape, TaperayError, point_array, validate
 
 __all__ = ["is_arithmetic", "light_pruned", "cell_tape", "tape_key", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "march_pruned", "DEFAULT_TILES"]
@@ -906,15 +906,18 @@ def is_arithmetic(tape: Tape, fields: bool = False) -> bool:
 
 
 _CELL_TAPE: dict[int, Tape | None] = {}
+LOWER_MAX_RECORDS = 16384   # longer scene tapes are not lowered (host Python: about 0.35 s per 8,000 records)
 
 
 def cell_tape(tape: Tape) -> Tape | None:
     """The tape whose values march cells prune for ``tape`` (both walkers' renders use it): the
     tape itself when it is arithmetic (scene fields allowed), else its lowering to arithmetic
     (``runtime.lowering``; kept per tape content, the same object while the content stays) when
-    it has one, else None."""
+    it has one and is at most LOWER_MAX_RECORDS records long, else None."""
     if is_arithmetic(tape, fields=True):
         return tape
+    if len(tape.instrs) > LOWER_MAX_RECORDS:
+        return None
     key = tape_key(tape)
     if key not in _CELL_TAPE:
         from .lowering import NotLowerable, lower
@@ -1229,7 +1232,7 @@ class _CellTapes:
         self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
         n_cells = self.choices.shape[1]
         if n_cells * n * 24 > _CELL_TAPES_MAX_BYTES:
-            raise TaperayError(f"march_pruned: {n_cells - 1} cells of a {n}-record tape need "
+            raise CellsTooLarge(f"march_pruned: {n_cells - 1} cells of a {n}-record tape need "
                                f"{n_cells * n * 24 / 2**20:.0f} MB of pruned tapes "
                                f"(at most {_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid")
         tcodes = np.empty((n_cells, n, 5), np.int32)
@@ -1248,7 +1251,7 @@ class _CellTapes:
                             sub_lengths)
             lengths = np.append(sub_lengths, n - starts[-1])
             if int(lengths.sum()) * 24 > _CELL_TAPES_MAX_BYTES:
-                raise TaperayError(f"march_pruned: the {len(sub_lengths)} sub-cells' tapes need "
+                raise CellsTooLarge(f"march_pruned: the {len(sub_lengths)} sub-cells' tapes need "
                                    f"{int(lengths.sum()) * 24 / 2**20:.0f} MB (at most "
                                    f"{_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid or one level")
             offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

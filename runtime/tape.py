@@ -16,7 +16,8 @@ import numpy as np
 from .opcodes import (JUMPING, LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS,
                       STACK_CAP, Family, Op, OpSpec)
 
-__all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError", "validate",
+__all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
+           "CellsTooLarge", "validate",
            "ValidatedTapes", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
 
@@ -36,6 +37,11 @@ MAX_MATERIALS = 1 << 16
 
 class TaperayError(Exception):
     """Every error a user can cause (bad files, bad scenes, tapes too large, no GPU)."""
+
+
+class CellsTooLarge(TaperayError):
+    """The pruned tapes of a march's cells do not fit: the GPU's binding limit, or the CPU twin's
+    memory cap. Renders that chose the cells themselves fall back to fewer cells or none."""
 
 
 class TapeError(TaperayError):

@@ -231,3 +231,23 @@ def test_twin_render_of_a_scene_is_its_lowering_on_cells(walker_cpu):
     image = walker_cpu.render(tape, cam, 40, 30)
     np.testing.assert_array_equal(image, walker_cpu.render(low, cam, 40, 30, cells=None))
     assert np.any(walker_cpu.render(tape, cam, 40, 30, view="depth", cells=None) != 0)
+
+
+def test_twin_render_falls_back_to_the_tapes_own_records_past_the_cells_memory_cap(walker_cpu, monkeypatch):
+    from taperay.runtime import pruning
+    from taperay.runtime.tape import CellsTooLarge
+    tape = flatten(_material_scene())
+    cam = auto_camera(tape.bounds)
+    monkeypatch.setattr(pruning, "_CELL_TAPES_MAX_BYTES", 1 << 10)
+    pruning._CELL_CACHE.clear()
+    np.testing.assert_array_equal(walker_cpu.render(tape, cam, 24, 18),
+                                  walker_cpu.render(tape, cam, 24, 18, cells=None))
+    with pytest.raises(CellsTooLarge, match="march_pruned"):
+        walker_cpu.render(tape, cam, 24, 18, cells=(4, 2))     # (asked for: not replaced silently)
+
+
+def test_long_scene_tapes_are_not_lowered(monkeypatch):
+    from taperay.runtime import pruning
+    tape = flatten(_material_scene())
+    monkeypatch.setattr(pruning, "LOWER_MAX_RECORDS", len(tape) - 1)
+    assert cell_tape(tape) is None
