@@ -251,3 +251,12 @@ def test_long_scene_tapes_are_not_lowered(monkeypatch):
     tape = flatten(_material_scene())
     monkeypatch.setattr(pruning, "LOWER_MAX_RECORDS", len(tape) - 1)
     assert cell_tape(tape) is None
+
+
+def test_info_says_a_long_scene_tape_is_not_lowered(monkeypatch):
+    from taperay.runtime import pruning
+    from taperay.tools.cli import tape_info
+    tape = flatten(_material_scene())
+    assert "lowering" in tape_info(tape)["march_cells"]
+    monkeypatch.setattr(pruning, "LOWER_MAX_RECORDS", len(tape) - 1)
+    assert "too long to lower" in tape_info(tape)["march_cells"]

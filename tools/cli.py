@@ -309,11 +309,13 @@ def _march_cells_info(tape) -> str:
     """Whether the GPU's render prunes this tape on march cells, and as what."""
     from taperay.runtime.lowering import first_unlowered
     from taperay.runtime.opcodes import Op
-    from taperay.runtime.pruning import PRUNE_MIN_RECORDS, is_arithmetic
+    from taperay.runtime.pruning import LOWER_MAX_RECORDS, PRUNE_MIN_RECORDS, is_arithmetic
     if len(tape) < PRUNE_MIN_RECORDS:
         return f"none: fewer than {PRUNE_MIN_RECORDS} records (too short to gain)"
     if is_arithmetic(tape, fields=True):
         return "the tape itself (arithmetic)"
+    if len(tape) > LOWER_MAX_RECORDS:
+        return f"none: more than {LOWER_MAX_RECORDS} records (too long to lower on the host)"
     bad = first_unlowered(tape)
     if bad is None:
         return "its lowering to arithmetic (runtime.lowering)"
