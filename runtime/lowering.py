@@ -177,8 +177,8 @@ def _smooth(w: _Writer, op: Op, a: int, b: int, k) -> int:
 
 def lower(tape: Tape) -> Tape:
     """``tape``'s field as an arithmetic tape of scene fields (see the module docstring), with the
-    same materials, bounds, instance count and source. ``NotLowerable`` when a record has no
-    arithmetic form here."""
+    same materials, bounds, instance count and source; not validated here (the walkers validate
+    every tape before they run it). ``NotLowerable`` when a record has no arithmetic form here."""
     bad = first_unlowered(tape)
     if bad is not None:
         raise NotLowerable(f"{Op(int(tape.instrs['op'][bad])).name} has no arithmetic form here", bad)
@@ -263,6 +263,7 @@ def lower(tape: Tape) -> Tape:
     root = read(len(ins) - 1, 0) if len(ins) else None
     if root is None:
         raise NotLowerable("an empty tape")
-    out = program_tape(w.prog, root, tape.source, materials=tape.materials, reorder=False)
+    # (not validated here: every walker validates a tape before it runs it)
+    out = program_tape(w.prog, root, tape.source, materials=tape.materials, reorder=False, check=False)
     return Tape(out.instrs, out.params, tape.materials, out.n_regs, tape.bounds,
                 instance_count=tape.instance_count, source=tape.source)

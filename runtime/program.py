@@ -167,16 +167,19 @@ def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str, material
 
 
 def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_CAPS), materials=None,
-                 reorder: bool = True) -> Tape:
+                 reorder: bool = True, check: bool = True) -> Tape:
     """Schedule and register-allocate the hash-consed program ending in ``root`` into a tape
-    with ``materials`` (MATERIAL_DTYPE records; default one, GREY). ``reorder`` False tries the
-    definition order only (for programs built in a good order, as the lowering's)."""
+    with ``materials`` (MATERIAL_DTYPE records; default one, GREY), validated unless ``check``
+    is False (for a caller whose tape the walkers validate on use anyway, as the lowering's).
+    ``reorder`` False tries the definition order only (for programs built in a good order, as
+    the lowering's)."""
     order = _live_order(prog, root)
     orders = (order, _depth_first_order(prog, order)) if reorder else (order,)
     for max_tree in _RECOMPUTE_TREE_SIZES:
         plans = [(seq, *_allocate(seq)) for seq in (_schedule(prog, o, max_tree) for o in orders)]
         seq, dst, n_regs = min(plans, key=lambda p: (p[2], len(p[0])))
         if n_regs <= max_regs:
-            return validate(_emit(prog, seq, dst, n_regs, source, materials))
+            tape = _emit(prog, seq, dst, n_regs, source, materials)
+            return validate(tape) if check else tape
     raise TapeError(f"the program needs {n_regs} registers even with every subexpression "
                     f"of up to {max_tree} instructions recomputed; the budget is {max_regs}", source=source)

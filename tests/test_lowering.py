@@ -19,6 +19,7 @@ from taperay.runtime.conformance import compare_images
 from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.opcodes import Family, OPS, Op
 from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned, tape_key
+from taperay.runtime.tape import validate
 from taperay.scenegraph import (Material, box, capped_cone, capsule, cylinder, difference, ellipsoid, field,
                                 fields, flatten, intersection, plane, rounded_box, smooth_difference,
                                 smooth_intersection, smooth_union, sphere, torus, union, xor)
@@ -66,7 +67,7 @@ def test_every_lowerable_record_without_culls_gives_the_same_field_and_materials
     assert {Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.TORUS, Op.CAPSULE, Op.PLANE, Op.TRANSLATE,
             Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE, Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.OFFSET,
             Op.SHELL, Op.FIELD_RESULT} <= ops
-    low = lower(tape)
+    low = validate(lower(tape))
     assert is_arithmetic(low, fields=True) and not is_arithmetic(tape, fields=True)
     assert {Op(int(o)) for o in np.unique(low.instrs["op"])} <= \
         {o for o in Op if OPS[o].family is Family.ARITH} | {Op.FIELD_RESULT, Op.UNION, Op.INTERSECT}
