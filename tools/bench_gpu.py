@@ -54,7 +54,7 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
     """Per view, render's frame ms (on march cells, the scene lowered to arithmetic from the
     second render on: lowered and the cells built by the warm-up calls, and kept), render's unpruned frame ms (cells=None, the tape's
     own records with its cull boxes) and the written-out frame ms; the lowering's host ms, the
-    GPU ms of building the cells and of one shade frame on them."""
+    GPU ms of building the cells, and of one shade frame on them, unpruned and written out."""
     from taperay.runtime.lowering import lower
 
     from .bench_baseline import FRAME_KERNELS, BaselineKernel
@@ -76,7 +76,12 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
         for k in differing:
             differing[k] += int(np.any(renders[k]() != image, axis=-1).sum())
     gpu_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade")
+    unpruned_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None)
+    with written.installed():
+        written_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None)
     out.update({"cells GPU ms": gpu_s["cells"] * 1e3, "shade frame GPU ms": gpu_s["frame"] * 1e3,
+                "shade unpruned frame GPU ms": unpruned_s["frame"] * 1e3,
+                "shade written-out frame GPU ms": written_s["frame"] * 1e3,
                 "written-out frame compile s": written.compile_seconds,
                 "frame first dispatch s": written.first_dispatch_seconds,
                 "frame px differing (cells)": differing["cells"],
