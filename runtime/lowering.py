@@ -2,15 +2,16 @@
 arithmetic records closed by FIELD_RESULT, so that interval pruning (``runtime.pruning``, the
 GPU's march cells) applies to ordinary scenes, not only to imported programs.
 
-``lower(tape)`` walks the tape once, keeping the current point as three SSA nodes of x, y, z
-(the point ops PUSH / POP / TRANSLATE / ROTATE (as its 3x3 matrix) / SCALE / MIRROR / ELONGATE
-become arithmetic on them; the scale is a number, since without patterns it is the same at every
-point; a sphere reads the point from before the rotations that directly precede it), and writes each primitive's formula (the twin's, ``runtime.cpu``) on that point, times
-the scale, closed by FIELD_RESULT with the primitive's material. UNION and INTERSECT stay (they
-prune as MIN / MAX); DIFFERENCE is ``max(a, FIELD_RESULT(-b))`` with a's material (when a has
-one material), OFFSET and SHELL are SUB / ABS (which carry their first operand's material), the
-smooth ops the twin's formula (SMOOTH_DIFFERENCE, too, for an ``a`` of one material).
-The program is hash-consed and register-allocated by ``runtime.program``.
+``lower(tape)`` walks the tape once, keeping the current point as three SSA nodes of x, y, z:
+the point ops (PUSH / POP / TRANSLATE / ROTATE as its 3x3 matrix / SCALE / MIRROR / ELONGATE)
+become arithmetic on them, and the scale is a number (without patterns it is the same at every
+point). Each primitive's formula (the twin's, ``runtime.cpu``) is written on that point, times
+the scale, closed by FIELD_RESULT with the primitive's material; a sphere reads the point from
+before the rotations that directly precede it. UNION and INTERSECT stay (they prune as MIN /
+MAX); DIFFERENCE is ``max(a, FIELD_RESULT(-b))`` with a's material (when a has one material);
+OFFSET and SHELL are SUB / ABS (which carry their first operand's material); the smooth ops are
+the twin's formula (SMOOTH_DIFFERENCE, too, for an ``a`` of one material). The program is
+hash-consed and register-allocated by ``runtime.program``.
 
 What changes: the flattener's CULL_BOX records are dropped. A culled subtree counts as
 ``max(v, box distance)``, which differs from ``v`` only inside the solid, where the box is
