@@ -1178,7 +1178,7 @@ class CpuWalker:
             try:
                 mr = march_pruned(run, camera, width, height, settings, view, **grid)
                 if view in ("shade", "section"):
-                    light = light_pruned(run, settings.pack(run, view), mr, **grid)
+                    light = light_pruned(run, packed, mr, **grid)     # (run has tape's bounds)
             except CellsTooLarge:
                 if not auto:
                     raise

@@ -40,7 +40,7 @@ from .gpu_guard import _guarded
 from .gpu_pruning import LOWERED_CELLS, MARCH_CELLS, PrunedPasses
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
-from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
+from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, content_key, gradient_eps, point_array
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
 __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "gpu_self_check",
@@ -488,7 +488,7 @@ class GpuWalker(PrunedPasses):
         self._cell_arena_words = 0           # pruned march cells: the same
         self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame)
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
-        self._cells_too_large: set[tuple] = set()   # (tape_key of a lowered tape, cells) past the limit
+        self._cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
         software = self._ctx.info["software"]
         self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -914,8 +914,7 @@ class GpuWalker(PrunedPasses):
             except CellsTooLarge:
                 if run is tape:
                     raise
-                from .pruning import tape_key
-                self._cells_too_large.add((tape_key(run), run_cells))
+                self._cells_too_large.add((content_key(run), run_cells))
         n = width * height
         rgb = self._read(self._out_u, np.uint32, (3 * n + 3) // 4, 8 * n)   # (resolve packs RGB bytes)
         return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
@@ -924,17 +923,15 @@ class GpuWalker(PrunedPasses):
         """The (tape, cells) a render tries in turn: the lowered tape ``run`` on LOWERED_CELLS,
         then on MARCH_CELLS (with "auto"; those whose cells were too large for ``run`` before
         left out), then the scene's own records; or (run, cells) alone."""
-        from .pruning import tape_key
         if run is tape:
             return [(tape, cells)]
         tries = [LOWERED_CELLS, MARCH_CELLS] if isinstance(cells, str) else [cells]
-        key = tape_key(run)
+        key = content_key(run)
         return [(run, c) for c in tries if (key, c) not in self._cells_too_large] + [(tape, cells)]
 
     def _rendered_before(self, tape: Tape) -> bool:
         """Whether a tape of this content was rendered before by this walker (and note it)."""
-        from .pruning import tape_key
-        key = tape_key(tape)
+        key = content_key(tape)
         seen = key in self._rendered
         if len(self._rendered) > 64:
             self._rendered.clear()
@@ -948,11 +945,10 @@ class GpuWalker(PrunedPasses):
         with march cells on (``cells`` not None) and a view that marches, its lowering to
         arithmetic (pruning.cell_tape, runtime.lowering: the plain union of its primitives,
         without cull boxes), whose cells prune it."""
-        from .pruning import PRUNE_MIN_RECORDS, cell_tape, is_arithmetic
-        if (cells is None or view == "slice" or len(tape.instrs) < PRUNE_MIN_RECORDS
-                or is_arithmetic(tape, fields=True)):
+        from .pruning import PRUNE_MIN_RECORDS, cell_tape
+        if cells is None or view == "slice" or len(tape.instrs) < PRUNE_MIN_RECORDS:
             return tape
-        return cell_tape(tape) or tape
+        return cell_tape(tape) or tape      # (an arithmetic tape is its own cell tape)
 
 
 def _view_passes(view: str) -> list[str]:

@@ -62,9 +62,9 @@ from numba import njit, prange
 from .cpu import CpuWalker, _arith_block, _rem32, _round
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
-from .tape import CellsTooLarge, Tape, TaperayError, point_array, validate
+from .tape import CellsTooLarge, Tape, TaperayError, content_key, point_array, validate
 
-__all__ = ["is_arithmetic", "light_pruned", "cell_tape", "tape_key", "interval_eval", "interval_op", "prune", "sign_image",
+__all__ = ["is_arithmetic", "light_pruned", "cell_tape", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "march_pruned", "DEFAULT_TILES"]
 
 DEFAULT_TILES = (256, 64, 16)   # 2D tile sizes in pixels, coarse to fine
@@ -918,7 +918,7 @@ def cell_tape(tape: Tape) -> Tape | None:
         return tape
     if len(tape.instrs) > LOWER_MAX_RECORDS:
         return None
-    key = tape_key(tape)
+    key = content_key(tape)
     if key not in _CELL_TAPE:
         from .lowering import NotLowerable, lower
         if len(_CELL_TAPE) > 16:
@@ -933,18 +933,12 @@ def cell_tape(tape: Tape) -> Tape | None:
 _COMPACT: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def tape_key(tape: Tape) -> int:
-    """A hash of what an arithmetic tape's evaluation depends on (its content, not its identity)."""
-    return hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, len(tape.materials),
-                 tape.bounds.tobytes()))
-
-
 def _checked(tape: Tape, what: str, fields: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Validate an arithmetic-only tape (once per content) and return its compact records:
     (n, 5) int32 op dst a b c and the (n,) float32 CONST values. With ``fields``, a tape of
     scene fields too, their records given as FIELD_OPS's arithmetic ops (the same values; the
     materials are the caller's, from the full tape)."""
-    key = (tape_key(tape), fields)
+    key = (content_key(tape), fields)
     if key not in _COMPACT:
         validate(tape)
         if not is_arithmetic(tape, fields):
@@ -1295,7 +1289,7 @@ def _pruned_field(tape: Tape, packed: np.ndarray, grid: int, levels: int):
     from .cpu import _packed, _section
     box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
     sec = _section(packed)
-    key = (tape_key(tape), box.tobytes(), grid, levels)
+    key = (content_key(tape), box.tobytes(), grid, levels)
     if key not in _CELL_CACHE:
         _CELL_CACHE.clear()          # (one: the cells of a big tape take up to _CELL_TAPES_MAX_BYTES)
         _CELL_CACHE[key] = _CellTapes(tape, box[0], box[1], grid, levels)

@@ -17,7 +17,7 @@ from .opcodes import (JUMPING, LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS
                       STACK_CAP, Family, Op, OpSpec)
 
 __all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
-           "CellsTooLarge", "validate",
+           "CellsTooLarge", "validate", "content_key",
            "ValidatedTapes", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
 
@@ -251,6 +251,13 @@ def gradient_eps(tape: Tape, eps: float | None) -> np.float32:
     return np.float32(eps)
 
 
+def content_key(tape: Tape) -> int:
+    """A hash of everything a tape's evaluation depends on (its content, not its identity: a tape
+    edited in place gets a new key): the key of the walkers' and pruning's per-tape caches."""
+    return hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, tape.bvh.tobytes(),
+                 tape.instances.tobytes(), len(tape.materials), tape.bounds.tobytes()))
+
+
 class ValidatedTapes:
     """The walkers' record of the tapes they have validated, by content (at most 65 kept):
     ``check`` runs ``validate`` once per distinct tape."""
@@ -259,8 +266,7 @@ class ValidatedTapes:
         self._keys: set[int] = set()
 
     def check(self, tape: Tape) -> None:
-        key = hash((tape.instrs.tobytes(), tape.params.tobytes(), tape.n_regs, tape.bvh.tobytes(),
-                    tape.instances.tobytes(), len(tape.materials), tape.bounds.tobytes()))
+        key = content_key(tape)
         if key not in self._keys:
             validate(tape)
             if len(self._keys) > 64:

@@ -18,8 +18,8 @@ from taperay.runtime.camera import auto_camera
 from taperay.runtime.conformance import compare_images
 from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.opcodes import Family, OPS, Op
-from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned, tape_key
-from taperay.runtime.tape import validate
+from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned
+from taperay.runtime.tape import content_key, validate
 from taperay.scenegraph import (Material, box, capped_cone, capsule, cylinder, difference, ellipsoid, field,
                                 fields, flatten, intersection, plane, rounded_box, smooth_difference,
                                 smooth_intersection, smooth_union, sphere, torus, union, xor)
@@ -39,8 +39,8 @@ def _points(tape, n=40000, seed=0):
 def _leaf_scene():
     """Each lowerable primitive and point op once, combined by every lowerable combine op (two
     children each: no cull boxes)."""
-    x, y, z = fields.x, fields.y, fields.z
-    gyroid = field(fields.sin(x * 3) * 0.1 + z - 0.2, bounds=((-1, -1, -1), (1, 1, 1)))
+    x, z = fields.x, fields.z
+    wave = field(fields.sin(x * 3) * 0.1 + z - 0.2, bounds=((-1, -1, -1), (1, 1, 1)))
     parts = [
         difference(sphere(0.5), cylinder(0.2, 3.0).rotate((1, 0, 0), 30)).translate(-2, 0, 0).material(RED),
         box(0.4, 0.3, 0.2).rotate((1, 2, 3), 40).translate(-1, 0.5, 0).material(BLUE),
@@ -50,7 +50,7 @@ def _leaf_scene():
         capsule((0, 0, -0.5), (0.3, 0.2, 0.5), 0.2).translate(0, -1.5, 0).material(RED),
         sphere(0.4).elongate(0.3, 0.0, 0.2).translate(-1, -1.2, 0.3),
         box(0.3).translate(0.5, 0, 0).mirror((1, 0, 0), 0.0).translate(0, 1.5, 0).material(BLUE),
-        gyroid.translate(0, 0, -1.5).material(GREEN),
+        wave.translate(0, 0, -1.5).material(GREEN),
     ]
     scene = parts[0]
     for part in parts[1:]:       # (an offset keeps unions binary: n-ary ones get cull boxes)
@@ -216,12 +216,12 @@ def test_gpu_render_falls_back_when_the_lowered_cells_do_not_fit(walker_gpu, mon
     walker_gpu._cells_too_large.clear()
     monkeypatch.setattr(gpu, "LOWERED_CELLS", (64, 2))             # 64^3 * 65 cells: past any limit
     on_march_cells = walker_gpu.render(tape, cam, 32, 24, view="normals")
-    assert walker_gpu._cells_too_large == {(tape_key(low), (64, 2))}
+    assert walker_gpu._cells_too_large == {(content_key(low), (64, 2))}
     np.testing.assert_array_equal(on_march_cells, walker_gpu.render(low, cam, 32, 24, view="normals", cells=None))
     monkeypatch.setattr(gpu, "MARCH_CELLS", (64, 2))
     walker_gpu._cells_too_large.clear()
     own = walker_gpu.render(tape, cam, 32, 24, view="normals")
-    assert walker_gpu._cells_too_large == {(tape_key(low), (64, 2))}   # (both tries were (64, 2))
+    assert walker_gpu._cells_too_large == {(content_key(low), (64, 2))}   # (both tries were (64, 2))
     np.testing.assert_array_equal(own, walker_gpu.render(tape, cam, 32, 24, view="normals", cells=None))
 
 
