@@ -3,13 +3,19 @@
 // FIELD_CELLS on, the pruned march and light (`cell_value`).
 //
 // A packed tape is n records of two words in out_u (prune.wgsl pack_record): op | dst << 8 |
-// a << 16 | b << 24, then c (MIX) or the bits of the constant (CONST). A tile's (or cell's) header
-// is 3 words: the first word of its packed tape, its length in records, its class (TILE_*).
+// a << 16 | b << 24, then c (MIX), the bits of the constant (CONST) or of an immediate operand:
+// pruning folds a constant operand of a two-operand record into it (op | IMM_A: a is the
+// immediate, op | IMM_B: b is), which drops the CONST record where nothing else reads it. A
+// tile's (or cell's) header is 3 words: the first word of its packed tape, its length in
+// records, its class (TILE_*).
 
 const TILE_AMBIGUOUS: u32 = 0u;
 const TILE_INSIDE: u32 = 1u;
 const TILE_OUTSIDE: u32 = 2u;
 const TILE_FAILED: u32 = 3u;
+const OP_MASK: u32 = 0x3fu;         // a packed record's op, without the immediate flags
+const IMM_A: u32 = 0x40u;
+const IMM_B: u32 = 0x80u;
 
 // run_tape's arithmetic, op for op (unary / binary / nmin / nmax and the exact fmod sub-steps), on
 // the packed pruned tape of `n_records` records at word `first` of out_u, at point p: register 0
@@ -33,10 +39,10 @@ fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
         iters += 1u;
         let w0 = out_u[k];
         let w1 = out_u[k + 1u];
-        let op = w0 & 0xffu;
+        let op = w0 & OP_MASK;
         let dst = (w0 >> 8u) & 0xffu;
-        let va = reg[(w0 >> 16u) & 0xffu];
-        let vb = reg[w0 >> 24u];
+        let va = select(reg[(w0 >> 16u) & 0xffu], bitcast<f32>(w1), (w0 & IMM_A) != 0u);
+        let vb = select(reg[w0 >> 24u], bitcast<f32>(w1), (w0 & IMM_B) != 0u);
         var wv = 0.0;
         var nxt = k + 2u;
         if (fmod_steps) {   // run_tape's STEP_FMOD
@@ -71,7 +77,7 @@ fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
         } else if (op <= OP_NOT) {
             wv = unary(op, va);
         } else {
-            wv = binary(op, va, vb, reg[w1 & 0xffu]);
+            wv = binary(op, va, vb, reg[select(0u, w1 & 0xffu, op == OP_MIX)]);
         }
         if (nxt != k) {
             reg[dst] = wv;

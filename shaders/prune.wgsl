@@ -59,6 +59,9 @@ const TRIG_UP: f32 = 1.0009765625;              // |sin|, |cos| on the GPU: <= 1
 
 var<private> ireg: array<vec2<f32>, REG_CAP>;   // the intervals of the registers (lo, hi)
 var<private> live: array<bool, REG_CAP>;   // the pruner's live registers (private: zeroed)
+var<private> konst: array<bool, REG_CAP>;  // interval pass: the register's last write was a CONST
+var<private> capt: array<bool, REG_CAP>;   // liveness: a later record folds the register's CONST
+var<private> kval: array<u32, REG_CAP>;    // writing pass: the bits of the register's last CONST
 
 // a float below / above x by `rel` of |x| and `abs_` (infinite bounds stay infinite, except that
 // a lower bound of +inf becomes FMAX and an upper bound of -inf -FMAX, as runtime/pruning.py)
@@ -289,6 +292,11 @@ const COUNT_ARENA: u32 = 2u;        // counters' words 2 and 3 (bindings.wgsl): 
 const COUNT_ARENA_FULL: u32 = 3u;   // tiles refused for want of arena room
 const NO_ROOM: u32 = 0xffffffffu;
 const EMITTED: u32 = 4u;            // scratch nibble bit: the record is in the pruned tape
+// scratch nibble bit 3: on a foldable record (`foldable`), one operand is a register whose last
+// write was a CONST and is written as the immediate (bit 0 set: operand a, else b); on a CONST,
+// its value is such an immediate, so the writing pass reads it even where it is not emitted
+const FOLDED: u32 = 8u;
+const FOLD_A: u32 = 1u;
 const MAX_LEVELS: u32 = 4u;         // level sizes live in one vec4
 const TILE_EMPTY: u32 = 4u;         // a sub-tile beyond its parent's extent (header only)
 const BLOCK: u32 = 8u;              // pruned_image: one workgroup (WG = 64 invocations) an 8 x 8 block
@@ -447,8 +455,9 @@ fn tile_extent(l: u32, t: u32) -> TileExtent {
                       vec3<f32>(max(xa, xb) + mx, max(ya, yb) + my, U.extra.x));
 }
 
-// a pruned record in two words: op | dst << 8 | a << 16 | b << 24 (registers < 256, ops < 256),
-// then c (MIX) or the bits of the constant (CONST). A scene field's records (only in the tapes of
+// a pruned record in two words: op | dst << 8 | a << 16 | b << 24 (registers < 256, ops < 64;
+// packed.wgsl IMM_A / IMM_B are set by pruning, never here), then c (MIX) or the bits of the
+// constant (CONST). A scene field's records (only in the tapes of
 // a pruned march, which have no transforms; runtime/pruning.py FIELD_OPS) become the arithmetic
 // ops with their values: FIELD_RESULT a COPY (reg[a] * 1), UNION MIN, INTERSECT MAX; materials
 // are the surface pass's, from the full tape.
@@ -475,6 +484,12 @@ fn source_record(l: u32, src: u32, k: u32) -> vec2<u32> {
         return pack_record(instrs[k]);
     }
     return vec2<u32>(out_u[src + 2u * k], out_u[src + 2u * k + 1u]);
+}
+
+// a record whose constant operand pruning may write as an immediate: two operands, no choice
+// (MIN / MAX / AND / OR keep registers: a decided one becomes a COPY of its chosen operand)
+fn foldable(op: u32) -> bool {
+    return n_reads(op) == 2u && op != OP_MIN && op != OP_MAX && op != OP_AND && op != OP_OR;
 }
 
 fn n_reads(op: u32) -> u32 {
@@ -653,10 +668,11 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 iters += 1u;
                 let w = next;
                 next = wg_rec[min(base + k + 1u - k0, CHUNK - 1u)];
-                let op = w.x & 0xffu;
+                let op = w.x & OP_MASK;
                 let a = (w.x >> 16u) & 0xffu;
                 let bb = w.x >> 24u;
                 var v = Iv(0.0, 0.0, CH_BOTH);
+                var fold = 0u;
                 if (op <= OP_VAR_Z) {
                     v = Iv(box_lo[op], box_hi[op], CH_BOTH);
                 } else if (op == OP_CONST) {
@@ -668,13 +684,23 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     let ia = ireg[a];
                     v = iv_unary(op, ia.x, ia.y);
                 } else {
-                    let ia = ireg[a];
-                    let ib = ireg[bb];
-                    let ic = ireg[w.y & 0xffu];
+                    let imm = bitcast<f32>(w.y);
+                    let ia = select(ireg[a], vec2<f32>(imm), (w.x & IMM_A) != 0u);
+                    let ib = select(ireg[bb], vec2<f32>(imm), (w.x & IMM_B) != 0u);
+                    let ic = ireg[select(0u, w.y & 0xffu, op == OP_MIX)];
                     v = iv_binary(op, ia.x, ia.y, ib.x, ib.y, ic.x, ic.y);
+                    if (foldable(op) && (w.x & (IMM_A | IMM_B)) == 0u) {
+                        if (konst[bb]) {
+                            fold = FOLDED;
+                        } else if (konst[a]) {
+                            fold = FOLDED | FOLD_A;
+                        }
+                    }
                 }
-                ireg[(w.x >> 8u) & 0xffu] = vec2<f32>(v.lo, v.hi);
-                bits |= v.ch << (4u * (k & 7u));
+                let dst = (w.x >> 8u) & 0xffu;
+                ireg[dst] = vec2<f32>(v.lo, v.hi);
+                konst[dst] = op == OP_CONST;
+                bits |= (v.ch | fold) << (4u * (k & 7u));
                 if ((k & 7u) == 7u || k + 1u == len) {
                     out_u[scratch + k / 8u] = bits;
                     bits = 0u;
@@ -700,8 +726,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
 
     // backward liveness: a decided choice op becomes COPY dst <- chosen operand (nothing when
-    // that is dst itself); records whose result is never read are dropped. The scratch word
-    // before the one in use is fetched ahead.
+    // that is dst itself); records whose result is never read are dropped; an operand folded as
+    // an immediate is not read, and the CONST that wrote it is marked FOLDED (capt). The scratch
+    // word before the one in use is fetched ahead.
     live[0] = true;
     var n_out = 0u;
     var word = 0u;
@@ -742,13 +769,19 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     }
                 }
                 let dst = (w.x >> 8u) & 0xffu;
+                let sh = 4u * (j & 7u);
+                if (capt[dst]) {    // (a CONST: the interval pass folds only those)
+                    capt[dst] = false;
+                    word |= FOLDED << sh;
+                }
                 if (!live[dst]) {
                     continue;
                 }
                 live[dst] = false;
-                let sh = 4u * (j & 7u);
-                let ch = (word >> sh) & 3u;
-                if (ch != CH_BOTH) {
+                let nib = (word >> sh) & 0xfu;
+                let ch = nib & 3u;
+                let folded = (nib & FOLDED) != 0u && (w.x & OP_MASK) != OP_CONST;
+                if (ch != CH_BOTH && !folded) {
                     let kept = chosen(w.x, ch);
                     live[kept] = true;
                     if (kept != dst) {
@@ -759,12 +792,21 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 word |= EMITTED << sh;
                 n_out += 1u;
-                let nr = n_reads(w.x & 0xffu);
-                if (nr >= 1u) {
-                    live[(w.x >> 16u) & 0xffu] = true;
+                let nr = n_reads(w.x & OP_MASK);
+                let ra = (w.x >> 16u) & 0xffu;
+                let rb = w.x >> 24u;
+                let fold_a = folded && (nib & FOLD_A) != 0u;
+                let fold_b = folded && (nib & FOLD_A) == 0u;
+                if (fold_a) {
+                    capt[ra] = true;
+                } else if (fold_b) {
+                    capt[rb] = true;
                 }
-                if (nr >= 2u) {
-                    live[w.x >> 24u] = true;
+                if (nr >= 1u && !fold_a && (w.x & IMM_A) == 0u) {
+                    live[ra] = true;
+                }
+                if (nr >= 2u && !fold_b && (w.x & IMM_B) == 0u) {
+                    live[rb] = true;
                 }
                 if (nr == 3u) {
                     live[w.y & 0xffu] = true;
@@ -788,7 +830,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         }
     }
 
-    // the emitted records in order, eight scratch nibbles a word
+    // the emitted records in order, eight scratch nibbles a word; a FOLDED CONST gives its value
+    // to the folded records after it, emitted or not
     var at = h.x;
     for (var c = 0u; c < n_chunks; c++) {
         iters += 1u;
@@ -811,7 +854,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 iters += 1u;
                 let full = next;
                 next = out_u[scratch + min(wj + 1u, max(w_end, 1u) - 1u)];
-                var m = full & 0x44444444u;
+                var m = full & 0xccccccccu;     // EMITTED or FOLDED nibbles
                 loop {
                     if (m == 0u) {
                         break;
@@ -821,11 +864,23 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                         break;
                     }
                     iters += 1u;
-                    let sh = firstTrailingBit(m) - 2u;
-                    m &= m - 1u;
+                    let sh = firstTrailingBit(m) & ~3u;
+                    m &= ~(0xfu << sh);
+                    let nib = (full >> sh) & 0xfu;
                     var rec = wg_rec[base + wj * 8u + sh / 4u - k0];
-                    let ch = (full >> sh) & 3u;
-                    if (ch != CH_BOTH) {
+                    let folded = (nib & FOLDED) != 0u;
+                    if (folded && (rec.x & OP_MASK) == OP_CONST) {
+                        kval[(rec.x >> 8u) & 0xffu] = rec.y;
+                    } else if (folded && (nib & FOLD_A) != 0u) {
+                        rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, kval[(rec.x >> 16u) & 0xffu]);
+                    } else if (folded) {
+                        rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, kval[rec.x >> 24u]);
+                    }
+                    if ((nib & EMITTED) == 0u) {
+                        continue;
+                    }
+                    let ch = nib & 3u;
+                    if (ch != CH_BOTH && !folded) {
                         rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
                     }
                     out_u[at] = rec.x;

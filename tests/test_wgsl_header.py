@@ -86,3 +86,14 @@ def test_every_op_is_implemented_by_the_interpreter():
             src = gpu._shader_text(file, cap)
             assert (SHADERS / "interpreter.wgsl").read_text() in src
             assert f"fn {gpu.KERNEL_ENTRY.get(kernel, kernel)}(" in src
+
+
+def test_packed_records_leave_the_immediate_flags_free():
+    """packed.wgsl keeps a pruned record's op in the low 6 bits of its first byte (OP_MASK) and
+    marks folded constant operands with bits 6 and 7: every arithmetic op must be below 64."""
+    from taperay.runtime.opcodes import OPS, Family
+    text = (SHADERS / "packed.wgsl").read_text()
+    mask = int(re.search(r"const OP_MASK: u32 = 0x([0-9a-f]+)u;", text)[1], 16)
+    flags = [int(re.search(rf"const {n}: u32 = 0x([0-9a-f]+)u;", text)[1], 16) for n in ("IMM_A", "IMM_B")]
+    assert mask | flags[0] | flags[1] == 0xff and mask & (flags[0] | flags[1]) == 0 and flags[0] != flags[1]
+    assert max(int(op) for op, spec in OPS.items() if spec.family == Family.ARITH) <= mask

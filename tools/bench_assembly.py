@@ -5,8 +5,8 @@ level-7 Menger sponge, 100,000 bolts in a bin):
 
   * load-to-first-frame from a saved ``.tape`` file: file read + decode, validation, upload
     (GPU buffer writes; the CPU twin reads the arrays in place, so none) and the first frame;
-    walker startup (Numba kernel load / GPU kernel creation) is excluded — it is done once on a
-    tiny tape first and reported on its own row;
+    walker startup (Numba kernel load / GPU kernel creation, then a tiny tape's frame at the
+    bench's size, which allocates the frame buffers) is excluded and reported on its own row;
   * the steady frame time (median of ``--repeat`` frames after the first);
   * frame time against instance count, 10 to 10^6, for a grid pattern (plate holes), a 3D grid
     (strut lattice) and an instance list (bolt bin), written as a log-scale plot
@@ -108,13 +108,15 @@ def kernels_created(walker) -> int | None:
     return st["shader_modules_created"] + st["pipelines_created"]
 
 
-def startup(walker) -> float:
-    """Seconds to make the walker ready (kernel load / creation): a tiny tape, tiny frame."""
+def startup(walker, size) -> float:
+    """Seconds to make the walker ready: kernel load / creation, then a tiny tape's frame at
+    ``size`` (W, H), which allocates the buffers of frames of that size, as a viewer does when
+    its window opens and before any file is loaded."""
     from taperay.scenegraph import flatten, sphere
     tiny = flatten(sphere(1.0) | sphere(0.5).translate(1, 0, 0), source="bench:startup")
     t0 = time.perf_counter()
     upload(walker, tiny)
-    walker.render(tiny, None, 8, 8)
+    walker.render(tiny, None, *size)
     return time.perf_counter() - t0
 
 
@@ -316,7 +318,7 @@ def bench_assembly(opts) -> BenchResult:
     parts = set(getattr(opts, "parts", None) or PARTS)
     walker = make_walker(walker_name)
     rows = [{"scene": "(walker startup)", "instances": "", "records": "", "file MB": "", "read ms": "",
-             "validate ms": "", "upload ms": "", "first frame ms": startup(walker) * 1e3,
+             "validate ms": "", "upload ms": "", "first frame ms": startup(walker, size) * 1e3,
              "load-to-first-frame ms": "", "frame ms (median)": "", "kernels created": ""}]
     with tempfile.TemporaryDirectory() as tmp:
         for name in SCENES if "load" in parts else ():
@@ -340,7 +342,8 @@ def bench_assembly(opts) -> BenchResult:
                                                 "default, pass --size 1920x1080 to use it here)"
                                                 if walker_name == "cpu" and size == DEFAULT_SIZE["cpu"] else ""),
              "load-to-first-frame = read + validate + upload + first frame; walker startup (kernel load or "
-             "creation, first row) is excluded; 'read' is the file read and decode, the tape then validated "
+             "creation, then a tiny tape's frame at this size, which allocates the frame buffers: first row) "
+             "is excluded; 'read' is the file read and decode, the tape then validated "
              "once (validation timed alone)",
              "the CPU twin has no upload (it reads the arrays in place); its first frame also hashes the "
              "tape to cache its validation",
