@@ -81,18 +81,22 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "shade": ("kernels_render.wgsl", False),
     "resolve": ("kernels_render.wgsl", False),
     "prune_tiles": ("prune.wgsl", True),
+    "prune_cells": ("prune.wgsl", True),
     "pruned_image": ("prune.wgsl", True),
     "pruned_points": ("prune.wgsl", True),
 }
 # pipeline-overridable constants per kernel: march and light need distances only (the hit's
 # material comes from the surface pass), so their interpreter is built without material ids; their
 # _cells pipelines (the same entry points, KERNEL_ENTRY) evaluate an arithmetic tape's pruned cell
-# tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_value)
+# tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_value); prune_cells is prune_tiles
+# folding constant operands into the cells' tapes (prune.wgsl FOLD_CONSTANTS)
 KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
     "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
     "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
-    "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True}}
-KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light"}   # kernel -> entry point, where they differ
+    "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
+    "prune_cells": {"FOLD_CONSTANTS": True}}
+KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> entry point, where they differ
+                "prune_cells": "prune_tiles"}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
@@ -787,7 +791,7 @@ class GpuWalker(PrunedPasses):
         """GPU time of one sample of render(``view``) (of its render_tape, on the cells render
         would use), as gpu_seconds ((t_K - t_1) / (K - 1), K = ``repeat`` runs encoded in one
         command buffer; no host work or read-back): "cells", the
-        prune_tiles passes over the march cells (0 when the frame is not pruned), and "frame",
+        prune_cells passes over the march cells (0 when the frame is not pruned), and "frame",
         the frame's passes (march, light, shade, resolve). A frame that needs more than one
         dispatch (march / light's iteration budget) is a TaperayError."""
         if repeat < 2:

@@ -518,10 +518,10 @@ class PrunedPasses:
         return int(cells[0]), int(cells[1])
 
     def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]):
-        """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``: prune_tiles
-        once per level (points mode) in a submission of its own, the headers and arena in out_u
-        after the n pixels' outputs (from word 9n), the arena grown and the cells run again on
-        overflow. Returns the cell descriptor's word in the points buffer (U.extra.x of the
+        """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``: prune_cells
+        (prune_tiles folding constant operands) once per level (points mode) in a submission of
+        its own, the headers and arena in out_u after the n pixels' outputs (from word 9n), the
+        arena grown and the cells run again on overflow. Returns the cell descriptor's word in the points buffer (U.extra.x of the
         _cells kernels), the cells per level and the (passes, uniforms) that pruned them."""
         from .cpu import _packed
         g0, levels = cells
@@ -541,7 +541,7 @@ class PrunedPasses:
         camera[:levels] = counts
         u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
         u[22] = base                        # U.camera[1].z: the headers' first word
-        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)]
+        passes = [("prune_cells", c, level) for level, c in enumerate(counts)]
         while True:
             guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
             arena = min(self._cell_arena_words or guess, limit - base - header)

@@ -297,6 +297,10 @@ const EMITTED: u32 = 4u;            // scratch nibble bit: the record is in the 
 // its value is such an immediate, so the writing pass reads it even where it is not emitted
 const FOLDED: u32 = 8u;
 const FOLD_A: u32 = 1u;
+// whether this pipeline folds constants (prune_cells, for the march cells: their tapes run every
+// step of every frame; prune_tiles, for images and points, whose pruning is part of each call,
+// does not: the bookkeeping slows the serial walks over the full tape by about 20 % on the H200)
+override FOLD_CONSTANTS: bool = false;
 const MAX_LEVELS: u32 = 4u;         // level sizes live in one vec4
 const TILE_EMPTY: u32 = 4u;         // a sub-tile beyond its parent's extent (header only)
 const BLOCK: u32 = 8u;              // pruned_image: one workgroup (WG = 64 invocations) an 8 x 8 block
@@ -685,11 +689,11 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     v = iv_unary(op, ia.x, ia.y);
                 } else {
                     let imm = bitcast<f32>(w.y);
-                    let ia = select(ireg[a], vec2<f32>(imm), (w.x & IMM_A) != 0u);
-                    let ib = select(ireg[bb], vec2<f32>(imm), (w.x & IMM_B) != 0u);
+                    let ia = select(ireg[a], vec2<f32>(imm), FOLD_CONSTANTS && (w.x & IMM_A) != 0u);
+                    let ib = select(ireg[bb], vec2<f32>(imm), FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
                     let ic = ireg[select(0u, w.y & 0xffu, op == OP_MIX)];
                     v = iv_binary(op, ia.x, ia.y, ib.x, ib.y, ic.x, ic.y);
-                    if (foldable(op) && (w.x & (IMM_A | IMM_B)) == 0u) {
+                    if (FOLD_CONSTANTS && foldable(op) && (w.x & (IMM_A | IMM_B)) == 0u) {
                         if (konst[bb]) {
                             fold = FOLDED;
                         } else if (konst[a]) {
@@ -699,7 +703,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 let dst = (w.x >> 8u) & 0xffu;
                 ireg[dst] = vec2<f32>(v.lo, v.hi);
-                konst[dst] = op == OP_CONST;
+                if (FOLD_CONSTANTS) {
+                    konst[dst] = op == OP_CONST;
+                }
                 bits |= (v.ch | fold) << (4u * (k & 7u));
                 if ((k & 7u) == 7u || k + 1u == len) {
                     out_u[scratch + k / 8u] = bits;
@@ -770,7 +776,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 let dst = (w.x >> 8u) & 0xffu;
                 let sh = 4u * (j & 7u);
-                if (capt[dst]) {    // (a CONST: the interval pass folds only those)
+                if (FOLD_CONSTANTS && capt[dst]) {    // (a CONST: the interval pass folds only those)
                     capt[dst] = false;
                     word |= FOLDED << sh;
                 }
@@ -780,7 +786,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 live[dst] = false;
                 let nib = (word >> sh) & 0xfu;
                 let ch = nib & 3u;
-                let folded = (nib & FOLDED) != 0u && (w.x & OP_MASK) != OP_CONST;
+                let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && (w.x & OP_MASK) != OP_CONST;
                 if (ch != CH_BOTH && !folded) {
                     let kept = chosen(w.x, ch);
                     live[kept] = true;
@@ -802,10 +808,10 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 } else if (fold_b) {
                     capt[rb] = true;
                 }
-                if (nr >= 1u && !fold_a && (w.x & IMM_A) == 0u) {
+                if (nr >= 1u && !(FOLD_CONSTANTS && (fold_a || (w.x & IMM_A) != 0u))) {
                     live[ra] = true;
                 }
-                if (nr >= 2u && !fold_b && (w.x & IMM_B) == 0u) {
+                if (nr >= 2u && !(FOLD_CONSTANTS && (fold_b || (w.x & IMM_B) != 0u))) {
                     live[rb] = true;
                 }
                 if (nr == 3u) {
@@ -854,7 +860,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 iters += 1u;
                 let full = next;
                 next = out_u[scratch + min(wj + 1u, max(w_end, 1u) - 1u)];
-                var m = full & 0xccccccccu;     // EMITTED or FOLDED nibbles
+                var m = full & select(0x44444444u, 0xccccccccu, FOLD_CONSTANTS);   // EMITTED (or FOLDED) nibbles
                 loop {
                     if (m == 0u) {
                         break;
@@ -868,7 +874,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     m &= ~(0xfu << sh);
                     let nib = (full >> sh) & 0xfu;
                     var rec = wg_rec[base + wj * 8u + sh / 4u - k0];
-                    let folded = (nib & FOLDED) != 0u;
+                    let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
                     if (folded && (rec.x & OP_MASK) == OP_CONST) {
                         kval[(rec.x >> 8u) & 0xffu] = rec.y;
                     } else if (folded && (nib & FOLD_A) != 0u) {

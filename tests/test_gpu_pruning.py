@@ -6,8 +6,8 @@ field_image_pruned / prune_levels).
   arithmetic tapes using every op, other planes / rects, and tiles that do not divide the image;
 * the sign image equals field_image < 0 on the GPU exactly, the CPU twin's pruned sign image and
   the reference PNG;
-* finer levels prune their parents' tapes further; constant operands are folded into the records
-  that read them; an arena too small for the pruned tapes is
+* finer levels prune their parents' tapes further; the march cells' tapes fold constant operands
+  into the records that read them; an arena too small for the pruned tapes is
   grown and the image run again (same bits); past the binding limit it is a TaperayError;
 * no shader module or pipeline is created by any of it (the kernels are the startup set);
 * tapes that need more loop iterations than the adapter allows are refused, non-arithmetic tapes
@@ -111,28 +111,32 @@ def test_finer_levels_have_shorter_tapes(walker_gpu, no_new_kernels, prospero_96
 
 
 FOLDING_VM = """# constants used as an operand only: pruning writes them as immediates
-_c const 2.5
+_c const 0.5
 _x var-x
 _y var-y
 _m mul _x _c
 _s sub _c _y
-_d div _m _s
-_r add _d _c
+_d sub _m _s
+_r mul _d _c
 """
 
 
-@pytest.mark.parametrize("tiles", [16, (16, 4)])
-def test_constant_operands_are_folded_into_the_pruned_records(walker_gpu, no_new_kernels, tiles):
-    """x, y, x * c (c as b), c - y (c as a), their quotient and + c: 6 records once the CONST is
-    folded into the three records that read it (7 without folding), at every level (a finer level
-    reads its parent's immediates), and the same bits as the unpruned field."""
+@pytest.mark.parametrize("cells", [(2, 1), (2, 2), (1, 3)])
+def test_march_cells_fold_constant_operands_into_their_records(walker_gpu, no_new_kernels, cells):
+    """x, y, x * c (c as b), c - y (c as a), their difference times c (a plane): the march cells'
+    tapes have 6 records, the CONST folded into the three records that read it, at every level (a
+    finer level reads its parent's immediates), and march on them bit for bit as on the whole
+    tape. Images and points are pruned without folding (their pruning runs every call): 7."""
+    from taperay.runtime.camera import Camera
     tape = load_vm(FOLDING_VM)
     assert len(tape) == 7
-    rect = (-1.0, 1.2, -0.9, 1.1)
-    levels = walker_gpu.prune_levels(tape, 40, 36, rect, tiles=tiles)
-    assert [lv["mean_length"] for lv in levels] == [6] * len(levels)
-    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, 40, 36, rect, tiles=tiles)),
-                                  bits(walker_gpu.field_image(tape, 40, 36, rect)))
+    levels = walker_gpu.march_cell_levels(tape, cells=cells)
+    assert [lv["mean_length"] for lv in levels] == [6] * cells[1]
+    assert [lv["mean_length"] for lv in walker_gpu.prune_levels(tape, 40, 36, tiles=(16, 4))] == [7, 7]
+    cam = Camera(eye=(0.3, -2.5, 1.5), target=(0, 0, 0), fov_deg=50)
+    full = walker_gpu.march(tape, cam, 32, 24, cells=None)
+    assert full["hit"].mean() > 0.1
+    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, cells=cells), full)
 
 
 def test_a_small_arena_is_grown_and_the_image_run_again(walker_gpu, no_new_kernels, prospero_96, monkeypatch):

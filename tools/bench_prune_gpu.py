@@ -238,7 +238,7 @@ def _frame_rows(walker, prospero, plan, opts, notes) -> list[dict]:
     w, h = plan["frame"]
     notes.append(f"frames: render(view='shade') at {w}x{h}, auto camera; cells g0 x levels: g0^3 cells over the "
                  "march box, each level splitting a cell 4 x 4 x 4; wall includes pruning the cells, the "
-                 "frame and reading the image back; GPU: gpu_seconds_frame (cells: the prune_tiles passes "
+                 "frame and reading the image back; GPU: gpu_seconds_frame (cells: the prune_cells passes "
                  "over the cells; frame: march, light, shade, resolve); mean tape length per level over the "
                  "cells with a tape")
     rows = []
