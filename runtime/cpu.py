@@ -1152,10 +1152,10 @@ class CpuWalker:
         (runtime.pruning.march_pruned / light_pruned, bit for bit ``march`` and the light pass):
         an arithmetic tape (scene fields allowed) itself, another scene tape as its lowering to
         arithmetic where it has one (pruning.cell_tape, as GpuWalker.render), by the tape's own
-        records where the cells would exceed pruning's memory cap; (grid, levels) the same with
-        that grid (CellsTooLarge past the cap); None never (``march`` itself stays the unpruned
-        reference)."""
-        from .pruning import PRUNE_MIN_RECORDS, cell_tape, light_pruned, march_pruned
+        records where the cells would exceed pruning's memory cap or do not shorten the tape to
+        pruning.CELLS_PAY_SHARE of its records; (grid, levels) the same with that grid
+        (CellsTooLarge past the cap); None never (``march`` itself stays the unpruned reference)."""
+        from .pruning import CELLS_PAY_SHARE, PRUNE_MIN_RECORDS, cell_tape, cells_shorten, light_pruned, march_pruned
         auto = isinstance(cells, str) and cells == "auto"
         if not (cells is None or auto or (isinstance(cells, tuple) and len(cells) == 2)):
             raise TaperayError(f"cells must be None, 'auto' or (grid, levels), got {cells!r}")
@@ -1172,18 +1172,19 @@ class CpuWalker:
         run = None
         if cells is not None and not (auto and len(tape.instrs) < PRUNE_MIN_RECORDS):
             run = cell_tape(tape)
-        light = None
-        if run is not None:
-            grid = {} if auto else dict(grid=cells[0], levels=cells[1])
+        if run is not None and auto:
             try:
-                mr = march_pruned(run, camera, width, height, settings, view, **grid)
-                if view in ("shade", "section"):
-                    light = light_pruned(run, packed, mr, **grid)     # (run has tape's bounds)
+                if cells_shorten(run, packed) > CELLS_PAY_SHARE:
+                    run = None                 # (cells that barely shorten it: the tape's own records)
             except CellsTooLarge:
-                if not auto:
-                    raise
                 run = None                     # (the cells of a long tape: the tape's own records)
-        if run is None:
+        light = None
+        if run is not None:                    # (with a grid given, CellsTooLarge past the cap)
+            grid = {} if auto else dict(grid=cells[0], levels=cells[1])
+            mr = march_pruned(run, camera, width, height, settings, view, **grid)
+            if view in ("shade", "section"):
+                light = light_pruned(run, packed, mr, **grid)     # (run has tape's bounds)
+        else:
             mr = self.march(tape, camera, width, height, settings, view)
             if view in ("shade", "section"):
                 light = self._light(tape, packed, mr)

@@ -261,3 +261,24 @@ def test_info_says_a_long_scene_tape_is_not_lowered(monkeypatch):
     assert "lowering" in tape_info(tape)["march_cells"]
     monkeypatch.setattr(pruning, "LOWER_MAX_RECORDS", len(tape) - 1)
     assert "too long to lower" in tape_info(tape)["march_cells"]
+
+
+@pytest.mark.parametrize("share,on_cells", [(1.0, True), (0.0, False)])
+def test_twin_render_uses_cells_only_where_they_shorten_the_tape(walker_cpu, monkeypatch, share, on_cells):
+    """With cells "auto" the twin marches on cells when their tapes are at most CELLS_PAY_SHARE of
+    the tape's records (a 60-sphere program's keep a few percent), else on the tape itself: the
+    same bits either way."""
+    from taperay.runtime import pruning
+    from taperay.runtime.shading import RenderSettings
+    from taperay.scenegraph.vm import load_vm
+    from taperay.tools.bench_prune import spheres_program
+    tape = load_vm(spheres_program(60, seed=2))
+    assert pruning.cells_shorten(tape, RenderSettings().pack(tape, "shade")) < 0.5
+    calls = []
+    marched = pruning.march_pruned
+    monkeypatch.setattr(pruning, "march_pruned", lambda *a, **k: calls.append(1) or marched(*a, **k))
+    monkeypatch.setattr(pruning, "CELLS_PAY_SHARE", share)
+    cam = auto_camera(tape.bounds)
+    image = walker_cpu.render(tape, cam, 32, 24)
+    assert bool(calls) == on_cells
+    np.testing.assert_array_equal(image, walker_cpu.render(tape, cam, 32, 24, cells=None))
