@@ -127,14 +127,16 @@ def test_info_json(capsys, scene_file):
 @pytest.mark.parametrize("body,says", [
     ("union(*[sphere(0.2).translate(i, 0, 0) for i in range(12)])", "its lowering to arithmetic"),
     ("union(*[sphere(0.2).translate(i, 0, 0) for i in range(12)], sphere(0.3).linear_pattern((1, 0, 0), 4))",
-     "(REPEAT_LINEAR) has no arithmetic form"),
+     "REPEAT_LINEAR has no arithmetic form"),
+    ("union(*[sphere(0.2).translate(i, 0, 0).material(Material('m%d' % (i % 2), (1, i % 2, 0), 0.5))"
+     " for i in range(12)]) - sphere(0.3)", "DIFFERENCE of a part with several materials"),
     ("sphere(0.5)", "fewer than 64 records"),
     ("field(fields.x * fields.x + fields.y * fields.y + fields.z * fields.z - 0.25 + 0 * ("
      + " + ".join(["fields.x"] * 70) + "))", "the tape itself (arithmetic)"),
 ])
 def test_info_says_whether_the_gpu_render_prunes_on_march_cells(capsys, tmp_path, body, says):
     scene = tmp_path / "s.py"
-    scene.write_text(f"from taperay.scenegraph import field, fields, sphere, union\nscene = {body}\n")
+    scene.write_text(f"from taperay.scenegraph import Material, field, fields, sphere, union\nscene = {body}\n")
     rc, out, err = run_cli(capsys, "info", scene, "--json")
     assert rc == 0, err
     assert says in json.loads(out)["march_cells"]

@@ -306,20 +306,26 @@ def tape_info(tape) -> dict:
 
 
 def _march_cells_info(tape) -> str:
-    """Whether the GPU's render prunes this tape on march cells, and as what."""
-    from taperay.runtime.lowering import first_unlowered
-    from taperay.runtime.opcodes import Op
+    """Whether the GPU's render prunes this tape on march cells, and as what: the walkers' own
+    decision (GpuWalker.render_tape, pruning.cell_tape), with the lowering's reason where it has
+    none."""
+    from taperay.runtime.gpu import GpuWalker
+    from taperay.runtime.lowering import NotLowerable, lower
     from taperay.runtime.pruning import LOWER_MAX_RECORDS, PRUNE_MIN_RECORDS, is_arithmetic
     if len(tape) < PRUNE_MIN_RECORDS:
         return f"none: fewer than {PRUNE_MIN_RECORDS} records (too short to gain)"
+    run = GpuWalker.render_tape(tape)
+    if run is not tape:
+        return f"its lowering to arithmetic ({len(run)} records, runtime.lowering)"
     if is_arithmetic(tape, fields=True):
         return "the tape itself (arithmetic)"
     if len(tape) > LOWER_MAX_RECORDS:
         return f"none: more than {LOWER_MAX_RECORDS} records (too long to lower on the host)"
-    bad = first_unlowered(tape)
-    if bad is None:
-        return "its lowering to arithmetic (runtime.lowering)"
-    return f"none: record {bad} ({Op(int(tape.instrs['op'][bad])).name}) has no arithmetic form"
+    try:                        # (refused by the lowering: its reason)
+        lower(tape)
+    except NotLowerable as e:
+        return f"none: {e}"
+    raise AssertionError("pruning.cell_tape refused a tape that lowers")
 
 
 def cmd_info(args) -> int:
