@@ -521,8 +521,9 @@ class PrunedPasses:
         """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``: prune_cells
         (prune_tiles folding constant operands) once per level (points mode) in a submission of
         its own, the headers and arena in out_u after the n pixels' outputs (from word 9n), the
-        arena grown and the cells run again on overflow. Returns the cell descriptor's word in the points buffer (U.extra.x of the
-        _cells kernels), the cells per level and the (passes, uniforms) that pruned them."""
+        arena grown and the cells run again on overflow. Returns the cell descriptor's word in the
+        points buffer (U.extra.x of the _cells kernels), the cells per level and the (passes,
+        uniforms) that pruned them."""
         from .cpu import _packed
         g0, levels = cells
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)

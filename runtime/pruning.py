@@ -1212,6 +1212,7 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
             ao[at] = np.where(np.float32(0) > v, np.float32(0), v)
     return dict(shadow=shadow.reshape(h, w), ao=ao.reshape(h, w))
 
+
 class _CellTapes:
     """An arithmetic tape pruned for every cell of a grid^3 grid over a box (each cell's box grown
     by a rounding margin) and, with ``levels`` 2, again for each of a cell's 4 x 4 x 4 sub-cells
@@ -1372,9 +1373,10 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
                  grid: int = 4, levels: int = 2) -> dict:
     """CpuWalker.march of an arithmetic tape, bit for bit, with every evaluation on a pruned tape:
     the march box is cut into grid^3 cells, each interval-evaluated and pruned once (kept: 24
-    bytes per record and cell, and kept for the next call on the same tape content and box), with ``levels`` 2 each cell's 4 x 4 x 4 sub-cells again from the
-    cell's tape, and each step's points are bucketed by finest cell and run on its tape (points
-    outside the box on the whole tape).
+    bytes per record and cell, and kept for the next call on the same tape content and box), with
+    ``levels`` 2 each cell's 4 x 4 x 4 sub-cells again from the cell's tape, and each step's
+    points are bucketed by finest cell and run on its tape (points outside the box on the whole
+    tape).
     The rays advance together, a step at a time (a wavefront), by the twin's rules (_trace,
     _slab, _gradients: the same float32 operations in the same order). Scene fields (FIELD_OPS)
     are pruned too, their materials at the hits taken from the full tape. Other tapes:

@@ -52,9 +52,10 @@ def primitive_scene(count: int, seed: int = 0):
 
 def _frames(walker, tape, frame_size, views, repeat) -> dict:
     """Per view, render's frame ms (on march cells, the scene lowered to arithmetic from the
-    second render on: lowered and the cells built by the warm-up calls, and kept), render's unpruned frame ms (cells=None, the tape's
-    own records with its cull boxes) and the written-out frame ms; the lowering's host ms, the
-    GPU ms of building the cells, and of one shade frame on them, unpruned and written out."""
+    second render on: lowered and the cells built by the warm-up calls, and kept), render's
+    unpruned frame ms (cells=None, the tape's own records with its cull boxes) and the
+    written-out frame ms; the lowering's host ms, the GPU ms of building the cells, and of one
+    shade frame on them, unpruned and written out."""
     from taperay.runtime.lowering import lower
 
     from .bench_baseline import FRAME_KERNELS, BaselineKernel
