@@ -26,7 +26,7 @@ import numpy as np
 
 from .opcodes import OPS, Family, Op
 from .program import Program, program_tape
-from .tape import Tape, TaperayError
+from .tape import Tape, TaperayError, quat_matrices
 
 __all__ = ["lower", "first_unlowered", "NotLowerable", "LOWERED_OPS"]
 
@@ -102,15 +102,6 @@ class _Writer:
         return self.add(*terms) if terms else self.const(0)
 
 
-def _rotation_inverse(q) -> np.ndarray:
-    """The matrix of p -> conj(q) * p * q (the transpose of q's rotation), in float64."""
-    w, x, y, z = (float(v) for v in q)
-    r = np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                  [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                  [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
-    return r.T
-
-
 def _shape(w: _Writer, op: Op, p: tuple[int, int, int], prm: np.ndarray) -> int:
     """The unscaled value of one primitive of LOWERED_OPS at p (the twin's formula)."""
     x, y, z = p
@@ -152,7 +143,9 @@ def _point_op(w: _Writer, op: Op, point: tuple[int, int, int], scale: float, prm
     if op == Op.TRANSLATE:
         return tuple(w.subc(c, t) for c, t in zip(point, prm)), scale
     if op == Op.ROTATE:
-        return tuple(w.dot(point, row.astype(np.float32)) for row in _rotation_inverse(prm)), scale
+        # p -> conj(q) p q: the transpose of q's rotation, in float64
+        inverse = quat_matrices(np.asarray(prm, np.float64)[None])[0].T
+        return tuple(w.dot(point, row.astype(np.float32)) for row in inverse), scale
     if op == Op.SCALE:
         return tuple(w.op(Op.DIV, c, w.const(prm[0])) for c in point), scale * float(prm[0])
     if op == Op.ELONGATE:

@@ -17,7 +17,7 @@ from .opcodes import (LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS
                       STACK_CAP, Family, Op, OpSpec)
 
 __all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
-           "CellsTooLarge", "validate", "content_key",
+           "CellsTooLarge", "validate", "content_key", "quat_matrices",
            "ValidatedTapes", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
 
@@ -249,6 +249,15 @@ def gradient_eps(tape: Tape, eps: float | None) -> np.float32:
     if eps is None:
         eps = 1e-3 * max(float(np.linalg.norm(tape.bounds[1] - tape.bounds[0])), 1e-3)
     return np.float32(eps)
+
+
+def quat_matrices(q: np.ndarray) -> np.ndarray:
+    """(N, 3, 3) rotation matrices of (N, 4) unit quaternions (w, x, y, z): the rotations of
+    INSTANCE_DTYPE's q and of ROTATE's parameters."""
+    w, x, y, z = (q[:, i] for i in range(4))
+    return np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+                     2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+                     2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
 
 
 def content_key(tape: Tape) -> int:

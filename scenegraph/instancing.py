@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, TaperayError
+from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, TaperayError, quat_matrices
 
 __all__ = ["placements", "instance_boxes", "build_bvh", "quat_matrices"]
 
@@ -33,14 +33,6 @@ def placements(translations, rotations=None, scales=None) -> np.ndarray:
     out = np.zeros(n, INSTANCE_DTYPE)
     out["q"], out["t"], out["s"] = q / norms[:, None], t, s
     return out
-
-
-def quat_matrices(q: np.ndarray) -> np.ndarray:
-    """(N, 3, 3) rotation matrices of (N, 4) unit quaternions (w, x, y, z)."""
-    w, x, y, z = (q[:, i] for i in range(4))
-    return np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-                     2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-                     2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
 
 
 def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
