@@ -808,10 +808,13 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 } else if (fold_b) {
                     capt[rb] = true;
                 }
-                if (nr >= 1u && !(FOLD_CONSTANTS && (fold_a || (w.x & IMM_A) != 0u))) {
+                // an operand folded here, or by the parent's pruning, reads no register
+                let imm_a = fold_a || (FOLD_CONSTANTS && (w.x & IMM_A) != 0u);
+                let imm_b = fold_b || (FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
+                if (nr >= 1u && !imm_a) {
                     live[ra] = true;
                 }
-                if (nr >= 2u && !(FOLD_CONSTANTS && (fold_b || (w.x & IMM_B) != 0u))) {
+                if (nr >= 2u && !imm_b) {
                     live[rb] = true;
                 }
                 if (nr == 3u) {
