@@ -37,7 +37,7 @@ import numpy as np
 
 from .camera import Camera, auto_camera
 from .gpu_guard import _guarded
-from .gpu_pruning import LOWERED_CELLS, MARCH_CELLS, PrunedPasses
+from .gpu_pruning import LOWERED_CELLS, MARCH_CELLS, PrunedPasses, _march_cells_cached, image_cell_box
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, content_key, gradient_eps, point_array
@@ -52,8 +52,8 @@ UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Unifo
 MIN_BUFFER = 256
 COUNTERS_BYTES = 16           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl arena, refusals)
 N_BINDINGS = 11
-CELLS_KEEPING = ("march_cells", "light_cells", "surface", "shade", "resolve")   # passes that leave a frame's
-                                                                              # pruned cells in out_u alone
+CELLS_KEEPING = ("march_cells", "light_cells", "surface", "shade", "resolve",   # passes that leave the
+                 "cells_image")                                                  # pruned cells in out_u alone
 RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
                                                                  # dispatched until done
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
@@ -83,6 +83,7 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "prune_tiles": ("prune.wgsl", True),
     "prune_cells": ("prune.wgsl", True),
     "pruned_image": ("prune.wgsl", True),
+    "cells_image": ("prune.wgsl", True),
     "pruned_points": ("prune.wgsl", True),
 }
 # pipeline-overridable constants per kernel: march and light need distances only (the hit's
@@ -490,7 +491,9 @@ class GpuWalker(PrunedPasses):
         self._arena_words = 0                # pruned images: the arena grown to after an overflow
         self._point_arena_words = 0          # evaluate_pruned: the same
         self._cell_arena_words = 0           # pruned march cells: the same
-        self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame)
+        self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame,
+                                             # _image_cells)
+        self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
         self._cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
         software = self._ctx.info["software"]
@@ -765,16 +768,22 @@ class GpuWalker(PrunedPasses):
     @_guarded
     def gpu_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
                     tiles=None, sign: bool = False, repeat: int = 8, tile_passes_only: bool = False,
-                    levels: int | None = None) -> float:
+                    levels: int | None = None, cells=None) -> float:
         """GPU time of one image, without host work or reading it back: the image's passes are
         encoded once, and ``repeat`` times in a row, as one command buffer each; each is then
         submitted and waited for; returns (t_repeat - t_1) / (repeat - 1). ``tiles`` None: the
         unpruned field_image kernel; else the pruned image (``sign`` as sign_image), or with
         ``tile_passes_only`` its prune_tiles passes alone (with ``levels``, only those of the first
-        ``levels`` tile levels)."""
+        ``levels`` tile levels). ``cells`` (g0, levels): the image on kept flat cells (sign_image's
+        ``cells``: the cells_image pass), or with ``tile_passes_only`` the passes that prune them."""
         if repeat < 2:
             raise TaperayError(f"gpu_seconds: repeat must be >= 2, got {repeat}")
-        if tiles is None:
+        if cells is not None:
+            variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
+            if tile_passes_only:
+                layout = _march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
+                passes, u = self._prune_cell_grid(tape, variant, layout, 0, (width * height, 0), "image cells")[2]
+        elif tiles is None:
             variant = self.upload(tape)
             n = width * height
             self._prepare_outputs(n, 1)

@@ -209,48 +209,63 @@ MARCH_CELLS = (8, 2)
 # (H200, 1,000 primitives at 1920x1080: shade 295 -> 220 ms of GPU time, normals 128 -> 91 ms,
 # an arena of 285 M words against 143 M).
 LOWERED_CELLS = (16, 2)
-CELL_DESCRIPTOR_WORDS = 9
+# Image cells (sign_image / field_image_pruned with ``cells``): g0^2 level-0 cells over the
+# image's rectangle in the plane z, each finer level splitting a cell 4 x 4; kept for the images
+# of the same tape after it (at 1024^2, IMAGE_CELLS' finest cells are 4 pixels wide).
+IMAGE_CELLS = (16, 3)
+CELL_DESCRIPTOR_WORDS = 10
 
 
 @functools.lru_cache(maxsize=8)
-def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int):
-    counts, words, desc = march_cells(lo, hi, g0, levels)
+def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool = False):
+    counts, words, desc = march_cells(lo, hi, g0, levels, flat)
     words.flags.writeable = False
     return counts, words, desc
 
 
-def march_cells(lo, hi, g0: int, levels: int):
+def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
     """The cells of a pruned march over the box lo..hi: (cells per level, the points buffer's
     float32 words, the descriptor's first word; packed.wgsl cell_value reads them). Level 0: g0^3
     grid cells (id i + g0 (j + g0 k)) and the outside cell (box NaN); level m + 1: 64 sub-cells per
     level-m cell (the outside cell's empty). A grid cell's box is the twin's
     (pruning.grid_cell_boxes) in float32, clipped to its parent's box: a sub-cell's tape, pruned
-    from its parent's over its box, is exact wherever it is used."""
+    from its parent's over its box, is exact wherever it is used. ``flat``: the cells of an image
+    in the plane z = lo.z = hi.z, g0^2 at level 0 and 16 sub-cells per cell, their boxes exactly
+    z along z."""
     from .pruning import grid_cell_boxes, grid_ijk, sub_cell_ijk
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     size0 = np.where(hi > lo, (hi - lo) / g0, 1.0)
-    ijk = grid_ijk(g0)
+    kids = 16 if flat else 64
+    ijk = grid_ijk(g0, flat)
     grid_boxes, boxes = [], []
     for m in range(levels):
         box = np.concatenate(grid_cell_boxes(lo, hi, size0 / 4.0 ** m, ijk), 1).astype(np.float32)
+        if flat:
+            box[:, 2] = box[:, 5] = np.float32(lo[2])
         if m:   # within the parent's box
-            parent = np.repeat(grid_boxes[-1], 64, 0)
+            parent = np.repeat(grid_boxes[-1], kids, 0)
             box[:, :3] = np.maximum(box[:, :3], parent[:, :3])
             box[:, 3:] = np.minimum(box[:, 3:], parent[:, 3:])
         grid_boxes.append(box)
         outside = np.full((1, 6), np.nan, np.float32) if m == 0 else \
-            np.tile(np.array([np.inf] * 3 + [-np.inf] * 3, np.float32), (64 * len(boxes[-1]) - len(box), 1))
+            np.tile(np.array([np.inf] * 3 + [-np.inf] * 3, np.float32), (kids * len(boxes[-1]) - len(box), 1))
         boxes.append(np.concatenate([box, outside]))
         if m + 1 < levels:
-            ijk = sub_cell_ijk(ijk)
+            ijk = sub_cell_ijk(ijk, flat)
     desc = 4 + 6 * sum(len(b) for b in boxes)
     words = np.empty(desc + CELL_DESCRIPTOR_WORDS, np.float32)
     words[:4] = np.arange(4)
     words[4:desc] = np.concatenate(boxes).ravel()
     words[desc:desc + 3] = lo
     words[desc + 3:desc + 6] = size0 / 4.0 ** (levels - 1)
-    words[desc + 6:].view(np.uint32)[:] = g0, levels, 0   # (the header base: set by GpuWalker._prune_cells)
+    words[desc + 6:].view(np.uint32)[:] = g0, levels, 0, flat   # (the header base: set by _prune_cells)
     return [len(b) for b in boxes], words, desc
+
+
+def image_cell_box(rect, z: float) -> tuple[tuple, tuple]:
+    """The box (lo, hi) of the flat image cells over ``rect`` (x0 x1 y0 y1) in the plane z."""
+    x0, x1, y0, y1 = (float(v) for v in rect)
+    return (min(x0, x1), min(y0, y1), float(z)), (max(x0, x1), max(y0, y1), float(z))
 
 
 def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[int]:
@@ -329,27 +344,58 @@ class PrunedPasses:
 
     @_guarded
     def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
-                   z: float = 0.0, tiles=PRUNE_TILES) -> np.ndarray:
+                   z: float = 0.0, tiles=PRUNE_TILES, cells=None) -> np.ndarray:
         """(H, W) bool: True where the field is < 0, with field_image's pixel centres. Arithmetic
         tapes are pruned on the GPU (shaders/prune.wgsl) per tile of each level of ``tiles`` (one
         size, or sizes coarse to fine, pixels; each level prunes its parent's pruned tape): tiles
         whose interval is decided are filled without evaluating below them, the others' pixels
-        evaluate their finest tile's pruned tape (exact: the values of field_image). Other
-        tapes: field_image < 0."""
+        evaluate their finest tile's pruned tape (exact: the values of field_image). With
+        ``cells`` (g0, levels), e.g. IMAGE_CELLS, on flat cells over ``rect`` instead, pruned once
+        and kept for the images of the same tape after it (_image_cells: panning or zooming in,
+        at any size, prunes nothing). Other tapes: field_image < 0."""
         from .pruning import is_arithmetic
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z) < 0
+        if cells is not None:
+            return self._cells_image(tape, width, height, rect, z, cells, True) < 0
         return self._pruned_image(tape, width, height, rect, z, tiles, True) < 0
 
     @_guarded
     def field_image_pruned(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
-                           z: float = 0.0, tiles=PRUNE_TILES) -> np.ndarray:
+                           z: float = 0.0, tiles=PRUNE_TILES, cells=None) -> np.ndarray:
         """(H, W) float32 field, every pixel evaluated with its finest tile's pruned tape (tile
-        levels as sign_image): bit-identical to field_image. Non-arithmetic tapes: field_image."""
+        levels as sign_image), or its cell's (``cells`` as sign_image): bit-identical to
+        field_image. Non-arithmetic tapes: field_image."""
         from .pruning import is_arithmetic
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z)
+        if cells is not None:
+            return self._cells_image(tape, width, height, rect, z, cells, False)
         return self._pruned_image(tape, width, height, rect, z, tiles, False)
+
+    def _cells_image_setup(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool):
+        """(variant, passes, uniforms) of an image on flat cells: the cells pruned or kept
+        (_image_cells), then cells_image over 8 x 8 pixel blocks."""
+        if width < 1 or height < 1:
+            raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
+        ok = (isinstance(cells, tuple) and len(cells) == 2 and all(isinstance(v, (int, np.integer)) for v in cells)
+              and 1 <= cells[0] <= 1024 and 1 <= cells[1] <= MAX_TILE_LEVELS)
+        if not ok:
+            raise TaperayError(f"image cells must be (g0 in 1..1024, levels in 1..{MAX_TILE_LEVELS}), got {cells!r}")
+        cells = (int(cells[0]), int(cells[1]))
+        variant = self.upload(tape)
+        n = width * height
+        desc = self._image_cells(tape, variant, n, rect, z, cells)
+        u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
+                           extra=(0.0, 0.0, 1.0 if sign else 0.0, 0))
+        u[12] = desc                        # U.extra.x: the bits of the cell descriptor's word
+        return variant, [("cells_image", 64 * -(-width // 8) * -(-height // 8))], u
+
+    def _cells_image(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool) -> np.ndarray:
+        """(H, W) float32 out_f of an image on flat cells (sign: decided cells are -1 / 1)."""
+        variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
+        self._dispatch(tape, passes, variant, u)
+        return self._read(self._out_f, np.float32, width * height).reshape(height, width)
 
     @_guarded
     def prune_levels(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
@@ -518,26 +564,35 @@ class PrunedPasses:
         return int(cells[0]), int(cells[1])
 
     def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]):
-        """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``: prune_cells
-        (prune_tiles folding constant operands) once per level (points mode) in a submission of
-        its own, the headers and arena in out_u after the n pixels' outputs (from word 9n), the
-        arena grown and the cells run again on overflow. Returns the cell descriptor's word in the
-        points buffer (U.extra.x of the _cells kernels), the cells per level and the (passes,
-        uniforms) that pruned them."""
+        """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``
+        (_prune_cell_grid), the headers and arena in out_u after the n pixels' outputs (from
+        word 9n). Returns the cell descriptor's word in the points buffer (U.extra.x of the _cells
+        kernels), the cells per level and the (passes, uniforms) that pruned them."""
         from .cpu import _packed
-        g0, levels = cells
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
-        counts, words, desc = _march_cells_cached(tuple(lo), tuple(hi), g0, levels)   # (the same box each frame)
+        layout = _march_cells_cached(tuple(lo), tuple(hi), *cells)   # (the same box each frame)
+        return self._prune_cell_grid(tape, variant, layout, 9 * n, (8 * n, n),
+                                     f"the march cells {cells} at {n} pixels")
+
+    def _prune_cell_grid(self, tape: Tape, variant: int, layout, base: int, outputs: tuple[int, int], what: str):
+        """Prunes ``tape`` over the cells of ``layout`` (march_cells' (counts, words, descriptor
+        word)): prune_cells (prune_tiles folding constant operands) once per level (points mode)
+        in a submission of its own, the headers and arena in out_u from word ``base``, out_f and
+        the accumulator sized for ``outputs`` (their words and texels), the arena grown and the
+        cells run again on overflow. Returns the descriptor word, the cells per level and the
+        (passes, uniforms) that pruned them."""
+        counts, words, desc = layout
+        levels = len(counts)
         words = words.copy()
-        base = 9 * n
-        words[desc + 8:].view(np.uint32)[0] = base
+        words[desc + 8:desc + 9].view(np.uint32)[0] = base
         header = PRUNE_HEADER_WORDS * sum(counts)
         limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
         if base + header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
-            raise CellsTooLarge(f"pruned march: {sum(counts)} cells {cells} at {n} pixels exceed the adapter's "
-                               f"{limit >> 18} MiB binding limit; use fewer cells or levels")
+            raise CellsTooLarge(f"{what}: {sum(counts)} cells exceed the adapter's {limit >> 18} MiB binding limit; "
+                                "use fewer cells or levels")
         self._points.sync(words)
-        filled = 1 + sum(g0 ** 3 * 64 ** m for m in range(levels))   # (not the outside cell's empty sub-cells)
+        kids = counts[1] // counts[0] if levels > 1 else 1
+        filled = 1 + sum((counts[0] - 1) * kids ** m for m in range(levels))   # (not the outside cell's empty sub-cells)
         camera = np.zeros(16, np.float32)
         camera[:levels] = counts
         u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
@@ -546,7 +601,7 @@ class PrunedPasses:
         while True:
             guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
             arena = min(self._cell_arena_words or guess, limit - base - header)
-            self._prepare_outputs(8 * n, base + header + arena, n)
+            self._prepare_outputs(outputs[0], base + header + arena, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
@@ -554,9 +609,32 @@ class PrunedPasses:
             if not c[PRUNE_ARENA_FULL]:
                 return desc, counts, (passes, u)
             if base + header + arena >= limit:
-                raise CellsTooLarge(f"{tape.source or 'tape'}: the pruned tapes of the march cells {cells} need "
-                                   f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells")
+                raise CellsTooLarge(f"{tape.source or 'tape'}: the pruned tapes of {what} need more than the "
+                                    f"adapter's {limit >> 18} MiB binding limit; use fewer cells")
             self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+
+    def _image_cells(self, tape: Tape, variant: int, n: int, rect, z: float, cells) -> int:
+        """The descriptor word of ``tape``'s flat cells (march_cells, flat) over ``rect`` in the
+        plane z, pruned into out_u from word 0 (_prune_cell_grid), or kept from an earlier image:
+        kept while nothing but cells_image (and a frame's passes on its own kept cells, which
+        replace these) has run, for the same tape bytes, z and cells and a rectangle inside the
+        kept one (so a view that pans or zooms in, at any size, keeps them)."""
+        lo, hi = image_cell_box(rect, z)
+
+        def key():   # what kept cells depend on besides their rectangle
+            return ("image", id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), np.float32(z), cells,
+                    id(self._out_u.buffer), id(self._points.buffer))
+        kept = self._kept_cells
+        if kept is not None and kept[0][0] == key():
+            k_lo, k_hi = kept[0][1]
+            if all(k_lo[r] <= lo[r] and hi[r] <= k_hi[r] for r in range(2)):
+                self._prepare_outputs(n, 1)
+                return kept[1]
+        layout = _march_cells_cached(lo, hi, *cells, flat=True)
+        desc = self._prune_cell_grid(tape, variant, layout, 0, (n, 0), f"the image cells {cells}")[0]
+        self.image_cell_builds += 1
+        self._kept_cells = ((key(), (lo, hi)), desc)
+        return desc
 
     @staticmethod
     def _on_cells(tape: Tape, passes: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -1140,18 +1140,20 @@ def _bucket_cells(pts, lo, cell, grid):
     return order, seg, ids
 
 
-def grid_ijk(grid: int) -> np.ndarray:
+def grid_ijk(grid: int, flat: bool = False) -> np.ndarray:
     """(grid^3, 3) integer coordinates (i, j, k) of the cells of a grid^3 grid, in id order
     i + grid (j + grid k) (the cells of march_pruned and of the GPU's march cells, and the 64
-    sub-cells of a cell with grid 4)."""
-    c = np.arange(grid ** 3)
+    sub-cells of a cell with grid 4); ``flat``: the grid^2 cells (i, j, 0) of a grid in the plane
+    (the GPU's image cells)."""
+    c = np.arange(grid ** (2 if flat else 3))
     return np.stack([c % grid, c // grid % grid, c // (grid * grid)], 1)
 
 
-def sub_cell_ijk(ijk: np.ndarray) -> np.ndarray:
+def sub_cell_ijk(ijk: np.ndarray, flat: bool = False) -> np.ndarray:
     """The coordinates, one level finer, of the 64 sub-cells of each cell in ``ijk`` (sub-cell k
-    of cell c at row 64 c + k)."""
-    return (ijk[:, None, :] * 4 + grid_ijk(4)[None]).reshape(-1, 3)
+    of cell c at row 64 c + k); ``flat``: the 16 sub-cells in the plane (row 16 c + k)."""
+    sub = grid_ijk(4, flat)
+    return (ijk[:, None, :] * np.array([4, 4, 1 if flat else 4]) + sub[None]).reshape(-1, 3)
 
 
 def grid_cell_boxes(lo, hi, size, ijk) -> tuple[np.ndarray, np.ndarray]:

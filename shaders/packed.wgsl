@@ -91,45 +91,50 @@ fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
 // march box plus one last level-0 cell for every point outside it (its box NaN: nothing is
 // decided, its tape is the whole tape less dead code); each finer level splits a cell 4 x 4 x 4
 // (cell c of level m has the sub-cells 64 c .. 64 c + 63 of level m + 1; the outside cell's are
-// empty). prune_tiles (points mode) has pruned every cell's tape over its box; boxes are in the
-// points buffer from word 4 (prune.wgsl tile_extent), a sub-cell's box inside its parent's. The
-// descriptor, at word bits(U.extra.x) of the points buffer: lo.xyz of the grid, the finest cell's
-// size xyz, then the bits of g0, of the levels and of the first header word in out_u.
+// empty). Flat cells (an image's, in the plane z = lo.z): g0^2 level-0 cells and the outside
+// cell, each finer level splitting a cell 4 x 4 (16 sub-cells). prune_tiles (points mode) has
+// pruned every cell's tape over its box; boxes are in the points buffer from word 4 (prune.wgsl
+// tile_extent), a sub-cell's box inside its parent's. The descriptor, at word bits(U.extra.x) of
+// the points buffer: lo.xyz of the grid, the finest cell's size xyz, then the bits of g0, of the
+// levels, of the first header word in out_u and of the flat flag.
 struct MarchCells {
     lo: vec3<f32>,
     size: vec3<f32>,
     g0: u32,
     levels: u32,
     base: u32,
+    flat: bool,
 }
 
 fn march_cells() -> MarchCells {
     let q = bitcast<u32>(U.extra.x);
     return MarchCells(vec3<f32>(points[q], points[q + 1u], points[q + 2u]),
                  vec3<f32>(points[q + 3u], points[q + 4u], points[q + 5u]),
-                 bitcast<u32>(points[q + 6u]), bitcast<u32>(points[q + 7u]), bitcast<u32>(points[q + 8u]));
+                 bitcast<u32>(points[q + 6u]), bitcast<u32>(points[q + 7u]), bitcast<u32>(points[q + 8u]),
+                 bitcast<u32>(points[q + 9u]) != 0u);
 }
 
-// the field at p on the pruned tape of the finest cell whose box holds p (the whole tape's bits:
-// pruning is exact in the box), or of the outside cell where p lies in no grid cell's box (outside
-// the grid, NaN, or moved out of the cell its index names by the rounding of that index)
-fn cell_value(p: vec3<f32>) -> f32 {
-    let g = march_cells();
-    let n0 = g.g0 * g.g0 * g.g0 + 1u;
+// the first header word in out_u of the finest cell whose box holds p, or of the outside cell
+// where p lies in no grid cell's box (outside the grid, NaN, or moved out of the cell its index
+// names by the rounding of that index). (Flat cells: p.z is the plane's, so i.z is 0.)
+fn cell_header(g: MarchCells, p: vec3<f32>) -> u32 {
+    let gz = select(g.g0, 1u, g.flat);
+    let kids = select(64u, 16u, g.flat);
+    let n0 = g.g0 * g.g0 * gz + 1u;
     var tile = n0 - 1u;                     // the outside cell
     let shift = 2u * (g.levels - 1u);
     let f = floor((p - g.lo) / g.size);
     let top = f32(g.g0 << shift);
-    if (all(f >= vec3<f32>(0.0)) && all(f < vec3<f32>(top))) {
+    if (all(f >= vec3<f32>(0.0)) && all(f < vec3<f32>(top, top, select(top, 1.0, g.flat)))) {
         let i = vec3<u32>(f);
         var c = ((i.z >> shift) * g.g0 + (i.y >> shift)) * g.g0 + (i.x >> shift);
         var first = 0u;                     // the index of level m's first cell over all levels
         var count = n0;
         for (var m = 1u; m < g.levels; m++) {
             let sh = 2u * (g.levels - 1u - m);
-            c = c * 64u + (((i.z >> sh) & 3u) * 4u + ((i.y >> sh) & 3u)) * 4u + ((i.x >> sh) & 3u);
+            c = c * kids + (((i.z >> sh) & 3u) * 4u + ((i.y >> sh) & 3u)) * 4u + ((i.x >> sh) & 3u);
             first += count;
-            count *= 64u;
+            count *= kids;
         }
         let b = 4u + 6u * (first + c);
         if (p.x >= points[b] && p.y >= points[b + 1u] && p.z >= points[b + 2u] &&
@@ -137,7 +142,13 @@ fn cell_value(p: vec3<f32>) -> f32 {
             tile = first + c;
         }
     }
-    let hdr = g.base + 3u * tile;
+    return g.base + 3u * tile;
+}
+
+// the field at p on the pruned tape of its cell (cell_header; the whole tape's bits: pruning is
+// exact in the cell's box)
+fn cell_value(p: vec3<f32>) -> f32 {
+    let hdr = cell_header(march_cells(), p);
     if (out_u[hdr + 2u] == TILE_FAILED) {   // (the host reruns the cells before marching)
         return nan();
     }

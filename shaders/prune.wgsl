@@ -3,7 +3,9 @@
 // invocation per tile of one level; dispatched once per level, coarse to fine) and
 // `pruned_image` (one invocation per pixel, on its finest tile's pruned tape); the same tiles over
 // cells of points for GpuWalker.evaluate_pruned (points mode, `pruned_points`: one invocation per
-// point, on its finest cell's pruned tape).
+// point, on its finest cell's pruned tape); `cells_image` (one invocation per pixel, on the pruned
+// tape of its cell of an image's flat cells, which prune_tiles has pruned in points mode and the
+// host keeps for the images of the same tape after it).
 //
 // Uniforms (one set for every pass): width, height, rect as field_image; extra = (z, levels,
 // mode, level): mode 1 = sign image (decided tiles are filled without evaluating below them),
@@ -303,7 +305,7 @@ const FOLD_A: u32 = 1u;
 override FOLD_CONSTANTS: bool = false;
 const MAX_LEVELS: u32 = 4u;         // level sizes live in one vec4
 const TILE_EMPTY: u32 = 4u;         // a sub-tile beyond its parent's extent (header only)
-const BLOCK: u32 = 8u;              // pruned_image: one workgroup (WG = 64 invocations) an 8 x 8 block
+const BLOCK: u32 = 8u;              // pixel passes: one workgroup (WG = 64 invocations) an 8 x 8 block
 
 fn n_levels() -> u32 {
     return u32(U.extra.y);
@@ -915,6 +917,14 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
 }
 
+// (row, column) of invocation i of a pixel pass: workgroup after workgroup, an 8 x 8 block of
+// pixels each (so a warp's pixels share a tile's or a cell's tape), blocks in rows
+fn block_pixel(i: u32) -> vec2<u32> {
+    let blocks_x = (U.width + BLOCK - 1u) / BLOCK;
+    let blk = i / (BLOCK * BLOCK);
+    return vec2<u32>((blk / blocks_x) * BLOCK + (i % (BLOCK * BLOCK)) / BLOCK, (blk % blocks_x) * BLOCK + i % BLOCK);
+}
+
 // one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
 // its finest tile's pruned tape at the pixel centre (run_tape's arithmetic, op for op: unary /
 // binary / nmin / nmax and the exact fmod sub-steps), or, in the sign image, the tile's sign
@@ -923,11 +933,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 @compute @workgroup_size(WG)
 fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, lid, nwg);
-    let blocks_x = (U.width + BLOCK - 1u) / BLOCK;
-    let blk = i / (BLOCK * BLOCK);
-    let row = (blk / blocks_x) * BLOCK + (i % (BLOCK * BLOCK)) / BLOCK;
-    let col = (blk % blocks_x) * BLOCK + i % BLOCK;
+    let rc = block_pixel(flat_index(wid, lid, nwg));
+    let row = rc.x;
+    let col = rc.y;
     if (row >= U.height || col >= U.width) {
         return;
     }
@@ -948,6 +956,39 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
 }
 
+
+// one invocation per pixel, 8 x 8 pixels a workgroup, on flat cells (packed.wgsl MarchCells, kept
+// by the host from an earlier image of the tape; the descriptor at word bits(U.extra.x) of the
+// points buffer, the plane's z its lo.z): the pruned tape of the pixel centre's cell at the pixel
+// centre, or, in the sign image (U.extra.z = 1), the sign of a decided cell (-1 inside, 1
+// outside); NaN where the cell found no arena room. out_f[row * width + col] = the value.
+@compute @workgroup_size(WG)
+fn cells_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let rc = block_pixel(flat_index(wid, lid, nwg));
+    let row = rc.x;
+    let col = rc.y;
+    if (row >= U.height || col >= U.width) {
+        return;
+    }
+    let o = row * U.width + col;
+    let g = march_cells();
+    let p = vec3<f32>(pixel_x(col), pixel_y(row), g.lo.z);
+    let hdr = cell_header(g, p);
+    let cls = out_u[hdr + 2u];
+    if (cls == TILE_FAILED) {
+        out_f[o] = nan();
+        return;
+    }
+    if (cls != TILE_AMBIGUOUS && sign_mode()) {
+        out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
+        return;
+    }
+    out_f[o] = run_packed(out_u[hdr], out_u[hdr + 1u], p);
+    if (overflow) {
+        note_overflow();
+    }
+}
 
 // one invocation per point of GpuWalker.evaluate_pruned (points mode): the host uploads the points
 // sorted by their finest cell (so a warp shares a cell's tape), five floats each from word
