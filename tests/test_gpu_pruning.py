@@ -6,6 +6,9 @@ field_image_pruned / prune_levels).
   arithmetic tapes using every op, other planes / rects, and tiles that do not divide the image;
 * the sign image equals field_image < 0 on the GPU exactly, the CPU twin's pruned sign image and
   the reference PNG;
+* images on flat cells (``cells``) are field_image's bits too, for prospero and random tapes, and
+  are kept for later images inside their rectangle (pans, zooms, other sizes), pruned again for
+  a wider rectangle, another plane or tape, an edit or another pass in between;
 * finer levels prune their parents' tapes further; the march cells' tapes fold constant operands
   into the records that read them; an arena too small for the pruned tapes is
   grown and the image run again (same bits); past the binding limit it is a TaperayError;
@@ -214,6 +217,87 @@ def test_bad_arguments_raise_taperay_errors(walker_gpu):
             walker_gpu.sign_image(tape, 8, 8, tiles=tiles)
     with pytest.raises(TaperayError):
         walker_gpu.field_image_pruned(tape, 0, 8)
+
+
+# ---- image cells: flat cells over the image's rectangle, pruned once and kept for later images
+@pytest.mark.parametrize("cells,decided", [((1, 1), 0.0), ((3, 2), 0.05), ((4, 3), 0.4), ((2, 4), 0.5)])
+def test_prospero_image_cells_are_bit_identical(walker_gpu, no_new_kernels, prospero_96, cells, decided):
+    """Every pixel runs its cell's tape: field_image's bits. The sign image fills the pixels of
+    decided cells with -1 / 1 unevaluated: over ``decided`` of the pixels are such (7 %, 51 %
+    and 67 % when written), so they found their own cell (a pixel that misses its cell runs the
+    outside cell's whole tape, also exact)."""
+    tape, full = prospero_96
+    n = full.shape[0]
+    walker_gpu._kept_cells = None
+    pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=cells)
+    np.testing.assert_array_equal(bits(pruned), bits(full))
+    np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), cells=cells), full < 0)
+    raw = walker_gpu._cells_image(tape, n, n, grid_rect(n), 0.0, cells, True)
+    np.testing.assert_array_equal(raw < 0, full < 0)
+    filled = (np.abs(raw) == 1.0) & (raw != full)
+    assert filled.mean() >= decided, filled.mean()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_tapes_on_image_cells_are_bit_identical(walker_gpu, no_new_kernels, seed):
+    """Random arithmetic tapes over every op, other planes and rectangles (some inverted, some
+    tiny); NaN where both are NaN."""
+    tape = random_tape(seed + 100)
+    rng = np.random.default_rng(seed)
+    c = rng.uniform(-1.5, 1.5, 2)
+    half = rng.choice([0.01, 0.3, 2.0])
+    rect = (c[0] - half, c[0] + half, c[1] - half, c[1] + half)
+    if seed % 3 == 0:
+        rect = (rect[1], rect[0], rect[3], rect[2])
+    z = float(rng.uniform(-1, 1))
+    full = walker_gpu.field_image(tape, 24, 20, rect, z)
+    cells = [(2, 1), (3, 2), (1, 3), (5, 2)][seed % 4]
+    pruned = walker_gpu.field_image_pruned(tape, 24, 20, rect, z, cells=cells)
+    same = (bits(pruned) == bits(full)) | (np.isnan(pruned) & np.isnan(full))
+    assert same.all(), (seed, cells, int((~same).sum()))
+    np.testing.assert_array_equal(walker_gpu.sign_image(tape, 24, 20, rect, z, cells=cells), full < 0)
+
+
+def test_image_cells_are_kept_for_pans_zooms_and_sizes(walker_gpu, no_new_kernels, prospero_96):
+    """Images inside the kept cells' rectangle, at any size, prune nothing; a rectangle beyond
+    it, another plane, another tape, an edit or another pass in between prune again. Every
+    image is field_image's (computed first: field_image is another pass)."""
+    tape = prospero_96[0]
+    other = load_vm(DATA / "quarter.vm")
+    views = [(tape, 48, 40, (-1.0, 1.0, -1.0, 1.0), 0.0), (tape, 30, 64, (-0.6, 0.2, -0.9, 0.7), 0.0),
+             (tape, 96, 96, (-1.0, 1.0, -1.0, 1.0), 0.0), (tape, 32, 32, (-1.2, 0.0, -1.0, 1.0), 0.0),
+             (tape, 32, 32, (-1.0, -0.5, -0.2, 0.3), 0.25), (other, 40, 40, (-1.0, 0.0, -1.0, 0.0), 0.25)]
+    refs = [walker_gpu.field_image(t, w, h, r, z) < 0 for t, w, h, r, z in views]
+    walker_gpu._kept_cells = None
+    builds = []
+    for (t, w, h, r, z), ref in zip(views, refs):
+        np.testing.assert_array_equal(walker_gpu.sign_image(t, w, h, r, z, cells=(3, 2)), ref)
+        builds.append(walker_gpu.image_cell_builds)
+    b0 = builds[0]
+    # kept: pan / zoom inside, another size; pruned again: wider, another plane, another tape
+    assert [b - b0 for b in builds] == [0, 0, 0, 1, 2, 3]
+    walker_gpu.upload(tape)                         # tape buffers written (as an edit does)
+    walker_gpu.sign_image(tape, 8, 8, cells=(3, 2))
+    assert walker_gpu.image_cell_builds == b0 + 4
+    walker_gpu.sign_image(tape, 8, 8, rect=(-0.5, 0.5, -0.5, 0.5), cells=(3, 2))
+    assert walker_gpu.image_cell_builds == b0 + 4
+    walker_gpu.evaluate(tape, np.zeros((4, 3), np.float32))   # another pass
+    walker_gpu.sign_image(tape, 8, 8, rect=(-0.5, 0.5, -0.5, 0.5), cells=(3, 2))
+    assert walker_gpu.image_cell_builds == b0 + 5
+
+
+def test_image_cells_grow_a_small_arena_and_check_their_arguments(walker_gpu, no_new_kernels, prospero_96,
+                                                                  monkeypatch):
+    tape, full = prospero_96
+    n = full.shape[0]
+    walker_gpu._kept_cells = None
+    monkeypatch.setattr(walker_gpu, "_cell_arena_words", 1000)
+    pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(4, 2))
+    np.testing.assert_array_equal(bits(pruned), bits(full))
+    assert walker_gpu._cell_arena_words > 1000
+    for cells in ((0, 2), (4, 0), (4, 5), (2000, 1), (4,), "auto", (4.0, 2)):
+        with pytest.raises(TaperayError, match="image cells"):
+            walker_gpu.sign_image(tape, 8, 8, cells=cells)
 
 
 # ---- GpuWalker.evaluate_pruned: points bucketed into cells, each cell's tape pruned on the GPU
