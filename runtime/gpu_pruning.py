@@ -373,6 +373,11 @@ class PrunedPasses:
             return self._cells_image(tape, width, height, rect, z, cells, False)
         return self._pruned_image(tape, width, height, rect, z, tiles, False)
 
+    def drop_kept_cells(self):
+        """Forgets the pruned cells kept from the last frame or image: the next one on cells
+        prunes them again (as after an edit)."""
+        self._kept_cells = None
+
     def _cells_image_setup(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool):
         """(variant, passes, uniforms) of an image on flat cells: the cells pruned or kept
         (_image_cells), then cells_image over 8 x 8 pixel blocks."""

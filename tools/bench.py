@@ -12,6 +12,7 @@ Built in: ``cpu-points`` — the CPU twin evaluating random points in the fixed 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -226,19 +227,21 @@ def markdown(name: str, result: BenchResult, machine: dict) -> str:
 
 
 def bar_chart(path: Path, labels: list[str], values: list[float], title: str) -> None:
-    """A plain horizontal bar chart PNG (Pillow only)."""
+    """A plain horizontal bar chart PNG (Pillow only); a value that is not finite (a row not
+    measured) gets no bar."""
     from PIL import Image, ImageDraw
     w, row_h, left = 720, 22, 260
     h = 40 + row_h * len(values)
     img = Image.new("RGB", (w, h), "white")
     d = ImageDraw.Draw(img)
     d.text((10, 10), title, fill="black")
-    vmax = max(values) or 1.0
+    vmax = max([v for v in values if math.isfinite(v)], default=0.0) or 1.0
     for i, (lab, v) in enumerate(zip(labels, values)):
         y = 34 + i * row_h
+        bar = (w - left - 90) * v / vmax if math.isfinite(v) else 0.0
         d.text((10, y + 4), lab[:40], fill="black")
-        d.rectangle([left, y + 2, left + (w - left - 90) * v / vmax, y + row_h - 4], fill=(70, 110, 180))
-        d.text((left + (w - left - 90) * v / vmax + 6, y + 4), _cell(v), fill="black")
+        d.rectangle([left, y + 2, left + bar, y + row_h - 4], fill=(70, 110, 180))
+        d.text((left + bar + 6, y + 4), _cell(v), fill="black")
     img.save(path)
 
 

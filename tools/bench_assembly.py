@@ -6,7 +6,9 @@ level-7 Menger sponge, 100,000 bolts in a bin):
   * load-to-first-frame from a saved ``.tape`` file: file read + decode, validation, upload
     (GPU buffer writes; the CPU twin reads the arrays in place, so none) and the first frame;
     walker startup (Numba kernel load / GPU kernel creation, then a tiny tape's frame at the
-    bench's size, which allocates the frame buffers) is excluded and reported on its own row;
+    bench's size, which allocates the frame buffers) is excluded and reported on its own row; a
+    GPU walker draws that tiny tape for BUSY_S seconds before each load (keep_busy), as a viewer
+    does, so the GPU's clocks are not those of an idle GPU;
   * the steady frame time (median of ``--repeat`` frames after the first);
   * frame time against instance count, 10 to 10^6, for a grid pattern (plate holes), a 3D grid
     (strut lattice) and an instance list (bolt bin), written as a log-scale plot
@@ -61,6 +63,7 @@ BASELINE_COUNTS = (10, 100, 1_000, 10_000, 100_000)   # bolts, against the writt
 BASELINE_LIMIT_S = 600.0     # compile seconds beyond which a count is not compiled (or is killed)
 CHILD_OVERHEAD_S = 180.0     # a child's walker startup, text generation and measuring, on top
 BASELINE_POINTS = {"hardware": 100_000, "software": 2_000}
+BUSY_S = 0.5                 # GPU: seconds of frames drawn before each load (keep_busy)
 
 
 def scene_module(name: str) -> dict:
@@ -108,22 +111,40 @@ def kernels_created(walker) -> int | None:
     return st["shader_modules_created"] + st["pipelines_created"]
 
 
+def _tiny_tape():
+    from taperay.scenegraph import flatten, sphere
+    return flatten(sphere(1.0) | sphere(0.5).translate(1, 0, 0), source="bench:startup")
+
+
 def startup(walker, size) -> float:
     """Seconds to make the walker ready: kernel load / creation, then a tiny tape's frame at
     ``size`` (W, H), which allocates the buffers of frames of that size, as a viewer does when
     its window opens and before any file is loaded."""
-    from taperay.scenegraph import flatten, sphere
-    tiny = flatten(sphere(1.0) | sphere(0.5).translate(1, 0, 0), source="bench:startup")
+    tiny = _tiny_tape()
     t0 = time.perf_counter()
     upload(walker, tiny)
     walker.render(tiny, None, *size)
     return time.perf_counter() - t0
 
 
+def keep_busy(walker, size, seconds: float = BUSY_S) -> None:
+    """Frames of the tiny tape for ``seconds``, as a viewer draws while the user opens a file:
+    a GPU left idle lowers its clocks, and its next frames are slower (the H200: 100-125 ms more
+    for a frame or two after 2 s idle, docs/ASSEMBLIES.md)."""
+    tiny = _tiny_tape()
+    upload(walker, tiny)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        walker.render(tiny, None, *size)
+
+
 def load_to_first_frame(walker, path: Path, size, repeat: int) -> dict:
-    """Time each step from a saved tape file to its first frame, then the steady frame."""
+    """Time each step from a saved tape file to its first frame, then the steady frame. A GPU
+    walker draws (keep_busy) until the file is opened."""
     from taperay.scenegraph.files import load_tape_file
     w, h = size
+    if hasattr(walker, "upload"):
+        keep_busy(walker, size)
     created = kernels_created(walker)
     t0 = time.perf_counter()
     tape = load_tape_file(path)                 # read + decode + validate
@@ -345,6 +366,8 @@ def bench_assembly(opts) -> BenchResult:
              "creation, then a tiny tape's frame at this size, which allocates the frame buffers: first row) "
              "is excluded; 'read' is the file read and decode, the tape then validated "
              "once (validation timed alone)",
+             f"GPU: the walker draws the startup's tiny tape for {BUSY_S} s before each load, as a viewer "
+             "draws while a file is opened (an idle GPU's next frames are slower: its clocks come down)",
              "the CPU twin has no upload (it reads the arrays in place); its first frame also hashes the "
              "tape to cache its validation",
              f"frame ms (median) over {repeat} frames after the first",

@@ -18,6 +18,12 @@ unpruned field image (pruning off). Columns:
 * the mean pruned tape length per level (records; in the sign image over the tiles that still
   have a tape, i.e. not decided), read back from the tile headers (``GpuWalker.prune_levels``).
 
+Image cell rows: the same images on flat image cells (``sign_image(..., cells=(g0, levels))``:
+g0^2 cells over the image's rectangle, each level splitting a cell 4 x 4), which the first image of
+a tape prunes and the images after it keep (a viewer's pans, zooms and resizes): wall and GPU ms
+of an image on kept cells (GPU: the cells_image pass alone), the GPU ms of pruning the cells, and
+the first image's wall (its cells dropped before each call) and GPU ms (pruning + pixels).
+
 Point rows (issue 4's point evaluator): 2^20 random points in [-1, 1]^2 x {0} (``--seed``, as
 ``bench prune-cpu``), ``GpuWalker.evaluate_pruned`` for a few (level-0 cells, levels) settings
 against the unpruned ``GpuWalker.evaluate``. wall: as above, every call including the host
@@ -52,9 +58,9 @@ from .bench import BenchResult, _progress, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
 HARDWARE = {"sizes": (1024, 4096), "tiles": ((32,), (64, 8), (32, 4), (64, 16, 4), (128, 32, 8, 2)),
-            "points": 1 << 20, "cells": ((1024, 1), (256, 2), (1024, 2)),
+            "image_cells": ((16, 3), (32, 3), (64, 2), (8, 4)), "points": 1 << 20, "cells": ((1024, 1), (256, 2), (1024, 2)),
             "frame": (1920, 1080), "march_cells": ((8, 1), (4, 2), (8, 2), (4, 3))}
-SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4)), "points": 1 << 12, "cells": ((16, 1), (16, 2)),
+SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4)), "image_cells": ((4, 2),), "points": 1 << 12, "cells": ((16, 1), (16, 2)),
             "frame": (64, 48), "march_cells": ((4, 1), (4, 2))}
 SPHERES = 200   # the 3D frame rows' second program: spheres_program(SPHERES), 15 records a sphere
 GPU_MEASUREMENTS = 3
@@ -146,6 +152,7 @@ def bench_prune_gpu(opts) -> BenchResult:
         ok = base and r["pruning"] == "yes"
         r["wall speed-up vs unpruned"] = base[0] / r["wall median ms"] if ok else "-"
         r["GPU speed-up vs unpruned"] = base[1] / r["GPU ms"] if ok and r["GPU ms"] > 0 else "-"
+    rows += _image_cell_rows(walker, tape, plan, opts, notes, unpruned)
     rows += _point_rows(walker, tape, plan, opts, notes)
     rows += _frame_rows(walker, tape, plan, opts, notes)
     stats = walker.stats()
@@ -157,6 +164,55 @@ def bench_prune_gpu(opts) -> BenchResult:
                        machine={"gpu": info["name"], "gpu_driver": info["driver"], "gpu_backend": info["backend"],
                                 "gpu_software": info["software"]},
                        chart=("what", "GPU ms"))
+
+
+def _image_cell_rows(walker, tape, plan, opts, notes, unpruned) -> list[dict]:
+    """The sign and field images on flat image cells (``cells`` (g0, levels) of sign_image) for
+    each setting of plan["image_cells"]: the images after the first, on the kept cells, and the
+    first image of the tape, which prunes them."""
+    notes.append("image cells g0 x levels: g0^2 cells over the image's rectangle, each level splitting a cell "
+                 "4 x 4, pruned by the first image of the tape and kept for the images after it (pans, zooms, "
+                 "other sizes); wall / GPU ms: an image on the kept cells (GPU: the cells_image pass); tile "
+                 "passes GPU ms: pruning the cells (the first image's GPU ms adds the two); first image wall "
+                 "ms: median of the repeats of an image whose cells were dropped just before")
+    cases = [(size, cells, what, sign) for size in plan["sizes"] for cells in plan["image_cells"]
+             for what, sign in (("sign image", True), ("field image", False))]
+    rows = []
+    with _progress(f"prune-gpu image cells: {len(cases)} cases x {opts.repeat}",
+                   len(cases) * (2 * opts.repeat + 2)) as tick:
+        for size, cells, what, sign in cases:
+            rect = _rect(size)
+            image = walker.sign_image if sign else walker.field_image_pruned
+
+            def fn(s=size, r=rect, c=cells, f=image):
+                return f(tape, s, s, r, cells=c)
+
+            def first(s=size, r=rect, c=cells, f=image):
+                walker.drop_kept_cells()
+                return f(tape, s, s, r, cells=c)
+            try:
+                wall = summarize(time_calls(fn, opts.repeat, warmup=1, progress=tick))
+                wall_first = summarize(time_calls(first, opts.repeat, warmup=0, progress=tick))
+            except TaperayError as e:   # e.g. cells beyond the binding limit
+                notes.append(f"{what} {size}^2 image cells {cells} skipped: {e}")
+                tick(), tick()
+                continue
+            gpu_ms = _gpu_ms(walker, tape, size, wall["median_ms"], cells=cells, sign=sign)
+            tick()
+            build_ms = _gpu_ms(walker, tape, size, wall_first["median_ms"], cells=cells, sign=sign,
+                               tile_passes_only=True)
+            tick()
+            base = unpruned.get(size)
+            rows.append({"what": f"{what} {size} image cells {cells[0]}^2 x {cells[1]} (kept)", "size": size,
+                         "image": what, "pruning": "yes", "tiles px": f"{cells[0]}^2 cells x {cells[1]} levels",
+                         "wall median ms": wall["median_ms"], "wall min ms": wall["min_ms"],
+                         "wall max ms": wall["max_ms"], "GPU ms": gpu_ms, "tile passes GPU ms": build_ms,
+                         "pixel pass GPU ms": gpu_ms, "level 0 pass GPU ms": "-",
+                         "mean tape length per level": "-", "first image wall ms": wall_first["median_ms"],
+                         "first image GPU ms": build_ms + gpu_ms,
+                         "wall speed-up vs unpruned": base[0] / wall["median_ms"] if base else "-",
+                         "GPU speed-up vs unpruned": base[1] / gpu_ms if base and gpu_ms > 0 else "-"})
+    return rows
 
 
 def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
