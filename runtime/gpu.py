@@ -50,7 +50,7 @@ WG = 64                       # workgroup size (bindings.wgsl)
 MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
 UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
 MIN_BUFFER = 256
-COUNTERS_BYTES = 16           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl arena, refusals)
+COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, two unused)
 N_BINDINGS = 11
 CELLS_KEEPING = ("march_cells", "light_cells", "surface", "shade", "resolve",   # passes that leave the
                  "cells_image")                                                  # pruned cells in out_u alone
@@ -494,6 +494,7 @@ class GpuWalker(PrunedPasses):
         self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame,
                                              # _image_cells)
         self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
+        self.register_refusals = 0           # cells_image passes run again in the tape's own variant
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
         self._cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
         software = self._ctx.info["software"]
@@ -815,7 +816,7 @@ class GpuWalker(PrunedPasses):
         out = {"cells": 0.0}
         cells = self._march_cells_for(tape, cells) if view != "slice" else None
         if cells is not None:
-            desc, _, (passes, cu) = self._prune_cells(tape, packed, variant, n, cells)
+            desc, _, (passes, cu), _ = self._prune_cells(tape, packed, variant, n, cells)
             out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
             u[12] = desc
             frame = self._on_cells(tape, frame)

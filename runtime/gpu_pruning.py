@@ -24,12 +24,13 @@ from .shading import RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, point_array
 
 # Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
-# MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile; the counters'
-# arena words (bump pointer, refusals).
+# MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile (packed.wgsl
+# HEADER_WORDS); the counters' words (prune.wgsl): the arena's bump pointer and refusals, the most
+# registers a finest tile's tape uses, the pixels refused for want of registers.
 PRUNE_TILES = (64, 16, 4)
 MAX_TILE_LEVELS = 4
-PRUNE_HEADER_WORDS = 3
-PRUNE_ARENA, PRUNE_ARENA_FULL = 2, 3
+PRUNE_HEADER_WORDS = 4
+PRUNE_ARENA, PRUNE_ARENA_FULL, PRUNE_REGS, PRUNE_REGS_REFUSED = 2, 3, 4, 5
 
 
 def tile_levels(tiles) -> tuple[int, ...]:
@@ -330,7 +331,7 @@ class PrunedPasses:
             variant, passes, u, arena = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
-            c = self._read(self._counters, np.uint32, 4)
+            c = self._read(self._counters, np.uint32, 8)
             if not c[PRUNE_ARENA_FULL]:
                 break
             limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
@@ -390,16 +391,22 @@ class PrunedPasses:
         cells = (int(cells[0]), int(cells[1]))
         variant = self.upload(tape)
         n = width * height
-        desc = self._image_cells(tape, variant, n, rect, z, cells)
+        desc, pixel_variant = self._image_cells(tape, variant, n, rect, z, cells)
         u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
                            extra=(0.0, 0.0, 1.0 if sign else 0.0, 0))
         u[12] = desc                        # U.extra.x: the bits of the cell descriptor's word
-        return variant, [("cells_image", 64 * -(-width // 8) * -(-height // 8))], u
+        return pixel_variant, [("cells_image", 64 * -(-width // 8) * -(-height // 8))], u
 
     def _cells_image(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool) -> np.ndarray:
-        """(H, W) float32 out_f of an image on flat cells (sign: decided cells are -1 / 1)."""
+        """(H, W) float32 out_f of an image on flat cells (sign: decided cells are -1 / 1), its
+        pixel pass in the register variant _image_cells chose; should a pixel find a cell whose
+        tape needs more registers (the outside cell, the whole tape, where a pixel centre lies in
+        no grid cell's box), the pass is run again in the tape's own variant."""
         variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
         self._dispatch(tape, passes, variant, u)
+        if self._read(self._counters, np.uint32, 8)[PRUNE_REGS_REFUSED]:
+            self.register_refusals += 1
+            self._dispatch(tape, passes, self.upload(tape), u)
         return self._read(self._out_f, np.float32, width * height).reshape(height, width)
 
     @_guarded
@@ -407,12 +414,13 @@ class PrunedPasses:
                      z: float = 0.0, tiles=PRUNE_TILES, sign: bool = False) -> list[dict]:
         """Runs the pruned image of an arithmetic tape and reads back its tile headers: per level,
         the tile size, tiles, tiles decided inside / outside, tiles with a pruned tape and their
-        mean length in records; plus (in each entry) the arena words the image used."""
+        mean length in records and the most registers one uses (renumbered: prune.wgsl
+        renumber_registers); plus (in each entry) the arena words the image used."""
         self._pruned_image(tape, width, height, rect, z, tiles, sign)
         sizes = tile_levels(tiles)
         counts = level_tile_counts(sizes, width, height)
-        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, 3)
-        used = int(self._read(self._counters, np.uint32, 4)[PRUNE_ARENA])
+        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, PRUNE_HEADER_WORDS)
+        used = int(self._read(self._counters, np.uint32, 8)[PRUNE_ARENA])
         out, at = [], 0
         for size, count in zip(sizes, counts):
             h = hdr[at:at + count]
@@ -421,7 +429,8 @@ class PrunedPasses:
             taped = cls == 0 if sign else cls <= 2
             out.append(dict(tile=size, tiles=int((cls != 4).sum()), inside=int((cls == 1).sum()),
                             outside=int((cls == 2).sum()), with_tape=int(taped.sum()),
-                            mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used))
+                            mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0,
+                     registers=int(h[taped, 3].max()) if taped.any() else 0, arena_words=used))
         return out
 
     def _point_chunk(self) -> int:
@@ -469,7 +478,7 @@ class PrunedPasses:
             variant, passes, u, arena, header = self._points_setup(tape, pts, cells, levels)
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
-            c = self._read(self._counters, np.uint32, 4)
+            c = self._read(self._counters, np.uint32, 8)
             if not c[PRUNE_ARENA_FULL]:
                 return self._read(self._out_f, np.float32, len(pts))
             limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
@@ -511,8 +520,9 @@ class PrunedPasses:
     @_guarded
     def prune_levels_points(self, tape: Tape, points, cells: int | None = None, levels: int = 1) -> list[dict]:
         """evaluate_pruned of an arithmetic tape (one chunk of points), then its cells' headers read
-        back: per level, the cells, cells with points, decided inside / outside, and the mean
-        pruned tape length in records over the cells with points; plus the arena words used."""
+        back: per level, the cells, cells with points, decided inside / outside, the mean pruned
+        tape length in records over the cells with points and the most registers one uses; plus
+        the arena words used."""
         self._point_args(cells, levels)
         pts = np.ascontiguousarray(point_array(points, "prune_levels_points", np.float32))
         if not 1 <= len(pts) <= self._point_chunk():
@@ -521,14 +531,15 @@ class PrunedPasses:
         _, passes, _, _, _ = self._points_setup(tape, pts, cells, levels)   # (the same cells)
         return [dict(cells=len(h), with_points=int(taped.sum()), inside=int((h[:, 2] == 1).sum()),
                      outside=int((h[:, 2] == 2).sum()),
-                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used)
+                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0,
+                     registers=int(h[taped, 3].max()) if taped.any() else 0, arena_words=used)
                 for h, taped, used in self._cell_headers([p[1] for p in passes[:-1]], 0)]
 
     def _cell_headers(self, counts: list[int], base: int):
         """Per level of points-mode cells (``counts`` of them, headers from out_u word ``base``):
         its (cells, 3) headers, which cells have a pruned tape, the arena words used."""
-        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts), base).reshape(-1, 3)
-        used = int(self._read(self._counters, np.uint32, 4)[PRUNE_ARENA])
+        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts), base).reshape(-1, PRUNE_HEADER_WORDS)
+        used = int(self._read(self._counters, np.uint32, 8)[PRUNE_ARENA])
         out, at = [], 0
         for count in counts:
             h = hdr[at:at + count]
@@ -541,14 +552,16 @@ class PrunedPasses:
                           cells=MARCH_CELLS) -> list[dict]:
         """Prunes an arithmetic tape over the cells of its march box (as march does) and reads
         their headers back: per level, the cells, those with a pruned tape (the outside cell's
-        empty sub-cells have none) and their mean length in records, plus the arena words used."""
+        empty sub-cells have none), their mean length in records and the most registers one uses,
+        plus the arena words used."""
         cells = self._march_cells_for(tape, cells)
         if cells is None:
             raise TaperayError(f"{tape.source or 'tape'}: march cells are for arithmetic tapes only")
         variant = self.upload(tape)
         counts = self._prune_cells(tape, (settings or RenderSettings()).pack(tape, view), variant, 0, cells)[1]
         return [dict(cells=len(h), with_tape=int(taped.sum()),
-                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0, arena_words=used)
+                     mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0,
+                     registers=int(h[taped, 3].max()) if taped.any() else 0, arena_words=used)
                 for h, taped, used in self._cell_headers(counts, 0)]
 
     @staticmethod
@@ -571,8 +584,8 @@ class PrunedPasses:
     def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]):
         """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``
         (_prune_cell_grid), the headers and arena in out_u after the n pixels' outputs (from
-        word 9n). Returns the cell descriptor's word in the points buffer (U.extra.x of the _cells
-        kernels), the cells per level and the (passes, uniforms) that pruned them."""
+        word 9n). Returns what _prune_cell_grid does: the cell descriptor's word in the points
+        buffer (U.extra.x of the _cells kernels) first."""
         from .cpu import _packed
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
         layout = _march_cells_cached(tuple(lo), tuple(hi), *cells)   # (the same box each frame)
@@ -584,8 +597,8 @@ class PrunedPasses:
         word)): prune_cells (prune_tiles folding constant operands) once per level (points mode)
         in a submission of its own, the headers and arena in out_u from word ``base``, out_f and
         the accumulator sized for ``outputs`` (their words and texels), the arena grown and the
-        cells run again on overflow. Returns the descriptor word, the cells per level and the
-        (passes, uniforms) that pruned them."""
+        cells run again on overflow. Returns the descriptor word, the cells per level, the
+        (passes, uniforms) that pruned them and the most registers a finest cell's tape uses."""
         counts, words, desc = layout
         levels = len(counts)
         words = words.copy()
@@ -610,20 +623,22 @@ class PrunedPasses:
             u[20] = arena                   # U.camera[1].x: the arena's size in words
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
-            c = self._read(self._counters, np.uint32, 4)
+            c = self._read(self._counters, np.uint32, 8)
             if not c[PRUNE_ARENA_FULL]:
-                return desc, counts, (passes, u)
+                return desc, counts, (passes, u), int(c[PRUNE_REGS])
             if base + header + arena >= limit:
                 raise CellsTooLarge(f"{tape.source or 'tape'}: the pruned tapes of {what} need more than the "
                                     f"adapter's {limit >> 18} MiB binding limit; use fewer cells")
             self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
 
-    def _image_cells(self, tape: Tape, variant: int, n: int, rect, z: float, cells) -> int:
+    def _image_cells(self, tape: Tape, variant: int, n: int, rect, z: float, cells) -> tuple[int, int]:
         """The descriptor word of ``tape``'s flat cells (march_cells, flat) over ``rect`` in the
-        plane z, pruned into out_u from word 0 (_prune_cell_grid), or kept from an earlier image:
-        kept while nothing but cells_image (and a frame's passes on its own kept cells, which
-        replace these) has run, for the same tape bytes, z and cells and a rectangle inside the
-        kept one (so a view that pans or zooms in, at any size, keeps them)."""
+        plane z, pruned into out_u from word 0 (_prune_cell_grid), or kept from an earlier image,
+        and the register variant of the pixel pass (the smallest that holds every finest cell's
+        renumbered registers). Kept while nothing but cells_image (and a frame's passes on its
+        own kept cells, which replace these) has run, for the same tape bytes, z and cells and a
+        rectangle inside the kept one (so a view that pans or zooms in, at any size, keeps them)."""
+        from .gpu import variant_for
         lo, hi = image_cell_box(rect, z)
 
         def key():   # what kept cells depend on besides their rectangle
@@ -634,12 +649,12 @@ class PrunedPasses:
             k_lo, k_hi = kept[0][1]
             if all(k_lo[r] <= lo[r] and hi[r] <= k_hi[r] for r in range(2)):
                 self._prepare_outputs(n, 1)
-                return kept[1]
+                return kept[1], kept[2]
         layout = _march_cells_cached(lo, hi, *cells, flat=True)
-        desc = self._prune_cell_grid(tape, variant, layout, 0, (n, 0), f"the image cells {cells}")[0]
+        desc, _, _, regs = self._prune_cell_grid(tape, variant, layout, 0, (n, 0), f"the image cells {cells}")
         self.image_cell_builds += 1
-        self._kept_cells = ((key(), (lo, hi)), desc)
-        return desc
+        self._kept_cells = ((key(), (lo, hi)), desc, min(variant, variant_for(max(regs, 1))))
+        return desc, self._kept_cells[2]
 
     @staticmethod
     def _on_cells(tape: Tape, passes: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -28,9 +28,11 @@ struct Uniforms {
 @group(0) @binding(8) var<storage, read_write> out_u: array<u32>;
 @group(0) @binding(9) var<storage, read_write> accum: array<vec4<f32>>;
 // [COUNT_OVERFLOW] invocations whose tape evaluation hit U.iter_cap; [COUNT_UNFINISHED] pixels
-// that saved their state for another dispatch; words 2 and 3: the pruning passes' arena pointer
-// and refusals (prune.wgsl COUNT_ARENA, COUNT_ARENA_FULL)
-@group(0) @binding(10) var<storage, read_write> counters: array<atomic<u32>, 4>;
+// that saved their state for another dispatch; words 2 to 5: the pruning passes' arena pointer
+// and refusals, the most registers a finest tile's pruned tape uses and the pixels refused for
+// a tape needing more registers than their pipeline holds (prune.wgsl COUNT_ARENA ...
+// COUNT_REGS_REFUSED); 6 and 7 unused
+@group(0) @binding(10) var<storage, read_write> counters: array<atomic<u32>, 8>;
 
 const COUNT_OVERFLOW: u32 = 0u;
 const COUNT_UNFINISHED: u32 = 1u;

@@ -6,13 +6,15 @@
 // a << 16 | b << 24, then c (MIX), the bits of the constant (CONST) or of an immediate operand:
 // pruning folds a constant operand of a two-operand record into it (op | IMM_A: a is the
 // immediate, op | IMM_B: b is), which drops the CONST record where nothing else reads it. A
-// tile's (or cell's) header is 3 words: the first word of its packed tape, its length in
-// records, its class (TILE_*).
+// tile's (or cell's) header is HEADER_WORDS words: the first word of its packed tape, its length
+// in records, its class (TILE_*) and the registers it uses (prune.wgsl renumbers them 0 ..
+// regs - 1, so that a pipeline holding fewer registers than the full tape's may run it).
 
 const TILE_AMBIGUOUS: u32 = 0u;
 const TILE_INSIDE: u32 = 1u;
 const TILE_OUTSIDE: u32 = 2u;
 const TILE_FAILED: u32 = 3u;
+const HEADER_WORDS: u32 = 4u;
 const OP_MASK: u32 = 0x3fu;         // a packed record's op, without the immediate flags
 const IMM_A: u32 = 0x40u;
 const IMM_B: u32 = 0x80u;
@@ -142,7 +144,7 @@ fn cell_header(g: MarchCells, p: vec3<f32>) -> u32 {
             tile = first + c;
         }
     }
-    return g.base + 3u * tile;
+    return g.base + HEADER_WORDS * tile;
 }
 
 // the field at p on the pruned tape of its cell (cell_header; the whole tape's bits: pruning is

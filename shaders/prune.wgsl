@@ -292,6 +292,8 @@ fn iv_binary(op: u32, alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32
 
 const COUNT_ARENA: u32 = 2u;        // counters' words 2 and 3 (bindings.wgsl): arena words handed out
 const COUNT_ARENA_FULL: u32 = 3u;   // tiles refused for want of arena room
+const COUNT_REGS: u32 = 4u;         // the most registers a pruned tape of the finest level uses
+const COUNT_REGS_REFUSED: u32 = 5u; // cells_image: pixels whose cell's tape needs more than REG_CAP
 const NO_ROOM: u32 = 0xffffffffu;
 const EMITTED: u32 = 4u;            // scratch nibble bit: the record is in the pruned tape
 // scratch nibble bit 3: on a foldable record (`foldable`), one operand is a register whose last
@@ -366,7 +368,7 @@ fn level_first(l: u32) -> u32 {
 // the first header word of level l in out_u (of level n_levels(): the arena's first word); the
 // headers start at word bits(U.camera[1].z) (0 but for a pruned march, whose pixels come first)
 fn level_header(l: u32) -> u32 {
-    return bitcast<u32>(U.camera[1].z) + 3u * level_first(l);
+    return bitcast<u32>(U.camera[1].z) + HEADER_WORDS * level_first(l);
 }
 
 // `words` arena words: the index of the first in out_u, or NO_ROOM (counted; the host then
@@ -598,7 +600,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         var s_src = 0u;
         var s_len = U.n_instrs;
         if (l > 0u) {
-            let p = level_header(l - 1u) + 3u * (p_first + lid);
+            let p = level_header(l - 1u) + HEADER_WORDS * (p_first + lid);
             s_src = out_u[p];
             s_len = out_u[p + 1u];
         }
@@ -631,7 +633,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             var pcls = TILE_AMBIGUOUS;
             if (l > 0u) {
                 slot = t / qq - p_first;
-                pcls = out_u[level_header(l - 1u) + 3u * (t / qq) + 2u];
+                pcls = out_u[level_header(l - 1u) + HEADER_WORDS * (t / qq) + 2u];
             }
             base = slot * seg;
             len = wg_len[slot];
@@ -905,16 +907,110 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             }
         }
     }
+    // the pruned tape's registers renumbered (renumber_registers)
+    var regs = 0u;
+    if (working && !overflow) {
+        regs = renumber_registers(h.x, h.y);
+        if (l + 1u == n_levels()) {
+            atomicMax(&counters[COUNT_REGS], regs);
+        }
+    }
     if (overflow) {
         note_overflow();
         h = vec3<u32>(0u, 0u, cls);
+        regs = 0u;
     }
     if (t < n) {
-        let hdr = level_header(l) + 3u * t;
+        let hdr = level_header(l) + HEADER_WORDS * t;
         out_u[hdr] = h.x;
         out_u[hdr + 1u] = h.y;
         out_u[hdr + 2u] = h.z;
+        out_u[hdr + 3u] = regs;
     }
+}
+
+// ---- register renumbering: a pruned tape keeps few of its full tape's values alive at once, and a
+// pixel pass whose pipeline holds fewer registers (a smaller REG_CAP variant) is faster: its
+// register array is zero-initialised at the start of every invocation (WGSL's private variables)
+var<private> renamed: array<u32, REG_CAP>;   // renumber_registers: old register -> new one + 1 (0: none)
+var<private> taken: array<u32, 8>;           // the new registers in use, a bit each (REG_CAP <= 256)
+var<private> taken_full: u32;                // bit i: word i of `taken` is full
+
+fn take_register() -> u32 {
+    let i = firstTrailingBit(~taken_full);
+    let b = firstTrailingBit(~taken[i]);
+    taken[i] |= 1u << b;
+    if (taken[i] == 0xffffffffu) {
+        taken_full |= 1u << i;
+    }
+    return 32u * i + b;
+}
+
+fn free_register(r: u32) {
+    taken[r / 32u] &= ~(1u << (r % 32u));
+    taken_full &= ~(1u << (r / 32u));
+}
+
+// the new register of old register r, read here: taken (the lowest free) when this is, going
+// backward, r's first read (forward: its last)
+fn read_register(r: u32, regs: ptr<function, u32>) -> u32 {
+    if (renamed[r] == 0u) {
+        let k = take_register();
+        renamed[r] = k + 1u;
+        *regs = max(*regs, k + 1u);
+    }
+    return renamed[r] - 1u;
+}
+
+// renumbers the registers of the packed tape of `len` records at word `first` of out_u in place,
+// walking it backward: a record's result frees its register (the value is not live before it),
+// then each operand's value takes one where its last read is; register 0 holds the result at the
+// end. The values are the same, bit for bit; returns how many registers the tape now uses.
+fn renumber_registers(first: u32, len: u32) -> u32 {
+    var regs = 1u;
+    renamed[0] = 1u;
+    taken[0] = 1u;
+    var j = len;
+    loop {
+        if (j == 0u) {
+            break;
+        }
+        if (iters >= U.iter_cap) {
+            overflow = true;
+            break;
+        }
+        iters += 1u;
+        j -= 1u;
+        let at = first + 2u * j;
+        let w0 = out_u[at];
+        var w1 = out_u[at + 1u];
+        let op = w0 & OP_MASK;
+        let dst = (w0 >> 8u) & 0xffu;
+        var nd = 0u;
+        if (renamed[dst] == 0u) {     // (a result nothing reads: pruning emits none)
+            nd = take_register();
+            regs = max(regs, nd + 1u);
+        } else {
+            nd = renamed[dst] - 1u;
+            renamed[dst] = 0u;
+        }
+        free_register(nd);
+        let nr = n_reads(op);
+        var na = 0u;
+        var nb = 0u;
+        if (nr >= 1u && (w0 & IMM_A) == 0u) {
+            na = read_register((w0 >> 16u) & 0xffu, &regs);
+        }
+        if (nr >= 2u && (w0 & IMM_B) == 0u) {
+            nb = read_register(w0 >> 24u, &regs);
+        }
+        if (nr == 3u) {
+            w1 = (w1 & ~0xffu) | read_register(w1 & 0xffu, &regs);
+        }
+        out_u[at] = (w0 & 0xffu) | (nd << 8u) | (na << 16u) | (nb << 24u);
+        out_u[at + 1u] = w1;
+    }
+    return regs;
 }
 
 // (row, column) of invocation i of a pixel pass: workgroup after workgroup, an 8 x 8 block of
@@ -940,7 +1036,7 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         return;
     }
     let o = row * U.width + col;
-    let hdr = level_header(n_levels() - 1u) + 3u * pixel_tile(row, col);
+    let hdr = level_header(n_levels() - 1u) + HEADER_WORDS * pixel_tile(row, col);
     let cls = out_u[hdr + 2u];
     if (cls == TILE_FAILED) {
         out_f[o] = nan();
@@ -961,7 +1057,10 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 // by the host from an earlier image of the tape; the descriptor at word bits(U.extra.x) of the
 // points buffer, the plane's z its lo.z): the pruned tape of the pixel centre's cell at the pixel
 // centre, or, in the sign image (U.extra.z = 1), the sign of a decided cell (-1 inside, 1
-// outside); NaN where the cell found no arena room. out_f[row * width + col] = the value.
+// outside); NaN where the cell found no arena room, or where its tape needs more registers
+// than this pipeline's REG_CAP (counted: the host picks the smallest variant holding every
+// finest cell's registers, and runs the pass again in the tape's own where one refused).
+// out_f[row * width + col] = the value.
 @compute @workgroup_size(WG)
 fn cells_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -982,6 +1081,11 @@ fn cells_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
         out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
+        return;
+    }
+    if (out_u[hdr + 3u] > REG_CAP) {        // (the host runs the pass again in a larger variant)
+        atomicAdd(&counters[COUNT_REGS_REFUSED], 1u);
+        out_f[o] = nan();
         return;
     }
     out_f[o] = run_packed(out_u[hdr], out_u[hdr + 1u], p);
@@ -1005,7 +1109,7 @@ fn pruned_points(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     }
     let q = bitcast<u32>(U.camera[1].y) + 5u * i;
     let o = u32(points[q + 4u]);
-    let hdr = level_header(n_levels() - 1u) + 3u * u32(points[q + 3u]);
+    let hdr = level_header(n_levels() - 1u) + HEADER_WORDS * u32(points[q + 3u]);
     if (out_u[hdr + 2u] == TILE_FAILED) {
         out_f[o] = nan();
         return;

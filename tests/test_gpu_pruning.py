@@ -9,7 +9,9 @@ field_image_pruned / prune_levels).
 * images on flat cells (``cells``) are field_image's bits too, for prospero and random tapes, and
   are kept for later images inside their rectangle (pans, zooms, other sizes), pruned again for
   a wider rectangle, another plane or tape, an edit or another pass in between;
-* finer levels prune their parents' tapes further; the march cells' tapes fold constant operands
+* finer levels prune their parents' tapes further, and pruned tapes are renumbered into few
+  registers, so that the image cells' pixel pass runs in a small register variant (a pixel
+  finding a tape with more is refused, and the pass run again in the tape's own); the march cells' tapes fold constant operands
   into the records that read them; an arena too small for the pruned tapes is
   grown and the image run again (same bits); past the binding limit it is a TaperayError;
 * no shader module or pipeline is created by any of it (the kernels are the startup set);
@@ -180,7 +182,7 @@ def test_prospero_1024_sign_image_matches_the_reference_png(walker_gpu, no_new_k
 
 def _chain_tape(n):
     """x + 1 + 1 + ... (n records): needs over 2n loop iterations in the tile pass (interval and
-    liveness passes, then writing the n records out)."""
+    liveness passes, then writing the n records out and renumbering their registers)."""
     ins = np.zeros(n, INSTR_DTYPE)
     ins[0]["op"] = 0            # VAR_X into r0
     ins[1]["op"], ins[1]["dst"] = 3, 1      # CONST 1 into r1
@@ -193,7 +195,8 @@ def test_tapes_beyond_the_iteration_cap_are_refused(walker_gpu, no_new_kernels):
     cap = walker_gpu._iter_limits[0]
     if cap >= 1 << 31:
         pytest.skip("a hardware adapter has no loop-iteration cap")
-    ok = _chain_tape(cap // 4)      # (the field image always runs the liveness pass)
+    ok = _chain_tape(cap // 6)      # (the field image always runs every walk: interval, liveness,
+                                    # writing (two loops), register renumbering)
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(ok, 4, 4, tiles=(4, 2))),
                                   bits(walker_gpu.field_image(ok, 4, 4)))
     with pytest.raises(TaperayError, match="interpreter steps"):
@@ -284,6 +287,32 @@ def test_image_cells_are_kept_for_pans_zooms_and_sizes(walker_gpu, no_new_kernel
     walker_gpu.evaluate(tape, np.zeros((4, 3), np.float32))   # another pass
     walker_gpu.sign_image(tape, 8, 8, rect=(-0.5, 0.5, -0.5, 0.5), cells=(3, 2))
     assert walker_gpu.image_cell_builds == b0 + 5
+
+
+def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walker_gpu, no_new_kernels,
+                                                                           prospero_96):
+    """Pruning renumbers a tape's registers (values die where last read): prospero's 189 became
+    138, 58 and 24 at 32, 8 and 2 px tiles when written. Its image cells' finest tapes (16^2 x 3)
+    hold 16, so their pixel pass runs in the 16 variant, bit for bit; forced into a variant too small for its cells' tapes (one level-0
+    cell: the whole tape), every pixel is refused and the pass runs again in the tape's own."""
+    tape, full = prospero_96
+    n = full.shape[0]
+    assert tape.n_regs == 189
+    regs = [lv["registers"] for lv in walker_gpu.prune_levels(tape, n, n, grid_rect(n), tiles=(32, 8, 2))]
+    assert 189 > regs[0] > regs[1] > regs[2] and regs[2] <= 32, regs
+    walker_gpu.drop_kept_cells()
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(16, 3))),
+                                  bits(full))
+    assert walker_gpu._kept_cells[2] == 16 < walker_gpu.upload(tape)
+    refused = walker_gpu.register_refusals
+    walker_gpu.drop_kept_cells()
+    walker_gpu.sign_image(tape, 8, 8, grid_rect(n), cells=(1, 1))
+    key, desc, variant = walker_gpu._kept_cells
+    assert variant == walker_gpu.upload(tape)
+    walker_gpu._kept_cells = (key, desc, 16)          # (kept: the next image runs in the 16 variant)
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(1, 1))),
+                                  bits(full))
+    assert walker_gpu._kept_cells[2] == 16 and walker_gpu.register_refusals == refused + 1
 
 
 def test_image_cells_grow_a_small_arena_and_check_their_arguments(walker_gpu, no_new_kernels, prospero_96,
