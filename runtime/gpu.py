@@ -494,7 +494,8 @@ class GpuWalker(PrunedPasses):
         self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame,
                                              # _image_cells)
         self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
-        self.register_refusals = 0           # cells_image passes run again in the tape's own variant
+        self.register_refusals = 0           # pixel passes run again in the tape's own variant
+        self._tile_counters = None           # the counters after the last pruned image's tile passes
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
         self._cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
         software = self._ctx.info["software"]
@@ -620,7 +621,8 @@ class GpuWalker(PrunedPasses):
         """Write the uniforms and zeroed counters; return the command buffer of the (kernel,
         n_items) passes, ``repeat`` times in a row (each repeat clears the counters first). A pass
         (kernel, n_items, level) is preceded by copying ``level`` from the level table in the
-        points buffer into U.extra.w (_pruned_setup writes the table). Passes other than a
+        points buffer into U.extra.w (_pruned_setup writes the table); a pass (kernel, n_items,
+        level or None, variant) runs in that register variant instead of ``variant``. Passes other than a
         frame's on cells may overwrite the pruned cells _frame keeps: they are forgotten."""
         if any(k not in CELLS_KEEPING for k, *_ in passes):
             self._kept_cells = None
@@ -633,14 +635,15 @@ class GpuWalker(PrunedPasses):
         for r in range(repeat):
             if r:
                 enc.clear_buffer(self._counters.buffer, 0, COUNTERS_BYTES)
-            for kernel, n, *level in passes:
-                if level:
-                    enc.copy_buffer_to_buffer(self._points.buffer, 4 * level[0], self._uniform.buffer,
+            for kernel, n, *more in passes:
+                level, pass_variant = (more + [None, None])[:2]
+                if level is not None:
+                    enc.copy_buffer_to_buffer(self._points.buffer, 4 * level, self._uniform.buffer,
                                               UNIFORM_LEVEL_BYTE, 4)
                 groups = max(1, -(-n // WG))
                 gx = min(groups, MAX_GROUPS_X)
                 cp = enc.begin_compute_pass()
-                cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
+                cp.set_pipeline(self._ctx.kernels.pipeline(kernel, pass_variant or variant))
                 cp.set_bind_group(0, bg)
                 cp.dispatch_workgroups(gx, -(-groups // gx), 1)
                 cp.end()

@@ -324,12 +324,15 @@ class PrunedPasses:
 
     def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tiles,
                       sign: bool) -> np.ndarray:
-        """The tile levels and the pixel pass in one submission; (H, W) float32 out_f. When a
-        tile found no arena room the image is discarded and run again with a larger arena (kept
-        for later calls), up to the adapter's binding limit, past which it is a TaperayError."""
+        """The tile levels in one submission, then the pixel pass in the register variant that
+        holds the finest tiles' renumbered tapes (_pixel_variant; a pixel refused for want of
+        registers has the pass run again in the tape's own); (H, W) float32 out_f. When a tile
+        found no arena room the tiles are discarded and run again with a larger arena (kept for
+        later calls), up to the adapter's binding limit, past which it is a TaperayError. The
+        counters after the tile passes stay in ``_tile_counters``."""
         while True:
             variant, passes, u, arena = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
-            self._submit(passes, variant, u, 0)
+            self._submit(passes[:-1], variant, u, 0)
             self._check_counters(tape)
             c = self._read(self._counters, np.uint32, 8)
             if not c[PRUNE_ARENA_FULL]:
@@ -341,7 +344,22 @@ class PrunedPasses:
                                    f"{width}x{height} need more than the adapter's {limit >> 18} MiB binding "
                                    "limit; use larger tiles or the CPU walker")
             self._arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+        self._tile_counters = c
+        self._submit(passes[-1:], self._pixel_variant(variant, c[PRUNE_REGS]), u, 0)
+        self._check_counters(tape)
+        if self._read(self._counters, np.uint32, 8)[PRUNE_REGS_REFUSED]:
+            self.register_refusals += 1
+            self._submit(passes[-1:], variant, u, 0)
+            self._check_counters(tape)
         return self._read(self._out_f, np.float32, width * height).reshape(height, width)
+
+    @staticmethod
+    def _pixel_variant(variant: int, regs: int) -> int:
+        """The register variant of a pixel pass over pruned tapes: the smallest holding ``regs``,
+        the most registers a finest tile's renumbered tape uses (counted by the pruning), at
+        most the tape's own ``variant``."""
+        from .gpu import variant_for
+        return min(variant, variant_for(max(int(regs), 1)))
 
     @_guarded
     def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
@@ -420,7 +438,7 @@ class PrunedPasses:
         sizes = tile_levels(tiles)
         counts = level_tile_counts(sizes, width, height)
         hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, PRUNE_HEADER_WORDS)
-        used = int(self._read(self._counters, np.uint32, 8)[PRUNE_ARENA])
+        used = int(self._tile_counters[PRUNE_ARENA])
         out, at = [], 0
         for size, count in zip(sizes, counts):
             h = hdr[at:at + count]
@@ -638,7 +656,6 @@ class PrunedPasses:
         renumbered registers). Kept while nothing but cells_image (and a frame's passes on its
         own kept cells, which replace these) has run, for the same tape bytes, z and cells and a
         rectangle inside the kept one (so a view that pans or zooms in, at any size, keeps them)."""
-        from .gpu import variant_for
         lo, hi = image_cell_box(rect, z)
 
         def key():   # what kept cells depend on besides their rectangle
@@ -653,7 +670,7 @@ class PrunedPasses:
         layout = _march_cells_cached(lo, hi, *cells, flat=True)
         desc, _, _, regs = self._prune_cell_grid(tape, variant, layout, 0, (n, 0), f"the image cells {cells}")
         self.image_cell_builds += 1
-        self._kept_cells = ((key(), (lo, hi)), desc, min(variant, variant_for(max(regs, 1))))
+        self._kept_cells = ((key(), (lo, hi)), desc, self._pixel_variant(variant, regs))
         return desc, self._kept_cells[2]
 
     @staticmethod
@@ -672,6 +689,7 @@ class PrunedPasses:
         of the first ``levels`` tile levels)."""
         self._pruned_image(tape, width, height, rect, z, tiles, sign)   # sizes the arena
         variant, passes, u, _ = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
+        passes[-1] = (*passes[-1], None, self._pixel_variant(variant, self._tile_counters[PRUNE_REGS]))
         if tile_passes_only:
             passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
         return variant, passes, u

@@ -1025,7 +1025,9 @@ fn block_pixel(i: u32) -> vec2<u32> {
 // its finest tile's pruned tape at the pixel centre (run_tape's arithmetic, op for op: unary /
 // binary / nmin / nmax and the exact fmod sub-steps), or, in the sign image, the tile's sign
 // where the tile is decided (-1 inside, 1 outside); NaN where the tile found no arena room (the
-// host runs the image again). out_f[row * width + col] = the value.
+// host runs the image again) or its tape needs more registers than this pipeline's REG_CAP
+// (counted; the host runs the pass again in the tape's own variant). out_f[row * width + col] =
+// the value.
 @compute @workgroup_size(WG)
 fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -1044,6 +1046,11 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
         out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
+        return;
+    }
+    if (out_u[hdr + 3u] > REG_CAP) {        // (the host runs the pass again in a larger variant)
+        atomicAdd(&counters[COUNT_REGS_REFUSED], 1u);
+        out_f[o] = nan();
         return;
     }
     out_f[o] = run_packed(out_u[hdr], out_u[hdr + 1u], vec3<f32>(pixel_x(col), pixel_y(row), U.extra.x));

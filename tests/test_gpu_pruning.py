@@ -315,6 +315,28 @@ def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walk
     assert walker_gpu._kept_cells[2] == 16 and walker_gpu.register_refusals == refused + 1
 
 
+def test_the_pruned_images_pixel_pass_runs_in_the_variant_its_finest_tapes_need(walker_gpu, no_new_kernels,
+                                                                                prospero_96, monkeypatch):
+    """Per-call tiles: the pixel pass's variant holds the finest tiles' registers (24 of 189 at 2
+    px: the 64 variant); forced into the 16, the pixels of tapes needing more are refused and
+    the pass runs again in the tape's own variant, bit for bit."""
+    tape, full = prospero_96
+    n = full.shape[0]
+    pixel_variant = type(walker_gpu)._pixel_variant
+    chosen = []
+    monkeypatch.setattr(type(walker_gpu), "_pixel_variant",
+                        staticmethod(lambda v, regs: chosen.append(pixel_variant(v, regs)) or chosen[-1]))
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), tiles=(32, 8, 2))),
+                                  bits(full))
+    assert chosen == [64] < [walker_gpu.upload(tape)]
+    refused = walker_gpu.register_refusals
+    monkeypatch.setattr(type(walker_gpu), "_pixel_variant", staticmethod(lambda v, regs: 16))
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), tiles=(32, 8, 2))),
+                                  bits(full))
+    np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), tiles=(32, 8, 2)), full < 0)
+    assert walker_gpu.register_refusals == refused + 2
+
+
 def test_image_cells_grow_a_small_arena_and_check_their_arguments(walker_gpu, no_new_kernels, prospero_96,
                                                                   monkeypatch):
     tape, full = prospero_96

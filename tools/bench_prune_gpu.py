@@ -16,7 +16,9 @@ unpruned field image (pruning off). Columns:
   pass" the same for level 0's prune_tiles pass alone (the walks over the full tape). (Timestamp
   queries would need the device opened with that feature; this does not depend on it.)
 * the mean pruned tape length per level (records; in the sign image over the tiles that still
-  have a tape, i.e. not decided), read back from the tile headers (``GpuWalker.prune_levels``).
+  have a tape, i.e. not decided), read back from the tile headers (``GpuWalker.prune_levels``),
+  and the most registers a finest tile's tape uses after pruning renumbered them (the pixel pass
+  runs in the smallest register variant holding them).
 
 Image cell rows: the same images on flat image cells (``sign_image(..., cells=(g0, levels))``:
 g0^2 cells over the image's rectangle, each level splitting a cell 4 x 4), which the first image of
@@ -143,7 +145,8 @@ def bench_prune_gpu(opts) -> BenchResult:
                 levels = walker.prune_levels(tape, size, size, rect, tiles=tiles, sign=sign)
                 row.update({"tile passes GPU ms": passes, "pixel pass GPU ms": gpu_ms - passes,
                             "level 0 pass GPU ms": level0,
-                            "mean tape length per level": " / ".join(f"{lv['mean_length']:.0f}" for lv in levels)})
+                            "mean tape length per level": " / ".join(f"{lv['mean_length']:.0f}" for lv in levels),
+                            "finest tapes' registers": levels[-1]["registers"]})
             else:
                 unpruned[size] = (wall["median_ms"], gpu_ms)
             rows.append(row)
