@@ -346,6 +346,12 @@ def test_image_cells_grow_a_small_arena_and_check_their_arguments(walker_gpu, no
     pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(4, 2))
     np.testing.assert_array_equal(bits(pruned), bits(full))
     assert walker_gpu._cell_arena_words > 1000
+    grown = walker_gpu._cell_arena_words          # timing the cells prunes them as the image did
+    assert walker_gpu.gpu_seconds(tape, n, n, grid_rect(n), cells=(4, 2), tile_passes_only=True, repeat=2) >= 0
+    assert walker_gpu.gpu_seconds(tape, n, n, grid_rect(n), cells=(4, 2), repeat=2) >= 0
+    assert walker_gpu._cell_arena_words == grown
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(4, 2))),
+                                  bits(full))
     for cells in ((0, 2), (4, 0), (4, 5), (2000, 1), (4,), "auto", (4.0, 2)):
         with pytest.raises(TaperayError, match="image cells"):
             walker_gpu.sign_image(tape, 8, 8, cells=cells)
