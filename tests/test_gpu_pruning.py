@@ -291,15 +291,18 @@ def test_image_cells_are_kept_for_pans_zooms_and_sizes(walker_gpu, no_new_kernel
 
 def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walker_gpu, no_new_kernels,
                                                                            prospero_96):
-    """Pruning renumbers a tape's registers (values die where last read): prospero's 189 became
-    138, 58 and 24 at 32, 8 and 2 px tiles when written. Its image cells' finest tapes (16^2 x 3)
+    """Pruning renumbers the finest level's tapes' registers (values die where last read):
+    prospero's 189 became 138 at 32 px tiles, 24 at 2 px, when written (coarser levels keep the
+    full tape's numbering: their header says REG_CAP). Its image cells' finest tapes (16^2 x 3)
     hold 16, so their pixel pass runs in the 16 variant, bit for bit; forced into a variant too small for its cells' tapes (one level-0
     cell: the whole tape), every pixel is refused and the pass runs again in the tape's own."""
     tape, full = prospero_96
     n = full.shape[0]
     assert tape.n_regs == 189
     regs = [lv["registers"] for lv in walker_gpu.prune_levels(tape, n, n, grid_rect(n), tiles=(32, 8, 2))]
-    assert 189 > regs[0] > regs[1] > regs[2] and regs[2] <= 32, regs
+    assert regs[:2] == [256, 256] and regs[2] <= 32, regs
+    one = walker_gpu.prune_levels(tape, n, n, grid_rect(n), tiles=32)[0]["registers"]
+    assert regs[2] < one < 189, one
     walker_gpu.drop_kept_cells()
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(16, 3))),
                                   bits(full))
