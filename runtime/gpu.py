@@ -496,6 +496,7 @@ class GpuWalker(PrunedPasses):
         self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
         self.register_refusals = 0           # pixel passes run again in the tape's own variant
         self._tile_counters = None           # the counters after the last pruned image's tile passes
+        self._counters_read = np.zeros(COUNTERS_BYTES // 4, np.uint32)   # the last _check_counters read
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
         self._cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
         software = self._ctx.info["software"]
@@ -676,8 +677,10 @@ class GpuWalker(PrunedPasses):
                 pending.append((kernel, n))
 
     def _check_counters(self, tape: Tape) -> int:
-        """Waits for the GPU; raises on overflow; returns the unfinished pixel count."""
+        """Waits for the GPU; raises on overflow; returns the unfinished pixel count. The counters
+        read stay in ``_counters_read`` (the pruning passes' words: gpu_pruning)."""
         c = np.frombuffer(self._ctx.device.queue.read_buffer(self._counters.buffer, 0, COUNTERS_BYTES), np.uint32)
+        self._counters_read = c
         if c[0]:
             raise TaperayError(
                 f"{tape.source or 'tape'}: one evaluation of this tape needs more than {self._iter_limits[0]} "

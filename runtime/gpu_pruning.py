@@ -334,7 +334,7 @@ class PrunedPasses:
             variant, passes, u, arena = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
             self._submit(passes[:-1], variant, u, 0)
             self._check_counters(tape)
-            c = self._read(self._counters, np.uint32, 8)
+            c = self._counters_read
             if not c[PRUNE_ARENA_FULL]:
                 break
             limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
@@ -347,7 +347,7 @@ class PrunedPasses:
         self._tile_counters = c
         self._submit(passes[-1:], self._pixel_variant(variant, c[PRUNE_REGS]), u, 0)
         self._check_counters(tape)
-        if self._read(self._counters, np.uint32, 8)[PRUNE_REGS_REFUSED]:
+        if self._counters_read[PRUNE_REGS_REFUSED]:
             self.register_refusals += 1
             self._submit(passes[-1:], variant, u, 0)
             self._check_counters(tape)
@@ -422,7 +422,7 @@ class PrunedPasses:
         no grid cell's box), the pass is run again in the tape's own variant."""
         variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
         self._dispatch(tape, passes, variant, u)
-        if self._read(self._counters, np.uint32, 8)[PRUNE_REGS_REFUSED]:
+        if self._counters_read[PRUNE_REGS_REFUSED]:
             self.register_refusals += 1
             self._dispatch(tape, passes, self.upload(tape), u)
         return self._read(self._out_f, np.float32, width * height).reshape(height, width)
@@ -496,7 +496,7 @@ class PrunedPasses:
             variant, passes, u, arena, header = self._points_setup(tape, pts, cells, levels)
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
-            c = self._read(self._counters, np.uint32, 8)
+            c = self._counters_read
             if not c[PRUNE_ARENA_FULL]:
                 return self._read(self._out_f, np.float32, len(pts))
             limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
@@ -557,7 +557,7 @@ class PrunedPasses:
         """Per level of points-mode cells (``counts`` of them, headers from out_u word ``base``):
         its (cells, 3) headers, which cells have a pruned tape, the arena words used."""
         hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts), base).reshape(-1, PRUNE_HEADER_WORDS)
-        used = int(self._read(self._counters, np.uint32, 8)[PRUNE_ARENA])
+        used = int(self._counters_read[PRUNE_ARENA])
         out, at = [], 0
         for count in counts:
             h = hdr[at:at + count]
@@ -641,7 +641,7 @@ class PrunedPasses:
             u[20] = arena                   # U.camera[1].x: the arena's size in words
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
-            c = self._read(self._counters, np.uint32, 8)
+            c = self._counters_read
             if not c[PRUNE_ARENA_FULL]:
                 return desc, counts, (passes, u), int(c[PRUNE_REGS])
             if base + header + arena >= limit:
