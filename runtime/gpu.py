@@ -50,6 +50,7 @@ WG = 64                       # workgroup size (bindings.wgsl)
 MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
 UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
 MIN_BUFFER = 256
+READ_STAGING_MIN = 1 << 16    # bytes of _read's first staging buffer
 COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, two unused)
 N_BINDINGS = 11
 CELLS_KEEPING = ("march_cells", "light_cells", "surface", "shade", "resolve",   # passes that leave the
@@ -485,6 +486,7 @@ class GpuWalker(PrunedPasses):
         self._accum = _Buffer(dev, st, "accum", limit)
         self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms", limit)
         self._counters = _Buffer(dev, st, "counters", limit)
+        self._staging = None                 # _read's mappable buffer
         self._bind_group = None
         self._bind_key = None
         self._uploaded = None
@@ -679,7 +681,7 @@ class GpuWalker(PrunedPasses):
     def _check_counters(self, tape: Tape) -> int:
         """Waits for the GPU; raises on overflow; returns the unfinished pixel count. The counters
         read stay in ``_counters_read`` (the pruning passes' words: gpu_pruning)."""
-        c = np.frombuffer(self._ctx.device.queue.read_buffer(self._counters.buffer, 0, COUNTERS_BYTES), np.uint32)
+        c = self._read(self._counters, np.uint32, COUNTERS_BYTES // 4)
         self._counters_read = c
         if c[0]:
             raise TaperayError(
@@ -689,11 +691,29 @@ class GpuWalker(PrunedPasses):
         return int(c[1])
 
     def _read(self, buf: _Buffer, dtype, count: int, offset_items: int = 0) -> np.ndarray:
+        """``count`` items of ``dtype`` (4-byte) from ``buf``, waiting for the GPU: copied into a
+        mappable staging buffer kept by the walker (grown by doubling; wgpu's queue.read_buffer
+        creates and destroys one per call), mapped and copied out."""
         itemsize = np.dtype(dtype).itemsize
         if count == 0:
             return np.zeros(0, dtype)
-        raw = self._ctx.device.queue.read_buffer(buf.buffer, offset_items * itemsize, count * itemsize)
-        return np.frombuffer(raw, dtype, count).copy()
+        wgpu = _wgpu()
+        nbytes = count * itemsize
+        dev = self._ctx.device
+        if self._staging is None or self._staging.size < nbytes:
+            size = max(READ_STAGING_MIN, self._staging.size if self._staging is not None else 0)
+            while size < nbytes:
+                size *= 2
+            self._staging = dev.create_buffer(label="read-back", size=size,
+                                              usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        enc = dev.create_command_encoder()
+        enc.copy_buffer_to_buffer(buf.buffer, offset_items * itemsize, self._staging, 0, nbytes)
+        dev.queue.submit([enc.finish()])
+        self._staging.map_sync(wgpu.MapMode.READ, 0, nbytes)
+        try:
+            return np.frombuffer(self._staging.read_mapped(0, nbytes, copy=False), dtype, count).copy()
+        finally:
+            self._staging.unmap()
 
     def _lost(self, e: Exception):
         _drop_context(self._ctx)
