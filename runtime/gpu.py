@@ -843,7 +843,7 @@ class GpuWalker(PrunedPasses):
         out = {"cells": 0.0}
         cells = self._march_cells_for(tape, cells) if view != "slice" else None
         if cells is not None:
-            desc, _, (passes, cu), _ = self._prune_cells(tape, packed, variant, n, cells)
+            desc, _, (passes, cu), _, _ = self._prune_cells(tape, packed, variant, n, cells)
             out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
             u[12] = desc
             frame = self._on_cells(tape, frame)

@@ -214,6 +214,9 @@ LOWERED_CELLS = (16, 2)
 # image's rectangle in the plane z, each finer level splitting a cell 4 x 4; kept for the images
 # of the same tape after it (at 1024^2, IMAGE_CELLS' finest cells are 4 pixels wide).
 IMAGE_CELLS = (16, 3)
+# out_u words kept after the image cells' arena for sign images' bits (sign_bit_words): those of a
+# 2048^2 image; a larger image's prunes the cells again, with room for its own
+IMAGE_BITS_WORDS = 2 * (2048 // 8) ** 2
 CELL_DESCRIPTOR_WORDS = 10
 
 
@@ -269,6 +272,11 @@ def image_cell_box(rect, z: float) -> tuple[tuple, tuple]:
     return (min(x0, x1), min(y0, y1), float(z)), (max(x0, x1), max(y0, y1), float(z))
 
 
+def sign_bit_words(width: int, height: int) -> int:
+    """out_u words of a sign image's bits (prune.wgsl sign_bits): two per 8 x 8 pixel block."""
+    return 2 * -(-width // 8) * -(-height // 8)
+
+
 def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[int]:
     """Tiles per level: level 0 covers the image; a level-l tile has ceil(size_l / size_l+1)^2
     sub-tiles (runtime/pruning.py's nesting; those beyond the image are empty)."""
@@ -295,7 +303,8 @@ class PrunedPasses:
     def _pruned_setup(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool):
         """(variant, passes, uniforms, arena words) of a pruned image: prune_tiles once per tile
         level, coarse to fine, then pruned_image over 8 x 8 pixel blocks; out_u holds the tile
-        headers and an arena of ``self._arena_words`` (shaders/prune.wgsl)."""
+        headers, an arena of ``self._arena_words`` (shaders/prune.wgsl), then a sign image's
+        bits."""
         if width < 1 or height < 1:
             raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
         sizes = tile_levels(tiles)
@@ -311,22 +320,24 @@ class PrunedPasses:
         guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * sum(counts)
         arena = min(self._arena_words or guess, limit - header)
         n = width * height
-        self._prepare_outputs(n, header + arena)
+        self._prepare_outputs(n, header + arena + (sign_bit_words(width, height) if sign else 0))
         camera = np.zeros(16, np.float32)
         camera[:len(sizes)] = sizes
         u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
                            extra=(z, len(sizes), 1.0 if sign else 0.0, 0), camera=camera)
         u[20] = arena                       # U.camera[1].x: the arena's size in words
+        u[23] = header + arena              # U.camera[1].w: the sign image's bits, after the arena
         self._points.sync(np.arange(MAX_TILE_LEVELS, dtype=np.float32))   # the levels the passes copy
         blocks = -(-width // 8) * -(-height // 8)
         passes = [("prune_tiles", c, level) for level, c in enumerate(counts)] + [("pruned_image", 64 * blocks)]
         return variant, passes, u, arena
 
     def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tiles,
-                      sign: bool) -> np.ndarray:
+                      sign: bool) -> int:
         """The tile levels in one submission, then the pixel pass in the register variant that
         holds the finest tiles' renumbered tapes (_pixel_variant; a pixel refused for want of
-        registers has the pass run again in the tape's own); (H, W) float32 out_f. When a tile
+        registers has the pass run again in the tape's own): the values in out_f, a sign image's
+        bits in out_u from the word returned (_image_result reads either). When a tile
         found no arena room the tiles are discarded and run again with a larger arena (kept for
         later calls), up to the adapter's binding limit, past which it is a TaperayError. The
         counters after the tile passes stay in ``_tile_counters``."""
@@ -351,7 +362,17 @@ class PrunedPasses:
             self.register_refusals += 1
             self._submit(passes[-1:], variant, u, 0)
             self._check_counters(tape)
-        return self._read(self._out_f, np.float32, width * height).reshape(height, width)
+        return int(u[23])
+
+    def _image_result(self, width: int, height: int, sign: bool, bits_at: int) -> np.ndarray:
+        """The last pixel pass's image: a sign image (H, W) bool from its bits in out_u from word
+        ``bits_at`` (1 bit a pixel read back, not a float), else the (H, W) float32 values."""
+        if not sign:
+            return self._read(self._out_f, np.float32, width * height).reshape(height, width)
+        bx, by = -(-width // 8), -(-height // 8)
+        words = self._read(self._out_u, np.uint32, sign_bit_words(width, height), bits_at)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little").reshape(by, bx, 8, 8)
+        return bits.transpose(0, 2, 1, 3).reshape(8 * by, 8 * bx)[:height, :width].astype(bool)
 
     @staticmethod
     def _pixel_variant(variant: int, regs: int) -> int:
@@ -376,8 +397,10 @@ class PrunedPasses:
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z) < 0
         if cells is not None:
-            return self._cells_image(tape, width, height, rect, z, cells, True) < 0
-        return self._pruned_image(tape, width, height, rect, z, tiles, True) < 0
+            at = self._cells_image(tape, width, height, rect, z, cells, True)
+        else:
+            at = self._pruned_image(tape, width, height, rect, z, tiles, True)
+        return self._image_result(width, height, True, at)
 
     @_guarded
     def field_image_pruned(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
@@ -389,8 +412,10 @@ class PrunedPasses:
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z)
         if cells is not None:
-            return self._cells_image(tape, width, height, rect, z, cells, False)
-        return self._pruned_image(tape, width, height, rect, z, tiles, False)
+            at = self._cells_image(tape, width, height, rect, z, cells, False)
+        else:
+            at = self._pruned_image(tape, width, height, rect, z, tiles, False)
+        return self._image_result(width, height, False, at)
 
     def drop_kept_cells(self):
         """Forgets the pruned cells kept from the last frame or image: the next one on cells
@@ -409,23 +434,26 @@ class PrunedPasses:
         cells = (int(cells[0]), int(cells[1]))
         variant = self.upload(tape)
         n = width * height
-        desc, pixel_variant = self._image_cells(tape, variant, n, rect, z, cells)
+        desc, pixel_variant, bits_at = self._image_cells(tape, variant, n, rect, z, cells,
+                                                         sign_bit_words(width, height))
         u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
                            extra=(0.0, 0.0, 1.0 if sign else 0.0, 0))
         u[12] = desc                        # U.extra.x: the bits of the cell descriptor's word
+        u[23] = bits_at                     # U.camera[1].w: the sign image's bits, after the arena
         return pixel_variant, [("cells_image", 64 * -(-width // 8) * -(-height // 8))], u
 
-    def _cells_image(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool) -> np.ndarray:
-        """(H, W) float32 out_f of an image on flat cells (sign: decided cells are -1 / 1), its
-        pixel pass in the register variant _image_cells chose; should a pixel find a cell whose
-        tape needs more registers (the outside cell, the whole tape, where a pixel centre lies in
-        no grid cell's box), the pass is run again in the tape's own variant."""
+    def _cells_image(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool) -> int:
+        """An image on flat cells (sign: decided cells are -1 / 1): its values in out_f, a sign
+        image's bits in out_u from the word returned (as _pruned_image). The pixel pass runs in
+        the register variant _image_cells chose; should a pixel find a cell whose tape needs more
+        registers (the outside cell, the whole tape, where a pixel centre lies in no grid cell's
+        box), the pass is run again in the tape's own variant."""
         variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
         self._dispatch(tape, passes, variant, u)
         if self._counters_read[PRUNE_REGS_REFUSED]:
             self.register_refusals += 1
             self._dispatch(tape, passes, self.upload(tape), u)
-        return self._read(self._out_f, np.float32, width * height).reshape(height, width)
+        return int(u[23])
 
     @_guarded
     def prune_levels(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
@@ -610,13 +638,15 @@ class PrunedPasses:
         return self._prune_cell_grid(tape, variant, layout, 9 * n, (8 * n, n),
                                      f"the march cells {cells} at {n} pixels")
 
-    def _prune_cell_grid(self, tape: Tape, variant: int, layout, base: int, outputs: tuple[int, int], what: str):
+    def _prune_cell_grid(self, tape: Tape, variant: int, layout, base: int, outputs: tuple[int, int], what: str,
+                         tail: int = 0):
         """Prunes ``tape`` over the cells of ``layout`` (march_cells' (counts, words, descriptor
         word)): prune_cells (prune_tiles folding constant operands) once per level (points mode)
         in a submission of its own, the headers and arena in out_u from word ``base``, out_f and
-        the accumulator sized for ``outputs`` (their words and texels), the arena grown and the
-        cells run again on overflow. Returns the descriptor word, the cells per level, the
-        (passes, uniforms) that pruned them and the most registers a finest cell's tape uses."""
+        the accumulator sized for ``outputs`` (their words and texels), ``tail`` words of out_u
+        kept free after the arena, the arena grown and the cells run again on overflow. Returns
+        the descriptor word, the cells per level, the (passes, uniforms) that pruned them, the
+        most registers a finest cell's tape uses and the first word after the arena."""
         counts, words, desc = layout
         levels = len(counts)
         words = words.copy()
@@ -637,23 +667,26 @@ class PrunedPasses:
         while True:
             guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
             arena = min(self._cell_arena_words or guess, limit - base - header)
-            self._prepare_outputs(outputs[0], base + header + arena, outputs[1])
+            self._prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
             c = self._counters_read
             if not c[PRUNE_ARENA_FULL]:
-                return desc, counts, (passes, u), int(c[PRUNE_REGS])
+                return desc, counts, (passes, u), int(c[PRUNE_REGS]), base + header + arena
             if base + header + arena >= limit:
                 raise CellsTooLarge(f"{tape.source or 'tape'}: the pruned tapes of {what} need more than the "
                                     f"adapter's {limit >> 18} MiB binding limit; use fewer cells")
             self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
 
-    def _image_cells(self, tape: Tape, variant: int, n: int, rect, z: float, cells) -> tuple[int, int]:
+    def _image_cells(self, tape: Tape, variant: int, n: int, rect, z: float, cells,
+                     bits: int) -> tuple[int, int, int]:
         """The descriptor word of ``tape``'s flat cells (march_cells, flat) over ``rect`` in the
-        plane z, pruned into out_u from word 0 (_prune_cell_grid), or kept from an earlier image,
-        and the register variant of the pixel pass (the smallest that holds every finest cell's
-        renumbered registers). Kept while nothing but cells_image (and a frame's passes on its
+        plane z, pruned into out_u from word 0 (_prune_cell_grid), or kept from an earlier image;
+        the register variant of the pixel pass (the smallest that holds every finest cell's
+        renumbered registers); the first out_u word after the arena, with room for ``bits``
+        words of a sign image's bits (IMAGE_BITS_WORDS kept there, or more when pruning for a
+        larger image). Kept while nothing but cells_image (and a frame's passes on its
         own kept cells, which replace these) has run, for the same tape bytes, z and cells and a
         rectangle inside the kept one (so a view that pans or zooms in, at any size, keeps them)."""
         lo, hi = image_cell_box(rect, z)
@@ -664,14 +697,16 @@ class PrunedPasses:
         kept = self._kept_cells
         if kept is not None and kept[0][0] == key():
             k_lo, k_hi = kept[0][1]
-            if all(k_lo[r] <= lo[r] and hi[r] <= k_hi[r] for r in range(2)):
+            inside = all(k_lo[r] <= lo[r] and hi[r] <= k_hi[r] for r in range(2))
+            if inside and 4 * (kept[3] + bits) <= self._out_u.capacity:
                 self._prepare_outputs(n, 1)
-                return kept[1], kept[2]
+                return kept[1], kept[2], kept[3]
         layout = _march_cells_cached(lo, hi, *cells, flat=True)
-        desc, _, _, regs = self._prune_cell_grid(tape, variant, layout, 0, (n, 0), f"the image cells {cells}")
+        desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, 0, (n, 0),
+                                                          f"the image cells {cells}", max(bits, IMAGE_BITS_WORDS))
         self.image_cell_builds += 1
-        self._kept_cells = ((key(), (lo, hi)), desc, self._pixel_variant(variant, regs))
-        return desc, self._kept_cells[2]
+        self._kept_cells = ((key(), (lo, hi)), desc, self._pixel_variant(variant, regs), tail_at)
+        return self._kept_cells[1:]
 
     @staticmethod
     def _on_cells(tape: Tape, passes: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -16,7 +16,8 @@
 // prune_tiles pass works on (copied into the uniform buffer by a command the host encodes
 // before each pass).
 // camera[0] = the tile size in pixels of levels 0..levels-1 (coarse to fine); camera[1].x = the
-// bits of the arena's size in words. Level 0 tiles the image from pixel (0, 0); a tile of level
+// bits of the arena's size in words; camera[1].w = the bits of the sign image's first bit word
+// in out_u (sign_bits). Level 0 tiles the image from pixel (0, 0); a tile of level
 // l + 1 is one of the fanout(l)^2 sub-tiles of its parent (runtime/pruning.py's nesting, so a
 // size need not divide its parent's), numbered parent * fanout(l)^2 + row * fanout(l) + col;
 // sub-tiles beyond the parent's (clipped) extent are empty (class TILE_EMPTY) and never read.
@@ -1022,83 +1023,88 @@ fn block_pixel(i: u32) -> vec2<u32> {
     return vec2<u32>((blk / blocks_x) * BLOCK + (i % (BLOCK * BLOCK)) / BLOCK, (blk % blocks_x) * BLOCK + i % BLOCK);
 }
 
-// one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
-// its finest tile's pruned tape at the pixel centre (run_tape's arithmetic, op for op: unary /
-// binary / nmin / nmax and the exact fmod sub-steps), or, in the sign image, the tile's sign
-// where the tile is decided (-1 inside, 1 outside); NaN where the tile found no arena room (the
-// host runs the image again) or its tape needs more registers than this pipeline's REG_CAP
-// (counted; the host runs the pass again in the tape's own variant). out_f[row * width + col] =
-// the value.
-@compute @workgroup_size(WG)
-fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let rc = block_pixel(flat_index(wid, lid, nwg));
-    let row = rc.x;
-    let col = rc.y;
-    if (row >= U.height || col >= U.width) {
-        return;
-    }
-    let o = row * U.width + col;
-    let hdr = level_header(n_levels() - 1u) + HEADER_WORDS * pixel_tile(row, col);
+// the value of a pixel pass at p on the packed tape whose header is at word `hdr` of out_u: its
+// tape at p (run_packed: run_tape's arithmetic op for op, so field_image's bits), or, in the sign
+// image, the sign of a decided tile or cell (-1 inside, 1 outside); NaN where the tile or cell
+// found no arena room (the host runs the image again) or where its tape needs more registers
+// than this pipeline's REG_CAP (counted: the host runs the pass again in the tape's own variant)
+fn packed_pixel(hdr: u32, p: vec3<f32>) -> f32 {
     let cls = out_u[hdr + 2u];
     if (cls == TILE_FAILED) {
-        out_f[o] = nan();
-        return;
+        return nan();
     }
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
-        out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
-        return;
+        return select(1.0, -1.0, cls == TILE_INSIDE);
     }
-    if (out_u[hdr + 3u] > REG_CAP) {        // (the host runs the pass again in a larger variant)
+    if (out_u[hdr + 3u] > REG_CAP) {
         atomicAdd(&counters[COUNT_REGS_REFUSED], 1u);
-        out_f[o] = nan();
-        return;
+        return nan();
     }
-    out_f[o] = run_packed(out_u[hdr], out_u[hdr + 1u], vec3<f32>(pixel_x(col), pixel_y(row), U.extra.x));
+    let v = run_packed(out_u[hdr], out_u[hdr + 1u], p);
     if (overflow) {
         note_overflow();
+    }
+    return v;
+}
+
+// the sign image's bits, besides its values: the 64 invocations of a pixel pass's workgroup OR
+// their pixel's "inside" bit into the two words of its 8 x 8 block (bit k of word j: the block's
+// pixel 32 j + k, rows of 8), written to out_u from word bits(U.camera[1].w), block after block,
+// so that the host reads 1 bit a pixel instead of a float. Called in uniform control flow.
+var<workgroup> wg_sign: array<atomic<u32>, 2>;
+
+fn sign_bits(blk: u32, lid: u32, inside: bool) {
+    if (lid < 2u) {     // (cleared here: on lavapipe a workgroup found an earlier one's bits there)
+        atomicStore(&wg_sign[lid], 0u);
+    }
+    workgroupBarrier();
+    if (inside) {
+        atomicOr(&wg_sign[lid / 32u], 1u << (lid % 32u));
+    }
+    workgroupBarrier();
+    if (lid < 2u) {
+        out_u[bitcast<u32>(U.camera[1].w) + 2u * blk + lid] = atomicLoad(&wg_sign[lid]);
     }
 }
 
+// one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
+// packed_pixel on its finest tile's tape at the pixel centre. out_f[row * width + col] = the
+// value; in the sign image also its bit (sign_bits).
+@compute @workgroup_size(WG)
+fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, lid, nwg);
+    let rc = block_pixel(i);
+    var v = 1.0;
+    if (rc.x < U.height && rc.y < U.width) {
+        let hdr = level_header(n_levels() - 1u) + HEADER_WORDS * pixel_tile(rc.x, rc.y);
+        v = packed_pixel(hdr, vec3<f32>(pixel_x(rc.y), pixel_y(rc.x), U.extra.x));
+        out_f[rc.x * U.width + rc.y] = v;
+    }
+    if (sign_mode()) {
+        sign_bits(i / (BLOCK * BLOCK), lid, v < 0.0);
+    }
+}
 
 // one invocation per pixel, 8 x 8 pixels a workgroup, on flat cells (packed.wgsl MarchCells, kept
 // by the host from an earlier image of the tape; the descriptor at word bits(U.extra.x) of the
-// points buffer, the plane's z its lo.z): the pruned tape of the pixel centre's cell at the pixel
-// centre, or, in the sign image (U.extra.z = 1), the sign of a decided cell (-1 inside, 1
-// outside); NaN where the cell found no arena room, or where its tape needs more registers
-// than this pipeline's REG_CAP (counted: the host picks the smallest variant holding every
-// finest cell's registers, and runs the pass again in the tape's own where one refused).
-// out_f[row * width + col] = the value.
+// points buffer, the plane's z its lo.z): packed_pixel on the tape of the pixel centre's cell
+// (the host picks the smallest register variant holding every finest cell's registers).
+// out_f[row * width + col] = the value; in the sign image (U.extra.z = 1) also its bit.
 @compute @workgroup_size(WG)
 fn cells_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let rc = block_pixel(flat_index(wid, lid, nwg));
-    let row = rc.x;
-    let col = rc.y;
-    if (row >= U.height || col >= U.width) {
-        return;
+    let i = flat_index(wid, lid, nwg);
+    let rc = block_pixel(i);
+    var v = 1.0;
+    if (rc.x < U.height && rc.y < U.width) {
+        let g = march_cells();
+        let p = vec3<f32>(pixel_x(rc.y), pixel_y(rc.x), g.lo.z);
+        v = packed_pixel(cell_header(g, p), p);
+        out_f[rc.x * U.width + rc.y] = v;
     }
-    let o = row * U.width + col;
-    let g = march_cells();
-    let p = vec3<f32>(pixel_x(col), pixel_y(row), g.lo.z);
-    let hdr = cell_header(g, p);
-    let cls = out_u[hdr + 2u];
-    if (cls == TILE_FAILED) {
-        out_f[o] = nan();
-        return;
-    }
-    if (cls != TILE_AMBIGUOUS && sign_mode()) {
-        out_f[o] = select(1.0, -1.0, cls == TILE_INSIDE);
-        return;
-    }
-    if (out_u[hdr + 3u] > REG_CAP) {        // (the host runs the pass again in a larger variant)
-        atomicAdd(&counters[COUNT_REGS_REFUSED], 1u);
-        out_f[o] = nan();
-        return;
-    }
-    out_f[o] = run_packed(out_u[hdr], out_u[hdr + 1u], p);
-    if (overflow) {
-        note_overflow();
+    if (sign_mode()) {
+        sign_bits(i / (BLOCK * BLOCK), lid, v < 0.0);
     }
 }
 

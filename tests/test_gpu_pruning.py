@@ -235,7 +235,8 @@ def test_prospero_image_cells_are_bit_identical(walker_gpu, no_new_kernels, pros
     pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=cells)
     np.testing.assert_array_equal(bits(pruned), bits(full))
     np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), cells=cells), full < 0)
-    raw = walker_gpu._cells_image(tape, n, n, grid_rect(n), 0.0, cells, True)
+    walker_gpu._cells_image(tape, n, n, grid_rect(n), 0.0, cells, True)
+    raw = walker_gpu._read(walker_gpu._out_f, np.float32, n * n).reshape(n, n)
     np.testing.assert_array_equal(raw < 0, full < 0)
     filled = (np.abs(raw) == 1.0) & (raw != full)
     assert filled.mean() >= decided, filled.mean()
@@ -310,9 +311,9 @@ def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walk
     refused = walker_gpu.register_refusals
     walker_gpu.drop_kept_cells()
     walker_gpu.sign_image(tape, 8, 8, grid_rect(n), cells=(1, 1))
-    key, desc, variant = walker_gpu._kept_cells
+    key, desc, variant, bits_at = walker_gpu._kept_cells
     assert variant == walker_gpu.upload(tape)
-    walker_gpu._kept_cells = (key, desc, 16)          # (kept: the next image runs in the 16 variant)
+    walker_gpu._kept_cells = (key, desc, 16, bits_at)   # (kept: the next image runs in the 16 variant)
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(1, 1))),
                                   bits(full))
     assert walker_gpu._kept_cells[2] == 16 and walker_gpu.register_refusals == refused + 1
