@@ -371,8 +371,8 @@ class PrunedPasses:
             return self._read(self._out_f, np.float32, width * height).reshape(height, width)
         bx, by = -(-width // 8), -(-height // 8)
         words = self._read(self._out_u, np.uint32, sign_bit_words(width, height), bits_at)
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little").reshape(by, bx, 8, 8)
-        return bits.transpose(0, 2, 1, 3).reshape(8 * by, 8 * bx)[:height, :width].astype(bool)
+        rows = words.view(np.uint8).reshape(by, bx, 8).transpose(0, 2, 1).reshape(8 * by, bx)   # a byte a block row
+        return np.unpackbits(rows, axis=1, count=width, bitorder="little")[:height].view(bool)
 
     @staticmethod
     def _pixel_variant(variant: int, regs: int) -> int:
