@@ -312,15 +312,16 @@ class PrunedPasses:
         counts = level_tile_counts(sizes, width, height)
         header = PRUNE_HEADER_WORDS * sum(counts)
         limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
-        if header + len(tape.instrs) > limit:
+        if header + len(tape.instrs) + (sign_bit_words(width, height) if sign else 0) > limit:
             raise TaperayError(f"pruned image: tiles {sizes} at {width}x{height} make {sum(counts)} tiles, whose "
                                f"headers alone exceed the adapter's {limit >> 18} MiB binding limit; use larger tiles")
         # the arena grown to after an overflow, else a guess per image: level 0's scratch plus a
         # sixteenth of the tape per level-0 tile, and 64 words per tile
         guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * sum(counts)
-        arena = min(self._arena_words or guess, limit - header)
+        bits = sign_bit_words(width, height) if sign else 0
+        arena = min(self._arena_words or guess, limit - header - bits)
         n = width * height
-        self._prepare_outputs(n, header + arena + (sign_bit_words(width, height) if sign else 0))
+        self._prepare_outputs(n, header + arena + bits)
         camera = np.zeros(16, np.float32)
         camera[:len(sizes)] = sizes
         u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
@@ -350,7 +351,7 @@ class PrunedPasses:
                 break
             limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
             header = PRUNE_HEADER_WORDS * sum(level_tile_counts(tile_levels(tiles), width, height))
-            if header + arena >= limit:
+            if header + arena + (sign_bit_words(width, height) if sign else 0) >= limit:
                 raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of tiles {tile_levels(tiles)} at "
                                    f"{width}x{height} need more than the adapter's {limit >> 18} MiB binding "
                                    "limit; use larger tiles or the CPU walker")
@@ -653,7 +654,7 @@ class PrunedPasses:
         words[desc + 8:desc + 9].view(np.uint32)[0] = base
         header = PRUNE_HEADER_WORDS * sum(counts)
         limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
-        if base + header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
+        if base + header + tail + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
             raise CellsTooLarge(f"{what}: {sum(counts)} cells exceed the adapter's {limit >> 18} MiB binding limit; "
                                 "use fewer cells or levels")
         self._points.sync(words)
@@ -666,7 +667,7 @@ class PrunedPasses:
         passes = [("prune_cells", c, level) for level, c in enumerate(counts)]
         while True:
             guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
-            arena = min(self._cell_arena_words or guess, limit - base - header)
+            arena = min(self._cell_arena_words or guess, limit - base - header - tail)
             self._prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words
             self._submit(passes, variant, u, 0)
@@ -674,7 +675,7 @@ class PrunedPasses:
             c = self._counters_read
             if not c[PRUNE_ARENA_FULL]:
                 return desc, counts, (passes, u), int(c[PRUNE_REGS]), base + header + arena
-            if base + header + arena >= limit:
+            if base + header + arena + tail >= limit:
                 raise CellsTooLarge(f"{tape.source or 'tape'}: the pruned tapes of {what} need more than the "
                                     f"adapter's {limit >> 18} MiB binding limit; use fewer cells")
             self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
