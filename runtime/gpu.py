@@ -37,14 +37,14 @@ import numpy as np
 
 from .camera import Camera, auto_camera
 from .gpu_guard import _guarded
-from .gpu_pruning import LOWERED_CELLS, MARCH_CELLS, PrunedPasses, _march_cells_cached, image_cell_box
+from .gpu_pruning import IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, PrunedPasses, _march_cells_cached, image_cell_box
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, content_key, gradient_eps, point_array
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
 __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "gpu_self_check",
-           "KERNELS", "SelfCheck"]
+           "KERNELS", "SelfCheck", "IMAGE_CELLS"]
 
 WG = 64                       # workgroup size (bindings.wgsl)
 MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D

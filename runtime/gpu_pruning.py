@@ -2,7 +2,10 @@
 a mixin ``GpuWalker`` (runtime/gpu.py) inherits, and the host side of its cells and tiles.
 
 Owns pruned 2D images over one to four tile levels (``sign_image``, ``field_image_pruned``,
-``prune_levels``; ``tile_levels``, ``level_tile_counts``), pruned point sets over cells of the
+``prune_levels``; ``tile_levels``, ``level_tile_counts``) or on image cells kept for the images of
+the same tape after the first (``cells``: ``IMAGE_CELLS``, ``image_cell_box``), their pixel
+passes in the register variant their renumbered tapes need (``_pixel_variant``) and sign images
+read back as bits (``sign_bit_words``), pruned point sets over cells of the
 points (``evaluate_pruned``, ``prune_levels_points``; ``point_cells``, the host's counting sort of
 the points by cell, through Numba), march / light / render of arithmetic tapes and scene fields
 (pruning.FIELD_OPS, their materials from the unpruned surface pass) over hierarchical 3D cells of
@@ -659,7 +662,8 @@ class PrunedPasses:
                                 "use fewer cells or levels")
         self._points.sync(words)
         kids = counts[1] // counts[0] if levels > 1 else 1
-        filled = 1 + sum((counts[0] - 1) * kids ** m for m in range(levels))   # (not the outside cell's empty sub-cells)
+        # (the outside cell's empty sub-cells not counted)
+        filled = 1 + sum((counts[0] - 1) * kids ** m for m in range(levels))
         camera = np.zeros(16, np.float32)
         camera[:levels] = counts
         u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)

@@ -9,11 +9,12 @@ field_image_pruned / prune_levels).
 * images on flat cells (``cells``) are field_image's bits too, for prospero and random tapes, and
   are kept for later images inside their rectangle (pans, zooms, other sizes), pruned again for
   a wider rectangle, another plane or tape, an edit or another pass in between;
-* finer levels prune their parents' tapes further, and pruned tapes are renumbered into few
-  registers, so that the image cells' pixel pass runs in a small register variant (a pixel
-  finding a tape with more is refused, and the pass run again in the tape's own); the march cells' tapes fold constant operands
-  into the records that read them; an arena too small for the pruned tapes is
-  grown and the image run again (same bits); past the binding limit it is a TaperayError;
+* finer levels prune their parents' tapes further, and the finest level's tapes are renumbered
+  into few registers, so that the pixel passes run in a small register variant (a pixel finding
+  a tape with more is refused, and the pass run again in the tape's own); the march cells' tapes
+  fold constant operands into the records that read them; an arena too small for the pruned
+  tapes is grown and the image run again (same bits); past the binding limit it is a
+  TaperayError;
 * no shader module or pipeline is created by any of it (the kernels are the startup set);
 * tapes that need more loop iterations than the adapter allows are refused, non-arithmetic tapes
   fall back to the unpruned kernel, bad tile levels are TaperayErrors.
@@ -295,8 +296,9 @@ def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walk
     """Pruning renumbers the finest level's tapes' registers (values die where last read):
     prospero's 189 became 138 at 32 px tiles, 24 at 2 px, when written (coarser levels keep the
     full tape's numbering: their header says REG_CAP). Its image cells' finest tapes (16^2 x 3)
-    hold 16, so their pixel pass runs in the 16 variant, bit for bit; forced into a variant too small for its cells' tapes (one level-0
-    cell: the whole tape), every pixel is refused and the pass runs again in the tape's own."""
+    hold 16, so their pixel pass runs in the 16 variant, bit for bit; forced into a variant too
+    small for its cells' tapes (one level-0 cell: the whole tape), every pixel is refused and the
+    pass runs again in the tape's own."""
     tape, full = prospero_96
     n = full.shape[0]
     assert tape.n_regs == 189
