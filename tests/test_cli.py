@@ -308,3 +308,15 @@ def test_bench_tables_show_columns_that_only_later_rows_have():
     head, _, first, second = table.splitlines()
     assert head == "| what | ms | host ms |"
     assert first == "| image | 1.5 |  |" and second == "| points | 2 | 0.25 |"
+
+
+def test_bench_bar_charts_leave_rows_not_measured_without_a_bar(tmp_path):
+    """A NaN row (a GPU time a software adapter could not take) gets no bar; the chart is still
+    written (it used to raise, after the whole benchmark had run)."""
+    from PIL import Image
+
+    from taperay.tools.bench import bar_chart
+    bar_chart(tmp_path / "c.png", ["measured", "not measured"], [2.0, float("nan")], "t")
+    img = np.asarray(Image.open(tmp_path / "c.png").convert("RGB"))
+    bar = (img == (70, 110, 180)).all(-1)        # the bars' colour
+    assert bar[34:56].any() and not bar[56:78].any()

@@ -240,7 +240,8 @@ def bar_chart(path: Path, labels: list[str], values: list[float], title: str) ->
         y = 34 + i * row_h
         bar = (w - left - 90) * v / vmax if math.isfinite(v) else 0.0
         d.text((10, y + 4), lab[:40], fill="black")
-        d.rectangle([left, y + 2, left + bar, y + row_h - 4], fill=(70, 110, 180))
+        if math.isfinite(v):
+            d.rectangle([left, y + 2, left + bar, y + row_h - 4], fill=(70, 110, 180))
         d.text((left + bar + 6, y + 4), _cell(v), fill="black")
     img.save(path)
 
