@@ -53,8 +53,8 @@ MIN_BUFFER = 256
 READ_STAGING_MIN = 1 << 16    # bytes of _read's first staging buffer
 COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, two unused)
 N_BINDINGS = 11
-CELLS_KEEPING = ("march_cells", "light_cells", "surface", "shade", "resolve",   # passes that leave the
-                 "cells_image")                                                  # pruned cells in out_u alone
+CELLS_KEEPING = ("march_cells", "light_cells", "surface", "surface_cells", "shade", "resolve",  # passes that
+                 "cells_image")                                        # leave the pruned cells in out_u alone
 RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
                                                                  # dispatched until done
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
@@ -77,6 +77,7 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "surface": ("kernels_render.wgsl", True),
     "light": ("kernels_render.wgsl", True),
     "march_cells": ("kernels_render.wgsl", True),
+    "surface_cells": ("kernels_render.wgsl", True),
     "light_cells": ("kernels_render.wgsl", True),
     "slice": ("kernels_render.wgsl", True),
     "shade": ("kernels_render.wgsl", False),
@@ -89,16 +90,18 @@ KERNELS: dict[str, tuple[str, bool]] = {
 }
 # pipeline-overridable constants per kernel: march and light need distances only (the hit's
 # material comes from the surface pass), so their interpreter is built without material ids; their
-# _cells pipelines (the same entry points, KERNEL_ENTRY) evaluate an arithmetic tape's pruned cell
-# tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_value); prune_cells is prune_tiles
-# folding constant operands into the cells' tapes (prune.wgsl FOLD_CONSTANTS)
+# _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
+# tape's pruned cell tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_eval, with
+# material ids in surface_cells); prune_cells is prune_tiles folding constant operands into the
+# cells' tapes (prune.wgsl FOLD_CONSTANTS)
 KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
     "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
     "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
+    "surface_cells": {"FIELD_CELLS": True},
     "prune_cells": {"FOLD_CONSTANTS": True}}
 KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> entry point, where they differ
-                "prune_cells": "prune_tiles"}
+                "surface_cells": "surface", "prune_cells": "prune_tiles"}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
@@ -903,7 +906,7 @@ class GpuWalker(PrunedPasses):
         """Primary rays by the camera's pixel convention: t (H,W) f32 (inf = miss), hit, steps int32,
         mat uint32, grad (H,W,3) f32 (field gradient at the hit), normal, dirs, eye. ``cells``
         (None, "auto" or (g0, levels)): an arithmetic tape is marched on its pruned cell tapes
-        (packed.wgsl cell_value; the same bits)."""
+        (packed.wgsl cell_eval; the same bits)."""
         camera = self._frame(tape, camera, width, height, settings, view, ["march", "surface"], cells)
         return self._march_result(camera, width, height)
 

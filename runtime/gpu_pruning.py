@@ -8,7 +8,7 @@ passes in the register variant their renumbered tapes need (``_pixel_variant``) 
 read back as bits (``sign_bit_words``), pruned point sets over cells of the
 points (``evaluate_pruned``, ``prune_levels_points``; ``point_cells``, the host's counting sort of
 the points by cell, through Numba), march / light / render of arithmetic tapes and scene fields
-(pruning.FIELD_OPS, their materials from the unpruned surface pass) over hierarchical 3D cells of
+(pruning.FIELD_OPS, their materials from the cells' tapes too) over hierarchical 3D cells of
 the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``), all with
 their arena grown when it overflows; and ``gpu_seconds_points`` plus the pruned images of
 ``gpu_seconds``, GPU time without host work or read-back.
@@ -206,7 +206,7 @@ def point_cells(pts: np.ndarray, levels: int, cells: int):
 
 # Pruned march and light (GpuWalker.march / light / render of an arithmetic tape): MARCH_CELLS =
 # (g0, levels), g0^3 level-0 cells over the march box, each finer level splitting a cell 4 x 4 x 4
-# (packed.wgsl cell_value); "auto" prunes tapes of at least pruning.PRUNE_MIN_RECORDS records.
+# (packed.wgsl cell_eval); "auto" prunes tapes of at least pruning.PRUNE_MIN_RECORDS records.
 MARCH_CELLS = (8, 2)
 # A scene tape's lowering (GpuWalker.render) runs on LOWERED_CELLS first, then on MARCH_CELLS where
 # those exceed the binding limit: its tape is longer and its primitives small against the box
@@ -232,7 +232,7 @@ def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool =
 
 def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
     """The cells of a pruned march over the box lo..hi: (cells per level, the points buffer's
-    float32 words, the descriptor's first word; packed.wgsl cell_value reads them). Level 0: g0^3
+    float32 words, the descriptor's first word; packed.wgsl cell_eval reads them). Level 0: g0^3
     grid cells (id i + g0 (j + g0 k)) and the outside cell (box NaN); level m + 1: 64 sub-cells per
     level-m cell (the outside cell's empty). A grid cell's box is the twin's
     (pruning.grid_cell_boxes) in float32, clipped to its parent's box: a sub-cell's tape, pruned
@@ -715,11 +715,11 @@ class PrunedPasses:
 
     @staticmethod
     def _on_cells(tape: Tape, passes: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        """A frame's passes on the pruned cell tapes: march and light as their _cells pipelines
-        (material 0); the surface pass (the full tape at the hit) only where scene fields'
-        FIELD_RESULT records give materials (an arithmetic tape's material is 0 everywhere)."""
+        """A frame's passes on the pruned cell tapes: march, surface and light as their _cells
+        pipelines; the surface pass only where scene fields' FIELD_RESULT records give materials
+        (an arithmetic tape's material is 0 everywhere), its materials from the cells' tapes."""
         materials = bool((tape.instrs["op"] == Op.FIELD_RESULT).any())
-        return [(k + "_cells" if k in ("march", "light") else k, m) for k, m in passes
+        return [(k + "_cells" if k in ("march", "surface", "light") else k, m) for k, m in passes
                 if k != "surface" or materials]
 
     def _pruned_image_timing(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool,

@@ -909,15 +909,15 @@ fn eval_checked(pin: vec3<f32>) -> Eval {
     return e;
 }
 
-// the field a render sees: the tape (with FIELD_CELLS, set for the pruned march and light of an
-// arithmetic tape: its pruned cell tapes, packed.wgsl cell_value, material 0), capped by the
-// section half-space when the settings ask
+// the field a render sees: the tape (with FIELD_CELLS, set for the pruned march, surface and light
+// of an arithmetic tape or a scene's lowering: its pruned cell tapes, packed.wgsl cell_eval),
+// capped by the section half-space when the settings ask
 override FIELD_CELLS: bool = false;
 
 fn field(pin: vec3<f32>) -> Eval {
     var e: Eval;
     if (FIELD_CELLS) {
-        e = Eval(cell_value(pin), 0u);
+        e = cell_eval(pin);
     } else {
         e = run_tape(pin);
     }

@@ -1,6 +1,6 @@
 // Packed pruned tapes (shaders/prune.wgsl writes them) and the one loop that runs them, shared by
 // every kernel: the pruned image and point passes and, through `field` (interpreter.wgsl) with
-// FIELD_CELLS on, the pruned march and light (`cell_value`).
+// FIELD_CELLS on, the pruned march, surface and light (`cell_eval`).
 //
 // A packed tape is n records of two words in out_u (prune.wgsl pack_record): op | dst << 8 |
 // a << 16 | b << 24, then c (MIX), the bits of the constant (CONST) or of an immediate operand:
@@ -24,6 +24,14 @@ const IMM_B: u32 = 0x80u;
 // (the loop counts into `iters` and stops at U.iter_cap, setting `overflow`). The pruned pixel,
 // point and march passes share it.
 fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
+    return run_packed_eval(first, n_records, p, false).d;
+}
+
+// run_packed with, when `mats`, register 0's material id by run_tape's rules: VAR / CONST 0, MIN /
+// MAX the chosen operand's (b where vb < va, resp. vb > va), a scene field's result (packed as
+// COPY | IMM_B: pack_record) the material in its second word, any other record its operand a's
+// (0 for an immediate). The surface pass on a scene's cells takes it.
+fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval {
     var k = first;
     let end = k + 2u * n_records;
     var fmod_steps = false;
@@ -46,6 +54,20 @@ fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
         let va = select(reg[(w0 >> 16u) & 0xffu], bitcast<f32>(w1), (w0 & IMM_A) != 0u);
         let vb = select(reg[w0 >> 24u], bitcast<f32>(w1), (w0 & IMM_B) != 0u);
         var wv = 0.0;
+        var wm = 0u;
+        if (mats) {
+            wm = select(regm[(w0 >> 16u) & 0xffu], 0u, (w0 & IMM_A) != 0u);
+            let mb = select(regm[w0 >> 24u], 0u, (w0 & IMM_B) != 0u);
+            if (op <= OP_CONST || op == OP_INSTANCE_INDEX) {
+                wm = 0u;
+            } else if (op == OP_COPY && (w0 & IMM_B) != 0u) {
+                wm = w1;
+            } else if (op == OP_MIN) {
+                wm = select(wm, mb, vb < va);
+            } else if (op == OP_MAX) {
+                wm = select(wm, mb, vb > va);
+            }
+        }
         var nxt = k + 2u;
         if (fmod_steps) {   // run_tape's STEP_FMOD
             let st = fmod_step(fm_r, fm_y, fm_ey, va, vb);
@@ -83,10 +105,17 @@ fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
         }
         if (nxt != k) {
             reg[dst] = wv;
+            if (mats) {
+                regm[dst] = wm;
+            }
         }
         k = nxt;
     }
-    return reg[0];
+    var mat = 0u;
+    if (mats) {
+        mat = regm[0];
+    }
+    return Eval(reg[0], mat);
 }
 
 // The cells of a pruned march (GpuWalker.march with cells): a grid of g0^3 level-0 cells over the
@@ -148,11 +177,11 @@ fn cell_header(g: MarchCells, p: vec3<f32>) -> u32 {
 }
 
 // the field at p on the pruned tape of its cell (cell_header; the whole tape's bits: pruning is
-// exact in the cell's box)
-fn cell_value(p: vec3<f32>) -> f32 {
+// exact in the cell's box), with its material id in pipelines built WITH_MATERIALS
+fn cell_eval(p: vec3<f32>) -> Eval {
     let hdr = cell_header(march_cells(), p);
     if (out_u[hdr + 2u] == TILE_FAILED) {   // (the host reruns the cells before marching)
-        return nan();
+        return Eval(nan(), 0u);
     }
-    return run_packed(out_u[hdr], out_u[hdr + 1u], p);
+    return run_packed_eval(out_u[hdr], out_u[hdr + 1u], p, WITH_MATERIALS);
 }

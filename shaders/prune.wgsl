@@ -465,19 +465,20 @@ fn tile_extent(l: u32, t: u32) -> TileExtent {
 }
 
 // a pruned record in two words: op | dst << 8 | a << 16 | b << 24 (registers < 256, ops < 64;
-// packed.wgsl IMM_A / IMM_B are set by pruning, never here), then c (MIX) or the bits of the
-// constant (CONST). A scene field's records (only in the tapes of
-// a pruned march, which have no transforms; runtime/pruning.py FIELD_OPS) become the arithmetic
-// ops with their values: FIELD_RESULT a COPY (reg[a] * 1), UNION MIN, INTERSECT MAX; materials
-// are the surface pass's, from the full tape.
+// packed.wgsl IMM_A / IMM_B are set by pruning), then c (MIX) or the bits of the constant
+// (CONST). A scene field's records (only in the tapes of a pruned march, which have no
+// transforms; runtime/pruning.py FIELD_OPS) become the arithmetic ops with their values:
+// FIELD_RESULT a COPY (reg[a] * 1) flagged IMM_B (meaningless on a one-operand record) with its
+// material in the second word (packed.wgsl run_packed_eval), UNION MIN, INTERSECT MAX.
 fn pack_record(ins: Instr) -> vec2<u32> {
     var w1 = ins.c;
     if (ins.op == OP_CONST) {
         w1 = bitcast<u32>(params[ins.param]);
     }
     var op = ins.op;
-    if (op == OP_FIELD_RESULT) {
-        op = OP_COPY;
+    if (op == OP_FIELD_RESULT) {            // (IMM_B on a one-operand record: the material in w1)
+        op = OP_COPY | IMM_B;
+        w1 = ins.aux;
     } else if (op == OP_UNION) {
         op = OP_MIN;
     } else if (op == OP_INTERSECT) {
