@@ -360,13 +360,18 @@ class PrunedPasses:
                                    "limit; use larger tiles or the CPU walker")
             self._arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
         self._tile_counters = c
-        self._submit(passes[-1:], self._pixel_variant(variant, c[PRUNE_REGS]), u, 0)
-        self._check_counters(tape)
-        if self._counters_read[PRUNE_REGS_REFUSED]:
-            self.register_refusals += 1
-            self._submit(passes[-1:], variant, u, 0)
-            self._check_counters(tape)
+        self._pixel_pass(tape, passes[-1:], self._pixel_variant(variant, c[PRUNE_REGS]), variant, u)
         return int(u[23])
+
+    def _pixel_pass(self, tape: Tape, passes: list[tuple[str, int]], pixel_variant: int, variant: int,
+                    u: np.ndarray):
+        """Dispatches a pixel pass over pruned tapes in ``pixel_variant``; where a pixel was
+        refused for want of registers (prune.wgsl packed_pixel), again in the tape's own
+        ``variant``."""
+        self._dispatch(tape, passes, pixel_variant, u)
+        if self._counters_read[PRUNE_REGS_REFUSED] and pixel_variant != variant:
+            self.register_refusals += 1
+            self._dispatch(tape, passes, variant, u)
 
     def _image_result(self, width: int, height: int, sign: bool, bits_at: int) -> np.ndarray:
         """The last pixel pass's image: a sign image (H, W) bool from its bits in out_u from word
@@ -452,11 +457,8 @@ class PrunedPasses:
         the register variant _image_cells chose; should a pixel find a cell whose tape needs more
         registers (the outside cell, the whole tape, where a pixel centre lies in no grid cell's
         box), the pass is run again in the tape's own variant."""
-        variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
-        self._dispatch(tape, passes, variant, u)
-        if self._counters_read[PRUNE_REGS_REFUSED]:
-            self.register_refusals += 1
-            self._dispatch(tape, passes, self.upload(tape), u)
+        pixel_variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
+        self._pixel_pass(tape, passes, pixel_variant, self.upload(tape), u)
         return int(u[23])
 
     @_guarded

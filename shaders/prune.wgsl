@@ -1068,18 +1068,22 @@ fn sign_bits(blk: u32, lid: u32, inside: bool) {
     }
 }
 
-// one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape):
-// packed_pixel on its finest tile's tape at the pixel centre. out_f[row * width + col] = the
-// value; in the sign image also its bit (sign_bits).
-@compute @workgroup_size(WG)
-fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, lid, nwg);
+// a pixel pass's invocation i (local index lid): packed_pixel at its pixel centre on its finest
+// tile's tape (pruned_image) or, `on_cells`, on its cell's (cells_image). out_f[row * width +
+// col] = the value; in the sign image (U.extra.z = 1) also its bit (sign_bits). Every invocation
+// of the workgroup calls it (sign_bits has barriers).
+fn pixel_pass(i: u32, lid: u32, on_cells: bool) {
     let rc = block_pixel(i);
     var v = 1.0;
     if (rc.x < U.height && rc.y < U.width) {
-        let hdr = level_header(n_levels() - 1u) + HEADER_WORDS * pixel_tile(rc.x, rc.y);
-        v = packed_pixel(hdr, vec3<f32>(pixel_x(rc.y), pixel_y(rc.x), U.extra.x));
+        if (on_cells) {
+            let g = march_cells();
+            let p = vec3<f32>(pixel_x(rc.y), pixel_y(rc.x), g.lo.z);
+            v = packed_pixel(cell_header(g, p), p);
+        } else {
+            let hdr = level_header(n_levels() - 1u) + HEADER_WORDS * pixel_tile(rc.x, rc.y);
+            v = packed_pixel(hdr, vec3<f32>(pixel_x(rc.y), pixel_y(rc.x), U.extra.x));
+        }
         out_f[rc.x * U.width + rc.y] = v;
     }
     if (sign_mode()) {
@@ -1087,26 +1091,22 @@ fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
 }
 
+// one invocation per pixel, 8 x 8 pixels a workgroup (so a warp's pixels share a tile's tape), on
+// the tiles the prune_tiles passes before it pruned (pixel_pass)
+@compute @workgroup_size(WG)
+fn pruned_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    pixel_pass(flat_index(wid, lid, nwg), lid, false);
+}
+
 // one invocation per pixel, 8 x 8 pixels a workgroup, on flat cells (packed.wgsl MarchCells, kept
 // by the host from an earlier image of the tape; the descriptor at word bits(U.extra.x) of the
-// points buffer, the plane's z its lo.z): packed_pixel on the tape of the pixel centre's cell
-// (the host picks the smallest register variant holding every finest cell's registers).
-// out_f[row * width + col] = the value; in the sign image (U.extra.z = 1) also its bit.
+// points buffer, the plane's z its lo.z; the host picks the smallest register variant holding
+// every finest cell's registers): pixel_pass on the pixel centre's cell
 @compute @workgroup_size(WG)
 fn cells_image(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, lid, nwg);
-    let rc = block_pixel(i);
-    var v = 1.0;
-    if (rc.x < U.height && rc.y < U.width) {
-        let g = march_cells();
-        let p = vec3<f32>(pixel_x(rc.y), pixel_y(rc.x), g.lo.z);
-        v = packed_pixel(cell_header(g, p), p);
-        out_f[rc.x * U.width + rc.y] = v;
-    }
-    if (sign_mode()) {
-        sign_bits(i / (BLOCK * BLOCK), lid, v < 0.0);
-    }
+    pixel_pass(flat_index(wid, lid, nwg), lid, true);
 }
 
 // one invocation per point of GpuWalker.evaluate_pruned (points mode): the host uploads the points
