@@ -538,7 +538,16 @@ def _instances_open(b: TapeBuilder, rng: np.random.Generator, size: float) -> in
     nodes["instance"] = [-1, *range(first_inst, first_inst + k)]
     b.instances.append(inst)
     b.bvh.append(nodes)
-    return b.row(Op.INSTANCES, a=k + 1, aux=first_node)
+    # the child's box; half the time an inner ball (the body gets a sphere of that radius unioned
+    # in: _node) and a 2 x 2 x 2 grid of random representatives, else no capsule
+    head = [*[-1.8 * size] * 3, *[1.8 * size] * 3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    if rng.uniform() < 0.5:
+        reps = rng.integers(first_inst, first_inst + k, 8)
+        head += [rng.uniform(0.2, 0.5) * size, *rng.uniform(-1.5, 0.0, 3) * size, rng.uniform(0.3, 1.5) * size,
+                 2, 2, 2, *reps]
+    else:
+        head += [-1.0, 0.0, 0.0, 0.0, 1.0, 0, 0, 0]
+    return b.row(Op.INSTANCES, a=k + 1, aux=first_node, params=head)
 
 
 def _node(b: TapeBuilder, rng: np.random.Generator, dst: int, depth: int, loops: int, size: float) -> None:
@@ -574,6 +583,10 @@ def _node(b: TapeBuilder, rng: np.random.Generator, dst: int, depth: int, loops:
             b.row(Op.CONST, dst + 3, params=[0.01 * size])
             b.row(Op.MUL, dst + 2, a=dst + 2, b=dst + 3)
             b.row(Op.ADD, dst + 1, a=dst + 1, b=dst + 2)
+        inner = b.params[b.rows[begin][5] + 12] if op is Op.INSTANCES else -1.0
+        if inner >= 0:   # the inner ball's sphere, so that the ball is inside the body
+            b.row(Op.SPHERE, dst + 2, params=[inner], aux=mat)
+            b.row(Op.UNION, dst + 1, a=dst + 1, b=dst + 2)
         end = b.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
         b.rows[begin][7] = end
     elif choice < 0.94:

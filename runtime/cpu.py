@@ -14,8 +14,9 @@ point interpreter (the interpreter keeps their material ids). Control flow:
 
   * REPEAT_LINEAR / POLAR / GRID run the same number of body iterations at every point (only the
     instance each point evaluates differs), so they run blockwise;
-  * INSTANCES walks the BVH per point; the body runs blockwise while any point still has a leaf
-    to evaluate (finished points ride along, their results ignored);
+  * INSTANCES walks the BVH per point, from the bound of its grid cell's representative
+    (_instances_reach); the body runs blockwise while any point still has a leaf to evaluate
+    (finished points ride along, their results ignored);
   * CULL_BOX jumps when every point of the block culls, falls through when none does; a block
     that splits is re-run point by point (blocks of one never split), so results never depend
     on how points are grouped.
@@ -83,6 +84,7 @@ if _twin != {o.name: int(o) for o in Op} or (_STACK_CAP, _LOOP_CAP) != (STACK_CA
 _f = np.float32
 F0, F1, F2, F4, FH, FQ = _f(0), _f(1), _f(2), _f(4), _f(0.5), _f(0.25)
 INF = _f(np.inf)
+REACH_REL, REACH_POS = _f(2.0 ** -12), _f(2.0 ** -14)   # INSTANCES' U' (opcodes.py)
 TWO_PI = _f(2 * np.pi)
 _JIT = dict(cache=True, error_model="numpy", fastmath=False)
 
@@ -510,17 +512,70 @@ def _instance_index(L, j, params, lcell, lint):
 
 
 @njit(**_JIT)
-def _bvh_seek(node, end, x, y, z, sc, acc, bvhf, bvhi):
-    """Walk the BVH from ``node`` to the next leaf to evaluate; returns (node or end, leaf box b)."""
+def _instance_local(k, x, y, z, inst):
+    """The point (x, y, z) in instance k's frame: conj(q) * (p - t) * q / s."""
+    s = inst[k, 7]
+    lx, ly, lz = _qrot_conj(inst[k, 0], inst[k, 1], inst[k, 2], inst[k, 3], x - inst[k, 4], y - inst[k, 5],
+                           z - inst[k, 6])
+    return lx / s, ly / s, lz / s
+
+
+@njit(**_JIT)
+def _grid_cell(v, lo, edge, count):
+    """The cell of coordinate v on a grid axis, clamped into 0 .. count - 1 (NaN: 0)."""
+    c = (v - lo) / edge
+    if not c >= F0:
+        return np.int64(0)
+    if c >= count:
+        return count - 1
+    return min(np.int64(c), count - 1)
+
+
+@njit(**_JIT)
+def _instances_reach(prm, x, y, z, sc, params, inst):
+    """INSTANCES' U' at (x, y, z, sc) (opcodes.py): the representative of the grid cell holding the
+    point bounds the least instance value from above; +inf without a capsule."""
+    r = params[prm + 12]
+    if r < F0:
+        return INF
+    nx, ny, nz = np.int64(params[prm + 17]), np.int64(params[prm + 18]), np.int64(params[prm + 19])
+    e = params[prm + 16]
+    cx = _grid_cell(x, params[prm + 13], e, nx)
+    cy = _grid_cell(y, params[prm + 14], e, ny)
+    cz = _grid_cell(z, params[prm + 15], e, nz)
+    k = np.int64(params[prm + 20 + (cz * ny + cy) * nx + cx])
+    lx, ly, lz = _instance_local(k, x, y, z, inst)
+    ws = inst[k, 7] * sc
+    u = max(_capsule(lx, ly, lz, params[prm + 6], params[prm + 7], params[prm + 8], params[prm + 9],
+                     params[prm + 10], params[prm + 11], r) * ws, F0)
+    return u + REACH_REL * (u + r * ws) + REACH_POS * max(abs(x), max(abs(y), abs(z))) * sc
+
+
+@njit(**_JIT)
+def _bvh_seek(node, end, x, y, z, sc, acc, reach, prm, params, bvhf, bvhi, inst):
+    """Walk the BVH from ``node`` to the next leaf to evaluate; returns (node or end, the leaf's
+    bound max(b, c)): nodes whose box distance b is >= the running minimum or > ``reach`` (U')
+    are skipped, and so are leaves whose distance c from their local point to the child's box
+    is."""
     while node < end:
         lox, loy, loz = bvhf[node, 0], bvhf[node, 1], bvhf[node, 2]
         hix, hiy, hiz = bvhf[node, 4], bvhf[node, 5], bvhf[node, 6]
         b = _box(x - (lox + hix) * FH, y - (loy + hiy) * FH, z - (loz + hiz) * FH,
                  (hix - lox) * FH, (hiy - loy) * FH, (hiz - loz) * FH) * sc
-        if b >= acc:
+        if b >= acc or b > reach:
             node = np.int64(bvhi[node, 3])
         elif bvhi[node, 7] >= 0:
-            return node, b
+            k = bvhi[node, 7]
+            lx, ly, lz = _instance_local(k, x, y, z, inst)
+            x0, y0, z0, x1, y1, z1 = (params[prm], params[prm + 1], params[prm + 2], params[prm + 3],
+                                      params[prm + 4], params[prm + 5])
+            c = _box(lx - (x0 + x1) * FH, ly - (y0 + y1) * FH, lz - (z0 + z1) * FH,
+                     (x1 - x0) * FH, (y1 - y0) * FH, (z1 - z0) * FH) * (inst[k, 7] * sc)
+            b = max(b, c)
+            if b >= acc or b > reach:
+                node += 1
+            else:
+                return node, b
         else:
             node += 1
     return end, INF
@@ -532,12 +587,8 @@ def _instance_point(L, j, node, p, lp, lcell, bvhi, inst):
     k = bvhi[node, 7]
     lcell[L, 0, j] = node
     lcell[L, 1, j] = k
-    w, qx, qy, qz = inst[k, 0], inst[k, 1], inst[k, 2], inst[k, 3]
-    s = inst[k, 7]
-    x, y, z = _qrot_conj(w, qx, qy, qz, lp[L, 0, j] - inst[k, 4], lp[L, 1, j] - inst[k, 5],
-                         lp[L, 2, j] - inst[k, 6])
-    p[0, j], p[1, j], p[2, j] = x / s, y / s, z / s
-    p[3, j] = lp[L, 3, j] * s
+    p[0, j], p[1, j], p[2, j] = _instance_local(k, lp[L, 0, j], lp[L, 1, j], lp[L, 2, j], inst)
+    p[3, j] = lp[L, 3, j] * inst[k, 7]
 
 
 # ----------------------------------------------------------------------------- the interpreter
@@ -733,7 +784,8 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                             lacc[L, j] = v
                             lmat[L, j] = mats[a, j]
                         node, bb = _bvh_seek(node + 1, end, lp[L, 0, j], lp[L, 1, j], lp[L, 2, j],
-                                             lp[L, 3, j], lacc[L, j], bvhf, bvhi)
+                                             lp[L, 3, j], lacc[L, j], lcopy[L, j], lint[L, 4], params,
+                                             bvhf, bvhi, inst)
                         lcell[L, 0, j] = node
                         lbound[L, j] = bb
                         if node < end:
@@ -787,7 +839,9 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                     for j in range(n):
                         for r in range(4):
                             lp[L, r, j] = p[r, j]
-                        node, bb = _bvh_seek(first, end, p[0, j], p[1, j], p[2, j], p[3, j], INF, bvhf, bvhi)
+                        lcopy[L, j] = _instances_reach(prm, p[0, j], p[1, j], p[2, j], p[3, j], params, inst)
+                        node, bb = _bvh_seek(first, end, p[0, j], p[1, j], p[2, j], p[3, j], INF, lcopy[L, j],
+                                             prm, params, bvhf, bvhi, inst)
                         lcell[L, 0, j] = node
                         lcell[L, 1, j] = 0
                         lbound[L, j] = bb

@@ -256,14 +256,22 @@ _spec(Op.REPEAT_GRID, F.PATTERN, (), False, 9,
       "[sx sy sz nx ny nz ex ey ez]: copies at (i*sx, j*sy, k*sz), i<nx, j<ny, k<nz; e the child's "
       "half extents. The 2x2x2 nearest cells are evaluated; unchecked cells bounded per axis by "
       "min(|t-k|)*s - e.")
-_spec(Op.INSTANCES, F.PATTERN, (), False, 0,
+_spec(Op.INSTANCES, F.PATTERN, (), False, 20,
       "Irregular instance list: aux = first BVH node (tape.bvh), a = BVH node count (not registers), "
       "jump = index of the REPEAT_END. BVH nodes are in depth-first preorder; node.skip is the index "
-      "just past its subtree; node.instance >= 0 marks a leaf (index into tape.instances). Walk: "
-      "accum = +inf; at node i, b = signed box distance * scale; if b >= accum: i = skip; elif leaf: "
-      "evaluate the body with p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s, then "
-      "accum = min(accum, max(body, b)) and i = i + 1; else i = i + 1. The instance's value is "
-      "max(body, its leaf box distance), so a skipped subtree never changes the answer (exact). "
+      "just past its subtree; node.instance >= 0 marks a leaf (index into tape.instances). Params "
+      "[x0 y0 z0 x1 y1 z1  ax ay az bx by bz r  gx gy gz e nx ny nz  rep...]: the child's box; a "
+      "capsule (segment ab, radius r) inside the child (r < 0: none); a grid of nx*ny*nz cells of "
+      "edge e from g, x fastest, naming a representative instance each (nx*ny*nz more params, "
+      "present when r >= 0). An instance's value is max(body, b, c): b the distance * scale from p "
+      "to its leaf box, c from its local point to the child's box; U = max(0, |p_k - ab| - r) * "
+      "scale of the representative k of the cell holding p (clamped into the grid) is at least the "
+      "least instance value, so nothing farther than U' = U * (1 + 2^-12) + 2^-12 * r * scale (room "
+      "for rounding; +inf without a capsule) can hold it. Walk: accum = +inf; at node "
+      "i, b = box distance * scale; if b >= accum or b > U': i = skip; elif leaf: the local point "
+      "p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s, c as above; if max(b, c) >= "
+      "accum or > U': i = i + 1, else evaluate the body there, accum = min(accum, max(body, b, c)), "
+      "i = i + 1; else i = i + 1. A skipped node or leaf never holds the least value (exact). "
       "INSTANCE_INDEX reads the instance index.")
 _spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
       "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "

@@ -197,7 +197,7 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
                 raise TapeError("POP without a matching PUSH", i, src)
         elif spec.op in REPEATS:
             if spec.op is Op.INSTANCES:
-                _check_instances(tape, aux, a, i, src)
+                _check_instances(tape, aux, a, param, i, src)
             if not i < jump < n or cols[jump][0] != Op.REPEAT_END or cols[jump][7] != i:
                 raise TapeError(f"{spec.op.name} jump {jump} is not its REPEAT_END", i, src)
             loops.append(i)
@@ -303,8 +303,10 @@ def _check_pattern(op: Op, prm: np.ndarray, i: int, src):
         raise TapeError(f"{op.name} counts {counts.tolist()} must be whole numbers in 1..2^24", i, src)
 
 
-def _check_instances(tape: Tape, first: int, count: int, i: int, src):
-    """An INSTANCES record's BVH range: in bounds, skips forward within the range, leaves valid."""
+def _check_instances(tape: Tape, first: int, count: int, param: int, i: int, src):
+    """An INSTANCES record's BVH range (in bounds, skips forward within the range, leaves valid) and
+    parameters (opcodes.py: a finite child box and capsule; with a capsule, a grid of whole
+    positive counts whose representatives are instances of this record's leaves)."""
     bvh = tape.bvh
     if count < 1 or first + count > len(bvh):
         raise TapeError(f"INSTANCES uses BVH nodes {first}..{first + count - 1} of {len(bvh)}", i, src)
@@ -325,3 +327,23 @@ def _check_instances(tape: Tape, first: int, count: int, i: int, src):
     inst = tape.instances
     if not (np.all(np.isfinite(inst["q"])) and np.all(np.isfinite(inst["t"])) and np.all(inst["s"] > 0)):
         raise TapeError("an instance transform is not finite or has scale <= 0", i, src)
+    head = tape.params[param:param + 20].astype(np.float64)
+    if not np.all(np.isfinite(head)) or np.any(head[:3] > head[3:6]):
+        raise TapeError("INSTANCES' child box or capsule is not finite, or its box is inverted", i, src)
+    if head[12] < 0:
+        return
+    dims = head[17:20]
+    if head[16] <= 0 or np.any(dims < 1) or np.any(dims != np.round(dims)) or dims.prod() > 1 << 24:
+        raise TapeError(f"INSTANCES' grid has cell edge {head[16]} and counts {dims.tolist()}: need an edge > 0 "
+                        "and whole counts >= 1", i, src)
+    cells = int(dims.prod())
+    if param + 20 + cells > len(tape.params):
+        raise TapeError(f"INSTANCES' grid of {cells} cells reads parameters past the pool's {len(tape.params)}", i, src)
+    reps = tape.params[param + 20:param + 20 + cells]
+    listed = np.zeros(len(tape.instances) + 1, bool)      # (the last entry: anything else)
+    listed[nodes["instance"][leaf]] = True
+    whole = (reps >= 0) & (reps < len(tape.instances)) & (reps == np.floor(reps))
+    ok = listed[np.where(whole, reps, len(tape.instances)).astype(np.int64)]
+    if not ok.all():
+        bad = int(np.flatnonzero(~ok)[0])
+        raise TapeError(f"INSTANCES' grid cell {bad} names {reps[bad]:g}, not an instance of its list", i, src)

@@ -15,7 +15,7 @@ import numpy as np
 
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
 
-from .instancing import build_bvh, instance_boxes
+from .instancing import build_bvh, inner_capsule, instance_boxes, instance_params
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
 
 __all__ = ["flatten", "node_bounds"]
@@ -161,6 +161,9 @@ class _Emitter:
 
     def pool(self, values) -> int:
         off = len(self.params)
+        if isinstance(values, np.ndarray):   # plain numbers (an instance list's grid): no loop
+            self.params.extend(values.tolist())
+            return off
         for v in values:
             if isinstance(v, Param):
                 self.names.setdefault(v.name, []).append(len(self.params))
@@ -316,7 +319,9 @@ class _Emitter:
             bvh["lo"][inner], bvh["hi"][inner] = -3e38, 3e38
         self.instances.append(n.array)
         self.bvh.append(bvh)
-        begin = self.row(Op.INSTANCES, a=len(bvh), aux=first_node)
+        # (unculled: no representatives' bound either, so that culled == unculled tests the bound)
+        prm = self.pool(instance_params(b, inner_capsule(child) if self.cull else None, n.array, first_inst))
+        begin = self.row(Op.INSTANCES, a=len(bvh), aux=first_node, param=prm)
         inner = self.emit(child, dst + 1, mat)
         end = self.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
         self.rows[begin][7] = end

@@ -1,5 +1,7 @@
-"""Irregular assemblies: instance lists (one body, an array of rigid + uniform-scale placements)
-and the vectorised BVH over them that the INSTANCES op walks.
+"""Irregular assemblies: instance lists (one body, an array of rigid + uniform-scale placements),
+the vectorised BVH over them that the INSTANCES op walks, and the bound that walk starts from: a
+capsule inside the body (``inner_capsule``) and a grid naming a representative instance per cell
+(``instance_params``).
 
 Everything here is numpy over whole arrays: 10^5 or 10^6 instances cost no Python loop.
 """
@@ -9,7 +11,7 @@ import numpy as np
 
 from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, TaperayError, quat_matrices
 
-__all__ = ["placements", "instance_boxes", "build_bvh", "quat_matrices"]
+__all__ = ["placements", "instance_boxes", "build_bvh", "inner_capsule", "instance_params", "quat_matrices"]
 
 
 def placements(translations, rotations=None, scales=None) -> np.ndarray:
@@ -87,55 +89,95 @@ def _binary_bvh(boxes: np.ndarray, instance_ids: np.ndarray, first_node: int) ->
     return out
 
 
-def sample_levels(centres: np.ndarray) -> list[np.ndarray]:
-    """Instances in groups of ever denser spatial samples: group j holds one not yet taken
-    instance per cell of a grid of cubes 2^-j of the largest extent (j = 1, 2, ...), while a
-    level takes fewer than half of those left; the last group holds the rest."""
-    n = len(centres)
-    lo = centres.min(0)
-    extent = max(float((centres.max(0) - lo).max()), 1e-30)
-    free = np.ones(n, bool)
-    groups = []
-    for level in range(1, 21):
-        left = np.flatnonzero(free)
-        cells = np.minimum(((centres[left] - lo) / extent * (1 << level)).astype(np.int64), (1 << level) - 1)
-        key = (cells[:, 0] << 42) | (cells[:, 1] << 21) | cells[:, 2]
-        picks = left[np.unique(key, return_index=True)[1]]
-        if 2 * len(picks) > len(left):
-            break
-        groups.append(picks)
-        free[picks] = False
-    rest = np.flatnonzero(free)
-    return groups + ([rest] if len(rest) else [])
-
-
 def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -> np.ndarray:
-    """A binary BVH over (N,2,3) boxes in depth-first preorder with skip indices (BVH_DTYPE,
-    2N-1 nodes).
+    """A balanced binary BVH over (N,2,3) boxes in depth-first preorder with skip indices
+    (BVH_DTYPE, 2N-1 nodes, leaves in Morton order). ``first_node`` / ``first_instance`` offset
+    the indices into the tape's arrays. The INSTANCES walk starts from a representative's upper
+    bound (``instance_params``), not from +inf, so the tree's order no longer decides how much it
+    can skip: a balanced tree visits the fewest nodes (on 100,000 bolts, a ray-marched sample:
+    257 nodes and 4.5 bodies a point, against 560 and 18 for the earlier chain of ever denser
+    samples walked from +inf)."""
+    return _binary_bvh(boxes, np.arange(len(boxes)) + first_instance, first_node)
 
-    The INSTANCES walk visits children in preorder with a running minimum that starts at +inf,
-    so what it meets first decides how much it can skip. The tree is therefore a chain over the
-    ``sample_levels`` groups, coarsest first: each chain node's left child is the binary subtree
-    of one group, its right child the chain of the denser groups. A point meets an instance near
-    it within a few dozen nodes, and that distance then culls most of each denser group. (A plain
-    Morton-ordered tree makes the walk sweep space in Z order from a far corner: on 100,000
-    random bolts it evaluated about 10x the leaves.) Any tree is exact; this one is faster.
-    ``first_node`` / ``first_instance`` offset the indices into the tape's arrays.
-    """
-    n = len(boxes)
-    ids = np.arange(n) + first_instance
-    groups = sample_levels(boxes.mean(1)) if n > 8 else [np.arange(n)]
-    # the box of groups k, k+1, ... (what chain node k holds)
-    lo = np.minimum.accumulate(np.array([boxes[g, 0].min(0) for g in groups])[::-1])[::-1]
-    hi = np.maximum.accumulate(np.array([boxes[g, 1].max(0) for g in groups])[::-1])[::-1]
-    parts, at = [], first_node
-    for k, g in enumerate(groups):
-        if k < len(groups) - 1:                  # chain node over this group and all denser ones
-            link = np.zeros(1, BVH_DTYPE)
-            link["lo"], link["hi"], link["instance"] = lo[k], hi[k], -1
-            link["skip"] = first_node + 2 * n - 1
-            parts.append(link)
-            at += 1
-        parts.append(_binary_bvh(boxes[g], ids[g], at))
-        at += len(parts[-1])
-    return np.concatenate(parts)
+
+# INSTANCES' parameters (opcodes.py): the child's box, its inner capsule, the representatives' grid
+INSTANCE_PARAMS = 20        # fixed words before the grid's representatives
+REP_CELLS_MAX = 1 << 18     # (a float each in the tape's params)
+
+
+def inner_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(a, b, r): a capsule (every point within r of the segment ab) inside the node's solid, in
+    its frame, or None where none is known. Taken from primitives whose distance never exceeds the
+    true distance (sphere, box, cylinder, capsule), through rigid + scale transforms and (smooth)
+    unions (the largest of the children's: a union's value is at most each child's). With it, an
+    instance's value at p is at most max(0, |p - ab| - r) (the value is at most the distance to any
+    point of the solid outside it, and <= 0 inside it), the upper bound the INSTANCES walk starts
+    from."""
+    v, k = n.values(), n.kind
+    if k == "sphere":
+        return np.zeros(3), np.zeros(3), float(v[0])
+    if k in ("box", "cylinder"):
+        h = np.array(v[:3] if k == "box" else (v[0], v[0], v[1]), np.float64)
+        r = float(h.min())
+        axis = int(np.argmax(h))
+        a = np.zeros(3)
+        a[axis] = h[axis] - r
+        return -a, a, r
+    if k == "capsule":
+        return np.array(v[:3], np.float64), np.array(v[3:6], np.float64), float(v[6])
+    if k == "transform":
+        inner = inner_capsule(n.children[0])
+        if inner is None:
+            return None
+        t, q, s = np.asarray(v[:3], np.float64), np.asarray(v[3:7], np.float64), float(v[7])
+        rot = quat_matrices(q[None])[0]
+        return t + s * (rot @ inner[0]), t + s * (rot @ inner[1]), s * inner[2]
+    if k in ("union", "smooth_union"):
+        found = [c for c in (inner_capsule(ch) for ch in n.children) if c is not None]
+        return max(found, key=lambda c: c[2] ** 2 * (c[2] + np.linalg.norm(c[1] - c[0]))) if found else None
+    return None
+
+
+def instance_params(child_box: np.ndarray, capsule, inst: np.ndarray, first_instance: int = 0) -> np.ndarray:
+    """The parameters of an INSTANCES record (float64; opcodes.py): the child's box (6), its inner
+    capsule a, b, r (7; r = -1: none), and a grid over the instances' capsules (lo 3, cell edge 1,
+    counts 3) whose cells name a representative each: the instance (index into the tape's
+    instances, offset by ``first_instance``) whose capsule centre lies nearest the cell's (one
+    per occupied cell, then spread to empty cells by neighbour filling). Any instance of the list
+    gives a valid bound anywhere; a near one gives a tight one. About two instances a cell, at
+    most REP_CELLS_MAX cells. No Python loop per instance."""
+    head = np.zeros(INSTANCE_PARAMS)
+    head[:6] = np.asarray(child_box, np.float64).ravel()
+    if capsule is None:
+        head[12] = -1.0
+        return head
+    a, b, r = capsule
+    head[6:9], head[9:12], head[12] = a, b, r
+    rot = quat_matrices(inst["q"].astype(np.float64))
+    centres = inst["t"].astype(np.float64) + inst["s"].astype(np.float64)[:, None] * (rot @ ((a + b) / 2))
+    lo, hi = centres.min(0), centres.max(0)
+    extent = np.maximum(hi - lo, 1e-9)
+    cells = min(REP_CELLS_MAX, max(1, len(inst) // 2))
+    edge = max(float(np.prod(extent) / cells) ** (1 / 3), float(extent.max()) / 4096, 1e-9)
+    dims = np.minimum(np.ceil(extent / edge).astype(np.int64), 4096).clip(1)
+    while dims.prod() > REP_CELLS_MAX:
+        edge *= 1.26
+        dims = np.ceil(extent / edge).astype(np.int64).clip(1)
+    cell = np.minimum(((centres - lo) / edge).astype(np.int64), dims - 1)
+    flat = (cell[:, 2] * dims[1] + cell[:, 1]) * dims[0] + cell[:, 0]
+    offset = np.linalg.norm(centres - (lo + (cell + 0.5) * edge), axis=1)
+    order = np.lexsort((offset, flat))                      # per cell, the nearest centre first
+    first = order[np.unique(flat[order], return_index=True)[1]]
+    reps = np.full(int(dims.prod()), -1, np.int64)
+    reps[flat[first]] = first
+    grid = reps.reshape(dims[2], dims[1], dims[0])
+    while (grid < 0).any():                                 # empty cells take a neighbour's
+        for axis in range(3):
+            for shift in (1, -1):
+                moved = np.roll(grid, shift, axis)
+                edge_slice = [slice(None)] * 3
+                edge_slice[axis] = 0 if shift == 1 else -1
+                moved[tuple(edge_slice)] = -1
+                grid = np.where(grid < 0, moved, grid)
+    head[13:16], head[16], head[17:20] = lo, edge, dims
+    return np.concatenate([head, grid.ravel() + first_instance])

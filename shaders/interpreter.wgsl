@@ -27,7 +27,7 @@ struct LoopFrame {
     acc: f32,            // running minimum over the evaluated copies
     acc_mat: u32,
     bound: f32,          // bound of the unchecked copies (INSTANCES: box distance of the leaf)
-    copy_bound: f32,     // REPEAT_*: bound of the copy being evaluated (copy_bound())
+    copy_bound: f32,     // REPEAT_*: bound of the copy being evaluated (copy_bound()); INSTANCES: U'
     open: u32,           // index of the REPEAT_* / INSTANCES record
     op: u32,
     prm: u32,
@@ -467,10 +467,7 @@ fn instance_point(fr: ptr<function, LoopFrame>, node: u32) -> vec4<f32> {
     let k = bvh[node].instance;
     (*fr).cell0.x = i32(node);
     (*fr).cell1.x = k;
-    let inst = instances[k];
-    let lp = (*fr).p;
-    let v = qrot_conj(inst.q, lp.xyz - inst.t);
-    return vec4<f32>(v.x / inst.s, v.y / inst.s, v.z / inst.s, lp.w * inst.s);
+    return instance_local(k, (*fr).p);
 }
 
 // the twin's _copy_bound: the distance, times the scale, from the copy's point q (loop_point) to
@@ -529,10 +526,50 @@ fn poly_edge_acc(acc: vec2<f32>, x: f32, y: f32, vix: f32, viy: f32, vjx: f32, v
     return vec2<f32>(pmin(acc.x, bx * bx + by * by), select(acc.y, -acc.y, flip));
 }
 
+// instance k's local point of (p, scale): conj(q) * (p - t) * q / s, scale * s
+fn instance_local(k: i32, lp: vec4<f32>) -> vec4<f32> {
+    let inst = instances[k];
+    let v = qrot_conj(inst.q, lp.xyz - inst.t);
+    return vec4<f32>(v.x / inst.s, v.y / inst.s, v.z / inst.s, lp.w * inst.s);
+}
+
+// the cell of coordinate v on a grid axis, clamped into 0 .. count - 1 (NaN: 0): the twin's _grid_cell
+fn grid_cell(v: f32, lo: f32, edge: f32, count: u32) -> u32 {
+    let c = (v - lo) / edge;
+    if (!(c >= 0.0)) {
+        return 0u;
+    }
+    if (c >= f32(count)) {
+        return count - 1u;
+    }
+    return min(u32(c), count - 1u);
+}
+
+// INSTANCES' U' at (p, scale) (opcodes.py; the twin's _instances_reach): the representative of the
+// grid cell holding p bounds the least instance value from above; +inf without a capsule
+fn instances_reach(prm: u32, lp: vec4<f32>) -> f32 {
+    let r = params[prm + 12u];
+    if (r < 0.0) {
+        return inf();
+    }
+    let nx = u32(params[prm + 17u]);
+    let ny = u32(params[prm + 18u]);
+    let nz = u32(params[prm + 19u]);
+    let e = params[prm + 16u];
+    let cx = grid_cell(lp.x, params[prm + 13u], e, nx);
+    let cy = grid_cell(lp.y, params[prm + 14u], e, ny);
+    let cz = grid_cell(lp.z, params[prm + 15u], e, nz);
+    let k = i32(params[prm + 20u + (cz * ny + cy) * nx + cx]);
+    let q = instance_local(k, lp);
+    let u = pmax(sd_capsule(q.x, q.y, q.z, prm + 6u) * q.w, 0.0);
+    return u + 0.000244140625 * (u + r * q.w) + 0.00006103515625 * pmax(abs(lp.x), pmax(abs(lp.y), abs(lp.z))) * lp.w;
+}
+
 // One node of the INSTANCES walk (the twin's _bvh_seek loop body), a no-op once a leaf is found
-// or the walk has passed the last node: skip the node's subtree when its box distance b >= the
-// running minimum (+inf before the first leaf), step into it, or stop at the leaf. STEP_SEEK runs
-// four per iteration of run_tape's loop, written out (no nested loop: see `iters`).
+// or the walk has passed the last node: skip the node's subtree when its box distance b is >= the
+// running minimum (+inf before the first leaf) or > U' (fr.copy_bound), step into it, or stop at
+// a leaf unless its bound max(b, c) (c: from its local point to the child's box) is. STEP_SEEK
+// runs four per iteration of run_tape's loop, written out (no nested loop: see `iters`).
 fn seek_node(fr: LoopFrame, from_end: bool, node: ptr<function, u32>, leaf: ptr<function, bool>,
              b: ptr<function, f32>) {
     if (*leaf || *node >= fr.end_node) {
@@ -540,15 +577,27 @@ fn seek_node(fr: LoopFrame, from_end: bool, node: ptr<function, u32>, leaf: ptr<
     }
     let nd = bvh[*node];
     let lp = fr.p;
+    let acc = select(inf(), fr.acc, from_end);
     *b = sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
                 lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
                 (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
-    if (*b >= select(inf(), fr.acc, from_end)) {
+    if (*b >= acc || *b > fr.copy_bound) {
         *node = nd.skip;
     } else if (nd.instance < 0) {
         *node += 1u;
     } else {
-        *leaf = true;
+        let q = instance_local(nd.instance, lp);
+        let prm = fr.prm;
+        let lo = vec3<f32>(params[prm], params[prm + 1u], params[prm + 2u]);
+        let hi = vec3<f32>(params[prm + 3u], params[prm + 4u], params[prm + 5u]);
+        let c = sd_box(q.x - (lo.x + hi.x) * 0.5, q.y - (lo.y + hi.y) * 0.5, q.z - (lo.z + hi.z) * 0.5,
+                       (hi.x - lo.x) * 0.5, (hi.y - lo.y) * 0.5, (hi.z - lo.z) * 0.5) * q.w;
+        *b = pmax(*b, c);
+        if (*b >= acc || *b > fr.copy_bound) {
+            *node += 1u;
+        } else {
+            *leaf = true;
+        }
     }
 }
 
@@ -856,6 +905,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 fr.it = 0u;
                 fr.p = p;
                 fr.cell1.x = 0;
+                fr.copy_bound = instances_reach(prm, p);   // U'
                 sk_node = ins.aux;
                 sk_from_end = false;
                 mode = STEP_SEEK;

@@ -81,8 +81,9 @@ def test_instance_list_is_one_body_function_and_a_bvh_of_nested_blocks():
     tape = bolt_bin(20)
     text = scene_function(tape)
     assert text.count("fn bl_instances_") == 1
-    assert text.count("bl_instances_6(bl_instance_point(") == len(tape.instances) == 20
-    assert text.count("if (!(bb >= acc6))") == len(tape.bvh)
+    assert text.count("let lp = bl_instance_point(") == text.count("bl_instances_6(lp, ") == len(tape.instances) == 20
+    assert text.count("if (!(bb >= acc6) && !(bb > reach6))") == len(tape.bvh)
+    assert text.count("let reach6 = instances_reach(") == 1
     assert "bvh[" not in text and "instances[" not in text
 
 

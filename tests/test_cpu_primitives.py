@@ -641,7 +641,8 @@ def test_instances_op_matches_explicit_transforms(walker_cpu):
     bvh["skip"] = [5, 4, 3, 4, 5]
     bvh["instance"] = [-1, -1, 0, 1, 2]
     tb = TapeBuilder()
-    begin = tb.op(Op.INSTANCES, a=5, aux=0)
+    # the child's box, a capsule inside the box along x, a grid of one cell naming instance 0
+    begin = tb.op(Op.INSTANCES, a=5, aux=0, params=[*-h, *h, -0.2, 0, 0, 0.2, 0, 0, 0.1, 0, 0, 0, 10, 1, 1, 1, 0])
     tb.op(Op.BOX, 1, params=h, aux=2)
     end = tb.op(Op.REPEAT_END, 0, a=1, jump=begin)
     tb.rows[begin][7] = end

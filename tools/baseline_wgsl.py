@@ -284,7 +284,7 @@ class _Writer:
                 self.emit("}")
             op = Op(op_)
             if op is Op.INSTANCES:
-                self.instances(i, aux, a, jump)
+                self.instances(i, aux, a, off, jump)
                 i = jump + 1
                 continue
             if op in _PATTERNS:
@@ -323,35 +323,44 @@ class _Writer:
             self.emit("}")
         return self.lines
 
-    def instances(self, i: int, first: int, count: int, end: int):
-        """INSTANCES at record ``i`` (BVH nodes ``first .. first + count - 1``, REPEAT_END at
-        ``end``): the body as ``bl_instances_<i>(p, instance index)``, the BVH as nested ``if``
-        blocks over box distances against the running minimum (the interpreter's walk: a subtree
-        whose box is no nearer than the minimum is skipped), each leaf a call with its placement
-        as literals; the minimum of max(body, leaf box) lands in REPEAT_END's register."""
+    def instances(self, i: int, first: int, count: int, off: int, end: int):
+        """INSTANCES at record ``i`` (BVH nodes ``first .. first + count - 1``, parameters at
+        ``off``, REPEAT_END at ``end``): the body as ``bl_instances_<i>(p, instance index)``, the
+        BVH as nested ``if`` blocks over box distances against the running minimum and U' (the
+        interpreter's walk: a subtree whose box is no nearer than the minimum, or farther than U',
+        is skipped; U' from the interpreter's instances_reach over the uploaded parameters), each
+        leaf a call with its placement as literals, unless its local point's distance to the
+        child's box rules it out too; the minimum of max(body, leaf box, child box) lands in
+        REPEAT_END's register."""
         _, dst, a = self.cols[end][:3]
         name = f"bl_instances_{i}"
         body = _Writer(self.tape, self.culls, self.functions, index="ii")
         self.functions.append(body.function(f"fn {name}(p_in: vec4<f32>, ii: f32) -> Eval {{", "var p = p_in;",
                                             i + 1, end, a))
         self.uses_bvh = True
-        acc, mat = f"acc{i}", f"accm{i}"
+        acc, mat, reach = f"acc{i}", f"accm{i}", f"reach{i}"
         self.emit(f"var {acc} = inf();")
         self.emit(f"var {mat} = 0u;")
+        self.emit(f"let {reach} = instances_reach({off}u, p);")
+        child_box = _box_distance(self.tape.params[off:off + 3], self.tape.params[off + 3:off + 6]).replace("p.", "lp.")
         nodes = self.tape.bvh
         place = self.tape.instances
 
         def node(k: int):
             nd = nodes[k]
             self.emit(f"bb = {_box_distance(nd['lo'], nd['hi'])};")
-            self.emit(f"if (!(bb >= {acc})) {{")
+            self.emit(f"if (!(bb >= {acc}) && !(bb > {reach})) {{")
             self.indent += 1
             leaf = int(nd["instance"])
             if leaf >= 0:
                 q, t, s = (_lits(place[leaf][f]) for f in ("q", "t", "s"))
-                self.emit(f"let e = {name}(bl_instance_point(p, vec4<f32>({q}), vec3<f32>({t}), {s}), {_lit(leaf)});")
-                self.emit("let v = pmax(e.d, bb);")
-                self.emit(f"if (v < {acc}) {{ {acc} = v; {mat} = e.mat; }}")
+                self.emit(f"let lp = bl_instance_point(p, vec4<f32>({q}), vec3<f32>({t}), {s});")
+                self.emit(f"let bl = pmax(bb, {child_box});")
+                self.emit(f"if (!(bl >= {acc}) && !(bl > {reach})) {{")
+                self.emit(f"    let e = {name}(lp, {_lit(leaf)});")
+                self.emit("    let v = pmax(e.d, bl);")
+                self.emit(f"    if (v < {acc}) {{ {acc} = v; {mat} = e.mat; }}")
+                self.emit("}")
             else:
                 child = k + 1
                 while child < int(nd["skip"]):

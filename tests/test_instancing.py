@@ -1,0 +1,122 @@
+"""Instance lists' bound (scenegraph.instancing): the capsule inside a body, the grid of
+representatives, the validator's checks of both, and exactness of the walk that starts from
+them on random assemblies (culled == unculled on every walker)."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from taperay.runtime.opcodes import Op
+
+from taperay.runtime.tape import TapeError, validate
+from taperay.scenegraph import (box, capsule, cylinder, difference, extrude, flatten, intersection, smooth_union,
+                                sphere, union)
+from taperay.scenegraph.instancing import inner_capsule, instance_params, placements
+from taperay.scenes.bolt_bin import bolt
+
+
+def random_quats(rng, n):
+    q = rng.normal(size=(n, 4))
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+BODIES = {
+    "sphere": lambda: sphere(0.7),
+    "box": lambda: box(0.3, 0.8, 0.5),
+    "cylinder": lambda: cylinder(0.2, 0.9),
+    "capsule": lambda: capsule((0.1, -0.4, 0.2), (-0.3, 0.5, 0.0), 0.25),
+    "moved": lambda: box(0.2, 0.1, 0.6).rotate((1, 2, 3), 40).scale(1.7).translate(0.3, -0.2, 0.5),
+    "union": lambda: union(sphere(0.2).translate(1, 0, 0), cylinder(0.3, 0.6).rotate((1, 0, 0), 90)),
+    "smooth union": lambda: smooth_union(sphere(0.4), box(0.2, 0.2, 0.9).translate(0.5, 0, 0), k=0.2),
+    "bolt": bolt,
+}
+
+
+def capsule_points(a, b, r, n, rng):
+    """n points inside the capsule (a, b, r), on its boundary shrunk by 1e-4 r and within."""
+    t = rng.uniform(0, 1, (n, 1))
+    d = rng.normal(size=(n, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    return a + t * (b - a) + d * r * (1 - 1e-4) * np.sqrt(rng.uniform(0, 1, (n, 1)))
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_inner_capsule_lies_inside_its_solid(name, walker_cpu):
+    node = BODIES[name]()
+    a, b, r = inner_capsule(node)
+    assert r > 0
+    pts = capsule_points(a, b, r, 20_000, np.random.default_rng(1)).astype(np.float32)
+    d, _ = walker_cpu.evaluate(flatten(node), pts)
+    assert d.max() <= 1e-6, f"a point of the capsule lies {d.max()} outside the solid"
+
+
+@pytest.mark.parametrize("node", [difference(box(1), sphere(0.5)), intersection(box(1), sphere(1.2)),
+                                  extrude([(0, 0), (1, 0), (0, 1)], 0.2)], ids=["difference", "intersection", "extrude"])
+def test_inner_capsule_is_unknown_where_no_rule_proves_one(node):
+    assert inner_capsule(node) is None
+
+
+def test_grid_names_an_instance_of_the_list_in_every_cell_the_nearest_where_occupied():
+    rng = np.random.default_rng(2)
+    inst = placements(rng.uniform(-5, 5, (3000, 3)), random_quats(rng, 3000), rng.uniform(0.5, 1.5, 3000))
+    a, b, r = inner_capsule(bolt())
+    prm = instance_params(np.array([[-0.06, -0.06, -0.12], [0.06, 0.06, 0.15]]), (a, b, r), inst, first_instance=7)
+    lo, edge, dims = prm[13:16], prm[16], prm[17:20].astype(int)
+    reps = prm[20:].astype(int)
+    assert len(reps) == dims.prod() and 1000 <= dims.prod() <= 3000
+    assert reps.min() >= 7 and reps.max() < 7 + 3000
+    # where a cell holds capsule centres, its representative is the one nearest the cell's centre
+    from taperay.runtime.tape import quat_matrices
+    centres = inst["t"] + inst["s"][:, None] * (quat_matrices(inst["q"].astype(np.float64)) @ ((a + b) / 2))
+    cell = np.minimum(((centres - lo) / edge).astype(int), dims - 1)
+    flat = (cell[:, 2] * dims[1] + cell[:, 1]) * dims[0] + cell[:, 0]
+    offset = np.linalg.norm(centres - (lo + (cell + 0.5) * edge), axis=1)
+    for c in np.unique(flat)[:200]:
+        members = np.flatnonzero(flat == c)
+        assert reps[c] - 7 == members[np.argmin(offset[members])]
+
+
+def random_assembly(seed: int, n: int = 300):
+    """n random copies, at random poses and scales, of a random union of moved primitives."""
+    rng = np.random.default_rng(seed)
+    kinds = [lambda: sphere(rng.uniform(0.1, 0.4)), lambda: box(*rng.uniform(0.05, 0.4, 3)),
+             lambda: cylinder(rng.uniform(0.05, 0.3), rng.uniform(0.1, 0.5))]
+    parts = [kinds[int(rng.integers(3))]().rotate(tuple(rng.normal(size=3)), rng.uniform(0, 180))
+             .translate(*rng.uniform(-0.3, 0.3, 3)) for _ in range(int(rng.integers(1, 4)))]
+    body = union(*parts) if len(parts) > 1 else parts[0]
+    spread = rng.uniform(1.0, 4.0)
+    return union(box(spread, spread, 0.1).translate(0, 0, -spread - 0.5),
+                 body.instances(rng.uniform(-spread, spread, (n, 3)), random_quats(rng, n), rng.uniform(0.5, 2.0, n)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_assemblies_culled_equal_unculled(seed, walkers_all, walker_cpu):
+    """The walk from the representative's bound never changes the field or the material (the
+    unculled tape has no bound and no inner-box rejection), on every walker."""
+    scene = random_assembly(seed)
+    tape, plain = flatten(scene), flatten(scene, cull=False)
+    assert tape.params[tape.instrs["param"][tape.instrs["op"] == Op.INSTANCES][0] + 12] > 0   # the bound is on
+    rng = np.random.default_rng(seed + 100)
+    lo, hi = tape.bounds.astype(np.float64)
+    pts = rng.uniform(lo - 0.5, hi + 0.5, (4000, 3))
+    centres = tape.instances["t"][rng.integers(0, len(tape.instances), 4000)]
+    near = centres + rng.normal(scale=0.2, size=(4000, 3))        # near and inside the copies
+    pts = np.concatenate([pts, near]).astype(np.float32)
+    d, m = walkers_all.evaluate(tape, pts)
+    d0, m0 = walker_cpu.evaluate(plain, pts)
+    np.testing.assert_allclose(d, d0, rtol=0, atol=2e-6)
+    assert np.array_equal(m, m0)
+
+
+def test_validator_refuses_a_representative_outside_the_list_and_a_bad_grid():
+    tape = flatten(union(sphere(0.3).instances(np.eye(3) * 2), sphere(0.2).instances(-np.eye(3) * 2)))
+    first = tape.instrs["param"][tape.instrs["op"] == Op.INSTANCES]
+    assert len(first) == 2
+    params = tape.params.copy()
+    params[first[0] + 20] = 4          # an instance of the other list
+    with pytest.raises(TapeError, match="not an instance of its list"):
+        validate(dataclasses.replace(tape, params=params))
+    params[first[0] + 20] = 0
+    params[first[0] + 17] = 0.5        # a count that is not whole
+    with pytest.raises(TapeError, match="whole counts"):
+        validate(dataclasses.replace(tape, params=params))
