@@ -55,7 +55,7 @@ from numba import njit, prange
 from .camera import Camera, auto_camera
 from .opcodes import LOOP_CAP, STACK_CAP, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
-from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, gradient_eps, point_array
+from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, gradient_eps, point_array
 
 __all__ = ["CpuWalker", "BLOCK"]
 
@@ -1145,7 +1145,7 @@ class CpuWalker:
     name = "cpu"
 
     def __init__(self):
-        self._validated = ValidatedTapes()
+        self._validated = VALIDATED
 
     @staticmethod
     def available() -> bool:

@@ -40,7 +40,7 @@ from .gpu_guard import _guarded
 from .gpu_pruning import IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, PrunedPasses, _march_cells_cached, image_cell_box
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
-from .tape import CellsTooLarge, Tape, TaperayError, ValidatedTapes, content_key, gradient_eps, point_array
+from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gradient_eps, point_array
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
 __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "gpu_self_check",
@@ -472,7 +472,7 @@ class GpuWalker(PrunedPasses):
 
     def __init__(self, progress: bool = False):
         self._ctx = _get_context(progress)
-        self._validated = ValidatedTapes()
+        self._validated = VALIDATED
         self.resumed_dispatches = 0
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()

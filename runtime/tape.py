@@ -18,7 +18,7 @@ from .opcodes import (LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS
 
 __all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
            "CellsTooLarge", "validate", "content_key", "quat_matrices",
-           "ValidatedTapes", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
+           "ValidatedTapes", "VALIDATED", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
@@ -268,19 +268,30 @@ def content_key(tape: Tape) -> int:
 
 
 class ValidatedTapes:
-    """The walkers' record of the tapes they have validated, by content (at most 65 kept):
-    ``check`` runs ``validate`` once per distinct tape."""
+    """A record of the tapes validated, by content (at most 65 kept): ``check`` runs ``validate``
+    once per distinct tape. One record (VALIDATED) serves the whole process: the walkers and the
+    file loader, so a tape read from a file is not validated again by the walker it is drawn on."""
 
     def __init__(self):
         self._keys: set[int] = set()
 
+    @staticmethod
+    def key(tape: Tape) -> int:
+        """content_key plus what else validate reads: the materials, the names and the dtypes."""
+        return hash((content_key(tape), tape.materials.tobytes(), tape.materials.dtype.str,
+                     tuple((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in tape.names.items()),
+                     tuple(getattr(tape, a).dtype.str for a in ("instrs", "params", "instances", "bvh"))))
+
     def check(self, tape: Tape) -> None:
-        key = content_key(tape)
+        key = self.key(tape)
         if key not in self._keys:
             validate(tape)
             if len(self._keys) > 64:
                 self._keys.clear()
             self._keys.add(key)
+
+
+VALIDATED = ValidatedTapes()
 
 def _enclosing_loops(cols: list) -> list[int]:
     """For each record, the REPEAT_* / INSTANCES whose body holds it (its REPEAT_END included)."""

@@ -30,7 +30,7 @@ import msgpack
 import numpy as np
 
 from taperay.runtime.tape import (BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE,
-                                  MAX_INSTRS, MAX_MATERIALS, MAX_PARAMS, Tape, TaperayError,
+                                  MAX_INSTRS, MAX_MATERIALS, MAX_PARAMS, VALIDATED, Tape, TaperayError,
                                   validate)
 
 from .nodes import node_from_dict
@@ -248,7 +248,8 @@ def _tape_from_body(path, body: dict) -> Tape:
     tape = Tape(**arrays, n_regs=_int(path, body, "n_regs", 1, 1 << 16), bounds=bounds, names=dict(names),
                 instance_count=_int(path, body, "instance_count", 0, (1 << 63) - 1),
                 source=str(path))
-    return validate(tape)
+    VALIDATED.check(tape)      # (the walker that draws it then finds it validated)
+    return tape
 
 
 def _scene_from_body(path, body: dict):

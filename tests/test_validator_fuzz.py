@@ -114,7 +114,10 @@ def test_mutated_tapes_only_raise_tape_errors(tape):
 
 @pytest.fixture(scope="module")
 def cpu_walker():
-    return pytest.importorskip("taperay.runtime.cpu").CpuWalker()
+    """The twin, compiled before the deadlines start (its first call may JIT-compile for minutes)."""
+    walker = pytest.importorskip("taperay.runtime.cpu").CpuWalker()
+    walker.evaluate(BASES[0], np.zeros((1, 3), np.float32))
+    return walker
 
 
 @settings(FUZZ, max_examples=200)
