@@ -181,7 +181,8 @@ def _compare(a, b, *_):
 
 def _mod(a, b, *_):
     const_b = (b[0] == b[1]) & (b[0] > 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    # (a / bb may overflow for a tiny bb: width < bb with r_lo <= r_hi already means one period)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         bb = np.where(const_b, b[0], 1.0)
         r_lo, r_hi = _rem_euclid(a[0], bb), _rem_euclid(a[1], bb)
         one_period = const_b & (np.floor(a[1] / bb) == np.floor(a[0] / bb)) & (r_lo <= r_hi) \

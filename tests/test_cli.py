@@ -142,6 +142,22 @@ def test_info_says_whether_the_gpu_render_prunes_on_march_cells(capsys, tmp_path
     assert says in json.loads(out)["march_cells"]
 
 
+def test_info_reports_each_instance_lists_bound_or_why_it_has_none(capsys, tmp_path):
+    scene = tmp_path / "i.py"
+    scene.write_text("import numpy as np\nfrom taperay.scenegraph import box, cylinder, sphere, union\n"
+                     "t = np.random.default_rng(0).uniform(-3, 3, (50, 3))\n"
+                     "scene = union(cylinder(0.1, 0.4).instances(t), (box(0.3) - sphere(0.35)).instances(t + 7))\n")
+    rc, out, err = run_cli(capsys, "info", scene, "--json")
+    assert rc == 0, err
+    bounded, unbounded = json.loads(out)["instance_lists"]
+    assert bounded["instances"] == unbounded["instances"] == 50 and bounded["bvh_nodes"] == 99
+    assert bounded["bound"].startswith("capsule of radius 0.1 inside the body; grid of")
+    assert unbounded["bound"].startswith("none: no capsule inside the body is known")
+    rc, out, err = run_cli(capsys, "info", scene)
+    assert rc == 0, err
+    assert "instance list (record" in out and "50 instances, 99 BVH nodes" in out
+
+
 def test_info_table_names_parameters(capsys, tmp_path):
     scene = tmp_path / "p.py"
     scene.write_text("from taperay.scenegraph import Param, sphere\nscene = sphere(Param('radius', 0.75))\n")

@@ -302,7 +302,33 @@ def tape_info(tape) -> dict:
         "instances": int(tape.instance_count),
         "bounds": [[_f32(x) for x in corner] for corner in tape.bounds],
         "march_cells": _march_cells_info(tape),
+        "instance_lists": _instance_lists_info(tape),
     }
+
+
+def _instance_lists_info(tape) -> list[dict]:
+    """Per INSTANCES record: its record index, instance and BVH node counts, and the bound its walk
+    starts from (opcodes.py: a capsule inside the body and a grid of representatives), or why it
+    has none."""
+    import numpy as np
+    from taperay.runtime.opcodes import Op
+    out = []
+    for i in np.flatnonzero(tape.instrs["op"] == Op.INSTANCES):
+        rec = tape.instrs[i]
+        prm, first, count = int(rec["param"]), int(rec["aux"]), int(rec["a"])
+        nodes = tape.bvh[first:first + count]
+        head = tape.params[prm:prm + 20]
+        entry = {"record": int(i), "instances": int((nodes["instance"] >= 0).sum()), "bvh_nodes": count}
+        if head[12] >= 0:
+            dims = [int(v) for v in head[17:20]]
+            entry["bound"] = (f"capsule of radius {_f32(head[12]):.4g} inside the body; grid of "
+                              f"{dims[0]} x {dims[1]} x {dims[2]} representatives")
+        else:
+            entry["bound"] = ("none: no capsule inside the body is known (found only in spheres, boxes, "
+                              "cylinders and capsules, through transforms and unions; the tape may also "
+                              "be flattened unculled): each walk starts from +inf")
+        out.append(entry)
+    return out
 
 
 def _march_cells_info(tape) -> str:
@@ -343,6 +369,9 @@ def cmd_info(args) -> int:
     lo, hi = info["bounds"]
     con.print("bounds: [" + ", ".join(f"{a:.4g}..{b:.4g}" for a, b in zip(lo, hi)) + "]")
     con.print(f"GPU march cells: {info['march_cells']}")
+    for lst in info["instance_lists"]:
+        con.print(f"instance list (record {lst['record']}): {lst['instances']} instances, "
+                  f"{lst['bvh_nodes']} BVH nodes; bound: {lst['bound']}")
     ops = Table("op", "records", title="records by op", title_justify="left")
     for name, count in info["ops"].items():
         ops.add_row(name, str(count))
