@@ -53,7 +53,7 @@ import numpy as np
 from numba import njit, prange
 
 from .camera import Camera, auto_camera
-from .opcodes import LOOP_CAP, STACK_CAP, Op
+from .opcodes import INSTANCE_REACH, LOOP_CAP, STACK_CAP, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, gradient_eps, point_array
 
@@ -84,7 +84,7 @@ if _twin != {o.name: int(o) for o in Op} or (_STACK_CAP, _LOOP_CAP) != (STACK_CA
 _f = np.float32
 F0, F1, F2, F4, FH, FQ = _f(0), _f(1), _f(2), _f(4), _f(0.5), _f(0.25)
 INF = _f(np.inf)
-REACH_REL, REACH_POS = _f(2.0 ** -12), _f(2.0 ** -14)   # INSTANCES' U' (opcodes.py)
+REACH_REL, REACH_POS = _f(INSTANCE_REACH[0]), _f(INSTANCE_REACH[1])   # INSTANCES' U' (opcodes.py)
 TWO_PI = _f(2 * np.pi)
 _JIT = dict(cache=True, error_model="numpy", fastmath=False)
 

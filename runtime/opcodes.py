@@ -30,6 +30,7 @@ STACK_CAP = 16   # point-stack frames a kernel holds
 LOOP_CAP = 4     # nested pattern loops a kernel holds
 REG_CAPS = (16, 64, 256)  # register-file variants built at startup (kernel capacity by registers)
 MAX_POLY_VERTS = 1024     # vertices of one extruded / revolved profile
+INSTANCE_REACH = (2.0 ** -12, 2.0 ** -14)   # INSTANCES' room for rounding in U' (relative, per |p|)
 
 
 class Family(str, enum.Enum):
@@ -266,8 +267,9 @@ _spec(Op.INSTANCES, F.PATTERN, (), False, 20,
       "present when r >= 0). An instance's value is max(body, b, c): b the distance * scale from p "
       "to its leaf box, c from its local point to the child's box; U = max(0, |p_k - ab| - r) * "
       "scale of the representative k of the cell holding p (clamped into the grid) is at least the "
-      "least instance value, so nothing farther than U' = U * (1 + 2^-12) + 2^-12 * r * scale (room "
-      "for rounding; +inf without a capsule) can hold it. Walk: accum = +inf; at node "
+      "least instance value, so nothing farther than U' = U + 2^-12 * (U + r * s_k * scale) + 2^-14 * "
+      "max|p| * scale (INSTANCE_REACH: room for rounding; +inf without a capsule) can hold it. Walk: "
+      "accum = +inf; at node "
       "i, b = box distance * scale; if b >= accum or b > U': i = skip; elif leaf: the local point "
       "p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s, c as above; if max(b, c) >= "
       "accum or > U': i = i + 1, else evaluate the body there, accum = min(accum, max(body, b, c)), "

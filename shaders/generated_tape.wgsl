@@ -76,6 +76,8 @@ const STACK_CAP: u32 = 16u;
 const LOOP_CAP: u32 = 4u;
 const MAX_POLY_VERTS: u32 = 1024u;
 const MAX_REG_CAP: u32 = 256u;
+const INSTANCE_REACH_REL: f32 = 0.000244140625;
+const INSTANCE_REACH_POS: f32 = 6.103515625e-05;
 
 // 32 bytes, mirrors numpy [('op', '<u4'), ('dst', '<u4'), ('a', '<u4'), ('b', '<u4'), ('c', '<u4'), ('param', '<u4'), ('aux', '<u4'), ('jump', '<u4')]
 struct Instr {

@@ -562,7 +562,7 @@ fn instances_reach(prm: u32, lp: vec4<f32>) -> f32 {
     let k = i32(params[prm + 20u + (cz * ny + cy) * nx + cx]);
     let q = instance_local(k, lp);
     let u = pmax(sd_capsule(q.x, q.y, q.z, prm + 6u) * q.w, 0.0);
-    return u + 0.000244140625 * (u + r * q.w) + 0.00006103515625 * pmax(abs(lp.x), pmax(abs(lp.y), abs(lp.z))) * lp.w;
+    return u + INSTANCE_REACH_REL * (u + r * q.w) + INSTANCE_REACH_POS * pmax(abs(lp.x), pmax(abs(lp.y), abs(lp.z))) * lp.w;
 }
 
 // One node of the INSTANCES walk (the twin's _bvh_seek loop body), a no-op once a leaf is found
