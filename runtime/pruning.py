@@ -980,11 +980,12 @@ def _lanes(code, imm, start, n_regs, boxes):
     return out_lo, out_hi, choices
 
 
-def interval_eval(tape: Tape, lo, hi) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Interval-evaluate an arithmetic tape over K boxes [lo, hi] ((K, 3) or (3,) each).
-    Returns the value intervals (K,) lo, (K,) hi (NaN, NaN: may be NaN) and (K, n) uint8
-    choices (CHOICE_A / CHOICE_B / CHOICE_BOTH per MIN / MAX / AND / OR record, else 0)."""
-    code, imm = _checked(tape, "interval_eval")
+def interval_eval(tape: Tape, lo, hi, fields: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Interval-evaluate an arithmetic tape (with ``fields``, scene fields allowed: a lowering's)
+    over K boxes [lo, hi] ((K, 3) or (3,) each). Returns the value intervals (K,) lo, (K,) hi
+    (NaN, NaN: may be NaN) and (K, n) uint8 choices (CHOICE_A / CHOICE_B / CHOICE_BOTH per MIN /
+    MAX / AND / OR record, else 0)."""
+    code, imm = _checked(tape, "interval_eval", fields)
     lo, hi, choices = _lanes(code, imm, 0, tape.n_regs, _boxes(lo, hi))
     return lo, hi, np.ascontiguousarray(choices.T)
 

@@ -107,12 +107,56 @@ REP_CELLS_MAX = 1 << 18     # (a float each in the tape's params)
 
 def inner_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
     """(a, b, r): a capsule (every point within r of the segment ab) inside the node's solid, in
-    its frame, or None where none is known. Taken from primitives whose distance never exceeds the
+    its frame, or None where none is known. With it, an instance's value at p is at most
+    max(0, |p - ab| - r) (a value never exceeds the distance to a point of the solid outside it,
+    and is <= 0 inside it), the upper bound the INSTANCES walk starts from. Taken from the shapes
+    (``_shape_capsule``), else proven numerically (``proven_inner_ball``)."""
+    found = _shape_capsule(n)
+    return found if found is not None else proven_inner_ball(n)
+
+
+def proven_inner_ball(n, samples: int = 12) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """A ball inside the node's solid, proven by interval arithmetic on the node's lowering to
+    arithmetic (``runtime.lowering``): the deepest of samples^3 grid points over its box, and the
+    largest cube about it (halving from the sampled depth) whose interval lies below zero, the
+    ball inscribed in that cube. None for nodes holding arithmetic fields (their values need not
+    stay below the true distance), nodes the lowering refuses, or where no cube is proven."""
+    from taperay.runtime.lowering import NotLowerable, lower
+    from taperay.runtime.pruning import interval_eval
+    from .flatten import flatten, node_bounds
+    if any(m.kind == "field" for m in n.walk()):
+        return None
+    box = node_bounds(n)
+    if not np.all(np.isfinite(box)):
+        return None
+    try:
+        low = lower(flatten(n, source="instanced body"))
+        axes = [np.linspace(box[0, r], box[1, r], samples + 2)[1:-1] for r in range(3)]
+        pts = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+        _, hi, _ = interval_eval(low, pts, pts, fields=True)
+        best = None
+        for i in np.argsort(np.where(np.isnan(hi), np.inf, hi))[:8]:
+            if not hi[i] < 0:
+                break
+            h = -float(hi[i]) / np.sqrt(3.0)
+            for _ in range(4):
+                lo_b, hi_b, _ = interval_eval(low, pts[i] - h, pts[i] + h, fields=True)
+                if hi_b[0] < 0:
+                    break
+                h /= 2
+            else:
+                continue
+            if best is None or h > best[2]:
+                best = (pts[i].astype(np.float64), pts[i].astype(np.float64), h * (1 - 2.0 ** -10))
+        return best
+    except (NotLowerable, TaperayError):
+        return None
+
+
+def _shape_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """A capsule inside the node's solid from its shapes: primitives whose value never exceeds the
     true distance (sphere, box, cylinder, capsule), through rigid + scale transforms and (smooth)
-    unions (the largest of the children's: a union's value is at most each child's). With it, an
-    instance's value at p is at most max(0, |p - ab| - r) (the value is at most the distance to any
-    point of the solid outside it, and <= 0 inside it), the upper bound the INSTANCES walk starts
-    from."""
+    unions (the largest of the children's: a union's value is at most each child's)."""
     v, k = n.values(), n.kind
     if k == "sphere":
         return np.zeros(3), np.zeros(3), float(v[0])
@@ -126,14 +170,14 @@ def inner_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
     if k == "capsule":
         return np.array(v[:3], np.float64), np.array(v[3:6], np.float64), float(v[6])
     if k == "transform":
-        inner = inner_capsule(n.children[0])
+        inner = _shape_capsule(n.children[0])
         if inner is None:
             return None
         t, q, s = np.asarray(v[:3], np.float64), np.asarray(v[3:7], np.float64), float(v[7])
         rot = quat_matrices(q[None])[0]
         return t + s * (rot @ inner[0]), t + s * (rot @ inner[1]), s * inner[2]
     if k in ("union", "smooth_union"):
-        found = [c for c in (inner_capsule(ch) for ch in n.children) if c is not None]
+        found = [c for c in (_shape_capsule(ch) for ch in n.children) if c is not None]
         return max(found, key=lambda c: c[2] ** 2 * (c[2] + np.linalg.norm(c[1] - c[0]))) if found else None
     return None
 

@@ -144,9 +144,9 @@ def test_info_says_whether_the_gpu_render_prunes_on_march_cells(capsys, tmp_path
 
 def test_info_reports_each_instance_lists_bound_or_why_it_has_none(capsys, tmp_path):
     scene = tmp_path / "i.py"
-    scene.write_text("import numpy as np\nfrom taperay.scenegraph import box, cylinder, sphere, union\n"
+    scene.write_text("import numpy as np\nfrom taperay.scenegraph import cylinder, extrude, union\n"
                      "t = np.random.default_rng(0).uniform(-3, 3, (50, 3))\n"
-                     "scene = union(cylinder(0.1, 0.4).instances(t), (box(0.3) - sphere(0.35)).instances(t + 7))\n")
+                     "scene = union(cylinder(0.1, 0.4).instances(t), extrude([(0, 0), (1, 0), (0, 1)], 0.2).instances(t + 7))\n")
     rc, out, err = run_cli(capsys, "info", scene, "--json")
     assert rc == 0, err
     bounded, unbounded = json.loads(out)["instance_lists"]

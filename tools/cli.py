@@ -324,9 +324,9 @@ def _instance_lists_info(tape) -> list[dict]:
             entry["bound"] = (f"capsule of radius {_f32(head[12]):.4g} inside the body; grid of "
                               f"{dims[0]} x {dims[1]} x {dims[2]} representatives")
         else:
-            entry["bound"] = ("none: no capsule inside the body is known (found only in spheres, boxes, "
-                              "cylinders and capsules, through transforms and unions; the tape may also "
-                              "be flattened unculled): each walk starts from +inf")
+            entry["bound"] = ("none: no capsule inside the body is known (none in its shapes, none proven on "
+                              "its lowering to arithmetic, or the tape was flattened unculled): each walk "
+                              "starts from +inf")
         out.append(entry)
     return out
 
