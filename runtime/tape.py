@@ -95,13 +95,19 @@ class Tape:
         culling stays exact; returns True when anything but the parameter's own slots changed
         (the caller uploads the differences), False when only those slots were written. A tape
         without its scene (read from a .tape file, built by hand) gets its slots written and keeps
-        the bounds it has: an edit that grows a part past them needs the scene."""
+        the bounds it has: an edit that grows a part past them needs the scene. Its instance lists'
+        upper bounds (a capsule proven inside the body for the values it was flattened with) are
+        turned off, since an edit may shrink the body off its capsule: their walks start from +inf
+        again (exact, slower)."""
         if name not in self.names:
             raise TaperayError(f"no parameter named {name!r} (have: {', '.join(sorted(self.names)) or 'none'})")
         slots = self.names[name]
         if self.refit is None:
             self.params[slots] = np.float32(value)
-            return False
+            bounded = self.instrs["param"][self.instrs["op"] == Op.INSTANCES]
+            bounded = bounded[self.params[bounded + 12] >= 0]
+            self.params[bounded + 12] = -1.0      # (r < 0: no capsule; opcodes.py)
+            return bool(len(bounded))
         new = self.refit(name, value)
         expected = self.params.copy()
         expected[slots] = np.float32(value)

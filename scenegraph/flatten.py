@@ -8,6 +8,8 @@ pattern of 10^6 instances is a handful of records.
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 from dataclasses import dataclass
 
@@ -408,13 +410,13 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
 
     ``cull=False`` gives the same field evaluated without skipping: CULL_BOX records whose margin
     is +inf never jump, and instance BVHs whose inner boxes never reject. ``params`` gives named
-    ``Param``s other values than their own. The tape keeps a ``refit`` that flattens the scene
+    ``Param``s other values than their own (None: those of a flatten under way, else their own). The tape keeps a ``refit`` that flattens the scene
     again with one parameter changed, which ``Tape.set_param`` uses so that bounds follow edits.
     """
     if not isinstance(scene, Node):
         raise TaperayError(f"{source or 'scene'}: expected a scene node, got {type(scene).__name__}")
     em = _Emitter(cull)
-    with param_values(params):
+    with param_values(params) if params is not None else contextlib.nullcontext():   # (nested: the caller's)
         instances = em.emit(scene, 0, 0)
         b = em.bounds(scene)
         if not np.all(np.isfinite(b)):   # unbounded (planes): frame the bounded leaves, else a unit box

@@ -9,7 +9,7 @@ import pytest
 from taperay.runtime.opcodes import Op
 
 from taperay.runtime.tape import TapeError, validate
-from taperay.scenegraph import (box, capsule, cylinder, difference, extrude, field, fields, flatten, intersection,
+from taperay.scenegraph import (Param, box, capsule, cylinder, difference, extrude, field, fields, flatten, intersection,
                                 smooth_union, sphere, union)
 from taperay.scenegraph.instancing import inner_capsule, instance_params, placements
 from taperay.scenes.bolt_bin import bolt
@@ -131,3 +131,43 @@ def test_validator_refuses_a_representative_outside_the_list_and_a_bad_grid():
     params[first[0] + 17] = 0.5        # a count that is not whole
     with pytest.raises(TapeError, match="whole counts"):
         validate(dataclasses.replace(tape, params=params))
+
+
+def test_an_edited_body_gets_the_bound_of_its_edited_shape(walker_cpu):
+    """Tape.set_param refits the tape by flattening again with the new value; the ball proven
+    inside the body must be proven for that value too (a ball inside the sphere of radius 1 lies
+    outside the sphere of radius 0.4)."""
+    rng = np.random.default_rng(0)
+    scene = (sphere(Param("r", 1.0)) - box(0.2)).instances(rng.uniform(-3, 3, (200, 3)))
+    tape, plain = flatten(scene), flatten(scene, cull=False)
+    tape.set_param("r", 0.4)
+    plain.set_param("r", 0.4)
+    prm = tape.instrs["param"][tape.instrs["op"] == Op.INSTANCES][0]
+    a, r = tape.params[prm + 6:prm + 9].astype(np.float64), float(tape.params[prm + 12])
+    assert r > 0 and np.linalg.norm(a) + r <= 0.4
+    pts = rng.uniform(-4, 4, (20_000, 3)).astype(np.float32)
+    d, m = walker_cpu.evaluate(tape, pts)
+    d0, m0 = walker_cpu.evaluate(plain, pts)
+    np.testing.assert_allclose(d, d0, rtol=0, atol=2e-6)
+    assert np.array_equal(m, m0)
+
+
+def test_an_edit_without_the_scene_turns_the_bound_off(tmp_path, walker_cpu):
+    """A tape read from a file cannot prove a ball inside its edited body again: an edit turns its
+    instance lists' bounds off (walks from +inf), so the field stays the unculled one."""
+    from taperay.scenegraph.files import load_file, save_tape
+    rng = np.random.default_rng(1)
+    scene = (sphere(Param("r", 1.0)) - box(0.2)).instances(rng.uniform(-3, 3, (200, 3)))
+    save_tape(flatten(scene), tmp_path / "s.tape")
+    save_tape(flatten(scene, cull=False), tmp_path / "plain.tape")
+    tape, plain = load_file(tmp_path / "s.tape"), load_file(tmp_path / "plain.tape")
+    prm = tape.instrs["param"][tape.instrs["op"] == Op.INSTANCES][0]
+    assert tape.refit is None and tape.params[prm + 12] > 0
+    assert tape.set_param("r", 0.4) is True          # (more than the slots changed: upload them)
+    assert tape.params[prm + 12] < 0
+    plain.set_param("r", 0.4)
+    pts = rng.uniform(-4, 4, (20_000, 3)).astype(np.float32)
+    d, m = walker_cpu.evaluate(tape, pts)
+    d0, m0 = walker_cpu.evaluate(plain, pts)
+    np.testing.assert_allclose(d, d0, rtol=0, atol=2e-6)
+    assert np.array_equal(m, m0)
