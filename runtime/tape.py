@@ -299,6 +299,7 @@ class ValidatedTapes:
 
 VALIDATED = ValidatedTapes()
 
+
 def _enclosing_loops(cols: list) -> list[int]:
     """For each record, the REPEAT_* / INSTANCES whose body holds it (its REPEAT_END included)."""
     out, open_ = [], []
@@ -344,7 +345,8 @@ def _check_instances(tape: Tape, first: int, count: int, param: int, i: int, src
     inst = tape.instances
     if not (np.all(np.isfinite(inst["q"])) and np.all(np.isfinite(inst["t"])) and np.all(inst["s"] > 0)):
         raise TapeError("an instance transform is not finite or has scale <= 0", i, src)
-    head = tape.params[param:param + 20].astype(np.float64)
+    fixed = OPS[Op.INSTANCES].n_params             # (the words before the grid's representatives)
+    head = tape.params[param:param + fixed].astype(np.float64)
     if not np.all(np.isfinite(head)) or np.any(head[:3] > head[3:6]):
         raise TapeError("INSTANCES' child box or capsule is not finite, or its box is inverted", i, src)
     if head[12] < 0:
@@ -354,9 +356,9 @@ def _check_instances(tape: Tape, first: int, count: int, param: int, i: int, src
         raise TapeError(f"INSTANCES' grid has cell edge {head[16]} and counts {dims.tolist()}: need an edge > 0 "
                         "and whole counts >= 1", i, src)
     cells = int(dims.prod())
-    if param + 20 + cells > len(tape.params):
+    if param + fixed + cells > len(tape.params):
         raise TapeError(f"INSTANCES' grid of {cells} cells reads parameters past the pool's {len(tape.params)}", i, src)
-    reps = tape.params[param + 20:param + 20 + cells]
+    reps = tape.params[param + fixed:param + fixed + cells]
     listed = np.zeros(len(tape.instances) + 1, bool)      # (the last entry: anything else)
     listed[nodes["instance"][leaf]] = True
     whole = (reps >= 0) & (reps < len(tape.instances)) & (reps == np.floor(reps))

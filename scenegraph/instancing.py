@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, TaperayError, quat_matrices
+from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, OPS, Op, TaperayError, quat_matrices
 
 __all__ = ["placements", "instance_boxes", "build_bvh", "inner_capsule", "instance_params", "quat_matrices"]
 
@@ -100,9 +100,7 @@ def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -
     return _binary_bvh(boxes, np.arange(len(boxes)) + first_instance, first_node)
 
 
-# INSTANCES' parameters (opcodes.py): the child's box, its inner capsule, the representatives' grid
-INSTANCE_PARAMS = 20        # fixed words before the grid's representatives
-REP_CELLS_MAX = 1 << 18     # (a float each in the tape's params)
+REP_CELLS_MAX = 1 << 18     # representatives' grid cells at most (a float each in the tape's params)
 
 
 def inner_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
@@ -140,7 +138,7 @@ def proven_inner_ball(n, samples: int = 12) -> tuple[np.ndarray, np.ndarray, flo
                 break
             h = -float(hi[i]) / np.sqrt(3.0)
             for _ in range(4):
-                lo_b, hi_b, _ = interval_eval(low, pts[i] - h, pts[i] + h, fields=True)
+                _, hi_b, _ = interval_eval(low, pts[i] - h, pts[i] + h, fields=True)
                 if hi_b[0] < 0:
                     break
                 h /= 2
@@ -190,7 +188,7 @@ def instance_params(child_box: np.ndarray, capsule, inst: np.ndarray, first_inst
     per occupied cell, then spread to empty cells by neighbour filling). Any instance of the list
     gives a valid bound anywhere; a near one gives a tight one. About two instances a cell, at
     most REP_CELLS_MAX cells. No Python loop per instance."""
-    head = np.zeros(INSTANCE_PARAMS)
+    head = np.zeros(OPS[Op.INSTANCES].n_params)   # (opcodes.py: the fixed words before the grid)
     head[:6] = np.asarray(child_box, np.float64).ravel()
     if capsule is None:
         head[12] = -1.0

@@ -13,6 +13,16 @@
 var<private> iters: u32;
 var<private> overflow: bool;
 
+// one more iteration of a loop bounded by U.iter_cap: false (overflow set) once the cap is spent
+fn take_iteration() -> bool {
+    if (iters >= U.iter_cap) {
+        overflow = true;
+        return false;
+    }
+    iters += 1u;
+    return true;
+}
+
 var<private> reg: array<f32, REG_CAP>;
 var<private> regm: array<u32, REG_CAP>;
 // Whether run_tape tracks material ids: a pipeline constant, off for the kernels that need
@@ -638,11 +648,9 @@ fn run_tape(pin: vec3<f32>) -> Eval {
         if (mode == STEP_RECORD && pc >= n_ins) {
             break;
         }
-        if (iters >= U.iter_cap) {
-            overflow = true;
+        if (!take_iteration()) {
             break;
         }
-        iters += 1u;
         let ins = instrs[pc];
         let op = ins.op;
         let prm = ins.param;

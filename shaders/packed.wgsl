@@ -42,11 +42,9 @@ fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval
         if (k >= end) {
             break;
         }
-        if (iters >= U.iter_cap) {
-            overflow = true;
+        if (!take_iteration()) {
             break;
         }
-        iters += 1u;
         let w0 = out_u[k];
         let w1 = out_u[k + 1u];
         let op = w0 & OP_MASK;

@@ -671,11 +671,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 if (k >= k1) {
                     break;
                 }
-                if (iters >= U.iter_cap) {
-                    overflow = true;
+                if (!take_iteration()) {
                     break;
                 }
-                iters += 1u;
                 let w = next;
                 next = wg_rec[min(base + k + 1u - k0, CHUNK - 1u)];
                 let op = w.x & OP_MASK;
@@ -760,11 +758,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 if (j <= k0) {
                     break;
                 }
-                if (iters >= U.iter_cap) {
-                    overflow = true;
+                if (!take_iteration()) {
                     break;
                 }
-                iters += 1u;
                 j -= 1u;
                 let w = next;
                 next = wg_rec[base + select(0u, j - k0 - 1u, j > k0)];
@@ -862,11 +858,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 if (wj >= w_end || overflow) {
                     break;
                 }
-                if (iters >= U.iter_cap) {
-                    overflow = true;
+                if (!take_iteration()) {
                     break;
                 }
-                iters += 1u;
                 let full = next;
                 next = out_u[scratch + min(wj + 1u, max(w_end, 1u) - 1u)];
                 var m = full & select(0x44444444u, 0xccccccccu, FOLD_CONSTANTS);   // EMITTED (or FOLDED) nibbles
@@ -874,11 +868,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     if (m == 0u) {
                         break;
                     }
-                    if (iters >= U.iter_cap) {
-                        overflow = true;
+                    if (!take_iteration()) {
                         break;
                     }
-                    iters += 1u;
                     let sh = firstTrailingBit(m) & ~3u;
                     m &= ~(0xfu << sh);
                     let nib = (full >> sh) & 0xfu;
@@ -978,11 +970,9 @@ fn renumber_registers(first: u32, len: u32) -> u32 {
         if (j == 0u) {
             break;
         }
-        if (iters >= U.iter_cap) {
-            overflow = true;
+        if (!take_iteration()) {
             break;
         }
-        iters += 1u;
         j -= 1u;
         let at = first + 2u * j;
         let w0 = out_u[at];

@@ -139,14 +139,16 @@ def _lits(values) -> str:
     return ", ".join(_lit(v) for v in np.atleast_1d(values))
 
 
-def _box_distance(lo, hi) -> str:
-    """The signed distance * scale from ``p`` to the box [lo, hi], centre and half extents folded
-    in float32 exactly as the interpreter forms them ((lo + hi) * 0.5, (hi - lo) * 0.5)."""
+def _box_distance(lo, hi, point: str = "p") -> str:
+    """The signed distance * scale from ``point`` (a vec4: position, scale) to the box [lo, hi],
+    centre and half extents folded in float32 exactly as the interpreter forms them
+    ((lo + hi) * 0.5, (hi - lo) * 0.5)."""
     lo, hi = np.asarray(lo, np.float32), np.asarray(hi, np.float32)
     c = (lo + hi) * np.float32(0.5)
     h = (hi - lo) * np.float32(0.5)
-    return (f"sd_box(p.x - {_lit(c[0])}, p.y - {_lit(c[1])}, p.z - {_lit(c[2])}, "
-            f"{_lit(h[0])}, {_lit(h[1])}, {_lit(h[2])}) * p.w")
+    q = point
+    return (f"sd_box({q}.x - {_lit(c[0])}, {q}.y - {_lit(c[1])}, {q}.z - {_lit(c[2])}, "
+            f"{_lit(h[0])}, {_lit(h[1])}, {_lit(h[2])}) * {q}.w")
 
 
 class _Writer:
@@ -342,7 +344,7 @@ class _Writer:
         self.emit(f"var {acc} = inf();")
         self.emit(f"var {mat} = 0u;")
         self.emit(f"let {reach} = instances_reach({off}u, p);")
-        child_box = _box_distance(self.tape.params[off:off + 3], self.tape.params[off + 3:off + 6]).replace("p.", "lp.")
+        child_box = _box_distance(self.tape.params[off:off + 3], self.tape.params[off + 3:off + 6], "lp")
         nodes = self.tape.bvh
         place = self.tape.instances
 
