@@ -55,6 +55,7 @@ COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, p
 N_BINDINGS = 11
 CELLS_KEEPING = ("march_cells", "light_cells", "surface", "surface_cells", "shade", "resolve",  # passes that
                  "cells_image")                                        # leave the pruned cells in out_u alone
+WORKGROUP_PER_ITEM = ("prune_wave", "prune_wave_cells")   # kernels dispatched a workgroup per item (tile)
 RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
                                                                  # dispatched until done
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
@@ -84,6 +85,8 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "resolve": ("kernels_render.wgsl", False),
     "prune_tiles": ("prune.wgsl", True),
     "prune_cells": ("prune.wgsl", True),
+    "prune_wave": ("prune.wgsl", True),
+    "prune_wave_cells": ("prune.wgsl", True),
     "pruned_image": ("prune.wgsl", True),
     "cells_image": ("prune.wgsl", True),
     "pruned_points": ("prune.wgsl", True),
@@ -93,15 +96,15 @@ KERNELS: dict[str, tuple[str, bool]] = {
 # _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
 # tape's pruned cell tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_eval, with
 # material ids in surface_cells); prune_cells is prune_tiles folding constant operands into the
-# cells' tapes (prune.wgsl FOLD_CONSTANTS)
+# cells' tapes (prune.wgsl FOLD_CONSTANTS), prune_wave_cells prune_wave's level 0 of them
 KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
     "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
     "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "surface_cells": {"FIELD_CELLS": True},
-    "prune_cells": {"FOLD_CONSTANTS": True}}
+    "prune_cells": {"FOLD_CONSTANTS": True}, "prune_wave_cells": {"FOLD_CONSTANTS": True}}
 KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> entry point, where they differ
-                "surface_cells": "surface", "prune_cells": "prune_tiles"}
+                "surface_cells": "surface", "prune_cells": "prune_tiles", "prune_wave_cells": "prune_wave"}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
@@ -430,23 +433,23 @@ class _Buffer:
         return True
 
     def sync(self, data: np.ndarray):
-        """Make the buffer hold ``data`` (bytes), writing only the span that differs."""
+        """Make the buffer hold ``data`` (bytes) from its start, writing only the span that differs
+        (the bytes after it are left as they are)."""
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         self.ensure(max(raw.size, 4))
         n = raw.size
         if n == 0:
             return
         old = self.mirror
-        if old.size >= n:
-            diff = np.flatnonzero(old[:n] != raw)
-            if diff.size == 0:
-                self.mirror = raw.copy() if old.size != n else old
-                return
-            lo, hi = int(diff[0]) & ~3, min(n, (int(diff[-1]) + 4) & ~3)
-        else:
-            lo, hi = 0, n
+        m = min(old.size, n)
+        diff = np.flatnonzero(old[:m] != raw[:m])
+        if diff.size == 0 and n <= old.size:
+            return
+        lo = int(diff[0]) & ~3 if diff.size else m & ~3
+        hi = n if n > old.size else min(n, (int(diff[-1]) + 4) & ~3)
         self.write(lo, raw[lo:hi])
-        self.mirror = raw.copy()
+        # (what the buffer holds: beyond ``data``, a longer content's rest)
+        self.mirror = np.concatenate([raw, old[n:]])
 
     def write(self, offset: int, raw: np.ndarray):
         raw = np.ascontiguousarray(raw).view(np.uint8)
@@ -474,6 +477,7 @@ class GpuWalker(PrunedPasses):
         self._ctx = _get_context(progress)
         self._validated = VALIDATED
         self.resumed_dispatches = 0
+        self.level0_steps = True              # prune_wave for level 0 where a tape has a schedule
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
 
@@ -646,7 +650,7 @@ class GpuWalker(PrunedPasses):
                 if level is not None:
                     enc.copy_buffer_to_buffer(self._points.buffer, 4 * level, self._uniform.buffer,
                                               UNIFORM_LEVEL_BYTE, 4)
-                groups = max(1, -(-n // WG))
+                groups = max(1, n if kernel in WORKGROUP_PER_ITEM else -(-n // WG))
                 gx = min(groups, MAX_GROUPS_X)
                 cp = enc.begin_compute_pass()
                 cp.set_pipeline(self._ctx.kernels.pipeline(kernel, pass_variant or variant))

@@ -22,9 +22,9 @@ import functools
 import numpy as np
 
 from .gpu_guard import _guarded
-from .opcodes import Op
+from .opcodes import WAVE_RECORDS, WAVE_SLOTS, Op
 from .shading import RenderSettings
-from .tape import CellsTooLarge, Tape, TaperayError, point_array
+from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, point_array
 
 # Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
 # MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile (packed.wgsl
@@ -289,6 +289,160 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
     return counts
 
 
+
+# ---- level 0 in dependency steps (prune.wgsl prune_wave) -------------------------------------
+def _wave_plan(code, max_slots, width):
+    """The dependency-step schedule of an arithmetic tape's records ((n, 5) op dst a b c, scene
+    fields as their arithmetic ops): (rows (m, 8) uint32 as prune_wave reads them after the tape,
+    slots used), or (empty rows, slots) when more than ``max_slots`` values are alive at once.
+    Each record's operands are the records that last wrote their registers before it; only the
+    records the result depends on are scheduled; a non-leaf record runs at the latest step before
+    its readers' with fewer than ``width`` records (which keeps few values alive), sorted by op
+    within a step (fewer divergent branches), and its value takes the lowest free slot, freed
+    after the last step that reads it (the result's: never)."""
+    n = code.shape[0]
+    none = np.uint32(0xFFFFFFFF)
+    n_reads = np.zeros(n, np.int64)
+    prod = np.full((n, 3), -1, np.int64)
+    writer = np.full(256, -1, np.int64)
+    for k in range(n):
+        op = code[k, 0]
+        r = _n_reads(op)
+        n_reads[k] = r
+        for j in range(r):
+            prod[k, j] = writer[code[k, 2 + j] & 0xFF]
+        writer[code[k, 1]] = k
+    root = writer[0]
+    alive = np.zeros(n, np.bool_)
+    if root >= 0:
+        alive[root] = True
+    for k in range(n - 1, -1, -1):
+        if alive[k]:
+            for j in range(n_reads[k]):
+                if prod[k, j] >= 0:
+                    alive[prod[k, j]] = True
+    # steps counted back from the last (back), each record in reverse order at the latest one
+    # before its readers' that has room for it (width: at most ``width`` records a step)
+    back = np.zeros(n, np.int64)
+    need = np.zeros(n, np.int64)           # 1 + the latest reader's back step
+    room = np.full(n + 1, width, np.int64)
+    nxt = np.arange(n + 1)                 # of a full step: one further back, where room may be
+    last = 0
+    for k in range(n - 1, -1, -1):
+        if alive[k] and n_reads[k] > 0:
+            b = need[k]
+            r = b
+            while room[r] == 0:
+                r = nxt[r]
+            while b != r:                  # (the full steps passed now lead to r)
+                b, nxt[b] = nxt[b], r
+            room[r] -= 1
+            if room[r] == 0:
+                nxt[r] = r + 1
+            back[k] = r
+            last = max(last, r)
+            b = r
+            for j in range(n_reads[k]):
+                p = prod[k, j]
+                if p >= 0:
+                    need[p] = max(need[p], b + 1)
+    step = last - back
+    end = step.copy()
+    for k in range(n):
+        if alive[k] and n_reads[k] > 0:
+            for j in range(n_reads[k]):
+                p = prod[k, j]
+                if p >= 0 and n_reads[p] > 0:
+                    end[p] = max(end[p], step[k])
+    if root >= 0:
+        end[root] = last + 1
+    inner = np.array([k for k in range(n) if alive[k] and n_reads[k] > 0], np.int64)
+    leaves = np.array([k for k in range(n) if alive[k] and n_reads[k] == 0], np.int64)
+    n_steps = last + 1 if inner.size else 0
+    order = inner[np.argsort(step[inner] * 64 + code[inner, 0], kind="mergesort")]
+    # slots: a value read last at step e is free from step e + 1
+    slot = np.full(n, -1, np.int64)
+    free = np.zeros(inner.size + 1, np.int64)
+    n_free = 0
+    used = 0
+    by_end = inner[np.argsort(end[inner], kind="mergesort")]
+    fi = 0
+    for k in order:
+        while fi < by_end.size and end[by_end[fi]] < step[k]:
+            free[n_free] = slot[by_end[fi]]
+            n_free += 1
+            fi += 1
+        if n_free:
+            n_free -= 1
+            slot[k] = free[n_free]
+        else:
+            slot[k] = used
+            used += 1
+    if used > max_slots:
+        return np.zeros((0, 8), np.uint32), used
+    rows = np.zeros((1 + leaves.size + order.size + n_steps, 8), np.uint32)
+    desc = np.full(n + 1, none, np.uint32)      # desc[-1]: no producer
+    for k in leaves:
+        desc[k] = np.uint32(k) | np.uint32(1 << 31)
+    for k in order:
+        desc[k] = np.uint32(slot[k])
+    rows[0, 0] = leaves.size
+    rows[0, 1] = leaves.size + order.size
+    rows[0, 2] = n_steps
+    rows[0, 3] = desc[root]
+    rows[0, 4] = used
+    for i in range(leaves.size):
+        rows[1 + i, 0] = leaves[i]
+        rows[1 + i, 1:5] = none
+    at = 1 + leaves.size
+    s_row = at + order.size
+    for i in range(order.size):
+        k = order[i]
+        rows[at + i, 0] = k
+        rows[at + i, 1] = slot[k]
+        for j in range(3):
+            rows[at + i, 2 + j] = desc[prod[k, j]] if j < n_reads[k] else none
+        s = step[k]
+        if i == 0 or step[order[i - 1]] != s:
+            rows[s_row + s, 0] = i
+        rows[s_row + s, 1] = i + 1
+    return rows, used
+
+
+_n_reads = None      # pruning._n_reads through Numba, set with _wave_jit
+_wave_jit = None
+_WAVES: dict[int, np.ndarray | None] = {}
+WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells"}
+
+
+def wave_schedule(tape: Tape) -> np.ndarray | None:
+    """The instrs buffer of a tape pruned by prune_wave at level 0: its records, then the rows
+    of their dependency-step schedule (INSTR_DTYPE; ``_wave_plan``); None when level 0 is pruned
+    by prune_tiles' serial walks instead: a tape of non-arithmetic ops, longer than WAVE_RECORDS
+    or keeping more than WAVE_SLOTS values alive at once. Kept per tape content."""
+    global _wave_jit, _n_reads
+    key = hash(tape.instrs.tobytes())
+    if key not in _WAVES:
+        from .pruning import FIELD_OPS, _n_reads as n_reads, is_arithmetic
+        rows = None
+        if 0 < len(tape.instrs) <= WAVE_RECORDS and is_arithmetic(tape, fields=True):
+            if _wave_jit is None:
+                from numba import njit
+                _n_reads = njit(n_reads)
+                _wave_jit = njit(cache=True)(_wave_plan)
+            ins = tape.instrs
+            code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int64)
+            for field_op, op in FIELD_OPS.items():
+                code[code[:, 0] == field_op, 0] = op
+            plan, _ = _wave_jit(code, WAVE_SLOTS, 64)   # (a step a round of the workgroup's invocations)
+            if len(plan):
+                rows = np.concatenate([ins, plan.view(INSTR_DTYPE).reshape(-1)])
+        if len(_WAVES) > 64:
+            _WAVES.clear()
+        _WAVES[key] = rows
+    return _WAVES[key]
+
+
 class PrunedPasses:
     """The pruned passes of ``GpuWalker``. Holds no state of its own; needs from the class that
     uses it (runtime/gpu.py GpuWalker):
@@ -302,6 +456,18 @@ class PrunedPasses:
       first, ``_encode``);
     - ``_ensure_context`` and ``_lost``, which ``_guarded`` calls.
     """
+
+    def _tile_passes(self, tape: Tape, kernel: str, counts: list[int]) -> list[tuple]:
+        """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells) over
+        tile levels of ``counts`` tiles; level 0 by its prune_wave pipeline, a workgroup a tile,
+        when ``level0_steps`` is on and ``tape`` has a schedule (wave_schedule, then written
+        after the records in the instrs buffer)."""
+        passes = [(kernel, c, level) for level, c in enumerate(counts)]
+        rows = wave_schedule(tape) if self.level0_steps else None
+        if rows is not None:
+            self._tape_bufs["instrs"].sync(rows)
+            passes[0] = (WAVE_KERNELS[kernel], counts[0], 0)
+        return passes
 
     def _pruned_setup(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool):
         """(variant, passes, uniforms, arena words) of a pruned image: prune_tiles once per tile
@@ -333,7 +499,7 @@ class PrunedPasses:
         u[23] = header + arena              # U.camera[1].w: the sign image's bits, after the arena
         self._points.sync(np.arange(MAX_TILE_LEVELS, dtype=np.float32))   # the levels the passes copy
         blocks = -(-width // 8) * -(-height // 8)
-        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)] + [("pruned_image", 64 * blocks)]
+        passes = self._tile_passes(tape, "prune_tiles", counts) + [("pruned_image", 64 * blocks)]
         return variant, passes, u, arena
 
     def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tiles,
@@ -520,7 +686,7 @@ class PrunedPasses:
         u = self._uniforms(tape, n, extra=(0.0, len(counts), 2.0, 0), camera=camera)
         u[20] = arena                       # U.camera[1].x: the arena's size in words
         u[21] = first                       # U.camera[1].y: the points' first word
-        passes = [("prune_tiles", c, level) for level, c in enumerate(counts)] + [("pruned_points", n)]
+        passes = self._tile_passes(tape, "prune_tiles", counts) + [("pruned_points", n)]
         return variant, passes, u, arena, header
 
     def _pruned_points(self, tape: Tape, pts: np.ndarray, cells, levels: int) -> np.ndarray:
@@ -670,7 +836,7 @@ class PrunedPasses:
         camera[:levels] = counts
         u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
         u[22] = base                        # U.camera[1].z: the headers' first word
-        passes = [("prune_cells", c, level) for level, c in enumerate(counts)]
+        passes = self._tile_passes(tape, "prune_cells", counts)
         while True:
             guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
             arena = min(self._cell_arena_words or guess, limit - base - header - tail)

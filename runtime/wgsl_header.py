@@ -1,7 +1,7 @@
 """The generated WGSL header: opcode constants, record structs and capacities, from the tape format.
 
 Owns ``shaders/generated_tape.wgsl`` (``const OP_<NAME>: u32``, one WGSL struct per record dtype,
-``STACK_CAP`` / ``LOOP_CAP`` / ``MAX_POLY_VERTS``, ``INSTANCE_REACH_*``), ``shaders/generated_render.wgsl`` (offsets
+``STACK_CAP`` / ``LOOP_CAP`` / ``MAX_POLY_VERTS``, ``INSTANCE_REACH_*``, ``WAVE_*``), ``shaders/generated_render.wgsl`` (offsets
 ``SET_<FIELD>`` of the packed render settings, ``VIEW_<NAME>``, ``SHADOW_<MODE>``, the camera and
 settings sizes in vec4s) and the register-capacity variant files ``shaders/generated_regcap_<N>.wgsl``
 (one per ``REG_CAPS`` entry, each ``const REG_CAP``). The files are generated from
@@ -22,7 +22,8 @@ import numpy as np
 
 from . import tape as _tape
 from .camera import CAMERA_PACK_LEN
-from .opcodes import INSTANCE_REACH, LOOP_CAP, MAX_POLY_VERTS, REG_CAPS, STACK_CAP, Op
+from .opcodes import (INSTANCE_REACH, LOOP_CAP, MAX_POLY_VERTS, REG_CAPS, STACK_CAP, WAVE_LEAF, WAVE_NONE,
+                      WAVE_RECORDS, WAVE_SLOTS, Op)
 
 SHADER_DIR = Path(__file__).resolve().parent.parent / "shaders"
 HEADER_NAME = "generated_tape.wgsl"
@@ -89,6 +90,10 @@ def generate_header() -> str:
             f"const MAX_REG_CAP: u32 = {max(REG_CAPS)}u;",
             f"const INSTANCE_REACH_REL: f32 = {INSTANCE_REACH[0]!r};",
             f"const INSTANCE_REACH_POS: f32 = {INSTANCE_REACH[1]!r};",
+            f"const WAVE_RECORDS: u32 = {WAVE_RECORDS}u;",
+            f"const WAVE_SLOTS: u32 = {WAVE_SLOTS}u;",
+            f"const WAVE_LEAF: u32 = {WAVE_LEAF:#x}u;",
+            f"const WAVE_NONE: u32 = {WAVE_NONE:#x}u;",
             ""]
     for name, dtype in RECORD_STRUCTS.items():
         out += [f"// {dtype.itemsize} bytes, mirrors numpy {dtype.descr}", wgsl_struct(name, dtype), ""]

@@ -78,6 +78,10 @@ const MAX_POLY_VERTS: u32 = 1024u;
 const MAX_REG_CAP: u32 = 256u;
 const INSTANCE_REACH_REL: f32 = 0.000244140625;
 const INSTANCE_REACH_POS: f32 = 6.103515625e-05;
+const WAVE_RECORDS: u32 = 8192u;
+const WAVE_SLOTS: u32 = 512u;
+const WAVE_LEAF: u32 = 0x80000000u;
+const WAVE_NONE: u32 = 0xffffffffu;
 
 // 32 bytes, mirrors numpy [('op', '<u4'), ('dst', '<u4'), ('a', '<u4'), ('b', '<u4'), ('c', '<u4'), ('param', '<u4'), ('aux', '<u4'), ('jump', '<u4')]
 struct Instr {

@@ -924,6 +924,290 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
 }
 
+// ---- prune_wave: level 0 in dependency steps --------------------------------------------------
+// prune_tiles' walks at level 0 are one invocation's serial walks over the whole tape: about 4 ms
+// for prospero's 7,591 records on the H200, on the latency of one record after another. Level 0's
+// source tape is the same for every tile, so the host (gpu_pruning.wave_schedule) orders its live
+// records into dependency steps (each record as late as its readers allow: prospero's 676 steps
+// hold at most 23 records each and keep at most 160 values alive) and gives every value a slot of
+// workgroup memory. One workgroup prunes one tile: its invocations run the records of a step side
+// by side, step after step. The results are prune_tiles' (the same intervals, choices, folds,
+// liveness and records, in the full tape's order), bit for bit.
+// The schedule follows the tape's records in `instrs` (from row U.n_instrs): a row (leaf entries
+// L, entries E, steps S, the result's operand descriptor, slots); E entries (op = the record,
+// dst = its value's slot, a / b / c = its operands' descriptors: a slot, WAVE_LEAF | the record
+// of a VAR / CONST / INSTANCE_INDEX, or WAVE_NONE), the L leaves first, the others step by step;
+// then S rows (op, dst) = the step's first and end entry after the leaves. Records that do not
+// reach the result are in no entry (no pruned tape holds them).
+var<workgroup> wv_val: array<vec2<f32>, WAVE_SLOTS>;           // each slot's interval
+var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;      // backward: the slot's value is read
+var<workgroup> wv_nib: array<atomic<u32>, WAVE_RECORDS / 8u>;  // prune_tiles' scratch nibbles
+var<workgroup> wv_pre: array<u32, WAVE_RECORDS / 8u>;          // emitted records before each word
+var<workgroup> wv_part: array<u32, WG>;                        // the scan of emitted records
+var<workgroup> wv_cls: u32;
+var<workgroup> wv_total: u32;
+var<workgroup> wv_tape: u32;
+
+// the interval a descriptor names over the tile's box
+fn wave_value(d: u32, lo: vec3<f32>, hi: vec3<f32>) -> vec2<f32> {
+    if (d == WAVE_NONE) {
+        return vec2<f32>(0.0);     // (a register no record wrote: prune_tiles' zeroed one)
+    }
+    if (d < WAVE_LEAF) {
+        return wv_val[d];
+    }
+    let w = pack_record(instrs[d & ~WAVE_LEAF]);
+    let op = w.x & OP_MASK;
+    if (op <= OP_VAR_Z) {
+        var blo = lo;
+        var bhi = hi;
+        return vec2<f32>(blo[op], bhi[op]);
+    }
+    if (op == OP_CONST) {
+        return vec2<f32>(bitcast<f32>(w.y));
+    }
+    return vec2<f32>(0.0);         // INSTANCE_INDEX
+}
+
+// whether a descriptor names a CONST (prune_tiles' `konst`: the register's last write)
+fn wave_konst(d: u32) -> bool {
+    return d != WAVE_NONE && d >= WAVE_LEAF && instrs[d & ~WAVE_LEAF].op == OP_CONST;
+}
+
+fn wave_set(k: u32, bits: u32) {
+    atomicOr(&wv_nib[k / 8u], bits << (4u * (k & 7u)));
+}
+
+// backward: the value a descriptor names is read by an emitted record
+fn wave_read(d: u32) {
+    if (d == WAVE_NONE) {
+        return;
+    }
+    if (d < WAVE_LEAF) {
+        atomicOr(&wv_demand[d], 1u);
+    } else {
+        wave_set(d & ~WAVE_LEAF, EMITTED);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = wid.y * nwg.x + wid.x;
+    let l = u32(U.extra.w);
+    if (t >= level_tiles(l)) {
+        return;
+    }
+    let hdr = level_header(l) + HEADER_WORDS * t;
+    let ext = tile_extent(l, t);
+    if (!ext.ok) {
+        if (lid == 0u) {
+            out_u[hdr] = 0u;
+            out_u[hdr + 1u] = 0u;
+            out_u[hdr + 2u] = TILE_EMPTY;
+            out_u[hdr + 3u] = REG_CAP;
+        }
+        return;
+    }
+    let base = U.n_instrs;
+    let head = instrs[base];
+    let n_leaves = head.op;
+    let n_entries = head.dst;
+    let n_steps = head.a;
+    let first = base + 1u;                  // the entries
+    let steps = first + n_entries;          // the steps' rows
+    let n_words = (U.n_instrs + 7u) / 8u;
+    for (var i = lid; i < WAVE_SLOTS; i += WG) {
+        atomicStore(&wv_demand[i], 0u);
+    }
+    for (var i = lid; i < n_words; i += WG) {
+        atomicStore(&wv_nib[i], 0u);
+    }
+    workgroupBarrier();
+
+    // the interval pass, a step at a time
+    for (var s = 0u; s < n_steps; s++) {
+        let span = instrs[steps + s];
+        for (var i = span.op + lid; i < span.dst; i += WG) {
+            let e = instrs[first + n_leaves + i];
+            let k = e.op;
+            let w = pack_record(instrs[k]);
+            let op = w.x & OP_MASK;
+            var v = Iv(0.0, 0.0, CH_BOTH);
+            var fold = 0u;
+            let ia = wave_value(e.a, ext.lo, ext.hi);
+            if (op <= OP_NOT) {
+                v = iv_unary(op, ia.x, ia.y);
+            } else {
+                let imm = vec2<f32>(bitcast<f32>(w.y));
+                let a = select(ia, imm, FOLD_CONSTANTS && (w.x & IMM_A) != 0u);
+                let b = select(wave_value(e.b, ext.lo, ext.hi), imm, FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
+                let c = wave_value(select(WAVE_NONE, e.c, op == OP_MIX), ext.lo, ext.hi);
+                v = iv_binary(op, a.x, a.y, b.x, b.y, c.x, c.y);
+                if (FOLD_CONSTANTS && foldable(op) && (w.x & (IMM_A | IMM_B)) == 0u) {
+                    if (wave_konst(e.b)) {
+                        fold = FOLDED;
+                    } else if (wave_konst(e.a)) {
+                        fold = FOLDED | FOLD_A;
+                    }
+                }
+            }
+            wv_val[e.dst] = vec2<f32>(v.lo, v.hi);
+            wave_set(k, v.ch | fold);
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        let r = wave_value(head.b, ext.lo, ext.hi);
+        var cls = TILE_AMBIGUOUS;
+        if (r.y < 0.0) {
+            cls = TILE_INSIDE;
+        } else if (r.x >= 0.0) {
+            cls = TILE_OUTSIDE;
+        }
+        wv_cls = cls;
+        wave_read(head.b);
+    }
+    let cls = workgroupUniformLoad(&wv_cls);
+    if (cls != TILE_AMBIGUOUS && sign_mode()) {
+        if (lid == 0u) {
+            out_u[hdr] = 0u;
+            out_u[hdr + 1u] = 0u;
+            out_u[hdr + 2u] = cls;
+            out_u[hdr + 3u] = REG_CAP;
+        }
+        return;
+    }
+
+    // backward liveness (prune_tiles' rules), a step at a time from the last: a slot's reads are
+    // taken (and cleared for the value it held before) by the record that wrote it
+    for (var sb = 0u; sb < n_steps; sb++) {
+        let span = instrs[steps + n_steps - 1u - sb];
+        for (var i = span.op + lid; i < span.dst; i += WG) {
+            let e = instrs[first + n_leaves + i];
+            if (atomicExchange(&wv_demand[e.dst], 0u) == 0u) {
+                continue;
+            }
+            let k = e.op;
+            let w = pack_record(instrs[k]);
+            let nib = (atomicLoad(&wv_nib[k / 8u]) >> (4u * (k & 7u))) & 0xfu;
+            let ch = nib & 3u;
+            let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
+            if (ch != CH_BOTH && !folded) {
+                wave_read(select(e.b, e.a, ch == CH_A));
+                if (chosen(w.x, ch) != ((w.x >> 8u) & 0xffu)) {
+                    wave_set(k, EMITTED);
+                }
+                continue;
+            }
+            wave_set(k, EMITTED);
+            let nr = n_reads(w.x & OP_MASK);
+            let fold_a = folded && (nib & FOLD_A) != 0u;
+            let fold_b = folded && (nib & FOLD_A) == 0u;
+            if (fold_a) {
+                wave_set(e.a & ~WAVE_LEAF, FOLDED);
+            } else if (fold_b) {
+                wave_set(e.b & ~WAVE_LEAF, FOLDED);
+            }
+            if (nr >= 1u && !fold_a && !(FOLD_CONSTANTS && (w.x & IMM_A) != 0u)) {
+                wave_read(e.a);
+            }
+            if (nr >= 2u && !fold_b && !(FOLD_CONSTANTS && (w.x & IMM_B) != 0u)) {
+                wave_read(e.b);
+            }
+            if (nr == 3u) {
+                wave_read(e.c);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // each emitted record's place: the emitted records before its nibble word, and before it there
+    let per = (n_words + WG - 1u) / WG;
+    let w0 = min(lid * per, n_words);
+    let w1 = min(w0 + per, n_words);
+    var run = 0u;
+    for (var j = w0; j < w1; j++) {
+        run += countOneBits(atomicLoad(&wv_nib[j]) & 0x44444444u);
+    }
+    wv_part[lid] = run;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = 0u;
+        for (var j = 0u; j < WG; j++) {
+            let c = wv_part[j];
+            wv_part[j] = total;
+            total += c;
+        }
+        wv_total = total;
+        wv_tape = alloc(2u * total);
+    }
+    workgroupBarrier();
+    run = wv_part[lid];
+    for (var j = w0; j < w1; j++) {
+        wv_pre[j] = run;
+        run += countOneBits(atomicLoad(&wv_nib[j]) & 0x44444444u);
+    }
+    let tape = workgroupUniformLoad(&wv_tape);
+    let n_out = workgroupUniformLoad(&wv_total);
+    if (tape == NO_ROOM) {
+        if (lid == 0u) {
+            out_u[hdr] = 0u;
+            out_u[hdr + 1u] = 0u;
+            out_u[hdr + 2u] = TILE_FAILED;
+            out_u[hdr + 3u] = REG_CAP;
+        }
+        return;
+    }
+
+    // the emitted records (prune_tiles' writing pass): a decided choice as a COPY of its chosen
+    // operand, a folded operand as the immediate of its CONST
+    for (var i = lid; i < n_entries; i += WG) {
+        let e = instrs[first + i];
+        let k = e.op;
+        let sh = 4u * (k & 7u);
+        let word = atomicLoad(&wv_nib[k / 8u]);
+        let nib = (word >> sh) & 0xfu;
+        if ((nib & EMITTED) == 0u) {
+            continue;
+        }
+        let at = tape + 2u * (wv_pre[k / 8u] + countOneBits(word & 0x44444444u & ((1u << sh) - 1u)));
+        var rec = pack_record(instrs[k]);
+        let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && i >= n_leaves;
+        if (folded && (nib & FOLD_A) != 0u) {
+            rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, pack_record(instrs[e.a & ~WAVE_LEAF]).y);
+        } else if (folded) {
+            rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, pack_record(instrs[e.b & ~WAVE_LEAF]).y);
+        }
+        let ch = nib & 3u;
+        if (ch != CH_BOTH && !folded) {
+            rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
+        }
+        out_u[at] = rec.x;
+        out_u[at + 1u] = rec.y;
+    }
+    storageBarrier();
+
+    // the finest level's tape renumbered (as prune_tiles) by invocation 0, and the header
+    if (lid == 0u) {
+        var h = vec3<u32>(tape, n_out, cls);
+        var regs = REG_CAP;
+        if (l + 1u == n_levels()) {
+            regs = renumber_registers(tape, n_out);
+            atomicMax(&counters[COUNT_REGS], regs);
+        }
+        if (overflow) {
+            note_overflow();
+            h = vec3<u32>(0u, 0u, cls);
+            regs = 0u;
+        }
+        out_u[hdr] = h.x;
+        out_u[hdr + 1u] = h.y;
+        out_u[hdr + 2u] = h.z;
+        out_u[hdr + 3u] = regs;
+    }
+}
+
 // ---- register renumbering: a pruned tape keeps few of its full tape's values alive at once, and a
 // pixel pass whose pipeline holds fewer registers (a smaller REG_CAP variant) is faster: its
 // register array is zero-initialised at the start of every invocation (WGSL's private variables)

@@ -25,10 +25,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, image_cell_box, level_tile_counts,
+                                          march_cells, tile_levels, wave_schedule)
+from taperay.runtime.opcodes import Op
 from taperay.runtime.pruning import sign_image as cpu_sign_image
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
 from taperay.scenegraph.vm import load_vm
-from test_pruning import random_tape
+from test_pruning import random_tape, tape_of
 
 pytestmark = pytest.mark.gpu
 
@@ -597,3 +600,77 @@ def test_frames_keep_their_cells_until_something_else_runs(walker_gpu, no_new_ke
     assert frame(cams[0], tape=other) == 5
     for image, tape, cam, size in frames:
         np.testing.assert_array_equal(image, walker_gpu.render(tape, cam, *size, cells=None))
+
+
+# ---- level 0 in dependency steps (prune_wave): the serial walks' tapes, bit for bit
+def _pruned_tapes(walker, counts):
+    """Every tile's (class, length, registers, pruned tape words) from out_u word 0 (headers,
+    then the arena, as a pruned image or image cells leave them)."""
+    n_hdr = PRUNE_HEADER_WORDS * sum(counts)
+    hdr = walker._read(walker._out_u, np.uint32, n_hdr).reshape(-1, PRUNE_HEADER_WORDS).astype(np.int64)
+    taped = (hdr[:, 2] <= 2) & (hdr[:, 1] > 0)
+    words = walker._read(walker._out_u, np.uint32, int((hdr[taped, 0] + 2 * hdr[taped, 1]).max(initial=n_hdr)))
+    return [(int(c), int(n), int(r), words[at:at + 2 * n].tobytes() if ok else b"")
+            for (at, n, c, r), ok in zip(hdr, taped)]
+
+
+def _steps_and_serial(walker, run):
+    """``run()``'s pruned tapes with level 0 in dependency steps, then by the serial walks."""
+    out = []
+    for steps in (True, False):
+        walker.level0_steps = steps
+        walker._kept_cells = None
+        out.append(run())
+    walker.level0_steps = True
+    return out
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_new_kernels, case):
+    """prune_wave's level 0 (and so every level after it) equals prune_tiles' serial walks': the
+    same classes, lengths, registers and records, for prospero and random tapes over every op,
+    sign and field images, one to three levels, and image cells (folding constants)."""
+    tape = load_vm(DATA / "prospero.vm") if case < 4 else random_tape(case + 300)
+    assert wave_schedule(tape) is not None
+    rect = (-1.1, 0.9, -1.0, 1.05) if case < 4 else (-1.5, 1.4, -0.3, 1.6)
+    tiles = [(24,), (24, 6), (32, 8, 2), 12][case % 4]
+    sign = case % 2 == 1
+    if case % 3 == 2:   # image cells: prune_cells' level 0 folds constants (prune_wave_cells)
+        cells = ((2, 2), (3, 1), (4, 2))[case % 3 - 2 + case // 6]
+        lo, hi = image_cell_box(rect, 0.25)
+        counts = march_cells(lo, hi, *cells, flat=True)[0]
+        run = lambda: (walker_gpu._cells_image(tape, 40, 36, rect, 0.25, cells, sign),
+                       _pruned_tapes(walker_gpu, counts))[1]
+    else:
+        counts = level_tile_counts(tile_levels(tiles), 40, 36)
+        run = lambda: (walker_gpu._pruned_image(tape, 40, 36, rect, 0.25, tiles, sign),
+                       _pruned_tapes(walker_gpu, counts))[1]
+    steps, serial = _steps_and_serial(walker_gpu, run)
+    assert len(steps) == sum(counts)
+    assert steps == serial
+    assert sum(len(words) for *_, words in steps) > 0
+
+
+def test_tapes_the_steps_cannot_hold_are_pruned_by_the_serial_walks(walker_gpu, no_new_kernels):
+    """A tape keeping more than WAVE_SLOTS values alive at once has no schedule: level 0 is the
+    serial walks', the image exact. Here: 1,024 values of a chain v <- v + c, one step after
+    another, all read by a balanced tree of MINs that can only start after the chain's end."""
+    rows, consts = [(Op.VAR_X, 1, 0, 0, 0, 0)], []
+
+    def tree(n, reg):    # the MIN of the next n chain values into register reg (those above free)
+        if n == 1:
+            rows.append((Op.CONST, reg + 1, 0, 0, 0, len(consts)))
+            rows.append((Op.ADD, 1, 1, reg + 1, 0, 0))
+            rows.append((Op.COPY, reg, 1, 0, 0, 0))
+            consts.append(float(np.sin(len(consts))))
+            return
+        tree(n // 2, reg)
+        tree(n // 2, reg + 1)
+        rows.append((Op.MIN, reg, reg, reg + 1, 0, 0))
+
+    tree(1024, 2)
+    rows.append((Op.COPY, 0, 2, 0, 0, 0))
+    tape = tape_of(rows, consts, 16)
+    assert wave_schedule(tape) is None
+    full = walker_gpu.field_image(tape, 24, 24)
+    np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, 24, 24, tiles=(8,))), bits(full))
