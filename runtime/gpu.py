@@ -37,7 +37,8 @@ import numpy as np
 
 from .camera import Camera, auto_camera
 from .gpu_guard import _guarded
-from .gpu_pruning import IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, PrunedPasses, _march_cells_cached, image_cell_box
+from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, _march_cells_cached,
+                          image_cell_box)
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gradient_eps, point_array
@@ -477,7 +478,7 @@ class GpuWalker(PrunedPasses):
         self._ctx = _get_context(progress)
         self._validated = VALIDATED
         self.resumed_dispatches = 0
-        self.level0_steps = True              # prune_wave for level 0 where a tape has a schedule
+        self.wave_max_tiles = WAVE_MAX_TILES  # prune_wave for a level 0 of at most this many tiles
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
 

@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 from .gpu_guard import _guarded
-from .opcodes import WAVE_RECORDS, WAVE_SLOTS, Op
+from .opcodes import WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
 from .shading import RenderSettings
 from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, point_array
 
@@ -291,10 +291,11 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
 
 
 # ---- level 0 in dependency steps (prune.wgsl prune_wave) -------------------------------------
-def _wave_plan(code, max_slots, width):
+def _wave_plan(code, leaf_bits, max_slots, width):
     """The dependency-step schedule of an arithmetic tape's records ((n, 5) op dst a b c, scene
-    fields as their arithmetic ops): (rows (m, 8) uint32 as prune_wave reads them after the tape,
-    slots used), or (empty rows, slots) when more than ``max_slots`` values are alive at once.
+    fields as their arithmetic ops; ``leaf_bits``: a CONST's value bits): (rows (m, 8) uint32 as
+    prune_wave reads them after the tape, slots used), or (empty rows, slots) when more than
+    ``max_slots`` values are alive at once.
     Each record's operands are the records that last wrote their registers before it; only the
     records the result depends on are scheduled; a non-leaf record runs at the latest step before
     its readers' with fewer than ``width`` records (which keeps few values alive), sorted by op
@@ -380,32 +381,46 @@ def _wave_plan(code, max_slots, width):
             used += 1
     if used > max_slots:
         return np.zeros((0, 8), np.uint32), used
-    rows = np.zeros((1 + leaves.size + order.size + n_steps, 8), np.uint32)
+    # operands: (descriptor, kind, value) = (slot, 0, 0) | (leaf, 1, CONST bits) | (leaf, 2, VAR
+    # axis) | (leaf or none, 3, 0: INSTANCE_INDEX's value, or no record wrote the register)
     desc = np.full(n + 1, none, np.uint32)      # desc[-1]: no producer
+    kind = np.full(n + 1, 3, np.uint32)
+    value = np.zeros(n + 1, np.uint32)
     for k in leaves:
         desc[k] = np.uint32(k) | np.uint32(1 << 31)
+        op = code[k, 0]
+        if op == 3:                             # CONST
+            kind[k], value[k] = 1, leaf_bits[k]
+        elif op <= 2:                           # VAR_X, VAR_Y, VAR_Z
+            kind[k], value[k] = 2, op
     for k in order:
-        desc[k] = np.uint32(slot[k])
+        desc[k], kind[k] = np.uint32(slot[k]), 0
+    dense = 1 + leaves.size
+    rows = np.zeros((dense + 2 * width * n_steps, 8), np.uint32)
     rows[0, 0] = leaves.size
-    rows[0, 1] = leaves.size + order.size
-    rows[0, 2] = n_steps
-    rows[0, 3] = desc[root]
-    rows[0, 4] = used
+    rows[0, 1] = n_steps
+    rows[0, 2] = desc[root]
+    rows[0, 3] = kind[root]
+    rows[0, 4] = value[root]
+    rows[0, 5] = used
     for i in range(leaves.size):
         rows[1 + i, 0] = leaves[i]
-        rows[1 + i, 1:5] = none
-    at = 1 + leaves.size
-    s_row = at + order.size
+    lane = 0
     for i in range(order.size):
         k = order[i]
-        rows[at + i, 0] = k
-        rows[at + i, 1] = slot[k]
+        if i and step[order[i - 1]] != step[k]:
+            lane = 0
+        at = dense + 2 * (width * step[k] + lane)
+        lane += 1
+        rows[at, 0] = code[k, 0] | (code[k, 1] << 8) | (code[k, 2] << 16) | (code[k, 3] << 24)
+        rows[at, 1] = k
+        rows[at, 2] = slot[k]
         for j in range(3):
-            rows[at + i, 2 + j] = desc[prod[k, j]] if j < n_reads[k] else none
-        s = step[k]
-        if i == 0 or step[order[i - 1]] != s:
-            rows[s_row + s, 0] = i
-        rows[s_row + s, 1] = i + 1
+            p = prod[k, j] if j < n_reads[k] else -1
+            rows[at, 3 + j] = desc[p]
+            rows[at, 6] |= kind[p] << (2 * j)
+            rows[at + 1, j] = value[p]
+        rows[at, 7] = 1
     return rows, used
 
 
@@ -413,6 +428,9 @@ _n_reads = None      # pruning._n_reads through Numba, set with _wave_jit
 _wave_jit = None
 _WAVES: dict[int, np.ndarray | None] = {}
 WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells"}
+# prune_wave's level 0 up to this many tiles (GpuWalker.wave_max_tiles); past it, where every
+# invocation of the GPU is busy, prune_tiles' serial walks cost less (docs/PERFORMANCE.md)
+WAVE_MAX_TILES = 512
 
 
 def wave_schedule(tape: Tape) -> np.ndarray | None:
@@ -421,7 +439,7 @@ def wave_schedule(tape: Tape) -> np.ndarray | None:
     by prune_tiles' serial walks instead: a tape of non-arithmetic ops, longer than WAVE_RECORDS
     or keeping more than WAVE_SLOTS values alive at once. Kept per tape content."""
     global _wave_jit, _n_reads
-    key = hash(tape.instrs.tobytes())
+    key = hash((tape.instrs.tobytes(), tape.params.tobytes()))
     if key not in _WAVES:
         from .pruning import FIELD_OPS, _n_reads as n_reads, is_arithmetic
         rows = None
@@ -434,7 +452,10 @@ def wave_schedule(tape: Tape) -> np.ndarray | None:
             code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int64)
             for field_op, op in FIELD_OPS.items():
                 code[code[:, 0] == field_op, 0] = op
-            plan, _ = _wave_jit(code, WAVE_SLOTS, 64)   # (a step a round of the workgroup's invocations)
+            bits = np.zeros(len(ins), np.uint32)
+            const = ins["op"] == Op.CONST
+            bits[const] = tape.params[ins["param"][const]].view(np.uint32)
+            plan, _ = _wave_jit(code, bits, WAVE_SLOTS, WAVE_WIDTH)
             if len(plan):
                 rows = np.concatenate([ins, plan.view(INSTR_DTYPE).reshape(-1)])
         if len(_WAVES) > 64:
@@ -460,10 +481,10 @@ class PrunedPasses:
     def _tile_passes(self, tape: Tape, kernel: str, counts: list[int]) -> list[tuple]:
         """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells) over
         tile levels of ``counts`` tiles; level 0 by its prune_wave pipeline, a workgroup a tile,
-        when ``level0_steps`` is on and ``tape`` has a schedule (wave_schedule, then written
-        after the records in the instrs buffer)."""
+        when it has at most ``wave_max_tiles`` tiles and ``tape`` a schedule (wave_schedule,
+        then written after the records in the instrs buffer)."""
         passes = [(kernel, c, level) for level, c in enumerate(counts)]
-        rows = wave_schedule(tape) if self.level0_steps else None
+        rows = wave_schedule(tape) if counts[0] <= self.wave_max_tiles else None
         if rows is not None:
             self._tape_bufs["instrs"].sync(rows)
             passes[0] = (WAVE_KERNELS[kernel], counts[0], 0)

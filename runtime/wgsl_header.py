@@ -23,7 +23,7 @@ import numpy as np
 from . import tape as _tape
 from .camera import CAMERA_PACK_LEN
 from .opcodes import (INSTANCE_REACH, LOOP_CAP, MAX_POLY_VERTS, REG_CAPS, STACK_CAP, WAVE_LEAF, WAVE_NONE,
-                      WAVE_RECORDS, WAVE_SLOTS, Op)
+                      WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op)
 
 SHADER_DIR = Path(__file__).resolve().parent.parent / "shaders"
 HEADER_NAME = "generated_tape.wgsl"
@@ -92,6 +92,7 @@ def generate_header() -> str:
             f"const INSTANCE_REACH_POS: f32 = {INSTANCE_REACH[1]!r};",
             f"const WAVE_RECORDS: u32 = {WAVE_RECORDS}u;",
             f"const WAVE_SLOTS: u32 = {WAVE_SLOTS}u;",
+            f"const WAVE_WIDTH: u32 = {WAVE_WIDTH}u;",
             f"const WAVE_LEAF: u32 = {WAVE_LEAF:#x}u;",
             f"const WAVE_NONE: u32 = {WAVE_NONE:#x}u;",
             ""]

@@ -928,17 +928,18 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // prune_tiles' walks at level 0 are one invocation's serial walks over the whole tape: about 4 ms
 // for prospero's 7,591 records on the H200, on the latency of one record after another. Level 0's
 // source tape is the same for every tile, so the host (gpu_pruning.wave_schedule) orders its live
-// records into dependency steps (each record as late as its readers allow: prospero's 676 steps
-// hold at most 23 records each and keep at most 160 values alive) and gives every value a slot of
-// workgroup memory. One workgroup prunes one tile: its invocations run the records of a step side
-// by side, step after step. The results are prune_tiles' (the same intervals, choices, folds,
-// liveness and records, in the full tape's order), bit for bit.
-// The schedule follows the tape's records in `instrs` (from row U.n_instrs): a row (leaf entries
-// L, entries E, steps S, the result's operand descriptor, slots); E entries (op = the record,
-// dst = its value's slot, a / b / c = its operands' descriptors: a slot, WAVE_LEAF | the record
-// of a VAR / CONST / INSTANCE_INDEX, or WAVE_NONE), the L leaves first, the others step by step;
-// then S rows (op, dst) = the step's first and end entry after the leaves. Records that do not
-// reach the result are in no entry (no pruned tape holds them).
+// records into dependency steps of at most WAVE_WIDTH records (each as late as its readers allow:
+// prospero's 676 steps hold at most 23 records each and keep at most 160 values alive) and gives
+// every value a slot of workgroup memory. One workgroup prunes one tile: invocation j runs record j
+// of each step, step after step, with the next step's entry fetched while it works on this one's
+// (nothing in an entry depends on the values). The results are prune_tiles' (the same intervals,
+// choices, folds, liveness and records, in the full tape's order), bit for bit.
+// The schedule follows the tape's records in `instrs` (from row U.n_instrs): a row (leaves L,
+// steps S, the result's operand (descriptor, kind, value), slots); L rows (op = a leaf record the
+// result depends on); then WAVE_WIDTH entries a step, two rows each (WaveEntry; unused: zero).
+// An operand is (descriptor, kind, value): (a slot, 0, -), (WAVE_LEAF | its CONST record, 1, the
+// bits of the value), (WAVE_LEAF | its VAR record, 2, the axis) or (WAVE_LEAF | an INSTANCE_INDEX
+// record or WAVE_NONE (no record wrote the register), 3, -: the value 0).
 var<workgroup> wv_val: array<vec2<f32>, WAVE_SLOTS>;           // each slot's interval
 var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;      // backward: the slot's value is read
 var<workgroup> wv_nib: array<atomic<u32>, WAVE_RECORDS / 8u>;  // prune_tiles' scratch nibbles
@@ -948,30 +949,42 @@ var<workgroup> wv_cls: u32;
 var<workgroup> wv_total: u32;
 var<workgroup> wv_tape: u32;
 
-// the interval a descriptor names over the tile's box
-fn wave_value(d: u32, lo: vec3<f32>, hi: vec3<f32>) -> vec2<f32> {
-    if (d == WAVE_NONE) {
-        return vec2<f32>(0.0);     // (a register no record wrote: prune_tiles' zeroed one)
-    }
-    if (d < WAVE_LEAF) {
-        return wv_val[d];
-    }
-    let w = pack_record(instrs[d & ~WAVE_LEAF]);
-    let op = w.x & OP_MASK;
-    if (op <= OP_VAR_Z) {
-        var blo = lo;
-        var bhi = hi;
-        return vec2<f32>(blo[op], bhi[op]);
-    }
-    if (op == OP_CONST) {
-        return vec2<f32>(bitcast<f32>(w.y));
-    }
-    return vec2<f32>(0.0);         // INSTANCE_INDEX
+// a step's record: w = op | dst << 8 | a << 16 | b << 24 (scene fields' ops as their arithmetic
+// ones), its index k, its value's slot, its operands' descriptors, kinds (2 bits each) and values
+struct WaveEntry {
+    w: u32,
+    k: u32,
+    slot: u32,
+    d: vec3<u32>,
+    kinds: u32,
+    used: bool,
+    v: vec3<u32>,
 }
 
-// whether a descriptor names a CONST (prune_tiles' `konst`: the register's last write)
-fn wave_konst(d: u32) -> bool {
-    return d != WAVE_NONE && d >= WAVE_LEAF && instrs[d & ~WAVE_LEAF].op == OP_CONST;
+fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
+    if (s >= n_steps || lane >= WAVE_WIDTH) {
+        return WaveEntry(0u, 0u, 0u, vec3<u32>(WAVE_NONE), 0xffu, false, vec3<u32>(0u));
+    }
+    let at = U.n_instrs + 1u + instrs[U.n_instrs].op + 2u * (s * WAVE_WIDTH + lane);
+    let r = instrs[at];
+    let q = instrs[at + 1u];
+    return WaveEntry(r.op, r.dst, r.a, vec3<u32>(r.b, r.c, r.param), r.aux, r.jump != 0u, vec3<u32>(q.op, q.dst, q.a));
+}
+
+// the interval of an operand over the tile's box
+fn wave_value(d: u32, kind: u32, v: u32, lo: vec3<f32>, hi: vec3<f32>) -> vec2<f32> {
+    if (kind == 0u) {
+        return wv_val[d];
+    }
+    if (kind == 1u) {
+        return vec2<f32>(bitcast<f32>(v));
+    }
+    if (kind == 2u) {
+        var blo = lo;
+        var bhi = hi;
+        return vec2<f32>(blo[v], bhi[v]);
+    }
+    return vec2<f32>(0.0);
 }
 
 fn wave_set(k: u32, bits: u32) {
@@ -990,6 +1003,13 @@ fn wave_read(d: u32) {
     }
 }
 
+fn wave_header(hdr: u32, h: vec4<u32>) {
+    out_u[hdr] = h.x;
+    out_u[hdr + 1u] = h.y;
+    out_u[hdr + 2u] = h.z;
+    out_u[hdr + 3u] = h.w;
+}
+
 @compute @workgroup_size(WG)
 fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
               @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -1002,20 +1022,13 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let ext = tile_extent(l, t);
     if (!ext.ok) {
         if (lid == 0u) {
-            out_u[hdr] = 0u;
-            out_u[hdr + 1u] = 0u;
-            out_u[hdr + 2u] = TILE_EMPTY;
-            out_u[hdr + 3u] = REG_CAP;
+            wave_header(hdr, vec4<u32>(0u, 0u, TILE_EMPTY, REG_CAP));
         }
         return;
     }
-    let base = U.n_instrs;
-    let head = instrs[base];
+    let head = instrs[U.n_instrs];
     let n_leaves = head.op;
-    let n_entries = head.dst;
-    let n_steps = head.a;
-    let first = base + 1u;                  // the entries
-    let steps = first + n_entries;          // the steps' rows
+    let n_steps = head.dst;
     let n_words = (U.n_instrs + 7u) / 8u;
     for (var i = lid; i < WAVE_SLOTS; i += WG) {
         atomicStore(&wv_demand[i], 0u);
@@ -1026,39 +1039,36 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     workgroupBarrier();
 
     // the interval pass, a step at a time
+    var e = wave_entry(0u, lid, n_steps);
     for (var s = 0u; s < n_steps; s++) {
-        let span = instrs[steps + s];
-        for (var i = span.op + lid; i < span.dst; i += WG) {
-            let e = instrs[first + n_leaves + i];
-            let k = e.op;
-            let w = pack_record(instrs[k]);
-            let op = w.x & OP_MASK;
+        let next = wave_entry(s + 1u, lid, n_steps);
+        if (e.used) {
+            let op = e.w & OP_MASK;
             var v = Iv(0.0, 0.0, CH_BOTH);
             var fold = 0u;
-            let ia = wave_value(e.a, ext.lo, ext.hi);
+            let a = wave_value(e.d.x, e.kinds & 3u, e.v.x, ext.lo, ext.hi);
             if (op <= OP_NOT) {
-                v = iv_unary(op, ia.x, ia.y);
+                v = iv_unary(op, a.x, a.y);
             } else {
-                let imm = vec2<f32>(bitcast<f32>(w.y));
-                let a = select(ia, imm, FOLD_CONSTANTS && (w.x & IMM_A) != 0u);
-                let b = select(wave_value(e.b, ext.lo, ext.hi), imm, FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
-                let c = wave_value(select(WAVE_NONE, e.c, op == OP_MIX), ext.lo, ext.hi);
+                let b = wave_value(e.d.y, (e.kinds >> 2u) & 3u, e.v.y, ext.lo, ext.hi);
+                let c = wave_value(e.d.z, (e.kinds >> 4u) & 3u, e.v.z, ext.lo, ext.hi);
                 v = iv_binary(op, a.x, a.y, b.x, b.y, c.x, c.y);
-                if (FOLD_CONSTANTS && foldable(op) && (w.x & (IMM_A | IMM_B)) == 0u) {
-                    if (wave_konst(e.b)) {
+                if (FOLD_CONSTANTS && foldable(op)) {     // (a CONST operand: kind 1)
+                    if (((e.kinds >> 2u) & 3u) == 1u) {
                         fold = FOLDED;
-                    } else if (wave_konst(e.a)) {
+                    } else if ((e.kinds & 3u) == 1u) {
                         fold = FOLDED | FOLD_A;
                     }
                 }
             }
-            wv_val[e.dst] = vec2<f32>(v.lo, v.hi);
-            wave_set(k, v.ch | fold);
+            wv_val[e.slot] = vec2<f32>(v.lo, v.hi);
+            wave_set(e.k, v.ch | fold);
         }
         workgroupBarrier();
+        e = next;
     }
     if (lid == 0u) {
-        let r = wave_value(head.b, ext.lo, ext.hi);
+        let r = wave_value(head.a, head.b, head.c, ext.lo, ext.hi);
         var cls = TILE_AMBIGUOUS;
         if (r.y < 0.0) {
             cls = TILE_INSIDE;
@@ -1066,60 +1076,53 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             cls = TILE_OUTSIDE;
         }
         wv_cls = cls;
-        wave_read(head.b);
+        wave_read(head.a);
     }
     let cls = workgroupUniformLoad(&wv_cls);
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
         if (lid == 0u) {
-            out_u[hdr] = 0u;
-            out_u[hdr + 1u] = 0u;
-            out_u[hdr + 2u] = cls;
-            out_u[hdr + 3u] = REG_CAP;
+            wave_header(hdr, vec4<u32>(0u, 0u, cls, REG_CAP));
         }
         return;
     }
 
     // backward liveness (prune_tiles' rules), a step at a time from the last: a slot's reads are
     // taken (and cleared for the value it held before) by the record that wrote it
+    e = wave_entry(n_steps - 1u, lid, n_steps);
     for (var sb = 0u; sb < n_steps; sb++) {
-        let span = instrs[steps + n_steps - 1u - sb];
-        for (var i = span.op + lid; i < span.dst; i += WG) {
-            let e = instrs[first + n_leaves + i];
-            if (atomicExchange(&wv_demand[e.dst], 0u) == 0u) {
-                continue;
-            }
-            let k = e.op;
-            let w = pack_record(instrs[k]);
-            let nib = (atomicLoad(&wv_nib[k / 8u]) >> (4u * (k & 7u))) & 0xfu;
+        let next = wave_entry(n_steps - 2u - sb, lid, n_steps);   // (past the first: wraps, unused)
+        if (e.used && atomicExchange(&wv_demand[e.slot], 0u) != 0u) {
+            let nib = (atomicLoad(&wv_nib[e.k / 8u]) >> (4u * (e.k & 7u))) & 0xfu;
             let ch = nib & 3u;
             let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
             if (ch != CH_BOTH && !folded) {
-                wave_read(select(e.b, e.a, ch == CH_A));
-                if (chosen(w.x, ch) != ((w.x >> 8u) & 0xffu)) {
-                    wave_set(k, EMITTED);
+                wave_read(select(e.d.y, e.d.x, ch == CH_A));
+                if (chosen(e.w, ch) != ((e.w >> 8u) & 0xffu)) {
+                    wave_set(e.k, EMITTED);
                 }
-                continue;
-            }
-            wave_set(k, EMITTED);
-            let nr = n_reads(w.x & OP_MASK);
-            let fold_a = folded && (nib & FOLD_A) != 0u;
-            let fold_b = folded && (nib & FOLD_A) == 0u;
-            if (fold_a) {
-                wave_set(e.a & ~WAVE_LEAF, FOLDED);
-            } else if (fold_b) {
-                wave_set(e.b & ~WAVE_LEAF, FOLDED);
-            }
-            if (nr >= 1u && !fold_a && !(FOLD_CONSTANTS && (w.x & IMM_A) != 0u)) {
-                wave_read(e.a);
-            }
-            if (nr >= 2u && !fold_b && !(FOLD_CONSTANTS && (w.x & IMM_B) != 0u)) {
-                wave_read(e.b);
-            }
-            if (nr == 3u) {
-                wave_read(e.c);
+            } else {
+                wave_set(e.k, EMITTED);
+                let nr = n_reads(e.w & OP_MASK);
+                let fold_a = folded && (nib & FOLD_A) != 0u;
+                let fold_b = folded && (nib & FOLD_A) == 0u;
+                if (fold_a) {
+                    wave_set(e.d.x & ~WAVE_LEAF, FOLDED);
+                } else if (fold_b) {
+                    wave_set(e.d.y & ~WAVE_LEAF, FOLDED);
+                }
+                if (nr >= 1u && !fold_a) {
+                    wave_read(e.d.x);
+                }
+                if (nr >= 2u && !fold_b) {
+                    wave_read(e.d.y);
+                }
+                if (nr == 3u) {
+                    wave_read(e.d.z);
+                }
             }
         }
         workgroupBarrier();
+        e = next;
     }
 
     // each emitted record's place: the emitted records before its nibble word, and before it there
@@ -1152,19 +1155,26 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let n_out = workgroupUniformLoad(&wv_total);
     if (tape == NO_ROOM) {
         if (lid == 0u) {
-            out_u[hdr] = 0u;
-            out_u[hdr + 1u] = 0u;
-            out_u[hdr + 2u] = TILE_FAILED;
-            out_u[hdr + 3u] = REG_CAP;
+            wave_header(hdr, vec4<u32>(0u, 0u, TILE_FAILED, REG_CAP));
         }
         return;
     }
 
-    // the emitted records (prune_tiles' writing pass): a decided choice as a COPY of its chosen
-    // operand, a folded operand as the immediate of its CONST
-    for (var i = lid; i < n_entries; i += WG) {
-        let e = instrs[first + i];
-        let k = e.op;
+    // the emitted records (prune_tiles' writing pass): the leaves, then the steps' records, a
+    // decided choice as a COPY of its chosen operand, a folded operand as its CONST's value
+    for (var i = lid; i < n_leaves + WAVE_WIDTH * n_steps; i += WG) {
+        var k = 0u;
+        var imm = vec2<u32>(0u);
+        if (i < n_leaves) {
+            k = instrs[U.n_instrs + 1u + i].op;
+        } else {
+            let q = wave_entry((i - n_leaves) / WAVE_WIDTH, (i - n_leaves) % WAVE_WIDTH, n_steps);
+            if (!q.used) {
+                continue;
+            }
+            k = q.k;
+            imm = q.v.xy;
+        }
         let sh = 4u * (k & 7u);
         let word = atomicLoad(&wv_nib[k / 8u]);
         let nib = (word >> sh) & 0xfu;
@@ -1175,9 +1185,9 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         var rec = pack_record(instrs[k]);
         let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && i >= n_leaves;
         if (folded && (nib & FOLD_A) != 0u) {
-            rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, pack_record(instrs[e.a & ~WAVE_LEAF]).y);
+            rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, imm.x);
         } else if (folded) {
-            rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, pack_record(instrs[e.b & ~WAVE_LEAF]).y);
+            rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, imm.y);
         }
         let ch = nib & 3u;
         if (ch != CH_BOTH && !folded) {
@@ -1190,21 +1200,16 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 
     // the finest level's tape renumbered (as prune_tiles) by invocation 0, and the header
     if (lid == 0u) {
-        var h = vec3<u32>(tape, n_out, cls);
-        var regs = REG_CAP;
+        var h = vec4<u32>(tape, n_out, cls, REG_CAP);
         if (l + 1u == n_levels()) {
-            regs = renumber_registers(tape, n_out);
-            atomicMax(&counters[COUNT_REGS], regs);
+            h.w = renumber_registers(tape, n_out);
+            atomicMax(&counters[COUNT_REGS], h.w);
         }
         if (overflow) {
             note_overflow();
-            h = vec3<u32>(0u, 0u, cls);
-            regs = 0u;
+            h = vec4<u32>(0u, 0u, cls, 0u);
         }
-        out_u[hdr] = h.x;
-        out_u[hdr + 1u] = h.y;
-        out_u[hdr + 2u] = h.z;
-        out_u[hdr + 3u] = regs;
+        wave_header(hdr, h);
     }
 }
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, image_cell_box, level_tile_counts,
+from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, WAVE_MAX_TILES, image_cell_box, level_tile_counts,
                                           march_cells, tile_levels, wave_schedule)
 from taperay.runtime.opcodes import Op
 from taperay.runtime.pruning import sign_image as cpu_sign_image
@@ -617,11 +617,11 @@ def _pruned_tapes(walker, counts):
 def _steps_and_serial(walker, run):
     """``run()``'s pruned tapes with level 0 in dependency steps, then by the serial walks."""
     out = []
-    for steps in (True, False):
-        walker.level0_steps = steps
+    for most in (1 << 30, 0):
+        walker.wave_max_tiles = most
         walker._kept_cells = None
         out.append(run())
-    walker.level0_steps = True
+    walker.wave_max_tiles = WAVE_MAX_TILES
     return out
 
 
