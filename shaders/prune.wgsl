@@ -971,20 +971,15 @@ fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
     return WaveEntry(r.op, r.dst, r.a, vec3<u32>(r.b, r.c, r.param), r.aux, r.jump != 0u, vec3<u32>(q.op, q.dst, q.a));
 }
 
-// the interval of an operand over the tile's box
+// the interval of an operand over the tile's box, without branches (a step's records read
+// operands of every kind side by side)
 fn wave_value(d: u32, kind: u32, v: u32, lo: vec3<f32>, hi: vec3<f32>) -> vec2<f32> {
-    if (kind == 0u) {
-        return wv_val[d];
-    }
-    if (kind == 1u) {
-        return vec2<f32>(bitcast<f32>(v));
-    }
-    if (kind == 2u) {
-        var blo = lo;
-        var bhi = hi;
-        return vec2<f32>(blo[v], bhi[v]);
-    }
-    return vec2<f32>(0.0);
+    let slot = wv_val[min(d, WAVE_SLOTS - 1u)];
+    let axis = vec2<f32>(select(select(lo.x, lo.y, v == 1u), lo.z, v == 2u),
+                         select(select(hi.x, hi.y, v == 1u), hi.z, v == 2u));
+    var r = select(vec2<f32>(0.0), axis, kind == 2u);
+    r = select(r, vec2<f32>(bitcast<f32>(v)), kind == 1u);
+    return select(r, slot, kind == 0u);
 }
 
 fn wave_set(k: u32, bits: u32) {
