@@ -430,7 +430,7 @@ _WAVES: dict[int, np.ndarray | None] = {}
 WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells"}
 # prune_wave's level 0 up to this many tiles (GpuWalker.wave_max_tiles); past it, where every
 # invocation of the GPU is busy, prune_tiles' serial walks cost less (docs/PERFORMANCE.md)
-WAVE_MAX_TILES = 512
+WAVE_MAX_TILES = 1024
 
 
 def wave_schedule(tape: Tape) -> np.ndarray | None:
