@@ -291,18 +291,16 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
 
 
 # ---- level 0 in dependency steps (prune.wgsl prune_wave) -------------------------------------
-def _wave_plan(code, leaf_bits, half, max_slots, width):
+def _wave_plan(code, leaf_bits, max_slots, width):
     """The dependency-step schedule of an arithmetic tape's records ((n, 5) op dst a b c, scene
     fields as their arithmetic ops; ``leaf_bits``: a CONST's value bits): (rows (m, 8) uint32 as
     prune_wave reads them after the tape, slots used), or (empty rows, slots) when more than
     ``max_slots`` values are alive at once.
     Each record's operands are the records that last wrote their registers before it; only the
     records the result depends on are scheduled; a non-leaf record runs at the latest step before
-    its readers' with room in the half of the step's ``width`` lanes its op takes (``half``: 0 for
-    MIN / MAX / AND / OR, 1 for the others; on the GPU a half is a warp, which then runs one kind
-    of interval op while the other runs the other: fewer divergent branches), which keeps few
-    values alive, and its value takes the lowest free slot, freed after the last step that reads
-    it (the result's: never)."""
+    its readers' with fewer than ``width`` records (which keeps few values alive), sorted by op
+    within a step (fewer divergent branches), and its value takes the lowest free slot, freed
+    after the last step that reads it (the result's: never)."""
     n = code.shape[0]
     none = np.uint32(0xFFFFFFFF)
     n_reads = np.zeros(n, np.int64)
@@ -328,24 +326,20 @@ def _wave_plan(code, leaf_bits, half, max_slots, width):
     # before its readers' that has room for it (width: at most ``width`` records a step)
     back = np.zeros(n, np.int64)
     need = np.zeros(n, np.int64)           # 1 + the latest reader's back step
-    room = np.full((2, n + 1), width // 2, np.int64)   # per half of a step's lanes
-    nxt = np.empty((2, n + 1), np.int64)   # of a full step: one further back, where room may be
-    nxt[0] = nxt[1] = np.arange(n + 1)
-    lane = np.zeros(n, np.int64)
+    room = np.full(n + 1, width, np.int64)
+    nxt = np.arange(n + 1)                 # of a full step: one further back, where room may be
     last = 0
     for k in range(n - 1, -1, -1):
         if alive[k] and n_reads[k] > 0:
-            h = half[code[k, 0]]
             b = need[k]
             r = b
-            while room[h, r] == 0:
-                r = nxt[h, r]
+            while room[r] == 0:
+                r = nxt[r]
             while b != r:                  # (the full steps passed now lead to r)
-                b, nxt[h, b] = nxt[h, b], r
-            room[h, r] -= 1
-            if room[h, r] == 0:
-                nxt[h, r] = r + 1
-            lane[k] = h * (width // 2) + room[h, r]
+                b, nxt[b] = nxt[b], r
+            room[r] -= 1
+            if room[r] == 0:
+                nxt[r] = r + 1
             back[k] = r
             last = max(last, r)
             b = r
@@ -366,7 +360,7 @@ def _wave_plan(code, leaf_bits, half, max_slots, width):
     inner = np.array([k for k in range(n) if alive[k] and n_reads[k] > 0], np.int64)
     leaves = np.array([k for k in range(n) if alive[k] and n_reads[k] == 0], np.int64)
     n_steps = last + 1 if inner.size else 0
-    order = inner[np.argsort(step[inner], kind="mergesort")]
+    order = inner[np.argsort(step[inner] * 64 + code[inner, 0], kind="mergesort")]
     # slots: a value read last at step e is free from step e + 1
     slot = np.full(n, -1, np.int64)
     free = np.zeros(inner.size + 1, np.int64)
@@ -411,9 +405,13 @@ def _wave_plan(code, leaf_bits, half, max_slots, width):
     rows[0, 5] = used
     for i in range(leaves.size):
         rows[1 + i, 0] = leaves[i]
+    lane = 0
     for i in range(order.size):
         k = order[i]
-        at = dense + 2 * (width * step[k] + lane[k])
+        if i and step[order[i - 1]] != step[k]:
+            lane = 0
+        at = dense + 2 * (width * step[k] + lane)
+        lane += 1
         rows[at, 0] = code[k, 0] | (code[k, 1] << 8) | (code[k, 2] << 16) | (code[k, 3] << 24)
         rows[at, 1] = k
         rows[at, 2] = slot[k]
@@ -430,8 +428,6 @@ _n_reads = None      # pruning._n_reads through Numba, set with _wave_jit
 _wave_jit = None
 _WAVES: dict[int, np.ndarray | None] = {}
 WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells"}
-_WAVE_HALF = np.ones(64, np.int64)     # the half of a step's lanes an op's records take
-_WAVE_HALF[[Op.MIN, Op.MAX, Op.AND, Op.OR]] = 0
 # prune_wave's level 0 up to this many tiles (GpuWalker.wave_max_tiles); past it, where every
 # invocation of the GPU is busy, prune_tiles' serial walks cost less (docs/PERFORMANCE.md)
 WAVE_MAX_TILES = 1024
@@ -459,7 +455,7 @@ def wave_schedule(tape: Tape) -> np.ndarray | None:
             bits = np.zeros(len(ins), np.uint32)
             const = ins["op"] == Op.CONST
             bits[const] = tape.params[ins["param"][const]].view(np.uint32)
-            plan, _ = _wave_jit(code, bits, _WAVE_HALF, WAVE_SLOTS, WAVE_WIDTH)
+            plan, _ = _wave_jit(code, bits, WAVE_SLOTS, WAVE_WIDTH)
             if len(plan):
                 rows = np.concatenate([ins, plan.view(INSTR_DTYPE).reshape(-1)])
         if len(_WAVES) > 64:

@@ -32,13 +32,12 @@ REG_CAPS = (16, 64, 256)  # register-file variants built at startup (kernel capa
 MAX_POLY_VERTS = 1024     # vertices of one extruded / revolved profile
 INSTANCE_REACH = (2.0 ** -12, 2.0 ** -14)   # INSTANCES' room for rounding in U' (relative, per |p|)
 # level-0 pruning in dependency steps (prune.wgsl prune_wave, gpu_pruning.wave_schedule): the most
-# records of a tape and values alive at once (workgroup memory) it holds, the records a step (a
-# workgroup: half of them for MIN / MAX / AND / OR, half for the others);
+# records of a tape and values alive at once (workgroup memory) it holds, the most records a step;
 # an operand descriptor is a value slot, WAVE_LEAF | the record of a VAR / CONST / INSTANCE_INDEX
 # operand, or WAVE_NONE
 WAVE_RECORDS = 8192
 WAVE_SLOTS = 512
-WAVE_WIDTH = 64
+WAVE_WIDTH = 32
 WAVE_LEAF = 1 << 31
 WAVE_NONE = 0xFFFFFFFF
 

@@ -252,10 +252,8 @@ fn iv_binary(op: u32, alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32
         r.ch = select(select(CH_BOTH, CH_B, pick_b), CH_A, pick_a);
         return r;
     }
-    if (op == OP_ADD || op == OP_SUB) {   // (one path: prune_wave's warps run several ops at once)
-        let sub = op == OP_SUB;
-        return iv_add(alo, ahi, select(blo, -bhi, sub), select(bhi, -blo, sub));
-    }
+    if (op == OP_ADD) { return iv_add(alo, ahi, blo, bhi); }
+    if (op == OP_SUB) { return iv_add(alo, ahi, -bhi, -blo); }
     if (op == OP_MUL) { return iv_mul(alo, ahi, blo, bhi); }
     if (op == OP_DIV) { return iv_div(alo, ahi, blo, bhi); }
     if (op == OP_COMPARE) {
@@ -930,11 +928,10 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // prune_tiles' walks at level 0 are one invocation's serial walks over the whole tape: about 4 ms
 // for prospero's 7,591 records on the H200, on the latency of one record after another. Level 0's
 // source tape is the same for every tile, so the host (gpu_pruning.wave_schedule) orders its live
-// records into dependency steps of WAVE_WIDTH lanes (each as late as its readers allow: prospero's
-// 676 steps keep at most 160 values alive; MIN / MAX / AND / OR in the first half of a step's lanes,
-// the other ops in the second, so that each warp runs few kinds of interval op) and gives every
-// value a slot of workgroup memory. One workgroup prunes one tile: invocation j runs record j of
-// each step, step after step, with the next step's entry fetched while it works on this one's
+// records into dependency steps of at most WAVE_WIDTH records (each as late as its readers allow:
+// prospero's 676 steps hold at most 23 records each and keep at most 160 values alive) and gives
+// every value a slot of workgroup memory. One workgroup prunes one tile: invocation j runs record j
+// of each step, step after step, with the next step's entry fetched while it works on this one's
 // (nothing in an entry depends on the values). The results are prune_tiles' (the same intervals,
 // choices, folds, liveness and records, in the full tape's order), bit for bit.
 // The schedule follows the tape's records in `instrs` (from row U.n_instrs): a row (leaves L,
