@@ -395,22 +395,19 @@ def _wave_plan(code, leaf_bits, max_slots, width):
             kind[k], value[k] = 2, op
     for k in order:
         desc[k], kind[k] = np.uint32(slot[k]), 0
-    dense = 1 + leaves.size
-    rows = np.zeros((dense + 2 * width * n_steps, 8), np.uint32)
-    rows[0, 0] = leaves.size
-    rows[0, 1] = n_steps
-    rows[0, 2] = desc[root]
-    rows[0, 3] = kind[root]
-    rows[0, 4] = value[root]
-    rows[0, 5] = used
-    for i in range(leaves.size):
-        rows[1 + i, 0] = leaves[i]
+    consts = 1 + 2 * width * n_steps
+    rows = np.zeros((consts + n, 8), np.uint32)
+    rows[0, 0] = n_steps
+    rows[0, 1] = desc[root]
+    rows[0, 2] = kind[root]
+    rows[0, 3] = value[root]
+    rows[0, 4] = used
     lane = 0
     for i in range(order.size):
         k = order[i]
         if i and step[order[i - 1]] != step[k]:
             lane = 0
-        at = dense + 2 * (width * step[k] + lane)
+        at = 1 + 2 * (width * step[k] + lane)
         lane += 1
         rows[at, 0] = code[k, 0] | (code[k, 1] << 8) | (code[k, 2] << 16) | (code[k, 3] << 24)
         rows[at, 1] = k
@@ -420,6 +417,7 @@ def _wave_plan(code, leaf_bits, max_slots, width):
             rows[at, 3 + j] = desc[p]
             rows[at, 6] |= kind[p] << (2 * j)
             rows[at + 1, j] = value[p]
+            rows[consts + k, j] = value[p]
         rows[at, 7] = 1
     return rows, used
 

@@ -934,16 +934,15 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // of each step, step after step, with the next step's entry fetched while it works on this one's
 // (nothing in an entry depends on the values). The results are prune_tiles' (the same intervals,
 // choices, folds, liveness and records, in the full tape's order), bit for bit.
-// The schedule follows the tape's records in `instrs` (from row U.n_instrs): a row (leaves L,
-// steps S, the result's operand (descriptor, kind, value), slots); L rows (op = a leaf record the
-// result depends on); then WAVE_WIDTH entries a step, two rows each (WaveEntry; unused: zero).
+// The schedule follows the tape's records in `instrs` (from row U.n_instrs): a row (steps S, the
+// result's operand (descriptor, kind, value), slots); WAVE_WIDTH entries a step, two rows each
+// (WaveEntry; unused: zero); then a row per record: its operands' values (op, dst, a: of a, b, c).
 // An operand is (descriptor, kind, value): (a slot, 0, -), (WAVE_LEAF | its CONST record, 1, the
 // bits of the value), (WAVE_LEAF | its VAR record, 2, the axis) or (WAVE_LEAF | an INSTANCE_INDEX
 // record or WAVE_NONE (no record wrote the register), 3, -: the value 0).
 var<workgroup> wv_val: array<vec2<f32>, WAVE_SLOTS>;           // each slot's interval
 var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;      // backward: the slot's value is read
 var<workgroup> wv_nib: array<atomic<u32>, WAVE_RECORDS / 8u>;  // prune_tiles' scratch nibbles
-var<workgroup> wv_pre: array<u32, WAVE_RECORDS / 8u>;          // emitted records before each word
 var<workgroup> wv_part: array<u32, WG>;                        // the scan of emitted records
 var<workgroup> wv_cls: u32;
 var<workgroup> wv_total: u32;
@@ -965,7 +964,7 @@ fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
     if (s >= n_steps || lane >= WAVE_WIDTH) {
         return WaveEntry(0u, 0u, 0u, vec3<u32>(WAVE_NONE), 0xffu, false, vec3<u32>(0u));
     }
-    let at = U.n_instrs + 1u + instrs[U.n_instrs].op + 2u * (s * WAVE_WIDTH + lane);
+    let at = U.n_instrs + 1u + 2u * (s * WAVE_WIDTH + lane);
     let r = instrs[at];
     let q = instrs[at + 1u];
     return WaveEntry(r.op, r.dst, r.a, vec3<u32>(r.b, r.c, r.param), r.aux, r.jump != 0u, vec3<u32>(q.op, q.dst, q.a));
@@ -1022,8 +1021,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     let head = instrs[U.n_instrs];
-    let n_leaves = head.op;
-    let n_steps = head.dst;
+    let n_steps = head.op;
     let n_words = (U.n_instrs + 7u) / 8u;
     for (var i = lid; i < WAVE_SLOTS; i += WG) {
         atomicStore(&wv_demand[i], 0u);
@@ -1063,7 +1061,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         e = next;
     }
     if (lid == 0u) {
-        let r = wave_value(head.a, head.b, head.c, ext.lo, ext.hi);
+        let r = wave_value(head.dst, head.a, head.b, ext.lo, ext.hi);
         var cls = TILE_AMBIGUOUS;
         if (r.y < 0.0) {
             cls = TILE_INSIDE;
@@ -1071,7 +1069,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             cls = TILE_OUTSIDE;
         }
         wv_cls = cls;
-        wave_read(head.a);
+        wave_read(head.dst);
     }
     let cls = workgroupUniformLoad(&wv_cls);
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
@@ -1120,7 +1118,9 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         e = next;
     }
 
-    // each emitted record's place: the emitted records before its nibble word, and before it there
+    // the emitted records (prune_tiles' writing pass), in order: each invocation writes those of
+    // its run of nibble words after the ones of the runs before (a scan); a decided choice as a
+    // COPY of its chosen operand, a folded operand as its CONST's value
     let per = (n_words + WG - 1u) / WG;
     let w0 = min(lid * per, n_words);
     let w1 = min(w0 + per, n_words);
@@ -1140,12 +1140,6 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         wv_total = total;
         wv_tape = alloc(2u * total);
     }
-    workgroupBarrier();
-    run = wv_part[lid];
-    for (var j = w0; j < w1; j++) {
-        wv_pre[j] = run;
-        run += countOneBits(atomicLoad(&wv_nib[j]) & 0x44444444u);
-    }
     let tape = workgroupUniformLoad(&wv_tape);
     let n_out = workgroupUniformLoad(&wv_total);
     if (tape == NO_ROOM) {
@@ -1154,42 +1148,34 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         }
         return;
     }
-
-    // the emitted records (prune_tiles' writing pass): the leaves, then the steps' records, a
-    // decided choice as a COPY of its chosen operand, a folded operand as its CONST's value
-    for (var i = lid; i < n_leaves + WAVE_WIDTH * n_steps; i += WG) {
-        var k = 0u;
-        var imm = vec2<u32>(0u);
-        if (i < n_leaves) {
-            k = instrs[U.n_instrs + 1u + i].op;
-        } else {
-            let q = wave_entry((i - n_leaves) / WAVE_WIDTH, (i - n_leaves) % WAVE_WIDTH, n_steps);
-            if (!q.used) {
-                continue;
+    let consts = U.n_instrs + 1u + 2u * WAVE_WIDTH * n_steps;
+    var at = tape + 2u * wv_part[lid];
+    for (var j = w0; j < w1; j++) {
+        let word = atomicLoad(&wv_nib[j]);
+        var m = word & 0x44444444u;
+        loop {
+            if (m == 0u) {
+                break;
             }
-            k = q.k;
-            imm = q.v.xy;
+            let sh = firstTrailingBit(m) & ~3u;
+            m &= ~(0xfu << sh);
+            let k = 8u * j + sh / 4u;
+            let nib = (word >> sh) & 0xfu;
+            var rec = pack_record(instrs[k]);
+            let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && (rec.x & OP_MASK) != OP_CONST;
+            if (folded && (nib & FOLD_A) != 0u) {
+                rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, instrs[consts + k].op);
+            } else if (folded) {
+                rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, instrs[consts + k].dst);
+            }
+            let ch = nib & 3u;
+            if (ch != CH_BOTH && !folded) {
+                rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
+            }
+            out_u[at] = rec.x;
+            out_u[at + 1u] = rec.y;
+            at += 2u;
         }
-        let sh = 4u * (k & 7u);
-        let word = atomicLoad(&wv_nib[k / 8u]);
-        let nib = (word >> sh) & 0xfu;
-        if ((nib & EMITTED) == 0u) {
-            continue;
-        }
-        let at = tape + 2u * (wv_pre[k / 8u] + countOneBits(word & 0x44444444u & ((1u << sh) - 1u)));
-        var rec = pack_record(instrs[k]);
-        let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && i >= n_leaves;
-        if (folded && (nib & FOLD_A) != 0u) {
-            rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, imm.x);
-        } else if (folded) {
-            rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, imm.y);
-        }
-        let ch = nib & 3u;
-        if (ch != CH_BOTH && !folded) {
-            rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
-        }
-        out_u[at] = rec.x;
-        out_u[at + 1u] = rec.y;
     }
     storageBarrier();
 
