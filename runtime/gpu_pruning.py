@@ -395,7 +395,7 @@ def _wave_plan(code, leaf_bits, max_slots, width):
             kind[k], value[k] = 2, op
     for k in order:
         desc[k], kind[k] = np.uint32(slot[k]), 0
-    consts = 1 + 2 * width * n_steps
+    consts = 1 + width * n_steps
     rows = np.zeros((consts + n, 8), np.uint32)
     rows[0, 0] = n_steps
     rows[0, 1] = desc[root]
@@ -407,18 +407,18 @@ def _wave_plan(code, leaf_bits, max_slots, width):
         k = order[i]
         if i and step[order[i - 1]] != step[k]:
             lane = 0
-        at = 1 + 2 * (width * step[k] + lane)
+        at = 1 + width * step[k] + lane
         lane += 1
         rows[at, 0] = code[k, 0] | (code[k, 1] << 8) | (code[k, 2] << 16) | (code[k, 3] << 24)
-        rows[at, 1] = k
-        rows[at, 2] = slot[k]
+        word = k | (slot[k] << 13) | (1 << 28)
         for j in range(3):
             p = prod[k, j] if j < n_reads[k] else -1
-            rows[at, 3 + j] = desc[p]
-            rows[at, 6] |= kind[p] << (2 * j)
-            rows[at + 1, j] = value[p]
+            word |= np.int64(kind[p]) << (22 + 2 * j)
+            rows[at, 2 + j] = value[p] if kind[p] else slot[p]
+            mark = 0xFFFF if desc[p] == none else desc[p] & 0xFFFF
+            rows[at, 6 + j // 2] |= np.uint32(mark) << np.uint32(16 * (j % 2))
             rows[consts + k, j] = value[p]
-        rows[at, 7] = 1
+        rows[at, 1] = word
     return rows, used
 
 
@@ -426,6 +426,8 @@ _n_reads = None      # pruning._n_reads through Numba, set with _wave_jit
 _wave_jit = None
 _WAVES: dict[int, np.ndarray | None] = {}
 WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells"}
+if WAVE_RECORDS > 1 << 13 or WAVE_SLOTS > 1 << 9:   # (a schedule row's fields: prune.wgsl wave_entry)
+    raise ImportError("runtime.gpu_pruning: WAVE_RECORDS or WAVE_SLOTS exceed the schedule rows' fields")
 # prune_wave's level 0 up to this many tiles (GpuWalker.wave_max_tiles); past it, where every
 # invocation of the GPU is busy, prune_tiles' serial walks cost less (docs/PERFORMANCE.md)
 WAVE_MAX_TILES = 1024

@@ -935,8 +935,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // (nothing in an entry depends on the values). The results are prune_tiles' (the same intervals,
 // choices, folds, liveness and records, in the full tape's order), bit for bit.
 // The schedule follows the tape's records in `instrs` (from row U.n_instrs): a row (steps S, the
-// result's operand (descriptor, kind, value), slots); WAVE_WIDTH entries a step, two rows each
-// (WaveEntry; unused: zero); then a row per record: its operands' values (op, dst, a: of a, b, c).
+// result's operand (descriptor, kind, value), slots); WAVE_WIDTH entries a step, a row each
+// (wave_entry; unused: zero); then a row per record: its operands' values (op, dst, a: of a, b, c).
 // An operand is (descriptor, kind, value): (a slot, 0, -), (WAVE_LEAF | its CONST record, 1, the
 // bits of the value), (WAVE_LEAF | its VAR record, 2, the axis) or (WAVE_LEAF | an INSTANCE_INDEX
 // record or WAVE_NONE (no record wrote the register), 3, -: the value 0).
@@ -949,7 +949,10 @@ var<workgroup> wv_total: u32;
 var<workgroup> wv_tape: u32;
 
 // a step's record: w = op | dst << 8 | a << 16 | b << 24 (scene fields' ops as their arithmetic
-// ones), its index k, its value's slot, its operands' descriptors, kinds (2 bits each) and values
+// ones), its index k, its value's slot, its operands' descriptors, kinds (2 bits each) and values.
+// Its row: w; k | slot << 13 | kinds << 22 | 1 << 28; the three values (a slot's: the slot); the
+// 16-bit marks of a | b << 16 and of c (aux, jump: a slot or a leaf record as its kind says;
+// 0xffff: none).
 struct WaveEntry {
     w: u32,
     k: u32,
@@ -960,14 +963,23 @@ struct WaveEntry {
     v: vec3<u32>,
 }
 
+fn wave_descriptor(mark: u32, kind: u32) -> u32 {
+    if (mark == 0xffffu) {
+        return WAVE_NONE;
+    }
+    return select(WAVE_LEAF | mark, mark, kind == 0u);
+}
+
 fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
     if (s >= n_steps || lane >= WAVE_WIDTH) {
         return WaveEntry(0u, 0u, 0u, vec3<u32>(WAVE_NONE), 0xffu, false, vec3<u32>(0u));
     }
-    let at = U.n_instrs + 1u + 2u * (s * WAVE_WIDTH + lane);
-    let r = instrs[at];
-    let q = instrs[at + 1u];
-    return WaveEntry(r.op, r.dst, r.a, vec3<u32>(r.b, r.c, r.param), r.aux, r.jump != 0u, vec3<u32>(q.op, q.dst, q.a));
+    let r = instrs[U.n_instrs + 1u + s * WAVE_WIDTH + lane];
+    let kinds = (r.dst >> 22u) & 0x3fu;
+    let d = vec3<u32>(wave_descriptor(r.aux & 0xffffu, kinds & 3u), wave_descriptor(r.aux >> 16u, (kinds >> 2u) & 3u),
+                      wave_descriptor(r.jump & 0xffffu, kinds >> 4u));
+    return WaveEntry(r.op, r.dst & 0x1fffu, (r.dst >> 13u) & 0x1ffu, d, kinds, (r.dst >> 28u) != 0u,
+                     vec3<u32>(r.a, r.b, r.c));
 }
 
 // the interval of an operand over the tile's box, without branches (a step's records read
@@ -1148,7 +1160,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         }
         return;
     }
-    let consts = U.n_instrs + 1u + 2u * WAVE_WIDTH * n_steps;
+    let consts = U.n_instrs + 1u + WAVE_WIDTH * n_steps;
     var at = tape + 2u * wv_part[lid];
     for (var j = w0; j < w1; j++) {
         let word = atomicLoad(&wv_nib[j]);
