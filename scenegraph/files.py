@@ -5,7 +5,9 @@ A file is one msgpack map::
     {"format": "taperay", "version": 1, "kind": "tape" | "scene", "crc32": int, "body": {...}}
 
 ``crc32`` is the CRC-32 of the msgpack encoding of ``body`` (as this module writes it: canonical
-msgpack, binary as bin, strings as str). A tape body holds the record arrays as raw little-endian
+msgpack, binary as bin, strings as str). A reader takes it over the body's bytes as they are in
+the file (no second encoding of megabytes of records), and over the canonical encoding only
+where those differ. A tape body holds the record arrays as raw little-endian
 bytes (``instrs``: ``INSTR_DTYPE``, ``params``: float32, ``materials``: ``MATERIAL_DTYPE``,
 ``instances``: ``INSTANCE_DTYPE``, ``bvh``: ``BVH_DTYPE``), the record layouts they were written
 with (``layouts``: name -> [[field, format, shape], ...]), and the header: ``n_regs``, ``bounds``
@@ -151,14 +153,7 @@ def _read_container(path, kinds: tuple[str, ...]) -> tuple[str, dict]:
         raise FileFormatError(path, f"cannot read: {e.strerror or e}") from None
     if not data:
         raise FileFormatError(path, "the file is empty")
-    n = len(data)
-    try:
-        root = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True,
-                               max_str_len=min(n, MAX_STR), max_bin_len=n,
-                               max_array_len=n, max_map_len=n, max_ext_len=0)
-    except Exception as e:   # msgpack reports bad data with ValueError subclasses and others
-        reason = str(e) or type(e).__name__
-        raise FileFormatError(path, f"not a valid taperay file (msgpack: {reason})") from None
+    root, body_bytes = _decode(path, data)
     if not isinstance(root, dict):
         raise FileFormatError(path, f"not a taperay file (the root is a {type(root).__name__}, not a map)")
     if root.get("format") != FORMAT:
@@ -178,14 +173,45 @@ def _read_container(path, kinds: tuple[str, ...]) -> tuple[str, dict]:
     crc = root.get("crc32")
     if not isinstance(crc, int) or isinstance(crc, bool):
         raise FileFormatError(path, "missing or malformed crc32")
-    try:
-        actual = zlib.crc32(msgpack.packb(body, use_bin_type=True))
-    except (TypeError, ValueError, OverflowError) as e:
-        raise FileFormatError(path, f"the body cannot be re-encoded: {e}") from None
+    actual = zlib.crc32(body_bytes) if body_bytes is not None else None
+    if actual != crc:     # (encoded otherwise than this module writes it: the canonical encoding's)
+        try:
+            actual = zlib.crc32(msgpack.packb(body, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise FileFormatError(path, f"the body cannot be re-encoded: {e}") from None
     if actual != crc:
         raise FileFormatError(path, f"checksum mismatch (stored {crc:#010x}, computed {actual:#010x}): "
                                     "the file is corrupted")
     return kind, body
+
+
+def _decode(path, data: bytes):
+    """The container's root object and the bytes its "body" value was encoded in (None when the
+    root is not a map), through msgpack with limits derived from the file size. The checksum is
+    computed over those bytes: a file as this module writes it needs no encoding again."""
+    n = len(data)
+    limits = dict(raw=False, strict_map_key=True, use_list=True, max_str_len=min(n, MAX_STR),
+                  max_bin_len=n, max_array_len=n, max_map_len=n, max_ext_len=0)
+    try:
+        unpacker = msgpack.Unpacker(max_buffer_size=n, **limits)
+        unpacker.feed(data)
+        try:
+            n_keys = unpacker.read_map_header()
+        except Exception:     # not a map: decoded whole below, for the error that names it
+            return msgpack.unpackb(data, **limits), None
+        root, body_bytes = {}, None
+        for _ in range(n_keys):
+            key = unpacker.unpack()
+            start = unpacker.tell()
+            root[key] = unpacker.unpack()
+            if key == "body":
+                body_bytes = memoryview(data)[start:unpacker.tell()]
+        if unpacker.tell() != n:
+            raise ValueError(f"{n - unpacker.tell()} bytes of extra data after the container")
+        return root, body_bytes
+    except Exception as e:   # msgpack reports bad data with ValueError subclasses and others
+        reason = str(e) or type(e).__name__
+        raise FileFormatError(path, f"not a valid taperay file (msgpack: {reason})") from None
 
 
 def _records(path, body, key, dtype: np.dtype, limit: int) -> np.ndarray:

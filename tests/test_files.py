@@ -163,6 +163,26 @@ def test_checksum_mismatch_is_named(tmp_path, good_tape_file):
     _expect_error(p, "checksum mismatch")
 
 
+def test_a_body_encoded_otherwise_is_checked_by_its_canonical_encoding(tmp_path, good_tape_file):
+    """The checksum is read over the body's bytes as they are in the file (no encoding again);
+    a body encoded otherwise than this module writes it (here n_regs as a uint8, not a fixint)
+    is checked by its canonical encoding, as the format says, or by its bytes as they are."""
+    body = _body(good_tape_file)
+    canonical = msgpack.packb(body, use_bin_type=True)
+    field = b"\xa6n_regs" + msgpack.packb(body["n_regs"])
+    assert canonical.count(field) == 1 and body["n_regs"] < 128
+    wide = canonical.replace(field, b"\xa6n_regs\xcc" + bytes([body["n_regs"]]))
+    root = _container(body).replace(canonical, wide)
+    assert root != _container(body)
+    p = tmp_path / "wide.tape"
+    p.write_bytes(root)
+    _assert_same_tape(load_tape_file(p), load_tape_file(good_tape_file))
+    p.write_bytes(root.replace(msgpack.packb(zlib.crc32(canonical)), msgpack.packb(zlib.crc32(wide))))
+    _assert_same_tape(load_tape_file(p), load_tape_file(good_tape_file))
+    p.write_bytes(root.replace(msgpack.packb(zlib.crc32(canonical)), msgpack.packb(zlib.crc32(wide) ^ 1)))
+    _expect_error(p, "checksum mismatch")
+
+
 def test_trailing_garbage(tmp_path, good_tape_file):
     p = tmp_path / "extra.tape"
     p.write_bytes(good_tape_file.read_bytes() + b"\x00")
