@@ -38,7 +38,7 @@ import numpy as np
 from .camera import Camera, auto_camera
 from .gpu_guard import _guarded
 from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, _march_cells_cached,
-                          image_cell_box)
+                          image_cell_box, start_wave_planner)
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gradient_eps, point_array
@@ -371,6 +371,7 @@ class _Context:
         self.limits = {k: self.device.limits[k.replace("_", "-")] for k in want}
         warm = _warm_policy(self.info)
         key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
+        start_wave_planner()          # (Numba, in a thread of its own while the kernels build)
         self.kernels = KernelSet(self.device, key, progress, warm)
 
 

@@ -18,6 +18,7 @@ The passes are dispatched with the walker's plumbing; no WGSL is formatted here.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -423,7 +424,8 @@ def _wave_plan(code, leaf_bits, max_slots, width):
 
 
 _n_reads = None      # pruning._n_reads through Numba, set with _wave_jit
-_wave_jit = None
+_wave_jit = None     # _wave_plan through Numba, once _load_wave_planner has compiled (or loaded) it
+_wave_loader: threading.Thread | None = None
 _WAVES: dict[int, np.ndarray | None] = {}
 WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells"}
 if WAVE_RECORDS > 1 << 13 or WAVE_SLOTS > 1 << 9:   # (a schedule row's fields: prune.wgsl wave_entry)
@@ -433,21 +435,43 @@ if WAVE_RECORDS > 1 << 13 or WAVE_SLOTS > 1 << 9:   # (a schedule row's fields: 
 WAVE_MAX_TILES = 1024
 
 
-def wave_schedule(tape: Tape) -> np.ndarray | None:
+def _load_wave_planner():
+    global _wave_jit, _n_reads
+    from numba import njit
+
+    from .pruning import _n_reads as n_reads
+    _n_reads = njit(n_reads)
+    plan = njit(cache=True)(_wave_plan)
+    plan(np.zeros((1, 5), np.int64), np.zeros(1, np.uint32), WAVE_SLOTS, WAVE_WIDTH)   # (compiled or loaded now)
+    _wave_jit = plan
+
+
+def start_wave_planner():
+    """Compiles the schedule's planner (Numba: about 0.4-1 s to load from its disk cache, 4 s to
+    compile on a fresh machine) in a thread of its own, once; the GPU context starts it while
+    its kernels build."""
+    global _wave_loader
+    if _wave_loader is None:
+        _wave_loader = threading.Thread(target=_load_wave_planner, name="taperay wave planner")
+        _wave_loader.start()
+
+
+def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
     """The instrs buffer of a tape pruned by prune_wave at level 0: its records, then the rows
     of their dependency-step schedule (INSTR_DTYPE; ``_wave_plan``); None when level 0 is pruned
     by prune_tiles' serial walks instead: a tape of non-arithmetic ops, longer than WAVE_RECORDS
-    or keeping more than WAVE_SLOTS values alive at once. Kept per tape content."""
-    global _wave_jit, _n_reads
+    or keeping more than WAVE_SLOTS values alive at once, or while the planner is still being
+    compiled (start_wave_planner; ``wait``: until it is). Kept per tape content."""
     key = hash((tape.instrs.tobytes(), tape.params.tobytes()))
     if key not in _WAVES:
-        from .pruning import FIELD_OPS, _n_reads as n_reads, is_arithmetic
+        from .pruning import FIELD_OPS, is_arithmetic
         rows = None
         if 0 < len(tape.instrs) <= WAVE_RECORDS and is_arithmetic(tape, fields=True):
             if _wave_jit is None:
-                from numba import njit
-                _n_reads = njit(n_reads)
-                _wave_jit = njit(cache=True)(_wave_plan)
+                start_wave_planner()
+                if not wait:
+                    return None     # (not kept: a later call may find the planner ready)
+                _wave_loader.join()
             ins = tape.instrs
             code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int64)
             for field_op, op in FIELD_OPS.items():

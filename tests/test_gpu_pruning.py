@@ -631,7 +631,7 @@ def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_
     same classes, lengths, registers and records, for prospero and random tapes over every op,
     sign and field images, one to three levels, and image cells (folding constants)."""
     tape = load_vm(DATA / "prospero.vm") if case < 4 else random_tape(case + 300)
-    assert wave_schedule(tape) is not None
+    assert wave_schedule(tape, wait=True) is not None
     rect = (-1.1, 0.9, -1.0, 1.05) if case < 4 else (-1.5, 1.4, -0.3, 1.6)
     tiles = [(24,), (24, 6), (32, 8, 2), 12][case % 4]
     sign = case % 2 == 1
@@ -671,6 +671,6 @@ def test_tapes_the_steps_cannot_hold_are_pruned_by_the_serial_walks(walker_gpu, 
     tree(1024, 2)
     rows.append((Op.COPY, 0, 2, 0, 0, 0))
     tape = tape_of(rows, consts, 16)
-    assert wave_schedule(tape) is None
+    assert wave_schedule(tape, wait=True) is None
     full = walker_gpu.field_image(tape, 24, 24)
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, 24, 24, tiles=(8,))), bits(full))
