@@ -371,8 +371,9 @@ class _Context:
         self.limits = {k: self.device.limits[k.replace("_", "-")] for k in want}
         warm = _warm_policy(self.info)
         key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
-        start_wave_planner()          # (Numba, in a thread of its own while the kernels build)
+        planner = start_wave_planner()    # (Numba, in a thread of its own while the kernels build;
         self.kernels = KernelSet(self.device, key, progress, warm)
+        planner.join()                    # after startup it would slow the first frames: the GIL)
 
 
 def _warm_policy(info: dict) -> bool:
