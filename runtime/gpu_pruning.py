@@ -10,8 +10,11 @@ points (``evaluate_pruned``, ``prune_levels_points``; ``point_cells``, the host'
 the points by cell, through Numba), march / light / render of arithmetic tapes and scene fields
 (pruning.FIELD_OPS, their materials from the cells' tapes too) over hierarchical 3D cells of
 the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``), all with
-their arena grown when it overflows; and ``gpu_seconds_points`` plus the pruned images of
-``gpu_seconds``, GPU time without host work or read-back.
+their arena grown when it overflows; level 0 of all of them in dependency steps
+(``wave_schedule``: the host's plan of an arithmetic tape's records, which prune.wgsl
+``prune_wave`` runs a workgroup a tile; ``start_wave_planner``; ``WAVE_MAX_TILES``); and
+``gpu_seconds_points`` plus the pruned images of ``gpu_seconds``, GPU time without host work or
+read-back.
 
 The passes are dispatched with the walker's plumbing; no WGSL is formatted here.
 """

@@ -5,7 +5,9 @@
 // cells of points for GpuWalker.evaluate_pruned (points mode, `pruned_points`: one invocation per
 // point, on its finest cell's pruned tape); `cells_image` (one invocation per pixel, on the pruned
 // tape of its cell of an image's flat cells, which prune_tiles has pruned in points mode and the
-// host keeps for the images of the same tape after it).
+// host keeps for the images of the same tape after it); `prune_wave` (level 0 of any of these,
+// a workgroup per tile running the records of a host-made schedule side by side, step by step:
+// the same tapes as prune_tiles').
 //
 // Uniforms (one set for every pass): width, height, rect as field_image; extra = (z, levels,
 // mode, level): mode 1 = sign image (decided tiles are filled without evaluating below them),
