@@ -674,3 +674,23 @@ def test_tapes_the_steps_cannot_hold_are_pruned_by_the_serial_walks(walker_gpu, 
     assert wave_schedule(tape, wait=True) is None
     full = walker_gpu.field_image(tape, 24, 24)
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, 24, 24, tiles=(8,))), bits(full))
+
+
+def test_level0_takes_the_serial_walks_while_the_planner_is_not_ready(walker_gpu, no_new_kernels, monkeypatch):
+    """wave_schedule never waits for the planner unless asked: until it is ready there is no
+    schedule (and none is kept), and pruned images take the serial walks, bit for bit."""
+    import threading
+
+    from taperay.runtime import gpu_pruning
+    tape = random_tape(777)
+    assert wave_schedule(tape, wait=True) is not None
+    gate = threading.Event()
+    monkeypatch.setattr(gpu_pruning, "_wave_jit", None)
+    monkeypatch.setattr(gpu_pruning, "_wave_loader", threading.Thread(target=gate.wait))
+    monkeypatch.setattr(gpu_pruning, "_WAVES", {})
+    assert wave_schedule(tape) is None and gpu_pruning._WAVES == {}
+    full = walker_gpu.field_image(tape, 24, 20)
+    pruned = walker_gpu.field_image_pruned(tape, 24, 20, tiles=(8, 3))
+    assert ((bits(pruned) == bits(full)) | (np.isnan(pruned) & np.isnan(full))).all()
+    assert gpu_pruning._WAVES == {}
+    gate.set()
