@@ -302,9 +302,9 @@ def _wave_plan(code, leaf_bits, max_slots, width):
     ``max_slots`` values are alive at once.
     Each record's operands are the records that last wrote their registers before it; only the
     records the result depends on are scheduled; a non-leaf record runs at the latest step before
-    its readers' with fewer than ``width`` records (which keeps few values alive), sorted by op
-    within a step (fewer divergent branches), and its value takes the lowest free slot, freed
-    after the last step that reads it (the result's: never)."""
+    its readers' with fewer than ``width`` records (which keeps few values alive; a step's
+    records sorted by op), and its value takes a free slot (the last freed), free again after
+    the last step that reads it (the result's: never)."""
     n = code.shape[0]
     none = np.uint32(0xFFFFFFFF)
     n_reads = np.zeros(n, np.int64)
