@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, WAVE_MAX_TILES, image_cell_box, level_tile_counts,
+from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, image_cell_box, level_tile_counts,
                                           march_cells, tile_levels, wave_schedule)
 from taperay.runtime.opcodes import Op
 from taperay.runtime.pruning import sign_image as cpu_sign_image
@@ -616,12 +616,12 @@ def _pruned_tapes(walker, counts):
 
 def _steps_and_serial(walker, run):
     """``run()``'s pruned tapes with level 0 in dependency steps, then by the serial walks."""
-    out = []
+    out, default = [], walker.wave_max_tiles
     for most in (1 << 30, 0):
         walker.wave_max_tiles = most
         walker._kept_cells = None
         out.append(run())
-    walker.wave_max_tiles = WAVE_MAX_TILES
+    walker.wave_max_tiles = default
     return out
 
 
@@ -684,6 +684,7 @@ def test_level0_takes_the_serial_walks_while_the_planner_is_not_ready(walker_gpu
     from taperay.runtime import gpu_pruning
     tape = random_tape(777)
     assert wave_schedule(tape, wait=True) is not None
+    monkeypatch.setattr(walker_gpu, "wave_max_tiles", 1 << 30)
     gate = threading.Event()
     monkeypatch.setattr(gpu_pruning, "_wave_jit", None)
     monkeypatch.setattr(gpu_pruning, "_wave_loader", threading.Thread(target=gate.wait))

@@ -13,7 +13,8 @@ unpruned field image (pruning off). Columns:
   t_K is the time from submitting K images' passes, encoded in one command buffer beforehand, to
   their completion: no host work and no read-back (K aims at ~0.25 s of work, 2..16); "tile
   passes" the same for the prune_tiles passes alone, so "pixel pass" is the difference, and "level 0
-  pass" the same for level 0's prune_tiles pass alone (the walks over the full tape). (Timestamp
+  pass" the same for level 0's pass alone (over the full tape: in dependency steps, prune_wave,
+  where the walker takes them; "serial walks": prune_tiles' walks, in the same run). (Timestamp
   queries would need the device opened with that feature; this does not depend on it.)
 * the mean pruned tape length per level (records; in the sign image over the tiles that still
   have a tape, i.e. not decided), read back from the tile headers (``GpuWalker.prune_levels``),
@@ -24,7 +25,8 @@ Image cell rows: the same images on flat image cells (``sign_image(..., cells=(g
 g0^2 cells over the image's rectangle, each level splitting a cell 4 x 4), which the first image of
 a tape prunes and the images after it keep (a viewer's pans, zooms and resizes): wall and GPU ms
 of an image on kept cells (GPU: the cells_image pass alone), the GPU ms of pruning the cells, and
-the first image's wall (its cells dropped before each call) and GPU ms (pruning + pixels).
+the first image's wall (its cells dropped before each call) and GPU ms (pruning + pixels; again
+with level 0 by the serial walks).
 
 Point rows (issue 4's point evaluator): 2^20 random points in [-1, 1]^2 x {0} (``--seed``, as
 ``bench prune-cpu``), ``GpuWalker.evaluate_pruned`` for a few (level-0 cells, levels) settings
@@ -48,6 +50,7 @@ named. ``--n`` is not used.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -77,6 +80,17 @@ def _rect(n: int) -> tuple[float, float, float, float]:
     return (-1 - h, 1 + h, -1 - h, 1 + h)
 
 
+@contextlib.contextmanager
+def _serial_level0(walker):
+    """Level 0 by prune_tiles' serial walks (GpuWalker.wave_max_tiles 0) inside the block."""
+    most = walker.wave_max_tiles
+    walker.wave_max_tiles = 0
+    try:
+        yield
+    finally:
+        walker.wave_max_tiles = most
+
+
 def _gpu_ms(walker, tape, size: int, wall_ms: float, **kw) -> float:
     k = int(min(16, max(2, round(GPU_TARGET_S * 1e3 / max(wall_ms, 1e-3)))))
     return 1e3 * statistics.median(
@@ -96,8 +110,9 @@ def bench_prune_gpu(opts) -> BenchResult:
              "dispatches and reading the image back (the tape is uploaded once)",
              f"GPU: median of {GPU_MEASUREMENTS} x (t_K - t_1) / (K - 1), t_K = K images' passes encoded "
              "beforehand in one command buffer, from submit to completion (no host work, no read-back); "
-             "tile passes: the prune_tiles passes alone; pixel pass = GPU - tile passes; level 0 pass: "
-             "level 0's prune_tiles pass alone",
+             "tile passes: the pruning passes alone; pixel pass = GPU - tile passes; level 0 pass: "
+             "level 0's pass alone (in dependency steps, prune_wave, where the walker takes them: at most "
+             f"{gpu.WAVE_MAX_TILES} tiles); 'serial walks': level 0 by prune_tiles' walks, in the same run",
              "sign image: tiles decided at any level are filled without evaluating below them; pruned "
              "field: every pixel runs its finest tile's pruned tape (bit-identical to field_image)",
              "mean tape length per level: records, coarse to fine (sign image: over the undecided tiles)"]
@@ -138,15 +153,19 @@ def bench_prune_gpu(opts) -> BenchResult:
                    "tiles px": "/".join(map(str, tiles)) if tiles else "-",
                    "wall median ms": wall["median_ms"], "wall min ms": wall["min_ms"],
                    "wall max ms": wall["max_ms"], "GPU ms": gpu_ms, "tile passes GPU ms": "-",
-                   "pixel pass GPU ms": "-", "level 0 pass GPU ms": "-", "mean tape length per level": "-"}
+                   "pixel pass GPU ms": "-", "level 0 pass GPU ms": "-", "level 0 pass GPU ms, serial walks": "-",
+                   "mean tape length per level": "-"}
             if tiles:
                 passes = _gpu_ms(walker, tape, size, wall["median_ms"], tiles=tiles, sign=sign,
                                  tile_passes_only=True)
                 level0 = _gpu_ms(walker, tape, size, wall["median_ms"], tiles=tiles, sign=sign,
                                  tile_passes_only=True, levels=1)
+                with _serial_level0(walker):
+                    serial = _gpu_ms(walker, tape, size, wall["median_ms"], tiles=tiles, sign=sign,
+                                     tile_passes_only=True, levels=1)
                 levels = walker.prune_levels(tape, size, size, rect, tiles=tiles, sign=sign)
                 row.update({"tile passes GPU ms": passes, "pixel pass GPU ms": gpu_ms - passes,
-                            "level 0 pass GPU ms": level0,
+                            "level 0 pass GPU ms": level0, "level 0 pass GPU ms, serial walks": serial,
                             "mean tape length per level": " / ".join(f"{lv['mean_length']:.0f}" for lv in levels),
                             "finest tapes' registers": levels[-1]["registers"]})
             else:
@@ -206,6 +225,9 @@ def _image_cell_rows(walker, tape, plan, opts, notes, unpruned) -> list[dict]:
             tick()
             build_ms = _gpu_ms(walker, tape, size, wall_first["median_ms"], cells=cells, sign=sign,
                                tile_passes_only=True)
+            with _serial_level0(walker):
+                build_serial = _gpu_ms(walker, tape, size, wall_first["median_ms"], cells=cells, sign=sign,
+                                       tile_passes_only=True)
             tick()
             base = unpruned.get(size)
             rows.append({"what": f"{what} {size} image cells {cells[0]}^2 x {cells[1]} (kept)", "size": size,
@@ -213,8 +235,10 @@ def _image_cell_rows(walker, tape, plan, opts, notes, unpruned) -> list[dict]:
                          "wall median ms": wall["median_ms"], "wall min ms": wall["min_ms"],
                          "wall max ms": wall["max_ms"], "GPU ms": gpu_ms, "tile passes GPU ms": build_ms,
                          "pixel pass GPU ms": gpu_ms, "level 0 pass GPU ms": "-",
+                         "level 0 pass GPU ms, serial walks": "-",
                          "mean tape length per level": "-", "first image wall ms": wall_first["median_ms"],
                          "first image GPU ms": build_ms + gpu_ms,
+                         "first image GPU ms, level 0 by serial walks": build_serial + gpu_ms,
                          "wall speed-up vs unpruned": base[0] / wall["median_ms"] if base else "-",
                          "GPU speed-up vs unpruned": base[1] / gpu_ms if base and gpu_ms > 0 else "-"})
     return rows
