@@ -423,7 +423,7 @@ def _wave_plan(code, leaf_bits, max_slots, width, affinity):
     rows[0, 0] = n_steps
     rows[0, 1] = desc[root]
     rows[0, 2] = kind[root]
-    rows[0, 3] = value[root]
+    rows[0, 3] = value[root] if kind[root] else desc[root]
     rows[0, 4] = used
     lane = 0
     for i in range(order.size):
@@ -491,7 +491,7 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
     compiled (start_wave_planner; ``wait``: until it is). Kept per tape content."""
     key = hash((tape.instrs.tobytes(), tape.params.tobytes()))
     if key not in _WAVES:
-        from .pruning import FIELD_OPS, is_arithmetic
+        from .pruning import compact_records, is_arithmetic
         rows = None
         if 0 < len(tape.instrs) <= WAVE_RECORDS and is_arithmetic(tape, fields=True):
             if _wave_jit is None:
@@ -499,16 +499,10 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
                 if not wait:
                     return None     # (not kept: a later call may find the planner ready)
                 _wave_loader.join()
-            ins = tape.instrs
-            code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int64)
-            for field_op, op in FIELD_OPS.items():
-                code[code[:, 0] == field_op, 0] = op
-            bits = np.zeros(len(ins), np.uint32)
-            const = ins["op"] == Op.CONST
-            bits[const] = tape.params[ins["param"][const]].view(np.uint32)
-            plan, _ = _wave_jit(code, bits, WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)
+            code, imm = compact_records(tape)
+            plan, _ = _wave_jit(code.astype(np.int64), imm.view(np.uint32), WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)
             if len(plan):
-                rows = np.concatenate([ins, plan.view(INSTR_DTYPE).reshape(-1)])
+                rows = np.concatenate([tape.instrs, plan.view(INSTR_DTYPE).reshape(-1)])
         if len(_WAVES) > 64:
             _WAVES.clear()
         _WAVES[key] = rows

@@ -64,7 +64,7 @@ from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
 from .tape import CellsTooLarge, Tape, TaperayError, content_key, point_array, validate
 
-__all__ = ["is_arithmetic", "light_pruned", "cell_tape", "interval_eval", "interval_op", "prune", "sign_image",
+__all__ = ["is_arithmetic", "compact_records", "light_pruned", "cell_tape", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "march_pruned", "cells_shorten", "DEFAULT_TILES",
            "CELLS_PAY_SHARE"]
 
@@ -950,17 +950,23 @@ def _checked(tape: Tape, what: str, fields: bool = False) -> tuple[np.ndarray, n
         if not is_arithmetic(tape, fields):
             raise TaperayError(f"{what}: {tape.source or 'the tape'} holds non-arithmetic ops; "
                                "only arithmetic-only tapes are pruned")
-        ins = tape.instrs
-        code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int32)
-        for field_op, op in FIELD_OPS.items():
-            code[code[:, 0] == field_op, 0] = op
-        imm = np.zeros(len(ins), np.float32)
-        const = ins["op"] == Op.CONST
-        imm[const] = tape.params[ins["param"][const]]
         if len(_COMPACT) > 64:
             _COMPACT.clear()
-        _COMPACT[key] = code, imm
+        _COMPACT[key] = compact_records(tape)
     return _COMPACT[key]
+
+
+def compact_records(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
+    """An arithmetic tape's records as (n, 5) int32 op dst a b c, scene fields' records as
+    FIELD_OPS's arithmetic ops, and the (n,) float32 values of its CONSTs (0 elsewhere)."""
+    ins = tape.instrs
+    code = np.ascontiguousarray(np.stack([ins[f] for f in ("op", "dst", "a", "b", "c")], 1), np.int32)
+    for field_op, op in FIELD_OPS.items():
+        code[code[:, 0] == field_op, 0] = op
+    imm = np.zeros(len(ins), np.float32)
+    const = ins["op"] == Op.CONST
+    imm[const] = tape.params[ins["param"][const]]
+    return code, imm
 
 
 def _boxes(lo, hi) -> np.ndarray:

@@ -515,6 +515,24 @@ fn chosen(w0: u32, ch: u32) -> u32 {
     return select(w0 >> 24u, (w0 >> 16u) & 0xffu, ch == CH_A);
 }
 
+// an emitted record as a pruned tape holds it (scratch nibble `nib`): a folded operand (on a
+// record that may fold: not a CONST) as the immediate `imm`, its CONST's value; a decided choice
+// as a COPY of its chosen operand; else the record itself
+fn written_record(rec: vec2<u32>, nib: u32, may_fold: bool, imm: u32) -> vec2<u32> {
+    let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && may_fold;
+    if (folded && (nib & FOLD_A) != 0u) {
+        return vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, imm);
+    }
+    if (folded) {
+        return vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, imm);
+    }
+    let ch = nib & 3u;
+    if (ch != CH_BOTH) {
+        return vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
+    }
+    return rec;
+}
+
 // ---- prune_tiles: the walks over records held in workgroup memory ------------------------------
 // A tile's walks are serial (each record needs the intervals the previous ones wrote), so one
 // invocation's record fetches would be on its critical path. The 64 tiles of a workgroup walk at
@@ -876,24 +894,18 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     let sh = firstTrailingBit(m) & ~3u;
                     m &= ~(0xfu << sh);
                     let nib = (full >> sh) & 0xfu;
-                    var rec = wg_rec[base + wj * 8u + sh / 4u - k0];
-                    let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
-                    if (folded && (rec.x & OP_MASK) == OP_CONST) {
+                    let rec = wg_rec[base + wj * 8u + sh / 4u - k0];
+                    let constant = (rec.x & OP_MASK) == OP_CONST;
+                    if (FOLD_CONSTANTS && (nib & FOLDED) != 0u && constant) {
                         kval[(rec.x >> 8u) & 0xffu] = rec.y;
-                    } else if (folded && (nib & FOLD_A) != 0u) {
-                        rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, kval[(rec.x >> 16u) & 0xffu]);
-                    } else if (folded) {
-                        rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, kval[rec.x >> 24u]);
                     }
                     if ((nib & EMITTED) == 0u) {
                         continue;
                     }
-                    let ch = nib & 3u;
-                    if (ch != CH_BOTH && !folded) {
-                        rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
-                    }
-                    out_u[at] = rec.x;
-                    out_u[at + 1u] = rec.y;
+                    let imm = select(kval[rec.x >> 24u], kval[(rec.x >> 16u) & 0xffu], (nib & FOLD_A) != 0u);
+                    let out = written_record(rec, nib, !constant, imm);
+                    out_u[at] = out.x;
+                    out_u[at + 1u] = out.y;
                     at += 2u;
                 }
                 wj += 1u;
@@ -986,8 +998,8 @@ fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
 
 // the interval of an operand over the tile's box, without branches (a step's records read
 // operands of every kind side by side)
-fn wave_value(d: u32, kind: u32, v: u32, lo: vec3<f32>, hi: vec3<f32>) -> vec2<f32> {
-    let slot = wv_val[min(d, WAVE_SLOTS - 1u)];
+fn wave_value(kind: u32, v: u32, lo: vec3<f32>, hi: vec3<f32>) -> vec2<f32> {
+    let slot = wv_val[min(v, WAVE_SLOTS - 1u)];
     let axis = vec2<f32>(select(select(lo.x, lo.y, v == 1u), lo.z, v == 2u),
                          select(select(hi.x, hi.y, v == 1u), hi.z, v == 2u));
     var r = select(vec2<f32>(0.0), axis, kind == 2u);
@@ -1053,12 +1065,12 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             let op = e.w & OP_MASK;
             var v = Iv(0.0, 0.0, CH_BOTH);
             var fold = 0u;
-            let a = wave_value(e.d.x, e.kinds & 3u, e.v.x, ext.lo, ext.hi);
+            let a = wave_value(e.kinds & 3u, e.v.x, ext.lo, ext.hi);
             if (op <= OP_NOT) {
                 v = iv_unary(op, a.x, a.y);
             } else {
-                let b = wave_value(e.d.y, (e.kinds >> 2u) & 3u, e.v.y, ext.lo, ext.hi);
-                let c = wave_value(e.d.z, (e.kinds >> 4u) & 3u, e.v.z, ext.lo, ext.hi);
+                let b = wave_value((e.kinds >> 2u) & 3u, e.v.y, ext.lo, ext.hi);
+                let c = wave_value((e.kinds >> 4u) & 3u, e.v.z, ext.lo, ext.hi);
                 v = iv_binary(op, a.x, a.y, b.x, b.y, c.x, c.y);
                 if (FOLD_CONSTANTS && foldable(op)) {     // (a CONST operand: kind 1)
                     if (((e.kinds >> 2u) & 3u) == 1u) {
@@ -1075,7 +1087,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         e = next;
     }
     if (lid == 0u) {
-        let r = wave_value(head.dst, head.a, head.b, ext.lo, ext.hi);
+        let r = wave_value(head.a, head.b, ext.lo, ext.hi);
         var cls = TILE_AMBIGUOUS;
         if (r.y < 0.0) {
             cls = TILE_INSIDE;
@@ -1175,19 +1187,12 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             m &= ~(0xfu << sh);
             let k = 8u * j + sh / 4u;
             let nib = (word >> sh) & 0xfu;
-            var rec = pack_record(instrs[k]);
-            let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && (rec.x & OP_MASK) != OP_CONST;
-            if (folded && (nib & FOLD_A) != 0u) {
-                rec = vec2<u32>((rec.x & 0xff00ffffu) | IMM_A, instrs[consts + k].op);
-            } else if (folded) {
-                rec = vec2<u32>((rec.x & 0x00ffffffu) | IMM_B, instrs[consts + k].dst);
-            }
-            let ch = nib & 3u;
-            if (ch != CH_BOTH && !folded) {
-                rec = vec2<u32>(OP_COPY | (rec.x & 0xff00u) | (chosen(rec.x, ch) << 16u), 0u);
-            }
-            out_u[at] = rec.x;
-            out_u[at + 1u] = rec.y;
+            let rec = pack_record(instrs[k]);
+            let values = instrs[consts + k];
+            let out = written_record(rec, nib, (rec.x & OP_MASK) != OP_CONST,
+                                     select(values.dst, values.op, (nib & FOLD_A) != 0u));
+            out_u[at] = out.x;
+            out_u[at + 1u] = out.y;
             at += 2u;
         }
     }
