@@ -371,9 +371,13 @@ class _Context:
         self.limits = {k: self.device.limits[k.replace("_", "-")] for k in want}
         warm = _warm_policy(self.info)
         key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
-        planner = start_wave_planner()    # (Numba, in a thread of its own while the kernels build;
+        # the wave planner (Numba) in a thread of its own while the kernels build, where level 0
+        # takes its steps (not on a software rasteriser: GpuWalker.wave_max_tiles); waited for
+        # here, since after startup it would slow the first frames (the GIL)
+        planner = None if self.info["software"] else start_wave_planner()
         self.kernels = KernelSet(self.device, key, progress, warm)
-        planner.join()                    # after startup it would slow the first frames: the GIL)
+        if planner is not None:
+            planner.join()
 
 
 def _warm_policy(info: dict) -> bool:
@@ -583,7 +587,7 @@ class GpuWalker(PrunedPasses):
         buf = self._tape_bufs["params"]
         if self._uploaded != id(tape):
             return
-        if refitted or buf.mirror.size != tape.params.nbytes:
+        if refitted or buf.mirror.size < tape.params.nbytes:
             self.upload(tape)
             return
         for slot in sorted(set(int(i) for i in tape.names[name])):

@@ -474,7 +474,7 @@ def _load_wave_planner():
 def start_wave_planner() -> threading.Thread:
     """Compiles the schedule's planner (Numba: about 0.4-1 s to load from its disk cache, 4 s to
     compile on a fresh machine) in a thread of its own, once; returns the thread. The GPU context
-    runs it while its kernels build, and waits for it before the first frame: running on, it
+    of a hardware adapter runs it while its kernels build, and waits for it before the first frame: running on, it
     took the GIL from the first frames (on a fresh H200 host, a 69 ms frame read 400 ms)."""
     global _wave_loader
     if _wave_loader is None:
