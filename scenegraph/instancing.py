@@ -49,23 +49,46 @@ def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
     return np.stack([centre - half, centre + half], axis=1)
 
 
-def _morton(centres: np.ndarray) -> np.ndarray:
-    lo, hi = centres.min(0), centres.max(0)
-    q = ((centres - lo) / np.maximum(hi - lo, 1e-30) * 1023).astype(np.uint64)
-    code = np.zeros(len(centres), np.uint64)
-    for bit in range(10):
-        for axis in range(3):
-            code |= ((q[:, axis] >> np.uint64(bit)) & np.uint64(1)) << np.uint64(3 * bit + axis)
-    return code
+def _median_split_order(centres: np.ndarray) -> np.ndarray:
+    """The leaf order of a balanced binary tree whose every node splits its leaves at the median
+    of the longest axis of their centres' extent: a permutation of ``len(centres)``. Node ranges
+    split at the middle (``_binary_bvh``), so each level re-sorts every range of more than one
+    leaf along its own axis: one numpy sort a level, no loop over nodes."""
+    n = len(centres)
+    order = np.arange(n)
+    in_order = centres.copy()                # centres[order], kept in step with it
+    lo, hi = np.array([0]), np.array([n])
+    while lo.size:
+        by_start = np.argsort(lo)
+        lo, hi = lo[by_start], hi[by_start]
+        size = hi - lo
+        starts = np.concatenate([[0], np.cumsum(size)[:-1]])
+        rank = np.repeat(np.arange(lo.size), size)
+        pos = np.arange(size.sum()) - np.repeat(starts - lo, size)     # the ranges' positions
+        c = in_order[pos]
+        c_lo, c_hi = np.minimum.reduceat(c, starts), np.maximum.reduceat(c, starts)
+        ext = c_hi - c_lo
+        axis = np.argmax(ext, axis=1)
+        ranges = np.arange(lo.size)
+        axis_lo, axis_ext = c_lo[ranges, axis], ext[ranges, axis]
+        along = (c[np.arange(len(pos)), axis[rank]] - axis_lo[rank]) / np.where(axis_ext > 0, axis_ext, 1)[rank]
+        moved = np.argsort(rank + 0.5 * along, kind="stable")   # by range, then along its axis
+        order[pos] = order[pos[moved]]
+        in_order[pos] = c[moved]
+        mid = (lo + hi) // 2
+        lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
+        keep = hi - lo > 1
+        lo, hi = lo[keep], hi[keep]
+    return order
 
 
 def _binary_bvh(boxes: np.ndarray, instance_ids: np.ndarray, first_node: int) -> np.ndarray:
     """A binary BVH over (L,2,3) boxes in depth-first preorder (2L-1 nodes); leaf k names
-    ``instance_ids[k]``. Leaves are sorted by the Morton code of their box centres; node ranges
-    split at the middle, so a subtree over L leaves holds 2L-1 nodes and its preorder position is
-    computed per level with numpy."""
+    ``instance_ids[k]``. Each node splits its leaves at the median of the longest axis of their
+    box centres (``_median_split_order``); node ranges split at the middle, so a subtree over L
+    leaves holds 2L-1 nodes and its preorder position is computed per level with numpy."""
     n = len(boxes)
-    order = np.argsort(_morton(boxes.mean(1)), kind="stable")
+    order = _median_split_order(boxes.mean(1))
     sorted_boxes = boxes[order]
     out = np.zeros(2 * n - 1, BVH_DTYPE)
     inner_levels = []   # per level: (node, left child, right child) preorder indices
@@ -91,12 +114,13 @@ def _binary_bvh(boxes: np.ndarray, instance_ids: np.ndarray, first_node: int) ->
 
 def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -> np.ndarray:
     """A balanced binary BVH over (N,2,3) boxes in depth-first preorder with skip indices
-    (BVH_DTYPE, 2N-1 nodes, leaves in Morton order). ``first_node`` / ``first_instance`` offset
-    the indices into the tape's arrays. The INSTANCES walk starts from a representative's upper
-    bound (``instance_params``), not from +inf, so the tree's order no longer decides how much it
-    can skip: a balanced tree visits the fewest nodes (on 100,000 bolts, a ray-marched sample:
-    257 nodes and 4.5 bodies a point, against 560 and 18 for the earlier chain of ever denser
-    samples walked from +inf)."""
+    (BVH_DTYPE, 2N-1 nodes, each node split at the median of its longest centre axis).
+    ``first_node`` / ``first_instance`` offset the indices into the tape's arrays. The INSTANCES
+    walk starts from a representative's upper bound (``instance_params``) and visits every node
+    whose box lies within it, so what it costs is how much the boxes overlap: on 100,000 bolts
+    (a ray-marched sample) it visits 76 nodes a point, against 236 for leaves in Morton order,
+    whose splits ignore that the bin is flat, and 560 for the earlier chain of samples walked
+    from +inf."""
     return _binary_bvh(boxes, np.arange(len(boxes)) + first_instance, first_node)
 
 

@@ -11,7 +11,7 @@ from taperay.runtime.opcodes import Op
 from taperay.runtime.tape import TapeError, validate
 from taperay.scenegraph import (Param, box, capsule, cylinder, difference, extrude, field, fields, flatten, intersection,
                                 smooth_union, sphere, union)
-from taperay.scenegraph.instancing import inner_capsule, instance_params, placements
+from taperay.scenegraph.instancing import build_bvh, inner_capsule, instance_params, placements
 from taperay.scenes.bolt_bin import bolt
 
 
@@ -83,6 +83,42 @@ def test_grid_names_an_instance_of_the_list_in_every_cell_the_nearest_where_occu
     for c in np.unique(flat)[:200]:
         members = np.flatnonzero(flat == c)
         assert reps[c] - 7 == members[np.argmin(offset[members])]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 1000])
+def test_bvh_splits_every_node_at_the_median_of_its_longest_centre_axis(n):
+    """build_bvh: preorder with skip indices, every leaf once, each box the union of its
+    children's, and each node's leaves split in halves (left: the lower half) along the axis on
+    which their box centres spread most; here a flat spread, as the bolt bin's."""
+    rng = np.random.default_rng(n)
+    centres = rng.uniform((-10, -10, -1), (10, 10, 1), (n, 3))
+    half = rng.uniform(0.05, 0.3, (n, 3))
+    boxes = np.stack([centres - half, centres + half], axis=1)
+    bvh = build_bvh(boxes, first_node=5, first_instance=3)
+    assert len(bvh) == 2 * n - 1
+    leaves = bvh["instance"][bvh["instance"] >= 0]
+    assert sorted(leaves) == list(range(3, 3 + n))
+
+    def subtree(i):            # (preorder index, leaf instances, box) of node i, checked on the way
+        nd = bvh[i]
+        if nd["instance"] >= 0:
+            assert nd["skip"] == i + 1 + 5
+            np.testing.assert_array_equal(nd["lo"], boxes[nd["instance"] - 3, 0].astype(np.float32))
+            return [nd["instance"] - 3]
+        left = subtree(i + 1)
+        right_at = 2 * len(left) - 1 + i + 1
+        assert bvh[i + 1]["skip"] == right_at + 5
+        right = subtree(right_at)
+        both = left + right
+        assert nd["skip"] == i + 2 * len(both) - 1 + 5 and len(left) == len(both) // 2
+        np.testing.assert_array_equal(nd["lo"], np.minimum(bvh[i + 1]["lo"], bvh[right_at]["lo"]))
+        np.testing.assert_array_equal(nd["hi"], np.maximum(bvh[i + 1]["hi"], bvh[right_at]["hi"]))
+        c = boxes[both].mean(1)
+        axis = np.argmax(np.ptp(c, axis=0))
+        assert boxes[left].mean(1)[:, axis].max() <= boxes[right].mean(1)[:, axis].min()
+        return both
+
+    assert len(subtree(0)) == n
 
 
 def random_assembly(seed: int, n: int = 300):
