@@ -1199,6 +1199,15 @@ class CpuWalker:
         out["dirs"], out["eye"] = dirs, eye
         return out
 
+    def light(self, tape: Tape, camera: Camera, width: int, height: int,
+              settings: RenderSettings | None = None, view: str = "shade") -> dict:
+        """March, then the key light's visibility and ambient occlusion, on the tape's own
+        records (GpuWalker.light with cells None): the march dict plus shadow and ao (H, W)
+        float32 (1 on misses)."""
+        settings = settings or RenderSettings()
+        mr = self.march(tape, camera, width, height, settings, view)
+        return {**mr, **self._light(tape, settings.pack(tape, view), mr)}
+
     def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                settings: RenderSettings | None = None, cells="auto") -> np.ndarray:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``cells``: "auto" marches and

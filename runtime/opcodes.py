@@ -283,6 +283,10 @@ _spec(Op.INSTANCES, F.PATTERN, (), False, 20,
       "p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s, c as above; if max(b, c) >= "
       "accum or > U': i = i + 1, else evaluate the body there, accum = min(accum, max(body, b, c)), "
       "i = i + 1; else i = i + 1. A skipped node or leaf never holds the least value (exact). "
+      "The value is the least max(body, b, c) over the leaves whatever order they are run in, so a "
+      "walker may run any leaf with max(b, c) <= U' first and start accum from its value (the GPU "
+      "runs the leaf that held its last walk's least value: interpreter.wgsl walk_hint); on an "
+      "exact tie between two leaves the material may then be the other's. "
       "INSTANCE_INDEX reads the instance index.")
 _spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
       "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "

@@ -223,7 +223,7 @@ def _records(path, body, key, dtype: np.dtype, limit: int) -> np.ndarray:
                                     f"{dtype.itemsize}-byte record")
     if len(raw) // dtype.itemsize > limit:
         raise FileFormatError(path, f"{key!r} holds {len(raw) // dtype.itemsize} records (limit {limit})")
-    return np.frombuffer(raw, dtype).copy()
+    return np.frombuffer(raw, dtype)        # (read-only, as every validated tape's arrays: freeze)
 
 
 def _int(path, body, key, lo: int, hi: int) -> int:

@@ -31,6 +31,15 @@ var<private> regm: array<u32, REG_CAP>;
 override WITH_MATERIALS: bool = true;
 var<private> stack_p: array<vec4<f32>, STACK_CAP>;   // (p, scale) frames of PUSH / POP
 
+// The INSTANCES walk's hint, kept across the field evaluations of one invocation (the steps of a
+// ray, its gradient taps, a shadow ray): the leaf that held the last walk's minimum, as (record + 1,
+// BVH node + 1); 0: none. A walk of that record runs that leaf first when its bound is within U', so
+// the running minimum starts from a leaf's value (nearer than U', as the last step's nearest part
+// usually is) and the walk skips more. The least leaf value does not depend on the order the leaves
+// are run in: the value is the twin's, bit for bit; only where two leaves tie exactly may the
+// material come from the other one.
+var<private> walk_hint: vec2<u32>;
+
 // one open pattern loop (the twin's lp / lacc / lmat / lbound / lcell / lint rows)
 struct LoopFrame {
     p: vec4<f32>,        // (p, scale) at the REPEAT_* / INSTANCES, restored at the end
@@ -43,8 +52,10 @@ struct LoopFrame {
     prm: u32,
     it: u32,             // iteration in progress
     n_iter: u32,
-    cell0: vec3<i32>,    // nearest cell per axis (linear / polar: .x; INSTANCES: .x = BVH node)
-    cell1: vec3<i32>,    // neighbour cell per axis (INSTANCES: .x = instance index)
+    cell0: vec3<i32>,    // nearest cell per axis (linear / polar: .x; INSTANCES: .x = BVH node,
+                         // .y = 1 while the hinted leaf runs, .z = the hinted leaf or -1)
+    cell1: vec3<i32>,    // neighbour cell per axis (INSTANCES: .x = instance index, .y = the leaf
+                         // holding the running minimum or -1, .z = the walk's first node)
     end_node: u32,       // INSTANCES: one past the last BVH node
 }
 var<private> loops: array<LoopFrame, LOOP_CAP>;
@@ -575,6 +586,23 @@ fn instances_reach(prm: u32, lp: vec4<f32>) -> f32 {
     return u + INSTANCE_REACH_REL * (u + r * q.w) + INSTANCE_REACH_POS * pmax(abs(lp.x), pmax(abs(lp.y), abs(lp.z))) * lp.w;
 }
 
+// the distance, times the scale, from (p, scale) to a BVH node's box
+fn node_box_distance(nd: Bvh, lp: vec4<f32>) -> f32 {
+    return sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
+                  lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
+                  (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
+}
+
+// the distance, times the scale, from instance k's local point of (p, scale) to the child's box
+// (INSTANCES' params prm .. prm + 5)
+fn child_box_distance(prm: u32, k: i32, lp: vec4<f32>) -> f32 {
+    let q = instance_local(k, lp);
+    let lo = vec3<f32>(params[prm], params[prm + 1u], params[prm + 2u]);
+    let hi = vec3<f32>(params[prm + 3u], params[prm + 4u], params[prm + 5u]);
+    return sd_box(q.x - (lo.x + hi.x) * 0.5, q.y - (lo.y + hi.y) * 0.5, q.z - (lo.z + hi.z) * 0.5,
+                  (hi.x - lo.x) * 0.5, (hi.y - lo.y) * 0.5, (hi.z - lo.z) * 0.5) * q.w;
+}
+
 // One node of the INSTANCES walk (the twin's _bvh_seek loop body), a no-op once a leaf is found
 // or the walk has passed the last node: skip the node's subtree when its box distance b is >= the
 // running minimum (+inf before the first leaf) or > U' (fr.copy_bound), step into it, or stop at
@@ -588,21 +616,15 @@ fn seek_node(fr: LoopFrame, from_end: bool, node: ptr<function, u32>, leaf: ptr<
     let nd = bvh[*node];
     let lp = fr.p;
     let acc = select(inf(), fr.acc, from_end);
-    *b = sd_box(lp.x - (nd.lo.x + nd.hi.x) * 0.5, lp.y - (nd.lo.y + nd.hi.y) * 0.5,
-                lp.z - (nd.lo.z + nd.hi.z) * 0.5, (nd.hi.x - nd.lo.x) * 0.5,
-                (nd.hi.y - nd.lo.y) * 0.5, (nd.hi.z - nd.lo.z) * 0.5) * lp.w;
+    *b = node_box_distance(nd, lp);
     if (*b >= acc || *b > fr.copy_bound) {
         *node = nd.skip;
     } else if (nd.instance < 0) {
         *node += 1u;
+    } else if (i32(*node) == fr.cell0.z) {   // the hinted leaf, run before the walk
+        *node += 1u;
     } else {
-        let q = instance_local(nd.instance, lp);
-        let prm = fr.prm;
-        let lo = vec3<f32>(params[prm], params[prm + 1u], params[prm + 2u]);
-        let hi = vec3<f32>(params[prm + 3u], params[prm + 4u], params[prm + 5u]);
-        let c = sd_box(q.x - (lo.x + hi.x) * 0.5, q.y - (lo.y + hi.y) * 0.5, q.z - (lo.z + hi.z) * 0.5,
-                       (hi.x - lo.x) * 0.5, (hi.y - lo.y) * 0.5, (hi.z - lo.z) * 0.5) * q.w;
-        *b = pmax(*b, c);
+        *b = pmax(*b, child_box_distance(fr.prm, nd.instance, lp));
         if (*b >= acc || *b > fr.copy_bound) {
             *node += 1u;
         } else {
@@ -708,6 +730,9 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                         wm = fr.acc_mat;
                         p = fr.p;
                         nxt = pc + 1u;
+                        if (fr.cell1.y >= 0) {
+                            walk_hint = vec2<u32>(fr.open + 1u, u32(fr.cell1.y) + 1u);
+                        }
                     } else {                  // no leaf at all: the loop's value is +inf
                         wd = instrs[ins.jump].dst;
                         wv = inf();
@@ -882,8 +907,10 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 if (v < fr.acc) {
                     fr.acc = v;
                     fr.acc_mat = ma;
+                    fr.cell1.y = fr.cell0.x;
                 }
-                sk_node = u32(fr.cell0.x) + 1u;
+                sk_node = select(u32(fr.cell0.x) + 1u, u32(fr.cell1.z), fr.cell0.y != 0);   // (after the hint: from the root)
+                fr.cell0.y = 0;
                 sk_from_end = true;
                 mode = STEP_SEEK;
                 nxt = pc;
@@ -912,12 +939,27 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 fr.end_node = ins.aux + ins.a;
                 fr.it = 0u;
                 fr.p = p;
-                fr.cell1.x = 0;
+                fr.cell0 = vec3<i32>(0, 0, -1);
+                fr.cell1 = vec3<i32>(0, -1, i32(ins.aux));
                 fr.copy_bound = instances_reach(prm, p);   // U'
                 sk_node = ins.aux;
                 sk_from_end = false;
                 mode = STEP_SEEK;
                 nxt = pc;
+                let h = walk_hint.y - 1u;
+                if (walk_hint.x == pc + 1u && h >= ins.aux && h < fr.end_node) {   // run the hinted leaf first
+                    let nd = bvh[h];
+                    if (nd.instance >= 0) {
+                        let b = pmax(node_box_distance(nd, p), child_box_distance(prm, nd.instance, p));
+                        if (b <= fr.copy_bound) {
+                            fr.cell0 = vec3<i32>(0, 1, i32(h));
+                            fr.bound = b;
+                            p = instance_point(&fr, h);
+                            mode = STEP_RECORD;
+                            nxt = pc + 1u;
+                        }
+                    }
+                }
             } else {
                 loop_enter(&fr, p);
                 p = loop_point(fr, 0u);

@@ -269,15 +269,32 @@ def test_well_formed_but_invalid_tapes_fail_validation(tmp_path, good_tape_file,
 
 
 def test_validator_failure_names_the_record(tmp_path, good_tape_file):
-    tape = load_tape_file(good_tape_file)
-    tape.instrs[0]["op"] = Op.ADD            # the first record reads registers nobody wrote
-    body = _mutated(good_tape_file, instrs=tape.instrs.tobytes())
+    instrs = load_tape_file(good_tape_file).instrs.copy()
+    instrs[0]["op"] = Op.ADD                 # the first record reads registers nobody wrote
+    body = _mutated(good_tape_file, instrs=instrs.tobytes())
     p = tmp_path / "rec.tape"
     p.write_bytes(_container(body))
     with pytest.raises(TapeError) as info:
         load_tape_file(p)
     assert info.value.record == 0 and info.value.source == str(p)
     assert "before it is written" in str(info.value)
+
+
+def test_a_loaded_tape_is_read_only_and_edited_through_set_param(tmp_path):
+    """A validated tape's arrays are read-only (runtime.tape.freeze), so its validation record
+    and its content key cannot go stale; set_param writes a copy, and the key follows the edit."""
+    from taperay.runtime.tape import content_key
+    p = tmp_path / "param.tape"
+    save_tape(flatten(sphere(Param("r", 0.5))), p)
+    tape = load_tape_file(p)
+    key = content_key(tape)
+    with pytest.raises(ValueError, match="read-only"):
+        tape.params[0] = 1.0
+    before = tape.params
+    tape.set_param("r", 0.75)
+    assert tape.params is not before and np.array_equal(before, load_tape_file(p).params)
+    assert np.all(tape.params[tape.names["r"]] == np.float32(0.75))
+    assert content_key(tape) != key and content_key(load_tape_file(p)) == key
 
 
 # -- hostile files ------------------------------------------------------------------------------
@@ -399,3 +416,25 @@ def test_file_layout_is_documented_msgpack(good_tape_file):
     assert len(body["instrs"]) == 32 * len(tape)
     assert body["params"] == tape.params.astype("<f4").tobytes()
     assert body["bounds"] == [-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]
+
+
+def test_a_frozen_tapes_key_is_kept_until_its_arrays_change(tmp_path, monkeypatch):
+    """content_key hashes a frozen tape once (the 100,000-bolt bin's 10 MB cost a hash per frame
+    before); a tape given a new array, or one made writable again, is hashed anew."""
+    import dataclasses
+    from taperay.runtime import tape as tape_module
+    tape = flatten(sphere(Param("r", 0.5)) | torus(1.0, 0.2))
+    tape_module.VALIDATED.check(tape)                      # (as every walker does before drawing it)
+    assert not tape.params.flags.writeable
+    key = tape_module.content_key(tape)
+    hashed = []
+    real_hash = hash
+    monkeypatch.setattr(tape_module, "hash", lambda v: hashed.append(1) or real_hash(v), raising=False)
+    assert tape_module.content_key(tape) == key and not hashed
+    tape.params.flags.writeable = True
+    tape.params[0] += 1.0
+    assert tape_module.content_key(tape) != key and hashed
+    other = dataclasses.replace(tape, params=tape.params.copy())
+    hashed.clear()
+    tape_module.content_key(other)
+    assert hashed                                          # (a tape never frozen is hashed each time)

@@ -155,6 +155,31 @@ def test_random_assemblies_culled_equal_unculled(seed, walkers_all, walker_cpu):
     assert np.array_equal(m, m0)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_walk_hints_leave_marches_and_light_as_the_twins(seed, walker_gpu, walker_cpu):
+    """The GPU walk runs first the leaf that held the last walk's minimum (interpreter.wgsl
+    walk_hint: along a ray, over its gradient taps, its shadow ray and ambient occlusion taps);
+    the field it gives must stay the twin's. A dense pile of random bodies, seen from above, so
+    most rays pass near many copies and most of their walks start from a hint."""
+    from taperay.runtime.camera import Camera
+    rng = np.random.default_rng(seed)
+    n = 400
+    body = union(box(0.3, 0.1, 0.1), cylinder(0.08, 0.4).rotate((1, 0, 0), 90).translate(0.2, 0, 0))
+    scene = union(box(3, 3, 0.1).translate(0, 0, -1.2),
+                  body.instances(rng.uniform((-2.5, -2.5, -1), (2.5, 2.5, 1), (n, 3)), random_quats(rng, n),
+                                 rng.uniform(0.7, 1.3, n)))
+    tape = flatten(scene)
+    cam = Camera((2.5, -3.5, 4.5), (0.0, 0.0, -0.3), fov_deg=40)
+    gpu, cpu = walker_gpu.light(tape, cam, 48, 36, cells=None), walker_cpu.light(tape, cam, 48, 36)
+    assert cpu["hit"].mean() > 0.3 and cpu["steps"][cpu["hit"]].mean() > 8
+    assert np.mean(gpu["hit"] != cpu["hit"]) <= 1 / 400
+    both = gpu["hit"] & cpu["hit"]
+    np.testing.assert_allclose(gpu["t"][both], cpu["t"][both], rtol=1e-5, atol=1e-6)
+    assert np.mean(gpu["steps"] != cpu["steps"]) <= 1 / 100
+    np.testing.assert_allclose(gpu["shadow"][both], cpu["shadow"][both], atol=1e-4)
+    np.testing.assert_allclose(gpu["ao"][both], cpu["ao"][both], atol=1e-4)
+
+
 def test_validator_refuses_a_representative_outside_the_list_and_a_bad_grid():
     tape = flatten(union(sphere(0.3).instances(np.eye(3) * 2), sphere(0.2).instances(-np.eye(3) * 2)))
     first = tape.instrs["param"][tape.instrs["op"] == Op.INSTANCES]
