@@ -425,6 +425,7 @@ class _Buffer:
         self.buffer = None
         self.mirror = np.zeros(0, np.uint8)
         self.bytes_written = 0
+        self.held = None          # a read-only array the buffer holds from its start, as synced
 
     def ensure(self, nbytes: int) -> bool:
         """Room for ``nbytes``; True when the buffer was (re)created."""
@@ -437,11 +438,16 @@ class _Buffer:
         self.buffer = self.device.create_buffer(label=self.label, size=cap, usage=self.usage)
         self.capacity = cap
         self.mirror = np.zeros(0, np.uint8)
+        self.held = None
         return True
 
     def sync(self, data: np.ndarray):
         """Make the buffer hold ``data`` (bytes) from its start, writing only the span that differs
-        (the bytes after it are left as they are)."""
+        (the bytes after it are left as they are). A read-only array (a frozen tape's,
+        runtime.tape.freeze) that the buffer was last synced to is not compared again: every
+        frame syncs the tape, and the 100,000-bolt bin's is 10 MB."""
+        if data is self.held and not data.flags.writeable:
+            return
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         self.ensure(max(raw.size, 4))
         n = raw.size
@@ -451,14 +457,17 @@ class _Buffer:
         m = min(old.size, n)
         span = _differing_span(old[:m], raw[:m])
         if span is None and n <= old.size:
+            self.held = None if data.flags.writeable else data
             return
         lo = span[0] & ~3 if span else m & ~3
         hi = n if n > old.size else min(n, (span[1] + 3) & ~3)
         self.write(lo, raw[lo:hi])
         # (what the buffer holds: beyond ``data``, a longer content's rest)
         self.mirror = np.concatenate([raw, old[n:]])
+        self.held = None if data.flags.writeable else data
 
     def write(self, offset: int, raw: np.ndarray):
+        self.held = None
         raw = np.ascontiguousarray(raw).view(np.uint8)
         pad = (-raw.size) % 4
         if pad:
@@ -693,27 +702,26 @@ class GpuWalker(PrunedPasses):
         self._ctx.device.queue.submit([self._encode(passes, variant, uniforms, resume)])
 
     def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray):
-        """Run the (kernel, n_items) passes in order. Resumable passes (march, light) are
-        dispatched again until no pixel is unfinished; an evaluation that hit the iteration cap
-        is a TaperayError naming the tape."""
-        pending: list[tuple[str, int]] = []
-        for kernel, n in passes + [("", 0)]:
-            if kernel in RESUMABLE or not kernel:
-                if pending:
-                    self._submit(pending, variant, uniforms, 0)
-                    self._check_counters(tape)
-                    pending = []
-                if not kernel:
+        """Run the (kernel, n_items) passes in order, each resumable pass (march, light) in one
+        submission with the passes before it, then alone (resume set) until no pixel is
+        unfinished; a wait after each submission. An evaluation that hit the iteration cap is a
+        TaperayError naming the tape."""
+        batch: list[tuple[str, int]] = []
+        for kernel, n in passes:
+            batch.append((kernel, n))
+            if kernel not in RESUMABLE:
+                continue
+            resume = 0
+            while True:
+                self._submit(batch, variant, uniforms, resume)
+                if self._check_counters(tape) == 0:
                     break
-                resume = 0
-                while True:
-                    self._submit([(kernel, n)], variant, uniforms, resume)
-                    if self._check_counters(tape) == 0:
-                        break
-                    resume = 1
-                    self.resumed_dispatches += 1
-            else:
-                pending.append((kernel, n))
+                batch, resume = [(kernel, n)], 1
+                self.resumed_dispatches += 1
+            batch = []
+        if batch:
+            self._submit(batch, variant, uniforms, 0)
+            self._check_counters(tape)
 
     def _check_counters(self, tape: Tape) -> int:
         """Waits for the GPU; raises on overflow; returns the unfinished pixel count. The counters

@@ -249,6 +249,36 @@ def test_set_param_writes_only_the_changed_bytes(walker_gpu, walker_cpu, scene):
     walker_gpu.set_param(scene, "radius", 0.45)
 
 
+def test_a_frozen_tape_is_compared_once_and_its_edits_still_reach_the_gpu(walker_gpu, walker_cpu, scene,
+                                                                          monkeypatch):
+    """Every frame syncs the tape's buffers; a frozen tape's arrays that a buffer holds already are
+    not compared again (gpu._Buffer.held), while a set_param edit (a new params array) and a
+    tape with new arrays are."""
+    tape = replace(scene, refit=None)
+    pts = _points(32, seed=6)
+    walker_gpu.evaluate(tape, pts)
+    assert not tape.instrs.flags.writeable                 # (validated: frozen)
+    compared = []                                          # (the tape arrays compared to a mirror)
+    real = gpu._differing_span
+
+    def spy(a, b):
+        compared.extend(n for n in gpu._TAPE_ARRAYS if np.shares_memory(b, getattr(tape, n)))
+        return real(a, b)
+    monkeypatch.setattr(gpu, "_differing_span", spy)
+    walker_gpu.evaluate(tape, pts)
+    walker_gpu.render(tape, None, 8, 6)
+    assert compared == []
+    walker_gpu.set_param(tape, "radius", 0.35)
+    d_gpu = walker_gpu.evaluate(tape, pts)[0]
+    assert _agree(tape, walker_cpu.evaluate(tape, pts)[0], d_gpu)
+    other = replace(tape, params=tape.params.copy())
+    other.params[tape.names["radius"]] = 0.3
+    tape = other
+    walker_gpu.evaluate(other, pts)
+    assert "params" in compared                            # (new arrays: compared, the changed span written)
+    assert _agree(other, walker_cpu.evaluate(other, pts)[0], walker_gpu.evaluate(other, pts)[0])
+
+
 def test_set_param_refits_a_culled_scene_on_the_gpu(walker_gpu, walker_cpu):
     from taperay.scenegraph import Param, flatten, sphere, union
     centres = np.random.default_rng(4).uniform(-2, 2, (12, 3))
