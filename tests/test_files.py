@@ -163,6 +163,32 @@ def test_checksum_mismatch_is_named(tmp_path, good_tape_file):
     _expect_error(p, "checksum mismatch")
 
 
+def test_a_large_corrupted_file_is_reported_as_corrupted(tmp_path):
+    """A body past _Checksum.THREAD_BYTES is checked in a thread while the tape is built and
+    validated; a flipped byte is still reported as a checksum mismatch, also where it breaks
+    the tape (a BVH node skipping backwards) before the checksum is known."""
+    rng = np.random.default_rng(3)
+    n = 40_000
+    p = tmp_path / "big.tape"
+    save_tape(flatten(sphere(0.1).instances(rng.uniform(-5, 5, (n, 3)))), p)
+    data = p.read_bytes()
+    assert len(data) > files._Checksum.THREAD_BYTES
+    assert len(load_tape_file(p).instances) == n
+    tape = load_tape_file(p)
+    skip_at = data.find(tape.bvh[10:11].tobytes()) + 12      # node 10's skip, in the file
+    for where, flip in ((len(data) // 2, 0x01), (skip_at + 3, 0x80)):
+        bad = bytearray(data)
+        bad[where] ^= flip
+        q = tmp_path / f"bad{where}.tape"
+        q.write_bytes(bytes(bad))
+        _expect_error(q, "checksum mismatch")
+    body = _body(p)
+    bvh = bytearray(body["bvh"])
+    bvh[10 * 32 + 15] ^= 0x80                                # the same defect under a correct checksum
+    q.write_bytes(_container(body | {"bvh": bytes(bvh)}))
+    _expect_error(q, "skips to", cls=TapeError)
+
+
 def test_a_body_encoded_otherwise_is_checked_by_its_canonical_encoding(tmp_path, good_tape_file):
     """The checksum is read over the body's bytes as they are in the file (no encoding again);
     a body encoded otherwise than this module writes it (here n_regs as a uint8, not a fixint)
