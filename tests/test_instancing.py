@@ -172,12 +172,16 @@ def test_walk_hints_leave_marches_and_light_as_the_twins(seed, walker_gpu, walke
     cam = Camera((2.5, -3.5, 4.5), (0.0, 0.0, -0.3), fov_deg=40)
     gpu, cpu = walker_gpu.light(tape, cam, 48, 36, cells=None), walker_cpu.light(tape, cam, 48, 36)
     assert cpu["hit"].mean() > 0.3 and cpu["steps"][cpu["hit"]].mean() > 8
+    # Tolerances: rounding (an H200 fuses multiply-adds where the twin does not) moved t by up to
+    # 1.2e-4 relative, ambient occlusion by 3.5e-3 and one pixel's step count in 1,728 there
+    # (lavapipe: 2.2e-7, 3.3e-5, none); a walk that restarted past the hinted leaf instead of at
+    # the root moved t by 0.6, shadow and occlusion by 1, and half the step counts.
     assert np.mean(gpu["hit"] != cpu["hit"]) <= 1 / 400
     both = gpu["hit"] & cpu["hit"]
-    np.testing.assert_allclose(gpu["t"][both], cpu["t"][both], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gpu["t"][both], cpu["t"][both], rtol=1e-3, atol=1e-6)
     assert np.mean(gpu["steps"] != cpu["steps"]) <= 1 / 100
-    np.testing.assert_allclose(gpu["shadow"][both], cpu["shadow"][both], atol=1e-4)
-    np.testing.assert_allclose(gpu["ao"][both], cpu["ao"][both], atol=1e-4)
+    np.testing.assert_allclose(gpu["shadow"][both], cpu["shadow"][both], atol=1e-2)
+    np.testing.assert_allclose(gpu["ao"][both], cpu["ao"][both], atol=1e-2)
 
 
 def test_validator_refuses_a_representative_outside_the_list_and_a_bad_grid():
