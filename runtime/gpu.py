@@ -425,7 +425,7 @@ class _Buffer:
         self.buffer = None
         self.mirror = np.zeros(0, np.uint8)
         self.bytes_written = 0
-        self.held = None          # a read-only array the buffer holds from its start, as synced
+        self.held: list[np.ndarray] = []    # read-only arrays the buffer holds from its start
 
     def ensure(self, nbytes: int) -> bool:
         """Room for ``nbytes``; True when the buffer was (re)created."""
@@ -438,15 +438,17 @@ class _Buffer:
         self.buffer = self.device.create_buffer(label=self.label, size=cap, usage=self.usage)
         self.capacity = cap
         self.mirror = np.zeros(0, np.uint8)
-        self.held = None
+        self.held = []
         return True
 
     def sync(self, data: np.ndarray):
         """Make the buffer hold ``data`` (bytes) from its start, writing only the span that differs
         (the bytes after it are left as they are). A read-only array (a frozen tape's,
-        runtime.tape.freeze) that the buffer was last synced to is not compared again: every
-        frame syncs the tape, and the 100,000-bolt bin's is 10 MB."""
-        if data is self.held and not data.flags.writeable:
+        runtime.tape.freeze; a kept schedule or cell layout) that the buffer was synced to since
+        its last write is not compared again: every frame syncs the tape (the 100,000-bolt bin's
+        is 10 MB), and an image's pruning syncs the instrs buffer to the tape and its schedule in
+        turn."""
+        if not data.flags.writeable and any(data is h for h in self.held):
             return
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         self.ensure(max(raw.size, 4))
@@ -457,17 +459,18 @@ class _Buffer:
         m = min(old.size, n)
         span = _differing_span(old[:m], raw[:m])
         if span is None and n <= old.size:
-            self.held = None if data.flags.writeable else data
+            if not data.flags.writeable:
+                self.held = self.held[-3:] + [data]
             return
         lo = span[0] & ~3 if span else m & ~3
         hi = n if n > old.size else min(n, (span[1] + 3) & ~3)
         self.write(lo, raw[lo:hi])
         # (what the buffer holds: beyond ``data``, a longer content's rest)
         self.mirror = np.concatenate([raw, old[n:]])
-        self.held = None if data.flags.writeable else data
+        self.held = [] if data.flags.writeable else [data]
 
     def write(self, offset: int, raw: np.ndarray):
-        self.held = None
+        self.held = []
         raw = np.ascontiguousarray(raw).view(np.uint8)
         pad = (-raw.size) % 4
         if pad:

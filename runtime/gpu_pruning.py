@@ -234,6 +234,26 @@ def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool =
     return counts, words, desc
 
 
+_AT_BASE: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _words_at_base(words: np.ndarray, desc: int, base: int) -> np.ndarray:
+    """A cell layout's points-buffer words (march_cells) with ``base`` as the headers' first word,
+    read-only and kept for the last few layouts and bases, so that the points buffer, once
+    synced to them, is not compared again when the same cells are pruned again."""
+    if words[desc + 8:desc + 9].view(np.uint32)[0] == base:
+        return words
+    kept = _AT_BASE.get((id(words), base))
+    if kept is None or kept[0] is not words:
+        based = words.copy()
+        based[desc + 8:desc + 9].view(np.uint32)[0] = base
+        based.flags.writeable = False
+        if len(_AT_BASE) > 16:
+            _AT_BASE.clear()
+        kept = _AT_BASE[(id(words), base)] = (words, based)     # (words kept alive: no id is reused)
+    return kept[1]
+
+
 def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
     """The cells of a pruned march over the box lo..hi: (cells per level, the points buffer's
     float32 words, the descriptor's first word; packed.wgsl cell_eval reads them). Level 0: g0^3
@@ -503,6 +523,7 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
             plan, _ = _wave_jit(code.astype(np.int64), imm.view(np.uint32), WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)
             if len(plan):
                 rows = np.concatenate([tape.instrs, plan.view(INSTR_DTYPE).reshape(-1)])
+                rows.flags.writeable = False    # (kept: a buffer synced to it is not compared again)
         if len(_WAVES) > 64:
             _WAVES.clear()
         _WAVES[key] = rows
@@ -887,8 +908,7 @@ class PrunedPasses:
         most registers a finest cell's tape uses and the first word after the arena."""
         counts, words, desc = layout
         levels = len(counts)
-        words = words.copy()
-        words[desc + 8:desc + 9].view(np.uint32)[0] = base
+        words = _words_at_base(words, desc, base)
         header = PRUNE_HEADER_WORDS * sum(counts)
         limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
         if base + header + tail + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
