@@ -704,10 +704,12 @@ class GpuWalker(PrunedPasses):
     def _submit(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int):
         self._ctx.device.queue.submit([self._encode(passes, variant, uniforms, resume)])
 
-    def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray):
+    def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray,
+                  read: tuple | None = None) -> np.ndarray | None:
         """Run the (kernel, n_items) passes in order, each resumable pass (march, light) in one
         submission with the passes before it, then alone (resume set) until no pixel is
-        unfinished; a wait after each submission. An evaluation that hit the iteration cap is a
+        unfinished; a wait after each submission. ``read`` (as _submit_and_read's) is read back
+        with the last submission, and returned. An evaluation that hit the iteration cap is a
         TaperayError naming the tape."""
         batch: list[tuple[str, int]] = []
         for kernel, n in passes:
@@ -722,14 +724,20 @@ class GpuWalker(PrunedPasses):
                 batch, resume = [(kernel, n)], 1
                 self.resumed_dispatches += 1
             batch = []
+        if batch and read is not None:
+            return self._run_and_read(tape, batch, variant, uniforms, read)
         if batch:
             self._submit(batch, variant, uniforms, 0)
             self._check_counters(tape)
+        return None if read is None else self._read(*read)
 
     def _check_counters(self, tape: Tape) -> int:
         """Waits for the GPU; raises on overflow; returns the unfinished pixel count. The counters
         read stay in ``_counters_read`` (the pruning passes' words: gpu_pruning)."""
-        c = self._read(self._counters, np.uint32, COUNTERS_BYTES // 4)
+        return self._counters_checked(tape, self._read(self._counters, np.uint32, COUNTERS_BYTES // 4))
+
+    def _counters_checked(self, tape: Tape, c: np.ndarray) -> int:
+        """_check_counters on counters ``c`` read back."""
         self._counters_read = c
         if c[0]:
             raise TaperayError(
@@ -742,12 +750,18 @@ class GpuWalker(PrunedPasses):
         """``count`` items of ``dtype`` (4-byte) from ``buf``, waiting for the GPU: copied into a
         mappable staging buffer kept by the walker (grown by doubling; wgpu's queue.read_buffer
         creates and destroys one per call), mapped and copied out."""
-        itemsize = np.dtype(dtype).itemsize
         if count == 0:
             return np.zeros(0, dtype)
+        return self._submit_and_read([], (buf, dtype, count, offset_items))[0]
+
+    def _submit_and_read(self, commands: list, *reads: tuple) -> list[np.ndarray]:
+        """Submit the command buffers ``commands``, then copy each read (buffer, dtype, count,
+        offset in items; 4-byte items) into the staging buffer and wait for it, once: the arrays
+        read, in order."""
         wgpu = _wgpu()
-        nbytes = count * itemsize
         dev = self._ctx.device
+        sizes = [count * np.dtype(dtype).itemsize for _, dtype, count, _ in reads]
+        nbytes = sum(sizes)
         if self._staging is None or self._staging.size < nbytes:
             size = max(READ_STAGING_MIN, self._staging.size if self._staging is not None else 0)
             while size < nbytes:
@@ -755,13 +769,31 @@ class GpuWalker(PrunedPasses):
             self._staging = dev.create_buffer(label="read-back", size=size,
                                               usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         enc = dev.create_command_encoder()
-        enc.copy_buffer_to_buffer(buf.buffer, offset_items * itemsize, self._staging, 0, nbytes)
-        dev.queue.submit([enc.finish()])
+        at = 0
+        for (buf, dtype, count, offset_items), size in zip(reads, sizes):
+            enc.copy_buffer_to_buffer(buf.buffer, offset_items * np.dtype(dtype).itemsize, self._staging, at, size)
+            at += size
+        dev.queue.submit(commands + [enc.finish()])
         self._staging.map_sync(wgpu.MapMode.READ, 0, nbytes)
         try:
-            return np.frombuffer(self._staging.read_mapped(0, nbytes, copy=False), dtype, count).copy()
+            mapped = self._staging.read_mapped(0, nbytes, copy=False)
+            out, at = [], 0
+            for (_, dtype, count, _), size in zip(reads, sizes):
+                out.append(np.frombuffer(mapped, dtype, count, at).copy())
+                at += size
+            return out
         finally:
             self._staging.unmap()
+
+    def _run_and_read(self, tape: Tape, passes: list[tuple], variant: int, uniforms: np.ndarray,
+                      read: tuple) -> np.ndarray:
+        """Non-resumable ``passes`` and the read-back of ``read`` (as _submit_and_read's) in one
+        submission and one wait, the counters read and checked with it (_check_counters): what
+        a pruned image reads, without a wait between its pixel pass and its bits."""
+        counters, data = self._submit_and_read([self._encode(passes, variant, uniforms, 0)],
+                                               (self._counters, np.uint32, COUNTERS_BYTES // 4, 0), read)
+        self._counters_checked(tape, counters)
+        return data
 
     def _lost(self, e: Exception):
         _drop_context(self._ctx)
@@ -916,12 +948,13 @@ class GpuWalker(PrunedPasses):
 
     def _frame(self, tape: Tape, camera: Camera | None, width: int, height: int,
                settings: RenderSettings | None, view: str, passes: list[str], cells, samples: int = 1,
-               final: tuple[str, ...] = ()) -> Camera:
+               final: tuple[str, ...] = (), read: tuple | None = None) -> tuple[Camera, np.ndarray | None]:
         """Dispatches ``passes`` (kernel names, n pixels each) for each of ``samples`` jittered
         samples (the first the pixel centre, as the twin renders), then the ``final`` passes; on
         the pruned cell tapes when _march_cells_for(tape, cells) says so (pruned before the first
         sample, or kept from the last frame of the same tape bytes, settings and size while no
-        other pass has run: a camera that moves re-uses them). Returns the camera used."""
+        other pass has run: a camera that moves re-uses them). Returns the camera used and
+        ``read`` (as _submit_and_read's) read back with the last submission (None without)."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         frame = [(k, n) for k in passes]
         cells = self._march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
@@ -942,8 +975,10 @@ class GpuWalker(PrunedPasses):
                                camera=camera.pack(), settings=packed)
             if desc is not None:
                 u[12] = desc                # U.extra.x: the bits of the cell descriptor's word
-            self._dispatch(tape, frame + ([(k, n) for k in final] if s == samples - 1 else []), variant, u)
-        return camera
+            last = s == samples - 1
+            data = self._dispatch(tape, frame + ([(k, n) for k in final] if last else []), variant, u,
+                                  read if last else None)
+        return camera, data
 
     @_guarded
     def march(self, tape: Tape, camera: Camera, width: int, height: int,
@@ -952,7 +987,7 @@ class GpuWalker(PrunedPasses):
         mat uint32, grad (H,W,3) f32 (field gradient at the hit), normal, dirs, eye. ``cells``
         (None, "auto" or (g0, levels)): an arithmetic tape is marched on its pruned cell tapes
         (packed.wgsl cell_eval; the same bits)."""
-        camera = self._frame(tape, camera, width, height, settings, view, ["march", "surface"], cells)
+        camera, _ = self._frame(tape, camera, width, height, settings, view, ["march", "surface"], cells)
         return self._march_result(camera, width, height)
 
     def _march_result(self, camera: Camera, width: int, height: int) -> dict:
@@ -972,7 +1007,7 @@ class GpuWalker(PrunedPasses):
               settings: RenderSettings | None = None, view: str = "shade", cells="auto") -> dict:
         """March, then the key light's visibility and ambient occlusion: the march dict plus
         shadow and ao (H, W) float32 (1 on misses). ``cells`` as march."""
-        camera = self._frame(tape, camera, width, height, settings, view, ["march", "surface", "light"], cells)
+        camera, _ = self._frame(tape, camera, width, height, settings, view, ["march", "surface", "light"], cells)
         n = width * height
         out = self._march_result(camera, width, height)
         sa = self._read(self._out_f, np.float32, 4 * n, 4 * n).reshape(height, width, 4)
@@ -995,17 +1030,17 @@ class GpuWalker(PrunedPasses):
         run = self.render_tape(tape, view, cells)
         if run is not tape and isinstance(cells, str) and not self._rendered_before(tape):
             run = tape
+        n = width * height
+        rgb_words = (self._out_u, np.uint32, (3 * n + 3) // 4, 8 * n)     # (resolve packs RGB bytes)
         for run, run_cells in self._render_plans(tape, run, cells):
             try:
-                self._frame(run, camera, width, height, settings, view, _view_passes(view), run_cells, samples,
-                            final=("resolve",))
+                rgb = self._frame(run, camera, width, height, settings, view, _view_passes(view), run_cells, samples,
+                                  final=("resolve",), read=rgb_words)[1]
                 break
             except CellsTooLarge:
                 if run is tape:
                     raise
                 self._cells_too_large.add((content_key(run), run_cells))
-        n = width * height
-        rgb = self._read(self._out_u, np.uint32, (3 * n + 3) // 4, 8 * n)   # (resolve packs RGB bytes)
         return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
 
     def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:

@@ -590,11 +590,12 @@ class PrunedPasses:
         return variant, passes, u, arena
 
     def _pruned_image(self, tape: Tape, width: int, height: int, rect, z: float, tiles,
-                      sign: bool) -> int:
+                      sign: bool) -> np.ndarray:
         """The tile levels in one submission, then the pixel pass in the register variant that
         holds the finest tiles' renumbered tapes (_pixel_variant; a pixel refused for want of
-        registers has the pass run again in the tape's own): the values in out_f, a sign image's
-        bits in out_u from the word returned (_image_result reads either). When a tile
+        registers has the pass run again in the tape's own) with the image read back in the same
+        submission (_image_read: the values in out_f, a sign image's bits in out_u; _image_result
+        makes the image of them). When a tile
         found no arena room the tiles are discarded and run again with a larger arena (kept for
         later calls), up to the adapter's binding limit, past which it is a TaperayError. The
         counters after the tile passes stay in ``_tile_counters``."""
@@ -613,26 +614,33 @@ class PrunedPasses:
                                    "limit; use larger tiles or the CPU walker")
             self._arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
         self._tile_counters = c
-        self._pixel_pass(tape, passes[-1:], self._pixel_variant(variant, c[PRUNE_REGS]), variant, u)
-        return int(u[23])
+        return self._pixel_pass(tape, passes[-1:], self._pixel_variant(variant, c[PRUNE_REGS]), variant, u,
+                                self._image_read(width, height, sign, int(u[23])))
 
     def _pixel_pass(self, tape: Tape, passes: list[tuple[str, int]], pixel_variant: int, variant: int,
-                    u: np.ndarray):
-        """Dispatches a pixel pass over pruned tapes in ``pixel_variant``; where a pixel was
-        refused for want of registers (prune.wgsl packed_pixel), again in the tape's own
-        ``variant``."""
-        self._dispatch(tape, passes, pixel_variant, u)
+                    u: np.ndarray, read: tuple) -> np.ndarray:
+        """Runs a pixel pass over pruned tapes in ``pixel_variant`` and reads ``read`` back
+        (_run_and_read: one submission, one wait); where a pixel was refused for want of
+        registers (prune.wgsl packed_pixel), again in the tape's own ``variant``."""
+        out = self._run_and_read(tape, passes, pixel_variant, u, read)
         if self._counters_read[PRUNE_REGS_REFUSED] and pixel_variant != variant:
             self.register_refusals += 1
-            self._dispatch(tape, passes, variant, u)
+            out = self._run_and_read(tape, passes, variant, u, read)
+        return out
 
-    def _image_result(self, width: int, height: int, sign: bool, bits_at: int) -> np.ndarray:
-        """The last pixel pass's image: a sign image (H, W) bool from its bits in out_u from word
-        ``bits_at`` (1 bit a pixel read back, not a float), else the (H, W) float32 values."""
+    def _image_read(self, width: int, height: int, sign: bool, bits_at: int) -> tuple:
+        """What a pixel pass's image reads back (_pixel_pass' ``read``): a sign image's bits in
+        out_u from word ``bits_at`` (1 bit a pixel, not a float), else out_f's values."""
+        if sign:
+            return self._out_u, np.uint32, sign_bit_words(width, height), bits_at
+        return self._out_f, np.float32, width * height, 0
+
+    @staticmethod
+    def _image_result(width: int, height: int, sign: bool, words: np.ndarray) -> np.ndarray:
+        """The image from what _image_read read: a sign image (H, W) bool, else (H, W) float32."""
         if not sign:
-            return self._read(self._out_f, np.float32, width * height).reshape(height, width)
+            return words.reshape(height, width)
         bx, by = -(-width // 8), -(-height // 8)
-        words = self._read(self._out_u, np.uint32, sign_bit_words(width, height), bits_at)
         rows = words.view(np.uint8).reshape(by, bx, 8).transpose(0, 2, 1).reshape(8 * by, bx)   # a byte a block row
         return np.unpackbits(rows, axis=1, count=width, bitorder="little")[:height].view(bool)
 
@@ -659,10 +667,10 @@ class PrunedPasses:
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z) < 0
         if cells is not None:
-            at = self._cells_image(tape, width, height, rect, z, cells, True)
+            words = self._cells_image(tape, width, height, rect, z, cells, True)
         else:
-            at = self._pruned_image(tape, width, height, rect, z, tiles, True)
-        return self._image_result(width, height, True, at)
+            words = self._pruned_image(tape, width, height, rect, z, tiles, True)
+        return self._image_result(width, height, True, words)
 
     @_guarded
     def field_image_pruned(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
@@ -674,10 +682,10 @@ class PrunedPasses:
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z)
         if cells is not None:
-            at = self._cells_image(tape, width, height, rect, z, cells, False)
+            values = self._cells_image(tape, width, height, rect, z, cells, False)
         else:
-            at = self._pruned_image(tape, width, height, rect, z, tiles, False)
-        return self._image_result(width, height, False, at)
+            values = self._pruned_image(tape, width, height, rect, z, tiles, False)
+        return self._image_result(width, height, False, values)
 
     def drop_kept_cells(self):
         """Forgets the pruned cells kept from the last frame or image: the next one on cells
@@ -704,15 +712,15 @@ class PrunedPasses:
         u[23] = bits_at                     # U.camera[1].w: the sign image's bits, after the arena
         return pixel_variant, [("cells_image", 64 * -(-width // 8) * -(-height // 8))], u
 
-    def _cells_image(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool) -> int:
-        """An image on flat cells (sign: decided cells are -1 / 1): its values in out_f, a sign
-        image's bits in out_u from the word returned (as _pruned_image). The pixel pass runs in
+    def _cells_image(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool) -> np.ndarray:
+        """An image on flat cells (sign: decided cells are -1 / 1), read back with its pixel pass
+        (as _pruned_image). The pixel pass runs in
         the register variant _image_cells chose; should a pixel find a cell whose tape needs more
         registers (the outside cell, the whole tape, where a pixel centre lies in no grid cell's
         box), the pass is run again in the tape's own variant."""
         pixel_variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
-        self._pixel_pass(tape, passes, pixel_variant, self.upload(tape), u)
-        return int(u[23])
+        return self._pixel_pass(tape, passes, pixel_variant, self.upload(tape), u,
+                                self._image_read(width, height, sign, int(u[23])))
 
     @_guarded
     def prune_levels(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),

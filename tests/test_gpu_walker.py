@@ -5,6 +5,7 @@ lavapipe runs the interpreter on the CPU."""
 import glob
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -336,3 +337,26 @@ def test_self_check_passes_here_and_catches_a_wrong_gpu(walker_gpu):
     assert not bad.passed and bad.mismatch_fraction > 0.3
     assert bad.first_pixel is not None and bad.first_pixel[0] >= gpu.SELF_CHECK_SIZE[1] // 3
     assert "FAILED" in str(bad)
+
+
+def test_frames_and_kept_cell_images_wait_for_the_gpu_once_a_submission(walker_gpu, monkeypatch):
+    """Each wait is a round trip to the GPU. A shaded frame waits once after its march, once after
+    its light pass, and once for its last passes with the image read back with them; an image on
+    kept cells once, its pixel pass and its bits together."""
+    from taperay.scenegraph import flatten, sphere
+    from taperay.scenegraph.vm import load_vm
+    tape = flatten(sphere(0.5) | sphere(0.3).translate(0.6, 0, 0))
+    prog = load_vm(Path(__file__).parent / "data" / "sphere.vm")
+    waits = []
+    real = walker_gpu._submit_and_read
+    monkeypatch.setattr(walker_gpu, "_submit_and_read", lambda *a: waits.append(1) or real(*a))
+    walker_gpu.render(tape, None, 24, 18, cells=None)
+    waits.clear()
+    resumed = walker_gpu.resumed_dispatches
+    frame = walker_gpu.render(tape, None, 24, 18, cells=None)
+    assert walker_gpu.resumed_dispatches == resumed and len(waits) == 3
+    walker_gpu.sign_image(prog, 32, 32, cells=(2, 2))       # (prunes the cells: a wait more)
+    waits.clear()
+    kept = walker_gpu.sign_image(prog, 32, 32, cells=(2, 2))
+    assert len(waits) == 1
+    assert kept.any() and not kept.all() and frame.shape == (18, 24, 3)
