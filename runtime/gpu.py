@@ -890,7 +890,7 @@ class GpuWalker(PrunedPasses):
             if tile_passes_only:
                 layout = _march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
                 variant = self.upload(tape)     # (the pruning's, not the pixel pass's)
-                passes, u = self._prune_cell_grid(tape, variant, layout, 0, (width * height, 0), "image cells")[2]
+                passes, u = self._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells")[2]
         elif tiles is None:
             variant = self.upload(tape)
             n = width * height

@@ -28,7 +28,7 @@ import numpy as np
 from .gpu_guard import _guarded
 from .opcodes import WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
 from .shading import RenderSettings
-from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, point_array
+from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, content_key, point_array
 
 # Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
 # MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile (packed.wgsl
@@ -228,30 +228,14 @@ CELL_DESCRIPTOR_WORDS = 10
 
 
 @functools.lru_cache(maxsize=8)
-def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool = False):
+def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool = False, base: int = 0):
+    """march_cells with ``base`` as the headers' first word in out_u, read-only and kept: the
+    points buffer, once synced to the words, does not compare them again when the same cells are
+    pruned again (gpu._Buffer.held)."""
     counts, words, desc = march_cells(lo, hi, g0, levels, flat)
+    words[desc + 8:desc + 9].view(np.uint32)[0] = base
     words.flags.writeable = False
     return counts, words, desc
-
-
-_AT_BASE: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _words_at_base(words: np.ndarray, desc: int, base: int) -> np.ndarray:
-    """A cell layout's points-buffer words (march_cells) with ``base`` as the headers' first word,
-    read-only and kept for the last few layouts and bases, so that the points buffer, once
-    synced to them, is not compared again when the same cells are pruned again."""
-    if words[desc + 8:desc + 9].view(np.uint32)[0] == base:
-        return words
-    kept = _AT_BASE.get((id(words), base))
-    if kept is None or kept[0] is not words:
-        based = words.copy()
-        based[desc + 8:desc + 9].view(np.uint32)[0] = base
-        based.flags.writeable = False
-        if len(_AT_BASE) > 16:
-            _AT_BASE.clear()
-        kept = _AT_BASE[(id(words), base)] = (words, based)     # (words kept alive: no id is reused)
-    return kept[1]
 
 
 def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
@@ -289,7 +273,7 @@ def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
     words[4:desc] = np.concatenate(boxes).ravel()
     words[desc:desc + 3] = lo
     words[desc + 3:desc + 6] = size0 / 4.0 ** (levels - 1)
-    words[desc + 6:].view(np.uint32)[:] = g0, levels, 0, flat   # (the header base: set by _prune_cells)
+    words[desc + 6:].view(np.uint32)[:] = g0, levels, 0, flat   # (the header base: set by _march_cells_cached)
     return [len(b) for b in boxes], words, desc
 
 
@@ -509,7 +493,7 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
     by prune_tiles' serial walks instead: a tape of non-arithmetic ops, longer than WAVE_RECORDS
     or keeping more than WAVE_SLOTS values alive at once, or while the planner is still being
     compiled (start_wave_planner; ``wait``: until it is). Kept per tape content."""
-    key = hash((tape.instrs.tobytes(), tape.params.tobytes()))
+    key = content_key(tape)
     if key not in _WAVES:
         from .pruning import compact_records, is_arithmetic
         rows = None
@@ -901,22 +885,23 @@ class PrunedPasses:
         buffer (U.extra.x of the _cells kernels) first."""
         from .cpu import _packed
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
-        layout = _march_cells_cached(tuple(lo), tuple(hi), *cells)   # (the same box each frame)
-        return self._prune_cell_grid(tape, variant, layout, 9 * n, (8 * n, n),
+        layout = _march_cells_cached(tuple(lo), tuple(hi), *cells, base=9 * n)   # (the same box each frame)
+        return self._prune_cell_grid(tape, variant, layout, (8 * n, n),
                                      f"the march cells {cells} at {n} pixels")
 
-    def _prune_cell_grid(self, tape: Tape, variant: int, layout, base: int, outputs: tuple[int, int], what: str,
+    def _prune_cell_grid(self, tape: Tape, variant: int, layout, outputs: tuple[int, int], what: str,
                          tail: int = 0):
-        """Prunes ``tape`` over the cells of ``layout`` (march_cells' (counts, words, descriptor
-        word)): prune_cells (prune_tiles folding constant operands) once per level (points mode)
-        in a submission of its own, the headers and arena in out_u from word ``base``, out_f and
-        the accumulator sized for ``outputs`` (their words and texels), ``tail`` words of out_u
-        kept free after the arena, the arena grown and the cells run again on overflow. Returns
-        the descriptor word, the cells per level, the (passes, uniforms) that pruned them, the
-        most registers a finest cell's tape uses and the first word after the arena."""
+        """Prunes ``tape`` over the cells of ``layout`` (_march_cells_cached's (counts, words,
+        descriptor word), the words naming ``base``, the headers' first word): prune_cells
+        (prune_tiles folding constant operands) once per level (points mode) in a submission of
+        its own, the headers and arena in out_u from word ``base``, out_f and the accumulator
+        sized for ``outputs`` (their words and texels), ``tail`` words of out_u kept free after
+        the arena, the arena grown and the cells run again on overflow. Returns the descriptor
+        word, the cells per level, the (passes, uniforms) that pruned them, the most registers a
+        finest cell's tape uses and the first word after the arena."""
         counts, words, desc = layout
         levels = len(counts)
-        words = _words_at_base(words, desc, base)
+        base = int(words[desc + 8:desc + 9].view(np.uint32)[0])
         header = PRUNE_HEADER_WORDS * sum(counts)
         limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
         if base + header + tail + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
@@ -969,7 +954,7 @@ class PrunedPasses:
                 self._prepare_outputs(n, 1)
                 return kept[1], kept[2], kept[3]
         layout = _march_cells_cached(lo, hi, *cells, flat=True)
-        desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, 0, (n, 0),
+        desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, (n, 0),
                                                           f"the image cells {cells}", max(bits, IMAGE_BITS_WORDS))
         self.image_cell_builds += 1
         self._kept_cells = ((key(), (lo, hi)), desc, self._pixel_variant(variant, regs), tail_at)

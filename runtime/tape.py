@@ -343,13 +343,6 @@ def _enclosing_loops(cols: list) -> list[int]:
     return out
 
 
-def _all_finite(*arrays: np.ndarray) -> bool:
-    """Whether every float32 value is finite: a float64 sum of float32 values cannot overflow, and
-    any inf or NaN makes it non-finite (one reduction per array, no mask: the 100,000-bolt bin's
-    BVH boxes and transforms are 1.6 M values)."""
-    return all(np.isfinite(a.sum(dtype=np.float64)) for a in arrays)
-
-
 def _check_pattern(op: Op, prm: np.ndarray, i: int, src):
     if not np.all(np.isfinite(prm)):
         raise TapeError(f"{op.name} has non-finite parameters", i, src)
@@ -377,10 +370,10 @@ def _check_instances(tape: Tape, first: int, count: int, param: int, i: int, src
     leaf = named >= 0
     if np.any(leaf & (nodes["skip"] != idx + 1)):
         raise TapeError("a BVH leaf must skip to the next node", i, src)
-    if not _all_finite(nodes["lo"], nodes["hi"]):
+    if not (np.all(np.isfinite(nodes["lo"])) and np.all(np.isfinite(nodes["hi"]))):
         raise TapeError("a BVH box is not finite", i, src)
     inst = tape.instances
-    if not (_all_finite(inst["q"], inst["t"]) and inst["s"].min() > 0):
+    if not (np.all(np.isfinite(inst["q"])) and np.all(np.isfinite(inst["t"])) and inst["s"].min() > 0):
         raise TapeError("an instance transform is not finite or has scale <= 0", i, src)
     fixed = OPS[Op.INSTANCES].n_params             # (the words before the grid's representatives)
     head = tape.params[param:param + fixed].astype(np.float64)
