@@ -17,8 +17,13 @@ point interpreter (the interpreter keeps their material ids). Control flow:
   * INSTANCES walks the BVH per point, from the bound of its grid cell's representative
     (_instances_reach); the body runs blockwise while any point still has a leaf to evaluate
     (finished points ride along, their results ignored);
-  * CULL_BOX jumps when every point of the block culls, falls through when none does; a block
-    that splits is re-run point by point (blocks of one never split), so results never depend
+  * CULL_BOX jumps when every point of the block culls, falls through when none does. Where the
+    block splits, the points that cull ride through the subtree with the others and get back, at
+    the jump target, the registers they held at the cull (_cull_saves lists the registers each
+    subtree writes); a point that culls is "dead" meanwhile: deeper culls and pattern copies
+    count only the live points. A subtree that leaves ``p`` changed at the cull's stack depth,
+    holds a cull jumping past its own target, or splits more than ``_CULL_CAP`` deep re-runs
+    the block point by point (blocks of one never split). Either way the results never depend
     on how points are grouped.
 
 Choices where the op table is silent (the reference behaviour):
@@ -53,7 +58,7 @@ import numpy as np
 from numba import njit, prange
 
 from .camera import Camera, auto_camera
-from .opcodes import INSTANCE_REACH, LOOP_CAP, STACK_CAP, Op
+from .opcodes import INSTANCE_REACH, LOOP_CAP, OPS, STACK_CAP, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, gradient_eps, point_array
 
@@ -75,6 +80,7 @@ SMOOTH_DIFFERENCE, OFFSET, SHELL = 76, 77, 78
 REPEAT_LINEAR, REPEAT_POLAR, REPEAT_GRID, REPEAT_END, INSTANCES = 80, 81, 82, 83, 84
 CULL_BOX, FIELD_RESULT = 90, 95
 _STACK_CAP, _LOOP_CAP = 16, 4
+_CULL_CAP = 8                       # culls split at once in one block (deeper: point by point)
 
 _twin = {o.name: globals().get(o.name) for o in Op}
 if _twin != {o.name: int(o) for o in Op} or (_STACK_CAP, _LOOP_CAP) != (STACK_CAP, LOOP_CAP):
@@ -359,16 +365,92 @@ def _cells(t, cnt):
 
 # ----------------------------------------------------------------------------- workspace
 @njit(**_JIT)
-def _workspace(n_regs, B):
+def _workspace(n_regs, B, n_save):
     """Per-chunk scratch: (pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
-    lcell, lint)."""
+    lcell, lint, cmask, cdead, csave_v, csave_m, cframe); the last five hold split culls (n_save:
+    the most registers a cull's subtree writes, _cull_saves)."""
+    k = _CULL_CAP if n_save > 0 else 0
     return (np.zeros((3, B), np.float32), np.zeros(B, np.float32), np.zeros(B, np.uint32),
             np.zeros((n_regs, B), np.float32), np.zeros((n_regs, B), np.uint32),
             np.zeros((4, B), np.float32), np.zeros((_STACK_CAP, 4, B), np.float32),
             np.zeros((_LOOP_CAP, 4, B), np.float32), np.zeros((_LOOP_CAP, B), np.float32),
             np.zeros((_LOOP_CAP, B), np.uint32), np.zeros((_LOOP_CAP, B), np.float32),
             np.zeros((_LOOP_CAP, B), np.float32),
-            np.zeros((_LOOP_CAP, 6, B), np.int64), np.zeros((_LOOP_CAP, 8), np.int64))
+            np.zeros((_LOOP_CAP, 6, B), np.int64), np.zeros((_LOOP_CAP, 8), np.int64),
+            np.zeros((_CULL_CAP + 1, B), np.bool_), np.zeros(B, np.int32),
+            np.empty((k, n_save, B), np.float32), np.empty((k, n_save, B), np.uint32),
+            np.zeros((_CULL_CAP, 2), np.int64))
+
+
+@njit(**_JIT)
+def _cull_saves(cols, n_regs, writes):
+    """For each record, -1, or for a CULL_BOX whose subtree a split block may run for points that
+    cull, an offset k into ``regs``: regs[k] = count, regs[k + 1 : k + 1 + count] = the registers
+    the cull and its subtree write (restored at the jump target for those points). A subtree
+    qualifies when it leaves p as it found it at the cull's stack depth (point ops there only
+    inside PUSH / POP or a pattern body, which restores p) and every cull inside it jumps no
+    further than its own target. writes[op]: the op writes reg[dst] (runtime.opcodes)."""
+    n = cols.shape[0]
+    idx = np.full(n, -1, np.int64)
+    out = np.zeros(1, np.int64)
+    used = 0
+    seen = np.zeros(max(n_regs, 1), np.bool_)
+    for i in range(n):
+        if cols[i, 0] != CULL_BOX:
+            continue
+        target = np.int64(cols[i, 7])
+        seen[:] = False
+        seen[cols[i, 1]] = True
+        depth, loops, clean = 0, 0, True
+        for q in range(i + 1, min(target, n)):
+            op = cols[q, 0]
+            if op == PUSH:
+                depth += 1
+            elif op == POP:
+                depth -= 1
+                if depth < 0:
+                    clean = False
+            elif TRANSLATE <= op <= ELONGATE and depth == 0 and loops == 0:
+                clean = False
+            elif REPEAT_LINEAR <= op <= INSTANCES and op != REPEAT_END:
+                loops += 1
+            elif op == REPEAT_END:
+                loops -= 1
+            elif op == CULL_BOX and cols[q, 7] > target:
+                clean = False
+            if not clean:
+                break
+            if writes[op]:
+                seen[cols[q, 1]] = True
+        if not clean:
+            continue
+        cnt = 0
+        for r in range(n_regs):
+            if seen[r]:
+                cnt += 1
+        if used + 1 + cnt > out.shape[0]:
+            grown = np.zeros(2 * (used + 1 + cnt), np.int64)
+            grown[:used] = out[:used]
+            out = grown
+        idx[i] = used
+        out[used] = cnt
+        w = used + 1
+        for r in range(n_regs):
+            if seen[r]:
+                out[w] = r
+                w += 1
+        used = w
+    return idx, out[:max(used, 1)]
+
+
+@njit(**_JIT)
+def _save_width(csidx, csregs):
+    """The most registers any cull's subtree writes (0: no cull can split a block)."""
+    m = 0
+    for i in range(csidx.shape[0]):
+        if csidx[i] >= 0:
+            m = max(m, csregs[csidx[i]])
+    return m
 
 
 # ----------------------------------------------------------------------------- patterns
@@ -593,16 +675,30 @@ def _instance_point(L, j, node, p, lp, lcell, bvhi, inst):
 
 # ----------------------------------------------------------------------------- the interpreter
 @njit(**_JIT)
-def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
-    """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the block."""
-    pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint = ws
+def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
+    """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the
+    block where its points cannot ride through the subtree (see the module docstring)."""
+    pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint, \
+        cmask, cdead, csave_v, csave_m, cframe = ws
     for j in range(n):
         p[0, j], p[1, j], p[2, j], p[3, j] = pin[0, j], pin[1, j], pin[2, j], F1
+        cdead[j] = 0
     sp = 0
     lsp = 0
+    csp = 0
     pc = 0
     n_ins = cols.shape[0]
     while pc < n_ins:
+        while csp > 0 and cframe[csp - 1, 0] == pc:     # a split cull's target: its points return
+            csp -= 1
+            k = cframe[csp, 1]
+            for j in range(n):
+                if cmask[csp, j]:
+                    for s in range(csregs[k]):
+                        r = csregs[k + 1 + s]
+                        regs[r, j] = csave_v[csp, s, j]
+                        mats[r, j] = csave_m[csp, s, j]
+                    cdead[j] -= 1
         op = cols[pc, 0]
         dst, a, b, c = cols[pc, 1], cols[pc, 2], cols[pc, 3], cols[pc, 4]
         prm, aux = np.int64(cols[pc, 5]), cols[pc, 6]
@@ -807,7 +903,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                         _copy_bound(L, n, params, p, lint, lcopy)
                         needed = False
                         for j in range(n):
-                            if not lcopy[L, j] >= lacc[L, j]:
+                            if cdead[j] == 0 and not lcopy[L, j] >= lacc[L, j]:
                                 needed = True
                                 break
                         if needed:
@@ -839,9 +935,13 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
                     for j in range(n):
                         for r in range(4):
                             lp[L, r, j] = p[r, j]
-                        lcopy[L, j] = _instances_reach(prm, p[0, j], p[1, j], p[2, j], p[3, j], params, inst)
-                        node, bb = _bvh_seek(first, end, p[0, j], p[1, j], p[2, j], p[3, j], INF, lcopy[L, j],
-                                             prm, params, bvhf, bvhi, inst)
+                        if cdead[j] > 0:         # (its value is thrown away at a cull's target)
+                            node, bb = end, INF
+                        else:
+                            lcopy[L, j] = _instances_reach(prm, p[0, j], p[1, j], p[2, j], p[3, j], params,
+                                                           inst)
+                            node, bb = _bvh_seek(first, end, p[0, j], p[1, j], p[2, j], p[3, j], INF,
+                                                 lcopy[L, j], prm, params, bvhf, bvhi, inst)
                         lcell[L, 0, j] = node
                         lcell[L, 1, j] = 0
                         lbound[L, j] = bb
@@ -864,17 +964,33 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
             x1, y1, z1, m = params[prm + 3], params[prm + 4], params[prm + 5], params[prm + 6]
             cx, cy, cz = (x0 + x1) * FH, (y0 + y1) * FH, (z0 + z1) * FH
             hx, hy, hz = (x1 - x0) * FH, (y1 - y0) * FH, (z1 - z0) * FH
-            culled = 0
+            culled, dead = 0, 0
+            split = cmask[csp]                 # (the mask of the frame this split may open)
             for j in range(n):
                 bb = _box(p[0, j] - cx, p[1, j] - cy, p[2, j] - cz, hx, hy, hz) * p[3, j]
-                if bb >= regs[a, j] + m:
+                split[j] = False
+                if cdead[j] > 0:
+                    dead += 1
+                elif bb >= regs[a, j] + m:
                     culled += 1
+                    split[j] = True
                 regs[dst, j] = bb
                 mats[dst, j] = aux
-            if culled == n:
+            if culled + dead == n:
                 nxt = np.int64(cols[pc, 7])
             elif culled > 0:
-                return False
+                k = csidx[pc]
+                if k < 0 or csp >= _CULL_CAP:
+                    return False
+                cframe[csp, 0], cframe[csp, 1] = np.int64(cols[pc, 7]), k
+                for j in range(n):
+                    if split[j]:
+                        for s in range(csregs[k]):
+                            r = csregs[k + 1 + s]
+                            csave_v[csp, s, j] = regs[r, j]
+                            csave_m[csp, s, j] = mats[r, j]
+                        cdead[j] += 1
+                csp += 1
         else:                                                         # ---- FIELD_RESULT
             for j in range(n):
                 regs[dst, j] = regs[a, j] * p[3, j]
@@ -890,13 +1006,13 @@ def _run_block(cols, params, bvhf, bvhi, inst, n, ws):
 @njit(**_JIT)
 def _field(tp, n, ws, ws1, sec):
     """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0)."""
-    cols, params, bvhf, bvhi, inst = tp
+    cols, params, bvhf, bvhi, inst, csidx, csregs = tp
     pin, out_d, out_m = ws[0], ws[1], ws[2]
-    if not _run_block(cols, params, bvhf, bvhi, inst, n, ws):
+    if not _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
         pin1 = ws1[0]
         for j in range(n):
             pin1[0, 0], pin1[1, 0], pin1[2, 0] = pin[0, j], pin[1, j], pin[2, j]
-            _run_block(cols, params, bvhf, bvhi, inst, 1, ws1)
+            _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, 1, ws1)
             out_d[j], out_m[j] = ws1[1][0], ws1[2][0]
     if sec[0] != F0:
         for j in range(n):
@@ -911,8 +1027,8 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
     nblocks = (N + BLOCK - 1) // BLOCK
     nchunks = min(nblocks, max_chunks)
     for ch in prange(nchunks):
-        ws = _workspace(n_regs, BLOCK)
-        ws1 = _workspace(n_regs, 1)
+        ws = _workspace(n_regs, BLOCK, _save_width(tp[5], tp[6]))
+        ws1 = _workspace(n_regs, 1, 0)
         pin = ws[0]
         for blk in range(ch * nblocks // nchunks, (ch + 1) * nblocks // nchunks):
             s = blk * BLOCK
@@ -1014,7 +1130,7 @@ def _tile_count(dirs):
 
 
 @njit(**_JIT)
-def _tile_setup(tile, dirs, n_regs):
+def _tile_setup(tile, dirs, n_regs, n_save):
     """Tile ``tile`` (row-major) of the march / light kernels: its pixel rows r0:r1 and columns
     c0:c1 and its scratch: (r0, r1, c0, c1, ws, ws1, ro, rd, v3, t, tfar, steps, hit, mat, res,
     idx, pix), ws / ws1 the workspaces of _field, the rest per ray (ro, rd, v3: (3, BLOCK); pix:
@@ -1023,7 +1139,7 @@ def _tile_setup(tile, dirs, n_regs):
     ntx = (W + _TW - 1) // _TW
     r0, c0 = (tile // ntx) * _TH, (tile % ntx) * _TW
     return (r0, min(r0 + _TH, H), c0, min(c0 + _TW, W),
-            _workspace(n_regs, BLOCK), _workspace(n_regs, 1),
+            _workspace(n_regs, BLOCK, n_save), _workspace(n_regs, 1, 0),
             np.empty((3, BLOCK), np.float32), np.empty((3, BLOCK), np.float32),
             np.empty((3, BLOCK), np.float32), np.empty(BLOCK, np.float32), np.empty(BLOCK, np.float32),
             np.empty(BLOCK, np.int32), np.empty(BLOCK, np.bool_), np.empty(BLOCK, np.uint32),
@@ -1033,9 +1149,10 @@ def _tile_setup(tile, dirs, n_regs):
 @njit(parallel=True, **_JIT)
 def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale,
                   out_t, out_hit, out_steps, out_mat, out_grad):
+    n_save = _save_width(tp[5], tp[6])
     for tile in prange(_tile_count(dirs)):
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix = \
-            _tile_setup(tile, dirs, n_regs)
+            _tile_setup(tile, dirs, n_regs, n_save)
         n = 0
         for row in range(r0, r1):
             for col in range(c0, c1):
@@ -1074,9 +1191,10 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
 def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale, shadow_mode,
                   soft_k, key_dir, ao_strength, ao_dist, in_t, in_grad, out_shadow, out_ao):
     """Key-light visibility (occlusion march from p + 4 eps n) and 5-tap ambient occlusion."""
+    n_save = _save_width(tp[5], tp[6])
     for tile in prange(_tile_count(dirs)):
         r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix = \
-            _tile_setup(tile, dirs, n_regs)
+            _tile_setup(tile, dirs, n_regs, n_save)
         occ = np.zeros(BLOCK, np.float32)
         n = 0
         for row in range(r0, r1):
@@ -1127,13 +1245,22 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
 
 
 # ----------------------------------------------------------------------------- the walker
+_WRITES = np.array([op in OPS and OPS[Op(op)].writes for op in range(256)], np.bool_)
+
+
 def _kernel_tape(tape: Tape):
-    """The tape as the kernels' arguments: (instr columns, params, bvh f32 / i32 views, instances)."""
+    """The tape as the kernels' arguments: (instr columns, params, bvh f32 / i32 views, instances,
+    the culls' saved registers (_cull_saves))."""
     bvh = np.ascontiguousarray(tape.bvh)
     inst = np.ascontiguousarray(tape.instances)
-    return (np.ascontiguousarray(tape.as_columns()), np.ascontiguousarray(tape.params, np.float32),
+    cols = np.ascontiguousarray(tape.as_columns())
+    if (cols[:, 0] == CULL_BOX).any():
+        csidx, csregs = _cull_saves(cols, tape.n_regs, _WRITES)
+    else:
+        csidx, csregs = np.full(len(cols), -1, np.int64), np.zeros(1, np.int64)
+    return (cols, np.ascontiguousarray(tape.params, np.float32),
             bvh.view(np.float32).reshape(-1, 8), bvh.view(np.int32).reshape(-1, 8),
-            inst.view(np.float32).reshape(-1, 8))
+            inst.view(np.float32).reshape(-1, 8), csidx, csregs)
 
 
 _NO_SECTION = np.zeros(5, np.float32)

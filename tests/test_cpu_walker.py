@@ -185,3 +185,59 @@ def test_write_png_round_trips_atomically(tmp_path):
     with pytest.raises(TaperayError):
         write_png(tmp_path / "b.png", img.astype(np.float32))
     assert not (tmp_path / "b.png").exists()
+
+
+def _one_by_one(walker, tape, pts):
+    """The field at each point evaluated alone: blocks of one never split at a cull."""
+    out = [walker.evaluate(tape, p[None]) for p in pts]
+    return np.concatenate([d for d, _ in out]), np.concatenate([m for _, m in out])
+
+
+def _split_cull_tapes():
+    """Tapes whose culls split blocks: random scenes (nested culls, culls in pattern bodies), the
+    strut lattice's cell pattern, and two culls whose subtrees the points that cull cannot ride
+    through (a TRANSLATE outside any PUSH, a cull jumping past its enclosing cull's target)."""
+    from taperay.runtime.conformance import random_tape
+    from taperay.scenegraph import flatten
+    from taperay.scenes import strut_lattice
+    rng = np.random.default_rng(7)
+    tapes = [random_tape(rng, 5) for _ in range(12)] + [flatten(strut_lattice.build(3))]
+    box = [-1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 0.0]
+    unbalanced = make_tape([(Op.SPHERE, 0, 0, 0, 0, 0, 0), (Op.CULL_BOX, 1, 0, 0, 0, 1, 1, 5),
+                            (Op.TRANSLATE, 0, 0, 0, 0, 8), (Op.SPHERE, 2, 0, 0, 0, 11, 1),
+                            (Op.INTERSECT, 1, 2, 1), (Op.UNION, 0, 0, 1), (Op.SPHERE, 1, 0, 0, 0, 12, 0),
+                            (Op.UNION, 0, 0, 1)],
+                           [0.5] + box + [0.3, 0.0, 0.0, 0.5, 0.4], [[-2] * 3, [2] * 3])
+    overlapping = make_tape([(Op.SPHERE, 0, 0, 0, 0, 0, 0), (Op.SPHERE, 2, 0, 0, 0, 17, 0),
+                             (Op.CULL_BOX, 1, 0, 0, 0, 1, 1, 5), (Op.CULL_BOX, 2, 0, 0, 0, 8, 1, 7),
+                             (Op.SPHERE, 3, 0, 0, 0, 15, 1), (Op.SPHERE, 1, 0, 0, 0, 16, 1),
+                             (Op.UNION, 0, 0, 1), (Op.UNION, 0, 0, 2)],
+                            [0.5] + box + [-0.3, -0.3, -0.3, 0.3, 0.3, 0.3, 0.0] + [0.3, 0.9, 0.7],
+                            [[-2] * 3, [2] * 3])
+    return tapes + [unbalanced, overlapping]
+
+
+def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(walker_cpu):
+    """A block whose points disagree at a cull runs its subtree for all of them and gives the
+    points that cull their registers back at the target; values and materials must be those of
+    each point evaluated alone, bit for bit, and the culls that cannot be ridden through fall
+    back to point-by-point evaluation."""
+    from taperay.runtime.cpu import _WRITES, _cull_saves
+    rng = np.random.default_rng(11)
+    tapes = _split_cull_tapes()
+    ridden = 0
+    for tape in tapes:
+        lo, hi = tape.bounds
+        pts = rng.uniform(lo - 0.3, hi + 0.3, (300, 3)).astype(np.float32)
+        d, m = walker_cpu.evaluate(tape, pts)
+        d1, m1 = _one_by_one(walker_cpu, tape, pts)
+        assert np.array_equal(d, d1, equal_nan=True), tape.source
+        assert np.array_equal(m, m1), tape.source
+        cols = tape.as_columns()
+        idx, _ = _cull_saves(cols, tape.n_regs, _WRITES)
+        ridden += int((idx >= 0).sum())
+    assert ridden >= 10                                         # culls the blocks ride through
+    for tape in tapes[-2:]:                                     # ... and the fallback was needed
+        cols = tape.as_columns()
+        idx, _ = _cull_saves(cols, tape.n_regs, _WRITES)
+        assert idx[int(np.flatnonzero(cols[:, 0] == Op.CULL_BOX)[0])] == -1
