@@ -196,24 +196,25 @@ def _one_by_one(walker, tape, pts):
 def _split_cull_tapes():
     """Tapes whose culls split blocks: random scenes (nested culls, culls in pattern bodies), the
     strut lattice's cell pattern, and two culls whose subtrees the points that cull cannot ride
-    through (a TRANSLATE outside any PUSH, a cull jumping past its enclosing cull's target)."""
+    through (a TRANSLATE outside any PUSH, a cull jumping past its enclosing cull's target),
+    placed so that blocks split at both culls."""
     from taperay.runtime.conformance import random_tape
     from taperay.scenegraph import flatten
     from taperay.scenes import strut_lattice
     rng = np.random.default_rng(7)
     tapes = [random_tape(rng, 5) for _ in range(12)] + [flatten(strut_lattice.build(3))]
-    box = [-1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 0.0]
+    box_a = [1.5, -1.0, -1.0, 2.5, 1.0, 1.0, 0.0]     # points near the origin cull at A ...
+    box_b = [1.5, 1.5, -1.0, 2.5, 2.5, 1.0, 0.0]      # ... and points by A but far from B at B
     unbalanced = make_tape([(Op.SPHERE, 0, 0, 0, 0, 0, 0), (Op.CULL_BOX, 1, 0, 0, 0, 1, 1, 5),
                             (Op.TRANSLATE, 0, 0, 0, 0, 8), (Op.SPHERE, 2, 0, 0, 0, 11, 1),
                             (Op.INTERSECT, 1, 2, 1), (Op.UNION, 0, 0, 1), (Op.SPHERE, 1, 0, 0, 0, 12, 0),
                             (Op.UNION, 0, 0, 1)],
-                           [0.5] + box + [0.3, 0.0, 0.0, 0.5, 0.4], [[-2] * 3, [2] * 3])
+                           [0.5] + box_a + [2.0, 0.0, 0.0, 0.5, 0.4], [[-2] * 3, [2] * 3])
     overlapping = make_tape([(Op.SPHERE, 0, 0, 0, 0, 0, 0), (Op.SPHERE, 2, 0, 0, 0, 17, 0),
                              (Op.CULL_BOX, 1, 0, 0, 0, 1, 1, 5), (Op.CULL_BOX, 2, 0, 0, 0, 8, 1, 7),
                              (Op.SPHERE, 3, 0, 0, 0, 15, 1), (Op.SPHERE, 1, 0, 0, 0, 16, 1),
                              (Op.UNION, 0, 0, 1), (Op.UNION, 0, 0, 2)],
-                            [0.5] + box + [-0.3, -0.3, -0.3, 0.3, 0.3, 0.3, 0.0] + [0.3, 0.9, 0.7],
-                            [[-2] * 3, [2] * 3])
+                            [0.5] + box_a + box_b + [0.3, 0.2, 0.7], [[-2] * 3, [2] * 3])
     return tapes + [unbalanced, overlapping]
 
 
