@@ -384,9 +384,10 @@ def _workspace(n_regs, B, n_save):
 
 @njit(**_JIT)
 def _cull_saves(cols, n_regs, writes):
-    """For each record, -1, or for a CULL_BOX whose subtree a split block may run for points that
-    cull, an offset k into ``regs``: regs[k] = count, regs[k + 1 : k + 1 + count] = the registers
-    the cull and its subtree write (restored at the jump target for those points). A subtree
+    """(index, saves): index[i] is -1, or, for a CULL_BOX whose subtree a split block may run for
+    the points that cull, an offset k into ``saves``: saves[k] = count, saves[k + 1 : k + 1 +
+    count] = the registers the cull and its subtree write (restored at the jump target for those
+    points). A subtree
     qualifies when it leaves p as it found it at the cull's stack depth (point ops there only
     inside PUSH / POP or a pattern body, which restores p) and every cull inside it jumps no
     further than its own target. writes[op]: the op writes reg[dst] (runtime.opcodes)."""
