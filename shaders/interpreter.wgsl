@@ -37,7 +37,8 @@ var<private> stack_p: array<vec4<f32>, STACK_CAP>;   // (p, scale) frames of PUS
 // the running minimum starts from a leaf's value (nearer than U', as the last step's nearest part
 // usually is) and the walk skips more. The least leaf value does not depend on the order the leaves
 // are run in: the value is the twin's, bit for bit; only where two leaves tie exactly may the
-// material come from the other one.
+// material come from the other one, and no output shows it: the kernels that write a material
+// (eval_points, surface) evaluate once an invocation, before any hint is set.
 var<private> walk_hint: vec2<u32>;
 
 // one open pattern loop (the twin's lp / lacc / lmat / lbound / lcell / lint rows)
