@@ -207,11 +207,15 @@ def test_leaves_that_tie_give_the_twins_material_on_the_gpu(walker_gpu, walker_c
     assert both.mean() > 0.1
     ids = {int(m) for m in cpu["mat"][both]}
     assert len(ids) >= 2                                   # both sphere materials are seen
-    assert np.array_equal(gpu["mat"][both], cpu["mat"][both])
     pts = rng.uniform(tape.bounds[0], tape.bounds[1], (4000, 3)).astype(np.float32)
     (dg, mg), (dc, mc) = walker_gpu.evaluate(tape, pts), walker_cpu.evaluate(tape, pts)
-    np.testing.assert_array_equal(dg, dc)
-    assert np.array_equal(mg, mc)
+    np.testing.assert_allclose(dg, dc, rtol=0, atol=1e-6)
+    # Lavapipe gives the twin's bits: no material differs. An H200 rounds the two copies' values
+    # apart by an ulp at some tied points (it fuses multiply-adds in their rotations), which
+    # picks the other copy: 1 of 869 pixels and 9 of 4,000 points there. A walk that took the
+    # last tied leaf instead of the first gives the other material on 62 % of these pixels.
+    assert np.mean(gpu["mat"][both] != cpu["mat"][both]) <= 1 / 100
+    assert np.mean(mg != mc) <= 1 / 100
 
 
 def test_validator_refuses_a_representative_outside_the_list_and_a_bad_grid():
