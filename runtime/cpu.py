@@ -1321,9 +1321,10 @@ class CpuWalker:
                       _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
                       _packed(packed, "step_scale"), out["t"], out["hit"], out["steps"], out["mat"],
                       out["grad"])
-        g = out["grad"]
+        g = out["grad"][out["hit"]]           # (misses have no gradient: their normal is 0)
         norm = np.linalg.norm(g, axis=-1, keepdims=True)
-        out["normal"] = np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32)
+        out["normal"] = np.zeros((height, width, 3), np.float32)
+        out["normal"][out["hit"]] = np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0)
         out["dirs"], out["eye"] = dirs, eye
         return out
 
