@@ -79,9 +79,10 @@ class Tape:
 
     def __post_init__(self):
         self.instrs = np.ascontiguousarray(self.instrs, INSTR_DTYPE)
-        self.params = np.ascontiguousarray(self.params, np.float32)
-        self.materials = np.ascontiguousarray(self.materials, MATERIAL_DTYPE)
-        self.bounds = np.asarray(self.bounds, np.float32).reshape(2, 3)
+        with np.errstate(over="ignore"):    # (past float32: inf, which validate() refuses by name)
+            self.params = np.ascontiguousarray(self.params, np.float32)
+            self.materials = np.ascontiguousarray(self.materials, MATERIAL_DTYPE)
+            self.bounds = np.asarray(self.bounds, np.float32).reshape(2, 3)
         self.instances = np.ascontiguousarray(np.zeros(0, INSTANCE_DTYPE) if self.instances is None
                                               else self.instances, INSTANCE_DTYPE)
         self.bvh = np.ascontiguousarray(np.zeros(0, BVH_DTYPE) if self.bvh is None else self.bvh, BVH_DTYPE)

@@ -225,3 +225,27 @@ def test_scene_bodies_with_one_field_replaced_only_raise_taperay_errors(tmp_path
     body = msgpack.unpackb(saved["s"], raw=False)["body"]
     body[key] = value
     _load_expecting_taperay_error(tmp_path, _container("scene", body))
+
+
+@pytest.mark.parametrize("where", ["bounds", "params", "materials"])
+def test_numbers_past_float32_become_inf_without_a_numpy_warning(where):
+    """A tape built from float64 numbers too large for float32 (a damaged file's, a script's) holds
+    inf there, and building it warns of nothing; validate refuses non-finite bounds and materials
+    by name (a parameter may be infinite: a .vm constant can be)."""
+    import warnings
+    big = 1e300
+    instrs = instr_array(1)
+    instrs["op"] = Op.SPHERE
+    params = np.array([big if where == "params" else 0.5])
+    mats = np.array([((big if where == "materials" else 0.5, 0.5, 0.5), 0.5)],
+                    [("color", "<f8", (3,)), ("roughness", "<f8")])
+    bounds = np.array([[-big if where == "bounds" else -1.0] * 3, [1.0] * 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tape = Tape(instrs, params, mats, 1, bounds)
+    if where == "params":
+        assert np.isinf(tape.params[0])
+        validate(tape)
+    else:
+        with pytest.raises(TapeError, match="(not |non-)finite"):
+            validate(tape)
