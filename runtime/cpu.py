@@ -384,10 +384,10 @@ def _workspace(n_regs, B, n_save):
 
 @njit(**_JIT)
 def _cull_saves(cols, n_regs, writes):
-    """(index, saves): index[i] is -1, or, for a CULL_BOX whose subtree a split block may run for
-    the points that cull, an offset k into ``saves``: saves[k] = count, saves[k + 1 : k + 1 +
+    """(index, saves, width): index[i] is -1, or, for a CULL_BOX whose subtree a split block may run
+    for the points that cull, an offset k into ``saves``: saves[k] = count, saves[k + 1 : k + 1 +
     count] = the registers the cull and its subtree write (restored at the jump target for those
-    points). A subtree
+    points); width, the largest count (0: no cull can split a block). A subtree
     qualifies when it leaves p as it found it at the cull's stack depth (point ops there only
     inside PUSH / POP or a pattern body, which restores p) and every cull inside it jumps no
     further than its own target. writes[op]: the op writes reg[dst] (runtime.opcodes)."""
@@ -395,6 +395,7 @@ def _cull_saves(cols, n_regs, writes):
     idx = np.full(n, -1, np.int64)
     out = np.zeros(1, np.int64)
     used = 0
+    width = 0
     seen = np.zeros(max(n_regs, 1), np.bool_)
     for i in range(n):
         if cols[i, 0] != CULL_BOX:
@@ -435,23 +436,14 @@ def _cull_saves(cols, n_regs, writes):
             out = grown
         idx[i] = used
         out[used] = cnt
+        width = max(width, cnt)
         w = used + 1
         for r in range(n_regs):
             if seen[r]:
                 out[w] = r
                 w += 1
         used = w
-    return idx, out[:max(used, 1)]
-
-
-@njit(**_JIT)
-def _save_width(csidx, csregs):
-    """The most registers any cull's subtree writes (0: no cull can split a block)."""
-    m = 0
-    for i in range(csidx.shape[0]):
-        if csidx[i] >= 0:
-            m = max(m, csregs[csidx[i]])
-    return m
+    return idx, out[:max(used, 1)], width
 
 
 # ----------------------------------------------------------------------------- patterns
@@ -1007,7 +999,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
 @njit(**_JIT)
 def _field(tp, n, ws, ws1, sec):
     """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0)."""
-    cols, params, bvhf, bvhi, inst, csidx, csregs = tp
+    cols, params, bvhf, bvhi, inst, csidx, csregs, _ = tp
     pin, out_d, out_m = ws[0], ws[1], ws[2]
     if not _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
         pin1 = ws1[0]
@@ -1028,7 +1020,7 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
     nblocks = (N + BLOCK - 1) // BLOCK
     nchunks = min(nblocks, max_chunks)
     for ch in prange(nchunks):
-        ws = _workspace(n_regs, BLOCK, _save_width(tp[5], tp[6]))
+        ws = _workspace(n_regs, BLOCK, tp[7])
         ws1 = _workspace(n_regs, 1, 0)
         pin = ws[0]
         for blk in range(ch * nblocks // nchunks, (ch + 1) * nblocks // nchunks):
@@ -1150,7 +1142,7 @@ def _tile_setup(tile, dirs, n_regs, n_save):
 @njit(parallel=True, **_JIT)
 def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale,
                   out_t, out_hit, out_steps, out_mat, out_grad):
-    n_save = _save_width(tp[5], tp[6])
+    n_save = tp[7]
     for tile in prange(_tile_count(dirs)):
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix = \
             _tile_setup(tile, dirs, n_regs, n_save)
@@ -1192,7 +1184,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
 def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale, shadow_mode,
                   soft_k, key_dir, ao_strength, ao_dist, in_t, in_grad, out_shadow, out_ao):
     """Key-light visibility (occlusion march from p + 4 eps n) and 5-tap ambient occlusion."""
-    n_save = _save_width(tp[5], tp[6])
+    n_save = tp[7]
     for tile in prange(_tile_count(dirs)):
         r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix = \
             _tile_setup(tile, dirs, n_regs, n_save)
@@ -1251,17 +1243,13 @@ _WRITES = np.array([op in OPS and OPS[Op(op)].writes for op in range(256)], np.b
 
 def _kernel_tape(tape: Tape):
     """The tape as the kernels' arguments: (instr columns, params, bvh f32 / i32 views, instances,
-    the culls' saved registers (_cull_saves))."""
+    and _cull_saves' index, saves and width)."""
     bvh = np.ascontiguousarray(tape.bvh)
     inst = np.ascontiguousarray(tape.instances)
     cols = np.ascontiguousarray(tape.as_columns())
-    if (cols[:, 0] == CULL_BOX).any():
-        csidx, csregs = _cull_saves(cols, tape.n_regs, _WRITES)
-    else:
-        csidx, csregs = np.full(len(cols), -1, np.int64), np.zeros(1, np.int64)
     return (cols, np.ascontiguousarray(tape.params, np.float32),
             bvh.view(np.float32).reshape(-1, 8), bvh.view(np.int32).reshape(-1, 8),
-            inst.view(np.float32).reshape(-1, 8), csidx, csregs)
+            inst.view(np.float32).reshape(-1, 8), *_cull_saves(cols, tape.n_regs, _WRITES))
 
 
 _NO_SECTION = np.zeros(5, np.float32)

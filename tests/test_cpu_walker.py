@@ -235,10 +235,10 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
         assert np.array_equal(d, d1, equal_nan=True), tape.source
         assert np.array_equal(m, m1), tape.source
         cols = tape.as_columns()
-        idx, _ = _cull_saves(cols, tape.n_regs, _WRITES)
+        idx = _cull_saves(cols, tape.n_regs, _WRITES)[0]
         ridden += int((idx >= 0).sum())
     assert ridden >= 10                                         # culls the blocks ride through
     for tape in tapes[-2:]:                                     # ... and the fallback was needed
         cols = tape.as_columns()
-        idx, _ = _cull_saves(cols, tape.n_regs, _WRITES)
+        idx = _cull_saves(cols, tape.n_regs, _WRITES)[0]
         assert idx[int(np.flatnonzero(cols[:, 0] == Op.CULL_BOX)[0])] == -1
