@@ -21,8 +21,9 @@ const IMM_B: u32 = 0x80u;
 
 // run_tape's arithmetic, op for op (unary / binary / nmin / nmax and the exact fmod sub-steps), on
 // the packed pruned tape of `n_records` records at word `first` of out_u, at point p: register 0
-// (the loop counts into `iters` and stops at U.iter_cap, setting `overflow`). The pruned pixel,
-// point and march passes share it.
+// (the records count into `iters` at once, and a tape that would pass U.iter_cap is not run but
+// sets `overflow`; fmod sub-steps count one by one). The pruned pixel, point and march passes
+// share it.
 fn run_packed(first: u32, n_records: u32, p: vec3<f32>) -> f32 {
     return run_packed_eval(first, n_records, p, false).d;
 }
@@ -38,11 +39,14 @@ fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval
     var fm_r = 0.0;
     var fm_y = 0.0;
     var fm_ey = 0;
+    if (n_records > U.iter_cap - iters) {
+        overflow = true;
+        k = end;
+    } else {
+        iters += n_records;
+    }
     loop {
         if (k >= end) {
-            break;
-        }
-        if (!take_iteration()) {
             break;
         }
         let w0 = out_u[k];
@@ -67,7 +71,29 @@ fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval
             }
         }
         var nxt = k + 2u;
-        if (fmod_steps) {   // run_tape's STEP_FMOD
+        // The ops of scenes lowered to arithmetic come first, most frequent first, and the fmod
+        // sub-steps (op MOD) after them: every test a record passes costs each lane of its warp.
+        // This order took a quarter off frames on cells on the H200 (docs/PERFORMANCE.md).
+        if (op == OP_ADD) {
+            wv = va + vb;
+        } else if (op == OP_MUL) {
+            wv = va * vb;
+        } else if (op == OP_SUB) {
+            wv = va - vb;
+        } else if (op == OP_MAX) {
+            wv = nmax(va, vb);
+        } else if (op == OP_SQUARE) {
+            wv = va * va;
+        } else if (op == OP_MIN) {
+            wv = nmin(va, vb);
+        } else if (op == OP_SQRT) {
+            wv = sqrt(va);
+        } else if (op == OP_ABS) {
+            wv = abs(va);
+        } else if (fmod_steps) {   // run_tape's STEP_FMOD
+            if (!take_iteration()) {
+                break;
+            }
             let st = fmod_step(fm_r, fm_y, fm_ey, va, vb);
             fm_r = st.r;
             if (st.done) {
@@ -82,10 +108,6 @@ fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval
             wv = bitcast<f32>(w1);
         } else if (op == OP_INSTANCE_INDEX) {
             wv = 0.0;
-        } else if (op == OP_MIN) {
-            wv = nmin(va, vb);
-        } else if (op == OP_MAX) {
-            wv = nmax(va, vb);
         } else if (op == OP_MOD) {
             let fs = fmod_start(va, vb);
             fm_y = fs.y;
