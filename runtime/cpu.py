@@ -8,7 +8,9 @@ the other walkers must match it.
 Execution model: a *block interpreter*. Points are cut into blocks of ``BLOCK`` (prange over
 chunks of blocks, one workspace per chunk); for each instruction one tight loop runs over the
 block, so dispatch is paid per block and the loops vectorise. Registers are ``(n_regs, BLOCK)``
-float32 (+ u32 material ids); ``p`` and ``scale`` are per point (rows x, y, z, scale). The value
+float32 (+ u32 material ids); ``p`` and ``scale`` are per point (rows x, y, z, scale). The march
+and light kernels' blocks are 16 x 16 pixel tiles, run in an interleaved order (_tile_stride) so
+that each thread's share of the prange spreads over the picture. The value
 loops of the arithmetic ops that read registers are ``_arith_block``, shared with runtime.pruning's
 point interpreter (the interpreter keeps their material ids). Control flow:
 
@@ -52,6 +54,8 @@ Choices where the op table is silent (the reference behaviour):
 Registers are not cleared between blocks: the validator proves no register is read unwritten.
 """
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -1122,6 +1126,18 @@ def _tile_count(dirs):
     return ((dirs.shape[1] + _TW - 1) // _TW) * ((dirs.shape[0] + _TH - 1) // _TH)
 
 
+def _tile_stride(n_tiles: int) -> int:
+    """The march and light kernels run tile (i * stride) % n_tiles at prange iteration i. Numba
+    hands each thread one contiguous run of i, so with stride 1 a thread draws one band of the
+    picture, and the band holding the scene keeps its thread busy after the other is done. This
+    stride is coprime to n_tiles (a permutation) and near n_tiles / golden ratio, so that each
+    thread's run of i is spread over the whole picture."""
+    stride = max(1, round(n_tiles * 0.6180339887))
+    while math.gcd(stride, n_tiles) != 1:
+        stride += 1
+    return stride
+
+
 @njit(**_JIT)
 def _tile_setup(tile, dirs, n_regs, n_save):
     """Tile ``tile`` (row-major) of the march / light kernels: its pixel rows r0:r1 and columns
@@ -1140,10 +1156,12 @@ def _tile_setup(tile, dirs, n_regs, n_save):
 
 
 @njit(parallel=True, **_JIT)
-def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale,
+def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale, tile_stride,
                   out_t, out_hit, out_steps, out_mat, out_grad):
     n_save = tp[7]
-    for tile in prange(_tile_count(dirs)):
+    n_tiles = _tile_count(dirs)
+    for run_index in prange(n_tiles):
+        tile = (run_index * tile_stride) % n_tiles
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix = \
             _tile_setup(tile, dirs, n_regs, n_save)
         n = 0
@@ -1182,10 +1200,12 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
 
 @njit(parallel=True, **_JIT)
 def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale, shadow_mode,
-                  soft_k, key_dir, ao_strength, ao_dist, in_t, in_grad, out_shadow, out_ao):
+                  soft_k, key_dir, ao_strength, ao_dist, tile_stride, in_t, in_grad, out_shadow, out_ao):
     """Key-light visibility (occlusion march from p + 4 eps n) and 5-tap ambient occlusion."""
     n_save = tp[7]
-    for tile in prange(_tile_count(dirs)):
+    n_tiles = _tile_count(dirs)
+    for run_index in prange(n_tiles):
+        tile = (run_index * tile_stride) % n_tiles
         r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix = \
             _tile_setup(tile, dirs, n_regs, n_save)
         occ = np.zeros(BLOCK, np.float32)
@@ -1307,7 +1327,8 @@ class CpuWalker:
                    grad=np.empty((height, width, 3), np.float32))
         _march_kernel(tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
                       _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
-                      _packed(packed, "step_scale"), out["t"], out["hit"], out["steps"], out["mat"],
+                      _packed(packed, "step_scale"), _tile_stride(_tile_count(dirs)), out["t"],
+                      out["hit"], out["steps"], out["mat"],
                       out["grad"])
         g = out["grad"][out["hit"]]           # (misses have no gradient: their normal is 0)
         norm = np.linalg.norm(g, axis=-1, keepdims=True)
@@ -1380,7 +1401,8 @@ class CpuWalker:
                       int(_packed(packed, "shadow_steps")), _packed(packed, "step_scale"),
                       int(_packed(packed, "shadow_mode")), _packed(packed, "soft_k"),
                       _packed(packed, "key_dir"), _packed(packed, "ao_strength"),
-                      _packed(packed, "ao_dist"), mr["t"], mr["grad"], shadow, ao)
+                      _packed(packed, "ao_dist"), _tile_stride(_tile_count(mr["dirs"])), mr["t"], mr["grad"],
+                      shadow, ao)
         return dict(shadow=shadow, ao=ao)
 
     def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),

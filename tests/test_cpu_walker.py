@@ -242,3 +242,29 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
         cols = tape.as_columns()
         idx = _cull_saves(cols, tape.n_regs, _WRITES)[0]
         assert idx[int(np.flatnonzero(cols[:, 0] == Op.CULL_BOX)[0])] == -1
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 3, 8, 60, 8160, 2 * 3 * 5 * 7 * 11])
+def test_the_tile_stride_visits_every_tile_once(n_tiles):
+    from taperay.runtime.cpu import _tile_stride
+    stride = _tile_stride(n_tiles)
+    order = (np.arange(n_tiles) * stride) % n_tiles
+    assert np.array_equal(np.sort(order), np.arange(n_tiles))
+    if n_tiles >= 8:        # (each half of the run reaches both halves of the picture)
+        first = order[: n_tiles // 2]
+        assert (first < n_tiles // 2).any() and (first >= n_tiles // 2).any()
+
+
+def test_tiles_in_any_order_give_the_same_frame(walker_cpu, monkeypatch):
+    """The march and light kernels' tiles are independent: running them in row order (stride 1)
+    or interleaved gives the same bits."""
+    import taperay.runtime.cpu as cpu
+    from taperay.scenegraph import flatten
+    from taperay.scenes import lens_bench_1000
+    scene = flatten(lens_bench_1000.scene)
+    cam = auto_camera(scene.bounds)
+    interleaved = walker_cpu.light(scene, cam, 70, 45)
+    monkeypatch.setattr(cpu, "_tile_stride", lambda n_tiles: 1)
+    rows = walker_cpu.light(scene, cam, 70, 45)
+    for key in ("t", "hit", "steps", "mat", "grad", "shadow", "ao"):
+        assert np.array_equal(interleaved[key], rows[key], equal_nan=True), key
