@@ -9,7 +9,7 @@ Execution model: a *block interpreter*. Points are cut into blocks of ``BLOCK`` 
 chunks of blocks, one workspace per chunk); for each instruction one tight loop runs over the
 block, so dispatch is paid per block and the loops vectorise. Registers are ``(n_regs, BLOCK)``
 float32 (+ u32 material ids); ``p`` and ``scale`` are per point (rows x, y, z, scale). The march
-and light kernels' blocks are 16 x 16 pixel tiles, run in an interleaved order (_tile_stride) so
+and light kernels' blocks are 16 x 16 pixel tiles, run in an interleaved order (_spread_stride) so
 that each thread's share of the prange spreads over the picture. The value
 loops of the arithmetic ops that read registers are ``_arith_block``, shared with runtime.pruning's
 point interpreter (the interpreter keeps their material ids). Control flow:
@@ -1126,14 +1126,15 @@ def _tile_count(dirs):
     return ((dirs.shape[1] + _TW - 1) // _TW) * ((dirs.shape[0] + _TH - 1) // _TH)
 
 
-def _tile_stride(n_tiles: int) -> int:
-    """The march and light kernels run tile (i * stride) % n_tiles at prange iteration i. Numba
+def _spread_stride(n_tasks: int) -> int:
+    """The march and light kernels run tile (i * stride) % n_tasks at prange iteration i. Numba
     hands each thread one contiguous run of i, so with stride 1 a thread draws one band of the
     picture, and the band holding the scene keeps its thread busy after the other is done. This
-    stride is coprime to n_tiles (a permutation) and near n_tiles / golden ratio, so that each
-    thread's run of i is spread over the whole picture."""
-    stride = max(1, round(n_tiles * 0.6180339887))
-    while math.gcd(stride, n_tiles) != 1:
+    stride is coprime to n_tasks (a permutation) and near n_tasks / golden ratio, so that each
+    thread's run of i is spread over the whole picture. (The pruned march's runs of cells,
+    runtime.pruning, gained nothing from the same order: not used there.)"""
+    stride = max(1, round(n_tasks * 0.6180339887))
+    while math.gcd(stride, n_tasks) != 1:
         stride += 1
     return stride
 
@@ -1327,7 +1328,7 @@ class CpuWalker:
                    grad=np.empty((height, width, 3), np.float32))
         _march_kernel(tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
                       _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
-                      _packed(packed, "step_scale"), _tile_stride(_tile_count(dirs)), out["t"],
+                      _packed(packed, "step_scale"), _spread_stride(_tile_count(dirs)), out["t"],
                       out["hit"], out["steps"], out["mat"],
                       out["grad"])
         g = out["grad"][out["hit"]]           # (misses have no gradient: their normal is 0)
@@ -1401,7 +1402,7 @@ class CpuWalker:
                       int(_packed(packed, "shadow_steps")), _packed(packed, "step_scale"),
                       int(_packed(packed, "shadow_mode")), _packed(packed, "soft_k"),
                       _packed(packed, "key_dir"), _packed(packed, "ao_strength"),
-                      _packed(packed, "ao_dist"), _tile_stride(_tile_count(mr["dirs"])), mr["t"], mr["grad"],
+                      _packed(packed, "ao_dist"), _spread_stride(_tile_count(mr["dirs"])), mr["t"], mr["grad"],
                       shadow, ao)
         return dict(shadow=shadow, ao=ao)
 

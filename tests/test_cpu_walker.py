@@ -245,9 +245,9 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
 
 
 @pytest.mark.parametrize("n_tiles", [1, 2, 3, 8, 60, 8160, 2 * 3 * 5 * 7 * 11])
-def test_the_tile_stride_visits_every_tile_once(n_tiles):
-    from taperay.runtime.cpu import _tile_stride
-    stride = _tile_stride(n_tiles)
+def test_the_spread_stride_visits_every_tile_once(n_tiles):
+    from taperay.runtime.cpu import _spread_stride
+    stride = _spread_stride(n_tiles)
     order = (np.arange(n_tiles) * stride) % n_tiles
     assert np.array_equal(np.sort(order), np.arange(n_tiles))
     if n_tiles >= 8:        # (each half of the run reaches both halves of the picture)
@@ -264,7 +264,7 @@ def test_tiles_in_any_order_give_the_same_frame(walker_cpu, monkeypatch):
     scene = flatten(lens_bench_1000.scene)
     cam = auto_camera(scene.bounds)
     interleaved = walker_cpu.light(scene, cam, 70, 45)
-    monkeypatch.setattr(cpu, "_tile_stride", lambda n_tiles: 1)
+    monkeypatch.setattr(cpu, "_spread_stride", lambda n_tiles: 1)
     rows = walker_cpu.light(scene, cam, 70, 45)
     for key in ("t", "hit", "steps", "mat", "grad", "shadow", "ao"):
         assert np.array_equal(interleaved[key], rows[key], equal_nan=True), key
