@@ -632,15 +632,13 @@ def _instances_reach(prm, x, y, z, sc, params, inst):
 
 @njit(**_JIT)
 def _bvh_seek(node, end, x, y, z, sc, acc, reach, prm, params, bvhf, bvhi, inst):
-    """Walk the BVH from ``node`` to the next leaf to evaluate; returns (node or end, the leaf's
-    bound max(b, c)): nodes whose box distance b is >= the running minimum or > ``reach`` (U')
-    are skipped, and so are leaves whose distance c from their local point to the child's box
-    is."""
+    """Walk the BVH (_walk_nodes' arrays) from ``node`` to the next leaf to evaluate; returns
+    (node or end, the leaf's bound max(b, c)): nodes whose box distance b is >= the running
+    minimum or > ``reach`` (U') are skipped, and so are leaves whose distance c from their local
+    point to the child's box is."""
     while node < end:
-        lox, loy, loz = bvhf[node, 0], bvhf[node, 1], bvhf[node, 2]
-        hix, hiy, hiz = bvhf[node, 4], bvhf[node, 5], bvhf[node, 6]
-        b = _box(x - (lox + hix) * FH, y - (loy + hiy) * FH, z - (loz + hiz) * FH,
-                 (hix - lox) * FH, (hiy - loy) * FH, (hiz - loz) * FH) * sc
+        b = _box(x - bvhf[node, 0], y - bvhf[node, 1], z - bvhf[node, 2],
+                 bvhf[node, 4], bvhf[node, 5], bvhf[node, 6]) * sc
         if b >= acc or b > reach:
             node = np.int64(bvhi[node, 3])
         elif bvhi[node, 7] >= 0:
@@ -1262,14 +1260,26 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
 _WRITES = np.array([op in OPS and OPS[Op(op)].writes for op in range(256)], np.bool_)
 
 
+def _walk_nodes(bvh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The BVH as _bvh_seek walks it: f32 / i32 views of one (N, 8) array, each node's box centre
+    (lo + hi) / 2 at columns 0-2 and half size (hi - lo) / 2 at 4-6, its skip and instance words
+    at 3 and 7 as in the tape. The centres and half sizes are the float32 operations the walk
+    used to do at every node it visited (the GPU's, bit for bit), done once a call."""
+    nodes = np.ascontiguousarray(bvh).view(np.float32).reshape(-1, 8)
+    walk = nodes.copy()
+    lo, hi = nodes[:, 0:3], nodes[:, 4:7]
+    with np.errstate(over="ignore", invalid="ignore"):    # (inf / NaN where the walk made them)
+        walk[:, 0:3] = (lo + hi) * FH
+        walk[:, 4:7] = (hi - lo) * FH
+    return walk, walk.view(np.int32)
+
+
 def _kernel_tape(tape: Tape):
-    """The tape as the kernels' arguments: (instr columns, params, bvh f32 / i32 views, instances,
-    and _cull_saves' index, saves and width)."""
-    bvh = np.ascontiguousarray(tape.bvh)
+    """The tape as the kernels' arguments: (instr columns, params, the BVH as _walk_nodes gives
+    it, instances, and _cull_saves' index, saves and width)."""
     inst = np.ascontiguousarray(tape.instances)
     cols = np.ascontiguousarray(tape.as_columns())
-    return (cols, np.ascontiguousarray(tape.params, np.float32),
-            bvh.view(np.float32).reshape(-1, 8), bvh.view(np.int32).reshape(-1, 8),
+    return (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape.bvh),
             inst.view(np.float32).reshape(-1, 8), *_cull_saves(cols, tape.n_regs, _WRITES))
 
 
