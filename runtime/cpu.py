@@ -509,20 +509,21 @@ def _loop_enter(op, prm, params, n, L, p, lp, lbound, lcell, lint):
 
 
 @njit(**_JIT)
-def _grid_pick(L, it, j, lcell, lint, params):
-    """Cell (i, j, k) a grid point evaluates on iteration ``it`` (x fastest over the chosen cells)."""
-    prm = lint[L, 4]
+def _grid_rows(it, params, prm):
+    """The lcell rows holding the x, y and z cell indices that grid iteration ``it`` evaluates (x
+    fastest over the axes of count > 1; an axis of count 1 has cell 0 in both its rows), the
+    same for every point of the block."""
     sel = it
-    i0, i1, i2 = 0, 0, 0
+    r0, r1, r2 = 0, 2, 4
     if np.int64(params[prm + 3]) != 1:
-        i0 = lcell[L, sel & 1, j]
+        r0 = sel & 1
         sel >>= 1
     if np.int64(params[prm + 4]) != 1:
-        i1 = lcell[L, 2 + (sel & 1), j]
+        r1 = 2 + (sel & 1)
         sel >>= 1
     if np.int64(params[prm + 5]) != 1:
-        i2 = lcell[L, 4 + (sel & 1), j]
-    return i0, i1, i2
+        r2 = 4 + (sel & 1)
+    return r0, r1, r2
 
 
 @njit(**_JIT)
@@ -548,11 +549,12 @@ def _loop_point(L, it, n, params, p, lp, lcell, lint):
             p[2, j] = lp[L, 2, j]
             p[3, j] = lp[L, 3, j]
     else:
+        r0, r1, r2 = _grid_rows(it, params, prm)
+        sx, sy, sz = params[prm], params[prm + 1], params[prm + 2]
         for j in range(n):
-            i0, i1, i2 = _grid_pick(L, it, j, lcell, lint, params)
-            p[0, j] = lp[L, 0, j] - _f(i0) * params[prm]
-            p[1, j] = lp[L, 1, j] - _f(i1) * params[prm + 1]
-            p[2, j] = lp[L, 2, j] - _f(i2) * params[prm + 2]
+            p[0, j] = lp[L, 0, j] - _f(lcell[L, r0, j]) * sx
+            p[1, j] = lp[L, 1, j] - _f(lcell[L, r1, j]) * sy
+            p[2, j] = lp[L, 2, j] - _f(lcell[L, r2, j]) * sz
             p[3, j] = lp[L, 3, j]
 
 
@@ -585,8 +587,8 @@ def _instance_index(L, j, params, lcell, lint):
         return lcell[L, 1, j]
     if op == REPEAT_GRID:
         prm = lint[L, 4]
-        i0, i1, i2 = _grid_pick(L, lint[L, 2], j, lcell, lint, params)
-        return i0 + np.int64(params[prm + 3]) * (i1 + np.int64(params[prm + 4]) * i2)
+        r0, r1, r2 = _grid_rows(lint[L, 2], params, prm)
+        return lcell[L, r0, j] + np.int64(params[prm + 3]) * (lcell[L, r1, j] + np.int64(params[prm + 4]) * lcell[L, r2, j])
     return lcell[L, lint[L, 2], j]
 
 
