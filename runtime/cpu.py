@@ -1131,8 +1131,7 @@ def _spread_stride(n_tasks: int) -> int:
     hands each thread one contiguous run of i, so with stride 1 a thread draws one band of the
     picture, and the band holding the scene keeps its thread busy after the other is done. This
     stride is coprime to n_tasks (a permutation) and near n_tasks / golden ratio, so that each
-    thread's run of i is spread over the whole picture. (The pruned march's runs of cells,
-    runtime.pruning, gained nothing from the same order: not used there.)"""
+    thread's run of i is spread over the whole picture."""
     stride = max(1, round(n_tasks * 0.6180339887))
     while math.gcd(stride, n_tasks) != 1:
         stride += 1
@@ -1262,17 +1261,23 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
 _WRITES = np.array([op in OPS and OPS[Op(op)].writes for op in range(256)], np.bool_)
 
 
-def _walk_nodes(bvh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The BVH as _bvh_seek walks it: f32 / i32 views of one (N, 8) array, each node's box centre
-    (lo + hi) / 2 at columns 0-2 and half size (hi - lo) / 2 at 4-6, its skip and instance words
-    at 3 and 7 as in the tape. The centres and half sizes are the float32 operations the walk
-    used to do at every node it visited (the GPU's, bit for bit), done once a call."""
-    nodes = np.ascontiguousarray(bvh).view(np.float32).reshape(-1, 8)
+def _walk_nodes(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
+    """The tape's BVH as _bvh_seek walks it: f32 / i32 views of one (N, 8) array, each node's box
+    centre (lo + hi) / 2 at columns 0-2 and half size (hi - lo) / 2 at 4-6, its skip and instance
+    words at 3 and 7 as in the tape. The centres and half sizes are the float32 operations the
+    walk used to do at every node it visited (the GPU's, bit for bit). Kept on the tape while it
+    holds the same frozen BVH array (a copy of it: 64 MB for 2,000,000 nodes), as content_key is."""
+    memo = tape.__dict__.get("_walk_nodes")
+    if memo is not None and memo[0] is tape.bvh and not tape.bvh.flags.writeable:
+        return memo[1], memo[2]
+    nodes = np.ascontiguousarray(tape.bvh).view(np.float32).reshape(-1, 8)
     walk = nodes.copy()
     lo, hi = nodes[:, 0:3], nodes[:, 4:7]
     with np.errstate(over="ignore", invalid="ignore"):    # (inf / NaN where the walk made them)
         walk[:, 0:3] = (lo + hi) * FH
         walk[:, 4:7] = (hi - lo) * FH
+    walk.flags.writeable = False
+    tape.__dict__["_walk_nodes"] = (tape.bvh, walk, walk.view(np.int32))
     return walk, walk.view(np.int32)
 
 
@@ -1281,7 +1286,7 @@ def _kernel_tape(tape: Tape):
     it, instances, and _cull_saves' index, saves and width)."""
     inst = np.ascontiguousarray(tape.instances)
     cols = np.ascontiguousarray(tape.as_columns())
-    return (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape.bvh),
+    return (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape),
             inst.view(np.float32).reshape(-1, 8), *_cull_saves(cols, tape.n_regs, _WRITES))
 
 
