@@ -1353,28 +1353,59 @@ def _slabs(ro: np.ndarray, rd: np.ndarray, box: np.ndarray):
                 np.where(miss, np.float32(-np.inf), t1))
 
 
+@njit(**_JIT)
+def _wavefront_points(ro, rd, t, live, out):
+    """out[q] = ro + t rd of ray live[q] (ro: one row for every ray, or a row per ray)."""
+    one_origin = ro.shape[0] == 1
+    for q in range(live.size):
+        i = live[q]
+        o = 0 if one_origin else i
+        for r in range(3):
+            out[q, r] = ro[o, r] + t[i] * rd[i, r]
+
+
+@njit(**_JIT)
+def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, max_steps, step_scale, soft_k, out_live):
+    """One step of the rays ``live`` with their field values d, by _trace's rules; the rays still
+    marching into out_live, in order; returns how many."""
+    m = 0
+    for q in range(live.size):
+        i = live[q]
+        steps[i] += 1
+        dq = d[q]
+        if dq < eps:
+            hit[i] = True
+            res[i] = 0
+            continue
+        if soft_k > 0:
+            tg = t[i]
+            pen = soft_k * dq / tg if tg > 0 else res[i]
+            if pen < res[i]:
+                res[i] = pen
+        t[i] += dq * step_scale
+        if t[i] <= tfar[i] and steps[i] < max_steps:
+            out_live[m] = i
+            m += 1
+    return m
+
+
 def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k):
     """The twin's _trace for every ray at once, a step at a time: ``t`` advanced in place;
     returns steps, hit and the soft-shadow penumbra res (iq's min(1, k f / t) where soft_k > 0).
-    ``ro`` is (3,) or (N, 3)."""
+    ``ro`` is (3,) or (N, 3). The steps' bookkeeping is Numba (_wavefront_points / _advance)."""
     steps = np.zeros(len(rd), np.int32)
     hit = np.zeros(len(rd), bool)
     res = np.ones(len(rd), np.float32)
+    origins = np.asarray(ro, np.float32).reshape(-1, 3)
     live = np.flatnonzero(t <= tfar)
-    one_origin = ro.ndim == 1
+    spare = np.empty_like(live)
+    pts = np.empty((live.size, 3), np.float32)
     while live.size:
-        d = field((ro if one_origin else ro[live]) + t[live, None] * rd[live])
-        steps[live] += 1
-        h = d < eps
-        hit[live[h]] = True
-        res[live[h]] = 0
-        go, d = live[~h], d[~h]
-        if soft_k > 0:
-            tg = t[go]
-            pen = np.where(tg > 0, soft_k * d / np.where(tg > 0, tg, np.float32(1)), res[go])
-            res[go] = np.where(pen < res[go], pen, res[go])
-        t[go] += d * step_scale
-        live = go[(t[go] <= tfar[go]) & (steps[go] < max_steps)]
+        _wavefront_points(origins, rd, t, live, pts[:live.size])
+        d = field(pts[:live.size])
+        m = _wavefront_advance(live, d, t, tfar, steps, hit, res, np.float32(eps), max_steps,
+                               np.float32(step_scale), np.float32(soft_k), spare)
+        live, spare = spare[:m], live
     return steps, hit, res
 
 
