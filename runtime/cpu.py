@@ -581,15 +581,23 @@ def _copy_bound(L, n, params, p, lint, lcopy):
 
 
 @njit(**_JIT)
-def _instance_index(L, j, params, lcell, lint):
+def _instance_indices(L, n, params, lcell, lint, out):
+    """out[:n] = the index of the copy pattern frame L evaluates at each point (INSTANCE_INDEX;
+    a grid's rows chosen once, as _loop_point does)."""
     op = lint[L, 3]
     if op == INSTANCES:
-        return lcell[L, 1, j]
-    if op == REPEAT_GRID:
+        for j in range(n):
+            out[j] = _f(lcell[L, 1, j])
+    elif op == REPEAT_GRID:
         prm = lint[L, 4]
         r0, r1, r2 = _grid_rows(lint[L, 2], params, prm)
-        return lcell[L, r0, j] + np.int64(params[prm + 3]) * (lcell[L, r1, j] + np.int64(params[prm + 4]) * lcell[L, r2, j])
-    return lcell[L, lint[L, 2], j]
+        nx, ny = np.int64(params[prm + 3]), np.int64(params[prm + 4])
+        for j in range(n):
+            out[j] = _f(lcell[L, r0, j] + nx * (lcell[L, r1, j] + ny * lcell[L, r2, j]))
+    else:
+        it = lint[L, 2]
+        for j in range(n):
+            out[j] = _f(lcell[L, it, j])
 
 
 @njit(**_JIT)
@@ -712,8 +720,12 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                 for j in range(n):
                     mats[dst, j] = 0
             elif op == INSTANCE_INDEX:
+                if lsp > 0:
+                    _instance_indices(lsp - 1, n, params, lcell, lint, regs[dst])
+                else:
+                    for j in range(n):
+                        regs[dst, j] = F0
                 for j in range(n):
-                    regs[dst, j] = _f(_instance_index(lsp - 1, j, params, lcell, lint)) if lsp > 0 else F0
                     mats[dst, j] = 0
             else:
                 if op == MIN:   # materials first (dst may be a or b): both loaded, then one selected
@@ -1346,8 +1358,7 @@ class CpuWalker:
         _march_kernel(tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
                       _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
                       _packed(packed, "step_scale"), _spread_stride(_tile_count(dirs)), out["t"],
-                      out["hit"], out["steps"], out["mat"],
-                      out["grad"])
+                      out["hit"], out["steps"], out["mat"], out["grad"])
         g = out["grad"][out["hit"]]           # (misses have no gradient: their normal is 0)
         norm = np.linalg.norm(g, axis=-1, keepdims=True)
         out["normal"] = np.zeros((height, width, 3), np.float32)

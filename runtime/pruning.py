@@ -1401,8 +1401,9 @@ def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k):
     spare = np.empty_like(live)
     pts = np.empty((live.size, 3), np.float32)
     while live.size:
-        _wavefront_points(origins, rd, t, live, pts[:live.size])
-        d = field(pts[:live.size])
+        step_pts = pts[:live.size]
+        _wavefront_points(origins, rd, t, live, step_pts)
+        d = field(step_pts)
         m = _wavefront_advance(live, d, t, tfar, steps, hit, res, np.float32(eps), max_steps,
                                np.float32(step_scale), np.float32(soft_k), spare)
         live, spare = spare[:m], live

@@ -23,6 +23,17 @@ fn take_iteration() -> bool {
     return true;
 }
 
+// `n` iterations at once (a run of records counted before it is walked): false (overflow set,
+// nothing counted) where they would pass the cap
+fn take_iterations(n: u32) -> bool {
+    if (n > U.iter_cap - iters) {
+        overflow = true;
+        return false;
+    }
+    iters += n;
+    return true;
+}
+
 var<private> reg: array<f32, REG_CAP>;
 var<private> regm: array<u32, REG_CAP>;
 // Whether run_tape tracks material ids: a pipeline constant, off for the kernels that need

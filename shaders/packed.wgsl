@@ -39,11 +39,8 @@ fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval
     var fm_r = 0.0;
     var fm_y = 0.0;
     var fm_ey = 0;
-    if (n_records > U.iter_cap - iters) {
-        overflow = true;
+    if (!take_iterations(n_records)) {
         k = end;
-    } else {
-        iters += n_records;
     }
     loop {
         if (k >= end) {

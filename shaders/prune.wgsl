@@ -689,11 +689,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             let k1 = min(len, k0 + seg);
             var k = k0;
             var next = wg_rec[base];   // (the next record is read before working on this one)
-            if (k1 > k && k1 - k > U.iter_cap - iters) {
-                overflow = true;
+            if (k1 > k && !take_iterations(k1 - k)) {
                 k = k1;
-            } else if (k1 > k) {
-                iters += k1 - k;
             }
             loop {
                 if (k >= k1) {
@@ -779,11 +776,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             let k0 = c * seg;
             var j = min(len, k0 + seg);
             var next = wg_rec[base + select(0u, j - k0 - 1u, j > k0)];
-            if (j > k0 && j - k0 > U.iter_cap - iters) {
-                overflow = true;
+            if (j > k0 && !take_iterations(j - k0)) {
                 j = k0;
-            } else if (j > k0) {
-                iters += j - k0;
             }
             loop {
                 if (j <= k0) {
