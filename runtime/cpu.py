@@ -18,7 +18,12 @@ point interpreter (the interpreter keeps their material ids). Control flow:
     instance each point evaluates differs), so they run blockwise;
   * INSTANCES walks the BVH per point, from the bound of its grid cell's representative
     (_instances_reach); the body runs blockwise while any point still has a leaf to evaluate
-    (finished points ride along, their results ignored);
+    (finished points ride along, their results ignored). A point whose workspace hint names a
+    leaf of this record (the leaf that held the least value at the last walk of the same ray:
+    the march's steps, gradient taps, a shadow ray, AO taps) runs that leaf first, as the GPU's
+    walk_hint does: the running minimum then starts near the answer and the walk skips more.
+    The value does not depend on it (opcodes.py, INSTANCES); only on an exact tie between two
+    leaves may the material come from the other one;
   * CULL_BOX jumps when every point of the block culls, falls through when none does. Where the
     block splits, the points that cull ride through the subtree with the others and get back, at
     the jump target, the registers they held at the cull (_cull_saves lists the registers each
@@ -371,8 +376,10 @@ def _cells(t, cnt):
 @njit(**_JIT)
 def _workspace(n_regs, B, n_save):
     """Per-chunk scratch: (pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
-    lcell, lint, cmask, cdead, csave_v, csave_m, cframe); the last five hold split culls (n_save:
-    the most registers a cull's subtree writes, _cull_saves)."""
+    lcell, lint, cmask, cdead, csave_v, csave_m, cframe, hint); cmask .. cframe hold split culls
+    (n_save: the most registers a cull's subtree writes, _cull_saves); hint (2, B) each point's
+    INSTANCES walk hint (record + 1, BVH leaf + 1; 0: none), which _run_block reads and updates:
+    the callers that evaluate the steps of one ray at one position keep it, the others clear it."""
     k = _CULL_CAP if n_save > 0 else 0
     return (np.zeros((3, B), np.float32), np.zeros(B, np.float32), np.zeros(B, np.uint32),
             np.zeros((n_regs, B), np.float32), np.zeros((n_regs, B), np.uint32),
@@ -383,7 +390,7 @@ def _workspace(n_regs, B, n_save):
             np.zeros((_LOOP_CAP, 6, B), np.int64), np.zeros((_LOOP_CAP, 8), np.int64),
             np.zeros((_CULL_CAP + 1, B), np.bool_), np.zeros(B, np.int32),
             np.empty((k, n_save, B), np.float32), np.empty((k, n_save, B), np.uint32),
-            np.zeros((_CULL_CAP, 2), np.int64))
+            np.zeros((_CULL_CAP, 2), np.int64), np.zeros((2, B), np.int64))
 
 
 @njit(**_JIT)
@@ -641,24 +648,35 @@ def _instances_reach(prm, x, y, z, sc, params, inst):
 
 
 @njit(**_JIT)
-def _bvh_seek(node, end, x, y, z, sc, acc, reach, prm, params, bvhf, bvhi, inst):
+def _node_distance(node, x, y, z, sc, bvhf):
+    """b: the distance * sc from (x, y, z) to BVH node ``node``'s box (_walk_nodes' arrays)."""
+    return _box(x - bvhf[node, 0], y - bvhf[node, 1], z - bvhf[node, 2],
+                bvhf[node, 4], bvhf[node, 5], bvhf[node, 6]) * sc
+
+
+@njit(**_JIT)
+def _child_distance(k, x, y, z, sc, prm, params, inst):
+    """c: the distance * scale from instance k's local point of (x, y, z, sc) to the child's box
+    (INSTANCES' params prm .. prm + 5)."""
+    lx, ly, lz = _instance_local(k, x, y, z, inst)
+    x0, y0, z0, x1, y1, z1 = (params[prm], params[prm + 1], params[prm + 2], params[prm + 3],
+                              params[prm + 4], params[prm + 5])
+    return _box(lx - (x0 + x1) * FH, ly - (y0 + y1) * FH, lz - (z0 + z1) * FH,
+                (x1 - x0) * FH, (y1 - y0) * FH, (z1 - z0) * FH) * (inst[k, 7] * sc)
+
+
+@njit(**_JIT)
+def _bvh_seek(node, end, x, y, z, sc, acc, reach, prm, params, bvhf, bvhi, inst, hinted):
     """Walk the BVH (_walk_nodes' arrays) from ``node`` to the next leaf to evaluate; returns
     (node or end, the leaf's bound max(b, c)): nodes whose box distance b is >= the running
     minimum or > ``reach`` (U') are skipped, and so are leaves whose distance c from their local
-    point to the child's box is."""
+    point to the child's box is, and the leaf ``hinted`` (already run; -1: none)."""
     while node < end:
-        b = _box(x - bvhf[node, 0], y - bvhf[node, 1], z - bvhf[node, 2],
-                 bvhf[node, 4], bvhf[node, 5], bvhf[node, 6]) * sc
+        b = _node_distance(node, x, y, z, sc, bvhf)
         if b >= acc or b > reach:
             node = np.int64(bvhi[node, 3])
-        elif bvhi[node, 7] >= 0:
-            k = bvhi[node, 7]
-            lx, ly, lz = _instance_local(k, x, y, z, inst)
-            x0, y0, z0, x1, y1, z1 = (params[prm], params[prm + 1], params[prm + 2], params[prm + 3],
-                                      params[prm + 4], params[prm + 5])
-            c = _box(lx - (x0 + x1) * FH, ly - (y0 + y1) * FH, lz - (z0 + z1) * FH,
-                     (x1 - x0) * FH, (y1 - y0) * FH, (z1 - z0) * FH) * (inst[k, 7] * sc)
-            b = max(b, c)
+        elif bvhi[node, 7] >= 0 and node != hinted:
+            b = max(b, _child_distance(bvhi[node, 7], x, y, z, sc, prm, params, inst))
             if b >= acc or b > reach:
                 node += 1
             else:
@@ -684,7 +702,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
     """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the
     block where its points cannot ride through the subtree (see the module docstring)."""
     pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint, \
-        cmask, cdead, csave_v, csave_m, cframe = ws
+        cmask, cdead, csave_v, csave_m, cframe, hint = ws
     for j in range(n):
         p[0, j], p[1, j], p[2, j], p[3, j] = pin[0, j], pin[1, j], pin[2, j], F1
         cdead[j] = 0
@@ -888,9 +906,13 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                         if v < lacc[L, j]:
                             lacc[L, j] = v
                             lmat[L, j] = mats[a, j]
+                            lcell[L, 4, j] = node
+                        if lcell[L, 3, j] != 0:       # the hinted leaf ran: now the walk from the root
+                            lcell[L, 3, j] = 0
+                            node = lint[L, 5] - 1
                         node, bb = _bvh_seek(node + 1, end, lp[L, 0, j], lp[L, 1, j], lp[L, 2, j],
                                              lp[L, 3, j], lacc[L, j], lcopy[L, j], lint[L, 4], params,
-                                             bvhf, bvhi, inst)
+                                             bvhf, bvhi, inst, lcell[L, 2, j])
                         lcell[L, 0, j] = node
                         lbound[L, j] = bb
                         if node < end:
@@ -899,6 +921,9 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                         else:
                             for r in range(4):
                                 p[r, j] = lp[L, r, j]
+                            if lcell[L, 4, j] >= 0:   # the next walk of this point runs it first
+                                hint[0, j] = lint[L, 0] + 1
+                                hint[1, j] = lcell[L, 4, j] + 1
                     again = active > 0
                 else:
                     for j in range(n):
@@ -944,13 +969,23 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                     for j in range(n):
                         for r in range(4):
                             lp[L, r, j] = p[r, j]
+                        lcell[L, 2, j], lcell[L, 3, j], lcell[L, 4, j] = -1, 0, -1
                         if cdead[j] > 0:         # (its value is thrown away at a cull's target)
                             node, bb = end, INF
                         else:
-                            lcopy[L, j] = _instances_reach(prm, p[0, j], p[1, j], p[2, j], p[3, j], params,
-                                                           inst)
-                            node, bb = _bvh_seek(first, end, p[0, j], p[1, j], p[2, j], p[3, j], INF,
-                                                 lcopy[L, j], prm, params, bvhf, bvhi, inst)
+                            x, y, z, sc = p[0, j], p[1, j], p[2, j], p[3, j]
+                            lcopy[L, j] = _instances_reach(prm, x, y, z, sc, params, inst)
+                            node, bb = end, INF
+                            h = hint[1, j] - 1
+                            if hint[0, j] == pc + 1 and first <= h < end and bvhi[h, 7] >= 0:
+                                bb = max(_node_distance(h, x, y, z, sc, bvhf),
+                                         _child_distance(bvhi[h, 7], x, y, z, sc, prm, params, inst))
+                                if bb <= lcopy[L, j]:         # the hinted leaf first
+                                    node = h
+                                    lcell[L, 2, j], lcell[L, 3, j] = h, 1
+                            if node == end:
+                                node, bb = _bvh_seek(first, end, x, y, z, sc, INF, lcopy[L, j], prm, params,
+                                                     bvhf, bvhi, inst, -1)
                         lcell[L, 0, j] = node
                         lcell[L, 1, j] = 0
                         lbound[L, j] = bb
@@ -1016,13 +1051,15 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
 def _field(tp, n, ws, ws1, sec):
     """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0)."""
     cols, params, bvhf, bvhi, inst, csidx, csregs, _ = tp
-    pin, out_d, out_m = ws[0], ws[1], ws[2]
+    pin, out_d, out_m, hint = ws[0], ws[1], ws[2], ws[19]
     if not _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
-        pin1 = ws1[0]
+        pin1, hint1 = ws1[0], ws1[19]
         for j in range(n):
             pin1[0, 0], pin1[1, 0], pin1[2, 0] = pin[0, j], pin[1, j], pin[2, j]
+            hint1[0, 0], hint1[1, 0] = hint[0, j], hint[1, j]
             _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, 1, ws1)
             out_d[j], out_m[j] = ws1[1][0], ws1[2][0]
+            hint[0, j], hint[1, j] = hint1[0, 0], hint1[1, 0]
     if sec[0] != F0:
         for j in range(n):
             pv = pin[0, j] * sec[1] + pin[1, j] * sec[2] + pin[2, j] * sec[3] - sec[4]
@@ -1038,12 +1075,13 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
     for ch in prange(nchunks):
         ws = _workspace(n_regs, BLOCK, tp[7])
         ws1 = _workspace(n_regs, 1, 0)
-        pin = ws[0]
+        pin, hint = ws[0], ws[19]
         for blk in range(ch * nblocks // nchunks, (ch + 1) * nblocks // nchunks):
             s = blk * BLOCK
             n = min(BLOCK, N - s)
             for j in range(n):
                 pin[0, j], pin[1, j], pin[2, j] = pts[s + j, 0], pts[s + j, 1], pts[s + j, 2]
+                hint[0, j] = 0                   # (unrelated points: no hint)
             _field(tp, n, ws, ws1, sec)
             for j in range(n):
                 out_d[s + j] = ws[1][j]
@@ -1052,10 +1090,11 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
 
 @njit(**_JIT)
 def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, soft_k,
-           steps, hit, mat, res, idx):
+           steps, hit, mat, res, idx, rhint):
     """Sphere-trace n rays from t to tfar: hit when f < eps. soft_k > 0 also tracks the penumbra
-    res = min(1, k * f / t) (iq's soft shadow)."""
-    pin, out_d, out_m = ws[0], ws[1], ws[2]
+    res = min(1, k * f / t) (iq's soft shadow). rhint (2, n): each ray's INSTANCES walk hint
+    (_workspace), carried from step to step, read at the start and left as the last step's."""
+    pin, out_d, out_m, hint = ws[0], ws[1], ws[2], ws[19]
     na = 0
     for i in range(n):
         steps[i] = 0
@@ -1070,10 +1109,12 @@ def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, sof
             i = idx[q]
             for r in range(3):
                 pin[r, q] = ro[r, i] + t[i] * rd[r, i]
+            hint[0, q], hint[1, q] = rhint[0, i], rhint[1, i]
         _field(tp, na, ws, ws1, sec)
         m = 0
         for q in range(na):
             i = idx[q]
+            rhint[0, i], rhint[1, i] = hint[0, q], hint[1, q]
             d = out_d[q]
             steps[i] += 1
             if d < eps:
@@ -1154,8 +1195,8 @@ def _spread_stride(n_tasks: int) -> int:
 def _tile_setup(tile, dirs, n_regs, n_save):
     """Tile ``tile`` (row-major) of the march / light kernels: its pixel rows r0:r1 and columns
     c0:c1 and its scratch: (r0, r1, c0, c1, ws, ws1, ro, rd, v3, t, tfar, steps, hit, mat, res,
-    idx, pix), ws / ws1 the workspaces of _field, the rest per ray (ro, rd, v3: (3, BLOCK); pix:
-    (2, BLOCK) row, col)."""
+    idx, pix, rhint), ws / ws1 the workspaces of _field, the rest per ray (ro, rd, v3: (3,
+    BLOCK); pix: (2, BLOCK) row, col; rhint: (2, BLOCK) the rays' walk hints, none yet)."""
     H, W = dirs.shape[0], dirs.shape[1]
     ntx = (W + _TW - 1) // _TW
     r0, c0 = (tile // ntx) * _TH, (tile % ntx) * _TW
@@ -1164,7 +1205,8 @@ def _tile_setup(tile, dirs, n_regs, n_save):
             np.empty((3, BLOCK), np.float32), np.empty((3, BLOCK), np.float32),
             np.empty((3, BLOCK), np.float32), np.empty(BLOCK, np.float32), np.empty(BLOCK, np.float32),
             np.empty(BLOCK, np.int32), np.empty(BLOCK, np.bool_), np.empty(BLOCK, np.uint32),
-            np.empty(BLOCK, np.float32), np.empty(BLOCK, np.int64), np.empty((2, BLOCK), np.int64))
+            np.empty(BLOCK, np.float32), np.empty(BLOCK, np.int64), np.empty((2, BLOCK), np.int64),
+            np.zeros((2, BLOCK), np.int64))
 
 
 @njit(parallel=True, **_JIT)
@@ -1174,7 +1216,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
     n_tiles = _tile_count(dirs)
     for run_index in prange(n_tiles):
         tile = (run_index * tile_stride) % n_tiles
-        r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix = \
+        r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             _tile_setup(tile, dirs, n_regs, n_save)
         n = 0
         for row in range(r0, r1):
@@ -1188,7 +1230,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
                 pix[0, n], pix[1, n] = row, col
                 n += 1
         _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, F0,
-               steps, hit, mat, res, idx)
+               steps, hit, mat, res, idx, rhint)
         m = 0
         for i in range(n):
             row, col = pix[0, i], pix[1, i]
@@ -1203,6 +1245,17 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
                 for r in range(3):
                     ro[r, m] = eye[r] + t[i] * rd[r, i]
                 m += 1
+        pin, out_m, hint = ws[0], ws[2], ws[19]
+        if tp[3].shape[0] > 0:    # instance lists: the material by a walk without a hint (the
+            for q in range(m):    # first of tied leaves in tree order), as the GPU's surface pass
+                for r in range(3):
+                    pin[r, q] = ro[r, q]
+                hint[0, q] = 0
+            _field(tp, m, ws, ws1, sec)
+            for q in range(m):
+                out_mat[pix[0, idx[q]], pix[1, idx[q]]] = out_m[q]
+        for q in range(m):
+            hint[0, q], hint[1, q] = rhint[0, idx[q]], rhint[1, idx[q]]     # (the gradient taps keep it)
         _gradients(tp, sec, ws, ws1, m, ro, neps, grad)
         for q in range(m):
             i = idx[q]
@@ -1218,7 +1271,7 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
     n_tiles = _tile_count(dirs)
     for run_index in prange(n_tiles):
         tile = (run_index * tile_stride) % n_tiles
-        r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix = \
+        r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             _tile_setup(tile, dirs, n_regs, n_save)
         occ = np.zeros(BLOCK, np.float32)
         n = 0
@@ -1248,11 +1301,13 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
                 t[i] = F0
                 tfar[i] = _slab(o, key_dir, box)[1]
             _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, shadow_steps, step_scale,
-                   soft_k if shadow_mode == 2 else F0, steps, hit, mat, res, idx)
+                   soft_k if shadow_mode == 2 else F0, steps, hit, mat, res, idx, rhint)
             for i in range(n):
                 out_shadow[pix[0, i], pix[1, i]] = F0 if hit[i] else max(min(res[i], F1), F0)
         if ao_strength > F0:
-            pin, out_d = ws[0], ws[1]
+            pin, out_d, hint = ws[0], ws[1], ws[19]
+            for i in range(n):
+                hint[0, i] = 0               # (the taps along the normal keep their own)
             wsum = F0
             w = F1
             for tap in range(5):

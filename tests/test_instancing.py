@@ -159,17 +159,8 @@ def test_random_assemblies_culled_equal_unculled(seed, walkers_all, walker_cpu):
 def test_walk_hints_leave_marches_and_light_as_the_twins(seed, walker_gpu, walker_cpu):
     """The GPU walk runs first the leaf that held the last walk's minimum (interpreter.wgsl
     walk_hint: along a ray, over its gradient taps, its shadow ray and ambient occlusion taps);
-    the field it gives must stay the twin's. A dense pile of random bodies, seen from above, so
-    most rays pass near many copies and most of their walks start from a hint."""
-    from taperay.runtime.camera import Camera
-    rng = np.random.default_rng(seed)
-    n = 400
-    body = union(box(0.3, 0.1, 0.1), cylinder(0.08, 0.4).rotate((1, 0, 0), 90).translate(0.2, 0, 0))
-    scene = union(box(3, 3, 0.1).translate(0, 0, -1.2),
-                  body.instances(rng.uniform((-2.5, -2.5, -1), (2.5, 2.5, 1), (n, 3)), random_quats(rng, n),
-                                 rng.uniform(0.7, 1.3, n)))
-    tape = flatten(scene)
-    cam = Camera((2.5, -3.5, 4.5), (0.0, 0.0, -0.3), fov_deg=40)
+    the field it gives must stay the twin's (whose walks carry hints too: test_the_twins_hinted_march_...)."""
+    tape, cam = dense_pile(seed)
     gpu, cpu = walker_gpu.light(tape, cam, 48, 36, cells=None), walker_cpu.light(tape, cam, 48, 36)
     assert cpu["hit"].mean() > 0.3 and cpu["steps"][cpu["hit"]].mean() > 8
     # Tolerances: rounding (an H200 fuses multiply-adds where the twin does not) moved t by up to
@@ -182,6 +173,56 @@ def test_walk_hints_leave_marches_and_light_as_the_twins(seed, walker_gpu, walke
     assert np.mean(gpu["steps"] != cpu["steps"]) <= 1 / 100
     np.testing.assert_allclose(gpu["shadow"][both], cpu["shadow"][both], atol=1e-2)
     np.testing.assert_allclose(gpu["ao"][both], cpu["ao"][both], atol=1e-2)
+
+
+def dense_pile(seed: int, n: int = 400):
+    """A dense pile of random bodies over a floor, seen from above: most rays pass near many
+    copies, so most of their walks start from a hint."""
+    from taperay.runtime.camera import Camera
+    rng = np.random.default_rng(seed)
+    body = union(box(0.3, 0.1, 0.1), cylinder(0.08, 0.4).rotate((1, 0, 0), 90).translate(0.2, 0, 0))
+    scene = union(box(3, 3, 0.1).translate(0, 0, -1.2),
+                  body.instances(rng.uniform((-2.5, -2.5, -1), (2.5, 2.5, 1), (n, 3)), random_quats(rng, n),
+                                 rng.uniform(0.7, 1.3, n)))
+    return flatten(scene), Camera((2.5, -3.5, 4.5), (0.0, 0.0, -0.3), fov_deg=40)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_twins_hinted_march_takes_the_steps_of_walks_without_hints(seed, walker_cpu):
+    """The twin's march carries each ray's walk hint from step to step and into its gradient
+    taps (cpu.py, as the GPU does). Its depths, hits, step counts, gradients and materials must
+    be bit for bit those of the same steps taken by ``evaluate``, whose walks have no hint."""
+    from taperay.runtime.cpu import _TETRA, _slab
+    from taperay.runtime.shading import RenderSettings, unpack
+    tape, cam = dense_pile(seed)
+    w, h = 40, 30
+    mr = walker_cpu.march(tape, cam, w, h)
+    packed = RenderSettings().pack(tape, "shade")
+    box_lohi = unpack(packed, "box_lo", "box_hi").reshape(2, 3)
+    eps, step_scale, neps = (np.float32(unpack(packed, k)[0]) for k in ("hit_eps", "step_scale", "normal_eps"))
+    max_steps = int(unpack(packed, "max_steps")[0])
+    eye, dirs = cam.rays(w, h)
+    dirs = dirs.reshape(-1, 3)
+    span = np.array([_slab(eye, d, box_lohi) for d in dirs], np.float32)
+    t, tfar = span[:, 0].copy(), span[:, 1]
+    steps, hit = np.zeros(len(t), np.int32), np.zeros(len(t), bool)
+    live = np.flatnonzero(t <= tfar)
+    while live.size:
+        d, _ = walker_cpu.evaluate(tape, eye + t[live, None] * dirs[live])
+        steps[live] += 1
+        hit[live] = d < eps
+        go = live[d >= eps]
+        t[go] += d[d >= eps] * step_scale
+        live = go[(t[go] <= tfar[go]) & (steps[go] < max_steps)]
+    assert hit.mean() > 0.3 and steps[hit].mean() > 8
+    assert np.array_equal(mr["hit"].ravel(), hit) and np.array_equal(mr["steps"].ravel(), steps)
+    assert np.array_equal(mr["t"].ravel()[hit], t[hit])
+    at = eye + t[hit, None] * dirs[hit]
+    grad = np.zeros_like(at)
+    for tap in _TETRA:
+        grad += tap * walker_cpu.evaluate(tape, at + neps * tap)[0][:, None]
+    assert np.array_equal(mr["grad"].reshape(-1, 3)[hit], grad / (np.float32(4) * neps))
+    assert np.array_equal(mr["mat"].ravel()[hit], walker_cpu.evaluate(tape, at)[1])
 
 
 def test_leaves_that_tie_give_the_twins_material_on_the_gpu(walker_gpu, walker_cpu):
