@@ -5,7 +5,8 @@ Owns ``RenderSettings`` (march, lights, shadows, ambient occlusion, background, 
 plane), ``RenderSettings.pack(tape, view)`` (the fixed float32 layout the WGSL kernels mirror) and
 the colour formulas of every view (``compose``), applied to what a walker measured: the march
 (t, hit, steps, material, field gradient at the hit) and, for "shade" / "section", the key
-light's visibility and the ambient occlusion.
+light's visibility and the ambient occlusion. The shade formula runs as a Numba kernel
+(``_shade``, pixel by pixel in float64), the other views as numpy array expressions.
 
 Packed layout (``PACK_LEN`` = 44 float32, eleven vec4s; ``PACK_FIELDS`` holds the offsets and
 a test checks them; absolute lengths derive from the tape's bounds diagonal ``diag``)::
@@ -41,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit, prange
 
 from .tape import Tape, TaperayError
 
@@ -194,6 +196,16 @@ def compose(view: str, packed: np.ndarray, materials: np.ndarray, camera_pack: n
     hit = march["hit"]
     if view == "steps":
         return heat(march["steps"] / _get(packed, "max_steps")[0])
+    if view in ("shade", "section"):
+        if light is None:
+            raise TaperayError(f"view {view!r} needs light results (shadow, ao)")
+        out = np.empty(hit.shape + (3,), np.float64)
+        lights = np.stack([_get(packed, k) for k in ("key_dir", "fill_dir", "sky_color", "ground_color",
+                                                      "key_color", "fill_color", "background")])
+        _shade(hit, np.asarray(march["grad"], np.float32), march["mat"], light["shadow"], light["ao"],
+               np.asarray(dirs, np.float32), materials["color"].astype(np.float64),
+               materials["roughness"].astype(np.float64), lights, float(_get(packed, "specular")[0]), out)
+        return out
     # the other views colour the hit pixels only (misses show the background): each array below
     # holds the hit pixels' values, in row-major order
     g = np.asarray(march["grad"], np.float64)[hit]
@@ -212,34 +224,55 @@ def compose(view: str, packed: np.ndarray, materials: np.ndarray, camera_pack: n
         x = np.clip(np.log2(np.where(glen > 0, glen, 1e-30)), -1, 1)[..., None]
         green, blue, red = np.array([0.2, 0.75, 0.3]), np.array([0.2, 0.35, 0.95]), np.array([0.95, 0.25, 0.2])
         col = np.where(x < 0, green + (blue - green) * -x, green + (red - green) * x)
-    elif view in ("shade", "section"):
-        if light is None:
-            raise TaperayError(f"view {view!r} needs light results (shadow, ao)")
-        m = np.clip(march["mat"][hit].astype(np.int64), 0, len(materials) - 1)
-        base = materials["color"][m].astype(np.float64)
-        rough = materials["roughness"][m].astype(np.float64)
-        key, fill = _get(packed, "key_dir"), _get(packed, "fill_dir")
-        sky, ground = _get(packed, "sky_color"), _get(packed, "ground_color")
-        key_col, fill_col = _get(packed, "key_color"), _get(packed, "fill_color")
-        shadow, ao = light["shadow"][hit][..., None], light["ao"][hit][..., None]
-        v = -np.asarray(dirs, np.float64)[hit]
-        amb = ground + (sky - ground) * (0.5 + 0.5 * n[..., 2:3])
-        ndk = n @ key
-        kd = np.maximum(ndk, 0)[..., None] * shadow
-        fd = np.maximum(n @ fill, 0)[..., None]
-        hv = key + v
-        hv /= np.linalg.norm(hv, axis=-1, keepdims=True)
-        shin = 2 + 126 * (1 - rough) ** 2
-        spec = _get(packed, "specular")[0] * (1 - rough) * np.maximum(np.sum(n * hv, -1), 0) ** shin
-        spec = np.where(ndk > 0, spec, 0)[..., None]
-        lin = base * (amb * ao + key_col * kd + fill_col * fd) + key_col * spec * shadow
-        col = np.clip(lin, 0, 1) ** (1 / 2.2)
     else:
         raise TaperayError(f"unknown view {view!r}; views are {', '.join(VIEWS)}")
     out = np.empty(hit.shape + (3,), np.float64)
     out[...] = bg
     out[hit] = col
     return out
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=False)
+def _shade(hit, grad, mat, shadow, ao, dirs, color, rough, lights, specular, out):
+    """compose's shade formula (its docstring), float64, pixel by pixel into out (H, W, 3): lights
+    rows key_dir, fill_dir, sky, ground, key_color, fill_color, background."""
+    key, fill, sky, ground, key_col, fill_col, bg = (lights[0], lights[1], lights[2], lights[3], lights[4],
+                                                     lights[5], lights[6])
+    for row in prange(hit.shape[0]):
+        for col in range(hit.shape[1]):
+            if not hit[row, col]:
+                for c in range(3):
+                    out[row, col, c] = bg[c]
+                continue
+            gx, gy, gz = np.float64(grad[row, col, 0]), np.float64(grad[row, col, 1]), np.float64(grad[row, col, 2])
+            glen = np.sqrt(gx * gx + gy * gy + gz * gz)
+            if not glen > 0:
+                glen = 1.0
+            nx, ny, nz = gx / glen, gy / glen, gz / glen
+            m = min(max(np.int64(mat[row, col]), 0), color.shape[0] - 1)
+            r = rough[m]
+            sh, occ = np.float64(shadow[row, col]), np.float64(ao[row, col])
+            ndk = nx * key[0] + ny * key[1] + nz * key[2]
+            kd = max(ndk, 0.0) * sh
+            fd = max(nx * fill[0] + ny * fill[1] + nz * fill[2], 0.0)
+            hx = key[0] - np.float64(dirs[row, col, 0])
+            hy = key[1] - np.float64(dirs[row, col, 1])
+            hz = key[2] - np.float64(dirs[row, col, 2])
+            hl = np.sqrt(hx * hx + hy * hy + hz * hz)
+            hx, hy, hz = hx / hl, hy / hl, hz / hl
+            spec = 0.0
+            if ndk > 0:
+                shin = 2 + 126 * (1 - r) ** 2
+                spec = specular * (1 - r) * max(nx * hx + ny * hy + nz * hz, 0.0) ** shin
+            up = 0.5 + 0.5 * nz
+            for c in range(3):
+                amb = ground[c] + (sky[c] - ground[c]) * up
+                lin = color[m, c] * (amb * occ + key_col[c] * kd + fill_col[c] * fd) + key_col[c] * spec * sh
+                if lin < 0:
+                    lin = 0.0
+                elif lin > 1:
+                    lin = 1.0
+                out[row, col, c] = lin ** (1 / 2.2)
 
 
 def to_rgb8(colors: np.ndarray) -> np.ndarray:
