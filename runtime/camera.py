@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit, prange
 
 from .tape import TaperayError
 
@@ -66,16 +67,28 @@ class Camera:
         if width < 1 or height < 1:
             raise TaperayError(f"image size {width}x{height} must be at least 1x1")
         pk = self.pack()
-        eye, th, right, up, fwd = pk[0:3], pk[3], pk[4:7], pk[8:11], pk[12:15]
-        f32 = np.float32
-        aspect = f32(width) / f32(height)
-        col = np.arange(width, dtype=np.float32)
-        row = np.arange(height, dtype=np.float32)
-        ndc_x = (f32(2) * (col + f32(0.5)) / f32(width) - f32(1)) * aspect * th
-        ndc_y = (f32(1) - f32(2) * (row + f32(0.5)) / f32(height)) * th
-        d = fwd + ndc_x[None, :, None] * right + ndc_y[:, None, None] * up
-        d = d / np.sqrt(np.sum(d * d, axis=-1, keepdims=True))
-        return eye.copy(), d.astype(np.float32)
+        d = np.empty((height, width, 3), np.float32)
+        _pixel_rays(pk, d)
+        return pk[0:3].copy(), d
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=False)
+def _pixel_rays(pk, d):
+    """The convention's formula, in float32 in the order written, into d (height, width, 3) from
+    Camera.pack()'s numbers."""
+    f32 = np.float32
+    height, width = d.shape[0], d.shape[1]
+    th = pk[3]
+    aspect = f32(width) / f32(height)
+    for row in prange(height):
+        ndc_y = (f32(1) - f32(2) * (f32(row) + f32(0.5)) / f32(height)) * th
+        for col in range(width):
+            ndc_x = (f32(2) * (f32(col) + f32(0.5)) / f32(width) - f32(1)) * aspect * th
+            x = pk[12] + ndc_x * pk[4] + ndc_y * pk[8]
+            y = pk[13] + ndc_x * pk[5] + ndc_y * pk[9]
+            z = pk[14] + ndc_x * pk[6] + ndc_y * pk[10]
+            n = np.sqrt(x * x + y * y + z * z)
+            d[row, col, 0], d[row, col, 1], d[row, col, 2] = x / n, y / n, z / n
 
 
 def auto_camera(bounds, azimuth_deg: float = 35.0, elevation_deg: float = 25.0,

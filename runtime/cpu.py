@@ -1211,7 +1211,7 @@ def _tile_setup(tile, dirs, n_regs, n_save):
 
 @njit(parallel=True, **_JIT)
 def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale, tile_stride,
-                  out_t, out_hit, out_steps, out_mat, out_grad):
+                  out_t, out_hit, out_steps, out_mat, out_grad, out_normal):
     n_save = tp[7]
     n_tiles = _tile_count(dirs)
     for run_index in prange(n_tiles):
@@ -1240,6 +1240,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
             out_mat[row, col] = mat[i]
             for r in range(3):
                 out_grad[row, col, r] = F0
+                out_normal[row, col, r] = F0
             if hit[i]:
                 idx[m] = i
                 for r in range(3):
@@ -1259,8 +1260,11 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
         _gradients(tp, sec, ws, ws1, m, ro, neps, grad)
         for q in range(m):
             i = idx[q]
+            gl = np.sqrt(grad[0, q] * grad[0, q] + grad[1, q] * grad[1, q] + grad[2, q] * grad[2, q])
             for r in range(3):
                 out_grad[pix[0, i], pix[1, i], r] = grad[r, q]
+                if gl > F0:                      # (no gradient: normal 0)
+                    out_normal[pix[0, i], pix[1, i], r] = grad[r, q] / gl
 
 
 @njit(parallel=True, **_JIT)
@@ -1409,15 +1413,11 @@ class CpuWalker:
         box = _packed(packed, "box_lo", "box_hi").reshape(2, 3)
         out = dict(t=np.empty((height, width), np.float32), hit=np.empty((height, width), bool),
                    steps=np.empty((height, width), np.int32), mat=np.empty((height, width), np.uint32),
-                   grad=np.empty((height, width, 3), np.float32))
+                   grad=np.empty((height, width, 3), np.float32), normal=np.empty((height, width, 3), np.float32))
         _march_kernel(tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
                       _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
                       _packed(packed, "step_scale"), _spread_stride(_tile_count(dirs)), out["t"],
-                      out["hit"], out["steps"], out["mat"], out["grad"])
-        g = out["grad"][out["hit"]]           # (misses have no gradient: their normal is 0)
-        norm = np.linalg.norm(g, axis=-1, keepdims=True)
-        out["normal"] = np.zeros((height, width, 3), np.float32)
-        out["normal"][out["hit"]] = np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0)
+                      out["hit"], out["steps"], out["mat"], out["grad"], out["normal"])
         out["dirs"], out["eye"] = dirs, eye
         return out
 

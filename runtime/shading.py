@@ -276,10 +276,20 @@ def _shade(hit, grad, mat, shadow, ao, dirs, color, rough, lights, specular, out
 
 
 def to_rgb8(colors: np.ndarray) -> np.ndarray:
-    """Display colours in [0, 1] -> (H, W, 3) uint8 (round to nearest, ties to even), worked out
-    in one copy of ``colors``."""
-    x = np.nan_to_num(colors, copy=True)
-    np.clip(x, 0, 1, out=x)
-    x *= 255
-    np.rint(x, out=x)
-    return x.astype(np.uint8)
+    """Display colours in [0, 1] -> (H, W, 3) uint8: NaN 0, clipped into [0, 1] (infinities
+    too), times 255, rounded to nearest (ties to even)."""
+    x = np.ascontiguousarray(colors, np.float64)
+    out = np.empty(x.shape, np.uint8)
+    _rgb8(x.reshape(-1), out.reshape(-1))
+    return out
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=False)
+def _rgb8(x, out):
+    for i in prange(x.shape[0]):
+        v = x[i]
+        if not v > 0:          # (NaN too)
+            v = 0.0
+        elif v > 1:
+            v = 1.0
+        out[i] = np.uint8(np.rint(v * 255))

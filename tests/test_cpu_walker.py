@@ -147,6 +147,13 @@ def test_pixel_convention():
     assert pk.dtype == np.float32 and pk.shape == (16,)
     assert np.allclose(pk[:3], cam.eye) and np.isclose(pk[3], th)
     assert np.allclose(pk[4:7], right) and np.allclose(pk[8:11], up) and np.allclose(pk[12:15], fwd)
+    f32 = np.float32                    # the docstring's float32 formula in numpy: the same bits
+    h, w = 37, 53
+    col, row = np.arange(w, dtype=f32), np.arange(h, dtype=f32)
+    ndc_x = (f32(2) * (col + f32(0.5)) / f32(w) - f32(1)) * (f32(w) / f32(h)) * pk[3]
+    ndc_y = (f32(1) - f32(2) * (row + f32(0.5)) / f32(h)) * pk[3]
+    want = pk[12:15] + ndc_x[None, :, None] * pk[4:7] + ndc_y[:, None, None] * pk[8:11]
+    assert np.array_equal(cam.rays(w, h)[1], want / np.sqrt(np.sum(want * want, axis=-1, keepdims=True)))
 
 
 def test_auto_camera_frames_the_bounds(walker_cpu):

@@ -55,3 +55,14 @@ def test_shade_colours_follow_the_documented_formula(seed):
     assert np.isnan(got[1, :2]).all() and np.array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
     assert (to_rgb8(got)[1, :2] == 0).all()
+
+
+def test_display_bytes_round_to_nearest_even_and_clip():
+    """to_rgb8: NaN 0, clipped into [0, 1] (infinities too), times 255, ties to even."""
+    rng = np.random.default_rng(1)
+    c = rng.uniform(-0.5, 1.5, (30, 20, 3))
+    c[0, :5, 0] = [np.nan, np.inf, -np.inf, 0.5 / 255, 2.5 / 255]       # ties: 0.5 -> 0, 2.5 -> 2
+    want = np.rint(np.clip(np.nan_to_num(c), 0, 1) * 255).astype(np.uint8)
+    got = to_rgb8(c)
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    assert got[0, :5, 0].tolist() == [0, 255, 0, 0, 2]
