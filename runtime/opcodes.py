@@ -285,10 +285,12 @@ _spec(Op.INSTANCES, F.PATTERN, (), False, 20,
       "i = i + 1; else i = i + 1. A skipped node or leaf never holds the least value (exact). "
       "The value is the least max(body, b, c) over the leaves whatever order they are run in, so a "
       "walker may run any leaf with max(b, c) <= U' first and start accum from its value (the GPU "
-      "runs the leaf that held its last walk's least value: interpreter.wgsl walk_hint); on an "
-      "exact tie between two leaves the material may then be the other's. No GPU output shows "
-      "that: the kernels that write a material (eval_points, surface) run one evaluation an "
-      "invocation, with no hint; the march, which keeps hints, runs without materials. "
+      "runs the leaf that held its last walk's least value: interpreter.wgsl walk_hint; the twin "
+      "the same along a ray: cpu.py's workspace hint); on an "
+      "exact tie between two leaves the material may then be the other's. No output shows "
+      "that: the GPU kernels that write a material (eval_points, surface) run one evaluation an "
+      "invocation, with no hint; the GPU march, which keeps hints, runs without materials; the "
+      "twin's march takes its hits' materials from a walk without a hint. "
       "INSTANCE_INDEX reads the instance index.")
 _spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
       "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "
