@@ -907,8 +907,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                             lacc[L, j] = v
                             lmat[L, j] = mats[a, j]
                             lcell[L, 4, j] = node
-                        if lcell[L, 3, j] != 0:       # the hinted leaf ran: now the walk from the root
-                            lcell[L, 3, j] = 0
+                        if node == lcell[L, 2, j]:    # the hinted leaf ran: now the walk from the root
                             node = lint[L, 5] - 1
                         node, bb = _bvh_seek(node + 1, end, lp[L, 0, j], lp[L, 1, j], lp[L, 2, j],
                                              lp[L, 3, j], lacc[L, j], lcopy[L, j], lint[L, 4], params,
@@ -969,7 +968,9 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                     for j in range(n):
                         for r in range(4):
                             lp[L, r, j] = p[r, j]
-                        lcell[L, 2, j], lcell[L, 3, j], lcell[L, 4, j] = -1, 0, -1
+                        # lcell rows: 0 the leaf running, 1 its instance, 2 the hinted leaf (run
+                        # first, skipped by the walk; -1 none), 4 the leaf holding the minimum
+                        lcell[L, 2, j], lcell[L, 4, j] = -1, -1
                         if cdead[j] > 0:         # (its value is thrown away at a cull's target)
                             node, bb = end, INF
                         else:
@@ -982,7 +983,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                                          _child_distance(bvhi[h, 7], x, y, z, sc, prm, params, inst))
                                 if bb <= lcopy[L, j]:         # the hinted leaf first
                                     node = h
-                                    lcell[L, 2, j], lcell[L, 3, j] = h, 1
+                                    lcell[L, 2, j] = h
                             if node == end:
                                 node, bb = _bvh_seek(first, end, x, y, z, sc, INF, lcopy[L, j], prm, params,
                                                      bvhf, bvhi, inst, -1)
