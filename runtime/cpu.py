@@ -102,6 +102,10 @@ INF = _f(np.inf)
 REACH_REL, REACH_POS = _f(INSTANCE_REACH[0]), _f(INSTANCE_REACH[1])   # INSTANCES' U' (opcodes.py)
 TWO_PI = _f(2 * np.pi)
 _JIT = dict(cache=True, error_model="numpy", fastmath=False)
+# An int literal (or a counter that starts as one: ``n = 0; n += 1``) passed to a jitted function
+# makes Numba compile that function, and everything it calls with the argument, once more for the
+# literal type (Literal[int](0)) besides int64. So such arguments and counters are np.int64(...):
+# a cold compile of the twin's kernels took a third longer with the extra copies (PERFORMANCE.md).
 
 
 # ----------------------------------------------------------------------------- scalar helpers
@@ -373,6 +377,9 @@ def _cells(t, cnt):
 
 
 # ----------------------------------------------------------------------------- workspace
+WS_PIN, WS_OUT_D, WS_OUT_M, WS_HINT = 0, 1, 2, 19     # the workspace entries the drivers use by name
+
+
 @njit(**_JIT)
 def _workspace(n_regs, B, n_save):
     """Per-chunk scratch: (pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
@@ -707,7 +714,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
         p[0, j], p[1, j], p[2, j], p[3, j] = pin[0, j], pin[1, j], pin[2, j], F1
         cdead[j] = 0
     sp = 0
-    lsp = 0
+    lsp = np.int64(0)      # (counters passed to jitted calls start as int64: see _JIT)
     csp = 0
     pc = 0
     n_ins = cols.shape[0]
@@ -986,7 +993,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                                     lcell[L, 2, j] = h
                             if node == end:
                                 node, bb = _bvh_seek(first, end, x, y, z, sc, INF, lcopy[L, j], prm, params,
-                                                     bvhf, bvhi, inst, -1)
+                                                     bvhf, bvhi, inst, np.int64(-1))
                         lcell[L, 0, j] = node
                         lcell[L, 1, j] = 0
                         lbound[L, j] = bb
@@ -1002,7 +1009,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                         nxt = end_pc + 1
                 else:
                     _loop_enter(op, prm, params, n, L, p, lp, lbound, lcell, lint)
-                    _loop_point(L, 0, n, params, p, lp, lcell, lint)
+                    _loop_point(L, np.int64(0), n, params, p, lp, lcell, lint)
                     _copy_bound(L, n, params, p, lint, lcopy)
         elif op == CULL_BOX:                                          # ---- cull
             x0, y0, z0 = params[prm], params[prm + 1], params[prm + 2]
@@ -1052,14 +1059,14 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
 def _field(tp, n, ws, ws1, sec):
     """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0)."""
     cols, params, bvhf, bvhi, inst, csidx, csregs, _ = tp
-    pin, out_d, out_m, hint = ws[0], ws[1], ws[2], ws[19]
+    pin, out_d, out_m, hint = ws[WS_PIN], ws[WS_OUT_D], ws[WS_OUT_M], ws[WS_HINT]
     if not _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
-        pin1, hint1 = ws1[0], ws1[19]
+        pin1, hint1 = ws1[WS_PIN], ws1[WS_HINT]
         for j in range(n):
             pin1[0, 0], pin1[1, 0], pin1[2, 0] = pin[0, j], pin[1, j], pin[2, j]
             hint1[0, 0], hint1[1, 0] = hint[0, j], hint[1, j]
-            _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, 1, ws1)
-            out_d[j], out_m[j] = ws1[1][0], ws1[2][0]
+            _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, np.int64(1), ws1)
+            out_d[j], out_m[j] = ws1[WS_OUT_D][0], ws1[WS_OUT_M][0]
             hint[0, j], hint[1, j] = hint1[0, 0], hint1[1, 0]
     if sec[0] != F0:
         for j in range(n):
@@ -1074,9 +1081,9 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
     nblocks = (N + BLOCK - 1) // BLOCK
     nchunks = min(nblocks, max_chunks)
     for ch in prange(nchunks):
-        ws = _workspace(n_regs, BLOCK, tp[7])
-        ws1 = _workspace(n_regs, 1, 0)
-        pin, hint = ws[0], ws[19]
+        ws = _workspace(n_regs, np.int64(BLOCK), tp[7])
+        ws1 = _workspace(n_regs, np.int64(1), np.int64(0))
+        pin, hint = ws[WS_PIN], ws[WS_HINT]
         for blk in range(ch * nblocks // nchunks, (ch + 1) * nblocks // nchunks):
             s = blk * BLOCK
             n = min(BLOCK, N - s)
@@ -1085,8 +1092,8 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
                 hint[0, j] = 0                   # (unrelated points: no hint)
             _field(tp, n, ws, ws1, sec)
             for j in range(n):
-                out_d[s + j] = ws[1][j]
-                out_m[s + j] = ws[2][j]
+                out_d[s + j] = ws[WS_OUT_D][j]
+                out_m[s + j] = ws[WS_OUT_M][j]
 
 
 @njit(**_JIT)
@@ -1095,8 +1102,8 @@ def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, sof
     """Sphere-trace n rays from t to tfar: hit when f < eps. soft_k > 0 also tracks the penumbra
     res = min(1, k * f / t) (iq's soft shadow). rhint (2, n): each ray's INSTANCES walk hint
     (_workspace), carried from step to step, read at the start and left as the last step's."""
-    pin, out_d, out_m, hint = ws[0], ws[1], ws[2], ws[19]
-    na = 0
+    pin, out_d, out_m, hint = ws[WS_PIN], ws[WS_OUT_D], ws[WS_OUT_M], ws[WS_HINT]
+    na = np.int64(0)
     for i in range(n):
         steps[i] = 0
         hit[i] = False
@@ -1112,7 +1119,7 @@ def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, sof
                 pin[r, q] = ro[r, i] + t[i] * rd[r, i]
             hint[0, q], hint[1, q] = rhint[0, i], rhint[1, i]
         _field(tp, na, ws, ws1, sec)
-        m = 0
+        m = np.int64(0)
         for q in range(na):
             i = idx[q]
             rhint[0, i], rhint[1, i] = hint[0, q], hint[1, q]
@@ -1155,7 +1162,7 @@ _TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32
 @njit(**_JIT)
 def _gradients(tp, sec, ws, ws1, n, px, neps, grad):
     """grad[:, i] = sum_k k f(px_i + neps k) / (4 neps) over the tetrahedron taps k."""
-    pin, out_d = ws[0], ws[1]
+    pin, out_d = ws[WS_PIN], ws[WS_OUT_D]
     for i in range(n):
         grad[0, i], grad[1, i], grad[2, i] = F0, F0, F0
     for tap in range(4):
@@ -1202,7 +1209,7 @@ def _tile_setup(tile, dirs, n_regs, n_save):
     ntx = (W + _TW - 1) // _TW
     r0, c0 = (tile // ntx) * _TH, (tile % ntx) * _TW
     return (r0, min(r0 + _TH, H), c0, min(c0 + _TW, W),
-            _workspace(n_regs, BLOCK, n_save), _workspace(n_regs, 1, 0),
+            _workspace(n_regs, np.int64(BLOCK), n_save), _workspace(n_regs, np.int64(1), np.int64(0)),
             np.empty((3, BLOCK), np.float32), np.empty((3, BLOCK), np.float32),
             np.empty((3, BLOCK), np.float32), np.empty(BLOCK, np.float32), np.empty(BLOCK, np.float32),
             np.empty(BLOCK, np.int32), np.empty(BLOCK, np.bool_), np.empty(BLOCK, np.uint32),
@@ -1219,7 +1226,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
         tile = (run_index * tile_stride) % n_tiles
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             _tile_setup(tile, dirs, n_regs, n_save)
-        n = 0
+        n = np.int64(0)
         for row in range(r0, r1):
             for col in range(c0, c1):
                 d = dirs[row, col]
@@ -1232,7 +1239,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
                 n += 1
         _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, F0,
                steps, hit, mat, res, idx, rhint)
-        m = 0
+        m = np.int64(0)
         for i in range(n):
             row, col = pix[0, i], pix[1, i]
             out_hit[row, col] = hit[i]
@@ -1247,7 +1254,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
                 for r in range(3):
                     ro[r, m] = eye[r] + t[i] * rd[r, i]
                 m += 1
-        pin, out_m, hint = ws[0], ws[2], ws[19]
+        pin, out_m, hint = ws[WS_PIN], ws[WS_OUT_M], ws[WS_HINT]
         if tp[3].shape[0] > 0:    # instance lists: the material by a walk without a hint (the
             for q in range(m):    # first of tied leaves in tree order), as the GPU's surface pass
                 for r in range(3):
@@ -1279,7 +1286,7 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
         r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             _tile_setup(tile, dirs, n_regs, n_save)
         occ = np.zeros(BLOCK, np.float32)
-        n = 0
+        n = np.int64(0)
         for row in range(r0, r1):
             for col in range(c0, c1):
                 out_shadow[row, col] = F1
@@ -1310,7 +1317,7 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
             for i in range(n):
                 out_shadow[pix[0, i], pix[1, i]] = F0 if hit[i] else max(min(res[i], F1), F0)
         if ao_strength > F0:
-            pin, out_d, hint = ws[0], ws[1], ws[19]
+            pin, out_d, hint = ws[WS_PIN], ws[WS_OUT_D], ws[WS_HINT]
             for i in range(n):
                 hint[0, i] = 0               # (the taps along the normal keep their own)
             wsum = F0

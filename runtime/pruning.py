@@ -592,20 +592,20 @@ def _span(v, i0, i1):
 @njit(**_JIT)
 def _leaf_pixels(code, imm, start, end, regs, px, py, pz, buf, xs, ys, zf, r0, r1, c0, c1,
                  field, sign, mode):
-    n = 0
+    n = np.int64(0)      # (int64 counters and arguments: runtime.cpu's _JIT)
     for r in range(r0, r1):
         for c in range(c0, c1):
             px[n], py[n], pz[n] = xs[c], ys[r], zf
             n += 1
     _eval_points(code, imm, start, end, regs, px, py, pz, n, buf)
-    n = 0
+    k = 0
     for r in range(r0, r1):
         for c in range(c0, c1):
             if mode == 0:
-                field[r, c] = buf[n]
+                field[r, c] = buf[k]
             else:
-                sign[r, c] = buf[n] < F0
-            n += 1
+                sign[r, c] = buf[k] < F0
+            k += 1
 
 
 @njit(parallel=True, **_JIT)
@@ -629,14 +629,15 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     live = np.empty(n_regs, np.bool_)
     src = np.empty(n, np.int32)
     boxes = np.empty((6, max(n_top, 1)), np.float32)
-    boxes[0, 0], boxes[1, 0] = _span(xs, 0, W)
-    boxes[2, 0], boxes[3, 0] = _span(ys, 0, H)
+    boxes[0, 0], boxes[1, 0] = _span(xs, np.int64(0), W)
+    boxes[2, 0], boxes[3, 0] = _span(ys, np.int64(0), H)
     boxes[4, 0], boxes[5, 0] = zf, zf
     top_choices = np.empty((n, n_top), np.uint8)
     top_lo = np.empty(n_top, np.float32)
     top_hi = np.empty(n_top, np.float32)
-    _boxes_group(code0, imm0, 0, n, boxes[:, :1], 0, box, lo, hi, ch, top_lo, top_hi, top_choices)
-    start = _prune(code0, imm0, 0, n, top_choices[:, 0], live, code, imm, src)
+    _boxes_group(code0, imm0, np.int64(0), n, boxes[:, :1].copy(), np.int64(0), box, lo, hi, ch, top_lo,
+                 top_hi, top_choices)
+    start = _prune(code0, imm0, np.int64(0), n, top_choices[:, 0], live, code, imm, src)
     stats[0, L, 0], stats[0, L, 1] = 1, end - start
     for t in range(n_top):
         a0, b0 = (t // ntx) * s0, (t % ntx) * s0
@@ -832,7 +833,7 @@ def _prune_cells(code, imm, n_regs, choices, tcodes, timms, starts):
     starts[c] on."""
     n = code.shape[0]
     for c in prange(choices.shape[1]):
-        starts[c] = _prune(code, imm, 0, n, choices[:, c], np.empty(n_regs, np.bool_), tcodes[c],
+        starts[c] = _prune(code, imm, np.int64(0), n, choices[:, c], np.empty(n_regs, np.bool_), tcodes[c],
                            timms[c], np.empty(n, np.int32))
 
 
@@ -873,8 +874,8 @@ def _prune_subcells(tcodes, timms, starts, n_regs, sub_boxes, write, offsets, fc
     ``lengths``, or with ``write`` the sub-tapes into fcode / fimm from offsets[64 c + k]. (No
     None arguments: Numba's parallel loops mishandle them.)"""
     for c in prange(tcodes.shape[0] - 1):      # (not the outside cell: it has no sub-cells)
-        _subcells_of(tcodes[c], timms[c], starts[c], n_regs, sub_boxes[:, 64 * c:64 * c + 64], write, offsets,
-                     fcode, fimm, lengths, 64 * c)
+        boxes = np.ascontiguousarray(sub_boxes[:, 64 * c:64 * c + 64])   # (C: one _boxes_group signature)
+        _subcells_of(tcodes[c], timms[c], starts[c], n_regs, boxes, write, offsets, fcode, fimm, lengths, 64 * c)
 
 
 _SEGMENT_RUNS = 256
