@@ -17,9 +17,14 @@ point interpreter (the interpreter keeps their material ids). Control flow:
   * REPEAT_LINEAR / POLAR / GRID run the same number of body iterations at every point (only the
     instance each point evaluates differs), so they run blockwise;
   * INSTANCES walks the BVH per point, from the bound of its grid cell's representative
-    (_instances_reach); the body runs blockwise while any point still has a leaf to evaluate
-    (finished points ride along, their results ignored). A point whose workspace hint names a
-    leaf of this record (the leaf that held the least value at the last walk of the same ray:
+    (_instances_reach); the body runs blockwise while any point still has a leaf to evaluate.
+    When half of the block's points have finished, an outermost list (no pattern frame or split
+    cull around it) moves the others to the front of the block (_compact_instances: each point's
+    rows swapped, the swaps logged) and runs the body for those only; when it closes, and before
+    a point-by-point fallback, the swaps are undone in reverse, so the block is in its own order
+    again. Elsewhere finished points ride along, their results ignored. A point whose workspace
+    hint names a leaf of this record (the leaf that held the least value at the last walk of the
+    same ray:
     the march's steps, gradient taps, a shadow ray, AO taps) runs that leaf first, as the GPU's
     walk_hint does: the running minimum then starts near the answer and the walk skips more.
     The value does not depend on it (opcodes.py, INSTANCES); only on an exact tie between two
@@ -90,6 +95,7 @@ REPEAT_LINEAR, REPEAT_POLAR, REPEAT_GRID, REPEAT_END, INSTANCES = 80, 81, 82, 83
 CULL_BOX, FIELD_RESULT = 90, 95
 _STACK_CAP, _LOOP_CAP = 16, 4
 _CULL_CAP = 8                       # culls split at once in one block (deeper: point by point)
+_COMPACT_MIN = 16                   # blocks this small run their instance lists without compacting
 
 _twin = {o.name: globals().get(o.name) for o in Op}
 if _twin != {o.name: int(o) for o in Op} or (_STACK_CAP, _LOOP_CAP) != (STACK_CAP, LOOP_CAP):
@@ -383,10 +389,11 @@ WS_PIN, WS_OUT_D, WS_OUT_M, WS_HINT = 0, 1, 2, 19     # the workspace entries th
 @njit(**_JIT)
 def _workspace(n_regs, B, n_save):
     """Per-chunk scratch: (pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
-    lcell, lint, cmask, cdead, csave_v, csave_m, cframe, hint); cmask .. cframe hold split culls
+    lcell, lint, cmask, cdead, csave_v, csave_m, cframe, hint, swaps); cmask .. cframe hold split culls
     (n_save: the most registers a cull's subtree writes, _cull_saves); hint (2, B) each point's
     INSTANCES walk hint (record + 1, BVH leaf + 1; 0: none), which _run_block reads and updates:
-    the callers that evaluate the steps of one ray at one position keep it, the others clear it."""
+    the callers that evaluate the steps of one ray at one position keep it, the others clear it;
+    swaps (2, B) the column swaps of a compacted instance list (_compact_instances)."""
     k = _CULL_CAP if n_save > 0 else 0
     return (np.zeros((3, B), np.float32), np.zeros(B, np.float32), np.zeros(B, np.uint32),
             np.zeros((n_regs, B), np.float32), np.zeros((n_regs, B), np.uint32),
@@ -397,7 +404,7 @@ def _workspace(n_regs, B, n_save):
             np.zeros((_LOOP_CAP, 6, B), np.int64), np.zeros((_LOOP_CAP, 8), np.int64),
             np.zeros((_CULL_CAP + 1, B), np.bool_), np.zeros(B, np.int32),
             np.empty((k, n_save, B), np.float32), np.empty((k, n_save, B), np.uint32),
-            np.zeros((_CULL_CAP, 2), np.int64), np.zeros((2, B), np.int64))
+            np.zeros((_CULL_CAP, 2), np.int64), np.zeros((2, B), np.int64), np.zeros((2, B), np.int64))
 
 
 @njit(**_JIT)
@@ -703,17 +710,75 @@ def _instance_point(L, j, node, p, lp, lcell, bvhi, inst):
     p[3, j] = lp[L, 3, j] * inst[k, 7]
 
 
+@njit(**_JIT)
+def _swap_columns(i, k, sp, lsp, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint):
+    """Exchange points i and k of the block: every per-point row an open instance list reads (the
+    registers, p, the point stack to depth sp, the pattern frames below lsp, cdead, hint)."""
+    for r in range(regs.shape[0]):
+        regs[r, i], regs[r, k] = regs[r, k], regs[r, i]
+        mats[r, i], mats[r, k] = mats[r, k], mats[r, i]
+    for r in range(4):
+        p[r, i], p[r, k] = p[r, k], p[r, i]
+        for s in range(sp):
+            pstack[s, r, i], pstack[s, r, k] = pstack[s, r, k], pstack[s, r, i]
+    for L in range(lsp):
+        for r in range(4):
+            lp[L, r, i], lp[L, r, k] = lp[L, r, k], lp[L, r, i]
+        lacc[L, i], lacc[L, k] = lacc[L, k], lacc[L, i]
+        lmat[L, i], lmat[L, k] = lmat[L, k], lmat[L, i]
+        lbound[L, i], lbound[L, k] = lbound[L, k], lbound[L, i]
+        lcopy[L, i], lcopy[L, k] = lcopy[L, k], lcopy[L, i]
+        for r in range(6):
+            lcell[L, r, i], lcell[L, r, k] = lcell[L, r, k], lcell[L, r, i]
+    cdead[i], cdead[k] = cdead[k], cdead[i]
+    for r in range(2):
+        hint[r, i], hint[r, k] = hint[r, k], hint[r, i]
+
+
+@njit(**_JIT)
+def _compact_instances(n, end, nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell,
+                       cdead, hint):
+    """Move the points of the outermost instance list (frame 0) that still have a leaf to run
+    (lcell[0, 0] < end) to the front of the block, logging each swap in swaps from nswap; returns
+    (how many are in front, nswap). The body then runs for those only."""
+    i, k = np.int64(0), n - 1
+    while True:
+        while i < k and lcell[0, 0, i] < end:
+            i += 1
+        while i < k and lcell[0, 0, k] >= end:
+            k -= 1
+        if i >= k:
+            break
+        _swap_columns(i, k, sp, np.int64(1), regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead,
+                      hint)
+        swaps[0, nswap], swaps[1, nswap] = i, k
+        nswap += 1
+    m = np.int64(0)
+    while m < n and lcell[0, 0, m] < end:
+        m += 1
+    return m, nswap
+
+
+@njit(**_JIT)
+def _undo_swaps(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint):
+    """Put the points of a compacted block back in their places (the swaps in reverse)."""
+    for q in range(nswap - 1, -1, -1):
+        _swap_columns(swaps[0, q], swaps[1, q], sp, np.int64(1), regs, mats, p, pstack, lp, lacc, lmat, lbound,
+                      lcopy, lcell, cdead, hint)
+
+
 # ----------------------------------------------------------------------------- the interpreter
 @njit(**_JIT)
 def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
     """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the
     block where its points cannot ride through the subtree (see the module docstring)."""
     pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint, \
-        cmask, cdead, csave_v, csave_m, cframe, hint = ws
+        cmask, cdead, csave_v, csave_m, cframe, hint, swaps = ws
     for j in range(n):
         p[0, j], p[1, j], p[2, j], p[3, j] = pin[0, j], pin[1, j], pin[2, j], F1
         cdead[j] = 0
-    sp = 0
+    sp = np.int64(0)
+    nswap = np.int64(0)    # the swaps of a compacted outermost instance list (_compact_instances)
     lsp = np.int64(0)      # (counters passed to jitted calls start as int64: see _JIT)
     csp = 0
     pc = 0
@@ -931,6 +996,14 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                                 hint[0, j] = lint[L, 0] + 1
                                 hint[1, j] = lcell[L, 4, j] + 1
                     again = active > 0
+                    if again and L == 0 and csp == 0 and 2 * active <= n and n >= _COMPACT_MIN:
+                        n, nswap = _compact_instances(n, end, nswap, sp, swaps, regs, mats, p, pstack, lp, lacc,
+                                                      lmat, lbound, lcopy, lcell, cdead, hint)
+                    elif not again and L == 0:      # the whole block again, in its own order
+                        _undo_swaps(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
+                                    lcell, cdead, hint)
+                        nswap = np.int64(0)
+                        n = lint[L, 7]
                 else:
                     for j in range(n):
                         v = max(regs[a, j], lcopy[L, j])
@@ -969,7 +1042,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                     lmat[L, j] = 0
                 if op == INSTANCES:
                     first, end = np.int64(aux), np.int64(aux) + np.int64(a)
-                    lint[L, 5], lint[L, 6] = first, end
+                    lint[L, 5], lint[L, 6], lint[L, 7] = first, end, n
                     lint[L, 2] = 0
                     active = 0
                     for j in range(n):
@@ -1033,6 +1106,8 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
             elif culled > 0:
                 k = csidx[pc]
                 if k < 0 or csp >= _CULL_CAP:
+                    _undo_swaps(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell,
+                                cdead, hint)
                     return False
                 cframe[csp, 0], cframe[csp, 1] = np.int64(cols[pc, 7]), k
                 for j in range(n):

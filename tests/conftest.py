@@ -1,8 +1,9 @@
 """Shared pytest fixtures: the walkers (``walker_cpu``, ``walker_gpu`` and ``walkers_all``, which
-parametrises a test over every walker). The GPU walker skips where no adapter exists, except when
-CI sets TAPERAY_REQUIRE_GPU=1: then its absence is a failure."""
+parametrises a test over every walker), and ``evaluate_one_by_one``. The GPU walker skips where
+no adapter exists, except when CI sets TAPERAY_REQUIRE_GPU=1: then its absence is a failure."""
 import os
 
+import numpy as np
 import pytest
 
 from taperay.runtime.cpu import CpuWalker
@@ -47,3 +48,10 @@ def walker_gpu():
 def walkers_all(request):
     """Each walker in turn (tests using it run once per walker)."""
     return request.getfixturevalue(f"walker_{request.param}")
+
+
+def evaluate_one_by_one(walker, tape, pts):
+    """The field at each point evaluated alone (values, materials): blocks of one never split at
+    a cull nor compact an instance list, so blocks must give these bits."""
+    out = [walker.evaluate(tape, p[None]) for p in pts]
+    return np.concatenate([d for d, _ in out]), np.concatenate([m for _, m in out])

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import evaluate_one_by_one
 from taperay.runtime.camera import Camera, auto_camera
 from taperay.runtime.image import write_png
 from taperay.runtime.opcodes import Op
@@ -194,12 +195,6 @@ def test_write_png_round_trips_atomically(tmp_path):
     assert not (tmp_path / "b.png").exists()
 
 
-def _one_by_one(walker, tape, pts):
-    """The field at each point evaluated alone: blocks of one never split at a cull."""
-    out = [walker.evaluate(tape, p[None]) for p in pts]
-    return np.concatenate([d for d, _ in out]), np.concatenate([m for _, m in out])
-
-
 def _split_cull_tapes():
     """Tapes whose culls split blocks: random scenes (nested culls, culls in pattern bodies), the
     strut lattice's cell pattern, and two culls whose subtrees the points that cull cannot ride
@@ -238,7 +233,7 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
         lo, hi = tape.bounds
         pts = rng.uniform(lo - 0.3, hi + 0.3, (300, 3)).astype(np.float32)
         d, m = walker_cpu.evaluate(tape, pts)
-        d1, m1 = _one_by_one(walker_cpu, tape, pts)
+        d1, m1 = evaluate_one_by_one(walker_cpu, tape, pts)
         assert np.array_equal(d, d1, equal_nan=True), tape.source
         assert np.array_equal(m, m1), tape.source
         cols = tape.as_columns()

@@ -225,6 +225,28 @@ def test_the_twins_hinted_march_takes_the_steps_of_walks_without_hints(seed, wal
     assert np.array_equal(mr["mat"].ravel()[hit], walker_cpu.evaluate(tape, at)[1])
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_compacted_instance_lists_give_the_values_of_points_alone(seed, walker_cpu):
+    """Where half of a block's points have no leaf left to run, the twin moves the others to the
+    front and runs the body for those only (cpu.py, _compact_instances), and puts every point back
+    when the list closes. Values, materials and the walk hints the march carries on must be those
+    of each point evaluated alone (blocks of one never compact), bit for bit: at random points and
+    at points along rays, as the march meets them."""
+    from conftest import evaluate_one_by_one
+    tape, cam = dense_pile(seed, 600)
+    rng = np.random.default_rng(seed)
+    lo, hi = tape.bounds
+    mr = walker_cpu.march(tape, cam, 32, 24)
+    eye, dirs = cam.rays(32, 24)
+    dirs = dirs.reshape(-1, 3)
+    ts = mr["t"].ravel()
+    near = eye + np.where(np.isfinite(ts), ts, 0)[:, None] * dirs
+    pts = np.concatenate([rng.uniform(lo, hi, (400, 3)), near, near + rng.normal(0, 0.05, near.shape)])
+    d, m = walker_cpu.evaluate(tape, pts.astype(np.float32))
+    d1, m1 = evaluate_one_by_one(walker_cpu, tape, pts.astype(np.float32))
+    assert np.array_equal(d, d1) and np.array_equal(m, m1)
+
+
 def test_leaves_that_tie_give_the_twins_material_on_the_gpu(walker_gpu, walker_cpu):
     """Where two leaves tie exactly, the material is the first leaf's in tree order on the twin.
     The GPU's hinted walks may take the other one; the kernels that write a material must not
