@@ -24,9 +24,9 @@ point interpreter (the interpreter keeps their material ids). Control flow:
     a point-by-point fallback, the swaps are undone in reverse, so the block is in its own order
     again. Elsewhere finished points ride along, their results ignored. A point whose workspace
     hint names a leaf of this record (the leaf that held the least value at the last walk of the
-    same ray:
-    the march's steps, gradient taps, a shadow ray, AO taps) runs that leaf first, as the GPU's
-    walk_hint does: the running minimum then starts near the answer and the walk skips more.
+    same ray: the march's steps, gradient taps, a shadow ray, AO taps) runs that leaf first, as
+    the GPU's walk_hint does: the running minimum then starts near the answer and the walk skips
+    more.
     The value does not depend on it (opcodes.py, INSTANCES); only on an exact tie between two
     leaves may the material come from the other one;
   * CULL_BOX jumps when every point of the block culls, falls through when none does. Where the
