@@ -5,13 +5,13 @@ behind it. Every op of ``runtime.opcodes`` is implemented here exactly as its ``
 where the table leaves a detail open, this module's choice (written below) is the reference and
 the other walkers must match it.
 
-Execution model: a *block interpreter*. Points are cut into blocks of ``BLOCK`` (prange over
-chunks of blocks, one workspace per chunk); for each instruction one tight loop runs over the
-block, so dispatch is paid per block and the loops vectorise. Registers are ``(n_regs, BLOCK)``
-float32 (+ u32 material ids); ``p`` and ``scale`` are per point (rows x, y, z, scale). The march
-and light kernels' blocks are 16 x 16 pixel tiles, run in an interleaved order (_spread_stride) so
-that each thread's share of the prange spreads over the picture. The value
-loops of the arithmetic ops that read registers are ``_arith_block``, shared with runtime.pruning's
+Execution model: a *block interpreter*. Points are cut into blocks of ``BLOCK`` (chunks of
+blocks shared out round-robin to a pool of threads, one workspace per chunk: _on_threads); for
+each instruction one tight loop runs over the block, so dispatch is paid per block and the loops
+vectorise. Registers are ``(n_regs, BLOCK)`` float32 (+ u32 material ids); ``p`` and ``scale``
+are per point (rows x, y, z, scale). The march and light kernels' blocks are 16 x 16 pixel
+tiles, shared out round-robin in row order, so that each thread's share spreads over the
+picture. The value loops of the arithmetic ops that read registers are ``_arith_block``, shared with runtime.pruning's
 point interpreter (the interpreter keeps their material ids). Control flow:
 
   * REPEAT_LINEAR / POLAR / GRID run the same number of body iterations at every point (only the
@@ -65,11 +65,12 @@ Registers are not cleared between blocks: the validator proves no register is re
 """
 from __future__ import annotations
 
-import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .camera import Camera, auto_camera
 from .opcodes import INSTANCE_REACH, LOOP_CAP, OPS, STACK_CAP, Op
@@ -1150,12 +1151,13 @@ def _field(tp, n, ws, ws1, sec):
                 out_d[j] = pv
 
 
-@njit(parallel=True, **_JIT)
-def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks):
+@njit(nogil=True, **_JIT)
+def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks, thread, n_threads):
+    """Thread ``thread``'s share (every n_threads-th chunk of blocks) of the field at pts."""
     N = pts.shape[0]
     nblocks = (N + BLOCK - 1) // BLOCK
     nchunks = min(nblocks, max_chunks)
-    for ch in prange(nchunks):
+    for ch in range(thread, nchunks, n_threads):
         ws = _workspace(n_regs, np.int64(BLOCK), tp[7])
         ws1 = _workspace(n_regs, np.int64(1), np.int64(0))
         pin, hint = ws[WS_PIN], ws[WS_HINT]
@@ -1262,18 +1264,6 @@ def _tile_count(dirs):
     return ((dirs.shape[1] + _TW - 1) // _TW) * ((dirs.shape[0] + _TH - 1) // _TH)
 
 
-def _spread_stride(n_tasks: int) -> int:
-    """The march and light kernels run tile (i * stride) % n_tasks at prange iteration i. Numba
-    hands each thread one contiguous run of i, so with stride 1 a thread draws one band of the
-    picture, and the band holding the scene keeps its thread busy after the other is done. This
-    stride is coprime to n_tasks (a permutation) and near n_tasks / golden ratio, so that each
-    thread's run of i is spread over the whole picture."""
-    stride = max(1, round(n_tasks * 0.6180339887))
-    while math.gcd(stride, n_tasks) != 1:
-        stride += 1
-    return stride
-
-
 @njit(**_JIT)
 def _tile_setup(tile, dirs, n_regs, n_save):
     """Tile ``tile`` (row-major) of the march / light kernels: its pixel rows r0:r1 and columns
@@ -1292,13 +1282,12 @@ def _tile_setup(tile, dirs, n_regs, n_save):
             np.zeros((2, BLOCK), np.int64))
 
 
-@njit(parallel=True, **_JIT)
-def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale, tile_stride,
-                  out_t, out_hit, out_steps, out_mat, out_grad, out_normal):
+@njit(nogil=True, **_JIT)
+def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale, out_t, out_hit,
+                  out_steps, out_mat, out_grad, out_normal, thread, n_threads):
+    """Thread ``thread``'s tiles (every n_threads-th, row-major) of the march."""
     n_save = tp[7]
-    n_tiles = _tile_count(dirs)
-    for run_index in prange(n_tiles):
-        tile = (run_index * tile_stride) % n_tiles
+    for tile in range(thread, _tile_count(dirs), n_threads):
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             _tile_setup(tile, dirs, n_regs, n_save)
         n = np.int64(0)
@@ -1350,14 +1339,13 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
                     out_normal[pix[0, i], pix[1, i], r] = grad[r, q] / gl
 
 
-@njit(parallel=True, **_JIT)
+@njit(nogil=True, **_JIT)
 def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale, shadow_mode,
-                  soft_k, key_dir, ao_strength, ao_dist, tile_stride, in_t, in_grad, out_shadow, out_ao):
-    """Key-light visibility (occlusion march from p + 4 eps n) and 5-tap ambient occlusion."""
+                  soft_k, key_dir, ao_strength, ao_dist, in_t, in_grad, out_shadow, out_ao, thread, n_threads):
+    """Key-light visibility (occlusion march from p + 4 eps n) and 5-tap ambient occlusion, on
+    thread ``thread``'s tiles (every n_threads-th, row-major)."""
     n_save = tp[7]
-    n_tiles = _tile_count(dirs)
-    for run_index in prange(n_tiles):
-        tile = (run_index * tile_stride) % n_tiles
+    for tile in range(thread, _tile_count(dirs), n_threads):
         r0, r1, c0, c1, ws, ws1, ro, rd, nrm, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             _tile_setup(tile, dirs, n_regs, n_save)
         occ = np.zeros(BLOCK, np.float32)
@@ -1415,6 +1403,31 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
 _WRITES = np.array([op in OPS and OPS[Op(op)].writes for op in range(256)], np.bool_)
 
 
+def _thread_count() -> int:
+    """Threads the twin's kernels run on: Numba's (NUMBA_NUM_THREADS, default every core)."""
+    return numba.get_num_threads()
+
+
+_POOL: dict = {}      # (pid, threads) -> ThreadPoolExecutor
+
+
+def _on_threads(kernel, *args):
+    """kernel(*args, thread, n_threads) on each of _thread_count() threads, returning when all
+    are done. The kernels are nogil loops over their share of the work, called from a pool of
+    Python threads rather than written as Numba parallel loops: each parallel loop adds three
+    wrappers that link, re-optimise and re-generate the whole interpreter again, a quarter of a
+    cold compile (docs/PERFORMANCE.md)."""
+    n = _thread_count()
+    if n == 1:
+        kernel(*args, 0, 1)
+        return
+    key = (os.getpid(), n)            # (a forked child makes its own pool)
+    if key not in _POOL:
+        _POOL[key] = ThreadPoolExecutor(n, thread_name_prefix="taperay-twin")
+    for done in [_POOL[key].submit(kernel, *args, k, n) for k in range(n)]:
+        done.result()
+
+
 def _walk_nodes(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
     """The tape's BVH as _bvh_seek walks it: f32 / i32 views of one (N, 8) array, each node's box
     centre (lo + hi) / 2 at columns 0-2 and half size (hi - lo) / 2 at 4-6, its skip and instance
@@ -1469,7 +1482,7 @@ class CpuWalker:
         d = np.empty(len(pts), np.float32)
         m = np.empty(len(pts), np.uint32)
         if len(pts):
-            _eval_kernel(tp, tape.n_regs, sec, pts, d, m, 16 * numba.get_num_threads())
+            _on_threads(_eval_kernel, tp, tape.n_regs, sec, pts, d, m, 16 * _thread_count())
         return d, m
 
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
@@ -1497,10 +1510,10 @@ class CpuWalker:
         out = dict(t=np.empty((height, width), np.float32), hit=np.empty((height, width), bool),
                    steps=np.empty((height, width), np.int32), mat=np.empty((height, width), np.uint32),
                    grad=np.empty((height, width, 3), np.float32), normal=np.empty((height, width, 3), np.float32))
-        _march_kernel(tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
-                      _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
-                      _packed(packed, "step_scale"), _spread_stride(_tile_count(dirs)), out["t"],
-                      out["hit"], out["steps"], out["mat"], out["grad"], out["normal"])
+        _on_threads(_march_kernel, tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
+                    _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
+                    _packed(packed, "step_scale"), out["t"], out["hit"], out["steps"], out["mat"], out["grad"],
+                    out["normal"])
         out["dirs"], out["eye"] = dirs, eye
         return out
 
@@ -1563,13 +1576,12 @@ class CpuWalker:
         h, w = mr["t"].shape
         shadow = np.empty((h, w), np.float32)
         ao = np.empty((h, w), np.float32)
-        _light_kernel(tp, tape.n_regs, _section(packed), mr["eye"], mr["dirs"],
-                      _packed(packed, "box_lo", "box_hi").reshape(2, 3), _packed(packed, "hit_eps"),
-                      int(_packed(packed, "shadow_steps")), _packed(packed, "step_scale"),
-                      int(_packed(packed, "shadow_mode")), _packed(packed, "soft_k"),
-                      _packed(packed, "key_dir"), _packed(packed, "ao_strength"),
-                      _packed(packed, "ao_dist"), _spread_stride(_tile_count(mr["dirs"])), mr["t"], mr["grad"],
-                      shadow, ao)
+        _on_threads(_light_kernel, tp, tape.n_regs, _section(packed), mr["eye"], mr["dirs"],
+                    _packed(packed, "box_lo", "box_hi").reshape(2, 3), _packed(packed, "hit_eps"),
+                    int(_packed(packed, "shadow_steps")), _packed(packed, "step_scale"),
+                    int(_packed(packed, "shadow_mode")), _packed(packed, "soft_k"),
+                    _packed(packed, "key_dir"), _packed(packed, "ao_strength"),
+                    _packed(packed, "ao_dist"), mr["t"], mr["grad"], shadow, ao)
         return dict(shadow=shadow, ao=ao)
 
     def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),

@@ -246,27 +246,20 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
         assert idx[int(np.flatnonzero(cols[:, 0] == Op.CULL_BOX)[0])] == -1
 
 
-@pytest.mark.parametrize("n_tiles", [1, 2, 3, 8, 60, 8160, 2 * 3 * 5 * 7 * 11])
-def test_the_spread_stride_visits_every_tile_once(n_tiles):
-    from taperay.runtime.cpu import _spread_stride
-    stride = _spread_stride(n_tiles)
-    order = (np.arange(n_tiles) * stride) % n_tiles
-    assert np.array_equal(np.sort(order), np.arange(n_tiles))
-    if n_tiles >= 8:        # (each half of the run reaches both halves of the picture)
-        first = order[: n_tiles // 2]
-        assert (first < n_tiles // 2).any() and (first >= n_tiles // 2).any()
-
-
-def test_tiles_in_any_order_give_the_same_frame(walker_cpu, monkeypatch):
-    """The march and light kernels' tiles are independent: running them in row order (stride 1)
-    or interleaved gives the same bits."""
+def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeypatch):
+    """The march and light kernels' tiles and evaluate's chunks are independent: shared out over
+    one, two or three threads (cpu._on_threads, round-robin), they give the same bits."""
     import taperay.runtime.cpu as cpu
     from taperay.scenegraph import flatten
     from taperay.scenes import lens_bench_1000
     scene = flatten(lens_bench_1000.scene)
     cam = auto_camera(scene.bounds)
-    interleaved = walker_cpu.light(scene, cam, 70, 45)
-    monkeypatch.setattr(cpu, "_spread_stride", lambda n_tiles: 1)
-    rows = walker_cpu.light(scene, cam, 70, 45)
-    for key in ("t", "hit", "steps", "mat", "grad", "shadow", "ao"):
-        assert np.array_equal(interleaved[key], rows[key], equal_nan=True), key
+    pts = np.random.default_rng(3).uniform(scene.bounds[0], scene.bounds[1], (3000, 3)).astype(np.float32)
+    runs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(cpu, "_thread_count", lambda: threads)
+        runs.append((walker_cpu.light(scene, cam, 70, 45), walker_cpu.evaluate(scene, pts)))
+    for light, (d, m) in runs[1:]:
+        for key in ("t", "hit", "steps", "mat", "grad", "shadow", "ao"):
+            assert np.array_equal(light[key], runs[0][0][key], equal_nan=True), key
+        assert np.array_equal(d, runs[0][1][0]) and np.array_equal(m, runs[0][1][1])
