@@ -11,8 +11,9 @@ each instruction one tight loop runs over the block, so dispatch is paid per blo
 vectorise. Registers are ``(n_regs, BLOCK)`` float32 (+ u32 material ids); ``p`` and ``scale``
 are per point (rows x, y, z, scale). The march and light kernels' blocks are 16 x 16 pixel
 tiles, shared out round-robin in row order, so that each thread's share spreads over the
-picture. The value loops of the arithmetic ops that read registers are ``_arith_block``, shared with runtime.pruning's
-point interpreter (the interpreter keeps their material ids). Control flow:
+picture. The value loops of the arithmetic ops that read registers are ``_arith_block``, shared
+with runtime.pruning's point interpreter (the interpreter keeps their material ids). Control
+flow:
 
   * REPEAT_LINEAR / POLAR / GRID run the same number of body iterations at every point (only the
     instance each point evaluates differs), so they run blockwise;
@@ -712,9 +713,9 @@ def _instance_point(L, j, node, p, lp, lcell, bvhi, inst):
 
 
 @njit(**_JIT)
-def _swap_columns(i, k, sp, lsp, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint):
-    """Exchange points i and k of the block: every per-point row an open instance list reads (the
-    registers, p, the point stack to depth sp, the pattern frames below lsp, cdead, hint)."""
+def _swap_columns(i, k, sp, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint):
+    """Exchange points i and k of the block: every per-point row an outermost instance list (frame
+    0) reads (the registers, p, the point stack to depth sp, the frame's rows, cdead, hint)."""
     for r in range(regs.shape[0]):
         regs[r, i], regs[r, k] = regs[r, k], regs[r, i]
         mats[r, i], mats[r, k] = mats[r, k], mats[r, i]
@@ -722,15 +723,14 @@ def _swap_columns(i, k, sp, lsp, regs, mats, p, pstack, lp, lacc, lmat, lbound, 
         p[r, i], p[r, k] = p[r, k], p[r, i]
         for s in range(sp):
             pstack[s, r, i], pstack[s, r, k] = pstack[s, r, k], pstack[s, r, i]
-    for L in range(lsp):
-        for r in range(4):
-            lp[L, r, i], lp[L, r, k] = lp[L, r, k], lp[L, r, i]
-        lacc[L, i], lacc[L, k] = lacc[L, k], lacc[L, i]
-        lmat[L, i], lmat[L, k] = lmat[L, k], lmat[L, i]
-        lbound[L, i], lbound[L, k] = lbound[L, k], lbound[L, i]
-        lcopy[L, i], lcopy[L, k] = lcopy[L, k], lcopy[L, i]
-        for r in range(6):
-            lcell[L, r, i], lcell[L, r, k] = lcell[L, r, k], lcell[L, r, i]
+    for r in range(4):
+        lp[0, r, i], lp[0, r, k] = lp[0, r, k], lp[0, r, i]
+    lacc[0, i], lacc[0, k] = lacc[0, k], lacc[0, i]
+    lmat[0, i], lmat[0, k] = lmat[0, k], lmat[0, i]
+    lbound[0, i], lbound[0, k] = lbound[0, k], lbound[0, i]
+    lcopy[0, i], lcopy[0, k] = lcopy[0, k], lcopy[0, i]
+    for r in range(6):
+        lcell[0, r, i], lcell[0, r, k] = lcell[0, r, k], lcell[0, r, i]
     cdead[i], cdead[k] = cdead[k], cdead[i]
     for r in range(2):
         hint[r, i], hint[r, k] = hint[r, k], hint[r, i]
@@ -750,8 +750,7 @@ def _compact_instances(n, end, nswap, sp, swaps, regs, mats, p, pstack, lp, lacc
             k -= 1
         if i >= k:
             break
-        _swap_columns(i, k, sp, np.int64(1), regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead,
-                      hint)
+        _swap_columns(i, k, sp, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint)
         swaps[0, nswap], swaps[1, nswap] = i, k
         nswap += 1
     m = np.int64(0)
@@ -764,8 +763,8 @@ def _compact_instances(n, end, nswap, sp, swaps, regs, mats, p, pstack, lp, lacc
 def _undo_swaps(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint):
     """Put the points of a compacted block back in their places (the swaps in reverse)."""
     for q in range(nswap - 1, -1, -1):
-        _swap_columns(swaps[0, q], swaps[1, q], sp, np.int64(1), regs, mats, p, pstack, lp, lacc, lmat, lbound,
-                      lcopy, lcell, cdead, hint)
+        _swap_columns(swaps[0, q], swaps[1, q], sp, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
+                      lcell, cdead, hint)
 
 
 # ----------------------------------------------------------------------------- the interpreter
