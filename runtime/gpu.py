@@ -904,9 +904,9 @@ class GpuWalker(PrunedPasses):
 
     @_guarded
     def gpu_seconds_frame(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
-                          cells="auto", repeat: int = 8) -> dict:
-        """GPU time of one sample of render(``view``) (of its render_tape, on the cells render
-        would use), as gpu_seconds ((t_K - t_1) / (K - 1), K = ``repeat`` runs encoded in one
+                          cells="auto", repeat: int = 8, settings: RenderSettings | None = None) -> dict:
+        """GPU time of one sample of render(``view``, ``settings``) (of its render_tape, on the
+        cells render would use), as gpu_seconds ((t_K - t_1) / (K - 1), K = ``repeat`` runs encoded in one
         command buffer; no host work or read-back): "cells", the
         prune_cells passes over the march cells (0 when the frame is not pruned), and "frame",
         the frame's passes (march, light, shade, resolve). A frame that needs more than one
@@ -917,7 +917,7 @@ class GpuWalker(PrunedPasses):
         if run is not tape and isinstance(cells, str):
             cells = next(c for r, c in self._render_plans(tape, run, cells) if r is run)
         tape = run
-        camera, packed, variant, n = self._image_setup(tape, camera, width, height, None, view)
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
         u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
         out = {"cells": 0.0}

@@ -36,7 +36,7 @@ from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, content_key, p
 # registers a finest tile's tape uses, the pixels refused for want of registers.
 PRUNE_TILES = (64, 16, 4)
 MAX_TILE_LEVELS = 4
-PRUNE_HEADER_WORDS = 4
+PRUNE_HEADER_WORDS = 5
 PRUNE_ARENA, PRUNE_ARENA_FULL, PRUNE_REGS, PRUNE_REGS_REFUSED = 2, 3, 4, 5
 
 

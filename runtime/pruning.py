@@ -1204,8 +1204,9 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
             rd = np.broadcast_to(key_dir, ro.shape)
             tfar = _slabs(ro, rd, box)[1]
             t = np.zeros(len(at), np.float32)
+            skip = _march_cells(tape, packed, grid, levels) if _packed(packed, "cell_skip") and shadow_mode == 1 else None
             _, hit, res = _wavefront(field, ro, rd, t, tfar, eps, shadow_steps, step_scale,
-                                     soft_k if shadow_mode == 2 else np.float32(0))
+                                     soft_k if shadow_mode == 2 else np.float32(0), skip)
             one = np.where(np.float32(1) < res, np.float32(1), res)
             shadow[at] = np.where(hit, np.float32(0), np.where(np.float32(0) > one, np.float32(0), one))
         if ao_strength > 0:
@@ -1239,7 +1240,10 @@ class _CellTapes:
         self.lo = lo.astype(np.float32)
         size = np.where(hi > lo, (hi - lo) / grid, 1.0)
         c_lo, c_hi = grid_cell_boxes(lo, hi, size, grid_ijk(grid))
-        _, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
+        c_lower, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
+        # empty-space skipping (skip_to): each level's boxes (float32, as the lookup's) and the
+        # lower bounds of the intervals over them
+        self.levels_lower = [(c_lo.astype(np.float32), c_hi.astype(np.float32), c_lower)]
         self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
         n_cells = self.choices.shape[1]
         if n_cells * n * 24 > _CELL_TAPES_MAX_BYTES:
@@ -1256,7 +1260,11 @@ class _CellTapes:
             self.fimm = np.ascontiguousarray(np.concatenate([t[1] for t in tapes]))
             lengths = n - starts
         else:
-            sub = _boxes(*grid_cell_boxes(lo, hi, size / 4, sub_cell_ijk(grid_ijk(grid))))
+            s_lo, s_hi = grid_cell_boxes(lo, hi, size / 4, sub_cell_ijk(grid_ijk(grid)))
+            sub = _boxes(s_lo, s_hi)
+            s_lower = np.concatenate([_lanes(tcodes[c], timms[c], starts[c], self.n_regs, sub[:, 64 * c:64 * c + 64])[0]
+                                      for c in range(n_cells - 1)])
+            self.levels_lower.append((s_lo.astype(np.float32), s_hi.astype(np.float32), s_lower))
             sub_lengths = np.empty(sub.shape[1], np.int64)     # sub-cell k of cell c: index 64 c + k
             _prune_subcells(tcodes, timms, starts, self.n_regs, sub, False, sub_lengths, tcodes[0], timms[0],
                             sub_lengths)
@@ -1283,6 +1291,38 @@ class _CellTapes:
         else:
             table = ((i >> 2) + grid * ((j >> 2) + grid * (k >> 2))) * 64 + (i & 3) + 4 * ((j & 3) + 4 * (k & 3))
         self.tape_of = np.append(table, len(lengths) - 1).astype(np.int64)
+
+    def skip_to(self, o: np.ndarray, d: np.ndarray, t: np.ndarray, pts: np.ndarray, eps, scale) -> np.ndarray:
+        """Empty-space skipping, the GPU's rule (packed.wgsl cell_find): for tracing steps of the
+        rays o + t d at pts ((N, 3) each, float32), the t a ray may move on to without a field
+        value: the furthest, over the cells of every level on the point's way down whose box holds
+        it and whose interval's lower bound L is at least ``eps`` (no point of the box is a hit),
+        of max(t + L ``scale``, the t where the ray leaves the box); -1 where no cell proves it."""
+        best = np.full(len(pts), -1, np.float32)
+        f = np.floor((pts - self.lo) / self.cell)
+        at = np.flatnonzero(np.all((f >= 0) & (f < self.fine), axis=1))
+        if not at.size:
+            return best
+        ijk = f[at].astype(np.int64)
+        shift = 2 * (self.levels - 1)
+        ids = [(ijk[:, 0] >> shift) + self.grid * ((ijk[:, 1] >> shift) + self.grid * (ijk[:, 2] >> shift))]
+        if self.levels == 2:
+            ids.append(64 * ids[0] + (ijk[:, 0] & 3) + 4 * ((ijk[:, 1] & 3) + 4 * (ijk[:, 2] & 3)))
+        p, o, d, t = pts[at], o[at], d[at], t[at]
+        for (b_lo, b_hi, lower), c in zip(self.levels_lower, ids):
+            lo_c, hi_c, low = b_lo[c], b_hi[c], lower[c]
+            ok = (low >= eps) & np.all((p >= lo_c) & (p <= hi_c), axis=1)
+            if not ok.any():
+                continue
+            exit = np.full(len(p), np.inf, np.float32)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                for r in range(3):
+                    x = np.where(d[:, r] > 0, (hi_c[:, r] - o[:, r]) / d[:, r], (lo_c[:, r] - o[:, r]) / d[:, r])
+                    exit = np.where((d[:, r] != 0) & (x < exit), x, exit)
+            step = t + low * np.float32(scale)
+            cand = np.where(exit > step, exit, step)
+            best[at] = np.where(ok & (cand > best[at]), cand, best[at])
+        return best
 
     def evaluate(self, pts: np.ndarray) -> np.ndarray:
         pts = np.ascontiguousarray(pts, np.float32)
@@ -1390,10 +1430,14 @@ def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, max_steps, step_s
     return m
 
 
-def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k):
+def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, cells: _CellTapes | None = None):
     """The twin's _trace for every ray at once, a step at a time: ``t`` advanced in place;
     returns steps, hit and the soft-shadow penumbra res (iq's min(1, k f / t) where soft_k > 0).
-    ``ro`` is (3,) or (N, 3). The steps' bookkeeping is Numba (_wavefront_points / _advance)."""
+    ``ro`` is (3,) or (N, 3). The steps' bookkeeping is Numba (_wavefront_points / _advance).
+    With ``cells`` (empty-space skipping, RenderSettings.cell_skip; hard shadows and primary rays
+    only), a step whose point lies in a cell proven empty moves on to _CellTapes.skip_to without
+    a field value, and counts as a step, as the GPU's march on cells does (kernels_render.wgsl
+    skip_step)."""
     steps = np.zeros(len(rd), np.int32)
     hit = np.zeros(len(rd), bool)
     res = np.ones(len(rd), np.float32)
@@ -1404,10 +1448,24 @@ def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k):
     while live.size:
         step_pts = pts[:live.size]
         _wavefront_points(origins, rd, t, live, step_pts)
+        jumped = live[:0]
+        if cells is not None:
+            to = cells.skip_to(origins[np.zeros(live.size, np.int64) if len(origins) == 1 else live], rd[live],
+                               t[live], step_pts, np.float32(eps), np.float32(step_scale))
+            jump = to >= 0
+            if jump.any():
+                j = live[jump]
+                steps[j] += 1
+                t[j] = to[jump]
+                jumped = j[(t[j] <= tfar[j]) & (steps[j] < max_steps)]
+                live, step_pts = live[~jump], step_pts[~jump]
         d = field(step_pts)
         m = _wavefront_advance(live, d, t, tfar, steps, hit, res, np.float32(eps), max_steps,
                                np.float32(step_scale), np.float32(soft_k), spare)
-        live, spare = spare[:m], live
+        if jumped.size:
+            live, spare = np.sort(np.concatenate([spare[:m], jumped])), np.empty_like(spare)
+        else:
+            live, spare = spare[:m], live
     return steps, hit, res
 
 
@@ -1436,11 +1494,12 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     max_steps = int(_packed(packed, "max_steps"))
     sec = _section(packed)
     field = _pruned_field(tape, packed, grid, levels)
+    skip = _march_cells(tape, packed, grid, levels) if _packed(packed, "cell_skip") else None
     eye_out, dirs = camera.rays(width, height)
     eye = np.asarray(eye_out, np.float32)
     rd = np.ascontiguousarray(dirs, np.float32).reshape(-1, 3)
     t, tfar = _slabs(np.broadcast_to(eye, rd.shape), rd, box)
-    steps, hit, _ = _wavefront(field, eye, rd, t, tfar, eps, max_steps, step_scale, np.float32(0))
+    steps, hit, _ = _wavefront(field, eye, rd, t, tfar, eps, max_steps, step_scale, np.float32(0), skip)
     grad = np.zeros((len(rd), 3), np.float32)
     at = np.flatnonzero(hit)
     if at.size:                                                 # the twin's _gradients

@@ -8,7 +8,7 @@ the colour formulas of every view (``compose``), applied to what a walker measur
 light's visibility and the ambient occlusion. The shade formula runs as a Numba kernel
 (``_shade``, pixel by pixel in float64), the other views as numpy array expressions.
 
-Packed layout (``PACK_LEN`` = 44 float32, eleven vec4s; ``PACK_FIELDS`` holds the offsets and
+Packed layout (``PACK_LEN`` = 48 float32, twelve vec4s, the last three zero; ``PACK_FIELDS`` holds the offsets and
 a test checks them; absolute lengths derive from the tape's bounds diagonal ``diag``)::
 
     0  max_steps        1  hit_eps           2  step_scale        3  normal_eps
@@ -22,9 +22,13 @@ a test checks them; absolute lengths derive from the tape's bounds diagonal ``di
     32 ground_color.rgb                                          35  contour_spacing
     36 background.rgb                                            39  view (index in VIEWS)
     40 plane_n.xyz (unit)                                        43  plane_d (plane: dot(p, n) = d)
+    44 cell_skip (1: a march on pruned cells steps over cells proven empty)
 
 March: a ray is clipped to the march box (t >= 0); from the entry, ``t += f * step_scale`` until
-``f < hit_eps`` (hit), ``t`` passes the box exit or ``max_steps`` evaluations are spent (miss).
+``f < hit_eps`` (hit), ``t`` passes the box exit or ``max_steps`` steps are spent (miss). On
+pruned cells with ``cell_skip``, a step from a point in a cell whose interval's lower bound L is
+at least ``hit_eps`` takes no field value: ``t`` moves to max(t + L * step_scale, the cell box's
+exit), and it counts as a step.
 Normals are the field gradient by the 4-tap tetrahedron (``k`` in (+,-,-), (-,-,+), (-,+,-),
 (+,+,+)): ``grad = sum(k * f(p + normal_eps * k)) / (4 * normal_eps)``.
 
@@ -66,6 +70,11 @@ class RenderSettings:
     max_steps: int = 256
     hit_eps_rel: float = 1e-4          # hit when f < hit_eps_rel * diag
     step_scale: float = 1.0            # < 1 for fields whose Lipschitz constant exceeds 1
+    # a march on pruned cells steps over a cell whose interval's lower bound is at least hit_eps
+    # (no point of it is a hit: to the cell's exit, or by the bound if further), without
+    # evaluating the field there; off, it takes the steps of the march on the whole tape, bit for
+    # bit. Not for soft shadows (their penumbra reads every step's value).
+    cell_skip: bool = True
     normal_eps_factor: float = 2.0     # normal_eps = normal_eps_factor * hit_eps
     margin_rel: float = 0.05           # march box = bounds grown by margin_rel * diag
     # lights
@@ -116,7 +125,7 @@ class RenderSettings:
             "sky_color": self.sky_color, "section": 1.0 if view == "section" else 0.0,
             "ground_color": self.ground_color, "contour_spacing": self.contour_spacing_rel * diag,
             "background": self.background, "view": VIEWS.index(view),
-            "plane_n": plane_n, "plane_d": plane_d,
+            "plane_n": plane_n, "plane_d": plane_d, "cell_skip": 1.0 if self.cell_skip else 0.0,
         }
         out = np.zeros(PACK_LEN, np.float32)
         for name, (off, size) in PACK_FIELDS.items():
@@ -130,11 +139,11 @@ _ORDER = [("max_steps", 1), ("hit_eps", 1), ("step_scale", 1), ("normal_eps", 1)
           ("key_dir", 3), ("shadow_steps", 1), ("key_color", 3), ("ao_strength", 1),
           ("fill_dir", 3), ("ao_dist", 1), ("fill_color", 3), ("specular", 1),
           ("sky_color", 3), ("section", 1), ("ground_color", 3), ("contour_spacing", 1),
-          ("background", 3), ("view", 1), ("plane_n", 3), ("plane_d", 1)]
+          ("background", 3), ("view", 1), ("plane_n", 3), ("plane_d", 1), ("cell_skip", 1)]
 PACK_FIELDS: dict[str, tuple[int, int]] = {}
 for _name, _size in _ORDER:
     PACK_FIELDS[_name] = (sum(s for _, s in PACK_FIELDS.values()), _size)
-PACK_LEN = sum(s for _, s in PACK_FIELDS.values())
+PACK_LEN = -(-sum(s for _, s in PACK_FIELDS.values()) // 4) * 4    # whole vec4s (the uniforms' layout), zero-padded
 del _name, _size
 
 

@@ -2,7 +2,7 @@
 // Do not edit: run `python -m taperay.runtime.wgsl_header` after changing the layouts.
 
 const CAMERA_VEC4S: u32 = 4u;
-const SETTINGS_VEC4S: u32 = 11u;
+const SETTINGS_VEC4S: u32 = 12u;
 
 const SET_MAX_STEPS: u32 = 0u;
 const SET_HIT_EPS: u32 = 1u;
@@ -28,6 +28,7 @@ const SET_BACKGROUND: u32 = 36u;
 const SET_VIEW: u32 = 39u;
 const SET_PLANE_N: u32 = 40u;
 const SET_PLANE_D: u32 = 43u;
+const SET_CELL_SKIP: u32 = 44u;
 
 const VIEW_SHADE: u32 = 0u;
 const VIEW_NORMALS: u32 = 1u;

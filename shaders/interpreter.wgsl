@@ -1027,18 +1027,35 @@ fn eval_checked(pin: vec3<f32>) -> Eval {
 override FIELD_CELLS: bool = false;
 
 fn field(pin: vec3<f32>) -> Eval {
+    return trace_field(pin, pin, pin, 0.0, false).e;
+}
+
+// a tracing step's field at p = o + t d: field(p), or, with FIELD_CELLS and `skip`, a step over
+// a cell proven empty (packed.wgsl cell_find): skip_to >= 0 is where the ray moves on to, and e is
+// not evaluated
+struct FieldStep {
+    e: Eval,
+    skip_to: f32,
+}
+
+fn trace_field(p: vec3<f32>, o: vec3<f32>, d: vec3<f32>, t: f32, skip: bool) -> FieldStep {
     var e: Eval;
     if (FIELD_CELLS) {
-        e = cell_eval(pin);
+        let g = march_cells();
+        let found = cell_find(g, p, skip, o, d, t);
+        if (found.skip_to >= 0.0) {
+            return FieldStep(Eval(0.0, 0u), found.skip_to);
+        }
+        e = cell_eval(g, found.tile, p);
     } else {
-        e = run_tape(pin);
+        e = run_tape(p);
     }
     if (setting(SET_SECTION) != 0.0) {
         let n = setting3(SET_PLANE_N);
-        let pv = pin.x * n.x + pin.y * n.y + pin.z * n.z - setting(SET_PLANE_D);
+        let pv = p.x * n.x + p.y * n.y + p.z * n.z - setting(SET_PLANE_D);
         if (pv > e.d) {
             e.d = pv;
         }
     }
-    return e;
+    return FieldStep(e, -1.0);
 }

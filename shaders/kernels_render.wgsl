@@ -77,6 +77,14 @@ fn trace_step(tr: ptr<function, Trace>, e: Eval) -> bool {
     return (*tr).t <= (*tr).tfar && (*tr).steps < (*tr).max_steps;
 }
 
+// a tracing step over an empty cell (packed.wgsl cell_find) to `t`: counted as a step, without a
+// field value; false when the trace is done (a miss)
+fn skip_step(tr: ptr<function, Trace>, t: f32) -> bool {
+    (*tr).steps += 1u;
+    (*tr).t = t;
+    return (*tr).t <= (*tr).tfar && (*tr).steps < (*tr).max_steps;
+}
+
 fn ray_point(o: vec3<f32>, d: vec3<f32>, t: f32) -> vec3<f32> {
     return vec3<f32>(o.x + t * d.x, o.y + t * d.y, o.z + t * d.z);
 }
@@ -128,8 +136,8 @@ fn march(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         g = vec3<f32>(out_f[4u * i + 1u], out_f[4u * i + 2u], out_f[4u * i + 3u]);
     }
     let neps = setting(SET_NORMAL_EPS);
+    let skip = setting(SET_CELL_SKIP) != 0.0;
     var cost = U.n_instrs;
-    var finished = phase == MARCH_DONE;
     while (phase < MARCH_DONE) {
         if (!budget_allows(cost)) {
             atomicAdd(&counters[COUNT_UNFINISHED], 1u);
@@ -142,13 +150,19 @@ fn march(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             q = vec3<f32>(hp.x + neps * k.x, hp.y + neps * k.y, hp.z + neps * k.z);
         }
         let before = iters;
-        let e = field(q);
+        let fs = trace_field(q, o, d, tr.t, phase == 0u && skip);
+        if (fs.skip_to >= 0.0) {
+            if (!skip_step(&tr, fs.skip_to)) {
+                phase = MARCH_DONE;
+            }
+            continue;
+        }
+        let e = fs.e;
         cost = max(cost, iters - before);
         if (overflow) {
             note_overflow();
             phase = MARCH_DONE;
             tr.hit = false;
-            finished = true;
             break;
         }
         if (phase == 0u) {
@@ -160,9 +174,8 @@ fn march(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             g = vec3<f32>(g.x + k.x * e.d, g.y + k.y * e.d, g.z + k.z * e.d);
             phase += 1u;
         }
-        finished = phase == MARCH_DONE;
     }
-    if (finished) {
+    if (phase == MARCH_DONE) {
         if (tr.hit) {
             g = g / (4.0 * neps);
         }
@@ -248,6 +261,7 @@ fn light(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         tr.hit = out_u[fo + 2u] != 0u;
         occ = bitcast<f32>(out_u[fo + 3u]);
     }
+    let skip = setting(SET_CELL_SKIP) != 0.0 && soft_k == 0.0;   // (a penumbra needs every step's value)
     var cost = U.n_instrs;
     while (phase < LIGHT_DONE) {
         if (!budget_allows(cost)) {
@@ -261,7 +275,14 @@ fn light(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                           ro.z - eps4 * nrm.z + h * nrm.z);
         }
         let before = iters;
-        let e = field(q);
+        let fs = trace_field(q, ro, key, tr.t, phase == 0u && skip);
+        if (fs.skip_to >= 0.0) {
+            if (!skip_step(&tr, fs.skip_to)) {
+                phase = select(LIGHT_DONE, 1u, ao_strength > 0.0);
+            }
+            continue;
+        }
+        let e = fs.e;
         cost = max(cost, iters - before);
         if (overflow) {
             note_overflow();

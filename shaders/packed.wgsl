@@ -7,14 +7,16 @@
 // pruning folds a constant operand of a two-operand record into it (op | IMM_A: a is the
 // immediate, op | IMM_B: b is), which drops the CONST record where nothing else reads it. A
 // tile's (or cell's) header is HEADER_WORDS words: the first word of its packed tape, its length
-// in records, its class (TILE_*) and the registers it uses (prune.wgsl renumbers them 0 ..
-// regs - 1, so that a pipeline holding fewer registers than the full tape's may run it).
+// in records, its class (TILE_*), the registers it uses (prune.wgsl renumbers them 0 ..
+// regs - 1, so that a pipeline holding fewer registers than the full tape's may run it) and the
+// bits of the lower bound of its interval over its box (NaN where the tile was not evaluated:
+// the march steps over a cell whose bound proves that no point of it is a hit, cell_find).
 
 const TILE_AMBIGUOUS: u32 = 0u;
 const TILE_INSIDE: u32 = 1u;
 const TILE_OUTSIDE: u32 = 2u;
 const TILE_FAILED: u32 = 3u;
-const HEADER_WORDS: u32 = 4u;
+const HEADER_WORDS: u32 = 5u;
 const OP_MASK: u32 = 0x3fu;         // a packed record's op, without the immediate flags
 const IMM_A: u32 = 0x40u;
 const IMM_B: u32 = 0x80u;
@@ -162,14 +164,47 @@ fn march_cells() -> MarchCells {
                  bitcast<u32>(points[q + 9u]) != 0u);
 }
 
-// the first header word in out_u of the finest cell whose box holds p, or of the outside cell
-// where p lies in no grid cell's box (outside the grid, NaN, or moved out of the cell its index
-// names by the rounding of that index). (Flat cells: p.z is the plane's, so i.z is 0.)
-fn cell_header(g: MarchCells, p: vec3<f32>) -> u32 {
+// p's cell: the finest cell whose box holds p, or the outside cell where p lies in no grid cell's
+// box (outside the grid, NaN, or moved out of the cell its index names by the rounding of that
+// index) (flat cells: p.z is the plane's, so i.z is 0); its header is at g.base + HEADER_WORDS *
+// tile, its box (the outside cell's NaN) at word 4 + 6 * tile of points. With `skip` (a tracing
+// step of the ray o + t d, p = o + t d; empty-space skipping, the setting SET_CELL_SKIP): a cell
+// of any level on p's way down whose header's lower bound is at least the hit threshold and
+// whose box holds p proves that no point of its box is a hit, so the ray may move on to where it
+// leaves that box, or by the bound times the step scale if that is further (the bound is a
+// distance bound wherever the field is); skip_to is the furthest of these, -1 where no cell
+// proves it (the field is then evaluated on the tile).
+// The twin's rule: runtime/pruning.py _skip_cells.
+struct CellFind {
+    tile: u32,
+    skip_to: f32,
+}
+
+fn in_box(b: u32, p: vec3<f32>) -> bool {
+    return p.x >= points[b] && p.y >= points[b + 1u] && p.z >= points[b + 2u] &&
+           p.x <= points[b + 3u] && p.y <= points[b + 4u] && p.z <= points[b + 5u];
+}
+
+// the ray's t where it leaves the box at word b of points (t + lower * step scale if further)
+fn skip_box(b: u32, o: vec3<f32>, d: vec3<f32>, t: f32, lower: f32) -> f32 {
+    var exit = inf();
+    for (var r = 0u; r < 3u; r++) {
+        if (d[r] > 0.0) {
+            exit = pmin(exit, (points[b + 3u + r] - o[r]) / d[r]);
+        } else if (d[r] < 0.0) {
+            exit = pmin(exit, (points[b + r] - o[r]) / d[r]);
+        }
+    }
+    return pmax(t + lower * setting(SET_STEP_SCALE), exit);
+}
+
+fn cell_find(g: MarchCells, p: vec3<f32>, skip: bool, o: vec3<f32>, d: vec3<f32>, t: f32) -> CellFind {
     let gz = select(g.g0, 1u, g.flat);
     let kids = select(64u, 16u, g.flat);
     let n0 = g.g0 * g.g0 * gz + 1u;
+    let eps = setting(SET_HIT_EPS);
     var tile = n0 - 1u;                     // the outside cell
+    var skip_to = -1.0;
     let shift = 2u * (g.levels - 1u);
     let f = floor((p - g.lo) / g.size);
     let top = f32(g.g0 << shift);
@@ -178,25 +213,37 @@ fn cell_header(g: MarchCells, p: vec3<f32>) -> u32 {
         var c = ((i.z >> shift) * g.g0 + (i.y >> shift)) * g.g0 + (i.x >> shift);
         var first = 0u;                     // the index of level m's first cell over all levels
         var count = n0;
-        for (var m = 1u; m < g.levels; m++) {
-            let sh = 2u * (g.levels - 1u - m);
-            c = c * kids + (((i.z >> sh) & 3u) * 4u + ((i.y >> sh) & 3u)) * 4u + ((i.x >> sh) & 3u);
-            first += count;
-            count *= kids;
-        }
-        let b = 4u + 6u * (first + c);
-        if (p.x >= points[b] && p.y >= points[b + 1u] && p.z >= points[b + 2u] &&
-            p.x <= points[b + 3u] && p.y <= points[b + 4u] && p.z <= points[b + 5u]) {
-            tile = first + c;
+        for (var m = 0u; m < g.levels; m++) {
+            if (m > 0u) {
+                let sh = 2u * (g.levels - 1u - m);
+                c = c * kids + (((i.z >> sh) & 3u) * 4u + ((i.y >> sh) & 3u)) * 4u + ((i.x >> sh) & 3u);
+                first += count;
+                count *= kids;
+            }
+            let b = 4u + 6u * (first + c);
+            if (skip) {
+                let lower = bitcast<f32>(out_u[g.base + HEADER_WORDS * (first + c) + 4u]);
+                if (lower >= eps && in_box(b, p)) {   // (NaN: not evaluated)
+                    skip_to = pmax(skip_to, skip_box(b, o, d, t, lower));
+                }
+            }
+            if (m + 1u == g.levels && in_box(b, p)) {
+                tile = first + c;
+            }
         }
     }
-    return g.base + HEADER_WORDS * tile;
+    return CellFind(tile, skip_to);
 }
 
-// the field at p on the pruned tape of its cell (cell_header; the whole tape's bits: pruning is
-// exact in the cell's box), with its material id in pipelines built WITH_MATERIALS
-fn cell_eval(p: vec3<f32>) -> Eval {
-    let hdr = cell_header(march_cells(), p);
+// the first header word in out_u of p's cell (cell_find)
+fn cell_header(g: MarchCells, p: vec3<f32>) -> u32 {
+    return g.base + HEADER_WORDS * cell_find(g, p, false, p, p, 0.0).tile;
+}
+
+// the field at p on the pruned tape of its cell `tile` (cell_find; the whole tape's bits: pruning
+// is exact in the cell's box), with its material id in pipelines built WITH_MATERIALS
+fn cell_eval(g: MarchCells, tile: u32, p: vec3<f32>) -> Eval {
+    let hdr = g.base + HEADER_WORDS * tile;
     if (out_u[hdr + 2u] == TILE_FAILED) {   // (the host reruns the cells before marching)
         return Eval(nan(), 0u);
     }

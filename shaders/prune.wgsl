@@ -750,6 +750,10 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     } else if (ireg[0].x >= 0.0) {
         cls = TILE_OUTSIDE;
     }
+    var lower = nan();     // the header's lower bound (packed.wgsl HEADER_WORDS): where evaluated
+    if (working && !overflow) {
+        lower = ireg[0].x;
+    }
     if (working || overflow) {
         h = vec3<u32>(0u, 0u, cls);
         if (cls != TILE_AMBIGUOUS && sign_mode()) {
@@ -930,6 +934,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         note_overflow();
         h = vec3<u32>(0u, 0u, cls);
         regs = 0u;
+        lower = nan();
     }
     if (t < n) {
         let hdr = level_header(l) + HEADER_WORDS * t;
@@ -937,6 +942,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         out_u[hdr + 1u] = h.y;
         out_u[hdr + 2u] = h.z;
         out_u[hdr + 3u] = regs;
+        out_u[hdr + 4u] = bitcast<u32>(lower);
     }
 }
 
@@ -961,6 +967,7 @@ var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;      // backward: the 
 var<workgroup> wv_nib: array<atomic<u32>, WAVE_RECORDS / 8u>;  // prune_tiles' scratch nibbles
 var<workgroup> wv_part: array<u32, WG>;                        // the scan of emitted records
 var<workgroup> wv_cls: u32;
+var<workgroup> wv_lower: f32;   // level 0's result interval's lower bound (invocation 0's)
 var<workgroup> wv_total: u32;
 var<workgroup> wv_tape: u32;
 
@@ -1025,11 +1032,12 @@ fn wave_read(d: u32) {
     }
 }
 
-fn wave_header(hdr: u32, h: vec4<u32>) {
+fn wave_header(hdr: u32, h: vec4<u32>, lower: f32) {
     out_u[hdr] = h.x;
     out_u[hdr + 1u] = h.y;
     out_u[hdr + 2u] = h.z;
     out_u[hdr + 3u] = h.w;
+    out_u[hdr + 4u] = bitcast<u32>(lower);
 }
 
 @compute @workgroup_size(WG)
@@ -1044,7 +1052,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let ext = tile_extent(l, t);
     if (!ext.ok) {
         if (lid == 0u) {
-            wave_header(hdr, vec4<u32>(0u, 0u, TILE_EMPTY, REG_CAP));
+            wave_header(hdr, vec4<u32>(0u, 0u, TILE_EMPTY, REG_CAP), nan());
         }
         return;
     }
@@ -1097,12 +1105,13 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             cls = TILE_OUTSIDE;
         }
         wv_cls = cls;
+        wv_lower = r.x;
         wave_read(head.dst);
     }
     let cls = workgroupUniformLoad(&wv_cls);
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
         if (lid == 0u) {
-            wave_header(hdr, vec4<u32>(0u, 0u, cls, REG_CAP));
+            wave_header(hdr, vec4<u32>(0u, 0u, cls, REG_CAP), wv_lower);
         }
         return;
     }
@@ -1172,7 +1181,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let n_out = workgroupUniformLoad(&wv_total);
     if (tape == NO_ROOM) {
         if (lid == 0u) {
-            wave_header(hdr, vec4<u32>(0u, 0u, TILE_FAILED, REG_CAP));
+            wave_header(hdr, vec4<u32>(0u, 0u, TILE_FAILED, REG_CAP), nan());
         }
         return;
     }
@@ -1207,11 +1216,13 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             h.w = renumber_registers(tape, n_out);
             atomicMax(&counters[COUNT_REGS], h.w);
         }
+        var lower = wv_lower;
         if (overflow) {
             note_overflow();
             h = vec4<u32>(0u, 0u, cls, 0u);
+            lower = nan();
         }
-        wave_header(hdr, h);
+        wave_header(hdr, h, lower);
     }
 }
 

@@ -7,7 +7,8 @@ on one device:
   * frames (1920x1080, views shade / normals / depth / steps, image read back): the interpreter's
     and the written-out baseline's (``tools/bench_baseline.py``: the walker's own render kernels and
     passes around the tape written out instead of ``run_tape``), medians after a warm-up, their
-    ratio, and how many pixels of the two images differ;
+    ratio, and how many pixels of the two images differ; GPU times of shade and normals frames,
+    the march's empty-cell skipping (RenderSettings.cell_skip) on and off, in the same run;
   * N points (median of repeats after a warm-up): the interpreter's ``eval_points`` and the
     written-out one (the same upload and read-back), their ratio and the largest difference;
   * the baseline's compile (shader module + pipelines: ``eval_points``, and ``march`` + ``light``
@@ -57,6 +58,7 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
     written-out frame ms; the lowering's host ms, the GPU ms of building the cells, and of one
     shade frame on them, unpruned and written out."""
     from taperay.runtime.lowering import lower
+    from taperay.runtime.shading import RenderSettings
 
     from .bench_baseline import FRAME_KERNELS, BaselineKernel
     started = time.perf_counter()
@@ -77,10 +79,17 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
         for k in differing:
             differing[k] += int(np.any(renders[k]() != image, axis=-1).sum())
     gpu_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade")
+    no_skip = RenderSettings(cell_skip=False)
+    no_skip_s = {v: walker.gpu_seconds_frame(tape, None, *frame_size, view=v, settings=no_skip)["frame"]
+                 for v in ("shade", "normals")}
+    normals_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="normals")
     unpruned_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None)
     with written.installed():
         written_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None)
     out.update({"cells GPU ms": gpu_s["cells"] * 1e3, "shade frame GPU ms": gpu_s["frame"] * 1e3,
+                "shade frame GPU ms, no cell skip": no_skip_s["shade"] * 1e3,
+                "normals frame GPU ms": normals_s["frame"] * 1e3,
+                "normals frame GPU ms, no cell skip": no_skip_s["normals"] * 1e3,
                 "shade unpruned frame GPU ms": unpruned_s["frame"] * 1e3,
                 "shade written-out frame GPU ms": written_s["frame"] * 1e3,
                 "written-out frame compile s": written.compile_seconds,
