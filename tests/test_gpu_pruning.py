@@ -29,9 +29,12 @@ from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, image_cell_box, lev
                                           march_cells, tile_levels, wave_schedule)
 from taperay.runtime.opcodes import Op
 from taperay.runtime.pruning import sign_image as cpu_sign_image
+from taperay.runtime.shading import RenderSettings
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
 from taperay.scenegraph.vm import load_vm
 from test_pruning import random_tape, tape_of
+
+EXACT = RenderSettings(cell_skip=False)   # marches on cells without empty-space skipping: the whole tape's steps
 
 pytestmark = pytest.mark.gpu
 
@@ -143,9 +146,9 @@ def test_march_cells_fold_constant_operands_into_their_records(walker_gpu, no_ne
     assert [lv["mean_length"] for lv in levels] == [6] * cells[1]
     assert [lv["mean_length"] for lv in walker_gpu.prune_levels(tape, 40, 36, tiles=(16, 4))] == [7, 7]
     cam = Camera(eye=(0.3, -2.5, 1.5), target=(0, 0, 0), fov_deg=50)
-    full = walker_gpu.march(tape, cam, 32, 24, cells=None)
+    full = walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=None)
     assert full["hit"].mean() > 0.1
-    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, cells=cells), full)
+    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=cells), full)
 
 
 def test_a_small_arena_is_grown_and_the_image_run_again(walker_gpu, no_new_kernels, prospero_96, monkeypatch):
@@ -489,9 +492,9 @@ def spheres_60():
 def test_march_and_light_on_cells_are_bit_identical(walker_gpu, no_new_kernels, spheres_60, cells, view):
     from taperay.runtime.camera import auto_camera
     cam = auto_camera(spheres_60.bounds)
-    full = walker_gpu.light(spheres_60, cam, 40, 30, view=view, cells=None)
+    full = walker_gpu.light(spheres_60, cam, 40, 30, view=view, settings=EXACT, cells=None)
     assert full["hit"].mean() > 0.03
-    assert _same_bits(walker_gpu.light(spheres_60, cam, 40, 30, view=view, cells=cells), full)
+    assert _same_bits(walker_gpu.light(spheres_60, cam, 40, 30, view=view, settings=EXACT, cells=cells), full)
 
 
 @pytest.mark.parametrize("model", ["sphere", "tanglecube", "hi"])
@@ -500,8 +503,8 @@ def test_models_march_on_cells_is_bit_identical_inside_and_outside_the_box(walke
     from taperay.runtime.camera import Camera, auto_camera
     tape = load_vm(DATA / f"{model}.vm")
     for cam in (auto_camera(tape.bounds), Camera(eye=(0.1, 0.05, 0.2), target=(1, 0.3, -0.2), fov_deg=70)):
-        full = walker_gpu.march(tape, cam, 36, 28, cells=None)
-        assert _same_bits(walker_gpu.march(tape, cam, 36, 28, cells=(4, 2)), full)
+        full = walker_gpu.march(tape, cam, 36, 28, settings=EXACT, cells=None)
+        assert _same_bits(walker_gpu.march(tape, cam, 36, 28, settings=EXACT, cells=(4, 2)), full)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -509,14 +512,14 @@ def test_random_tapes_march_on_cells_is_bit_identical(walker_gpu, no_new_kernels
     from taperay.runtime.camera import auto_camera
     tape = random_tape(seed)
     cam = auto_camera(tape.bounds)
-    full = walker_gpu.march(tape, cam, 32, 24, cells=None)
-    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, cells=(3, 2)), full)
+    full = walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=None)
+    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=(3, 2)), full)
 
 
 def test_render_on_cells_is_the_unpruned_image_and_cells_prune(walker_gpu, no_new_kernels, spheres_60):
     for view in ("shade", "normals", "steps"):
-        np.testing.assert_array_equal(walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2),
-                                      walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2, cells=None))
+        np.testing.assert_array_equal(walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2, settings=EXACT),
+                                      walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2, settings=EXACT, cells=None))
     levels = walker_gpu.march_cell_levels(spheres_60, cells=(4, 2))
     assert [lv["cells"] for lv in levels] == [65, 65 * 64]
     assert levels[0]["with_tape"] == 65 and levels[1]["with_tape"] == 64 * 64   # (not the outside cell's)
@@ -527,9 +530,9 @@ def test_render_on_cells_is_the_unpruned_image_and_cells_prune(walker_gpu, no_ne
 def test_march_cells_grow_a_small_arena(walker_gpu, no_new_kernels, spheres_60, monkeypatch):
     from taperay.runtime.camera import auto_camera
     cam = auto_camera(spheres_60.bounds)
-    full = walker_gpu.march(spheres_60, cam, 24, 20, cells=None)
+    full = walker_gpu.march(spheres_60, cam, 24, 20, settings=EXACT, cells=None)
     monkeypatch.setattr(walker_gpu, "_cell_arena_words", 500)
-    assert _same_bits(walker_gpu.march(spheres_60, cam, 24, 20, cells=(4, 2)), full)
+    assert _same_bits(walker_gpu.march(spheres_60, cam, 24, 20, settings=EXACT, cells=(4, 2)), full)
     assert walker_gpu._cell_arena_words > 500
 
 
@@ -564,11 +567,11 @@ def test_fields_with_materials_march_on_cells_bit_identical(walker_gpu, no_new_k
     tape = flatten(build(level=3) | ball)
     assert not is_arithmetic(tape) and is_arithmetic(tape, fields=True)
     assert GpuWalker._march_cells_for(tape, "auto") is not None
-    full = walker_gpu.light(tape, None, 40, 30, view=view, cells=None)
+    full = walker_gpu.light(tape, None, 40, 30, view=view, settings=EXACT, cells=None)
     assert len(np.unique(full["mat"][full["hit"]])) == 2
-    assert _same_bits(walker_gpu.light(tape, None, 40, 30, view=view, cells=(3, 2)), full)
-    np.testing.assert_array_equal(walker_gpu.render(tape, None, 40, 30, view=view),
-                                  walker_gpu.render(tape, None, 40, 30, view=view, cells=None))
+    assert _same_bits(walker_gpu.light(tape, None, 40, 30, view=view, settings=EXACT, cells=(3, 2)), full)
+    np.testing.assert_array_equal(walker_gpu.render(tape, None, 40, 30, view=view, settings=EXACT),
+                                  walker_gpu.render(tape, None, 40, 30, view=view, settings=EXACT, cells=None))
     fine = walker_gpu.march_cell_levels(tape, view=view, cells=(3, 2))[1]
     assert fine["mean_length"] < 0.8 * len(tape.instrs)   # the union decided in most cells
 
@@ -587,7 +590,7 @@ def test_frames_keep_their_cells_until_something_else_runs(walker_gpu, no_new_ke
     other = load_vm(spheres_program(50, seed=5))
 
     def frame(cam, size=(32, 24), tape=spheres_60):
-        frames.append((walker_gpu.render(tape, cam, *size), tape, cam, size))
+        frames.append((walker_gpu.render(tape, cam, *size, settings=EXACT), tape, cam, size))
         return len(pruned)
 
     assert frame(cams[0]) == 1 and frame(cams[1]) == 1          # kept: another camera, no pruning
@@ -599,19 +602,20 @@ def test_frames_keep_their_cells_until_something_else_runs(walker_gpu, no_new_ke
     walker_gpu.upload(spheres_60)                               # tape buffers written (as an edit does)
     assert frame(cams[0], tape=other) == 5
     for image, tape, cam, size in frames:
-        np.testing.assert_array_equal(image, walker_gpu.render(tape, cam, *size, cells=None))
+        np.testing.assert_array_equal(image, walker_gpu.render(tape, cam, *size, settings=EXACT, cells=None))
 
 
 # ---- level 0 in dependency steps (prune_wave): the serial walks' tapes, bit for bit
 def _pruned_tapes(walker, counts):
-    """Every tile's (class, length, registers, pruned tape words) from out_u word 0 (headers,
+    """Every tile's (class, length, registers, the bits of its interval's lower bound, pruned
+    tape words) from out_u word 0 (headers,
     then the arena, as a pruned image or image cells leave them)."""
     n_hdr = PRUNE_HEADER_WORDS * sum(counts)
     hdr = walker._read(walker._out_u, np.uint32, n_hdr).reshape(-1, PRUNE_HEADER_WORDS).astype(np.int64)
     taped = (hdr[:, 2] <= 2) & (hdr[:, 1] > 0)
     words = walker._read(walker._out_u, np.uint32, int((hdr[taped, 0] + 2 * hdr[taped, 1]).max(initial=n_hdr)))
-    return [(int(c), int(n), int(r), words[at:at + 2 * n].tobytes() if ok else b"")
-            for (at, n, c, r), ok in zip(hdr, taped)]
+    return [(int(c), int(n), int(r), int(lower), words[at:at + 2 * n].tobytes() if ok else b"")
+            for (at, n, c, r, lower), ok in zip(hdr, taped)]
 
 
 def _steps_and_serial(walker, run):
@@ -715,3 +719,46 @@ def test_image_cells_pruned_again_compare_no_buffer(walker_gpu, no_new_kernels, 
     again = walker_gpu.sign_image(tape, 48, 40, cells=(2, 2))
     assert walker_gpu.image_cell_builds >= 2 and compared == []
     np.testing.assert_array_equal(again, first)
+
+
+# ---- empty-space skipping (RenderSettings.cell_skip): the twin's rule on the GPU
+def test_cell_skipping_takes_the_twins_steps(walker_gpu, no_new_kernels, spheres_60):
+    """With cell_skip on, the GPU's march and light on cells of the twin's grid (4, 2) take the
+    twin's steps (march_pruned / light_pruned: the same cells, intervals and rule) pixel for
+    pixel, hits and depths within rounding; the header's lower bound is what the twin's
+    intervals give; and skipping takes steps without field values (more steps than without)."""
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.pruning import light_pruned, march_pruned
+    cam = auto_camera(spheres_60.bounds)
+    settings = RenderSettings()
+    eps = float(settings.pack(spheres_60)[1])
+    twin = march_pruned(spheres_60, cam, 48, 36, settings)
+    gpu = walker_gpu.light(spheres_60, cam, 48, 36, settings, cells=(4, 2))
+    exact = walker_gpu.march(spheres_60, cam, 48, 36, EXACT, cells=(4, 2))
+    assert twin["hit"].mean() > 0.05 and gpu["steps"].sum() > exact["steps"].sum()
+    assert (gpu["steps"] == twin["steps"]).mean() >= 0.999
+    np.testing.assert_array_equal(gpu["hit"], twin["hit"])
+    both = gpu["hit"]
+    assert np.abs(gpu["t"][both] - twin["t"][both]).max() <= 1e-2 * eps
+    light = light_pruned(spheres_60, settings.pack(spheres_60), twin)
+    assert (light["shadow"] < 1).sum() >= 10
+    assert (gpu["shadow"] != light["shadow"]).mean() <= 0.002
+
+
+def test_march_cells_headers_hold_their_intervals_lower_bounds(walker_gpu, no_new_kernels, spheres_60):
+    """The fifth header word (packed.wgsl HEADER_WORDS) of every march cell is the lower bound
+    of its interval, as the twin's cells compute it (level 0 on the whole tape, level 1 on the
+    parent's pruned tape)."""
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.pruning import _march_cells
+    text = (Path(__file__).resolve().parents[1] / "shaders" / "packed.wgsl").read_text()
+    assert f"const HEADER_WORDS: u32 = {PRUNE_HEADER_WORDS}u;" in text
+    walker_gpu.march(spheres_60, auto_camera(spheres_60.bounds), 16, 12, cells=(4, 2))
+    hdr = walker_gpu._read(walker_gpu._out_u, np.uint32, PRUNE_HEADER_WORDS * 65 * 65,   # (from word 9n)
+                           9 * 16 * 12).reshape(-1, PRUNE_HEADER_WORDS)
+    lower = hdr[:, 4].view(np.float32)
+    cells = _march_cells(spheres_60, RenderSettings().pack(spheres_60), 4, 2)
+    twin = np.concatenate([cells.levels_lower[0][2], cells.levels_lower[1][2]])
+    gpu = np.concatenate([lower[:64], lower[65:65 + 64 * 64]])
+    assert np.isnan(lower[64])                     # the outside cell: nothing decided
+    np.testing.assert_allclose(gpu, twin, rtol=1e-5, atol=1e-6)
