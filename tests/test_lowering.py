@@ -23,6 +23,9 @@ from taperay.runtime.tape import content_key, validate
 from taperay.scenegraph import (Material, box, capped_cone, capsule, cylinder, difference, ellipsoid, field,
                                 fields, flatten, intersection, plane, rounded_box, smooth_difference,
                                 smooth_intersection, smooth_union, sphere, torus, union, xor)
+from taperay.runtime.shading import RenderSettings
+
+EXACT = RenderSettings(cell_skip=False)   # marches on cells without empty-space skipping: the whole tape's steps
 
 RED, BLUE, GREEN = (Material((0.8, 0.1, 0.1), 0.4), Material((0.1, 0.2, 0.8), 0.6),
                     Material((0.1, 0.7, 0.2), 0.3))
@@ -163,7 +166,7 @@ def test_twin_march_pruned_of_a_lowered_scene_is_march_bit_for_bit(walker_cpu, l
     low = lower(flatten(_material_scene()))
     cam = auto_camera(low.bounds)
     ref = walker_cpu.march(low, cam, 40, 30)
-    got = march_pruned(low, cam, 40, 30, grid=4, levels=levels)
+    got = march_pruned(low, cam, 40, 30, EXACT, grid=4, levels=levels)
     assert ref["hit"].mean() > 0.1 and len(np.unique(ref["mat"][ref["hit"]])) >= 3
     for k in ("t", "hit", "steps", "mat", "grad"):
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
@@ -178,17 +181,17 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
     assert walker_gpu.render_tape(tape, cells=None) is tape and walker_gpu.render_tape(tape, "slice") is tape
     cam = auto_camera(tape.bounds)
     # the first render of a tape's content is on its own records, the next ones on cells
-    first = walker_gpu.render(tape, cam, 40, 30, view="normals")
+    first = walker_gpu.render(tape, cam, 40, 30, view="normals", settings=EXACT)
     assert walker_gpu._kept_cells is None                      # (no cells were built for it)
-    np.testing.assert_array_equal(first, walker_gpu.render(tape, cam, 40, 30, view="normals", cells=None))
+    np.testing.assert_array_equal(first, walker_gpu.render(tape, cam, 40, 30, view="normals", cells=None, settings=EXACT))
     for view in ("shade", "normals"):
-        on_cells = walker_gpu.render(tape, cam, 40, 30, view=view)
-        np.testing.assert_array_equal(on_cells, walker_gpu.render(low, cam, 40, 30, view=view, cells=None))
+        on_cells = walker_gpu.render(tape, cam, 40, 30, view=view, settings=EXACT)
+        np.testing.assert_array_equal(on_cells, walker_gpu.render(low, cam, 40, 30, view=view, cells=None, settings=EXACT))
         # the twin's image of the same tape, by the walkers' image contract (equal on lavapipe;
         # a real GPU rounds a level here and there)
-        cmp = compare_images(walker_cpu.render(low, cam, 40, 30, view=view), on_cells, levels=2)
+        cmp = compare_images(walker_cpu.render(low, cam, 40, 30, view=view, settings=EXACT), on_cells, levels=2)
         assert cmp["mismatch_fraction"] <= 0.02, cmp
-        walker_gpu.render(tape, cam, 40, 30, view=view)
+        walker_gpu.render(tape, cam, 40, 30, view=view, settings=EXACT)
         assert walker_gpu._kept_cells is not None              # (on the lowered tape's cells)
     after = walker_gpu.stats()
     for k in ("shader_modules_created", "pipelines_created", "cache_misses"):
@@ -212,26 +215,26 @@ def test_gpu_render_falls_back_when_the_lowered_cells_do_not_fit(walker_gpu, mon
     tape = flatten(_material_scene())
     low = cell_tape(tape)
     cam = auto_camera(tape.bounds)
-    walker_gpu.render(tape, cam, 32, 24, view="normals")          # (the first render: own records)
+    walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)          # (the first render: own records)
     walker_gpu._cells_too_large.clear()
     monkeypatch.setattr(gpu, "LOWERED_CELLS", (64, 2))             # 64^3 * 65 cells: past any limit
-    on_march_cells = walker_gpu.render(tape, cam, 32, 24, view="normals")
+    on_march_cells = walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)
     assert walker_gpu._cells_too_large == {(content_key(low), (64, 2))}
-    np.testing.assert_array_equal(on_march_cells, walker_gpu.render(low, cam, 32, 24, view="normals", cells=None))
+    np.testing.assert_array_equal(on_march_cells, walker_gpu.render(low, cam, 32, 24, view="normals", cells=None, settings=EXACT))
     monkeypatch.setattr(gpu, "MARCH_CELLS", (64, 2))
     walker_gpu._cells_too_large.clear()
-    own = walker_gpu.render(tape, cam, 32, 24, view="normals")
+    own = walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)
     assert walker_gpu._cells_too_large == {(content_key(low), (64, 2))}   # (both tries were (64, 2))
-    np.testing.assert_array_equal(own, walker_gpu.render(tape, cam, 32, 24, view="normals", cells=None))
+    np.testing.assert_array_equal(own, walker_gpu.render(tape, cam, 32, 24, view="normals", cells=None, settings=EXACT))
 
 
 def test_twin_render_of_a_scene_is_its_lowering_on_cells(walker_cpu):
     tape = flatten(_material_scene())
     low = lower(tape)
     cam = auto_camera(tape.bounds)
-    image = walker_cpu.render(tape, cam, 40, 30)
-    np.testing.assert_array_equal(image, walker_cpu.render(low, cam, 40, 30, cells=None))
-    assert np.any(walker_cpu.render(tape, cam, 40, 30, view="depth", cells=None) != 0)
+    image = walker_cpu.render(tape, cam, 40, 30, settings=EXACT)
+    np.testing.assert_array_equal(image, walker_cpu.render(low, cam, 40, 30, cells=None, settings=EXACT))
+    assert np.any(walker_cpu.render(tape, cam, 40, 30, view="depth", cells=None, settings=EXACT) != 0)
 
 
 def test_twin_render_falls_back_to_the_tapes_own_records_past_the_cells_memory_cap(walker_cpu, monkeypatch):
@@ -241,8 +244,8 @@ def test_twin_render_falls_back_to_the_tapes_own_records_past_the_cells_memory_c
     cam = auto_camera(tape.bounds)
     monkeypatch.setattr(pruning, "_CELL_TAPES_MAX_BYTES", 1 << 10)
     pruning._CELL_CACHE.clear()
-    np.testing.assert_array_equal(walker_cpu.render(tape, cam, 24, 18),
-                                  walker_cpu.render(tape, cam, 24, 18, cells=None))
+    np.testing.assert_array_equal(walker_cpu.render(tape, cam, 24, 18, settings=EXACT),
+                                  walker_cpu.render(tape, cam, 24, 18, cells=None, settings=EXACT))
     with pytest.raises(CellsTooLarge, match="march_pruned"):
         walker_cpu.render(tape, cam, 24, 18, cells=(4, 2))     # (asked for: not replaced silently)
 
@@ -279,6 +282,6 @@ def test_twin_render_uses_cells_only_where_they_shorten_the_tape(walker_cpu, mon
     monkeypatch.setattr(pruning, "march_pruned", lambda *a, **k: calls.append(1) or marched(*a, **k))
     monkeypatch.setattr(pruning, "CELLS_PAY_SHARE", share)
     cam = auto_camera(tape.bounds)
-    image = walker_cpu.render(tape, cam, 32, 24)
+    image = walker_cpu.render(tape, cam, 32, 24, settings=EXACT)
     assert bool(calls) == on_cells
-    np.testing.assert_array_equal(image, walker_cpu.render(tape, cam, 32, 24, cells=None))
+    np.testing.assert_array_equal(image, walker_cpu.render(tape, cam, 32, 24, cells=None, settings=EXACT))

@@ -21,6 +21,9 @@ from taperay.runtime.pruning import (evaluate_pruned, field_image_pruned, interv
                                      is_arithmetic, prune, sign_image)
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
 from taperay.scenegraph.vm import load_vm
+from taperay.runtime.shading import RenderSettings
+
+EXACT = RenderSettings(cell_skip=False)   # marches on cells without empty-space skipping: the whole tape's steps
 
 DATA = Path(__file__).parent / "data"
 MODELS = ["quarter", "hi", "sphere", "tanglecube", "prospero"]
@@ -333,7 +336,7 @@ def test_march_pruned_is_the_twins_march_bit_for_bit(walker_cpu, model, view, le
     tape = load_vm(DATA / model)
     cam = auto_camera(tape.bounds)
     assert _same_march(walker_cpu.march(tape, cam, 40, 30, view=view),
-                       march_pruned(tape, cam, 40, 30, view=view, grid=5, levels=levels))
+                       march_pruned(tape, cam, 40, 30, EXACT, view=view, grid=5, levels=levels))
 
 
 def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
@@ -344,7 +347,7 @@ def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
     cam = auto_camera(tape.bounds)
     a = walker_cpu.march(tape, cam, 48, 36)
     assert a["hit"].mean() > 0.05
-    assert _same_march(a, march_pruned(tape, cam, 48, 36, levels=1)) and _same_march(a, march_pruned(tape, cam, 48, 36))
+    assert _same_march(a, march_pruned(tape, cam, 48, 36, EXACT, levels=1)) and _same_march(a, march_pruned(tape, cam, 48, 36, EXACT))
     cells = _CellTapes(tape, tape.bounds[0], tape.bounds[1], 4)
     mins = tape.instrs["op"] == Op.MIN
     assert (cells.choices[mins, :-1] != 0).mean() > 0.5   # most MIN records decided in most cells
@@ -364,7 +367,7 @@ def test_march_pruned_of_random_tapes(walker_cpu, seed):
     tape = random_tape(seed)
     cam = auto_camera(tape.bounds)
     a = walker_cpu.march(tape, cam, 32, 24)
-    assert _same_march(a, march_pruned(tape, cam, 32, 24, grid=3)) and _same_march(a, march_pruned(tape, cam, 32, 24))
+    assert _same_march(a, march_pruned(tape, cam, 32, 24, EXACT, grid=3)) and _same_march(a, march_pruned(tape, cam, 32, 24, EXACT))
 
 
 @pytest.mark.parametrize("op", [Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.EXP, Op.LN])
@@ -397,11 +400,11 @@ def test_twin_render_marches_long_arithmetic_tapes_on_cells(walker_cpu, monkeypa
     monkeypatch.setattr(pruning, "march_pruned", lambda *a, **k: calls.append(k) or real(*a, **k))
     tape = load_vm(spheres_program(20, seed=1))
     for view in ("shade", "normals"):
-        np.testing.assert_array_equal(walker_cpu.render(tape, None, 40, 30, view=view),
-                                      walker_cpu.render(tape, None, 40, 30, view=view, cells=None))
+        np.testing.assert_array_equal(walker_cpu.render(tape, None, 40, 30, view=view, settings=EXACT),
+                                      walker_cpu.render(tape, None, 40, 30, view=view, cells=None, settings=EXACT))
     assert len(calls) == 2
-    np.testing.assert_array_equal(walker_cpu.render(tape, None, 40, 30, cells=(3, 1)),
-                                  walker_cpu.render(tape, None, 40, 30, cells=None))
+    np.testing.assert_array_equal(walker_cpu.render(tape, None, 40, 30, cells=(3, 1), settings=EXACT),
+                                  walker_cpu.render(tape, None, 40, 30, cells=None, settings=EXACT))
     assert calls[-1] == dict(grid=3, levels=1)
     walker_cpu.render(load_vm(DATA / "sphere.vm"), None, 16, 12)     # short: the plain march
     assert len(calls) == 3
@@ -418,7 +421,7 @@ def test_light_pruned_is_the_twins_light_pass_bit_for_bit(walker_cpu, shadows, v
     from taperay.tools.bench_prune import spheres_program
     tape = load_vm(spheres_program(60, seed=2))
     cam = auto_camera(tape.bounds)
-    settings = RenderSettings(shadows=shadows)
+    settings = RenderSettings(shadows=shadows, cell_skip=False)
     packed = settings.pack(tape, view)
     mr = march_pruned(tape, cam, 40, 30, settings, view)
     ref = walker_cpu._light(tape, packed, mr)
@@ -428,3 +431,70 @@ def test_light_pruned_is_the_twins_light_pass_bit_for_bit(walker_cpu, shadows, v
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
     image = walker_cpu.render(tape, cam, 40, 30, view, settings)      # (cells="auto": pruned)
     np.testing.assert_array_equal(image, walker_cpu.render(tape, cam, 40, 30, view, settings, cells=None))
+
+
+# -- empty-space skipping on cells (RenderSettings.cell_skip) ---------------------------------------
+def _skipping_march(tape, cam, w, h, monkeypatch, **kw):
+    """march_pruned with cell_skip on, recording every skip (o, d, t, skip_to) and how many field
+    values the cells computed."""
+    from taperay.runtime import pruning
+    skips, values = [], [0]
+    real_skip, real_eval = pruning._CellTapes.skip_to, pruning._CellTapes.evaluate
+
+    def skip_to(self, o, d, t, pts, eps, scale):
+        to = real_skip(self, o, d, t, pts, eps, scale)
+        at = to >= 0
+        skips.append((o[at], d[at], t[at], to[at]))
+        return to
+
+    def evaluate(self, pts):
+        values[0] += len(pts)
+        return real_eval(self, pts)
+    monkeypatch.setattr(pruning._CellTapes, "skip_to", skip_to)
+    monkeypatch.setattr(pruning._CellTapes, "evaluate", evaluate)
+    out = pruning.march_pruned(tape, cam, w, h, RenderSettings(cell_skip=kw.pop("skip", True)), **kw)
+    return out, skips, values[0]
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_cell_skipping_passes_no_hit_and_keeps_the_surface(walker_cpu, monkeypatch, levels):
+    """Every stretch of ray a skip jumps over lies in cells proven empty: the field, sampled
+    densely along it, is at least hit_eps everywhere (rounding aside), so no hit is passed; the
+    image keeps the unskipped march's hits (silhouettes aside) and depths within conformance's
+    tolerance, with far fewer field values."""
+    from taperay.runtime import conformance as C
+    from taperay.runtime.camera import auto_camera
+    from taperay.tools.bench_prune import spheres_program
+    tape = load_vm(spheres_program(60, seed=2))
+    cam = auto_camera(tape.bounds)
+    eps = float(RenderSettings().pack(tape)[1])
+    ref, _, ref_values = _skipping_march(tape, cam, 48, 36, monkeypatch, skip=False, levels=levels)
+    got, skips, values = _skipping_march(tape, cam, 48, 36, monkeypatch, levels=levels)
+    o, d, t, to = (np.concatenate(x) for x in zip(*skips))
+    assert len(t) > 400 and (to > t).all()
+    f = np.linspace(0, 1, 33, dtype=np.float32)
+    seg = (o[:, None] + (t[:, None] + f * (to - t)[:, None])[..., None] * d[:, None]).reshape(-1, 3)
+    assert walker_cpu.evaluate(tape, seg)[0].min() >= eps * (1 - 1e-3)
+    assert (ref["hit"] != got["hit"]).mean() <= C.HIT_MASK_MAX and ref["hit"].mean() > 0.05
+    both = ref["hit"] & got["hit"]
+    assert np.abs(ref["t"][both] - got["t"][both]).max() <= C.DEPTH_TOL_EPS * eps
+    assert values < (0.6 if levels == 2 else 1.0) * ref_values   # (4^3 cells alone prove little empty)
+
+
+def test_a_skip_over_cells_that_hold_the_surface_is_caught(walker_cpu, monkeypatch):
+    """The check above fails for a wrong rule: skipping every cell whose interval was evaluated
+    (any lower bound, not one of at least hit_eps) passes points where f < hit_eps."""
+    from taperay.runtime import pruning
+    from taperay.runtime.camera import auto_camera
+    from taperay.tools.bench_prune import spheres_program
+    tape = load_vm(spheres_program(60, seed=2))
+    cam = auto_camera(tape.bounds)
+    eps = float(RenderSettings().pack(tape)[1])
+    real = pruning._CellTapes.skip_to
+    monkeypatch.setattr(pruning._CellTapes, "skip_to",
+                        lambda self, o, d, t, p, e, s: real(self, o, d, t, p, np.float32(-np.inf), s))
+    _, skips, _ = _skipping_march(tape, cam, 48, 36, monkeypatch)
+    o, d, t, to = (np.concatenate(x) for x in zip(*skips))
+    f = np.linspace(0, 1, 33, dtype=np.float32)
+    seg = (o[:, None] + (t[:, None] + f * (to - t)[:, None])[..., None] * d[:, None]).reshape(-1, 3)
+    assert walker_cpu.evaluate(tape, seg)[0].min() < eps
