@@ -170,7 +170,9 @@ def test_auto_camera_frames_the_bounds(walker_cpu):
 def test_packed_settings_layout():
     offs = sorted(PACK_FIELDS.values())
     assert offs[0][0] == 0 and all(a + s == b for (a, s), (b, _) in zip(offs, offs[1:]))
-    assert PACK_LEN == offs[-1][0] + offs[-1][1] and PACK_LEN % 4 == 0
+    end = offs[-1][0] + offs[-1][1]
+    assert PACK_LEN % 4 == 0 and end <= PACK_LEN < end + 4          # whole vec4s, the tail zero-padded
+    assert not RenderSettings().pack(SPHERE)[end:].any()
     for name, (off, size) in PACK_FIELDS.items():          # a vec3 never straddles a vec4
         assert off // 4 == (off + size - 1) // 4, name
     st = RenderSettings(max_steps=99, hit_eps_rel=1e-3, shadows="soft")
