@@ -59,7 +59,7 @@ TOLERANCES.update({
     Op.REPEAT_POLAR: _POLAR,
 })
 SCENE_PROPAGATION = 4.0   # a composite tape may compound its ops' errors: tolerance x this factor
-HIT_MASK_MAX = 0.02       # fraction of pixels whose hit / miss may differ (silhouettes)
+HIT_MASK_MAX = 0.001      # fraction of pixels whose hit / miss may differ (issue 3: at most 0.1 %)
 DEPTH_TOL_EPS = 4.0       # depth error where both hit, in units of the march's hit_eps
 MATERIAL_MAX = 0.01       # fraction of points whose material may differ (ties decided by rounding)
 ULP_BINS = (0, 1, 2, 4, 16, 256, 4096, 1 << 20)   # histogram edges: [0], [1], [2, 3], [4, 15], ...
