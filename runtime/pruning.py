@@ -1204,7 +1204,8 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
             rd = np.broadcast_to(key_dir, ro.shape)
             tfar = _slabs(ro, rd, box)[1]
             t = np.zeros(len(at), np.float32)
-            skip = _march_cells(tape, packed, grid, levels) if _packed(packed, "cell_skip") and shadow_mode == 1 else None
+            hard = shadow_mode == 1                          # (0 off, 1 hard, 2 soft: shading.SHADOW_MODES)
+            skip = _march_cells(tape, packed, grid, levels) if hard and _packed(packed, "cell_skip") else None
             _, hit, res = _wavefront(field, ro, rd, t, tfar, eps, shadow_steps, step_scale,
                                      soft_k if shadow_mode == 2 else np.float32(0), skip)
             one = np.where(np.float32(1) < res, np.float32(1), res)

@@ -8,8 +8,9 @@ the colour formulas of every view (``compose``), applied to what a walker measur
 light's visibility and the ambient occlusion. The shade formula runs as a Numba kernel
 (``_shade``, pixel by pixel in float64), the other views as numpy array expressions.
 
-Packed layout (``PACK_LEN`` = 48 float32, twelve vec4s, the last three zero; ``PACK_FIELDS`` holds the offsets and
-a test checks them; absolute lengths derive from the tape's bounds diagonal ``diag``)::
+Packed layout (``PACK_LEN`` = 48 float32, twelve vec4s, the last three zero; ``PACK_FIELDS``
+holds the offsets and a test checks them; absolute lengths derive from the tape's bounds
+diagonal ``diag``)::
 
     0  max_steps        1  hit_eps           2  step_scale        3  normal_eps
     4  box_lo.xyz  (march box = bounds grown by margin_rel*diag)  7  shadow_mode (0 off, 1 hard, 2 soft)

@@ -174,7 +174,7 @@ fn march_cells() -> MarchCells {
 // leaves that box, or by the bound times the step scale if that is further (the bound is a
 // distance bound wherever the field is); skip_to is the furthest of these, -1 where no cell
 // proves it (the field is then evaluated on the tile).
-// The twin's rule: runtime/pruning.py _skip_cells.
+// The twin's rule: runtime/pruning.py _CellTapes.skip_to.
 struct CellFind {
     tile: u32,
     skip_to: f32,

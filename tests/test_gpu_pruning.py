@@ -518,8 +518,9 @@ def test_random_tapes_march_on_cells_is_bit_identical(walker_gpu, no_new_kernels
 
 def test_render_on_cells_is_the_unpruned_image_and_cells_prune(walker_gpu, no_new_kernels, spheres_60):
     for view in ("shade", "normals", "steps"):
-        np.testing.assert_array_equal(walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2, settings=EXACT),
-                                      walker_gpu.render(spheres_60, None, 40, 30, view=view, samples=2, settings=EXACT, cells=None))
+        kw = dict(view=view, samples=2, settings=EXACT)
+        np.testing.assert_array_equal(walker_gpu.render(spheres_60, None, 40, 30, **kw),
+                                      walker_gpu.render(spheres_60, None, 40, 30, cells=None, **kw))
     levels = walker_gpu.march_cell_levels(spheres_60, cells=(4, 2))
     assert [lv["cells"] for lv in levels] == [65, 65 * 64]
     assert levels[0]["with_tape"] == 65 and levels[1]["with_tape"] == 64 * 64   # (not the outside cell's)

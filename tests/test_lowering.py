@@ -183,10 +183,12 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
     # the first render of a tape's content is on its own records, the next ones on cells
     first = walker_gpu.render(tape, cam, 40, 30, view="normals", settings=EXACT)
     assert walker_gpu._kept_cells is None                      # (no cells were built for it)
-    np.testing.assert_array_equal(first, walker_gpu.render(tape, cam, 40, 30, view="normals", cells=None, settings=EXACT))
+    np.testing.assert_array_equal(first, walker_gpu.render(tape, cam, 40, 30, view="normals", cells=None,
+                                                           settings=EXACT))
     for view in ("shade", "normals"):
         on_cells = walker_gpu.render(tape, cam, 40, 30, view=view, settings=EXACT)
-        np.testing.assert_array_equal(on_cells, walker_gpu.render(low, cam, 40, 30, view=view, cells=None, settings=EXACT))
+        np.testing.assert_array_equal(on_cells, walker_gpu.render(low, cam, 40, 30, view=view, cells=None,
+                                                                  settings=EXACT))
         # the twin's image of the same tape, by the walkers' image contract (equal on lavapipe;
         # a real GPU rounds a level here and there)
         cmp = compare_images(walker_cpu.render(low, cam, 40, 30, view=view, settings=EXACT), on_cells, levels=2)
@@ -220,7 +222,8 @@ def test_gpu_render_falls_back_when_the_lowered_cells_do_not_fit(walker_gpu, mon
     monkeypatch.setattr(gpu, "LOWERED_CELLS", (64, 2))             # 64^3 * 65 cells: past any limit
     on_march_cells = walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)
     assert walker_gpu._cells_too_large == {(content_key(low), (64, 2))}
-    np.testing.assert_array_equal(on_march_cells, walker_gpu.render(low, cam, 32, 24, view="normals", cells=None, settings=EXACT))
+    np.testing.assert_array_equal(on_march_cells, walker_gpu.render(low, cam, 32, 24, view="normals", cells=None,
+                                                                    settings=EXACT))
     monkeypatch.setattr(gpu, "MARCH_CELLS", (64, 2))
     walker_gpu._cells_too_large.clear()
     own = walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)

@@ -347,7 +347,8 @@ def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
     cam = auto_camera(tape.bounds)
     a = walker_cpu.march(tape, cam, 48, 36)
     assert a["hit"].mean() > 0.05
-    assert _same_march(a, march_pruned(tape, cam, 48, 36, EXACT, levels=1)) and _same_march(a, march_pruned(tape, cam, 48, 36, EXACT))
+    assert _same_march(a, march_pruned(tape, cam, 48, 36, EXACT, levels=1))
+    assert _same_march(a, march_pruned(tape, cam, 48, 36, EXACT))
     cells = _CellTapes(tape, tape.bounds[0], tape.bounds[1], 4)
     mins = tape.instrs["op"] == Op.MIN
     assert (cells.choices[mins, :-1] != 0).mean() > 0.5   # most MIN records decided in most cells
@@ -367,7 +368,8 @@ def test_march_pruned_of_random_tapes(walker_cpu, seed):
     tape = random_tape(seed)
     cam = auto_camera(tape.bounds)
     a = walker_cpu.march(tape, cam, 32, 24)
-    assert _same_march(a, march_pruned(tape, cam, 32, 24, EXACT, grid=3)) and _same_march(a, march_pruned(tape, cam, 32, 24, EXACT))
+    assert _same_march(a, march_pruned(tape, cam, 32, 24, EXACT, grid=3))
+    assert _same_march(a, march_pruned(tape, cam, 32, 24, EXACT))
 
 
 @pytest.mark.parametrize("op", [Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.EXP, Op.LN])
