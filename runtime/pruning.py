@@ -1243,7 +1243,7 @@ class _CellTapes:
         c_lo, c_hi = grid_cell_boxes(lo, hi, size, grid_ijk(grid))
         c_lower, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
         # empty-space skipping (skip_to): each level's boxes (float32, as the lookup's) and the
-        # lower bounds of the intervals over them
+        # lower bounds of the intervals over them (level 0, then with levels 2 the sub-cells)
         self.levels_lower = [(c_lo.astype(np.float32), c_hi.astype(np.float32), c_lower)]
         self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
         n_cells = self.choices.shape[1]
@@ -1280,6 +1280,8 @@ class _CellTapes:
             _prune_subcells(tcodes, timms, starts, self.n_regs, sub, True, offsets, self.fcode, self.fimm, sub_lengths)
             self.fcode[offsets[-1]:] = tcodes[-1, starts[-1]:]
             self.fimm[offsets[-1]:] = timms[-1, starts[-1]:]
+        self.skip_lo, self.skip_hi, self.skip_lower = (np.ascontiguousarray(np.concatenate(x))
+                                                       for x in zip(*self.levels_lower))
         self.end = np.cumsum(lengths).astype(np.int64)
         self.first = self.end - lengths
         self.fine = grid * 4 ** (levels - 1)
@@ -1293,37 +1295,19 @@ class _CellTapes:
             table = ((i >> 2) + grid * ((j >> 2) + grid * (k >> 2))) * 64 + (i & 3) + 4 * ((j & 3) + 4 * (k & 3))
         self.tape_of = np.append(table, len(lengths) - 1).astype(np.int64)
 
-    def skip_to(self, o: np.ndarray, d: np.ndarray, t: np.ndarray, pts: np.ndarray, eps, scale) -> np.ndarray:
-        """Empty-space skipping, the GPU's rule (packed.wgsl cell_find): for tracing steps of the
-        rays o + t d at pts ((N, 3) each, float32), the t a ray may move on to without a field
-        value: the furthest, over the cells of every level on the point's way down whose box holds
-        it and whose interval's lower bound L is at least ``eps`` (no point of the box is a hit),
-        of max(t + L ``scale``, the t where the ray leaves the box); -1 where no cell proves it."""
-        best = np.full(len(pts), -1, np.float32)
-        f = np.floor((pts - self.lo) / self.cell)
-        at = np.flatnonzero(np.all((f >= 0) & (f < self.fine), axis=1))
-        if not at.size:
-            return best
-        ijk = f[at].astype(np.int64)
-        shift = 2 * (self.levels - 1)
-        ids = [(ijk[:, 0] >> shift) + self.grid * ((ijk[:, 1] >> shift) + self.grid * (ijk[:, 2] >> shift))]
-        if self.levels == 2:
-            ids.append(64 * ids[0] + (ijk[:, 0] & 3) + 4 * ((ijk[:, 1] & 3) + 4 * (ijk[:, 2] & 3)))
-        p, o, d, t = pts[at], o[at], d[at], t[at]
-        for (b_lo, b_hi, lower), c in zip(self.levels_lower, ids):
-            lo_c, hi_c, low = b_lo[c], b_hi[c], lower[c]
-            ok = (low >= eps) & np.all((p >= lo_c) & (p <= hi_c), axis=1)
-            if not ok.any():
-                continue
-            exit = np.full(len(p), np.inf, np.float32)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                for r in range(3):
-                    x = np.where(d[:, r] > 0, (hi_c[:, r] - o[:, r]) / d[:, r], (lo_c[:, r] - o[:, r]) / d[:, r])
-                    exit = np.where((d[:, r] != 0) & (x < exit), x, exit)
-            step = t + low * np.float32(scale)
-            cand = np.where(exit > step, exit, step)
-            best[at] = np.where(ok & (cand > best[at]), cand, best[at])
-        return best
+    def skip_to(self, o: np.ndarray, d: np.ndarray, t: np.ndarray, live: np.ndarray, pts: np.ndarray, eps,
+                scale) -> np.ndarray:
+        """Empty-space skipping, the GPU's rule (packed.wgsl cell_find): for the tracing steps of
+        the rays ``live`` (o + t d, ``o`` one row for every ray or a row per ray) at ``pts``
+        ((len(live), 3) float32), the t a ray may move on to without a field value: the furthest,
+        over the cells of every level on the point's way down whose box holds it and whose
+        interval's lower bound L is at least ``eps`` (no point of the box is a hit), of
+        max(t + L ``scale``, the t where the ray leaves the box); -1 where no cell proves it."""
+        out = np.empty(len(live), np.float32)
+        if len(live):
+            _skip_kernel(o, d, t, live, pts, self.lo, self.cell, self.fine, self.grid, self.levels, self.skip_lo,
+                         self.skip_hi, self.skip_lower, np.float32(eps), np.float32(scale), out)
+        return out
 
     def evaluate(self, pts: np.ndarray) -> np.ndarray:
         pts = np.ascontiguousarray(pts, np.float32)
@@ -1333,6 +1317,54 @@ class _CellTapes:
             _cells_points_kernel(self.fcode, self.fimm, self.first, self.end, self.n_regs, pts, order, seg,
                                  self.tape_of[ids], 64, out)
         return out
+
+
+@njit(**_JIT)
+def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_hi, lower, eps, scale, out):
+    """_CellTapes.skip_to for every point: out[q] for the step of ray live[q] at pts[q]; the
+    boxes and lower bounds of level 0 (grid^3 cells) then, with levels 2, of the sub-cells (64 a
+    cell, sub-cell k of cell c at grid^3 + 64 c + k)."""
+    one_origin = o.shape[0] == 1
+    shift = 2 * (levels - 1)
+    n0 = grid * grid * grid
+    for q in range(live.size):
+        i = live[q]
+        r0 = 0 if one_origin else i
+        best = np.float32(-1)
+        fx = np.floor((pts[q, 0] - lo[0]) / cell[0])
+        fy = np.floor((pts[q, 1] - lo[1]) / cell[1])
+        fz = np.floor((pts[q, 2] - lo[2]) / cell[2])
+        if fx >= 0 and fx < fine and fy >= 0 and fy < fine and fz >= 0 and fz < fine:
+            ix, iy, iz = np.int64(fx), np.int64(fy), np.int64(fz)
+            c = (ix >> shift) + grid * ((iy >> shift) + grid * (iz >> shift))
+            for m in range(levels):
+                if m == 1:
+                    c = n0 + 64 * c + (ix & 3) + 4 * ((iy & 3) + 4 * (iz & 3))
+                low = lower[c]
+                if not low >= eps:           # (NaN: may be NaN)
+                    continue
+                held = True
+                for r in range(3):
+                    if not (pts[q, r] >= box_lo[c, r] and pts[q, r] <= box_hi[c, r]):
+                        held = False
+                if not held:
+                    continue
+                exit = np.float32(np.inf)
+                for r in range(3):
+                    dr = d[i, r]
+                    if dr > 0:
+                        x = (box_hi[c, r] - o[r0, r]) / dr
+                    elif dr < 0:
+                        x = (box_lo[c, r] - o[r0, r]) / dr
+                    else:
+                        continue
+                    if x < exit:
+                        exit = x
+                step = t[i] + low * scale
+                cand = exit if exit > step else step
+                if cand > best:
+                    best = cand
+        out[q] = best
 
 
 _TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
@@ -1451,8 +1483,7 @@ def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, 
         _wavefront_points(origins, rd, t, live, step_pts)
         jumped = live[:0]
         if cells is not None:
-            to = cells.skip_to(origins[np.zeros(live.size, np.int64) if len(origins) == 1 else live], rd[live],
-                               t[live], step_pts, np.float32(eps), np.float32(step_scale))
+            to = cells.skip_to(origins, rd, t, live, step_pts, eps, step_scale)
             jump = to >= 0
             if jump.any():
                 j = live[jump]

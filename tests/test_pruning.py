@@ -443,10 +443,11 @@ def _skipping_march(tape, cam, w, h, monkeypatch, **kw):
     skips, values = [], [0]
     real_skip, real_eval = pruning._CellTapes.skip_to, pruning._CellTapes.evaluate
 
-    def skip_to(self, o, d, t, pts, eps, scale):
-        to = real_skip(self, o, d, t, pts, eps, scale)
-        at = to >= 0
-        skips.append((o[at], d[at], t[at], to[at]))
+    def skip_to(self, o, d, t, live, pts, eps, scale):
+        to = real_skip(self, o, d, t, live, pts, eps, scale)
+        rows = live[to >= 0]
+        skips.append((o[np.zeros(rows.size, np.int64)] if len(o) == 1 else o[rows], d[rows], t[rows].copy(),
+                      to[to >= 0]))
         return to
 
     def evaluate(self, pts):
@@ -494,7 +495,7 @@ def test_a_skip_over_cells_that_hold_the_surface_is_caught(walker_cpu, monkeypat
     eps = float(RenderSettings().pack(tape)[1])
     real = pruning._CellTapes.skip_to
     monkeypatch.setattr(pruning._CellTapes, "skip_to",
-                        lambda self, o, d, t, p, e, s: real(self, o, d, t, p, np.float32(-np.inf), s))
+                        lambda self, o, d, t, live, p, e, s: real(self, o, d, t, live, p, np.float32(-np.inf), s))
     _, skips, _ = _skipping_march(tape, cam, 48, 36, monkeypatch)
     o, d, t, to = (np.concatenate(x) for x in zip(*skips))
     f = np.linspace(0, 1, 33, dtype=np.float32)
