@@ -382,6 +382,38 @@ def test_binary_arith(walker_cpu, op):
         close(d, BINARY[op](a.astype(np.float64), b.astype(np.float64)))
 
 
+def _random_float32_bits(n):
+    return RNG.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+def test_mod_is_fmods_rule_bit_for_bit(walker_cpu):
+    """MOD against numpy's float32 fmod (+ |b| where negative) bit for bit, on random bit patterns
+    of a and b: blocks whose every lane takes the twin's float64 path (|a| / |b| < 2^24, sorted to
+    the front: close exponents, quotients on and one float next to integers, tape-like thirds) and
+    mixed blocks that take fmod lane by lane (zeros, infinities, NaN, huge quotients)."""
+    n = 1 << 16
+    b = _random_float32_bits(6 * n)
+    a = np.concatenate([
+        (b[:n] * RNG.uniform(-3, 3, n)).astype(np.float32),                      # close exponents
+        (b[n:2 * n] * RNG.integers(-2 ** 23, 2 ** 23, n)).astype(np.float32),    # integer quotients
+        _random_float32_bits(4 * n)])
+    a[n:2 * n:2] = np.nextafter(a[n:2 * n:2], np.float32(np.inf))                 # and just off them
+    small_a = (RNG.integers(-60, 60, n) / 3).astype(np.float32)
+    small_b = (RNG.integers(-9, 10, n) / 3).astype(np.float32)
+    a, b = np.concatenate([small_a, a]), np.concatenate([small_b, b])
+    with np.errstate(all="ignore"):
+        fast = (np.abs(a.astype(np.float64)) / np.abs(b.astype(np.float64)) < 2 ** 24) & np.isfinite(b)
+    order = np.argsort(~fast, kind="stable")
+    a, b = a[order], b[order]
+    assert fast.sum() > 4 * n and (~fast).sum() > n
+    d, _ = walker_cpu.evaluate(_xyz_tape(lambda tb: tb.op(Op.MOD, 0, a=1, b=2)), np.stack([a, b, a], -1))
+    with np.errstate(all="ignore"):
+        r = np.fmod(a, b)
+        ref = np.where(r < 0, (r + np.abs(b)).astype(np.float32), r)
+    same = (d.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(d) & np.isnan(ref))
+    assert same.all(), f"{(~same).sum()} lanes differ, first a={a[~same][0]!r} b={b[~same][0]!r}"
+
+
 def test_mix_const_and_nan_rules(walker_cpu):
     a, b, c = (RNG.uniform(-2, 2, 2000).astype(np.float32) for _ in range(3))
     pts = np.stack([a, b, c], -1)
