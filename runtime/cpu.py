@@ -425,10 +425,11 @@ def _workspace(n_regs, B, n_save):
     (n_save: the most registers a cull's subtree writes, _cull_saves); hint (2, B) each point's
     INSTANCES walk hint (record + 1, BVH leaf + 1; 0: none), which _run_block reads and updates:
     the callers that evaluate the steps of one ray at one position keep it, the others clear it;
-    swaps (2, B) the column swaps of a compacted instance list (_compact_instances)."""
+    swaps (2, B) the column swaps of a compacted instance list (_compact_instances). regs and mats
+    have a row past the tape's registers: _run_block's scratch row (_scratch_row)."""
     k = _CULL_CAP if n_save > 0 else 0
     return (np.zeros((3, B), np.float32), np.zeros(B, np.float32), np.zeros(B, np.uint32),
-            np.zeros((n_regs, B), np.float32), np.zeros((n_regs, B), np.uint32),
+            np.zeros((n_regs + 1, B), np.float32), np.zeros((n_regs + 1, B), np.uint32),
             np.zeros((4, B), np.float32), np.zeros((_STACK_CAP, 4, B), np.float32),
             np.zeros((_LOOP_CAP, 4, B), np.float32), np.zeros((_LOOP_CAP, B), np.float32),
             np.zeros((_LOOP_CAP, B), np.uint32), np.zeros((_LOOP_CAP, B), np.float32),
@@ -798,6 +799,25 @@ def _undo_swaps(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound,
 
 
 # ----------------------------------------------------------------------------- the interpreter
+@njit(forceinline=True, **_JIT)
+def _scratch_row(regs, dst, a, b, c):
+    """The row a record reading registers a, b, c writes: dst, or the scratch row past the tape's
+    registers (the last) where dst is one of them. A loop reading and writing one row does not
+    vectorise: LLVM cannot prove at compile time that rows dst and a are equal or apart, and its
+    runtime check sends overlapping rows to the scalar loop (4-6x slower a lane here; register
+    allocation writes in place most of the time)."""
+    return regs.shape[0] - 1 if dst == a or dst == b or dst == c else dst
+
+
+@njit(forceinline=True, **_JIT)
+def _row_back(regs, mats, out, dst, n):
+    """Copy a record's result from the scratch row ``out`` to its register ``dst``."""
+    if out != dst:
+        for j in range(n):
+            regs[dst, j] = regs[out, j]
+            mats[dst, j] = mats[out, j]
+
+
 @njit(**_JIT)
 def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
     """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the
@@ -848,18 +868,20 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                 for j in range(n):
                     mats[dst, j] = 0
             else:
+                out = _scratch_row(regs, dst, a, b, c)
                 if op == MIN:   # materials first (dst may be a or b): both loaded, then one selected
                     for j in range(n):
                         ma, mb = mats[a, j], mats[b, j]
-                        mats[dst, j] = mb if regs[b, j] < regs[a, j] else ma
+                        mats[out, j] = mb if regs[b, j] < regs[a, j] else ma
                 elif op == MAX:
                     for j in range(n):
                         ma, mb = mats[a, j], mats[b, j]
-                        mats[dst, j] = mb if regs[b, j] > regs[a, j] else ma
+                        mats[out, j] = mb if regs[b, j] > regs[a, j] else ma
                 else:
                     for j in range(n):
-                        mats[dst, j] = mats[a, j]
-                _arith_block(op, regs, dst, a, b, c, n)
+                        mats[out, j] = mats[a, j]
+                _arith_block(op, regs, out, a, b, c, n)
+                _row_back(regs, mats, out, dst, n)
         elif op < PUSH:                                               # ---- shapes
             for j in range(n):
                 mats[dst, j] = aux
@@ -954,29 +976,30 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                         p[1, j] -= k * ny
                         p[2, j] -= k * nz
         elif op < REPEAT_LINEAR:                                      # ---- combine
+            out = _scratch_row(regs, dst, a, b, c)
             if op == OFFSET or op == SHELL:
                 r = params[prm]
                 for j in range(n):
                     va = regs[a, j]
-                    regs[dst, j] = (va if op == OFFSET else abs(va)) - r
-                    mats[dst, j] = mats[a, j]
+                    regs[out, j] = (va if op == OFFSET else abs(va)) - r
+                    mats[out, j] = mats[a, j]
             elif op == UNION or op == INTERSECT or op == XOR:
                 for j in range(n):
                     va, vb = regs[a, j], regs[b, j]
                     ma, mb = mats[a, j], mats[b, j]
                     if op == UNION:
-                        regs[dst, j] = _fmin(va, vb)
-                        mats[dst, j] = mb if vb < va else ma
+                        regs[out, j] = _fmin(va, vb)
+                        mats[out, j] = mb if vb < va else ma
                     elif op == INTERSECT:
-                        regs[dst, j] = _fmax(va, vb)
-                        mats[dst, j] = mb if vb > va else ma
+                        regs[out, j] = _fmax(va, vb)
+                        mats[out, j] = mb if vb > va else ma
                     else:
-                        regs[dst, j] = _fmax(_fmin(va, vb), -_fmax(va, vb))
-                        mats[dst, j] = mb if vb < va else ma
+                        regs[out, j] = _fmax(_fmin(va, vb), -_fmax(va, vb))
+                        mats[out, j] = mb if vb < va else ma
             elif op == DIFFERENCE:
                 for j in range(n):
-                    regs[dst, j] = _fmax(regs[a, j], -regs[b, j])
-                    mats[dst, j] = mats[a, j]
+                    regs[out, j] = _fmax(regs[a, j], -regs[b, j])
+                    mats[out, j] = mats[a, j]
             else:   # smooth ops: smin(x, y) = min(x, y) - h*h*k/4, h = max(k - |x - y|, 0) / k
                 k = params[prm]
                 for j in range(n):
@@ -984,15 +1007,16 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                     ma, mb = mats[a, j], mats[b, j]
                     if op == SMOOTH_UNION:
                         x, y, sg = va, vb, F1
-                        mats[dst, j] = mb if vb < va else ma
+                        mats[out, j] = mb if vb < va else ma
                     elif op == SMOOTH_INTERSECT:
                         x, y, sg = -va, -vb, -F1
-                        mats[dst, j] = mb if vb > va else ma
+                        mats[out, j] = mb if vb > va else ma
                     else:
                         x, y, sg = -va, vb, -F1
-                        mats[dst, j] = ma
+                        mats[out, j] = ma
                     h = max(k - abs(x - y), F0) / k
-                    regs[dst, j] = sg * (_fmin(x, y) - h * h * k * FQ)
+                    regs[out, j] = sg * (_fmin(x, y) - h * h * k * FQ)
+            _row_back(regs, mats, out, dst, n)
         elif op <= INSTANCES:                                         # ---- patterns
             if op == REPEAT_END:
                 L = lsp - 1

@@ -59,7 +59,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu import CpuWalker, _arith_block, _rem32, _round
+from .cpu import CpuWalker, _arith_block, _rem32, _round, _scratch_row
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
 from .tape import CellsTooLarge, Tape, TaperayError, content_key, point_array, validate
@@ -535,7 +535,9 @@ def _prune(code, imm, start, end, choice_row, live, out_code, out_imm, out_src):
 @njit(**_JIT)
 def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
     """Arithmetic-only block interpreter: code[start:end] at n points; out[:n] = reg 0.
-    The ops reading registers are runtime.cpu's ``_arith_block`` (the twin's own code)."""
+    The ops reading registers are runtime.cpu's ``_arith_block`` (the twin's own code); one that
+    writes a register it reads writes the scratch row past the tape's registers first (regs has
+    one row more: runtime.cpu._scratch_row says why)."""
     for i in range(start, end):
         op, d = code[i, 0], code[i, 1]
         if op == CONST:
@@ -550,7 +552,12 @@ def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
             for j in range(n):
                 regs[d, j] = F0
         else:
-            _arith_block(op, regs, d, code[i, 2], code[i, 3], code[i, 4], n)
+            a, b, c = code[i, 2], code[i, 3], code[i, 4]
+            t = _scratch_row(regs, d, a, b, c)
+            _arith_block(op, regs, t, a, b, c, n)
+            if t != d:
+                for j in range(n):
+                    regs[d, j] = regs[t, j]
     for j in range(n):
         out[j] = regs[0, j]
 
@@ -675,7 +682,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         tr = np.empty((L, 4), np.int64)      # tile at each level: r0 r1 c0 c1
         kq = np.empty((L, 2), np.int64)      # children per row, children count
         idx = np.zeros(L, np.int64)
-        regs = np.empty((n_regs, pmax), np.float32)
+        regs = np.empty((n_regs + 1, pmax), np.float32)      # (+ _eval_points' scratch row)
         px = np.empty(pmax, np.float32)
         py = np.empty(pmax, np.float32)
         pz = np.empty(pmax, np.float32)
@@ -799,8 +806,8 @@ def _bucket(pts, lo, cell, grid):
 @njit(**_JIT)
 def _eval_run(tcode, timm, s, end, pts, order, b, e, work, out):
     """out[order[b:e]] = the tape tcode / timm [s, end) at those points, in blocks of
-    work.shape[1] points; work: (n_regs + 4, block) scratch (the registers, then x y z and the
-    values of a block)."""
+    work.shape[1] points; work: (n_regs + 5, block) scratch (the registers and _eval_points'
+    scratch row, then x y z and the values of a block)."""
     block = work.shape[1]
     px, py, pz, buf = work[-4], work[-3], work[-2], work[-1]
     regs = work[:-4]
@@ -823,7 +830,7 @@ def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, bloc
         timm = np.empty(n, np.float32)
         s = _prune(code, imm, start, end, choices[:, v], np.empty(n_regs, np.bool_), tcode, timm,
                    np.empty(n, np.int32))
-        _eval_run(tcode, timm, s, end, pts, order, seg[v], seg[v + 1], np.empty((n_regs + 4, block), np.float32),
+        _eval_run(tcode, timm, s, end, pts, order, seg[v], seg[v + 1], np.empty((n_regs + 5, block), np.float32),
                   out)
 
 
@@ -889,7 +896,7 @@ def _cells_points_kernel(fcode, fimm, first, end, n_regs, pts, order, seg, ids, 
     n_seg = seg.shape[0] - 1
     runs = min(n_seg, _SEGMENT_RUNS)
     for r in prange(runs):
-        work = np.empty((n_regs + 4, block), np.float32)
+        work = np.empty((n_regs + 5, block), np.float32)
         for u in range(r * n_seg // runs, (r + 1) * n_seg // runs):
             c = ids[u]
             _eval_run(fcode, fimm, first[c], end[c], pts, order, seg[u], seg[u + 1], work, out)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from taperay.runtime.opcodes import Op
+from taperay.runtime.pruning import evaluate_pruned
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError
 
 RNG = np.random.default_rng(7)
@@ -412,6 +413,44 @@ def test_mod_is_fmods_rule_bit_for_bit(walker_cpu):
         ref = np.where(r < 0, (r + np.abs(b)).astype(np.float32), r)
     same = (d.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(d) & np.isnan(ref))
     assert same.all(), f"{(~same).sum()} lanes differ, first a={a[~same][0]!r} b={b[~same][0]!r}"
+
+
+def test_records_writing_a_register_they_read_give_the_values_of_fresh_registers(walker_cpu):
+    """The twin writes a record whose destination is one of its operands through a scratch row
+    (runtime.cpu._scratch_row), and so does pruning's point interpreter. A random tape written in place over registers 1..5, reading 6 (the
+    highest, so a scratch row that was a register would clobber it), gives bit for bit the values
+    of the same program with a fresh register per record (SSA). The six registers are summed, so
+    any clobbered one shows."""
+    ops = [Op.ADD, Op.SUB, Op.MIN, Op.MAX, Op.ABS, Op.NEG, Op.MIX]   # (values stay finite)
+    in_place, fresh = TapeBuilder(), TapeBuilder()
+    for tb in (in_place, fresh):
+        tb.op(Op.VAR_X, 1)
+        tb.op(Op.VAR_Y, 2)
+        tb.op(Op.VAR_Z, 3)
+        for k in (4, 5, 6):
+            tb.op(Op.ADD, k, a=k - 3, b=1 + k % 3)
+    current = {r: r for r in range(1, 7)}       # the logical register -> its fresh register
+    nxt = 7
+    for _ in range(240):
+        op = ops[RNG.integers(len(ops))]
+        d = int(RNG.integers(1, 6))
+        a, b, c = (int(v) for v in RNG.integers(1, 7, 3))
+        a = d if RNG.random() < 0.6 else a
+        in_place.op(op, d, a=a, b=b, c=c)
+        fresh.op(op, nxt, a=current[a], b=current[b], c=current[c])
+        current[d] = nxt
+        nxt += 1
+    for tb, regs in ((in_place, list(range(1, 7))), (fresh, [current[r] for r in range(1, 7)])):
+        tb.op(Op.ADD, 0, a=regs[0], b=regs[5])
+        for r in regs[1:5]:
+            tb.op(Op.ADD, 0, a=0, b=r)
+    pts = RNG.uniform(-2, 2, (5000, 3)).astype(np.float32)
+    want, _ = walker_cpu.evaluate(fresh.tape(), pts)
+    assert np.isfinite(want).mean() > 0.5
+    for how, got in (("the twin's interpreter", walker_cpu.evaluate(in_place.tape(), pts)[0]),
+                     ("pruning's point interpreter", evaluate_pruned(in_place.tape(), pts)[0])):
+        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), f"{how}: {(~same).sum()} of {len(pts)} points differ"
 
 
 def test_mix_const_and_nan_rules(walker_cpu):
