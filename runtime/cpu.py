@@ -441,15 +441,54 @@ def _workspace(n_regs, B, n_save):
 
 
 @njit(**_JIT)
-def _cull_saves(cols, n_regs, writes):
+def _live_in(cols, reads, writes):
+    """live[q]: the registers live on entry to record q (bit r % 64 of word r // 64): read on some
+    path from q before they are written; row n is the end of the tape, where register 0 (the
+    value) is read. Paths: the next record, a cull's jump, a pattern's way past its body (taken
+    as possible for every pattern), and REPEAT_END's way back to its body. reads[op, f]: field
+    a / b / c of op is a register read; writes[op]: op writes reg[dst] (runtime.opcodes)."""
+    n = cols.shape[0]
+    live = np.zeros((n + 1, 4), np.uint64)
+    live[n, 0] = np.uint64(1)
+    word = np.zeros(4, np.uint64)
+    changed = True
+    while changed:                     # (backward passes to a fixed point: loops need a few)
+        changed = False
+        for q in range(n - 1, -1, -1):
+            op, jump = cols[q, 0], np.int64(cols[q, 7])
+            other = -1
+            if op == CULL_BOX:
+                other = jump
+            elif REPEAT_LINEAR <= op <= INSTANCES:
+                other = jump + 1       # (a pattern past its REPEAT_END; REPEAT_END back to its body)
+            for w in range(4):
+                word[w] = live[q + 1, w] | (live[other, w] if other >= 0 else np.uint64(0))
+            if writes[op]:
+                r = cols[q, 1]
+                word[r >> 6] &= ~(np.uint64(1) << np.uint64(r & 63))
+            for f in range(3):
+                if reads[op, f]:
+                    r = cols[q, 2 + f]
+                    word[r >> 6] |= np.uint64(1) << np.uint64(r & 63)
+            for w in range(4):
+                if word[w] != live[q, w]:
+                    live[q, w] = word[w]
+                    changed = True
+    return live
+
+
+@njit(**_JIT)
+def _cull_saves(cols, n_regs, reads, writes):
     """(index, saves, width): index[i] is -1, or, for a CULL_BOX whose subtree a split block may run
     for the points that cull, an offset k into ``saves``: saves[k] = count, saves[k + 1 : k + 1 +
-    count] = the registers the cull and its subtree write (restored at the jump target for those
-    points); width, the largest count (0: no cull can split a block). A subtree
+    count] = the registers the cull and its subtree write that are live at the jump target
+    (_live_in: restored there for those points; the others are written again before any read);
+    width, the largest count (0: no cull can split a block). A subtree
     qualifies when it leaves p as it found it at the cull's stack depth (point ops there only
     inside PUSH / POP or a pattern body, which restores p) and every cull inside it jumps no
-    further than its own target. writes[op]: the op writes reg[dst] (runtime.opcodes)."""
+    further than its own target. reads / writes: _live_in's."""
     n = cols.shape[0]
+    live = _live_in(cols, reads, writes)
     idx = np.full(n, -1, np.int64)
     out = np.zeros(1, np.int64)
     used = 0
@@ -484,6 +523,9 @@ def _cull_saves(cols, n_regs, writes):
                 seen[cols[q, 1]] = True
         if not clean:
             continue
+        for r in range(n_regs):
+            if (live[target, r >> 6] >> np.uint64(r & 63)) & np.uint64(1) == np.uint64(0):
+                seen[r] = False
         cnt = 0
         for r in range(n_regs):
             if seen[r]:
@@ -837,13 +879,14 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
         while csp > 0 and cframe[csp - 1, 0] == pc:     # a split cull's target: its points return
             csp -= 1
             k = cframe[csp, 1]
+            back = cmask[csp]
+            for s in range(csregs[k]):      # (register by register, selects over the block: vectorised)
+                r = csregs[k + 1 + s]
+                for j in range(n):
+                    regs[r, j] = csave_v[csp, s, j] if back[j] else regs[r, j]
+                    mats[r, j] = csave_m[csp, s, j] if back[j] else mats[r, j]
             for j in range(n):
-                if cmask[csp, j]:
-                    for s in range(csregs[k]):
-                        r = csregs[k + 1 + s]
-                        regs[r, j] = csave_v[csp, s, j]
-                        mats[r, j] = csave_m[csp, s, j]
-                    cdead[j] -= 1
+                cdead[j] -= np.int32(back[j])
         op = cols[pc, 0]
         dst, a, b, c = cols[pc, 1], cols[pc, 2], cols[pc, 3], cols[pc, 4]
         prm, aux = np.int64(cols[pc, 5]), cols[pc, 6]
@@ -1164,13 +1207,13 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                                 cdead, hint)
                     return False
                 cframe[csp, 0], cframe[csp, 1] = np.int64(cols[pc, 7]), k
+                for s in range(csregs[k]):      # (every point's rows: plain copies, vectorised)
+                    r = csregs[k + 1 + s]
+                    for j in range(n):
+                        csave_v[csp, s, j] = regs[r, j]
+                        csave_m[csp, s, j] = mats[r, j]
                 for j in range(n):
-                    if split[j]:
-                        for s in range(csregs[k]):
-                            r = csregs[k + 1 + s]
-                            csave_v[csp, s, j] = regs[r, j]
-                            csave_m[csp, s, j] = mats[r, j]
-                        cdead[j] += 1
+                    cdead[j] += np.int32(split[j])
                 csp += 1
         else:                                                         # ---- FIELD_RESULT
             for j in range(n):
@@ -1454,6 +1497,7 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
 
 # ----------------------------------------------------------------------------- the walker
 _WRITES = np.array([op in OPS and OPS[Op(op)].writes for op in range(256)], np.bool_)
+_READS = np.array([[op in OPS and f in OPS[Op(op)].reads for f in "abc"] for op in range(256)], np.bool_)
 
 
 def _thread_count() -> int:
@@ -1507,7 +1551,7 @@ def _kernel_tape(tape: Tape):
     inst = np.ascontiguousarray(tape.instances)
     cols = np.ascontiguousarray(tape.as_columns())
     return (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape),
-            inst.view(np.float32).reshape(-1, 8), *_cull_saves(cols, tape.n_regs, _WRITES))
+            inst.view(np.float32).reshape(-1, 8), *_cull_saves(cols, tape.n_regs, _READS, _WRITES))
 
 
 _NO_SECTION = np.zeros(5, np.float32)

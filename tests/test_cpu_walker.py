@@ -219,7 +219,24 @@ def _split_cull_tapes():
                              (Op.SPHERE, 3, 0, 0, 0, 15, 1), (Op.SPHERE, 1, 0, 0, 0, 16, 1),
                              (Op.UNION, 0, 0, 1), (Op.UNION, 0, 0, 2)],
                             [0.5] + box_a + box_b + [0.3, 0.2, 0.7], [[-2] * 3, [2] * 3])
-    return tapes + [unbalanced, overlapping]
+    return tapes + list(_live_after_target_tapes()) + [unbalanced, overlapping]
+
+
+def _live_after_target_tapes():
+    """Two tapes whose culls' subtrees write a register (3) besides the cull's own that is read
+    after the target before it is written again: straight after it, and at the top of the next
+    copy of a pattern body (REPEAT_END's way back). The points that cull must get it back."""
+    box = [-0.2, -1.0, -1.0, 1.0, 1.0, 1.0, 0.0]
+    after = make_tape([(Op.SPHERE, 0, 0, 0, 0, 0, 0), (Op.SPHERE, 3, 0, 0, 0, 1, 1),
+                       (Op.CULL_BOX, 1, 0, 0, 0, 3, 1, 5), (Op.SPHERE, 3, 0, 0, 0, 2, 1),
+                       (Op.INTERSECT, 1, 3, 1), (Op.UNION, 0, 0, 1), (Op.UNION, 0, 0, 3)],
+                      [0.5, 0.2, 0.7] + box, [[-2] * 3, [2] * 3])
+    back = make_tape([(Op.SPHERE, 3, 0, 0, 0, 0, 1), (Op.REPEAT_LINEAR, 0, 0, 0, 0, 3, 0, 9),
+                      (Op.COPY, 2, 3), (Op.SPHERE, 1, 0, 0, 0, 1, 0), (Op.CULL_BOX, 5, 1, 0, 0, 8, 1, 7),
+                      (Op.SPHERE, 3, 0, 0, 0, 2, 1), (Op.INTERSECT, 5, 3, 5), (Op.UNION, 1, 1, 5),
+                      (Op.UNION, 1, 1, 2), (Op.REPEAT_END, 0, 1, 0, 0, 0, 0, 1)],
+                     [0.2, 0.5, 0.7, 1.5, 0.0, 0.0, 3.0, 1.2] + box, [[-2] * 3, [5] * 3])
+    return after, back
 
 
 def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(walker_cpu):
@@ -227,7 +244,7 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
     points that cull their registers back at the target; values and materials must be those of
     each point evaluated alone, bit for bit, and the culls that cannot be ridden through fall
     back to point-by-point evaluation."""
-    from taperay.runtime.cpu import _WRITES, _cull_saves
+    from taperay.runtime.cpu import _READS, _WRITES, _cull_saves
     rng = np.random.default_rng(11)
     tapes = _split_cull_tapes()
     ridden = 0
@@ -239,13 +256,36 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
         assert np.array_equal(d, d1, equal_nan=True), tape.source
         assert np.array_equal(m, m1), tape.source
         cols = tape.as_columns()
-        idx = _cull_saves(cols, tape.n_regs, _WRITES)[0]
+        idx = _cull_saves(cols, tape.n_regs, _READS, _WRITES)[0]
         ridden += int((idx >= 0).sum())
     assert ridden >= 10                                         # culls the blocks ride through
     for tape in tapes[-2:]:                                     # ... and the fallback was needed
         cols = tape.as_columns()
-        idx = _cull_saves(cols, tape.n_regs, _WRITES)[0]
+        idx = _cull_saves(cols, tape.n_regs, _READS, _WRITES)[0]
         assert idx[int(np.flatnonzero(cols[:, 0] == Op.CULL_BOX)[0])] == -1
+
+
+def test_a_split_cull_saves_the_registers_live_at_its_target():
+    """_cull_saves keeps, of the registers a cull and its subtree write, those live at its
+    target (runtime.cpu._live_in): register 3 in both tapes of _live_after_target_tapes, only
+    the cull's own register in the strut lattice's cell (its other registers are written again
+    before any read, also across the pattern's copies)."""
+    from taperay.runtime.cpu import _READS, _WRITES, _cull_saves
+    from taperay.scenegraph import flatten
+    from taperay.scenes import strut_lattice
+
+    def saved(tape):
+        cols = tape.as_columns()
+        idx, saves, _ = _cull_saves(cols, tape.n_regs, _READS, _WRITES)
+        return [sorted(saves[k + 1:k + 1 + saves[k]].tolist()) for k in idx[cols[:, 0] == Op.CULL_BOX] if k >= 0]
+
+    after, back = _live_after_target_tapes()
+    assert saved(after) == [[1, 3]]
+    assert saved(back) == [[3, 5]]
+    struts = flatten(strut_lattice.build(3))
+    cols = struts.as_columns()
+    culls = np.flatnonzero(cols[:, 0] == Op.CULL_BOX)
+    assert saved(struts) == [[int(cols[i, 1])] for i in culls]
 
 
 def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeypatch):
