@@ -32,6 +32,7 @@ _COMBINE_OPS = {"union": (Op.UNION, None), "intersection": (Op.INTERSECT, None),
                 "smooth_union": (Op.SMOOTH_UNION, "k"), "smooth_intersection": (Op.SMOOTH_INTERSECT, "k"),
                 "smooth_difference": (Op.SMOOTH_DIFFERENCE, "k")}
 _LEAF_CULL_MIN = 3   # unions of fewer children are chained without cull records
+_CHEAP_PRIMITIVES = 2   # BVH groups of at most this many primitives get no cull record
 _EXPLICIT_PATTERN_MAX = 256   # overlapping patterns up to this count become explicit unions
 
 
@@ -330,9 +331,12 @@ class _Emitter:
         return inner * len(n.array)
 
     def emit_cull_wrapped(self, child: Node, run: int, mat: int, margin: float, op, kparam) -> int:
-        """``run = op(run, child)`` with the child skipped where its box cannot change ``run``."""
+        """``run = op(run, child)`` with the child skipped where its box cannot change ``run``.
+        A child of at most ``_CHEAP_PRIMITIVES`` primitives (under point transforms) is not
+        wrapped: it costs about what the cull's own box test and intersection cost, and the twin's
+        blocks that split at a cull pay more (docs/ASSEMBLIES.md, sixteenth session)."""
         box = self.bounds_of(child)
-        if not np.all(np.isfinite(box)):
+        if not np.all(np.isfinite(box)) or _too_cheap_to_cull(child):
             total = self.emit_group(child, run + 1, mat)
             self.row(op, run, a=run, b=run + 1, param=kparam)
             return total
@@ -388,6 +392,20 @@ def _explicit_copies(n: Node) -> Node:
         idx = np.stack(np.meshgrid(*[np.arange(int(c)) for c in v[3:6]], indexing="ij"), -1).reshape(-1, 3)
         copies = [child.translate(*(v[:3] * i)) for i in idx]
     return Node("union", (), tuple(copies))
+
+
+def _primitives(item) -> float:
+    """How many shape records a BVH group or node flattens to when each of its leaves is one
+    primitive under point transforms; inf otherwise."""
+    if isinstance(item, tuple):
+        return _primitives(item[0]) + _primitives(item[1])
+    while isinstance(item, Node) and item.kind in _POINT_KINDS:
+        item = item.children[0]
+    return 1 if isinstance(item, Node) and item.kind in _SHAPE_OPS else INF
+
+
+def _too_cheap_to_cull(item) -> bool:
+    return _primitives(item) <= _CHEAP_PRIMITIVES
 
 
 def _build_bvh(items: list, boxes: np.ndarray):

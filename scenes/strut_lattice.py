@@ -1,6 +1,6 @@
 """A lattice of 1,029,000 struts: a 70 x 70 x 70 grid pattern of a three-strut cell (capsules
-along +x, +y and +z from the cell's node), one REPEAT_GRID loop whose body is a culled union of
-three capsules."""
+along +x, +y and +z from the cell's node), one REPEAT_GRID loop whose body is a union of three
+capsules (without cull records: the flattener does not wrap groups of one or two primitives)."""
 from taperay.scenegraph import Material, capsule, union
 
 TITANIUM = Material("titanium", (0.55, 0.56, 0.60), 0.45)

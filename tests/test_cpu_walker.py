@@ -199,14 +199,13 @@ def test_write_png_round_trips_atomically(tmp_path):
 
 def _split_cull_tapes():
     """Tapes whose culls split blocks: random scenes (nested culls, culls in pattern bodies), the
-    strut lattice's cell pattern, and two culls whose subtrees the points that cull cannot ride
+    grid pattern of a cell with nested culls (_culled_cell), and two culls whose subtrees the points that cull cannot ride
     through (a TRANSLATE outside any PUSH, a cull jumping past its enclosing cull's target),
     placed so that blocks split at both culls."""
     from taperay.runtime.conformance import random_tape
     from taperay.scenegraph import flatten
-    from taperay.scenes import strut_lattice
     rng = np.random.default_rng(7)
-    tapes = [random_tape(rng, 5) for _ in range(12)] + [flatten(strut_lattice.build(3))]
+    tapes = [random_tape(rng, 5) for _ in range(12)] + [flatten(_culled_cell().grid_pattern((1, 1, 1), (3, 3, 3)))]
     box_a = [1.5, -1.0, -1.0, 2.5, 1.0, 1.0, 0.0]     # points near the origin cull at A ...
     box_b = [1.5, 1.5, -1.0, 2.5, 2.5, 1.0, 0.0]      # ... and points by A but far from B at B
     unbalanced = make_tape([(Op.SPHERE, 0, 0, 0, 0, 0, 0), (Op.CULL_BOX, 1, 0, 0, 0, 1, 1, 5),
@@ -220,6 +219,16 @@ def _split_cull_tapes():
                              (Op.UNION, 0, 0, 1), (Op.UNION, 0, 0, 2)],
                             [0.5] + box_a + box_b + [0.3, 0.2, 0.7], [[-2] * 3, [2] * 3])
     return tapes + list(_live_after_target_tapes()) + [unbalanced, overlapping]
+
+
+def _culled_cell():
+    """A union of three clusters of three spheres: the flattener wraps the last two clusters and
+    the last one in culls (nested), the spheres of a cluster in none (scenegraph.flatten,
+    _CHEAP_PRIMITIVES)."""
+    from taperay.scenegraph import sphere, union
+    clusters = [union(*(sphere(0.12).translate((0.3 * k - 0.3 + i * 0.05, 0.25 * i - 0.25, 0.0)) for k in range(3)))
+                for i in range(3)]
+    return union(*clusters)
 
 
 def _live_after_target_tapes():
@@ -268,11 +277,10 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
 def test_a_split_cull_saves_the_registers_live_at_its_target():
     """_cull_saves keeps, of the registers a cull and its subtree write, those live at its
     target (runtime.cpu._live_in): register 3 in both tapes of _live_after_target_tapes, only
-    the cull's own register in the strut lattice's cell (its other registers are written again
-    before any read, also across the pattern's copies)."""
+    the cull's own register in a grid pattern of _culled_cell (its other registers are written
+    again before any read, also across the pattern's copies)."""
     from taperay.runtime.cpu import _READS, _WRITES, _cull_saves
     from taperay.scenegraph import flatten
-    from taperay.scenes import strut_lattice
 
     def saved(tape):
         cols = tape.as_columns()
@@ -282,10 +290,11 @@ def test_a_split_cull_saves_the_registers_live_at_its_target():
     after, back = _live_after_target_tapes()
     assert saved(after) == [[1, 3]]
     assert saved(back) == [[3, 5]]
-    struts = flatten(strut_lattice.build(3))
-    cols = struts.as_columns()
+    cells = flatten(_culled_cell().grid_pattern((1, 1, 1), (3, 3, 3)))
+    cols = cells.as_columns()
     culls = np.flatnonzero(cols[:, 0] == Op.CULL_BOX)
-    assert saved(struts) == [[int(cols[i, 1])] for i in culls]
+    assert len(culls) == 2
+    assert saved(cells) == [[int(cols[i, 1])] for i in culls]
 
 
 def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeypatch):

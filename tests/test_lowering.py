@@ -88,7 +88,7 @@ def test_every_lowerable_record_without_culls_gives_the_same_field_and_materials
 def test_culled_unions_lower_to_the_plain_union(walker_cpu):
     from taperay.tools.bench_gpu import primitive_scene
     tape = flatten(primitive_scene(60, seed=3))
-    assert (tape.instrs["op"] == Op.CULL_BOX).sum() > 50
+    assert (tape.instrs["op"] == Op.CULL_BOX).sum() >= 10
     low = lower(tape)
     assert not (low.instrs["op"] == Op.CULL_BOX).any()
     pts = _points(tape, 60000)

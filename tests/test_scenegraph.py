@@ -25,13 +25,30 @@ def test_grid_pattern_of_a_million_is_a_handful_of_records():
 
 
 def test_union_of_many_leaves_gets_cull_records_and_registers_grow_logarithmically():
+    """Each of the BVH's 1,023 inner nodes wraps its second half in a cull, except halves of at
+    most two primitives (512 single spheres, 256 pairs): 255 culls."""
     leaves = [sphere(0.1).translate(i, j, 0) for i in range(32) for j in range(32)]
     t = flatten(union(*leaves))
-    assert t.op_counts()["CULL_BOX"] == 1023
+    assert t.op_counts()["CULL_BOX"] == 255
     assert t.n_regs <= 2 * 10 + 2
     plain = flatten(union(*leaves), cull=False)
     cull_params = plain.params[plain.instrs["param"][plain.instrs["op"] == Op.CULL_BOX] + 6]
     assert np.all(np.isinf(cull_params))
+
+
+def test_culls_wrap_groups_of_more_than_two_primitives_and_any_costlier_child():
+    """A union of three capsules (the strut lattice's cell) is chained without culls; a union of
+    three parts that are not single primitives (a difference each) keeps its culls; six spheres
+    split into two halves of three, and only the second half is wrapped."""
+    from taperay.scenegraph.flatten import _CHEAP_PRIMITIVES
+    assert _CHEAP_PRIMITIVES == 2
+    struts = union(capsule((0, 0, 0), (1, 0, 0), 0.1), capsule((0, 0, 0), (0, 1, 0), 0.1),
+                   capsule((0, 0, 0), (0, 0, 1), 0.1))
+    assert "CULL_BOX" not in flatten(struts).op_counts()
+    parts = union(*[(box(0.4, 0.4, 0.4) - sphere(0.45)).translate(i, 0, 0) for i in range(3)])
+    assert flatten(parts).op_counts()["CULL_BOX"] == 2
+    spheres = union(*[sphere(0.1).translate(i, 0, 0) for i in range(3)])
+    assert flatten(spheres.translate(0, 0, 1) | spheres).op_counts()["CULL_BOX"] == 1
 
 
 def test_named_parameters_share_stable_slots():
