@@ -32,13 +32,14 @@ FLOAT = st.floats(width=32, allow_nan=True, allow_infinity=True)
 
 def _base_tapes() -> list[Tape]:
     """Valid tapes that use every structural feature: culls, patterns, instances, points ops."""
-    trio = sphere(0.5) | box(0.3).translate(1, 0, 0) | torus(0.4, 0.1).translate(0, 1, 0)
+    parts = (sphere(0.5) | box(0.3).translate(1, 0, 0) | torus(0.4, 0.1).translate(0, 1, 0)
+             | sphere(0.2).translate(0, 0, 1) | box(0.2).translate(1, 1, 0))   # (five leaves: a cull)
     scenes = [
-        trio,
+        parts,
         sphere(0.3).linear_pattern((1, 0, 0), 5) | box(0.2).translate(1, 0, 0).polar_pattern(6).translate(0, 0, 2),
         box(0.1).grid_pattern((0.5, 0.5, 0.5), (3, 2, 2)).smooth_union(sphere(0.4), 0.1),
         sphere(0.2).instances(np.random.default_rng(0).uniform(-2, 2, (20, 3))) - box(0.5),
-        trio.linear_pattern((0, 0, 3), 2).rotate((0, 0, 1), 30),
+        parts.linear_pattern((0, 0, 3), 2).rotate((0, 0, 1), 30),
     ]
     return [flatten(s, source="fuzz") for s in scenes] + [load_vm(DATA / "hi.vm")]
 
