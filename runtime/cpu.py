@@ -33,11 +33,11 @@ flow:
   * CULL_BOX jumps when every point of the block culls, falls through when none does. Where the
     block splits, the points that cull ride through the subtree with the others and get back, at
     the jump target, the registers they held at the cull (_cull_saves lists those each subtree
-    writes that are live at the target, _live_in); a point that culls is "dead" meanwhile: deeper culls and pattern copies
-    count only the live points. A subtree that leaves ``p`` changed at the cull's stack depth,
-    holds a cull jumping past its own target, or splits more than ``_CULL_CAP`` deep re-runs
-    the block point by point (blocks of one never split). Either way the results never depend
-    on how points are grouped.
+    writes that are live at the target, _live_in); a point that culls is "dead" meanwhile:
+    deeper culls and pattern copies count only the live points. A subtree that leaves ``p``
+    changed at the cull's stack depth, holds a cull jumping past its own target, or splits more
+    than ``_CULL_CAP`` deep re-runs the block point by point (blocks of one never split).
+    Either way the results never depend on how points are grouped.
 
 Choices where the op table is silent (the reference behaviour):
   * material of arithmetic results: ops reading register a carry ``mat[a]`` (MIN / MAX and the
