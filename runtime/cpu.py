@@ -1545,13 +1545,25 @@ def _walk_nodes(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
     return walk, walk.view(np.int32)
 
 
+def _split_culls(tape: Tape, cols: np.ndarray) -> tuple:
+    """_cull_saves' (index, saves, width) of the tape's records, kept on the tape while it holds
+    the same frozen records (the liveness behind them is a pass over every record and register:
+    once per tape, not once per call), as _walk_nodes keeps the BVH's."""
+    memo = tape.__dict__.get("_split_culls")
+    if memo is not None and memo[0] is tape.instrs and not tape.instrs.flags.writeable:
+        return memo[1]
+    saves = _cull_saves(cols, tape.n_regs, _READS, _WRITES)
+    tape.__dict__["_split_culls"] = (tape.instrs, saves)
+    return saves
+
+
 def _kernel_tape(tape: Tape):
     """The tape as the kernels' arguments: (instr columns, params, the BVH as _walk_nodes gives
     it, instances, and _cull_saves' index, saves and width)."""
     inst = np.ascontiguousarray(tape.instances)
     cols = np.ascontiguousarray(tape.as_columns())
     return (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape),
-            inst.view(np.float32).reshape(-1, 8), *_cull_saves(cols, tape.n_regs, _READS, _WRITES))
+            inst.view(np.float32).reshape(-1, 8), *_split_culls(tape, cols))
 
 
 _NO_SECTION = np.zeros(5, np.float32)

@@ -297,6 +297,22 @@ def test_a_split_cull_saves_the_registers_live_at_its_target():
     assert saved(cells) == [[int(cols[i, 1])] for i in culls]
 
 
+def test_split_cull_saves_are_kept_per_frozen_tape(walker_cpu):
+    """_split_culls computes a tape's cull saves (and their liveness pass) once while the tape
+    holds the same frozen records; a writable copy of the records is analysed again."""
+    from dataclasses import replace
+
+    from taperay.runtime.cpu import _split_culls
+    from taperay.scenegraph import flatten
+    tape = flatten(_culled_cell().grid_pattern((1, 1, 1), (3, 3, 3)))
+    walker_cpu.evaluate(tape, np.zeros((4, 3), np.float32))          # (validates: freezes the tape)
+    first = _split_culls(tape, tape.as_columns())
+    assert _split_culls(tape, tape.as_columns()) is first
+    copy = replace(tape, instrs=tape.instrs.copy())
+    again = _split_culls(copy, copy.as_columns())
+    assert again is not first and all(np.array_equal(x, y) for x, y in zip(again, first))
+
+
 def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeypatch):
     """The march and light kernels' tiles and evaluate's chunks are independent: shared out over
     one, two or three threads (cpu._on_threads, round-robin), they give the same bits."""
