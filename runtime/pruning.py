@@ -845,11 +845,11 @@ def _prune_cells(code, imm, n_regs, choices, tcodes, timms, starts):
 
 
 @njit(**_JIT)
-def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm, lengths, first):
+def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm, lengths, lower, first):
     """The 64 sub-cells (boxes: (6, 64)) of one cell whose pruned tape is tcode / timm [start, n):
     their tapes' lengths into lengths[first:first + 64], or with ``write`` the tapes into
     fcode / fimm from offsets[first + k] (the lengths pass and the writing pass must agree: both
-    are deterministic)."""
+    are deterministic); either pass writes their intervals' lower bounds into lower[first:...]."""
     n = tcode.shape[0]
     box = np.empty((6, _LANES), np.float32)
     lo = np.zeros((n_regs, _LANES), np.float32)    # (zeros: the result never depends on stale memory)
@@ -860,6 +860,7 @@ def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm,
     choices = np.zeros((n, 64), np.uint8)
     for g in range(0, 64, _LANES):
         _boxes_group(tcode, timm, start, n, boxes, g, box, lo, hi, ch, out_lo, out_hi, choices)
+    lower[first:first + 64] = out_lo
     live = np.empty(n_regs, np.bool_)
     oc = np.empty((n, 5), np.int32)
     oi = np.empty(n, np.float32)
@@ -875,14 +876,16 @@ def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm,
 
 
 @njit(parallel=True, **_JIT)
-def _prune_subcells(tcodes, timms, starts, n_regs, sub_boxes, write, offsets, fcode, fimm, lengths):
+def _prune_subcells(tcodes, timms, starts, n_regs, sub_boxes, write, offsets, fcode, fimm, lengths, lower):
     """The 64 sub-cells of each grid cell c (sub-cell boxes sub_boxes[:, 64 c : 64 c + 64]), each
     pruned from cell c's pruned tape (tcodes[c] / timms[c] from starts[c]): their lengths into
-    ``lengths``, or with ``write`` the sub-tapes into fcode / fimm from offsets[64 c + k]. (No
-    None arguments: Numba's parallel loops mishandle them.)"""
+    ``lengths``, or with ``write`` the sub-tapes into fcode / fimm from offsets[64 c + k]; their
+    intervals' lower bounds into ``lower`` (empty-space skipping). (No None arguments: Numba's
+    parallel loops mishandle them.)"""
     for c in prange(tcodes.shape[0] - 1):      # (not the outside cell: it has no sub-cells)
         boxes = np.ascontiguousarray(sub_boxes[:, 64 * c:64 * c + 64])   # (C: one _boxes_group signature)
-        _subcells_of(tcodes[c], timms[c], starts[c], n_regs, boxes, write, offsets, fcode, fimm, lengths, 64 * c)
+        _subcells_of(tcodes[c], timms[c], starts[c], n_regs, boxes, write, offsets, fcode, fimm, lengths, lower,
+                     64 * c)
 
 
 _SEGMENT_RUNS = 256
@@ -1251,7 +1254,7 @@ class _CellTapes:
         c_lower, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
         # empty-space skipping (skip_to): each level's boxes (float32, as the lookup's) and the
         # lower bounds of the intervals over them (level 0, then with levels 2 the sub-cells)
-        self.levels_lower = [(c_lo.astype(np.float32), c_hi.astype(np.float32), c_lower)]
+        levels_lower = [(c_lo.astype(np.float32), c_hi.astype(np.float32), c_lower)]
         self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
         n_cells = self.choices.shape[1]
         if n_cells * n * 24 > _CELL_TAPES_MAX_BYTES:
@@ -1270,12 +1273,11 @@ class _CellTapes:
         else:
             s_lo, s_hi = grid_cell_boxes(lo, hi, size / 4, sub_cell_ijk(grid_ijk(grid)))
             sub = _boxes(s_lo, s_hi)
-            s_lower = np.concatenate([_lanes(tcodes[c], timms[c], starts[c], self.n_regs, sub[:, 64 * c:64 * c + 64])[0]
-                                      for c in range(n_cells - 1)])
-            self.levels_lower.append((s_lo.astype(np.float32), s_hi.astype(np.float32), s_lower))
             sub_lengths = np.empty(sub.shape[1], np.int64)     # sub-cell k of cell c: index 64 c + k
+            s_lower = np.empty(sub.shape[1], np.float32)
             _prune_subcells(tcodes, timms, starts, self.n_regs, sub, False, sub_lengths, tcodes[0], timms[0],
-                            sub_lengths)
+                            sub_lengths, s_lower)
+            levels_lower.append((s_lo.astype(np.float32), s_hi.astype(np.float32), s_lower))
             lengths = np.append(sub_lengths, n - starts[-1])
             if int(lengths.sum()) * 24 > _CELL_TAPES_MAX_BYTES:
                 raise CellsTooLarge(f"march_pruned: the {len(sub_lengths)} sub-cells' tapes need "
@@ -1284,11 +1286,12 @@ class _CellTapes:
             offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
             self.fcode = np.empty((int(lengths.sum()), 5), np.int32)
             self.fimm = np.empty(len(self.fcode), np.float32)
-            _prune_subcells(tcodes, timms, starts, self.n_regs, sub, True, offsets, self.fcode, self.fimm, sub_lengths)
+            _prune_subcells(tcodes, timms, starts, self.n_regs, sub, True, offsets, self.fcode, self.fimm, sub_lengths,
+                            s_lower)
             self.fcode[offsets[-1]:] = tcodes[-1, starts[-1]:]
             self.fimm[offsets[-1]:] = timms[-1, starts[-1]:]
         self.skip_lo, self.skip_hi, self.skip_lower = (np.ascontiguousarray(np.concatenate(x))
-                                                       for x in zip(*self.levels_lower))
+                                                       for x in zip(*levels_lower))
         self.end = np.cumsum(lengths).astype(np.int64)
         self.first = self.end - lengths
         self.fine = grid * 4 ** (levels - 1)

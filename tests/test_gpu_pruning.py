@@ -759,7 +759,7 @@ def test_march_cells_headers_hold_their_intervals_lower_bounds(walker_gpu, no_ne
                            9 * 16 * 12).reshape(-1, PRUNE_HEADER_WORDS)
     lower = hdr[:, 4].view(np.float32)
     cells = _march_cells(spheres_60, RenderSettings().pack(spheres_60), 4, 2)
-    twin = np.concatenate([cells.levels_lower[0][2], cells.levels_lower[1][2]])
+    twin = cells.skip_lower                         # (level 0, then the sub-cells)
     gpu = np.concatenate([lower[:64], lower[65:65 + 64 * 64]])
     assert np.isnan(lower[64])                     # the outside cell: nothing decided
     np.testing.assert_allclose(gpu, twin, rtol=1e-5, atol=1e-6)
