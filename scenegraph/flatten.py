@@ -394,18 +394,21 @@ def _explicit_copies(n: Node) -> Node:
     return Node("union", (), tuple(copies))
 
 
-def _primitives(item) -> float:
-    """How many shape records a BVH group or node flattens to when each of its leaves is one
-    primitive under point transforms; inf otherwise."""
-    if isinstance(item, tuple):
-        return _primitives(item[0]) + _primitives(item[1])
-    while isinstance(item, Node) and item.kind in _POINT_KINDS:
-        item = item.children[0]
-    return 1 if isinstance(item, Node) and item.kind in _SHAPE_OPS else INF
-
-
 def _too_cheap_to_cull(item) -> bool:
-    return _primitives(item) <= _CHEAP_PRIMITIVES
+    """True for a BVH group or node of at most ``_CHEAP_PRIMITIVES`` leaves, each one shape
+    record under point transforms (depth first, stopping at the first leaf too many)."""
+    stack, leaves = [item], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            stack += item[:2]
+            continue
+        while isinstance(item, Node) and item.kind in _POINT_KINDS:
+            item = item.children[0]
+        leaves += 1
+        if leaves > _CHEAP_PRIMITIVES or not (isinstance(item, Node) and item.kind in _SHAPE_OPS):
+            return False
+    return True
 
 
 def _build_bvh(items: list, boxes: np.ndarray):
