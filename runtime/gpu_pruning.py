@@ -40,6 +40,23 @@ PRUNE_HEADER_WORDS = 5
 PRUNE_ARENA, PRUNE_ARENA_FULL, PRUNE_REGS, PRUNE_REGS_REFUSED = 2, 3, 4, 5
 
 
+def image_tiles(width: int, height: int) -> tuple[int, ...]:
+    """Tile levels for a pruned image of a tape whose MIN / MAX chains are balanced
+    (``load_vm(..., balance_chains=True)``, as ``taperay render --2d`` loads): level 0 the
+    smallest power of two from 32 px giving at most WAVE_MAX_TILES tiles (level 0 runs in
+    dependency steps up to there), then quarters of it down to 8 px. Prospero on the H200
+    (docs/PERFORMANCE.md, seventeenth session): (32, 8) at 1024^2, 0.95 ms of GPU time against
+    1.18 with PRUNE_TILES; (128, 32, 8) at 4096^2, 1.79 against 5.02. A tape as written (chains)
+    does better with PRUNE_TILES at 1024^2: its level 0 takes a step per link of its chain."""
+    size = 32
+    while -(-width // size) * -(-height // size) > WAVE_MAX_TILES:
+        size *= 2
+    levels = [size]
+    while levels[-1] // 4 >= 8 and len(levels) < MAX_TILE_LEVELS:
+        levels.append(levels[-1] // 4)
+    return tuple(levels)
+
+
 def tile_levels(tiles) -> tuple[int, ...]:
     """The tile levels of a pruned image: ``tiles`` is one size or sizes coarse to fine, pixels."""
     sizes = (tiles,) if isinstance(tiles, (int, np.integer)) else tuple(tiles)

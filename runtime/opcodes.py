@@ -37,7 +37,7 @@ INSTANCE_REACH = (2.0 ** -12, 2.0 ** -14)   # INSTANCES' room for rounding in U'
 # operand, or WAVE_NONE
 WAVE_RECORDS = 8192
 WAVE_SLOTS = 512
-WAVE_WIDTH = 32
+WAVE_WIDTH = 64
 WAVE_LEAF = 1 << 31
 WAVE_NONE = 0xFFFFFFFF
 

@@ -4,15 +4,27 @@ scheduling and register allocation (``program_tape``).
 Used by the ``.vm`` importer and Python field expressions (scenegraph) and by the lowering of
 scene tapes to arithmetic (``runtime.lowering``). The steps, all O(n) or O(n log n):
   1. dead nodes are dropped: only ancestors of the output are kept;
-  2. scheduling: the definition order and a depth-first order (largest register need first) are
+  2. on request (``balance_chains``), chains of MIN (or of MAX) are rebuilt over the same
+     operands in the same order: runs of ``CHAIN_GROUP`` as balanced trees, the runs' results
+     chained (``_balance_chains``; a chain's inner nodes are those read once, by the same op).
+     MIN and MAX are associative and commutative in float32, so every value is the chain's, and
+     so are the interval bounds (they may differ in the sign of a zero result, as hash-consing's
+     sorted operands already may; a NaN operand gives NaN either way). The program's depth drops
+     (prospero.vm's from 676 to 96), and the GPU prunes level 0 in dependency steps, one a level
+     at most (runtime.gpu_pruning): its 2D images and points get faster. Interval pruning keeps
+     more of a balanced union per tile, though (a chain compares each operand with the least of
+     all before it, a tree only with its sibling), which costs 3D march cells of unions of
+     scattered parts: the default keeps the chains (docs/PERFORMANCE.md, seventeenth session);
+  3. scheduling: the definition order and a depth-first order (largest register need first) are
      both tried, and the one needing fewer registers is kept;
-  3. register allocation by linear scan (an operand's register is freed at its last use, before
+  4. register allocation by linear scan (an operand's register is freed at its last use, before
      the result is allocated; the lowest free register is taken). On straight-line code live
      ranges are intervals, so this uses exactly the maximum number of simultaneously live values:
      the minimum for that order. The output lands in register 0.
-If a program needs more registers than the budget, small subexpressions (expression trees of up to
-1, 3, 5, 8, ... 64 instructions) are recomputed right before each use instead of being held in a
-register, until it fits; if even that is not enough, ``TapeError`` says how many it needs.
+If a program needs more registers than the budget, balanced chains are given up where they need
+more; small subexpressions (expression trees of up to 1, 3, 5, 8, ... 64 instructions) are
+recomputed right before each use instead of being held in a register, until it fits; if even that
+is not enough, ``TapeError`` says how many it needs.
 """
 from __future__ import annotations
 
@@ -26,6 +38,8 @@ from .tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, validate
 __all__ = ["Program", "program_tape", "GREY"]
 
 _COMMUTATIVE = {Op.ADD, Op.MUL, Op.MIN, Op.MAX}
+_ASSOCIATIVE = {Op.MIN, Op.MAX}         # exactly so in float32 (_balance_chains)
+CHAIN_GROUP = 8     # operands a balanced run of a MIN / MAX chain (_balance_chains)
 _RECOMPUTE_TREE_SIZES = (0, 1, 3, 5, 8, 16, 32, 64)   # recompute-instead-of-hold thresholds tried
 GREY = ((0.7, 0.7, 0.7), 0.5)   # the one material of a program's tape
 
@@ -66,6 +80,52 @@ def _live_order(prog: Program, root: int) -> list[int]:
             for a in prog.args[i]:
                 live[a] = 1
     return [i for i in range(root + 1) if live[i]]
+
+
+def _balance_chains(prog: Program, order: list[int], group: int) -> tuple[Program, int]:
+    """A new program computing the same output (the last of ``order``, the live nodes in
+    definition order) with each chain of MIN or MAX nodes (its inner nodes read only once, and by
+    the same op) rebuilt over the chain's operands in their order: each run of ``group``
+    operands as a balanced tree, the runs' results chained."""
+    readers = dict.fromkeys(order, 0)
+    readers[order[-1]] = 1                     # (the output's reader)
+    for n in order:
+        for a in prog.args[n]:
+            readers[a] += 1
+    inner = set()
+    for n in order:
+        if prog.ops[n] in _ASSOCIATIVE:
+            inner.update(a for a in set(prog.args[n]) if prog.ops[a] == prog.ops[n] and readers[a] == 1)
+    out = Program()
+    new: dict[int, int] = {}
+
+    def tree(op: Op, operands: list[int]) -> int:
+        while len(operands) > 1:
+            pairs = [out.node(op, (operands[j], operands[j + 1])) for j in range(0, len(operands) - 1, 2)]
+            operands = pairs + operands[len(operands) & ~1:]
+        return operands[0]
+
+    for n in order:
+        if n in inner:
+            continue
+        op = prog.ops[n]
+        if op in _ASSOCIATIVE:
+            operands, stack = [], list(reversed(prog.args[n]))
+            while stack:
+                a = stack.pop()
+                if a in inner:
+                    stack.extend(reversed(prog.args[a]))
+                else:
+                    operands.append(new[a])
+            runs = [tree(op, operands[j:j + group]) for j in range(0, len(operands), group)]
+            new[n] = runs[0]
+            for r in runs[1:]:
+                new[n] = out.node(op, (new[n], r))
+        else:
+            c = prog.consts[n]
+            bits = int(np.float32(c).view(np.uint32)) if op == Op.CONST else 0
+            new[n] = out.node(op, tuple(new[a] for a in prog.args[n]), c, bits, prog.auxs[n])
+    return out, new[order[-1]]
 
 
 def _depth_first_order(prog: Program, order: list[int]) -> list[int]:
@@ -167,19 +227,26 @@ def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str, material
 
 
 def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_CAPS), materials=None,
-                 reorder: bool = True, check: bool = True) -> Tape:
+                 reorder: bool = True, check: bool = True, balance_chains: bool = False) -> Tape:
     """Schedule and register-allocate the hash-consed program ending in ``root`` into a tape
     with ``materials`` (MATERIAL_DTYPE records; default one, GREY), validated unless ``check``
     is False (for a caller whose tape the walkers validate on use anyway, as the lowering's).
-    ``reorder`` False tries the definition order only (for programs built in a good order, as
-    the lowering's)."""
+    ``balance_chains``: MIN / MAX chains rebuilt shallow (_balance_chains), tried first, then the
+    program as it is where the balanced one needs more registers than ``max_regs`` at the same
+    amount of recomputing. ``reorder`` False tries the definition order only (for programs built
+    in a good order, as the lowering's)."""
     order = _live_order(prog, root)
-    orders = (order, _depth_first_order(prog, order)) if reorder else (order,)
+    variants = [(prog, order, (order, _depth_first_order(prog, order)) if reorder else (order,))]
+    if balance_chains:
+        balanced, b_root = _balance_chains(prog, order, CHAIN_GROUP)
+        b_order = _live_order(balanced, b_root)
+        variants.insert(0, (balanced, b_order, (b_order, _depth_first_order(balanced, b_order))))
     for max_tree in _RECOMPUTE_TREE_SIZES:
-        plans = [(seq, *_allocate(seq)) for seq in (_schedule(prog, o, max_tree) for o in orders)]
-        seq, dst, n_regs = min(plans, key=lambda p: (p[2], len(p[0])))
-        if n_regs <= max_regs:
-            tape = _emit(prog, seq, dst, n_regs, source, materials)
-            return validate(tape) if check else tape
+        for p, order, orders in variants:     # (balanced chains first; they may need more registers)
+            plans = [(seq, *_allocate(seq)) for seq in (_schedule(p, o, max_tree) for o in orders)]
+            seq, dst, n_regs = min(plans, key=lambda q: (q[2], len(q[0])))
+            if n_regs <= max_regs:
+                tape = _emit(p, seq, dst, n_regs, source, materials)
+                return validate(tape) if check else tape
     raise TapeError(f"the program needs {n_regs} registers even with every subexpression "
                     f"of up to {max_tree} instructions recomputed; the budget is {max_regs}", source=source)

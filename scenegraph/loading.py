@@ -34,7 +34,9 @@ def load_scene_module(path: Path) -> Node:
     return node
 
 
-def load_tape(path) -> Tape:
+def load_tape(path, balance_chains: bool = False) -> Tape:
+    """The tape of a scene source (.py, .vm, .scene, .tape); ``balance_chains``: a .vm program's
+    MIN / MAX chains rebuilt shallow (vm.load_vm)."""
     path = Path(path)
     if not path.exists():
         raise TaperayError(f"{path}: no such file")
@@ -45,7 +47,7 @@ def load_tape(path) -> Tape:
         return flatten(load_scene_module(path), source=str(path))
     if suffix == ".vm":
         from .vm import load_vm
-        return load_vm(path)
+        return load_vm(path, balance_chains=balance_chains)
     if suffix in (".scene", ".tape"):
         from .files import load_file
         obj = load_file(path)

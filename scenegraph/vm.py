@@ -149,19 +149,20 @@ def _read(path_or_text) -> tuple[str, str]:
     raise TypeError(f"load_vm takes a path or the program text, not {type(path_or_text).__name__}")
 
 
-def load_vm(path_or_text, max_regs: int = max(REG_CAPS)) -> Tape:
+def load_vm(path_or_text, max_regs: int = max(REG_CAPS), balance_chains: bool = False) -> Tape:
     """Import a Fidget ``.vm`` program as a validated register tape (result in register 0).
 
     ``path_or_text``: a path (``os.PathLike``, or a string without a newline), or the program text
     itself (a string with at least one newline). ``max_regs``: the register budget; when the program needs more,
     small subexpressions are recomputed at each use (more instructions, fewer registers) until it
-    fits, else ``VmImportError``.
+    fits, else ``VmImportError``. ``balance_chains``: MIN / MAX chains rebuilt shallow, for 2D
+    images and points on the GPU (``runtime.program``, step 2; the same values).
     """
     if not 1 <= max_regs <= max(REG_CAPS):
         raise TaperayError(f"max_regs must be in 1..{max(REG_CAPS)}, got {max_regs}")
     text, source = _read(path_or_text)
     prog, root = _parse(text, source)
     try:
-        return program_tape(prog, root, source, max_regs)
+        return program_tape(prog, root, source, max_regs, balance_chains=balance_chains)
     except TapeError as e:
         raise VmImportError(source, e.reason) from None

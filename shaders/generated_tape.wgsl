@@ -80,7 +80,7 @@ const INSTANCE_REACH_REL: f32 = 0.000244140625;
 const INSTANCE_REACH_POS: f32 = 6.103515625e-05;
 const WAVE_RECORDS: u32 = 8192u;
 const WAVE_SLOTS: u32 = 512u;
-const WAVE_WIDTH: u32 = 32u;
+const WAVE_WIDTH: u32 = 64u;
 const WAVE_LEAF: u32 = 0x80000000u;
 const WAVE_NONE: u32 = 0xffffffffu;
 

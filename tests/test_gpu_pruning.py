@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, image_cell_box, level_tile_counts,
-                                          march_cells, tile_levels, wave_schedule)
+from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, WAVE_MAX_TILES, image_cell_box, image_tiles,
+                                          level_tile_counts, march_cells, tile_levels, wave_schedule)
 from taperay.runtime.opcodes import Op
 from taperay.runtime.pruning import sign_image as cpu_sign_image
 from taperay.runtime.shading import RenderSettings
@@ -96,6 +96,16 @@ def prospero_96(walker_gpu):
     """prospero's unpruned GPU field image at 96^2 on the reference grid (~10 s on lavapipe)."""
     tape = load_vm(DATA / "prospero.vm")
     return tape, walker_gpu.field_image(tape, 96, 96, grid_rect(96))
+
+
+def test_image_tiles_keep_level_0_in_dependency_steps():
+    """image_tiles: level 0 as fine as WAVE_MAX_TILES tiles allow (from 32 px), quarters to 8 px."""
+    assert image_tiles(1024, 1024) == (32, 8) and image_tiles(4096, 4096) == (128, 32, 8)
+    assert image_tiles(1920, 1080) == (64, 16) and image_tiles(64, 48) == (32, 8)
+    for w, h in [(1, 1), (1024, 1025), (333, 7000), (8192, 8192)]:
+        tiles = image_tiles(w, h)
+        assert tile_levels(tiles) == tiles and level_tile_counts(tiles, w, h)[0] <= WAVE_MAX_TILES
+        assert tiles[0] == 32 or level_tile_counts((tiles[0] // 2,), w, h)[0] > WAVE_MAX_TILES
 
 
 @pytest.mark.parametrize("tiles", [48, (48, 12), (32, 8, 2), (40, 9, 4, 1)])
@@ -633,9 +643,10 @@ def _steps_and_serial(walker, run):
 @pytest.mark.parametrize("case", range(12))
 def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_new_kernels, case):
     """prune_wave's level 0 (and so every level after it) equals prune_tiles' serial walks': the
-    same classes, lengths, registers and records, for prospero and random tapes over every op,
+    same classes, lengths, registers and records, for prospero (its chains as written, and
+    balanced: full steps of WAVE_WIDTH records) and random tapes over every op,
     sign and field images, one to three levels, and image cells (folding constants)."""
-    tape = load_vm(DATA / "prospero.vm") if case < 4 else random_tape(case + 300)
+    tape = load_vm(DATA / "prospero.vm", balance_chains=case % 2 == 0) if case < 4 else random_tape(case + 300)
     assert wave_schedule(tape, wait=True) is not None
     rect = (-1.1, 0.9, -1.0, 1.05) if case < 4 else (-1.5, 1.4, -0.3, 1.6)
     tiles = [(24,), (24, 6), (32, 8, 2), 12][case % 4]

@@ -270,6 +270,43 @@ def test_scheduling_beats_a_breadth_first_file_order():
     np.testing.assert_array_equal(eval_tape(tape, pts), eval_ssa(text, pts))
 
 
+def _depth(tape) -> int:
+    """The longest chain of records, each reading the one before (the program's depth)."""
+    depth: dict[int, int] = {}
+    for op, dst, a, b, c, *_ in tape.as_columns().tolist():
+        reads = [depth.get(r, 0) for f, r in zip("abc", (a, b, c)) if f in OPS[Op(op)].reads]
+        depth[dst] = 1 + max(reads) if reads else 0
+    return depth[0]
+
+
+def test_balanced_chains_are_shallow_and_compute_the_same_image(cpu_walker):
+    """prospero.vm's union of 665 pieces is one MIN chain: depth 676 as written, and by default;
+    balanced (runs of CHAIN_GROUP) far shallower, with the same field, bit for bit."""
+    chain, balanced = load_vm(DATA / "prospero.vm"), load_vm(DATA / "prospero.vm", balance_chains=True)
+    assert _depth(chain) == 676 and _depth(balanced) < 200 and len(balanced) <= len(chain)
+    rect = (-1.0, 1.0, -1.0, 1.0)
+    np.testing.assert_array_equal(cpu_walker.field_image(chain, 160, 160, rect),
+                                  cpu_walker.field_image(balanced, 160, 160, rect))
+
+
+def test_balanced_chains_keep_shared_values_and_other_ops_apart():
+    """A chain of 300 MAX with an inner value read twice, inside a MIN chain: the shared value
+    stays, MIN and MAX are not merged, and every value is the program's."""
+    lines = ["x var-x", "y var-y"]
+    for i in range(300):
+        lines += [f"c{i} const {i * 0.01 - 1.5}", f"t{i} add c{i} y"]
+    lines += ["m0 max t0 t1"] + [f"m{i} max m{i - 1} t{i + 1}" for i in range(1, 299)]
+    lines += ["n0 min m150 x", "n1 min n0 m298", "out add n1 m150"]    # m150: read twice
+    text = "\n".join(lines) + "\n"
+    tape = load_vm(text, balance_chains=True)
+    assert _depth(tape) < 150
+    ops = [Op(int(o)) for o in tape.instrs["op"]]
+    assert ops.count(Op.MAX) == 299 and ops.count(Op.MIN) == 2      # the same ops, none merged across
+    pts = _points(2048, seed=3)
+    pts[::5, :2] = np.round(pts[::5, :2])                            # ties between operands
+    np.testing.assert_array_equal(eval_tape(tape, pts), eval_ssa(text, pts))
+
+
 def test_impossible_budget_is_reported():
     with pytest.raises(VmImportError, match="needs 2 registers.*budget is 1"):
         load_vm("x var-x\ny var-y\nout add x y\n", max_regs=1)

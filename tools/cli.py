@@ -94,9 +94,10 @@ def parse_size(text: str) -> tuple[int, int]:
     return w, h
 
 
-def load_scene(path: str, watch: Stopwatch):
+def load_scene(path: str, watch: Stopwatch, balance_chains: bool = False):
     """Load and flatten a scene source, timing ``load`` and ``flatten/validate`` separately where
-    the source has both stages (a Python scene); other sources are validated while loading."""
+    the source has both stages (a Python scene); other sources are validated while loading
+    (``balance_chains``: as load_tape's)."""
     from taperay.scenegraph import flatten
     from taperay.scenegraph.loading import load_scene_module, load_tape
     p = Path(path)
@@ -106,7 +107,7 @@ def load_scene(path: str, watch: Stopwatch):
         with watch.stage("flatten/validate"):
             return flatten(node, source=str(p))
     with watch.stage("load+validate"):
-        return load_tape(p)
+        return load_tape(p, balance_chains)
 
 
 def _output_path(path: str) -> Path:
@@ -192,13 +193,16 @@ def cmd_render(args) -> int:
     if args.two_d and args.view != "shade":
         raise UsageError("--2d draws the field image; it takes no --view")
     watch = Stopwatch()
-    tape = load_scene(args.scene, watch)
+    tape = load_scene(args.scene, watch, balance_chains=args.two_d)   # (2D: shallow chains prune faster)
     notes: list[str] = []
     with watch.stage("startup build"):
         walker = choose_walker(args.walker, log=notes.append)
 
     def frame(wk):
         if args.two_d:
+            if wk.name == "gpu":      # (tile levels for the balanced chains)
+                from taperay.runtime.gpu_pruning import image_tiles
+                return inside_to_rgb(wk.sign_image(tape, w, h, rect=grid_rect(w, h), tiles=image_tiles(w, h)))
             return inside_to_rgb(wk.sign_image(tape, w, h, rect=grid_rect(w, h)))
         from taperay.runtime.camera import auto_camera
         return wk.render(tape, auto_camera(tape.bounds), w, h, view=args.view)
