@@ -548,10 +548,12 @@ class PrunedPasses:
     def _tile_passes(self, tape: Tape, kernel: str, counts: list[int]) -> list[tuple]:
         """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells) over
         tile levels of ``counts`` tiles; level 0 by its prune_wave pipeline, a workgroup a tile,
-        when it has at most ``wave_max_tiles`` tiles and ``tape`` a schedule (wave_schedule,
-        then written after the records in the instrs buffer)."""
+        when it has at most ``wave_max_tiles`` tiles (prune_cells: besides the outside cell, so
+        32^2 image cells qualify) and ``tape`` a schedule (wave_schedule, then written after the
+        records in the instrs buffer)."""
         passes = [(kernel, c, level) for level, c in enumerate(counts)]
-        rows = wave_schedule(tape) if counts[0] <= self.wave_max_tiles else None
+        grid = counts[0] - (kernel == "prune_cells")
+        rows = wave_schedule(tape) if grid <= self.wave_max_tiles else None
         if rows is not None:
             self._tape_bufs["instrs"].sync(rows)
             passes[0] = (WAVE_KERNELS[kernel], counts[0], 0)

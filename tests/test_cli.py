@@ -95,6 +95,20 @@ def test_render_2d_prospero_matches_the_challenge_image(capsys, tmp_path):
     np.testing.assert_array_equal(got[:, :, 0], want)
 
 
+def test_render_2d_prospero_on_the_gpu_is_the_twins_image(capsys, tmp_path, walker_gpu):
+    """--2d on the GPU loads the program with balanced MIN chains and prunes with image_tiles'
+    levels: the twin's image (the program as written), pixel for pixel."""
+    path = os.path.join(os.path.dirname(__file__), "data", "prospero.vm")
+    images = []
+    for walker in ("cpu", "gpu"):
+        rc, out, err = run_cli(capsys, "render", path, "--2d", "--size", "192x160", "-o", tmp_path / f"{walker}.png",
+                               "--walker", walker)
+        assert rc == 0, err
+        images.append(np.asarray(Image.open(tmp_path / f"{walker}.png")))
+    assert 0.05 < (images[0] == 255).mean() < 0.5
+    np.testing.assert_array_equal(images[0], images[1])
+
+
 def test_eval_round_trip_matches_cpu_walker(capsys, scene_file, tmp_path):
     from taperay.runtime.cpu import CpuWalker
     pts = np.random.default_rng(1).uniform(-1.5, 1.5, (500, 3))   # float64 in: converted

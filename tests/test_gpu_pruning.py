@@ -667,6 +667,23 @@ def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_
     assert sum(len(words) for *_, words in steps) > 0
 
 
+def test_the_outside_cell_does_not_count_against_the_steps_tile_limit(walker_gpu, no_new_kernels):
+    """32^2 image cells are 1,025 with the outside cell: level 0 takes the steps as 1,024 tiles
+    would; 1,025 tiles do not."""
+    tape = load_vm(DATA / "sphere.vm")
+    assert wave_schedule(tape, wait=True) is not None
+    walker_gpu.upload(tape)
+    most = walker_gpu.wave_max_tiles
+    walker_gpu.wave_max_tiles = 1024
+    try:
+        assert walker_gpu._tile_passes(tape, "prune_cells", [1025, 16400])[0][0] == "prune_wave_cells"
+        assert walker_gpu._tile_passes(tape, "prune_cells", [1026])[0][0] == "prune_cells"
+        assert walker_gpu._tile_passes(tape, "prune_tiles", [1025])[0][0] == "prune_tiles"
+        assert walker_gpu._tile_passes(tape, "prune_tiles", [1024])[0][0] == "prune_wave"
+    finally:
+        walker_gpu.wave_max_tiles = most
+
+
 def test_tapes_the_steps_cannot_hold_are_pruned_by_the_serial_walks(walker_gpu, no_new_kernels):
     """A tape keeping more than WAVE_SLOTS values alive at once has no schedule: level 0 is the
     serial walks', the image exact. Here: 1,024 values of a chain v <- v + c, one step after

@@ -66,7 +66,7 @@ from .bench import BenchResult, _progress, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
 HARDWARE = {"sizes": (1024, 4096), "tiles": ((32,), (32, 8), (64, 16, 4), (128, 32, 8), (128, 32, 8, 2)),
-            "image_cells": ((16, 3), (16, 2), (32, 3), (8, 4)), "points": 1 << 20,
+            "image_cells": ((16, 3), (16, 2), (32, 2), (32, 3), (8, 4)), "points": 1 << 20,
             "cells": ((1024, 1), (256, 2), (1024, 2)),
             "frame": (1920, 1080), "march_cells": ((8, 1), (4, 2), (8, 2), (4, 3))}
 SOFTWARE = {"sizes": (128,), "tiles": ((32,), (32, 8), (64, 16, 4)), "image_cells": ((4, 2),), "points": 1 << 12,
