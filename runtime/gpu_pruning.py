@@ -49,7 +49,7 @@ def image_tiles(width: int, height: int) -> tuple[int, ...]:
     1.18 with PRUNE_TILES; (128, 32, 8) at 4096^2, 1.79 against 5.02. A tape as written (chains)
     does better with PRUNE_TILES at 1024^2: its level 0 takes a step per link of its chain."""
     size = 32
-    while -(-width // size) * -(-height // size) > WAVE_MAX_TILES:
+    while level_tile_counts((size,), width, height)[0] > WAVE_MAX_TILES:
         size *= 2
     levels = [size]
     while levels[-1] // 4 >= 8 and len(levels) < MAX_TILE_LEVELS:

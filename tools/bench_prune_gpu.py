@@ -318,8 +318,8 @@ def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
 
 def _frame_rows(walker, prospero, plan, opts, notes) -> list[dict]:
     """3D frames (render, shade view, auto camera) of prospero (a 2D program: an extruded slab of
-    text; its chains as written, as every 3D program's) and spheres_program(SPHERES), on the pruned cell tapes for each (g0, levels) of
-    plan["march_cells"] and unpruned."""
+    text; its chains as written, as every 3D program's) and spheres_program(SPHERES), on the
+    pruned cell tapes for each (g0, levels) of plan["march_cells"] and unpruned."""
     from taperay.scenegraph.vm import load_vm
 
     from .bench_prune import spheres_program
