@@ -951,8 +951,9 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // for prospero's 7,591 records on the H200, on the latency of one record after another. Level 0's
 // source tape is the same for every tile, so the host (gpu_pruning.wave_schedule) orders its live
 // records into dependency steps of at most WAVE_WIDTH records (each as late as its readers allow:
-// prospero's 676 steps hold at most 23 records each and keep at most 160 values alive) and gives
-// every value a slot of workgroup memory. One workgroup prunes one tile: invocation j runs record j
+// prospero's 676 steps as written hold at most 23 records each and keep at most 166 values alive;
+// with its MIN chain balanced, runtime/program.py, 132 steps of up to 64) and gives every value a
+// slot of workgroup memory. One workgroup prunes one tile: invocation j runs record j
 // of each step, step after step, with the next step's entry fetched while it works on this one's
 // (nothing in an entry depends on the values). The results are prune_tiles' (the same intervals,
 // choices, folds, liveness and records, in the full tape's order), bit for bit.

@@ -97,3 +97,12 @@ def test_packed_records_leave_the_immediate_flags_free():
     flags = [int(re.search(rf"const {n}: u32 = 0x([0-9a-f]+)u;", text)[1], 16) for n in ("IMM_A", "IMM_B")]
     assert mask | flags[0] | flags[1] == 0xff and mask & (flags[0] | flags[1]) == 0 and flags[0] != flags[1]
     assert max(int(op) for op, spec in OPS.items() if spec.family == Family.ARITH) <= mask
+
+
+def test_every_record_of_a_step_has_an_invocation():
+    """prune_wave runs record j of a dependency step on invocation j of its workgroup: WAVE_WIDTH
+    is at most the workgroup size, on which runtime.gpu and bindings.wgsl agree."""
+    from taperay.runtime.gpu import WG
+    from taperay.runtime.opcodes import WAVE_WIDTH
+    assert f"const WG: u32 = {WG}u;" in (SHADERS / "bindings.wgsl").read_text()
+    assert 0 < WAVE_WIDTH <= WG
