@@ -852,12 +852,12 @@ def _scratch_row(regs, dst, a, b, c):
 
 
 @njit(forceinline=True, **_JIT)
-def _row_back(regs, mats, out, dst, n):
-    """Copy a record's result from the scratch row ``out`` to its register ``dst``."""
+def _row_back(rows, out, dst, n):
+    """Copy a record's result from the scratch row ``out`` to its register ``dst`` (values, or
+    material ids)."""
     if out != dst:
         for j in range(n):
-            regs[dst, j] = regs[out, j]
-            mats[dst, j] = mats[out, j]
+            rows[dst, j] = rows[out, j]
 
 
 @njit(**_JIT)
@@ -924,7 +924,8 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                     for j in range(n):
                         mats[out, j] = mats[a, j]
                 _arith_block(op, regs, out, a, b, c, n)
-                _row_back(regs, mats, out, dst, n)
+                _row_back(regs, out, dst, n)
+                _row_back(mats, out, dst, n)
         elif op < PUSH:                                               # ---- shapes
             for j in range(n):
                 mats[dst, j] = aux
@@ -1059,7 +1060,8 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                         mats[out, j] = ma
                     h = max(k - abs(x - y), F0) / k
                     regs[out, j] = sg * (_fmin(x, y) - h * h * k * FQ)
-            _row_back(regs, mats, out, dst, n)
+            _row_back(regs, out, dst, n)
+            _row_back(mats, out, dst, n)
         elif op <= INSTANCES:                                         # ---- patterns
             if op == REPEAT_END:
                 L = lsp - 1
@@ -1531,30 +1533,34 @@ def _walk_nodes(tape: Tape) -> tuple[np.ndarray, np.ndarray]:
     words at 3 and 7 as in the tape. The centres and half sizes are the float32 operations the
     walk used to do at every node it visited (the GPU's, bit for bit). Kept on the tape while it
     holds the same frozen BVH array (a copy of it: 64 MB for 2,000,000 nodes), as content_key is."""
-    memo = tape.__dict__.get("_walk_nodes")
-    if memo is not None and memo[0] is tape.bvh and not tape.bvh.flags.writeable:
-        return memo[1], memo[2]
-    nodes = np.ascontiguousarray(tape.bvh).view(np.float32).reshape(-1, 8)
-    walk = nodes.copy()
-    lo, hi = nodes[:, 0:3], nodes[:, 4:7]
-    with np.errstate(over="ignore", invalid="ignore"):    # (inf / NaN where the walk made them)
-        walk[:, 0:3] = (lo + hi) * FH
-        walk[:, 4:7] = (hi - lo) * FH
-    walk.flags.writeable = False
-    tape.__dict__["_walk_nodes"] = (tape.bvh, walk, walk.view(np.int32))
-    return walk, walk.view(np.int32)
+    def make():
+        nodes = np.ascontiguousarray(tape.bvh).view(np.float32).reshape(-1, 8)
+        walk = nodes.copy()
+        lo, hi = nodes[:, 0:3], nodes[:, 4:7]
+        with np.errstate(over="ignore", invalid="ignore"):    # (inf / NaN where the walk made them)
+            walk[:, 0:3] = (lo + hi) * FH
+            walk[:, 4:7] = (hi - lo) * FH
+        walk.flags.writeable = False
+        return walk, walk.view(np.int32)
+    return _kept(tape, "_walk_nodes", tape.bvh, make)
 
 
 def _split_culls(tape: Tape, cols: np.ndarray) -> tuple:
     """_cull_saves' (index, saves, width) of the tape's records, kept on the tape while it holds
     the same frozen records (the liveness behind them is a pass over every record and register:
     once per tape, not once per call), as _walk_nodes keeps the BVH's."""
-    memo = tape.__dict__.get("_split_culls")
-    if memo is not None and memo[0] is tape.instrs and not tape.instrs.flags.writeable:
+    return _kept(tape, "_split_culls", tape.instrs, lambda: _cull_saves(cols, tape.n_regs, _READS, _WRITES))
+
+
+def _kept(tape: Tape, name: str, source: np.ndarray, make):
+    """``make()``, kept on the tape under ``name`` while the tape holds the same frozen ``source``
+    array (a writable one may change in place: made again at every call)."""
+    memo = tape.__dict__.get(name)
+    if memo is not None and memo[0] is source and not source.flags.writeable:
         return memo[1]
-    saves = _cull_saves(cols, tape.n_regs, _READS, _WRITES)
-    tape.__dict__["_split_culls"] = (tape.instrs, saves)
-    return saves
+    value = make()
+    tape.__dict__[name] = (source, value)
+    return value
 
 
 def _kernel_tape(tape: Tape):

@@ -236,14 +236,16 @@ def program_tape(prog: Program, root: int, source: str, max_regs: int = max(REG_
     amount of recomputing. ``reorder`` False tries the definition order only (for programs built
     in a good order, as the lowering's)."""
     order = _live_order(prog, root)
-    variants = [(prog, order, (order, _depth_first_order(prog, order)) if reorder else (order,))]
-    if balance_chains:
+    programs = [(prog, order)]
+    if balance_chains:                         # (balanced chains first; they may need more registers)
         balanced, b_root = _balance_chains(prog, order, CHAIN_GROUP)
-        b_order = _live_order(balanced, b_root)
-        variants.insert(0, (balanced, b_order, (b_order, _depth_first_order(balanced, b_order))))
+        programs.insert(0, (balanced, _live_order(balanced, b_root)))
+    orders: dict[int, tuple] = {}              # each program's orders, made when it is first tried
     for max_tree in _RECOMPUTE_TREE_SIZES:
-        for p, order, orders in variants:     # (balanced chains first; they may need more registers)
-            plans = [(seq, *_allocate(seq)) for seq in (_schedule(p, o, max_tree) for o in orders)]
+        for k, (p, live) in enumerate(programs):
+            if k not in orders:
+                orders[k] = (live, _depth_first_order(p, live)) if reorder else (live,)
+            plans = [(seq, *_allocate(seq)) for seq in (_schedule(p, o, max_tree) for o in orders[k])]
             seq, dst, n_regs = min(plans, key=lambda q: (q[2], len(q[0])))
             if n_regs <= max_regs:
                 tape = _emit(p, seq, dst, n_regs, source, materials)

@@ -59,7 +59,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu import CpuWalker, _arith_block, _rem32, _round, _scratch_row
+from .cpu import CpuWalker, _arith_block, _rem32, _round, _row_back, _scratch_row
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
 from .tape import CellsTooLarge, Tape, TaperayError, content_key, point_array, validate
@@ -555,9 +555,7 @@ def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
             a, b, c = code[i, 2], code[i, 3], code[i, 4]
             t = _scratch_row(regs, d, a, b, c)
             _arith_block(op, regs, t, a, b, c, n)
-            if t != d:
-                for j in range(n):
-                    regs[d, j] = regs[t, j]
+            _row_back(regs, t, d, n)
     for j in range(n):
         out[j] = regs[0, j]
 
