@@ -1308,7 +1308,8 @@ class _CellTapes:
         """Empty-space skipping, the GPU's rule (packed.wgsl cell_find): for the tracing steps of
         the rays ``live`` (o + t d, ``o`` one row for every ray or a row per ray) at ``pts``
         ((len(live), 3) float32), the t a ray may move on to without a field value: the furthest,
-        over the cells of every level on the point's way down whose box holds it and whose
+        over the cells of every level on the point's way down (an index one past the grid's
+        faces names the boundary cell) whose box holds it and whose
         interval's lower bound L is at least ``eps`` (no point of the box is a hit), of
         max(t + L ``scale``, the t where the ray leaves the box); -1 where no cell proves it."""
         out = np.empty(len(live), np.float32)
@@ -1342,8 +1343,12 @@ def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_h
         fx = np.floor((pts[q, 0] - lo[0]) / cell[0])
         fy = np.floor((pts[q, 1] - lo[1]) / cell[1])
         fz = np.floor((pts[q, 2] - lo[2]) / cell[2])
-        if fx >= 0 and fx < fine and fy >= 0 and fy < fine and fz >= 0 and fz < fine:
-            ix, iy, iz = np.int64(fx), np.int64(fy), np.int64(fz)
+        if fx >= -1 and fx <= fine and fy >= -1 and fy <= fine and fz >= -1 and fz <= fine:
+            # (a point within rounding of the grid's faces has index -1 or fine: it is looked up
+            # in the boundary cell, whose grown box decides, as on either side of inner faces)
+            ix = np.int64(min(max(fx, 0), fine - 1))
+            iy = np.int64(min(max(fy, 0), fine - 1))
+            iz = np.int64(min(max(fz, 0), fine - 1))
             c = (ix >> shift) + grid * ((iy >> shift) + grid * (iz >> shift))
             for m in range(levels):
                 if m == 1:

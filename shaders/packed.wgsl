@@ -166,7 +166,9 @@ fn march_cells() -> MarchCells {
 
 // p's cell: the finest cell whose box holds p, or the outside cell where p lies in no grid cell's
 // box (outside the grid, NaN, or moved out of the cell its index names by the rounding of that
-// index) (flat cells: p.z is the plane's, so i.z is 0); its header is at g.base + HEADER_WORDS *
+// index; an index one past the grid's faces names the boundary cell, whose box is grown by a
+// rounding margin, so that a ray's entry on the grid's face finds its cell however the entry's t
+// is rounded) (flat cells: p.z is the plane's, so i.z is 0); its header is at g.base + HEADER_WORDS *
 // tile, its box (the outside cell's NaN) at word 4 + 6 * tile of points. With `skip` (a tracing
 // step of the ray o + t d, p = o + t d; empty-space skipping, the setting SET_CELL_SKIP): a cell
 // of any level on p's way down whose header's lower bound is at least the hit threshold and
@@ -208,8 +210,9 @@ fn cell_find(g: MarchCells, p: vec3<f32>, skip: bool, o: vec3<f32>, d: vec3<f32>
     let shift = 2u * (g.levels - 1u);
     let f = floor((p - g.lo) / g.size);
     let top = f32(g.g0 << shift);
-    if (all(f >= vec3<f32>(0.0)) && all(f < vec3<f32>(top, top, select(top, 1.0, g.flat)))) {
-        let i = vec3<u32>(f);
+    let far = vec3<f32>(top, top, select(top, 1.0, g.flat));
+    if (all(f >= vec3<f32>(-1.0)) && all(f <= far)) {   // (NaN: outside)
+        let i = vec3<u32>(clamp(f, vec3<f32>(0.0), far - 1.0));
         var c = ((i.z >> shift) * g.g0 + (i.y >> shift)) * g.g0 + (i.x >> shift);
         var first = 0u;                     // the index of level m's first cell over all levels
         var count = n0;
