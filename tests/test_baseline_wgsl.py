@@ -118,7 +118,12 @@ def three_primitives():
 @pytest.mark.gpu
 def test_written_out_frames_equal_the_interpreters(walker_gpu):
     """Every view at 48x27: the written-out kernels are the walker's kernels around a scene function
-    that computes the interpreter's float32 values exactly, so the frames are equal byte for byte."""
+    of the interpreter's float32 operations in its order, so where the driver keeps each operation
+    as written (Mesa's lavapipe) the frames are equal byte for byte. A driver may fuse a written-out
+    multiply and add into one rounding (WGSL has no way to forbid it; the interpreter's values pass
+    through its register array, so they are not fused): on the H200 the gradient view's colours
+    differed by one level in 11 of 1,296 pixels. There, colours within one level on at most 2 % of
+    the pixels."""
     from taperay.runtime.shading import VIEWS
     from taperay.tools.bench_baseline import WRITTEN_OUT_KERNELS, BaselineKernel
     tape = flatten(three_primitives(), source="three primitives")
@@ -128,7 +133,12 @@ def test_written_out_frames_equal_the_interpreters(walker_gpu):
     assert 0.1 < hits.mean() < 0.9
     for view in VIEWS:
         want = walker_gpu.render(tape, None, 48, 27, view=view)
-        np.testing.assert_array_equal(kernel.render(None, 48, 27, view), want, err_msg=view)
+        got = kernel.render(None, 48, 27, view)
+        if walker_gpu.info["software"]:
+            np.testing.assert_array_equal(got, want, err_msg=view)
+        else:
+            assert np.abs(got.astype(int) - want).max() <= 1, view
+            assert np.any(got != want, axis=-1).mean() <= 0.02, view
     assert walker_gpu.kernels.pipeline("march", kernel.variant) is interpreter_march   # put back
 
 

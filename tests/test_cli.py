@@ -206,10 +206,14 @@ def test_bench_gpu_compares_interpreter_with_written_out_code(capsys, walker_gpu
         frame_views = [k[:-len(" written-out frame ms")] for k in row if k.endswith(" written-out frame ms")]
         assert frame_views and all(f"{v} frame ms" in row and f"{v} frame ratio" in row for v in frame_views)
         # the written-out code computes the tape's values exactly; the lowered scene (on cells)
-        # differs from them by float32 rounding: a silhouette pixel at most here and there
+        # differs from them by float32 rounding: a silhouette pixel at most here and there; with
+        # empty-space skipping, hits move within hit_eps (compared in every view but steps: on the
+        # H200, 0.2-0.4 % of 1920x1080 pixels; without skipping 0.003 %, with it 23 % of steps)
         assert row["frame px differing (unpruned)"] == 0 and row["written-out frame compile s"] > 0
         w, h = map(int, doc["settings"]["frame"].split("x"))
         assert row["frame px differing (cells)"] <= 0.01 * len(frame_views) * w * h
+        skipped_views = len([v for v in frame_views if v != "steps"])
+        assert row["frame px differing (cells, cell skip)"] <= 0.01 * skipped_views * w * h
     assert (tmp_path / "gpu.md").is_file() and (tmp_path / "gpu.png").is_file()
 
 

@@ -1,7 +1,7 @@
 """Edge cases found by `taperay conform --random 2000`, graded on every walker against the twin."""
 import numpy as np
 
-from taperay.runtime.conformance import random_tape
+from taperay.runtime.conformance import random_tape, scene_tolerance, within_tolerance
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Op, Tape
 
 
@@ -19,10 +19,14 @@ def test_atan2_of_signed_zeros_matches_the_twin(walkers_all, walker_cpu):
 
 def test_polar_pattern_at_its_axis_picks_the_twins_sectors(walkers_all, walker_cpu):
     # random scene #1100 of seed 0: an ELONGATE maps the point onto the polar axis, where the
-    # sector angle is atan2(0, 0); the body's value depends on INSTANCE_INDEX
+    # sector angle is atan2(0, 0); the body's value depends on INSTANCE_INDEX. The body's own
+    # float32 arithmetic may round otherwise on a GPU (2 ulp on the H200), so the value is graded
+    # as conformance grades the scene; another sector's instance is another value.
     tape = random_tape(np.random.default_rng([0, 1100]))
     pts = np.array([[0.17702772, -0.13378888, 0.11711745]], np.float32)
-    assert walkers_all.evaluate(tape, pts)[0] == walker_cpu.evaluate(tape, pts)[0]
+    got, want = walkers_all.evaluate(tape, pts), walker_cpu.evaluate(tape, pts)
+    assert within_tolerance(want[0], got[0], scene_tolerance(tape), 1.0).all(), (got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_sign_image_is_the_field_below_zero_on_every_walker(walkers_all):

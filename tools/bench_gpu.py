@@ -56,7 +56,8 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
     second render on: lowered and the cells built by the warm-up calls, and kept), render's
     unpruned frame ms (cells=None, the tape's own records with its cull boxes) and the
     written-out frame ms; the lowering's host ms, the GPU ms of building the cells, and of one
-    shade frame on them, unpruned and written out."""
+    shade frame on them, unpruned and written out; the pixels whose colour differs from the
+    written-out frame's (bench_gpu's notes)."""
     from taperay.runtime.lowering import lower
     from taperay.runtime.shading import RenderSettings
 
@@ -65,21 +66,28 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
     lowered = lower(tape)
     out = {"lowered records": len(lowered), "lowering ms": (time.perf_counter() - started) * 1e3}
     written = BaselineKernel(walker, tape, kernels=FRAME_KERNELS)
-    differing = {"cells": 0, "unpruned": 0}
+    no_skip = RenderSettings(cell_skip=False)
+    differing = {"cells": 0, "unpruned": 0, "cells, cell skip": 0}
     for view in views:
         renders = {"cells": lambda v=view: walker.render(tape, None, *frame_size, view=v),
                    "unpruned": lambda v=view: walker.render(tape, None, *frame_size, view=v, cells=None),
                    "written": lambda v=view: written.render(None, *frame_size, v)}
         renders["cells"]()     # (the first render of a tape's content is on its own records: see render)
         ms = {k: summarize(time_calls(f, repeat))["median_ms"] for k, f in renders.items()}
+        # the colour differences: on cells without skipping (the written-out code's march: the
+        # lowering's rounding alone), unpruned, and on cells with skipping (render's default, which
+        # moves hits within hit_eps; its steps view counts other steps by design, so not compared)
+        compared = {"cells": lambda v=view: walker.render(tape, None, *frame_size, view=v, settings=no_skip),
+                    "unpruned": renders["unpruned"]}
+        if view != "steps":
+            compared["cells, cell skip"] = renders["cells"]
         out.update({f"{view} frame ms": ms["cells"], f"{view} unpruned frame ms": ms["unpruned"],
                     f"{view} written-out frame ms": ms["written"], f"{view} frame ratio": ms["cells"] / ms["written"],
                     f"{view} unpruned ratio": ms["unpruned"] / ms["written"]})
         image = renders["written"]()
-        for k in differing:
-            differing[k] += int(np.any(renders[k]() != image, axis=-1).sum())
+        for k, render in compared.items():
+            differing[k] += int(np.any(render() != image, axis=-1).sum())
     gpu_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade")
-    no_skip = RenderSettings(cell_skip=False)
     no_skip_s = {v: walker.gpu_seconds_frame(tape, None, *frame_size, view=v, settings=no_skip)["frame"]
                  for v in ("shade", "normals")}
     normals_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="normals")
@@ -95,7 +103,8 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
                 "written-out frame compile s": written.compile_seconds,
                 "frame first dispatch s": written.first_dispatch_seconds,
                 "frame px differing (cells)": differing["cells"],
-                "frame px differing (unpruned)": differing["unpruned"]})
+                "frame px differing (unpruned)": differing["unpruned"],
+                "frame px differing (cells, cell skip)": differing["cells, cell skip"]})
     return out
 
 
@@ -119,7 +128,10 @@ def bench_gpu(opts) -> BenchResult:
              "and marched on pruned cells, kept between frames) / written-out frame ms (issue 3 asks for "
              "<= 1.5 up to 1,000 leaves); 'unpruned ratio' the same for render(cells=None), the tape's own "
              "records; 'frame px differing' = pixels whose colour differs from the written-out render, "
-             "over all views"]
+             "over all views: (cells) on cells without empty-space skipping (the written-out code's "
+             "march, so the lowering's rounding alone), (unpruned) render(cells=None), (cells, cell skip) "
+             "render's default, which moves hits within hit_eps (every view but steps, whose step counts "
+             "differ by design)"]
     sizes, n = HARDWARE_SIZES, opts.n
     frame_size, views = FRAME_SIZE, FRAME_VIEWS
     if info["software"]:
