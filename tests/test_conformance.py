@@ -106,3 +106,21 @@ def test_gpu_conforms_on_the_reference_scene(walker_gpu):
     report = C.conform_tape(C.reference_tape(), n_points=96, image=(20, 15), graded={"gpu": walker_gpu})
     assert report.passed, report.failures()
     assert report.scenes[0].hit_mismatch <= C.HIT_MASK_MAX
+
+
+def test_a_grazing_ray_is_told_from_hits_and_misses(walker_cpu):
+    """Random scene #480 (seed 0): the ray of pixel (6, 9) of the 24 x 18 conformance march passes
+    within 0.89 hit_eps of the surface between the twin's samples (a miss on the twin; a hit on the
+    H200, whose samples round otherwise): grazing. A pixel inside the silhouette and one of
+    background far from it are not; so a walker flipping them fails (the skewed walker above)."""
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.shading import RenderSettings
+    tape = C.random_tape(np.random.default_rng([0, 480]))
+    cam, settings = auto_camera(tape.bounds), RenderSettings()
+    m = walker_cpu.march(tape, cam, 24, 18, settings)
+    assert not m["hit"][6, 9]
+    hit_px = tuple(np.argwhere(m["hit"])[len(np.argwhere(m["hit"])) // 2])
+    miss_px = (0, 0)
+    assert m["hit"][hit_px] and not m["hit"][miss_px]
+    band = C.scene_tolerance(tape).abs_rel * 2.0
+    assert C.grazing_pixels(tape, cam, 24, 18, settings, [(6, 9), hit_px, miss_px], band).tolist() == [True, False, False]
