@@ -545,15 +545,14 @@ class PrunedPasses:
     - ``_ensure_context`` and ``_lost``, which ``_guarded`` calls.
     """
 
-    def _tile_passes(self, tape: Tape, kernel: str, counts: list[int]) -> list[tuple]:
+    def _tile_passes(self, tape: Tape, kernel: str, counts: list[int], outside: int = 0) -> list[tuple]:
         """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells) over
         tile levels of ``counts`` tiles; level 0 by its prune_wave pipeline, a workgroup a tile,
-        when it has at most ``wave_max_tiles`` tiles (prune_cells: besides the outside cell, so
-        32^2 image cells qualify) and ``tape`` a schedule (wave_schedule, then written after the
-        records in the instrs buffer)."""
+        when it has at most ``wave_max_tiles`` tiles besides its ``outside`` ones (prune_cells'
+        outside cell: so 32^2 image cells qualify) and ``tape`` a schedule (wave_schedule, then
+        written after the records in the instrs buffer)."""
         passes = [(kernel, c, level) for level, c in enumerate(counts)]
-        grid = counts[0] - (kernel == "prune_cells")
-        rows = wave_schedule(tape) if grid <= self.wave_max_tiles else None
+        rows = wave_schedule(tape) if counts[0] - outside <= self.wave_max_tiles else None
         if rows is not None:
             self._tape_bufs["instrs"].sync(rows)
             passes[0] = (WAVE_KERNELS[kernel], counts[0], 0)
@@ -934,7 +933,7 @@ class PrunedPasses:
         camera[:levels] = counts
         u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
         u[22] = base                        # U.camera[1].z: the headers' first word
-        passes = self._tile_passes(tape, "prune_cells", counts)
+        passes = self._tile_passes(tape, "prune_cells", counts, outside=1)
         while True:
             guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
             arena = min(self._cell_arena_words or guess, limit - base - header - tail)

@@ -667,21 +667,22 @@ def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_
     assert sum(len(words) for *_, words in steps) > 0
 
 
-def test_the_outside_cell_does_not_count_against_the_steps_tile_limit(walker_gpu, no_new_kernels):
+def test_the_outside_cell_does_not_count_against_the_steps_tile_limit(walker_gpu, no_new_kernels, monkeypatch):
     """32^2 image cells are 1,025 with the outside cell: level 0 takes the steps as 1,024 tiles
-    would; 1,025 tiles do not."""
+    would (the image's own passes, as sign_image makes them); 1,025 tiles do not."""
     tape = load_vm(DATA / "sphere.vm")
     assert wave_schedule(tape, wait=True) is not None
+    monkeypatch.setattr(walker_gpu, "wave_max_tiles", 1024)
+    made = []
+    real = walker_gpu._tile_passes
+    monkeypatch.setattr(walker_gpu, "_tile_passes", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    walker_gpu.drop_kept_cells()
+    walker_gpu.sign_image(tape, 64, 64, cells=(32, 2))
+    assert [p[0][0] for p in made] == ["prune_wave_cells"]
     walker_gpu.upload(tape)
-    most = walker_gpu.wave_max_tiles
-    walker_gpu.wave_max_tiles = 1024
-    try:
-        assert walker_gpu._tile_passes(tape, "prune_cells", [1025, 16400])[0][0] == "prune_wave_cells"
-        assert walker_gpu._tile_passes(tape, "prune_cells", [1026])[0][0] == "prune_cells"
-        assert walker_gpu._tile_passes(tape, "prune_tiles", [1025])[0][0] == "prune_tiles"
-        assert walker_gpu._tile_passes(tape, "prune_tiles", [1024])[0][0] == "prune_wave"
-    finally:
-        walker_gpu.wave_max_tiles = most
+    assert real(tape, "prune_cells", [1026], outside=1)[0][0] == "prune_cells"
+    assert real(tape, "prune_tiles", [1025])[0][0] == "prune_tiles"
+    assert real(tape, "prune_tiles", [1024])[0][0] == "prune_wave"
 
 
 def test_tapes_the_steps_cannot_hold_are_pruned_by_the_serial_walks(walker_gpu, no_new_kernels):
