@@ -436,13 +436,14 @@ def grazing_pixels(tape: Tape, cam, width: int, height: int, settings, pixels, b
     eye = np.asarray(eye, np.float32)
     dirs = np.asarray(dirs, np.float32).reshape(height, width, 3)
     spacing = GRAZING_SPACING * eps
+    cpu = CpuWalker()
     out = np.zeros(len(pixels), bool)
     for k, (r, c) in enumerate(np.asarray(pixels).reshape(-1, 2)):
         t0, t1 = _slab(eye, dirs[r, c], box)
         if not t0 <= t1:
             continue
         t = np.linspace(t0, t1, int(np.ceil((t1 - t0) / spacing)) + 2).astype(np.float32)
-        least = float(np.nanmin(CpuWalker().evaluate(tape, eye + t[:, None] * dirs[r, c])[0]))
+        least = float(np.nanmin(cpu.evaluate(tape, eye + t[:, None] * dirs[r, c])[0]))
         out[k] = -band - spacing <= least <= eps + band
     return out
 
