@@ -1272,9 +1272,10 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks, thread, n_threa
 
 
 @njit(**_JIT)
-def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, soft_k,
+def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, cone, max_steps, step_scale, soft_k,
            steps, hit, mat, res, idx, rhint):
-    """Sphere-trace n rays from t to tfar: hit when f < eps. soft_k > 0 also tracks the penumbra
+    """Sphere-trace n rays from t to tfar: hit when f < eps, or with cone > 0 when f <
+    max(eps, cone t) (RenderSettings.hit_cone). soft_k > 0 also tracks the penumbra
     res = min(1, k * f / t) (iq's soft shadow). rhint (2, n): each ray's INSTANCES walk hint
     (_workspace), carried from step to step, read at the start and left as the last step's."""
     pin, out_d, out_m, hint = ws[WS_PIN], ws[WS_OUT_D], ws[WS_OUT_M], ws[WS_HINT]
@@ -1300,7 +1301,10 @@ def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, sof
             rhint[0, i], rhint[1, i] = hint[0, q], hint[1, q]
             d = out_d[q]
             steps[i] += 1
-            if d < eps:
+            thr = eps
+            if cone > F0:
+                thr = max(eps, cone * t[i])
+            if d < thr:
                 hit[i] = True
                 mat[i] = out_m[q]
                 res[i] = F0
@@ -1381,7 +1385,7 @@ def _tile_setup(tile, dirs, n_regs, n_save):
 
 
 @njit(nogil=True, **_JIT)
-def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_scale, out_t, out_hit,
+def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, cone, neps, max_steps, step_scale, out_t, out_hit,
                   out_steps, out_mat, out_grad, out_normal, thread, n_threads):
     """Thread ``thread``'s tiles (every n_threads-th, row-major) of the march."""
     n_save = tp[7]
@@ -1399,7 +1403,7 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, neps, max_steps, step_sc
                 t[n], tfar[n] = t0, t1
                 pix[0, n], pix[1, n] = row, col
                 n += 1
-        _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, max_steps, step_scale, F0,
+        _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, cone, max_steps, step_scale, F0,
                steps, hit, mat, res, idx, rhint)
         m = np.int64(0)
         for i in range(n):
@@ -1473,7 +1477,7 @@ def _light_kernel(tp, n_regs, sec, eye, dirs, box, eps, shadow_steps, step_scale
                 o[0], o[1], o[2] = ro[0, i], ro[1, i], ro[2, i]
                 t[i] = F0
                 tfar[i] = _slab(o, key_dir, box)[1]
-            _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, shadow_steps, step_scale,
+            _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, F0, shadow_steps, step_scale,
                    soft_k if shadow_mode == 2 else F0, steps, hit, mat, res, idx, rhint)
             for i in range(n):
                 out_shadow[pix[0, i], pix[1, i]] = F0 if hit[i] else max(min(res[i], F1), F0)
@@ -1626,7 +1630,7 @@ class CpuWalker:
                    steps=np.empty((height, width), np.int32), mat=np.empty((height, width), np.uint32),
                    grad=np.empty((height, width, 3), np.float32), normal=np.empty((height, width, 3), np.float32))
         _on_threads(_march_kernel, tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
-                    _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
+                    _packed(packed, "hit_cone"), _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
                     _packed(packed, "step_scale"), out["t"], out["hit"], out["steps"], out["mat"], out["grad"],
                     out["normal"])
         out["dirs"], out["eye"] = dirs, eye

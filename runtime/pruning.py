@@ -1304,18 +1304,20 @@ class _CellTapes:
         self.tape_of = np.append(table, len(lengths) - 1).astype(np.int64)
 
     def skip_to(self, o: np.ndarray, d: np.ndarray, t: np.ndarray, live: np.ndarray, pts: np.ndarray, eps,
-                scale) -> np.ndarray:
+                scale, cone=0.0) -> np.ndarray:
         """Empty-space skipping, the GPU's rule (packed.wgsl cell_find): for the tracing steps of
         the rays ``live`` (o + t d, ``o`` one row for every ray or a row per ray) at ``pts``
         ((len(live), 3) float32), the t a ray may move on to without a field value: the furthest,
         over the cells of every level on the point's way down (an index one past the grid's
         faces names the boundary cell) whose box holds it and whose
         interval's lower bound L is at least ``eps`` (no point of the box is a hit), of
-        max(t + L ``scale``, the t where the ray leaves the box); -1 where no cell proves it."""
+        T = max(t + L ``scale``, the t where the ray leaves the box), where L is also at least the
+        hit threshold at T (``cone`` > 0: max(eps, cone T), RenderSettings.hit_cone); -1 where no
+        cell proves it."""
         out = np.empty(len(live), np.float32)
         if len(live):
             _skip_kernel(o, d, t, live, pts, self.lo, self.cell, self.fine, self.grid, self.levels, self.skip_lo,
-                         self.skip_hi, self.skip_lower, np.float32(eps), np.float32(scale), out)
+                         self.skip_hi, self.skip_lower, np.float32(eps), np.float32(scale), np.float32(cone), out)
         return out
 
     def evaluate(self, pts: np.ndarray) -> np.ndarray:
@@ -1329,7 +1331,7 @@ class _CellTapes:
 
 
 @njit(**_JIT)
-def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_hi, lower, eps, scale, out):
+def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_hi, lower, eps, scale, cone, out):
     """_CellTapes.skip_to for every point: out[q] for the step of ray live[q] at pts[q]; the
     boxes and lower bounds of level 0 (grid^3 cells) then, with levels 2, of the sub-cells (64 a
     cell, sub-cell k of cell c at grid^3 + 64 c + k)."""
@@ -1375,6 +1377,8 @@ def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_h
                         exit = x
                 step = t[i] + low * scale
                 cand = exit if exit > step else step
+                if cone > 0 and not low >= max(eps, cone * cand):
+                    continue
                 if cand > best:
                     best = cand
         out[q] = best
@@ -1452,7 +1456,7 @@ def _wavefront_points(ro, rd, t, live, out):
 
 
 @njit(**_JIT)
-def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, max_steps, step_scale, soft_k, out_live):
+def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, cone, max_steps, step_scale, soft_k, out_live):
     """One step of the rays ``live`` with their field values d, by _trace's rules; the rays still
     marching into out_live, in order; returns how many."""
     m = 0
@@ -1460,7 +1464,10 @@ def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, max_steps, step_s
         i = live[q]
         steps[i] += 1
         dq = d[q]
-        if dq < eps:
+        thr = eps
+        if cone > 0:
+            thr = max(eps, cone * t[i])
+        if dq < thr:
             hit[i] = True
             res[i] = 0
             continue
@@ -1476,8 +1483,9 @@ def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, max_steps, step_s
     return m
 
 
-def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, cells: _CellTapes | None = None):
-    """The twin's _trace for every ray at once, a step at a time: ``t`` advanced in place;
+def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, cells: _CellTapes | None = None,
+               cone=0.0):
+    """The twin's _trace for every ray at once, a step at a time (``cone``: _trace's): ``t`` advanced in place;
     returns steps, hit and the soft-shadow penumbra res (iq's min(1, k f / t) where soft_k > 0).
     ``ro`` is (3,) or (N, 3). The steps' bookkeeping is Numba (_wavefront_points / _advance).
     With ``cells`` (empty-space skipping, RenderSettings.cell_skip; hard shadows and primary rays
@@ -1496,7 +1504,7 @@ def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, 
         _wavefront_points(origins, rd, t, live, step_pts)
         jumped = live[:0]
         if cells is not None:
-            to = cells.skip_to(origins, rd, t, live, step_pts, eps, step_scale)
+            to = cells.skip_to(origins, rd, t, live, step_pts, eps, step_scale, cone)
             jump = to >= 0
             if jump.any():
                 j = live[jump]
@@ -1505,7 +1513,7 @@ def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, 
                 jumped = j[(t[j] <= tfar[j]) & (steps[j] < max_steps)]
                 live, step_pts = live[~jump], step_pts[~jump]
         d = field(step_pts)
-        m = _wavefront_advance(live, d, t, tfar, steps, hit, res, np.float32(eps), max_steps,
+        m = _wavefront_advance(live, d, t, tfar, steps, hit, res, np.float32(eps), np.float32(cone), max_steps,
                                np.float32(step_scale), np.float32(soft_k), spare)
         if jumped.size:
             live, spare = np.sort(np.concatenate([spare[:m], jumped])), np.empty_like(spare)
@@ -1544,7 +1552,8 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     eye = np.asarray(eye_out, np.float32)
     rd = np.ascontiguousarray(dirs, np.float32).reshape(-1, 3)
     t, tfar = _slabs(np.broadcast_to(eye, rd.shape), rd, box)
-    steps, hit, _ = _wavefront(field, eye, rd, t, tfar, eps, max_steps, step_scale, np.float32(0), skip)
+    steps, hit, _ = _wavefront(field, eye, rd, t, tfar, eps, max_steps, step_scale, np.float32(0), skip,
+                               np.float32(_packed(packed, "hit_cone")))
     grad = np.zeros((len(rd), 3), np.float32)
     at = np.flatnonzero(hit)
     if at.size:                                                 # the twin's _gradients

@@ -24,12 +24,16 @@ diagonal ``diag``)::
     36 background.rgb                                            39  view (index in VIEWS)
     40 plane_n.xyz (unit)                                        43  plane_d (plane: dot(p, n) = d)
     44 cell_skip (1: a march on pruned cells steps over cells proven empty)
+    45 hit_cone (primary rays: the hit threshold grows by hit_cone per unit of t)
 
 March: a ray is clipped to the march box (t >= 0); from the entry, ``t += f * step_scale`` until
-``f < hit_eps`` (hit), ``t`` passes the box exit or ``max_steps`` steps are spent (miss). On
-pruned cells with ``cell_skip``, a step from a point in a cell whose interval's lower bound L is
-at least ``hit_eps`` takes no field value: ``t`` moves to max(t + L * step_scale, the cell box's
-exit), and it counts as a step.
+``f < hit_eps`` (hit), ``t`` passes the box exit or ``max_steps`` steps are spent (miss). A
+primary ray with ``hit_cone`` > 0 hits where ``f < max(hit_eps, hit_cone * t)`` instead (cone
+marching: detail thinner than about ``hit_cone * t`` ends the ray; hit_cone = the pixel's angle
+makes the threshold a pixel's footprint); shadow rays keep ``hit_eps``. On pruned cells with
+``cell_skip``, a step from a point in a cell whose interval's lower bound L is at least the hit
+threshold takes no field value: ``t`` moves to T = max(t + L * step_scale, the cell box's exit),
+provided L is at least the threshold at T, and it counts as a step.
 Normals are the field gradient by the 4-tap tetrahedron (``k`` in (+,-,-), (-,-,+), (-,+,-),
 (+,+,+)): ``grad = sum(k * f(p + normal_eps * k)) / (4 * normal_eps)``.
 
@@ -76,6 +80,10 @@ class RenderSettings:
     # evaluating the field there; off, it takes the steps of the march on the whole tape, bit for
     # bit. Not for soft shadows (their penumbra reads every step's value).
     cell_skip: bool = True
+    # primary rays hit where f < max(hit_eps, hit_cone * t) (0: f < hit_eps): a ray ends at detail
+    # thinner than the cone's width there; hit_cone = a pixel's angle (e.g. 2 tan(fov / 2) /
+    # height) gives each pixel's footprint, and fewer steps past sub-pixel parts
+    hit_cone: float = 0.0
     normal_eps_factor: float = 2.0     # normal_eps = normal_eps_factor * hit_eps
     margin_rel: float = 0.05           # march box = bounds grown by margin_rel * diag
     # lights
@@ -104,6 +112,8 @@ class RenderSettings:
             raise TaperayError("render settings: max_steps and shadow_steps must lie in 1..2^20")
         if not (self.hit_eps_rel > 0 and self.step_scale > 0 and self.normal_eps_factor > 0):
             raise TaperayError("render settings: hit_eps_rel, step_scale and normal_eps_factor must be > 0")
+        if not (0 <= self.hit_cone < 1):
+            raise TaperayError(f"render settings: hit_cone {self.hit_cone} must lie in [0, 1)")
 
     def pack(self, tape: Tape, view: str = "shade") -> np.ndarray:
         if view not in VIEWS:
@@ -127,6 +137,7 @@ class RenderSettings:
             "ground_color": self.ground_color, "contour_spacing": self.contour_spacing_rel * diag,
             "background": self.background, "view": VIEWS.index(view),
             "plane_n": plane_n, "plane_d": plane_d, "cell_skip": 1.0 if self.cell_skip else 0.0,
+            "hit_cone": self.hit_cone,
         }
         out = np.zeros(PACK_LEN, np.float32)
         for name, (off, size) in PACK_FIELDS.items():
@@ -140,7 +151,8 @@ _ORDER = [("max_steps", 1), ("hit_eps", 1), ("step_scale", 1), ("normal_eps", 1)
           ("key_dir", 3), ("shadow_steps", 1), ("key_color", 3), ("ao_strength", 1),
           ("fill_dir", 3), ("ao_dist", 1), ("fill_color", 3), ("specular", 1),
           ("sky_color", 3), ("section", 1), ("ground_color", 3), ("contour_spacing", 1),
-          ("background", 3), ("view", 1), ("plane_n", 3), ("plane_d", 1), ("cell_skip", 1)]
+          ("background", 3), ("view", 1), ("plane_n", 3), ("plane_d", 1), ("cell_skip", 1),
+          ("hit_cone", 1)]
 PACK_FIELDS: dict[str, tuple[int, int]] = {}
 for _name, _size in _ORDER:
     PACK_FIELDS[_name] = (sum(s for _, s in PACK_FIELDS.values()), _size)

@@ -29,6 +29,7 @@ const SET_VIEW: u32 = 39u;
 const SET_PLANE_N: u32 = 40u;
 const SET_PLANE_D: u32 = 43u;
 const SET_CELL_SKIP: u32 = 44u;
+const SET_HIT_CONE: u32 = 45u;
 
 const VIEW_SHADE: u32 = 0u;
 const VIEW_NORMALS: u32 = 1u;

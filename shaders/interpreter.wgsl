@@ -1027,22 +1027,22 @@ fn eval_checked(pin: vec3<f32>) -> Eval {
 override FIELD_CELLS: bool = false;
 
 fn field(pin: vec3<f32>) -> Eval {
-    return trace_field(pin, pin, pin, 0.0, false).e;
+    return trace_field(pin, pin, pin, 0.0, false, 0.0).e;
 }
 
 // a tracing step's field at p = o + t d: field(p), or, with FIELD_CELLS and `skip`, a step over
-// a cell proven empty (packed.wgsl cell_find): skip_to >= 0 is where the ray moves on to, and e is
-// not evaluated
+// a cell proven empty (packed.wgsl cell_find, `cone` the trace's hit cone): skip_to >= 0 is where
+// the ray moves on to, and e is not evaluated
 struct FieldStep {
     e: Eval,
     skip_to: f32,
 }
 
-fn trace_field(p: vec3<f32>, o: vec3<f32>, d: vec3<f32>, t: f32, skip: bool) -> FieldStep {
+fn trace_field(p: vec3<f32>, o: vec3<f32>, d: vec3<f32>, t: f32, skip: bool, cone: f32) -> FieldStep {
     var e: Eval;
     if (FIELD_CELLS) {
         let g = march_cells();
-        let found = cell_find(g, p, skip, o, d, t);
+        let found = cell_find(g, p, skip, o, d, t, cone);
         if (found.skip_to >= 0.0) {
             return FieldStep(Eval(0.0, 0u), found.skip_to);
         }

@@ -58,13 +58,18 @@ struct Trace {
     mat: u32,
     res: f32,      // soft-shadow penumbra min(1, k f / t) (1 when soft_k == 0)
     soft_k: f32,
+    cone: f32,     // the hit threshold's growth per unit of t (SET_HIT_CONE; 0: hit_eps alone)
 }
 
 // one sphere-tracing step with the field value e at o + t d (the twin's _trace); false when the
 // trace is done. Kernels evaluate the field once, in one loop, so the interpreter is inlined once.
 fn trace_step(tr: ptr<function, Trace>, e: Eval) -> bool {
     (*tr).steps += 1u;
-    if (e.d < setting(SET_HIT_EPS)) {
+    var thr = setting(SET_HIT_EPS);
+    if ((*tr).cone > 0.0) {
+        thr = max(thr, (*tr).cone * (*tr).t);
+    }
+    if (e.d < thr) {
         (*tr).hit = true;
         (*tr).mat = e.mat;
         (*tr).res = 0.0;
@@ -121,7 +126,7 @@ fn march(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let o = eye();
     let d = pixel_dir(i);
     let se = slab(o, d);
-    var tr = Trace(se.x, se.y, 0u, u32(setting(SET_MAX_STEPS)), false, 0u, 1.0, 0.0);
+    var tr = Trace(se.x, se.y, 0u, u32(setting(SET_MAX_STEPS)), false, 0u, 1.0, 0.0, setting(SET_HIT_CONE));
     var g = vec3<f32>(0.0);
     var phase = select(MARCH_DONE, 0u, se.x <= se.y);
     if (U.resume != 0u) {
@@ -150,7 +155,7 @@ fn march(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             q = vec3<f32>(hp.x + neps * k.x, hp.y + neps * k.y, hp.z + neps * k.z);
         }
         let before = iters;
-        let fs = trace_field(q, o, d, tr.t, phase == 0u && skip);
+        let fs = trace_field(q, o, d, tr.t, phase == 0u && skip, tr.cone);
         if (fs.skip_to >= 0.0) {
             if (!skip_step(&tr, fs.skip_to)) {
                 phase = MARCH_DONE;
@@ -244,7 +249,7 @@ fn light(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let soft_k = select(0.0, setting(SET_SOFT_K), mode == SHADOW_SOFT);
     let ao_strength = setting(SET_AO_STRENGTH);
     let ao_dist = setting(SET_AO_DIST);
-    var tr = Trace(0.0, slab(ro, key).y, 0u, u32(setting(SET_SHADOW_STEPS)), false, 0u, 1.0, soft_k);
+    var tr = Trace(0.0, slab(ro, key).y, 0u, u32(setting(SET_SHADOW_STEPS)), false, 0u, 1.0, soft_k, 0.0);
     var occ = 0.0;
     var phase = 0u;
     if (mode == SHADOW_OFF || !(tr.t <= tr.tfar)) {
@@ -275,7 +280,7 @@ fn light(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
                           ro.z - eps4 * nrm.z + h * nrm.z);
         }
         let before = iters;
-        let fs = trace_field(q, ro, key, tr.t, phase == 0u && skip);
+        let fs = trace_field(q, ro, key, tr.t, phase == 0u && skip, tr.cone);
         if (fs.skip_to >= 0.0) {
             if (!skip_step(&tr, fs.skip_to)) {
                 phase = select(LIGHT_DONE, 1u, ao_strength > 0.0);

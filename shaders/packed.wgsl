@@ -174,8 +174,9 @@ fn march_cells() -> MarchCells {
 // of any level on p's way down whose header's lower bound is at least the hit threshold and
 // whose box holds p proves that no point of its box is a hit, so the ray may move on to where it
 // leaves that box, or by the bound times the step scale if that is further (the bound is a
-// distance bound wherever the field is); skip_to is the furthest of these, -1 where no cell
-// proves it (the field is then evaluated on the tile).
+// distance bound wherever the field is), provided the bound is also at least the hit threshold
+// there (`cone` > 0, a primary ray's SET_HIT_CONE: max(hit_eps, cone t) at that t); skip_to is
+// the furthest of these, -1 where no cell proves it (the field is then evaluated on the tile).
 // The twin's rule: runtime/pruning.py _CellTapes.skip_to.
 struct CellFind {
     tile: u32,
@@ -200,7 +201,7 @@ fn skip_box(b: u32, o: vec3<f32>, d: vec3<f32>, t: f32, lower: f32) -> f32 {
     return pmax(t + lower * setting(SET_STEP_SCALE), exit);
 }
 
-fn cell_find(g: MarchCells, p: vec3<f32>, skip: bool, o: vec3<f32>, d: vec3<f32>, t: f32) -> CellFind {
+fn cell_find(g: MarchCells, p: vec3<f32>, skip: bool, o: vec3<f32>, d: vec3<f32>, t: f32, cone: f32) -> CellFind {
     let gz = select(g.g0, 1u, g.flat);
     let kids = select(64u, 16u, g.flat);
     let n0 = g.g0 * g.g0 * gz + 1u;
@@ -227,7 +228,10 @@ fn cell_find(g: MarchCells, p: vec3<f32>, skip: bool, o: vec3<f32>, d: vec3<f32>
             if (skip) {
                 let lower = bitcast<f32>(out_u[g.base + HEADER_WORDS * (first + c) + 4u]);
                 if (lower >= eps && in_box(b, p)) {   // (NaN: not evaluated)
-                    skip_to = pmax(skip_to, skip_box(b, o, d, t, lower));
+                    let to = skip_box(b, o, d, t, lower);
+                    if (cone <= 0.0 || lower >= max(eps, cone * to)) {   // (the threshold at `to`)
+                        skip_to = pmax(skip_to, to);
+                    }
                 }
             }
             if (m + 1u == g.levels && in_box(b, p)) {
@@ -240,7 +244,7 @@ fn cell_find(g: MarchCells, p: vec3<f32>, skip: bool, o: vec3<f32>, d: vec3<f32>
 
 // the first header word in out_u of p's cell (cell_find)
 fn cell_header(g: MarchCells, p: vec3<f32>) -> u32 {
-    return g.base + HEADER_WORDS * cell_find(g, p, false, p, p, 0.0).tile;
+    return g.base + HEADER_WORDS * cell_find(g, p, false, p, p, 0.0, 0.0).tile;
 }
 
 // the field at p on the pruned tape of its cell `tile` (cell_find; the whole tape's bits: pruning

@@ -52,6 +52,24 @@ def test_render_writes_png_and_reports(capsys, scene_file, tmp_path):
         assert word in out
 
 
+def test_render_with_a_hit_cone(capsys, scene_file, tmp_path):
+    """--cone K renders with RenderSettings.hit_cone = K pixels' angle: the twin's own render with
+    that setting; a negative width is a usage error."""
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.cpu import CpuWalker
+    from taperay.runtime.shading import RenderSettings
+    from taperay.tools.cli import Stopwatch, load_scene
+    rc, out, err = run_cli(capsys, "render", scene_file, "-o", tmp_path / "c.png", "--size", "64x48",
+                           "--walker", "cpu", "--cone", "2")
+    assert rc == 0, err
+    tape = load_scene(str(scene_file), Stopwatch())
+    cam = auto_camera(tape.bounds)
+    want = CpuWalker().render(tape, cam, 64, 48, settings=RenderSettings(hit_cone=2 * cam.pixel_angle(48)))
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "c.png")), want)
+    rc, out, err = run_cli(capsys, "render", scene_file, "-o", tmp_path / "d.png", "--cone", "-1")
+    assert rc == 2 and "--cone" in err
+
+
 @pytest.mark.gpu
 def test_render_on_gpu_walker(capsys, walker_gpu, scene_file, tmp_path):
     rc, out, err = run_cli(capsys, "render", scene_file, "-o", tmp_path / "g.png", "--size", "32x24", "--walker", "gpu")

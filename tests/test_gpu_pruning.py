@@ -775,6 +775,26 @@ def test_cell_skipping_takes_the_twins_steps(walker_gpu, no_new_kernels, spheres
     assert (gpu["shadow"] != light["shadow"]).mean() <= 0.002
 
 
+def test_a_hit_cone_takes_the_twins_steps(walker_gpu, walker_cpu, no_new_kernels, spheres_60):
+    """RenderSettings.hit_cone (a uniform: no new pipeline): the GPU's march on the tape's own
+    records and on cells of the twin's grid (4, 2), with and without cell skipping, takes the
+    twin's steps (CpuWalker.march / march_pruned) pixel for pixel, hits equal; the cone adds hits."""
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.pruning import march_pruned
+    cam = auto_camera(spheres_60.bounds)
+    for skip in (False, True):
+        cone = RenderSettings(hit_cone=0.004, cell_skip=skip)
+        twin = march_pruned(spheres_60, cam, 48, 36, cone)
+        gpu = walker_gpu.march(spheres_60, cam, 48, 36, cone, cells=(4, 2))
+        assert (gpu["steps"] == twin["steps"]).mean() >= 0.999, skip
+        np.testing.assert_array_equal(gpu["hit"], twin["hit"])
+    own = walker_gpu.march(spheres_60, cam, 48, 36, cone, cells=None)
+    ref = walker_cpu.march(spheres_60, cam, 48, 36, cone)
+    assert (own["steps"] == ref["steps"]).mean() >= 0.999
+    np.testing.assert_array_equal(own["hit"], ref["hit"])
+    assert own["hit"].sum() > walker_gpu.march(spheres_60, cam, 48, 36, EXACT, cells=None)["hit"].sum()
+
+
 def test_march_cells_headers_hold_their_intervals_lower_bounds(walker_gpu, no_new_kernels, spheres_60):
     """The fifth header word (packed.wgsl HEADER_WORDS) of every march cell is the lower bound
     of its interval, as the twin's cells compute it (level 0 on the whole tape, level 1 on the

@@ -443,8 +443,8 @@ def _skipping_march(tape, cam, w, h, monkeypatch, **kw):
     skips, values = [], [0]
     real_skip, real_eval = pruning._CellTapes.skip_to, pruning._CellTapes.evaluate
 
-    def skip_to(self, o, d, t, live, pts, eps, scale):
-        to = real_skip(self, o, d, t, live, pts, eps, scale)
+    def skip_to(self, o, d, t, live, pts, eps, scale, cone=0.0):
+        to = real_skip(self, o, d, t, live, pts, eps, scale, cone)
         rows = live[to >= 0]
         skips.append((o[np.zeros(rows.size, np.int64)] if len(o) == 1 else o[rows], d[rows], t[rows].copy(),
                       to[to >= 0]))
@@ -455,7 +455,8 @@ def _skipping_march(tape, cam, w, h, monkeypatch, **kw):
         return real_eval(self, pts)
     monkeypatch.setattr(pruning._CellTapes, "skip_to", skip_to)
     monkeypatch.setattr(pruning._CellTapes, "evaluate", evaluate)
-    out = pruning.march_pruned(tape, cam, w, h, RenderSettings(cell_skip=kw.pop("skip", True)), **kw)
+    settings = RenderSettings(cell_skip=kw.pop("skip", True), hit_cone=kw.pop("cone", 0.0))
+    out = pruning.march_pruned(tape, cam, w, h, settings, **kw)
     return out, skips, values[0]
 
 
@@ -495,7 +496,7 @@ def test_a_skip_over_cells_that_hold_the_surface_is_caught(walker_cpu, monkeypat
     eps = float(RenderSettings().pack(tape)[1])
     real = pruning._CellTapes.skip_to
     monkeypatch.setattr(pruning._CellTapes, "skip_to",
-                        lambda self, o, d, t, live, p, e, s: real(self, o, d, t, live, p, np.float32(-np.inf), s))
+                        lambda self, o, d, t, live, p, e, s, c=0.0: real(self, o, d, t, live, p, np.float32(-np.inf), s, c))
     _, skips, _ = _skipping_march(tape, cam, 48, 36, monkeypatch)
     o, d, t, to = (np.concatenate(x) for x in zip(*skips))
     f = np.linspace(0, 1, 33, dtype=np.float32)
@@ -526,3 +527,41 @@ def test_cell_skipping_steps_do_not_hang_on_the_entrys_last_bits(monkeypatch):
     assert (base["t"] > 0).any()
     assert (moved["steps"] == base["steps"]).mean() >= 0.999
     np.testing.assert_array_equal(moved["hit"], base["hit"])
+
+
+def test_a_hit_cone_ends_rays_at_the_cones_width_on_both_marches(walker_cpu, monkeypatch):
+    """RenderSettings.hit_cone: a primary ray hits where f < max(hit_eps, hit_cone t). The twin's
+    march and march_pruned (cells without skipping) agree bit for bit; every hit lies within the
+    cone's threshold and every pixel hit without the cone is hit with it, in fewer steps or as
+    many. With cell skipping, the skipped stretches hold no point below the threshold at its t."""
+    from taperay.runtime import pruning
+    from taperay.runtime.camera import auto_camera
+    from taperay.tools.bench_prune import spheres_program
+    tape = load_vm(spheres_program(60, seed=2))
+    cam = auto_camera(tape.bounds)
+    cone = RenderSettings(hit_cone=0.004, cell_skip=False)
+    eps = float(cone.pack(tape)[1])
+    plain = walker_cpu.march(tape, cam, 48, 36, RenderSettings(cell_skip=False))
+    got = walker_cpu.march(tape, cam, 48, 36, cone)
+    cells = pruning.march_pruned(tape, cam, 48, 36, cone)
+    for k in ("t", "hit", "steps"):
+        np.testing.assert_array_equal(cells[k], got[k])
+    assert (got["hit"] >= plain["hit"]).all() and got["hit"].sum() > plain["hit"].sum()
+    assert (got["steps"] <= plain["steps"]).all() and got["steps"].sum() < plain["steps"].sum()
+    hit = got["hit"]
+    pts = (np.asarray(got["eye"], np.float32) + got["t"][hit][:, None]
+           * np.asarray(got["dirs"], np.float32).reshape(36, 48, 3)[hit]).astype(np.float32)
+    f = walker_cpu.evaluate(tape, pts)[0]
+    assert (f < np.maximum(eps, 0.004 * got["t"][hit])).all()
+    with pytest.raises(TaperayError, match="hit_cone"):
+        RenderSettings(hit_cone=-0.1)
+
+    out, skips, _ = _skipping_march(tape, cam, 48, 36, monkeypatch, cone=0.004)
+    o, d, t, to = (np.concatenate(x) for x in zip(*skips))
+    assert len(t) > 100
+    s = np.linspace(0, 1, 33, dtype=np.float32)
+    ts = t[:, None] + s * (to - t)[:, None]
+    seg = (o[:, None] + ts[..., None] * d[:, None]).reshape(-1, 3)
+    thr = np.maximum(eps, np.float32(0.004) * ts.reshape(-1))
+    assert (walker_cpu.evaluate(tape, seg)[0] >= thr * (1 - 1e-3)).all()
+    assert (out["hit"] >= plain["hit"]).all()
