@@ -250,3 +250,12 @@ def test_bench_load_to_first_frame_reads_a_saved_tape_and_draws(walker_cpu, tmp_
     assert row["instances"] == ns["TEST"]["instances"] and row["kernels created"] == "-"
     parts = row["read ms"] + row["validate ms"] + row["upload ms"] + row["first frame ms"]
     assert row["load-to-first-frame ms"] == pytest.approx(parts, rel=1e-9)
+
+
+def test_bench_scaling_frames_with_and_without_a_hit_cone(walker_cpu):
+    """scaling's rows: each count drawn as render draws it and with a one-pixel hit cone, in the
+    same run (their times are the benchmark's, not asserted)."""
+    from taperay.tools.bench_assembly import scaling
+    (row,) = scaling(walker_cpu, (32, 18), 1, counts=(10,), series=("strut_lattice",))
+    assert row["series"] == "strut_lattice" and row["target"] == 10 and row["instances"] >= 1
+    assert row["frame ms (median)"] > 0 and row["frame ms, 1 px cone (median)"] > 0

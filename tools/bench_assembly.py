@@ -11,7 +11,8 @@ level-7 Menger sponge, 100,000 bolts in a bin):
     does, so the GPU's clocks are not those of an idle GPU;
   * the steady frame time (median of ``--repeat`` frames after the first);
   * frame time against instance count, 10 to 10^6, for a grid pattern (plate holes), a 3D grid
-    (strut lattice) and an instance list (bolt bin), written as a log-scale plot
+    (strut lattice) and an instance list (bolt bin), as render draws them and with a one-pixel
+    hit cone (``RenderSettings.hit_cone``), written as a log-scale plot
     (``assembly-scaling.png``, needs matplotlib: ``pip install taperay[bench]``);
   * the bolt bin with culling on and off: field evaluation at random points in the bin for the
     full 100,000 bolts, and frames of a 2,000-bolt bin (unculled, every point tests every
@@ -164,19 +165,28 @@ def load_to_first_frame(walker, path: Path, size, repeat: int) -> dict:
             "frame ms (median)": steady["median_ms"], "kernels created": "-" if created is None else created}
 
 
-def scaling(walker, size, repeat: int, counts=COUNTS) -> list[dict]:
-    """Frame time (median) against instance count for each series."""
+def scaling(walker, size, repeat: int, counts=COUNTS, series=tuple(SERIES)) -> list[dict]:
+    """Frame time (median) against instance count for each series, as render draws it and with
+    a hit cone a pixel wide (RenderSettings.hit_cone = Camera.pixel_angle: cone marching, which
+    ends rays at sub-pixel parts), in the same run."""
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.shading import RenderSettings
     from taperay.scenegraph import flatten
     rows = []
-    for name, (what, args) in SERIES.items():
+    for name in series:
+        what, args = SERIES[name]
         build = scene_module(name)["build"]
         for count in counts:
             tape = flatten(build(**args(count)), source=f"{name}:{count}")
             upload(walker, tape)
-            walker.render(tape, None, *size)
-            stats = summarize(time_calls(lambda: walker.render(tape, None, *size), repeat, warmup=0))
+            cone = RenderSettings(hit_cone=auto_camera(tape.bounds).pixel_angle(size[1]))
+            ms = {}
+            for key, settings in (("frame ms (median)", None), ("frame ms, 1 px cone (median)", cone)):
+                walker.render(tape, None, *size, settings=settings)
+                ms[key] = summarize(time_calls(lambda: walker.render(tape, None, *size, settings=settings),
+                                               repeat, warmup=0))["median_ms"]
             rows.append({"series": name, "counted": what, "target": count, "instances": tape.instance_count,
-                         "records": len(tape), "frame ms (median)": stats["median_ms"]})
+                         "records": len(tape), **ms})
     return rows
 
 
@@ -311,8 +321,11 @@ def plot(rows: list[dict], path: Path, title: str) -> str | None:
         return "plot skipped: matplotlib is not installed (pip install 'taperay[bench]')"
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for name, (what, _) in SERIES.items():
-        pts = [(r["instances"], r["frame ms (median)"]) for r in rows if r["series"] == name]
-        ax.plot(*zip(*pts), marker="o", label=what)
+        for key, style, label in (("frame ms (median)", "-", what), ("frame ms, 1 px cone (median)", "--",
+                                                                      f"{what}, 1 px cone")):
+            pts = [(r["instances"], r[key]) for r in rows if r["series"] == name]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("instances the tape stands for")
