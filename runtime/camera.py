@@ -57,15 +57,17 @@ class Camera:
         right /= np.linalg.norm(right)
         return fwd, right, np.cross(right, fwd)
 
+    def _tan_half_fov(self) -> float:
+        return math.tan(math.radians(self.fov_deg) / 2)
+
     def pack(self) -> np.ndarray:
         fwd, right, up = self.basis()
-        th = math.tan(math.radians(self.fov_deg) / 2)
-        return np.array([*self.eye, th, *right, 0, *up, 0, *fwd, 0], np.float32)
+        return np.array([*self.eye, self._tan_half_fov(), *right, 0, *up, 0, *fwd, 0], np.float32)
 
     def pixel_angle(self, height: int) -> float:
         """The angle a pixel row spans at the image centre, 2 tan(fov / 2) / height: the
         RenderSettings.hit_cone whose threshold is a pixel's footprint along the ray."""
-        return 2 * math.tan(math.radians(self.fov_deg) / 2) / height
+        return 2 * self._tan_half_fov() / height
 
     def rays(self, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
         """(origin (3,) float32, directions (height, width, 3) float32) by the pixel convention."""

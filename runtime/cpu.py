@@ -1272,6 +1272,13 @@ def _eval_kernel(tp, n_regs, sec, pts, out_d, out_m, max_chunks, thread, n_threa
 
 
 @njit(**_JIT)
+def _hit_threshold(eps, cone, t):
+    """A march's hit threshold at t: eps, or with a hit cone (RenderSettings.hit_cone, cone > 0)
+    max(eps, cone t) (kernels_render.wgsl trace_step, packed.wgsl cell_find)."""
+    return max(eps, cone * t) if cone > 0 else eps
+
+
+@njit(**_JIT)
 def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, cone, max_steps, step_scale, soft_k,
            steps, hit, mat, res, idx, rhint):
     """Sphere-trace n rays from t to tfar: hit when f < eps, or with cone > 0 when f <
@@ -1301,10 +1308,7 @@ def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, cone, max_steps, step_scal
             rhint[0, i], rhint[1, i] = hint[0, q], hint[1, q]
             d = out_d[q]
             steps[i] += 1
-            thr = eps
-            if cone > F0:
-                thr = max(eps, cone * t[i])
-            if d < thr:
+            if d < _hit_threshold(eps, cone, t[i]):
                 hit[i] = True
                 mat[i] = out_m[q]
                 res[i] = F0

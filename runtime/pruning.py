@@ -59,7 +59,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu import CpuWalker, _arith_block, _rem32, _round, _row_back, _scratch_row
+from .cpu import CpuWalker, _arith_block, _hit_threshold, _rem32, _round, _row_back, _scratch_row
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .opcodes import OPS, Family, Op
 from .tape import CellsTooLarge, Tape, TaperayError, content_key, point_array, validate
@@ -1377,7 +1377,7 @@ def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_h
                         exit = x
                 step = t[i] + low * scale
                 cand = exit if exit > step else step
-                if cone > 0 and not low >= max(eps, cone * cand):
+                if not low >= _hit_threshold(eps, cone, cand):
                     continue
                 if cand > best:
                     best = cand
@@ -1464,10 +1464,7 @@ def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, cone, max_steps, 
         i = live[q]
         steps[i] += 1
         dq = d[q]
-        thr = eps
-        if cone > 0:
-            thr = max(eps, cone * t[i])
-        if dq < thr:
+        if dq < _hit_threshold(eps, cone, t[i]):
             hit[i] = True
             res[i] = 0
             continue
