@@ -436,18 +436,21 @@ _LANES = 16     # boxes interval-evaluated together (one loop per record over th
 
 
 @njit(**_JIT)
-def _interval_lanes(code, imm, start, end, box, lo, hi, choices):
+def _interval_lanes(code, imm, start, end, box, lo, hi, choices, sides):
     """Evaluate tape records code[start:end] over ``_LANES`` boxes at once (a compile-time trip
     count: the lane loops unroll and vectorise; unused lanes repeat a box).
 
     box: (6, _LANES) float32 rows x_lo x_hi y_lo y_hi z_lo z_hi; lo / hi: (n_regs, _LANES)
-    scratch; choices: (>=end, _LANES) uint8, written for MIN / MAX / AND / OR records. The
-    result interval of lane k is (lo[0, k], hi[0, k])."""
+    scratch; choices: (>=end, _LANES) uint8, written for MIN / MAX / AND / OR records; sides:
+    (>=end, 3, _LANES) float32, written for MIN / MAX records (their union sides, ``_prune``).
+    The result interval of lane k is (lo[0, k], hi[0, k])."""
     for i in range(start, end):
         op, d, a, b = code[i, 0], code[i, 1], code[i, 2], code[i, 3]
         if op == MAX:
             for k in range(_LANES):
-                lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MAX, lo[a, k], hi[a, k], lo[b, k], hi[b, k])
+                ahi, bhi = hi[a, k], hi[b, k]
+                lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MAX, lo[a, k], ahi, lo[b, k], bhi)
+                sides[i, 0, k], sides[i, 1, k], sides[i, 2, k] = ahi, bhi, lo[d, k]
         elif op == SUB:
             for k in range(_LANES):
                 lo[d, k], hi[d, k] = _iv_add(lo[a, k], hi[a, k], -hi[b, k], -lo[b, k])
@@ -460,7 +463,9 @@ def _interval_lanes(code, imm, start, end, box, lo, hi, choices):
                 lo[d, k], hi[d, k] = _iv_add(lo[a, k], hi[a, k], lo[b, k], hi[b, k])
         elif op == MIN:
             for k in range(_LANES):
-                lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MIN, lo[a, k], hi[a, k], lo[b, k], hi[b, k])
+                alo, blo = lo[a, k], lo[b, k]
+                lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MIN, alo, hi[a, k], blo, hi[b, k])
+                sides[i, 0, k], sides[i, 1, k], sides[i, 2, k] = alo, blo, hi[d, k]
         elif op == NEG:
             for k in range(_LANES):
                 lo[d, k], hi[d, k] = -hi[a, k], -lo[a, k]
@@ -491,12 +496,48 @@ def _interval_lanes(code, imm, start, end, box, lo, hi, choices):
 
 # ----------------------------------------------------------------------------- pruning
 @njit(**_JIT)
-def _prune(code, imm, start, end, choice_row, live, out_code, out_imm, out_src):
-    """Backward liveness over code[start:end] with one box's choices; the pruned records are
-    written to out_code / out_imm (out_src: the index each came from) ending at index ``end``;
-    returns their first index."""
+def _read(r, kind, bound, live, rkind, rbound):
+    """Backward liveness: a record reads register r. Its first reader (going backward: its last)
+    hands r the union bound it passes (kind 1: a MIN's upper bound, 2: a MAX's lower bound, 0:
+    none); a second reader clears it (r's value is then read by more than the union)."""
+    if live[r]:
+        rkind[r] = 0
+    else:
+        live[r] = True
+        rkind[r] = kind
+        rbound[r] = bound
+
+
+@njit(**_JIT)
+def _union_bound(op, ch, far_a, far_b, near, dkind, dbound):
+    """A live MIN / MAX record's union rule (module docstring): its bound h (the union's upper
+    bound for MIN, lower for MAX: the one its reader passed, tightened by its own result's
+    ``near`` bound) and its choice, where an operand whose far bound lies beyond h is dropped.
+    Returns (kind passed to its operands, h, choice); kind 0 where its interval may be NaN."""
+    kind = 1 if op == MIN else 2
+    if near != near:
+        return 0, F0, ch
+    h = near
+    if dkind == kind:
+        h = min(dbound, near) if op == MIN else max(dbound, near)
+    if ch == _CH_BOTH:
+        if (far_a > h) if op == MIN else (far_a < h):
+            ch = _CH_B
+        elif (far_b > h) if op == MIN else (far_b < h):
+            ch = _CH_A
+    return kind, h, ch
+
+
+@njit(**_JIT)
+def _prune(code, imm, start, end, choice_row, side_row, live, out_code, out_imm, out_src):
+    """Backward liveness over code[start:end] with one box's choices and MIN / MAX sides
+    (side_row: (n, 3); NaN rows: no union rule); the pruned records are written to out_code /
+    out_imm (out_src: the index each came from) ending at index ``end``; returns their first
+    index. live: (n_regs,) bool scratch."""
     live[:] = False
     live[0] = True
+    rkind = np.zeros(live.shape[0], np.uint8)
+    rbound = np.empty(live.shape[0], np.float32)
     w = end
     for i in range(end - 1, start - 1, -1):
         op, d = code[i, 0], code[i, 1]
@@ -506,9 +547,13 @@ def _prune(code, imm, start, end, choice_row, live, out_code, out_imm, out_src):
         a, b = code[i, 2], code[i, 3]
         if op == MIN or op == MAX or op == AND or op == OR:
             ch = choice_row[i]
+            kind, h = 0, F0
+            if op == MIN or op == MAX:
+                kind, h, ch = _union_bound(op, ch, side_row[i, 0], side_row[i, 1], side_row[i, 2], rkind[d],
+                                           rbound[d])
             if ch != _CH_BOTH:
                 src = a if ch == _CH_A else b
-                live[src] = True
+                _read(src, kind, h, live, rkind, rbound)
                 if src == d:
                     continue
                 w -= 1
@@ -517,17 +562,25 @@ def _prune(code, imm, start, end, choice_row, live, out_code, out_imm, out_src):
                 out_imm[w] = F0
                 out_src[w] = i
                 continue
+            w -= 1
+            for f in range(5):
+                out_code[w, f] = code[i, f]
+            out_imm[w] = imm[i]
+            out_src[w] = i
+            _read(a, kind, h, live, rkind, rbound)
+            _read(b, kind, h, live, rkind, rbound)
+            continue
         w -= 1
         for f in range(5):
             out_code[w, f] = code[i, f]
         out_imm[w] = imm[i]
         out_src[w] = i
         if op > CONST and op != INSTANCE_INDEX:      # reads a; binary ops b; MIX c
-            live[a] = True
+            _read(a, 0, F0, live, rkind, rbound)
             if op >= ADD:
-                live[b] = True
+                _read(b, 0, F0, live, rkind, rbound)
                 if op == MIX:
-                    live[code[i, 4]] = True
+                    _read(code[i, 4], 0, F0, live, rkind, rbound)
     return w
 
 
@@ -562,29 +615,35 @@ def _eval_points(code, imm, start, end, regs, px, py, pz, n, out):
 
 # ----------------------------------------------------------------------------- drivers
 @njit(**_JIT)
-def _boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, out_lo, out_hi, out_choices):
+def _boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, sd, out_lo, out_hi, out_choices, out_sides):
     """Interval-evaluate boxes[:, t0 : t0 + _LANES] (fewer at the end) into out_lo / out_hi /
-    out_choices[start:end, t0:...], with the scratch box / lo / hi / ch of one lane group."""
+    out_choices[start:end, t0:...] / out_sides[start:end, :, t0:...], with the scratch box / lo /
+    hi / ch / sd of one lane group."""
     K = min(_LANES, boxes.shape[1] - t0)
     for k in range(_LANES):
         for r in range(6):
             box[r, k] = boxes[r, t0 + min(k, K - 1)]
-    _interval_lanes(code, imm, start, end, box, lo, hi, ch)
+    _interval_lanes(code, imm, start, end, box, lo, hi, ch, sd)
     for k in range(K):
         out_lo[t0 + k], out_hi[t0 + k] = lo[0, k], hi[0, k]
     for i in range(start, end):
         for k in range(K):
             out_choices[i, t0 + k] = ch[i, k]
+        if code[i, 0] == MIN or code[i, 0] == MAX:
+            for f in range(3):
+                for k in range(K):
+                    out_sides[i, f, t0 + k] = sd[i, f, k]
 
 
 @njit(parallel=True, **_JIT)
-def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices):
+def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices, sides):
     """Interval-evaluate code[start:end] over every box (column of ``boxes``), in lane groups."""
     T = boxes.shape[1]
     for g in prange((T + _LANES - 1) // _LANES):
         _boxes_group(code, imm, start, end, boxes, g * _LANES, np.empty((6, _LANES), np.float32),
                      np.empty((n_regs, _LANES), np.float32), np.empty((n_regs, _LANES), np.float32),
-                     np.empty((code.shape[0], _LANES), np.uint8), out_lo, out_hi, choices)
+                     np.empty((code.shape[0], _LANES), np.uint8), np.empty((code.shape[0], 3, _LANES), np.float32),
+                     out_lo, out_hi, choices, sides)
 
 
 @njit(**_JIT)
@@ -631,6 +690,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     hi = np.empty((n_regs, _LANES), np.float32)
     box = np.empty((6, _LANES), np.float32)
     ch = np.empty((n, _LANES), np.uint8)
+    sd = np.empty((n, 3, _LANES), np.float32)
     live = np.empty(n_regs, np.bool_)
     src = np.empty(n, np.int32)
     boxes = np.empty((6, max(n_top, 1)), np.float32)
@@ -638,11 +698,12 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     boxes[2, 0], boxes[3, 0] = _span(ys, np.int64(0), H)
     boxes[4, 0], boxes[5, 0] = zf, zf
     top_choices = np.empty((n, n_top), np.uint8)
+    top_sides = np.empty((n, 3, n_top), np.float32)
     top_lo = np.empty(n_top, np.float32)
     top_hi = np.empty(n_top, np.float32)
-    _boxes_group(code0, imm0, np.int64(0), n, boxes[:, :1].copy(), np.int64(0), box, lo, hi, ch, top_lo,
-                 top_hi, top_choices)
-    start = _prune(code0, imm0, np.int64(0), n, top_choices[:, 0], live, code, imm, src)
+    _boxes_group(code0, imm0, np.int64(0), n, boxes[:, :1].copy(), np.int64(0), box, lo, hi, ch, sd, top_lo,
+                 top_hi, top_choices, top_sides)
+    start = _prune(code0, imm0, np.int64(0), n, top_choices[:, 0], top_sides[:, :, 0], live, code, imm, src)
     stats[0, L, 0], stats[0, L, 1] = 1, end - start
     for t in range(n_top):
         a0, b0 = (t // ntx) * s0, (t % ntx) * s0
@@ -650,7 +711,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         boxes[2, t], boxes[3, t] = _span(ys, a0, min(a0 + s0, H))
         boxes[4, t], boxes[5, t] = zf, zf
     for t0 in range(0, n_top, _LANES):
-        _boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, top_lo, top_hi, top_choices)
+        _boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, sd, top_lo, top_hi, top_choices, top_sides)
     kmax = 1
     for l in range(L - 1):
         q = (tiles[l] + tiles[l + 1] - 1) // tiles[l + 1]
@@ -672,6 +733,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         tstart = np.empty(L, np.int64)
         live = np.empty(n_regs, np.bool_)
         choices = np.empty((L, groups, n, _LANES), np.uint8)
+        sides = np.empty((L, groups, n, 3, _LANES), np.float32)
         lo = np.empty((n_regs, _LANES), np.float32)
         hi = np.empty((n_regs, _LANES), np.float32)
         clo = np.empty((L, groups * _LANES), np.float32)
@@ -685,7 +747,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         py = np.empty(pmax, np.float32)
         pz = np.empty(pmax, np.float32)
         buf = np.empty(pmax, np.float32)
-        tstart[0] = _prune(code, imm, start, end, top_choices[:, t], live, tcode[0], timm[0], tsrc)
+        tstart[0] = _prune(code, imm, start, end, top_choices[:, t], top_sides[:, :, t], live, tcode[0], timm[0], tsrc)
         stats[t, 0, 0] += 1
         stats[t, 0, 1] += end - tstart[0]
         if L == 1:
@@ -709,7 +771,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
                         box[0, q], box[1, q] = _span(xs, b0, min(b0 + cs, tr[l, 3]))
                         box[2, q], box[3, q] = _span(ys, a0, min(a0 + cs, tr[l, 1]))
                         box[4, q], box[5, q] = zf, zf
-                    _interval_lanes(tcode[l], timm[l], tstart[l], end, box, lo, hi, choices[l, g])
+                    _interval_lanes(tcode[l], timm[l], tstart[l], end, box, lo, hi, choices[l, g], sides[l, g])
                     for q in range(_LANES):
                         clo[l, g * _LANES + q], chi[l, g * _LANES + q] = lo[0, q], hi[0, q]
                 idx[l] = 0
@@ -729,7 +791,8 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
             if mode == 1 and clo[l, k] >= F0:
                 sign[a0:a1, b0:b1] = False
                 continue
-            tstart[l + 1] = _prune(tcode[l], timm[l], tstart[l], end, choices[l, k // _LANES, :, k % _LANES], live,
+            tstart[l + 1] = _prune(tcode[l], timm[l], tstart[l], end, choices[l, k // _LANES, :, k % _LANES],
+                                   sides[l, k // _LANES, :, :, k % _LANES], live,
                                    tcode[l + 1], timm[l + 1], tsrc)
             stats[t, l + 1, 0] += 1
             stats[t, l + 1, 1] += end - tstart[l + 1]
@@ -820,25 +883,26 @@ def _eval_run(tcode, timm, s, end, pts, order, b, e, work, out):
 
 
 @njit(parallel=True, **_JIT)
-def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, block, out):
-    """Per voxel v (points order[seg[v]:seg[v+1]]): prune with choices[v], evaluate in blocks."""
+def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, sides, block, out):
+    """Per voxel v (points order[seg[v]:seg[v+1]]): prune with choices[:, v] and sides[:, :, v],
+    evaluate in blocks."""
     n = code.shape[0]
     for v in prange(seg.shape[0] - 1):
         tcode = np.empty((n, 5), np.int32)
         timm = np.empty(n, np.float32)
-        s = _prune(code, imm, start, end, choices[:, v], np.empty(n_regs, np.bool_), tcode, timm,
+        s = _prune(code, imm, start, end, choices[:, v], sides[:, :, v], np.empty(n_regs, np.bool_), tcode, timm,
                    np.empty(n, np.int32))
         _eval_run(tcode, timm, s, end, pts, order, seg[v], seg[v + 1], np.empty((n_regs + 5, block), np.float32),
                   out)
 
 
 @njit(parallel=True, **_JIT)
-def _prune_cells(code, imm, n_regs, choices, tcodes, timms, starts):
-    """Every cell's pruned tape: cell c (column c of choices) into tcodes[c] / timms[c] from
-    starts[c] on."""
+def _prune_cells(code, imm, n_regs, choices, sides, tcodes, timms, starts):
+    """Every cell's pruned tape: cell c (column c of choices, sides[:, :, c]) into tcodes[c] /
+    timms[c] from starts[c] on."""
     n = code.shape[0]
     for c in prange(choices.shape[1]):
-        starts[c] = _prune(code, imm, np.int64(0), n, choices[:, c], np.empty(n_regs, np.bool_), tcodes[c],
+        starts[c] = _prune(code, imm, np.int64(0), n, choices[:, c], sides[:, :, c], np.empty(n_regs, np.bool_), tcodes[c],
                            timms[c], np.empty(n, np.int32))
 
 
@@ -853,18 +917,20 @@ def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm,
     lo = np.zeros((n_regs, _LANES), np.float32)    # (zeros: the result never depends on stale memory)
     hi = np.zeros((n_regs, _LANES), np.float32)
     ch = np.zeros((n, _LANES), np.uint8)
+    sd = np.zeros((n, 3, _LANES), np.float32)
     out_lo = np.empty(64, np.float32)
     out_hi = np.empty(64, np.float32)
     choices = np.zeros((n, 64), np.uint8)
+    sides = np.zeros((n, 3, 64), np.float32)
     for g in range(0, 64, _LANES):
-        _boxes_group(tcode, timm, start, n, boxes, g, box, lo, hi, ch, out_lo, out_hi, choices)
+        _boxes_group(tcode, timm, start, n, boxes, g, box, lo, hi, ch, sd, out_lo, out_hi, choices, sides)
     lower[first:first + 64] = out_lo
     live = np.empty(n_regs, np.bool_)
     oc = np.empty((n, 5), np.int32)
     oi = np.empty(n, np.float32)
     src = np.empty(n, np.int32)
     for k in range(64):
-        w = _prune(tcode, timm, start, n, choices[:, k], live, oc, oi, src)
+        w = _prune(tcode, timm, start, n, choices[:, k], sides[:, :, k], live, oc, oi, src)
         if not write:
             lengths[first + k] = n - w
         else:
@@ -987,22 +1053,27 @@ def _boxes(lo, hi) -> np.ndarray:
 
 
 def _lanes(code, imm, start, n_regs, boxes):
+    """Intervals (T,) lo, hi, choices (n, T) and MIN / MAX sides (n, 3, T; NaN on other records)
+    of code[start:] over the T boxes."""
     T = boxes.shape[1]
     out_lo, out_hi = np.empty(T, np.float32), np.empty(T, np.float32)
     choices = np.zeros((len(code), T), np.uint8)
+    sides = np.full((len(code), 3, T), NAN, np.float32)
     if T:
-        _lanes_kernel(code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices)
-    return out_lo, out_hi, choices
+        _lanes_kernel(code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices, sides)
+    return out_lo, out_hi, choices, sides
 
 
-def interval_eval(tape: Tape, lo, hi, fields: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def interval_eval(tape: Tape, lo, hi, fields: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                     np.ndarray]:
     """Interval-evaluate an arithmetic tape (with ``fields``, scene fields allowed: a lowering's)
     over K boxes [lo, hi] ((K, 3) or (3,) each). Returns the value intervals (K,) lo, (K,) hi
-    (NaN, NaN: may be NaN) and (K, n) uint8 choices (CHOICE_A / CHOICE_B / CHOICE_BOTH per MIN /
-    MAX / AND / OR record, else 0)."""
+    (NaN, NaN: may be NaN), (K, n) uint8 choices (CHOICE_A / CHOICE_B / CHOICE_BOTH per MIN /
+    MAX / AND / OR record, else 0) and (K, n, 3) float32 sides (per MIN / MAX record: a's and b's
+    far bounds and the result's near bound, the union rule's; NaN on other records)."""
     code, imm = _checked(tape, "interval_eval", fields)
-    lo, hi, choices = _lanes(code, imm, 0, tape.n_regs, _boxes(lo, hi))
-    return lo, hi, np.ascontiguousarray(choices.T)
+    lo, hi, choices, sides = _lanes(code, imm, 0, tape.n_regs, _boxes(lo, hi))
+    return lo, hi, np.ascontiguousarray(choices.T), np.ascontiguousarray(sides.transpose(2, 0, 1))
 
 
 @njit(**_JIT)
@@ -1028,15 +1099,21 @@ def interval_op(op: Op, a, b=None, c=None) -> tuple[np.ndarray, np.ndarray, np.n
     return out[0].reshape(shape), out[1].reshape(shape), out[2].astype(np.uint8).reshape(shape)
 
 
-def prune(tape: Tape, choices) -> Tape:
-    """The tape shortened by one box's ``choices`` ((n,) uint8 from ``interval_eval``): same
-    registers, parameter pool, materials and bounds; exact at every point of that box."""
+def prune(tape: Tape, choices, sides=None) -> Tape:
+    """The tape shortened by one box's ``choices`` ((n,) uint8 from ``interval_eval``) and, with
+    its ``sides`` ((n, 3) from ``interval_eval``), by the union rule too: same registers,
+    parameter pool, materials and bounds; exact at every point of that box."""
     code, imm = _checked(tape, "prune")
     row = np.ascontiguousarray(np.asarray(choices, np.uint8).reshape(-1))
     if row.shape != (len(code),):
         raise TaperayError(f"prune: {row.shape[0]} choices for a tape of {len(code)} records")
+    side_row = np.full((len(code), 3), NAN, np.float32) if sides is None else \
+        np.ascontiguousarray(np.asarray(sides, np.float32))
+    if side_row.shape != (len(code), 3):
+        raise TaperayError(f"prune: sides of shape {side_row.shape} for a tape of {len(code)} records "
+                           f"(needs ({len(code)}, 3))")
     out_code, src = np.empty_like(code), np.empty(len(code), np.int32)
-    s = _prune(code, imm, 0, len(code), row, np.empty(tape.n_regs, np.bool_), out_code,
+    s = _prune(code, imm, 0, len(code), row, side_row, np.empty(tape.n_regs, np.bool_), out_code,
                np.empty_like(imm), src)
     kept = tape.instrs[src[s:]].copy()               # param / aux / jump of the source records
     for f, col in zip(("op", "dst", "a", "b", "c"), out_code[s:].T):
@@ -1117,12 +1194,13 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
         seg = np.linspace(0, len(pts), min(len(pts), 64) + 1).astype(np.int64)
         order = np.arange(len(pts), dtype=np.int64)
         choices = np.zeros((len(code), len(seg) - 1), np.uint8)
+        sides = np.full((len(code), 3, len(seg) - 1), NAN, np.float32)
     else:
         lo = tape.bounds[0].astype(np.float32)
         cell = np.where(tape.bounds[1] > lo, (tape.bounds[1] - lo) / np.float32(grid), 1).astype(np.float32)
         order, seg, vbox = _bucket(pts, lo, cell, grid)
-        _, _, choices = _lanes(code, imm, 0, tape.n_regs, vbox)
-    _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order, seg, choices, block, out)
+        _, _, choices, sides = _lanes(code, imm, 0, tape.n_regs, vbox)
+    _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order, seg, choices, sides, block, out)
     return out, np.zeros(len(pts), np.uint32)
 
 
@@ -1249,11 +1327,12 @@ class _CellTapes:
         self.lo = lo.astype(np.float32)
         size = np.where(hi > lo, (hi - lo) / grid, 1.0)
         c_lo, c_hi = grid_cell_boxes(lo, hi, size, grid_ijk(grid))
-        c_lower, _, choices = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
+        c_lower, _, choices, sides = _lanes(self.code, self.imm, 0, self.n_regs, _boxes(c_lo, c_hi))
         # empty-space skipping (skip_to): each level's boxes (float32, as the lookup's) and the
         # lower bounds of the intervals over them (level 0, then with levels 2 the sub-cells)
         levels_lower = [(c_lo.astype(np.float32), c_hi.astype(np.float32), c_lower)]
         self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
+        sides = np.ascontiguousarray(np.concatenate([sides, np.full((n, 3, 1), NAN, np.float32)], 2))
         n_cells = self.choices.shape[1]
         if n_cells * n * 24 > _CELL_TAPES_MAX_BYTES:
             raise CellsTooLarge(f"march_pruned: {n_cells - 1} cells of a {n}-record tape need "
@@ -1262,7 +1341,7 @@ class _CellTapes:
         tcodes = np.empty((n_cells, n, 5), np.int32)
         timms = np.empty((n_cells, n), np.float32)
         starts = np.empty(n_cells, np.int64)
-        _prune_cells(self.code, self.imm, self.n_regs, self.choices, tcodes, timms, starts)
+        _prune_cells(self.code, self.imm, self.n_regs, self.choices, sides, tcodes, timms, starts)
         if levels == 1:
             tapes = [(tcodes[c, starts[c]:], timms[c, starts[c]:]) for c in range(n_cells)]
             self.fcode = np.ascontiguousarray(np.concatenate([t[0] for t in tapes]))

@@ -178,29 +178,68 @@ def test_random_tape_interval_contains_values_and_pruning_is_exact(walker_cpu, s
     tape = random_tape(seed)
     for _ in range(4):
         lo, hi = _random_box(rng)
-        ilo, ihi, ch = interval_eval(tape, lo, hi)
+        ilo, ihi, ch, sides = interval_eval(tape, lo, hi)
         pts = _box_points(lo, hi, rng)
         v, m = walker_cpu.evaluate(tape, pts)
         if not np.isnan(ilo[0]):
             assert not np.isnan(v).any() and np.all(v >= ilo[0]) and np.all(v <= ihi[0]), (seed, lo, hi)
-        short = prune(tape, ch[0])
-        assert len(short) <= len(tape)
-        pv, pm = walker_cpu.evaluate(short, pts)
-        np.testing.assert_array_equal(bits(pv), bits(v))
-        np.testing.assert_array_equal(pm, m)
+        sibling = prune(tape, ch[0])
+        short = prune(tape, ch[0], sides[0])
+        assert len(short) <= len(sibling) <= len(tape)
+        for t in (sibling, short):
+            pv, pm = walker_cpu.evaluate(t, pts)
+            np.testing.assert_array_equal(bits(pv), bits(v))
+            np.testing.assert_array_equal(pm, m)
 
 
 def test_pruning_shortens_and_keeps_registers():
     # r0 = max(x, 1): decided on x < 1 (CHOICE_B: COPY r0 <- r1) and x >= 1 (CHOICE_A: r0 <- r2)
     tape = tape_of([(Op.VAR_X, 2, 0, 0, 0, 0), (Op.CONST, 1, 0, 0, 0, 0), (Op.VAR_Y, 3, 0, 0, 0, 0),
                     (Op.SQUARE, 3, 3, 0, 0, 0), (Op.MAX, 0, 2, 1, 0, 0)], [1.0], 4)
-    lo, hi, ch = interval_eval(tape, [[-1, 0, 0], [2, 0, 0], [0, 0, 0]], [[0.5, 1, 0], [3, 1, 0], [2, 1, 0]])
+    lo, hi, ch, _ = interval_eval(tape, [[-1, 0, 0], [2, 0, 0], [0, 0, 0]], [[0.5, 1, 0], [3, 1, 0], [2, 1, 0]])
     assert ch[:, 4].tolist() == [2, 1, 0]
     below, above, both = (prune(tape, c) for c in ch)
     assert below.instrs[["op", "dst", "a"]].tolist() == [(Op.CONST, 1, 0), (Op.COPY, 0, 1)]
     assert above.instrs[["op", "dst", "a"]].tolist() == [(Op.VAR_X, 2, 0), (Op.COPY, 0, 2)]
     assert both.instrs["op"].tolist() == [Op.VAR_X, Op.CONST, Op.MAX]      # the dead SQUARE goes
     assert below.n_regs == tape.n_regs and below.params[0] == 1.0
+
+
+def _union_tape(op, read_twice=False):
+    """r0 = op(op(a, b), c) with s = 1 for MIN, -1 for MAX: a = 10 s x, b = s (y + 5), c = s (y + 1).
+    Over x, y in [0, 1] the inner op keeps both a and b, and the outer op both of its operands,
+    yet b never decides r0: the union's bound (MIN: r0 <= 2; MAX: r0 >= -2) lies beyond b.
+    read_twice: r0 += the inner op's value, which then matters beyond the union."""
+    s = 1.0 if op == Op.MIN else -1.0
+    rows = [(Op.VAR_X, 1, 0, 0, 0, 0), (Op.CONST, 2, 0, 0, 0, 0), (Op.MUL, 1, 1, 2, 0, 0),     # a
+            (Op.VAR_Y, 3, 0, 0, 0, 0), (Op.CONST, 4, 0, 0, 0, 1), (Op.ADD, 4, 3, 4, 0, 0),
+            (Op.CONST, 5, 0, 0, 0, 2), (Op.MUL, 4, 4, 5, 0, 0),                                # b
+            (op, 1, 1, 4, 0, 0),                                                               # inner
+            (Op.CONST, 4, 0, 0, 0, 3), (Op.ADD, 3, 3, 4, 0, 0), (Op.MUL, 3, 3, 5, 0, 0),       # c
+            (op, 0, 1, 3, 0, 0)]
+    if read_twice:
+        rows.append((Op.ADD, 0, 0, 1, 0, 0))
+    return tape_of(rows, [10 * s, 5.0, s, 1.0], 6)
+
+
+@pytest.mark.parametrize("op", [Op.MIN, Op.MAX])
+def test_the_union_bound_drops_what_never_decides_the_union(walker_cpu, op):
+    tape = _union_tape(op)
+    lo, hi, ch, sides = interval_eval(tape, [0, 0, 0], [1, 1, 0])
+    assert ch[0, 8] == ch[0, 12] == 0                       # the sibling rule keeps every operand
+    assert len(prune(tape, ch[0])) == len(tape)
+    short = prune(tape, ch[0], sides[0])
+    # b's records (its CONST 5, ADD, MUL) go; the inner op becomes r1 <- r1 and goes too
+    assert short.instrs["op"].tolist() == [Op.VAR_X, Op.CONST, Op.MUL, Op.VAR_Y, Op.CONST, Op.CONST, Op.ADD,
+                                           Op.MUL, op]
+    # read twice, the inner op's value matters beyond the union: b stays
+    twice = _union_tape(op, read_twice=True)
+    _, _, ch2, sides2 = interval_eval(twice, [0, 0, 0], [1, 1, 0])
+    kept = prune(twice, ch2[0], sides2[0])
+    assert len(kept) == len(twice)
+    pts = _box_points(np.zeros(3, np.float32), np.array([1, 1, 0], np.float32), np.random.default_rng(1), 400)
+    for full, pruned in ((tape, short), (twice, kept)):
+        np.testing.assert_array_equal(bits(walker_cpu.evaluate(pruned, pts)[0]), bits(walker_cpu.evaluate(full, pts)[0]))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -211,10 +250,10 @@ def test_prospero_pruned_tapes_are_exact_in_their_tiles(walker_cpu, seed):
     c = rng.uniform(-1, 1 - size, (6, 3)).astype(np.float32)
     c[:, 2] = 0
     step = np.array([size, size, 0], np.float32)
-    lo, hi, ch = interval_eval(tape, c, c + step)
+    lo, hi, ch, sides = interval_eval(tape, c, c + step)
     for k in range(len(c)):
-        short = prune(tape, ch[k])
-        assert len(short) < len(tape)
+        short = prune(tape, ch[k], sides[k])
+        assert len(short) < len(prune(tape, ch[k])) if size > 0.1 else len(short) < len(tape)
         pts = _box_points(c[k], c[k] + step, rng, 300)
         v, m = walker_cpu.evaluate(tape, pts)
         pv, pm = walker_cpu.evaluate(short, pts)
@@ -318,6 +357,8 @@ def test_bad_arguments_raise_taperay_errors():
         evaluate_pruned(tape, np.zeros((4, 2)))
     with pytest.raises(TaperayError):
         prune(tape, np.zeros(3, np.uint8))
+    with pytest.raises(TaperayError, match="sides"):
+        prune(tape, np.zeros(len(tape), np.uint8), np.zeros((len(tape), 2), np.float32))
     with pytest.raises(TaperayError):
         interval_op(Op.VAR_X, (0, 1))
 
