@@ -316,6 +316,20 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
 
 
 # ---- level 0 in dependency steps (prune.wgsl prune_wave) -------------------------------------
+_OP_MIN, _OP_MAX = int(Op.MIN), int(Op.MAX)     # (constants in the Numba-compiled planner)
+
+
+def arena_guess(tape: Tape, level0_tiles: int, tiles: int) -> int:
+    """The arena words first given to the pruning passes of ``tiles`` tiles (or cells), of which
+    ``level0_tiles`` prune the whole tape (an overflow grows it and runs them again): a level-0
+    tile's scratch (a nibble a record, three words a MIN / MAX record: their sides) and a
+    sixteenth of the tape, and per tile 64 words and the sides of a thirty-second of the tape's
+    MIN / MAX records."""
+    ops = tape.instrs["op"]
+    minmax = int(np.isin(ops, (Op.MIN, Op.MAX, Op.UNION, Op.INTERSECT)).sum())
+    return level0_tiles * (len(ops) // 4 + 8 + 3 * minmax) + tiles * (64 + 3 * (minmax // 32))
+
+
 def _wave_plan(code, leaf_bits, max_slots, width, affinity):
     """The dependency-step schedule of an arithmetic tape's records ((n, 5) op dst a b c, scene
     fields as their arithmetic ops; ``leaf_bits``: a CONST's value bits): (rows (m, 8) uint32 as
@@ -446,6 +460,15 @@ def _wave_plan(code, leaf_bits, max_slots, width, affinity):
     rows[0, 2] = kind[root]
     rows[0, 3] = value[root] if kind[root] else desc[root]
     rows[0, 4] = used
+    # a MIN / MAX record's place among the tape's MIN / MAX records (its sides in the arena, for
+    # the union rule) in its entry's param word; their count in the first row's
+    ordinal = np.full(n, 0, np.int64)
+    n_minmax = 0
+    for k in range(n):
+        if code[k, 0] == _OP_MIN or code[k, 0] == _OP_MAX:
+            ordinal[k] = n_minmax
+            n_minmax += 1
+    rows[0, 5] = n_minmax
     lane = 0
     for i in range(order.size):
         k = order[i]
@@ -463,6 +486,7 @@ def _wave_plan(code, leaf_bits, max_slots, width, affinity):
             rows[at, 6 + j // 2] |= np.uint32(mark) << np.uint32(16 * (j % 2))
             rows[consts + k, j] = value[p]
         rows[at, 1] = word
+        rows[at, 5] = ordinal[k]
     return rows, used
 
 
@@ -573,9 +597,8 @@ class PrunedPasses:
         if header + len(tape.instrs) + (sign_bit_words(width, height) if sign else 0) > limit:
             raise TaperayError(f"pruned image: tiles {sizes} at {width}x{height} make {sum(counts)} tiles, whose "
                                f"headers alone exceed the adapter's {limit >> 18} MiB binding limit; use larger tiles")
-        # the arena grown to after an overflow, else a guess per image: level 0's scratch plus a
-        # sixteenth of the tape per level-0 tile, and 64 words per tile
-        guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * sum(counts)
+        # the arena grown to after an overflow, else a guess per image (arena_guess)
+        guess = arena_guess(tape, counts[0], sum(counts))
         bits = sign_bit_words(width, height) if sign else 0
         arena = min(self._arena_words or guess, limit - header - bits)
         n = width * height
@@ -775,7 +798,7 @@ class PrunedPasses:
         boxes = words[4:first].reshape(-1, 6)
         filled = int((~(boxes[:, 0] > boxes[:, 3])).sum())
         filled0 = int((~(boxes[:counts[0], 0] > boxes[:counts[0], 3])).sum())
-        guess = filled0 * (len(tape.instrs) // 4 + 8) + 64 * filled
+        guess = arena_guess(tape, filled0, filled)
         arena = min(self._point_arena_words or guess, limit - header)
         self._prepare_outputs(n, header + arena)
         camera = np.zeros(16, np.float32)
@@ -935,7 +958,7 @@ class PrunedPasses:
         u[22] = base                        # U.camera[1].z: the headers' first word
         passes = self._tile_passes(tape, "prune_cells", counts, outside=1)
         while True:
-            guess = counts[0] * (len(tape.instrs) // 4 + 8) + 64 * filled
+            guess = arena_guess(tape, counts[0], filled)
             arena = min(self._cell_arena_words or guess, limit - base - header - tail)
             self._prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words

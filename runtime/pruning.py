@@ -31,6 +31,16 @@ so the pruned tape is run by the same interpreter and gives bit-identical values
 ids) at every point of the box: a decided op returns its chosen operand bit for bit (the point
 rule ``_fmin`` / ``_fmax`` returns a on ties, b only where b < a).
 
+The union bound (``_union_bound``): a MIN compares each operand with its sibling alone, but in
+a union (a tree of MINs, each inner one read once, by a MIN) an operand matters only where it
+is below every other operand of the whole union. The interval pass keeps each MIN / MAX
+record's sides (a's and b's far bounds: lower for MIN, upper for MAX; the result's near bound:
+upper for MIN, lower for MAX); the backward pass hands each operand of a live MIN the bound h =
+min(the bound its own reader handed it, its result's upper bound), which is at least the
+union's value everywhere in the box, and drops an operand whose lower bound exceeds h (MAX:
+mirrored). Such an operand is above the union's value everywhere, so the union's value, and
+its material, stay bit for bit; a value read a second time (by anything) gets no bound.
+
 Hierarchical tiles (2D), one parallel launch per image: the whole image is evaluated once and
 pruned; then the top tiles (first entry of ``tiles``, in pixels) are evaluated together in lanes
 of ``_LANES`` boxes; each top tile (prange) is pruned and walked depth first: its children (next entry of ``tiles``) are evaluated together with the parent's

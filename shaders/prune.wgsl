@@ -31,8 +31,10 @@
 // room is TILE_FAILED (counted in counters[COUNT_ARENA_FULL]), so are its sub-tiles and its pixels
 // (NaN): the host sees the count, grows the arena and runs the image again. A level-l tile takes
 // a scratch of one nibble per record of its parent's tape (level 0: the full tape): bits 0-1 the
-// MIN / MAX / AND / OR choice, bit 2 "emitted", then a tape of exactly its pruned length, packed
-// two words a record (pack_record), in execution order.
+// MIN / MAX / AND / OR choice, bit 2 "emitted", and three words per MIN / MAX record of that tape
+// (its sides, union_sides: the interval pass writes them, the liveness pass's union rule reads
+// them; prune_wave's in the order the host numbered them), then a tape of exactly its pruned
+// length, packed two words a record (pack_record), in execution order.
 //
 // Intervals (float32 pairs; "may be NaN" is lo = hi = NaN, as runtime/intervals.py) contain every
 // value run_tape computes at the tile's pixel centres: add / sub / mul / square bounds move at
@@ -44,6 +46,9 @@
 // MIN / MAX / AND / OR choices follow intervals.choice, so a decided op returns the chosen operand
 // bit for bit at every pixel (nmin / nmax return a on ties): a pruned tape is exact on its tile,
 // and a sub-tile's interval pass over its parent's pruned tape bounds the same values.
+// The liveness pass adds runtime/pruning.py's union rule (union_rule, read_reg): a MIN read once
+// by a MIN also drops an operand that lies above the whole union's bound (MAX mirrored), with
+// the twin's decisions wherever the intervals are the twin's.
 // Every loop over records counts into run_tape's `iters` and stops at U.iter_cap (overflow,
 // reported by the host); so do prune_tiles' chunk loops and the loads of each chunk into workgroup
 // memory. prune_tiles' interval and liveness passes count a chunk's records at once, before
@@ -65,7 +70,8 @@ const PI_UP: f32 = 3.1447;                      // > pi (1 + 2^-9)
 const TRIG_UP: f32 = 1.0009765625;              // |sin|, |cos| on the GPU: <= 1 + 2^-11
 
 var<private> ireg: array<vec2<f32>, REG_CAP>;   // the intervals of the registers (lo, hi)
-var<private> live: array<bool, REG_CAP>;   // the pruner's live registers (private: zeroed)
+var<private> live: array<u32, REG_CAP>;    // liveness: 0 dead, else live | the union bound's kind << 1
+var<private> rbound: array<f32, REG_CAP>;  // liveness: the union bound a live register's reader passed
 var<private> konst: array<bool, REG_CAP>;  // interval pass: the register's last write was a CONST
 var<private> capt: array<bool, REG_CAP>;   // liveness: a later record folds the register's CONST
 var<private> kval: array<u32, REG_CAP>;    // writing pass: the bits of the register's last CONST
@@ -517,6 +523,70 @@ fn chosen(w0: u32, ch: u32) -> u32 {
     return select(w0 >> 24u, (w0 >> 16u) & 0xffu, ch == CH_A);
 }
 
+fn is_minmax(op: u32) -> bool {
+    return op == OP_MIN || op == OP_MAX;
+}
+
+// the union bound (runtime/pruning.py _union_bound, the same rule): a live MIN / MAX record's
+// bound h (the one its reader passed, of kind `dkind`, tightened by its result's near bound) and
+// its choice, an operand whose far bound lies beyond h dropped; kind 0 where its interval may be
+// NaN (then it passes no bound)
+struct UnionRule {
+    kind: u32,
+    h: f32,
+    ch: u32,
+}
+
+fn union_rule(is_min: bool, ch: u32, sides: vec3<f32>, dkind: u32, dbound: f32) -> UnionRule {
+    let kind = select(2u, 1u, is_min);
+    if (is_nan(sides.z)) {
+        return UnionRule(0u, 0.0, ch);
+    }
+    var h = sides.z;
+    if (dkind == kind) {
+        h = select(max(dbound, h), min(dbound, h), is_min);
+    }
+    var c = ch;
+    if (ch == CH_BOTH) {
+        if (select((sides.x < h), (sides.x > h), is_min)) {
+            c = CH_B;
+        } else if (select((sides.y < h), (sides.y > h), is_min)) {
+            c = CH_A;
+        }
+    }
+    return UnionRule(kind, h, c);
+}
+
+// a MIN / MAX record's sides for the union rule: a's and b's far bounds (MIN: lower, MAX: upper),
+// its result's near bound (MIN: upper, MAX: lower)
+fn union_sides(op: u32, a: vec2<f32>, b: vec2<f32>, v: Iv) -> vec3<f32> {
+    if (op == OP_MIN) {
+        return vec3<f32>(a.x, b.x, v.hi);
+    }
+    return vec3<f32>(a.y, b.y, v.lo);
+}
+
+// backward liveness: register r is read, by a record passing a union bound of `kind` (0: none);
+// a second reader clears the bound (pruning.py _read)
+fn read_reg(r: u32, kind: u32, h: f32) {
+    if (live[r] != 0u) {
+        live[r] = 1u;
+    } else {
+        live[r] = 1u | (kind << 1u);
+        rbound[r] = h;
+    }
+}
+
+fn store_sides(at: u32, v: vec3<f32>) {
+    out_u[at] = bitcast<u32>(v.x);
+    out_u[at + 1u] = bitcast<u32>(v.y);
+    out_u[at + 2u] = bitcast<u32>(v.z);
+}
+
+fn load_sides(at: u32) -> vec3<f32> {
+    return vec3<f32>(bitcast<f32>(out_u[at]), bitcast<f32>(out_u[at + 1u]), bitcast<f32>(out_u[at + 2u]));
+}
+
 // an emitted record as a pruned tape holds it (scratch nibble `nib`): a folded operand (on a
 // record that may fold: not a CONST) as the immediate `imm`, its CONST's value; a decided choice
 // as a COPY of its chosen operand; else the record itself
@@ -551,6 +621,7 @@ var<workgroup> wg_rec: array<vec2<u32>, CHUNK>;
 var<workgroup> wg_src: array<u32, MAX_SLOTS>;   // per source tape: its first word in out_u, its length
 var<workgroup> wg_len: array<u32, MAX_SLOTS>;
 var<workgroup> wg_chunks: u32;                  // chunks of the longest source tape
+var<workgroup> wg_minmax: array<atomic<u32>, MAX_SLOTS>;   // per source tape: its MIN / MAX records
 // whether any invocation is still working, one word per chunk in turn (three, so that the word an
 // invocation sets before a chunk's barrier was cleared by invocation 0 two chunks before)
 var<workgroup> wg_busy: array<u32, 3>;
@@ -634,6 +705,19 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if (lid < 3u) {
         wg_busy[lid] = 0u;
     }
+    if (lid < MAX_SLOTS) {
+        atomicStore(&wg_minmax[lid], 0u);
+    }
+    workgroupBarrier();
+    // each source tape's MIN / MAX records, counted by the whole workgroup (their sides' scratch)
+    for (var s = 0u; s < n_slots; s++) {
+        var count = 0u;
+        for (var k = lid; k < wg_len[s]; k += WG) {
+            iters += 1u;
+            count += select(0u, 1u, is_minmax(source_record(l, wg_src[s], k).x & OP_MASK));
+        }
+        atomicAdd(&wg_minmax[s], count);
+    }
     workgroupBarrier();
     if (lid == 0u) {
         var longest = 0u;
@@ -648,6 +732,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var base = 0u;      // the tile's segment in wg_rec
     var len = 0u;
     var scratch = 0u;
+    var sides = 0u;     // the MIN / MAX records' sides, 3 words each, in order
     var box_lo = vec3<f32>(0.0);
     var box_hi = vec3<f32>(0.0);
     if (t < n) {
@@ -663,7 +748,8 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             len = wg_len[slot];
             h = vec3<u32>(0u, 0u, pcls);
             if (pcls != TILE_FAILED && (pcls == TILE_AMBIGUOUS || !sign_mode())) {
-                scratch = alloc((len + 7u) / 8u);
+                scratch = alloc((len + 7u) / 8u + 3u * atomicLoad(&wg_minmax[slot]));
+                sides = scratch + (len + 7u) / 8u;
                 if (scratch == NO_ROOM) {
                     h.z = TILE_FAILED;
                 } else {
@@ -679,6 +765,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 
     // the interval pass
     var bits = 0u;
+    var mm = 0u;        // MIN / MAX records walked
     for (var c = 0u; c < n_chunks; c++) {
         iters += 1u;
         if (!next_chunk(working, &phase, l, c, seg, n_slots, lid)) {
@@ -709,6 +796,10 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     let ib = select(ireg[bb], vec2<f32>(imm), FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
                     let ic = ireg[select(0u, w.y & 0xffu, op == OP_MIX)];
                     v = iv_binary(op, ia.x, ia.y, ib.x, ib.y, ic.x, ic.y);
+                    if (is_minmax(op)) {
+                        store_sides(sides + 3u * mm, union_sides(op, ia, ib, v));
+                        mm += 1u;
+                    }
                     if (FOLD_CONSTANTS && foldable(op) && (w.x & (IMM_A | IMM_B)) == 0u) {
                         if (konst[bb]) {
                             fold = FOLDED;
@@ -763,9 +854,14 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 
     // backward liveness: a decided choice op becomes COPY dst <- chosen operand (nothing when
     // that is dst itself); records whose result is never read are dropped; an operand folded as
-    // an immediate is not read, and the CONST that wrote it is marked FOLDED (capt). The scratch
-    // word before the one in use is fetched ahead.
-    live[0] = true;
+    // an immediate is not read, and the CONST that wrote it is marked FOLDED (capt); a live MIN /
+    // MAX takes the union rule (union_rule) from its sides and the bound its reader passed. The
+    // scratch word before the one in use is fetched ahead.
+    live[0] = 1u;
+    var sd_ahead = vec3<f32>(0.0);     // the sides of MIN / MAX record mm - 1 (the next one backward)
+    if (working && mm > 0u) {
+        sd_ahead = load_sides(sides + 3u * mm - 3u);
+    }
     var n_out = 0u;
     var word = 0u;
     var ahead = 0u;
@@ -808,16 +904,30 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     capt[dst] = false;
                     word |= FOLDED << sh;
                 }
-                if (!live[dst]) {
+                let op = w.x & OP_MASK;
+                var sd = vec3<f32>(0.0);
+                if (is_minmax(op)) {      // (the next MIN / MAX record's sides fetched ahead)
+                    mm -= 1u;
+                    sd = sd_ahead;
+                    sd_ahead = load_sides(sides + 3u * max(mm, 1u) - 3u);
+                }
+                let dlive = live[dst];
+                if (dlive == 0u) {
                     continue;
                 }
-                live[dst] = false;
+                live[dst] = 0u;
                 let nib = (word >> sh) & 0xfu;
-                let ch = nib & 3u;
-                let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && (w.x & OP_MASK) != OP_CONST;
+                var ch = nib & 3u;
+                let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && op != OP_CONST;
+                var rule = UnionRule(0u, 0.0, ch);
+                if (is_minmax(op)) {
+                    rule = union_rule(op == OP_MIN, ch, sd, dlive >> 1u, rbound[dst]);
+                    word |= (rule.ch ^ ch) << sh;       // (a choice the rule made: from CH_BOTH)
+                    ch = rule.ch;
+                }
                 if (ch != CH_BOTH && !folded) {
                     let kept = chosen(w.x, ch);
-                    live[kept] = true;
+                    read_reg(kept, rule.kind, rule.h);
                     if (kept != dst) {
                         word |= EMITTED << sh;
                         n_out += 1u;
@@ -826,7 +936,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 word |= EMITTED << sh;
                 n_out += 1u;
-                let nr = n_reads(w.x & OP_MASK);
+                let nr = n_reads(op);
                 let ra = (w.x >> 16u) & 0xffu;
                 let rb = w.x >> 24u;
                 let fold_a = folded && (nib & FOLD_A) != 0u;
@@ -840,13 +950,13 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let imm_a = fold_a || (FOLD_CONSTANTS && (w.x & IMM_A) != 0u);
                 let imm_b = fold_b || (FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
                 if (nr >= 1u && !imm_a) {
-                    live[ra] = true;
+                    read_reg(ra, rule.kind, rule.h);
                 }
                 if (nr >= 2u && !imm_b) {
-                    live[rb] = true;
+                    read_reg(rb, rule.kind, rule.h);
                 }
                 if (nr == 3u) {
-                    live[w.y & 0xffu] = true;
+                    read_reg(w.y & 0xffu, 0u, 0.0);
                 }
             }
             if (overflow) {
@@ -964,13 +1074,16 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // bits of the value), (WAVE_LEAF | its VAR record, 2, the axis) or (WAVE_LEAF | an INSTANCE_INDEX
 // record or WAVE_NONE (no record wrote the register), 3, -: the value 0).
 var<workgroup> wv_val: array<vec2<f32>, WAVE_SLOTS>;           // each slot's interval
-var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;      // backward: the slot's value is read
+// backward: the slot's value's reads, + (the union bound's kind << 16) of each (wave_read)
+var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;
+var<workgroup> wv_bound: array<f32, WAVE_SLOTS>;               // backward: the union bound a read passed
 var<workgroup> wv_nib: array<atomic<u32>, WAVE_RECORDS / 8u>;  // prune_tiles' scratch nibbles
 var<workgroup> wv_part: array<u32, WG>;                        // the scan of emitted records
 var<workgroup> wv_cls: u32;
 var<workgroup> wv_lower: f32;   // level 0's result interval's lower bound (invocation 0's)
 var<workgroup> wv_total: u32;
 var<workgroup> wv_tape: u32;
+var<workgroup> wv_sides: u32;   // the arena word of the tile's MIN / MAX records' sides
 
 // a step's record: w = op | dst << 8 | a << 16 | b << 24 (scene fields' ops as their arithmetic
 // ones), its index k, its value's slot, its operands' descriptors, kinds (2 bits each) and values.
@@ -985,6 +1098,7 @@ struct WaveEntry {
     kinds: u32,
     used: bool,
     v: vec3<u32>,
+    ord: u32,       // a MIN / MAX record's place among the tape's MIN / MAX records (its sides)
 }
 
 fn wave_descriptor(mark: u32, kind: u32) -> u32 {
@@ -996,14 +1110,23 @@ fn wave_descriptor(mark: u32, kind: u32) -> u32 {
 
 fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
     if (s >= n_steps || lane >= WAVE_WIDTH) {
-        return WaveEntry(0u, 0u, 0u, vec3<u32>(WAVE_NONE), 0xffu, false, vec3<u32>(0u));
+        return WaveEntry(0u, 0u, 0u, vec3<u32>(WAVE_NONE), 0xffu, false, vec3<u32>(0u), 0u);
     }
     let r = instrs[U.n_instrs + 1u + s * WAVE_WIDTH + lane];
     let kinds = (r.dst >> 22u) & 0x3fu;
     let d = vec3<u32>(wave_descriptor(r.aux & 0xffffu, kinds & 3u), wave_descriptor(r.aux >> 16u, (kinds >> 2u) & 3u),
                       wave_descriptor(r.jump & 0xffffu, kinds >> 4u));
     return WaveEntry(r.op, r.dst & 0x1fffu, (r.dst >> 13u) & 0x1ffu, d, kinds, (r.dst >> 28u) != 0u,
-                     vec3<u32>(r.a, r.b, r.c));
+                     vec3<u32>(r.a, r.b, r.c), r.param);
+}
+
+// a step's record's sides (union_sides), stored by the interval pass from arena word `at` on;
+// zero for a record that is not a MIN / MAX
+fn wave_sides(e: WaveEntry, at: u32) -> vec3<f32> {
+    if (!e.used || !is_minmax(e.w & OP_MASK)) {
+        return vec3<f32>(0.0);
+    }
+    return load_sides(at + 3u * e.ord);
 }
 
 // the interval of an operand over the tile's box, without branches (a step's records read
@@ -1021,13 +1144,17 @@ fn wave_set(k: u32, bits: u32) {
     atomicOr(&wv_nib[k / 8u], bits << (4u * (k & 7u)));
 }
 
-// backward: the value a descriptor names is read by an emitted record
-fn wave_read(d: u32) {
+// backward: the value a descriptor names is read by an emitted record, which passes a union
+// bound of `kind` (0: none; read_reg's rule: only a value read once keeps it)
+fn wave_read(d: u32, kind: u32, h: f32) {
     if (d == WAVE_NONE) {
         return;
     }
     if (d < WAVE_LEAF) {
-        atomicOr(&wv_demand[d], 1u);
+        atomicAdd(&wv_demand[d], 1u + (kind << 16u));
+        if (kind != 0u) {
+            wv_bound[d] = h;    // (two reads in one step may both write: the count then voids it)
+        }
     } else {
         wave_set(d & ~WAVE_LEAF, EMITTED);
     }
@@ -1066,7 +1193,16 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     for (var i = lid; i < n_words; i += WG) {
         atomicStore(&wv_nib[i], 0u);
     }
-    workgroupBarrier();
+    if (lid == 0u) {
+        wv_sides = alloc(3u * head.param);    // (head.param: the tape's MIN / MAX records)
+    }
+    let sides = workgroupUniformLoad(&wv_sides);
+    if (sides == NO_ROOM) {
+        if (lid == 0u) {
+            wave_header(hdr, vec4<u32>(0u, 0u, TILE_FAILED, REG_CAP), nan());
+        }
+        return;
+    }
 
     // the interval pass, a step at a time
     var e = wave_entry(0u, lid, n_steps);
@@ -1083,6 +1219,9 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 let b = wave_value((e.kinds >> 2u) & 3u, e.v.y, ext.lo, ext.hi);
                 let c = wave_value((e.kinds >> 4u) & 3u, e.v.z, ext.lo, ext.hi);
                 v = iv_binary(op, a.x, a.y, b.x, b.y, c.x, c.y);
+                if (is_minmax(op)) {
+                    store_sides(sides + 3u * e.ord, union_sides(op, a, b, v));
+                }
                 if (FOLD_CONSTANTS && foldable(op)) {     // (a CONST operand: kind 1)
                     if (((e.kinds >> 2u) & 3u) == 1u) {
                         fold = FOLDED;
@@ -1107,7 +1246,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         }
         wv_cls = cls;
         wv_lower = r.x;
-        wave_read(head.dst);
+        wave_read(head.dst, 0u, 0.0);
     }
     let cls = workgroupUniformLoad(&wv_cls);
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
@@ -1118,22 +1257,40 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     }
 
     // backward liveness (prune_tiles' rules), a step at a time from the last: a slot's reads are
-    // taken (and cleared for the value it held before) by the record that wrote it
+    // taken (and cleared for the value it held before) by the record that wrote it. The entries
+    // are fetched two steps ahead, their sides one step ahead.
     e = wave_entry(n_steps - 1u, lid, n_steps);
+    var ahead = wave_entry(n_steps - 2u, lid, n_steps);    // (past the first: wraps, unused)
+    var es = wave_sides(e, sides);
     for (var sb = 0u; sb < n_steps; sb++) {
-        let next = wave_entry(n_steps - 2u - sb, lid, n_steps);   // (past the first: wraps, unused)
-        if (e.used && atomicExchange(&wv_demand[e.slot], 0u) != 0u) {
+        let next = wave_entry(n_steps - 3u - sb, lid, n_steps);
+        let ahead_s = wave_sides(ahead, sides);
+        var dm = 0u;
+        if (e.used) {
+            dm = atomicExchange(&wv_demand[e.slot], 0u);
+        }
+        if (dm != 0u) {
+            let op = e.w & OP_MASK;
             let nib = (atomicLoad(&wv_nib[e.k / 8u]) >> (4u * (e.k & 7u))) & 0xfu;
-            let ch = nib & 3u;
+            var ch = nib & 3u;
             let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
+            var rule = UnionRule(0u, 0.0, ch);
+            if (is_minmax(op)) {
+                rule = union_rule(op == OP_MIN, ch, es, select(0u, dm >> 16u, (dm & 0xffffu) == 1u),
+                                  wv_bound[e.slot]);
+                if (rule.ch != ch) {    // (a choice the rule made: from CH_BOTH)
+                    wave_set(e.k, rule.ch);
+                }
+                ch = rule.ch;
+            }
             if (ch != CH_BOTH && !folded) {
-                wave_read(select(e.d.y, e.d.x, ch == CH_A));
+                wave_read(select(e.d.y, e.d.x, ch == CH_A), rule.kind, rule.h);
                 if (chosen(e.w, ch) != ((e.w >> 8u) & 0xffu)) {
                     wave_set(e.k, EMITTED);
                 }
             } else {
                 wave_set(e.k, EMITTED);
-                let nr = n_reads(e.w & OP_MASK);
+                let nr = n_reads(op);
                 let fold_a = folded && (nib & FOLD_A) != 0u;
                 let fold_b = folded && (nib & FOLD_A) == 0u;
                 if (fold_a) {
@@ -1142,18 +1299,20 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                     wave_set(e.d.y & ~WAVE_LEAF, FOLDED);
                 }
                 if (nr >= 1u && !fold_a) {
-                    wave_read(e.d.x);
+                    wave_read(e.d.x, rule.kind, rule.h);
                 }
                 if (nr >= 2u && !fold_b) {
-                    wave_read(e.d.y);
+                    wave_read(e.d.y, rule.kind, rule.h);
                 }
                 if (nr == 3u) {
-                    wave_read(e.d.z);
+                    wave_read(e.d.z, 0u, 0.0);
                 }
             }
         }
         workgroupBarrier();
-        e = next;
+        e = ahead;
+        es = ahead_s;
+        ahead = next;
     }
 
     // the emitted records (prune_tiles' writing pass), in order: each invocation writes those of
