@@ -505,13 +505,17 @@ def _interval_lanes(code, imm, start, end, box, lo, hi, choices, sides):
 
 
 # ----------------------------------------------------------------------------- pruning
+# the union bound a reader passes (_read): none, a MIN's upper bound, a MAX's lower bound
+_BOUND_NONE, _BOUND_MIN, _BOUND_MAX = np.uint8(0), np.uint8(1), np.uint8(2)
+
+
 @njit(**_JIT)
 def _read(r, kind, bound, live, rkind, rbound):
     """Backward liveness: a record reads register r. Its first reader (going backward: its last)
-    hands r the union bound it passes (kind 1: a MIN's upper bound, 2: a MAX's lower bound, 0:
-    none); a second reader clears it (r's value is then read by more than the union)."""
+    hands r the union bound it passes (kind: _BOUND_MIN / _BOUND_MAX, or _BOUND_NONE); a second
+    reader clears it (r's value is then read by more than the union)."""
     if live[r]:
-        rkind[r] = 0
+        rkind[r] = _BOUND_NONE
     else:
         live[r] = True
         rkind[r] = kind
@@ -523,10 +527,10 @@ def _union_bound(op, ch, far_a, far_b, near, dkind, dbound):
     """A live MIN / MAX record's union rule (module docstring): its bound h (the union's upper
     bound for MIN, lower for MAX: the one its reader passed, tightened by its own result's
     ``near`` bound) and its choice, where an operand whose far bound lies beyond h is dropped.
-    Returns (kind passed to its operands, h, choice); kind 0 where its interval may be NaN."""
-    kind = 1 if op == MIN else 2
+    Returns (kind passed to its operands, h, choice); _BOUND_NONE where its interval may be NaN."""
+    kind = _BOUND_MIN if op == MIN else _BOUND_MAX
     if near != near:
-        return 0, F0, ch
+        return _BOUND_NONE, F0, ch
     h = near
     if dkind == kind:
         h = min(dbound, near) if op == MIN else max(dbound, near)
@@ -557,7 +561,7 @@ def _prune(code, imm, start, end, choice_row, side_row, live, out_code, out_imm,
         a, b = code[i, 2], code[i, 3]
         if op == MIN or op == MAX or op == AND or op == OR:
             ch = choice_row[i]
-            kind, h = 0, F0
+            kind, h = _BOUND_NONE, F0
             if op == MIN or op == MAX:
                 kind, h, ch = _union_bound(op, ch, side_row[i, 0], side_row[i, 1], side_row[i, 2], rkind[d],
                                            rbound[d])
@@ -586,11 +590,11 @@ def _prune(code, imm, start, end, choice_row, side_row, live, out_code, out_imm,
         out_imm[w] = imm[i]
         out_src[w] = i
         if op > CONST and op != INSTANCE_INDEX:      # reads a; binary ops b; MIX c
-            _read(a, 0, F0, live, rkind, rbound)
+            _read(a, _BOUND_NONE, F0, live, rkind, rbound)
             if op >= ADD:
-                _read(b, 0, F0, live, rkind, rbound)
+                _read(b, _BOUND_NONE, F0, live, rkind, rbound)
                 if op == MIX:
-                    _read(code[i, 4], 0, F0, live, rkind, rbound)
+                    _read(code[i, 4], _BOUND_NONE, F0, live, rkind, rbound)
     return w
 
 

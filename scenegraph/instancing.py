@@ -155,14 +155,14 @@ def proven_inner_ball(n, samples: int = 12) -> tuple[np.ndarray, np.ndarray, flo
         low = lower(flatten(n, source="instanced body"))
         axes = [np.linspace(box[0, r], box[1, r], samples + 2)[1:-1] for r in range(3)]
         pts = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-        _, hi, _ = interval_eval(low, pts, pts, fields=True)
+        hi = interval_eval(low, pts, pts, fields=True)[1]
         best = None
         for i in np.argsort(np.where(np.isnan(hi), np.inf, hi))[:8]:
             if not hi[i] < 0:
                 break
             h = -float(hi[i]) / np.sqrt(3.0)
             for _ in range(4):
-                _, hi_b, _ = interval_eval(low, pts[i] - h, pts[i] + h, fields=True)
+                hi_b = interval_eval(low, pts[i] - h, pts[i] + h, fields=True)[1]
                 if hi_b[0] < 0:
                     break
                 h /= 2

@@ -316,6 +316,12 @@ const FOLD_A: u32 = 1u;
 // step of every frame; prune_tiles, for images and points, whose pruning is part of each call,
 // does not: the bookkeeping slows the serial walks over the full tape by about 20 % on the H200)
 override FOLD_CONSTANTS: bool = false;
+// whether this pipeline takes the union rule (union_rule): prune_cells and prune_wave_cells, whose
+// tapes are kept and run every step of every frame (H200: 200 spheres on 8^3 x 2 cells, 7.7 ->
+// 6.3 ms a frame); not prune_tiles and prune_wave, whose pruning is part of each image: there the
+// sides' stores and loads cost level 0 more than the shorter tapes save (prospero 1024^2, tiles
+// 32/8: 0.97 -> 1.16 ms; docs/PERFORMANCE.md)
+override UNION_BOUND: bool = false;
 const MAX_LEVELS: u32 = 4u;         // level sizes live in one vec4
 const TILE_EMPTY: u32 = 4u;         // a sub-tile beyond its parent's extent (header only)
 const BLOCK: u32 = 8u;              // pixel passes: one workgroup (WG = 64 invocations) an 8 x 8 block
@@ -710,7 +716,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
     workgroupBarrier();
     // each source tape's MIN / MAX records, counted by the whole workgroup (their sides' scratch)
-    for (var s = 0u; s < n_slots; s++) {
+    for (var s = 0u; s < select(0u, n_slots, UNION_BOUND); s++) {
         var count = 0u;
         for (var k = lid; k < wg_len[s]; k += WG) {
             iters += 1u;
@@ -796,7 +802,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     let ib = select(ireg[bb], vec2<f32>(imm), FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
                     let ic = ireg[select(0u, w.y & 0xffu, op == OP_MIX)];
                     v = iv_binary(op, ia.x, ia.y, ib.x, ib.y, ic.x, ic.y);
-                    if (is_minmax(op)) {
+                    if (UNION_BOUND && is_minmax(op)) {
                         store_sides(sides + 3u * mm, union_sides(op, ia, ib, v));
                         mm += 1u;
                     }
@@ -859,7 +865,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     // scratch word before the one in use is fetched ahead.
     live[0] = 1u;
     var sd_ahead = vec3<f32>(0.0);     // the sides of MIN / MAX record mm - 1 (the next one backward)
-    if (working && mm > 0u) {
+    if (UNION_BOUND && working && mm > 0u) {
         sd_ahead = load_sides(sides + 3u * mm - 3u);
     }
     var n_out = 0u;
@@ -906,7 +912,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 let op = w.x & OP_MASK;
                 var sd = vec3<f32>(0.0);
-                if (is_minmax(op)) {      // (the next MIN / MAX record's sides fetched ahead)
+                if (UNION_BOUND && is_minmax(op)) {      // (the next MIN / MAX record's sides fetched ahead)
                     mm -= 1u;
                     sd = sd_ahead;
                     sd_ahead = load_sides(sides + 3u * max(mm, 1u) - 3u);
@@ -920,7 +926,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 var ch = nib & 3u;
                 let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && op != OP_CONST;
                 var rule = UnionRule(0u, 0.0, ch);
-                if (is_minmax(op)) {
+                if (UNION_BOUND && is_minmax(op)) {
                     rule = union_rule(op == OP_MIN, ch, sd, dlive >> 1u, rbound[dst]);
                     word |= (rule.ch ^ ch) << sh;       // (a choice the rule made: from CH_BOTH)
                     ch = rule.ch;
@@ -1123,7 +1129,7 @@ fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
 // a step's record's sides (union_sides), stored by the interval pass from arena word `at` on;
 // zero for a record that is not a MIN / MAX
 fn wave_sides(e: WaveEntry, at: u32) -> vec3<f32> {
-    if (!e.used || !is_minmax(e.w & OP_MASK)) {
+    if (!UNION_BOUND || !e.used || !is_minmax(e.w & OP_MASK)) {
         return vec3<f32>(0.0);
     }
     return load_sides(at + 3u * e.ord);
@@ -1194,7 +1200,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         atomicStore(&wv_nib[i], 0u);
     }
     if (lid == 0u) {
-        wv_sides = alloc(3u * head.param);    // (head.param: the tape's MIN / MAX records)
+        wv_sides = select(0u, alloc(3u * head.param), UNION_BOUND);   // (head.param: its MIN / MAX records)
     }
     let sides = workgroupUniformLoad(&wv_sides);
     if (sides == NO_ROOM) {
@@ -1219,7 +1225,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 let b = wave_value((e.kinds >> 2u) & 3u, e.v.y, ext.lo, ext.hi);
                 let c = wave_value((e.kinds >> 4u) & 3u, e.v.z, ext.lo, ext.hi);
                 v = iv_binary(op, a.x, a.y, b.x, b.y, c.x, c.y);
-                if (is_minmax(op)) {
+                if (UNION_BOUND && is_minmax(op)) {
                     store_sides(sides + 3u * e.ord, union_sides(op, a, b, v));
                 }
                 if (FOLD_CONSTANTS && foldable(op)) {     // (a CONST operand: kind 1)
@@ -1275,7 +1281,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             var ch = nib & 3u;
             let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
             var rule = UnionRule(0u, 0.0, ch);
-            if (is_minmax(op)) {
+            if (UNION_BOUND && is_minmax(op)) {
                 rule = union_rule(op == OP_MIN, ch, es, select(0u, dm >> 16u, (dm & 0xffffu) == 1u),
                                   wv_bound[e.slot]);
                 if (rule.ch != ch) {    // (a choice the rule made: from CH_BOTH)

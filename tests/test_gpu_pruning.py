@@ -161,6 +161,38 @@ def test_march_cells_fold_constant_operands_into_their_records(walker_gpu, no_ne
     assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=cells), full)
 
 
+UNION_VM = """# a union whose inner operand b never decides it: over [-1, 1]^3, a = 10 x, b = y + 5,
+# c = y + 1; min(a, b) keeps both by their intervals, the outer min both too, yet b > 2 >= the union
+_x var-x
+_y var-y
+_ten const 10
+_a mul _x _ten
+_five const 5
+_b add _y _five
+_i min _a _b
+_one const 1
+_c add _y _one
+_r min _i _c
+"""
+
+
+def test_march_cells_take_the_union_rule(walker_gpu, no_new_kernels):
+    """One march cell over the whole box: its tape drops b (the union rule: b's ADD and the inner
+    MIN, which becomes r <- a), the CONSTs folded: x, y, 10 x, y + 1 and the outer MIN, 5
+    records, where the sibling rule alone keeps 7 (the outside cell's tape: 7; the mean of the
+    two: 6); the march on it is bit for bit the whole tape's. Images prune without the rule
+    (prune_tiles: every call's own pruning): all 10 records."""
+    from taperay.runtime.camera import Camera
+    tape = load_vm(UNION_VM)
+    assert np.array_equal(tape.bounds, [[-1, -1, -1], [1, 1, 1]])
+    assert [lv["mean_length"] for lv in walker_gpu.march_cell_levels(tape, cells=(1, 1))] == [6]
+    assert [lv["mean_length"] for lv in walker_gpu.prune_levels(tape, 16, 16, tiles=(16,))] == [len(tape)]
+    cam = Camera(eye=(0.3, -2.5, 1.5), target=(0, 0, 0), fov_deg=50)
+    full = walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=None)
+    assert full["hit"].mean() > 0.1
+    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=(1, 1)), full)
+
+
 def test_a_small_arena_is_grown_and_the_image_run_again(walker_gpu, no_new_kernels, prospero_96, monkeypatch):
     tape, full = prospero_96
     n = full.shape[0]
