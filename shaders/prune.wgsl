@@ -579,7 +579,9 @@ fn read_reg(r: u32, kind: u32, h: f32) {
         live[r] = 1u;
     } else {
         live[r] = 1u | (kind << 1u);
-        rbound[r] = h;
+        if (UNION_BOUND) {
+            rbound[r] = h;
+        }
     }
 }
 
@@ -1104,7 +1106,6 @@ struct WaveEntry {
     kinds: u32,
     used: bool,
     v: vec3<u32>,
-    ord: u32,       // a MIN / MAX record's place among the tape's MIN / MAX records (its sides)
 }
 
 fn wave_descriptor(mark: u32, kind: u32) -> u32 {
@@ -1116,23 +1117,20 @@ fn wave_descriptor(mark: u32, kind: u32) -> u32 {
 
 fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
     if (s >= n_steps || lane >= WAVE_WIDTH) {
-        return WaveEntry(0u, 0u, 0u, vec3<u32>(WAVE_NONE), 0xffu, false, vec3<u32>(0u), 0u);
+        return WaveEntry(0u, 0u, 0u, vec3<u32>(WAVE_NONE), 0xffu, false, vec3<u32>(0u));
     }
     let r = instrs[U.n_instrs + 1u + s * WAVE_WIDTH + lane];
     let kinds = (r.dst >> 22u) & 0x3fu;
     let d = vec3<u32>(wave_descriptor(r.aux & 0xffffu, kinds & 3u), wave_descriptor(r.aux >> 16u, (kinds >> 2u) & 3u),
                       wave_descriptor(r.jump & 0xffffu, kinds >> 4u));
     return WaveEntry(r.op, r.dst & 0x1fffu, (r.dst >> 13u) & 0x1ffu, d, kinds, (r.dst >> 28u) != 0u,
-                     vec3<u32>(r.a, r.b, r.c), r.param);
+                     vec3<u32>(r.a, r.b, r.c));
 }
 
-// a step's record's sides (union_sides), stored by the interval pass from arena word `at` on;
-// zero for a record that is not a MIN / MAX
-fn wave_sides(e: WaveEntry, at: u32) -> vec3<f32> {
-    if (!UNION_BOUND || !e.used || !is_minmax(e.w & OP_MASK)) {
-        return vec3<f32>(0.0);
-    }
-    return load_sides(at + 3u * e.ord);
+// the arena word of the sides (union_sides) of step s's record `lane`, a MIN / MAX: from word
+// `at` on, in the order the host numbered the tape's MIN / MAX records (its row's param word)
+fn wave_sides_at(s: u32, lane: u32, at: u32) -> u32 {
+    return at + 3u * instrs[U.n_instrs + 1u + s * WAVE_WIDTH + lane].param;
 }
 
 // the interval of an operand over the tile's box, without branches (a step's records read
@@ -1158,7 +1156,7 @@ fn wave_read(d: u32, kind: u32, h: f32) {
     }
     if (d < WAVE_LEAF) {
         atomicAdd(&wv_demand[d], 1u + (kind << 16u));
-        if (kind != 0u) {
+        if (UNION_BOUND && kind != 0u) {
             wv_bound[d] = h;    // (two reads in one step may both write: the count then voids it)
         }
     } else {
@@ -1200,7 +1198,10 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         atomicStore(&wv_nib[i], 0u);
     }
     if (lid == 0u) {
-        wv_sides = select(0u, alloc(3u * head.param), UNION_BOUND);   // (head.param: its MIN / MAX records)
+        wv_sides = 0u;
+        if (UNION_BOUND) {
+            wv_sides = alloc(3u * head.param);    // (head.param: the tape's MIN / MAX records)
+        }
     }
     let sides = workgroupUniformLoad(&wv_sides);
     if (sides == NO_ROOM) {
@@ -1226,7 +1227,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 let c = wave_value((e.kinds >> 4u) & 3u, e.v.z, ext.lo, ext.hi);
                 v = iv_binary(op, a.x, a.y, b.x, b.y, c.x, c.y);
                 if (UNION_BOUND && is_minmax(op)) {
-                    store_sides(sides + 3u * e.ord, union_sides(op, a, b, v));
+                    store_sides(wave_sides_at(s, lid, sides), union_sides(op, a, b, v));
                 }
                 if (FOLD_CONSTANTS && foldable(op)) {     // (a CONST operand: kind 1)
                     if (((e.kinds >> 2u) & 3u) == 1u) {
@@ -1263,14 +1264,10 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     }
 
     // backward liveness (prune_tiles' rules), a step at a time from the last: a slot's reads are
-    // taken (and cleared for the value it held before) by the record that wrote it. The entries
-    // are fetched two steps ahead, their sides one step ahead.
+    // taken (and cleared for the value it held before) by the record that wrote it
     e = wave_entry(n_steps - 1u, lid, n_steps);
-    var ahead = wave_entry(n_steps - 2u, lid, n_steps);    // (past the first: wraps, unused)
-    var es = wave_sides(e, sides);
     for (var sb = 0u; sb < n_steps; sb++) {
-        let next = wave_entry(n_steps - 3u - sb, lid, n_steps);
-        let ahead_s = wave_sides(ahead, sides);
+        let next = wave_entry(n_steps - 2u - sb, lid, n_steps);   // (past the first: wraps, unused)
         var dm = 0u;
         if (e.used) {
             dm = atomicExchange(&wv_demand[e.slot], 0u);
@@ -1282,8 +1279,8 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
             var rule = UnionRule(0u, 0.0, ch);
             if (UNION_BOUND && is_minmax(op)) {
-                rule = union_rule(op == OP_MIN, ch, es, select(0u, dm >> 16u, (dm & 0xffffu) == 1u),
-                                  wv_bound[e.slot]);
+                rule = union_rule(op == OP_MIN, ch, load_sides(wave_sides_at(n_steps - 1u - sb, lid, sides)),
+                                  select(0u, dm >> 16u, (dm & 0xffffu) == 1u), wv_bound[e.slot]);
                 if (rule.ch != ch) {    // (a choice the rule made: from CH_BOTH)
                     wave_set(e.k, rule.ch);
                 }
@@ -1316,9 +1313,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             }
         }
         workgroupBarrier();
-        e = ahead;
-        es = ahead_s;
-        ahead = next;
+        e = next;
     }
 
     // the emitted records (prune_tiles' writing pass), in order: each invocation writes those of
