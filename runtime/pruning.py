@@ -39,7 +39,11 @@ upper for MIN, lower for MAX); the backward pass hands each operand of a live MI
 min(the bound its own reader handed it, its result's upper bound), which is at least the
 union's value everywhere in the box, and drops an operand whose lower bound exceeds h (MAX:
 mirrored). Such an operand is above the union's value everywhere, so the union's value, and
-its material, stay bit for bit; a value read a second time (by anything) gets no bound.
+its material, stay bit for bit; a value read a second time (by anything) gets no bound. The
+march cells (``march_pruned``), whose tapes run every step of every frame, take the rule; the
+per-call images and points do not (an empty sides array): there keeping the sides costs their
+interval passes more than the shorter tapes save (docs/PERFORMANCE.md, nineteenth session), as
+on the GPU (prune.wgsl UNION_BOUND).
 
 Hierarchical tiles (2D), one parallel launch per image: the whole image is evaluated once and
 pruned; then the top tiles (first entry of ``tiles``, in pixels) are evaluated together in lanes
@@ -452,15 +456,17 @@ def _interval_lanes(code, imm, start, end, box, lo, hi, choices, sides):
 
     box: (6, _LANES) float32 rows x_lo x_hi y_lo y_hi z_lo z_hi; lo / hi: (n_regs, _LANES)
     scratch; choices: (>=end, _LANES) uint8, written for MIN / MAX / AND / OR records; sides:
-    (>=end, 3, _LANES) float32, written for MIN / MAX records (their union sides, ``_prune``).
-    The result interval of lane k is (lo[0, k], hi[0, k])."""
+    (>=end, 3, _LANES) float32, written for MIN / MAX records (their union sides, ``_prune``), or
+    empty (0, 3, _LANES): not kept. The result interval of lane k is (lo[0, k], hi[0, k])."""
+    keep = sides.shape[0] > 0
     for i in range(start, end):
         op, d, a, b = code[i, 0], code[i, 1], code[i, 2], code[i, 3]
         if op == MAX:
             for k in range(_LANES):
                 ahi, bhi = hi[a, k], hi[b, k]
                 lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MAX, lo[a, k], ahi, lo[b, k], bhi)
-                sides[i, 0, k], sides[i, 1, k], sides[i, 2, k] = ahi, bhi, lo[d, k]
+                if keep:
+                    sides[i, 0, k], sides[i, 1, k], sides[i, 2, k] = ahi, bhi, lo[d, k]
         elif op == SUB:
             for k in range(_LANES):
                 lo[d, k], hi[d, k] = _iv_add(lo[a, k], hi[a, k], -hi[b, k], -lo[b, k])
@@ -475,7 +481,8 @@ def _interval_lanes(code, imm, start, end, box, lo, hi, choices, sides):
             for k in range(_LANES):
                 alo, blo = lo[a, k], lo[b, k]
                 lo[d, k], hi[d, k], choices[i, k] = _iv_minmax(MIN, alo, hi[a, k], blo, hi[b, k])
-                sides[i, 0, k], sides[i, 1, k], sides[i, 2, k] = alo, blo, hi[d, k]
+                if keep:
+                    sides[i, 0, k], sides[i, 1, k], sides[i, 2, k] = alo, blo, hi[d, k]
         elif op == NEG:
             for k in range(_LANES):
                 lo[d, k], hi[d, k] = -hi[a, k], -lo[a, k]
@@ -545,7 +552,7 @@ def _union_bound(op, ch, far_a, far_b, near, dkind, dbound):
 @njit(**_JIT)
 def _prune(code, imm, start, end, choice_row, side_row, live, out_code, out_imm, out_src):
     """Backward liveness over code[start:end] with one box's choices and MIN / MAX sides
-    (side_row: (n, 3); NaN rows: no union rule); the pruned records are written to out_code /
+    (side_row: (n, 3); NaN rows, or an empty (0, 3) side_row: no union rule); the pruned records are written to out_code /
     out_imm (out_src: the index each came from) ending at index ``end``; returns their first
     index. live: (n_regs,) bool scratch."""
     live[:] = False
@@ -562,7 +569,7 @@ def _prune(code, imm, start, end, choice_row, side_row, live, out_code, out_imm,
         if op == MIN or op == MAX or op == AND or op == OR:
             ch = choice_row[i]
             kind, h = _BOUND_NONE, F0
-            if op == MIN or op == MAX:
+            if (op == MIN or op == MAX) and side_row.shape[0] > 0:
                 kind, h, ch = _union_bound(op, ch, side_row[i, 0], side_row[i, 1], side_row[i, 2], rkind[d],
                                            rbound[d])
             if ch != _CH_BOTH:
@@ -643,7 +650,7 @@ def _boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, sd, out_lo, 
     for i in range(start, end):
         for k in range(K):
             out_choices[i, t0 + k] = ch[i, k]
-        if code[i, 0] == MIN or code[i, 0] == MAX:
+        if (code[i, 0] == MIN or code[i, 0] == MAX) and out_sides.shape[0] > 0:
             for f in range(3):
                 for k in range(K):
                     out_sides[i, f, t0 + k] = sd[i, f, k]
@@ -704,7 +711,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     hi = np.empty((n_regs, _LANES), np.float32)
     box = np.empty((6, _LANES), np.float32)
     ch = np.empty((n, _LANES), np.uint8)
-    sd = np.empty((n, 3, _LANES), np.float32)
+    sd = np.empty((0, 3, _LANES), np.float32)       # (images prune without the union rule)
     live = np.empty(n_regs, np.bool_)
     src = np.empty(n, np.int32)
     boxes = np.empty((6, max(n_top, 1)), np.float32)
@@ -712,7 +719,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     boxes[2, 0], boxes[3, 0] = _span(ys, np.int64(0), H)
     boxes[4, 0], boxes[5, 0] = zf, zf
     top_choices = np.empty((n, n_top), np.uint8)
-    top_sides = np.empty((n, 3, n_top), np.float32)
+    top_sides = np.empty((0, 3, n_top), np.float32)
     top_lo = np.empty(n_top, np.float32)
     top_hi = np.empty(n_top, np.float32)
     _boxes_group(code0, imm0, np.int64(0), n, boxes[:, :1].copy(), np.int64(0), box, lo, hi, ch, sd, top_lo,
@@ -747,7 +754,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         tstart = np.empty(L, np.int64)
         live = np.empty(n_regs, np.bool_)
         choices = np.empty((L, groups, n, _LANES), np.uint8)
-        sides = np.empty((L, groups, n, 3, _LANES), np.float32)
+        sides = np.empty((L, groups, 0, 3, _LANES), np.float32)
         lo = np.empty((n_regs, _LANES), np.float32)
         hi = np.empty((n_regs, _LANES), np.float32)
         clo = np.empty((L, groups * _LANES), np.float32)
@@ -1066,13 +1073,13 @@ def _boxes(lo, hi) -> np.ndarray:
     return np.ascontiguousarray(np.stack([lo[:, 0], hi[:, 0], lo[:, 1], hi[:, 1], lo[:, 2], hi[:, 2]]))
 
 
-def _lanes(code, imm, start, n_regs, boxes):
-    """Intervals (T,) lo, hi, choices (n, T) and MIN / MAX sides (n, 3, T; NaN on other records)
-    of code[start:] over the T boxes."""
+def _lanes(code, imm, start, n_regs, boxes, keep_sides: bool = True):
+    """Intervals (T,) lo, hi, choices (n, T) and MIN / MAX sides (n, 3, T; NaN on other records;
+    without ``keep_sides`` (0, 3, T): none) of code[start:] over the T boxes."""
     T = boxes.shape[1]
     out_lo, out_hi = np.empty(T, np.float32), np.empty(T, np.float32)
     choices = np.zeros((len(code), T), np.uint8)
-    sides = np.full((len(code), 3, T), NAN, np.float32)
+    sides = np.full((len(code) if keep_sides else 0, 3, T), NAN, np.float32)
     if T:
         _lanes_kernel(code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices, sides)
     return out_lo, out_hi, choices, sides
@@ -1121,9 +1128,9 @@ def prune(tape: Tape, choices, sides=None) -> Tape:
     row = np.ascontiguousarray(np.asarray(choices, np.uint8).reshape(-1))
     if row.shape != (len(code),):
         raise TaperayError(f"prune: {row.shape[0]} choices for a tape of {len(code)} records")
-    side_row = np.full((len(code), 3), NAN, np.float32) if sides is None else \
+    side_row = np.empty((0, 3), np.float32) if sides is None else \
         np.ascontiguousarray(np.asarray(sides, np.float32))
-    if side_row.shape != (len(code), 3):
+    if sides is not None and side_row.shape != (len(code), 3):
         raise TaperayError(f"prune: sides of shape {side_row.shape} for a tape of {len(code)} records "
                            f"(needs ({len(code)}, 3))")
     out_code, src = np.empty_like(code), np.empty(len(code), np.int32)
@@ -1208,12 +1215,12 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
         seg = np.linspace(0, len(pts), min(len(pts), 64) + 1).astype(np.int64)
         order = np.arange(len(pts), dtype=np.int64)
         choices = np.zeros((len(code), len(seg) - 1), np.uint8)
-        sides = np.full((len(code), 3, len(seg) - 1), NAN, np.float32)
+        sides = np.empty((0, 3, len(seg) - 1), np.float32)
     else:
         lo = tape.bounds[0].astype(np.float32)
         cell = np.where(tape.bounds[1] > lo, (tape.bounds[1] - lo) / np.float32(grid), 1).astype(np.float32)
         order, seg, vbox = _bucket(pts, lo, cell, grid)
-        _, _, choices, sides = _lanes(code, imm, 0, tape.n_regs, vbox)
+        _, _, choices, sides = _lanes(code, imm, 0, tape.n_regs, vbox, keep_sides=False)
     _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order, seg, choices, sides, block, out)
     return out, np.zeros(len(pts), np.uint32)
 
