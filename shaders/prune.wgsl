@@ -46,9 +46,9 @@
 // MIN / MAX / AND / OR choices follow intervals.choice, so a decided op returns the chosen operand
 // bit for bit at every pixel (nmin / nmax return a on ties): a pruned tape is exact on its tile,
 // and a sub-tile's interval pass over its parent's pruned tape bounds the same values.
-// The liveness pass adds runtime/pruning.py's union rule (union_rule, read_reg): a MIN read once
-// by a MIN also drops an operand that lies above the whole union's bound (MAX mirrored), with
-// the twin's decisions wherever the intervals are the twin's.
+// The liveness pass of the UNION_BOUND pipelines adds runtime/pruning.py's union rule (union_rule,
+// read_reg): a MIN read once by a MIN also drops an operand that lies above the whole union's
+// bound (MAX mirrored), with the twin's decisions wherever the intervals are the twin's.
 // Every loop over records counts into run_tape's `iters` and stops at U.iter_cap (overflow,
 // reported by the host); so do prune_tiles' chunk loops and the loads of each chunk into workgroup
 // memory. prune_tiles' interval and liveness passes count a chunk's records at once, before
