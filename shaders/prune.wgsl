@@ -70,8 +70,9 @@ const PI_UP: f32 = 3.1447;                      // > pi (1 + 2^-9)
 const TRIG_UP: f32 = 1.0009765625;              // |sin|, |cos| on the GPU: <= 1 + 2^-11
 
 var<private> ireg: array<vec2<f32>, REG_CAP>;   // the intervals of the registers (lo, hi)
-var<private> live: array<u32, REG_CAP>;    // liveness: 0 dead, else live | the union bound's kind << 1
-var<private> rbound: array<f32, REG_CAP>;  // liveness: the union bound a live register's reader passed
+var<private> live: array<bool, REG_CAP>;   // the pruner's live registers (private: zeroed)
+var<private> rkind: array<u32, REG_CAP>;   // liveness, UNION_BOUND: the bound's kind a live register got
+var<private> rbound: array<f32, REG_CAP>;  // liveness, UNION_BOUND: that bound
 var<private> konst: array<bool, REG_CAP>;  // interval pass: the register's last write was a CONST
 var<private> capt: array<bool, REG_CAP>;   // liveness: a later record folds the register's CONST
 var<private> kval: array<u32, REG_CAP>;    // writing pass: the bits of the register's last CONST
@@ -575,11 +576,14 @@ fn union_sides(op: u32, a: vec2<f32>, b: vec2<f32>, v: Iv) -> vec3<f32> {
 // backward liveness: register r is read, by a record passing a union bound of `kind` (0: none);
 // a second reader clears the bound (pruning.py _read)
 fn read_reg(r: u32, kind: u32, h: f32) {
-    if (live[r] != 0u) {
-        live[r] = 1u;
-    } else {
-        live[r] = 1u | (kind << 1u);
+    if (live[r]) {
         if (UNION_BOUND) {
+            rkind[r] = 0u;
+        }
+    } else {
+        live[r] = true;
+        if (UNION_BOUND) {
+            rkind[r] = kind;
             rbound[r] = h;
         }
     }
@@ -865,7 +869,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     // an immediate is not read, and the CONST that wrote it is marked FOLDED (capt); a live MIN /
     // MAX takes the union rule (union_rule) from its sides and the bound its reader passed. The
     // scratch word before the one in use is fetched ahead.
-    live[0] = 1u;
+    live[0] = true;
     var sd_ahead = vec3<f32>(0.0);     // the sides of MIN / MAX record mm - 1 (the next one backward)
     if (UNION_BOUND && working && mm > 0u) {
         sd_ahead = load_sides(sides + 3u * mm - 3u);
@@ -919,17 +923,16 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     sd = sd_ahead;
                     sd_ahead = load_sides(sides + 3u * max(mm, 1u) - 3u);
                 }
-                let dlive = live[dst];
-                if (dlive == 0u) {
+                if (!live[dst]) {
                     continue;
                 }
-                live[dst] = 0u;
+                live[dst] = false;
                 let nib = (word >> sh) & 0xfu;
                 var ch = nib & 3u;
                 let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && op != OP_CONST;
                 var rule = UnionRule(0u, 0.0, ch);
                 if (UNION_BOUND && is_minmax(op)) {
-                    rule = union_rule(op == OP_MIN, ch, sd, dlive >> 1u, rbound[dst]);
+                    rule = union_rule(op == OP_MIN, ch, sd, rkind[dst], rbound[dst]);
                     word |= (rule.ch ^ ch) << sh;       // (a choice the rule made: from CH_BOTH)
                     ch = rule.ch;
                 }
