@@ -252,8 +252,9 @@ def test_prospero_pruned_tapes_are_exact_in_their_tiles(walker_cpu, seed):
     step = np.array([size, size, 0], np.float32)
     lo, hi, ch, sides = interval_eval(tape, c, c + step)
     for k in range(len(c)):
-        short = prune(tape, ch[k], sides[k])
-        assert len(short) < len(prune(tape, ch[k])) if size > 0.1 else len(short) < len(tape)
+        short, sibling = prune(tape, ch[k], sides[k]), prune(tape, ch[k])
+        assert len(short) <= len(sibling) < len(tape)
+        assert size < 0.5 or len(short) < len(sibling)     # tiles a quarter of the image: the union rule drops more
         pts = _box_points(c[k], c[k] + step, rng, 300)
         v, m = walker_cpu.evaluate(tape, pts)
         pv, pm = walker_cpu.evaluate(short, pts)
