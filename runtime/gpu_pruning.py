@@ -319,13 +319,16 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
 _OP_MIN, _OP_MAX = int(Op.MIN), int(Op.MAX)     # (constants in the Numba-compiled planner)
 
 
-def arena_guess(tape: Tape, level0_tiles: int, tiles: int, union_bound: bool) -> int:
-    """The arena words first given to the pruning passes of ``tiles`` tiles (or cells), of which
-    ``level0_tiles`` prune the whole tape (an overflow grows it and runs them again): a level-0
-    tile's scratch (a nibble a record; with the union rule, prune.wgsl UNION_BOUND, three words a
-    MIN / MAX record: their sides) and a sixteenth of the tape, and per tile 64 words and with
-    the rule the sides of a thirty-second of the tape's MIN / MAX records."""
+def arena_guess(tape: Tape, level0_tiles: int, tiles: int, kernel: str) -> int:
+    """The arena words first given to ``kernel``'s pruning passes (prune_tiles / prune_cells) of
+    ``tiles`` tiles (or cells), of which ``level0_tiles`` prune the whole tape (an overflow grows
+    it and runs them again): a level-0 tile's scratch (a nibble a record; where the kernel takes
+    the union rule, gpu.KERNEL_CONSTANTS' UNION_BOUND, three words a MIN / MAX record: their
+    sides) and a sixteenth of the tape, and per tile 64 words and with the rule the sides of a
+    thirty-second of the tape's MIN / MAX records."""
+    from .gpu import KERNEL_CONSTANTS
     ops = tape.instrs["op"]
+    union_bound = KERNEL_CONSTANTS.get(kernel, {}).get("UNION_BOUND", False)
     minmax = int(np.isin(ops, (Op.MIN, Op.MAX, Op.UNION, Op.INTERSECT)).sum()) if union_bound else 0
     return level0_tiles * (len(ops) // 4 + 8 + 3 * minmax) + tiles * (64 + 3 * (minmax // 32))
 
@@ -598,7 +601,7 @@ class PrunedPasses:
             raise TaperayError(f"pruned image: tiles {sizes} at {width}x{height} make {sum(counts)} tiles, whose "
                                f"headers alone exceed the adapter's {limit >> 18} MiB binding limit; use larger tiles")
         # the arena grown to after an overflow, else a guess per image (arena_guess)
-        guess = arena_guess(tape, counts[0], sum(counts), union_bound=False)
+        guess = arena_guess(tape, counts[0], sum(counts), "prune_tiles")
         bits = sign_bit_words(width, height) if sign else 0
         arena = min(self._arena_words or guess, limit - header - bits)
         n = width * height
@@ -798,7 +801,7 @@ class PrunedPasses:
         boxes = words[4:first].reshape(-1, 6)
         filled = int((~(boxes[:, 0] > boxes[:, 3])).sum())
         filled0 = int((~(boxes[:counts[0], 0] > boxes[:counts[0], 3])).sum())
-        guess = arena_guess(tape, filled0, filled, union_bound=False)
+        guess = arena_guess(tape, filled0, filled, "prune_tiles")
         arena = min(self._point_arena_words or guess, limit - header)
         self._prepare_outputs(n, header + arena)
         camera = np.zeros(16, np.float32)
@@ -958,7 +961,7 @@ class PrunedPasses:
         u[22] = base                        # U.camera[1].z: the headers' first word
         passes = self._tile_passes(tape, "prune_cells", counts, outside=1)
         while True:
-            guess = arena_guess(tape, counts[0], filled, union_bound=True)
+            guess = arena_guess(tape, counts[0], filled, "prune_cells")
             arena = min(self._cell_arena_words or guess, limit - base - header - tail)
             self._prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words

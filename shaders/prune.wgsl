@@ -717,20 +717,23 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if (lid < 3u) {
         wg_busy[lid] = 0u;
     }
-    if (lid < MAX_SLOTS) {
+    if (UNION_BOUND && lid < MAX_SLOTS) {
         atomicStore(&wg_minmax[lid], 0u);
     }
     workgroupBarrier();
-    // each source tape's MIN / MAX records, counted by the whole workgroup (their sides' scratch)
-    for (var s = 0u; s < select(0u, n_slots, UNION_BOUND); s++) {
-        var count = 0u;
-        for (var k = lid; k < wg_len[s]; k += WG) {
-            iters += 1u;
-            count += select(0u, 1u, is_minmax(source_record(l, wg_src[s], k).x & OP_MASK));
+    // each source tape's MIN / MAX records, counted by the whole workgroup (their sides' scratch;
+    // UNION_BOUND is a pipeline constant: the barrier stays in uniform control flow)
+    if (UNION_BOUND) {
+        for (var s = 0u; s < n_slots; s++) {
+            var count = 0u;
+            for (var k = lid; k < wg_len[s]; k += WG) {
+                iters += 1u;
+                count += select(0u, 1u, is_minmax(source_record(l, wg_src[s], k).x & OP_MASK));
+            }
+            atomicAdd(&wg_minmax[s], count);
         }
-        atomicAdd(&wg_minmax[s], count);
+        workgroupBarrier();
     }
-    workgroupBarrier();
     if (lid == 0u) {
         var longest = 0u;
         for (var s = 0u; s < n_slots; s++) {
@@ -760,7 +763,11 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             len = wg_len[slot];
             h = vec3<u32>(0u, 0u, pcls);
             if (pcls != TILE_FAILED && (pcls == TILE_AMBIGUOUS || !sign_mode())) {
-                scratch = alloc((len + 7u) / 8u + 3u * atomicLoad(&wg_minmax[slot]));
+                var side_words = 0u;
+                if (UNION_BOUND) {
+                    side_words = 3u * atomicLoad(&wg_minmax[slot]);
+                }
+                scratch = alloc((len + 7u) / 8u + side_words);
                 sides = scratch + (len + 7u) / 8u;
                 if (scratch == NO_ROOM) {
                     h.z = TILE_FAILED;
