@@ -97,15 +97,15 @@ KERNELS: dict[str, tuple[str, bool]] = {
 # _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
 # tape's pruned cell tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_eval, with
 # material ids in surface_cells); prune_cells is prune_tiles folding constant operands into the
-# cells' tapes (prune.wgsl FOLD_CONSTANTS) and taking the union rule (UNION_BOUND), prune_wave_cells
-# prune_wave's level 0 of them
+# cells' tapes (prune.wgsl FOLD_CONSTANTS) and taking the union rule on sub-cells (UNION_BOUND),
+# prune_wave_cells prune_wave's level 0 of them
 KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
     "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
     "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "surface_cells": {"FIELD_CELLS": True},
     "prune_cells": {"FOLD_CONSTANTS": True, "UNION_BOUND": True},
-    "prune_wave_cells": {"FOLD_CONSTANTS": True, "UNION_BOUND": True}}
+    "prune_wave_cells": {"FOLD_CONSTANTS": True}}
 KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> entry point, where they differ
                 "surface_cells": "surface", "prune_cells": "prune_tiles", "prune_wave_cells": "prune_wave"}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)

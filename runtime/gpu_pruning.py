@@ -315,24 +315,21 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
 
 
 
-# ---- level 0 in dependency steps (prune.wgsl prune_wave) -------------------------------------
-_OP_MIN, _OP_MAX = int(Op.MIN), int(Op.MAX)     # (constants in the Numba-compiled planner)
-
-
 def arena_guess(tape: Tape, level0_tiles: int, tiles: int, kernel: str) -> int:
     """The arena words first given to ``kernel``'s pruning passes (prune_tiles / prune_cells) of
     ``tiles`` tiles (or cells), of which ``level0_tiles`` prune the whole tape (an overflow grows
-    it and runs them again): a level-0 tile's scratch (a nibble a record; where the kernel takes
-    the union rule, gpu.KERNEL_CONSTANTS' UNION_BOUND, three words a MIN / MAX record: their
-    sides) and a sixteenth of the tape, and per tile 64 words and with the rule the sides of a
-    thirty-second of the tape's MIN / MAX records."""
+    it and runs them again): a level-0 tile's scratch (a nibble a record) and a sixteenth of the
+    tape, and per tile 64 words and, where the kernel takes the union rule (gpu.KERNEL_CONSTANTS'
+    UNION_BOUND: on the levels after the first), the sides of a thirty-second of the tape's MIN /
+    MAX records, three words each."""
     from .gpu import KERNEL_CONSTANTS
     ops = tape.instrs["op"]
     union_bound = KERNEL_CONSTANTS.get(kernel, {}).get("UNION_BOUND", False)
     minmax = int(np.isin(ops, (Op.MIN, Op.MAX, Op.UNION, Op.INTERSECT)).sum()) if union_bound else 0
-    return level0_tiles * (len(ops) // 4 + 8 + 3 * minmax) + tiles * (64 + 3 * (minmax // 32))
+    return level0_tiles * (len(ops) // 4 + 8) + tiles * (64 + 3 * (minmax // 32))
 
 
+# ---- level 0 in dependency steps (prune.wgsl prune_wave) -------------------------------------
 def _wave_plan(code, leaf_bits, max_slots, width, affinity):
     """The dependency-step schedule of an arithmetic tape's records ((n, 5) op dst a b c, scene
     fields as their arithmetic ops; ``leaf_bits``: a CONST's value bits): (rows (m, 8) uint32 as
@@ -463,15 +460,6 @@ def _wave_plan(code, leaf_bits, max_slots, width, affinity):
     rows[0, 2] = kind[root]
     rows[0, 3] = value[root] if kind[root] else desc[root]
     rows[0, 4] = used
-    # a MIN / MAX record's place among the tape's MIN / MAX records (its sides in the arena, for
-    # the union rule) in its entry's param word; their count in the first row's
-    ordinal = np.full(n, 0, np.int64)
-    n_minmax = 0
-    for k in range(n):
-        if code[k, 0] == _OP_MIN or code[k, 0] == _OP_MAX:
-            ordinal[k] = n_minmax
-            n_minmax += 1
-    rows[0, 5] = n_minmax
     lane = 0
     for i in range(order.size):
         k = order[i]
@@ -489,7 +477,6 @@ def _wave_plan(code, leaf_bits, max_slots, width, affinity):
             rows[at, 6 + j // 2] |= np.uint32(mark) << np.uint32(16 * (j % 2))
             rows[consts + k, j] = value[p]
         rows[at, 1] = word
-        rows[at, 5] = ordinal[k]
     return rows, used
 
 

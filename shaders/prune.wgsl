@@ -31,10 +31,10 @@
 // room is TILE_FAILED (counted in counters[COUNT_ARENA_FULL]), so are its sub-tiles and its pixels
 // (NaN): the host sees the count, grows the arena and runs the image again. A level-l tile takes
 // a scratch of one nibble per record of its parent's tape (level 0: the full tape): bits 0-1 the
-// MIN / MAX / AND / OR choice, bit 2 "emitted", and three words per MIN / MAX record of that tape
-// (its sides, union_sides: the interval pass writes them, the liveness pass's union rule reads
-// them; prune_wave's in the order the host numbered them), then a tape of exactly its pruned
-// length, packed two words a record (pack_record), in execution order.
+// MIN / MAX / AND / OR choice, bit 2 "emitted", where the union rule runs three words per MIN /
+// MAX record of that tape (its sides, union_sides: the interval pass writes them, the liveness
+// pass's union rule reads them), then a tape of exactly its pruned length, packed two words a
+// record (pack_record), in execution order.
 //
 // Intervals (float32 pairs; "may be NaN" is lo = hi = NaN, as runtime/intervals.py) contain every
 // value run_tape computes at the tile's pixel centres: add / sub / mul / square bounds move at
@@ -46,9 +46,10 @@
 // MIN / MAX / AND / OR choices follow intervals.choice, so a decided op returns the chosen operand
 // bit for bit at every pixel (nmin / nmax return a on ties): a pruned tape is exact on its tile,
 // and a sub-tile's interval pass over its parent's pruned tape bounds the same values.
-// The liveness pass of the UNION_BOUND pipelines adds runtime/pruning.py's union rule (union_rule,
-// read_reg): a MIN read once by a MIN also drops an operand that lies above the whole union's
-// bound (MAX mirrored), with the twin's decisions wherever the intervals are the twin's.
+// The liveness pass of the UNION_BOUND pipeline, on levels after the first, adds
+// runtime/pruning.py's union rule (union_rule, read_reg): a MIN read once by a MIN also drops an
+// operand that lies above the whole union's bound (MAX mirrored), with the twin's decisions
+// wherever the intervals are the twin's.
 // Every loop over records counts into run_tape's `iters` and stops at U.iter_cap (overflow,
 // reported by the host); so do prune_tiles' chunk loops and the loads of each chunk into workgroup
 // memory. prune_tiles' interval and liveness passes count a chunk's records at once, before
@@ -317,11 +318,11 @@ const FOLD_A: u32 = 1u;
 // step of every frame; prune_tiles, for images and points, whose pruning is part of each call,
 // does not: the bookkeeping slows the serial walks over the full tape by about 20 % on the H200)
 override FOLD_CONSTANTS: bool = false;
-// whether this pipeline takes the union rule (union_rule): prune_cells and prune_wave_cells, whose
-// tapes are kept and run every step of every frame (H200: 200 spheres on 8^3 x 2 cells, 7.7 ->
-// 6.3 ms a frame); not prune_tiles and prune_wave, whose pruning is part of each image: there the
-// sides' stores and loads cost level 0 more than the shorter tapes save (prospero 1024^2, tiles
-// 32/8: 0.97 -> 1.16 ms; docs/PERFORMANCE.md)
+// whether this pipeline takes the union rule (union_rule) on the levels after the first:
+// prune_cells, whose tapes are kept and run every step of every frame (H200: 200 spheres on 8^3 x
+// 2 cells, 6.8 -> 4.8 ms a frame); not prune_tiles, whose pruning is part of each image (prospero
+// 1024^2, tiles 32/8: 0.97 -> 1.16 ms with the rule), nor level 0 (prune_wave has no rule: the
+// rule's code, even compiled out, cost its steps 0.45 -> 0.60 ms; docs/PERFORMANCE.md)
 override UNION_BOUND: bool = false;
 const MAX_LEVELS: u32 = 4u;         // level sizes live in one vec4
 const TILE_EMPTY: u32 = 4u;         // a sub-tile beyond its parent's extent (header only)
@@ -576,6 +577,10 @@ fn union_sides(op: u32, a: vec2<f32>, b: vec2<f32>, v: Iv) -> vec3<f32> {
 // backward liveness: register r is read, by a record passing a union bound of `kind` (0: none);
 // a second reader clears the bound (pruning.py _read)
 fn read_reg(r: u32, kind: u32, h: f32) {
+    if (!UNION_BOUND) {
+        live[r] = true;
+        return;
+    }
     if (live[r]) {
         if (UNION_BOUND) {
             rkind[r] = 0u;
@@ -690,6 +695,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let t = flat_index(wid, lid, nwg);
     let t0 = flat_index(wid, 0u, nwg);
     let l = u32(U.extra.w);
+    let rule_on = UNION_BOUND && l > 0u;   // (the rule on sub-tiles / sub-cells: see UNION_BOUND)
     let n = level_tiles(l);
     // the workgroup's source tapes (slots): level 0 one, level l > 0 its tiles' parents in order
     var qq = 1u;
@@ -717,13 +723,13 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if (lid < 3u) {
         wg_busy[lid] = 0u;
     }
-    if (UNION_BOUND && lid < MAX_SLOTS) {
+    if (rule_on && lid < MAX_SLOTS) {
         atomicStore(&wg_minmax[lid], 0u);
     }
     workgroupBarrier();
     // each source tape's MIN / MAX records, counted by the whole workgroup (their sides' scratch;
-    // UNION_BOUND is a pipeline constant: the barrier stays in uniform control flow)
-    if (UNION_BOUND) {
+    // rule_on is uniform: the barrier stays in uniform control flow)
+    if (rule_on) {
         for (var s = 0u; s < n_slots; s++) {
             var count = 0u;
             for (var k = lid; k < wg_len[s]; k += WG) {
@@ -764,7 +770,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             h = vec3<u32>(0u, 0u, pcls);
             if (pcls != TILE_FAILED && (pcls == TILE_AMBIGUOUS || !sign_mode())) {
                 var side_words = 0u;
-                if (UNION_BOUND) {
+                if (rule_on) {
                     side_words = 3u * atomicLoad(&wg_minmax[slot]);
                 }
                 scratch = alloc((len + 7u) / 8u + side_words);
@@ -815,7 +821,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                     let ib = select(ireg[bb], vec2<f32>(imm), FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
                     let ic = ireg[select(0u, w.y & 0xffu, op == OP_MIX)];
                     v = iv_binary(op, ia.x, ia.y, ib.x, ib.y, ic.x, ic.y);
-                    if (UNION_BOUND && is_minmax(op)) {
+                    if (rule_on && is_minmax(op)) {
                         store_sides(sides + 3u * mm, union_sides(op, ia, ib, v));
                         mm += 1u;
                     }
@@ -878,7 +884,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     // scratch word before the one in use is fetched ahead.
     live[0] = true;
     var sd_ahead = vec3<f32>(0.0);     // the sides of MIN / MAX record mm - 1 (the next one backward)
-    if (UNION_BOUND && working && mm > 0u) {
+    if (rule_on && working && mm > 0u) {
         sd_ahead = load_sides(sides + 3u * mm - 3u);
     }
     var n_out = 0u;
@@ -925,7 +931,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 let op = w.x & OP_MASK;
                 var sd = vec3<f32>(0.0);
-                if (UNION_BOUND && is_minmax(op)) {      // (the next MIN / MAX record's sides fetched ahead)
+                if (rule_on && is_minmax(op)) {      // (the next MIN / MAX record's sides fetched ahead)
                     mm -= 1u;
                     sd = sd_ahead;
                     sd_ahead = load_sides(sides + 3u * max(mm, 1u) - 3u);
@@ -938,7 +944,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 var ch = nib & 3u;
                 let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u && op != OP_CONST;
                 var rule = UnionRule(0u, 0.0, ch);
-                if (UNION_BOUND && is_minmax(op)) {
+                if (rule_on && is_minmax(op)) {
                     rule = union_rule(op == OP_MIN, ch, sd, rkind[dst], rbound[dst]);
                     word |= (rule.ch ^ ch) << sh;       // (a choice the rule made: from CH_BOTH)
                     ch = rule.ch;
@@ -1092,16 +1098,13 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // bits of the value), (WAVE_LEAF | its VAR record, 2, the axis) or (WAVE_LEAF | an INSTANCE_INDEX
 // record or WAVE_NONE (no record wrote the register), 3, -: the value 0).
 var<workgroup> wv_val: array<vec2<f32>, WAVE_SLOTS>;           // each slot's interval
-// backward: the slot's value's reads, + (the union bound's kind << 16) of each (wave_read)
-var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;
-var<workgroup> wv_bound: array<f32, WAVE_SLOTS>;               // backward: the union bound a read passed
+var<workgroup> wv_demand: array<atomic<u32>, WAVE_SLOTS>;      // backward: the slot's value is read
 var<workgroup> wv_nib: array<atomic<u32>, WAVE_RECORDS / 8u>;  // prune_tiles' scratch nibbles
 var<workgroup> wv_part: array<u32, WG>;                        // the scan of emitted records
 var<workgroup> wv_cls: u32;
 var<workgroup> wv_lower: f32;   // level 0's result interval's lower bound (invocation 0's)
 var<workgroup> wv_total: u32;
 var<workgroup> wv_tape: u32;
-var<workgroup> wv_sides: u32;   // the arena word of the tile's MIN / MAX records' sides
 
 // a step's record: w = op | dst << 8 | a << 16 | b << 24 (scene fields' ops as their arithmetic
 // ones), its index k, its value's slot, its operands' descriptors, kinds (2 bits each) and values.
@@ -1137,12 +1140,6 @@ fn wave_entry(s: u32, lane: u32, n_steps: u32) -> WaveEntry {
                      vec3<u32>(r.a, r.b, r.c));
 }
 
-// the arena word of the sides (union_sides) of step s's record `lane`, a MIN / MAX: from word
-// `at` on, in the order the host numbered the tape's MIN / MAX records (its row's param word)
-fn wave_sides_at(s: u32, lane: u32, at: u32) -> u32 {
-    return at + 3u * instrs[U.n_instrs + 1u + s * WAVE_WIDTH + lane].param;
-}
-
 // the interval of an operand over the tile's box, without branches (a step's records read
 // operands of every kind side by side)
 fn wave_value(kind: u32, v: u32, lo: vec3<f32>, hi: vec3<f32>) -> vec2<f32> {
@@ -1158,17 +1155,13 @@ fn wave_set(k: u32, bits: u32) {
     atomicOr(&wv_nib[k / 8u], bits << (4u * (k & 7u)));
 }
 
-// backward: the value a descriptor names is read by an emitted record, which passes a union
-// bound of `kind` (0: none; read_reg's rule: only a value read once keeps it)
-fn wave_read(d: u32, kind: u32, h: f32) {
+// backward: the value a descriptor names is read by an emitted record
+fn wave_read(d: u32) {
     if (d == WAVE_NONE) {
         return;
     }
     if (d < WAVE_LEAF) {
-        atomicAdd(&wv_demand[d], 1u + (kind << 16u));
-        if (UNION_BOUND && kind != 0u) {
-            wv_bound[d] = h;    // (two reads in one step may both write: the count then voids it)
-        }
+        atomicOr(&wv_demand[d], 1u);
     } else {
         wave_set(d & ~WAVE_LEAF, EMITTED);
     }
@@ -1207,19 +1200,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     for (var i = lid; i < n_words; i += WG) {
         atomicStore(&wv_nib[i], 0u);
     }
-    if (lid == 0u) {
-        wv_sides = 0u;
-        if (UNION_BOUND) {
-            wv_sides = alloc(3u * head.param);    // (head.param: the tape's MIN / MAX records)
-        }
-    }
-    let sides = workgroupUniformLoad(&wv_sides);
-    if (sides == NO_ROOM) {
-        if (lid == 0u) {
-            wave_header(hdr, vec4<u32>(0u, 0u, TILE_FAILED, REG_CAP), nan());
-        }
-        return;
-    }
+    workgroupBarrier();
 
     // the interval pass, a step at a time
     var e = wave_entry(0u, lid, n_steps);
@@ -1236,9 +1217,6 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 let b = wave_value((e.kinds >> 2u) & 3u, e.v.y, ext.lo, ext.hi);
                 let c = wave_value((e.kinds >> 4u) & 3u, e.v.z, ext.lo, ext.hi);
                 v = iv_binary(op, a.x, a.y, b.x, b.y, c.x, c.y);
-                if (UNION_BOUND && is_minmax(op)) {
-                    store_sides(wave_sides_at(s, lid, sides), union_sides(op, a, b, v));
-                }
                 if (FOLD_CONSTANTS && foldable(op)) {     // (a CONST operand: kind 1)
                     if (((e.kinds >> 2u) & 3u) == 1u) {
                         fold = FOLDED;
@@ -1263,7 +1241,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         }
         wv_cls = cls;
         wv_lower = r.x;
-        wave_read(head.dst, 0u, 0.0);
+        wave_read(head.dst);
     }
     let cls = workgroupUniformLoad(&wv_cls);
     if (cls != TILE_AMBIGUOUS && sign_mode()) {
@@ -1278,32 +1256,18 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     e = wave_entry(n_steps - 1u, lid, n_steps);
     for (var sb = 0u; sb < n_steps; sb++) {
         let next = wave_entry(n_steps - 2u - sb, lid, n_steps);   // (past the first: wraps, unused)
-        var dm = 0u;
-        if (e.used) {
-            dm = atomicExchange(&wv_demand[e.slot], 0u);
-        }
-        if (dm != 0u) {
-            let op = e.w & OP_MASK;
+        if (e.used && atomicExchange(&wv_demand[e.slot], 0u) != 0u) {
             let nib = (atomicLoad(&wv_nib[e.k / 8u]) >> (4u * (e.k & 7u))) & 0xfu;
-            var ch = nib & 3u;
+            let ch = nib & 3u;
             let folded = FOLD_CONSTANTS && (nib & FOLDED) != 0u;
-            var rule = UnionRule(0u, 0.0, ch);
-            if (UNION_BOUND && is_minmax(op)) {
-                rule = union_rule(op == OP_MIN, ch, load_sides(wave_sides_at(n_steps - 1u - sb, lid, sides)),
-                                  select(0u, dm >> 16u, (dm & 0xffffu) == 1u), wv_bound[e.slot]);
-                if (rule.ch != ch) {    // (a choice the rule made: from CH_BOTH)
-                    wave_set(e.k, rule.ch);
-                }
-                ch = rule.ch;
-            }
             if (ch != CH_BOTH && !folded) {
-                wave_read(select(e.d.y, e.d.x, ch == CH_A), rule.kind, rule.h);
+                wave_read(select(e.d.y, e.d.x, ch == CH_A));
                 if (chosen(e.w, ch) != ((e.w >> 8u) & 0xffu)) {
                     wave_set(e.k, EMITTED);
                 }
             } else {
                 wave_set(e.k, EMITTED);
-                let nr = n_reads(op);
+                let nr = n_reads(e.w & OP_MASK);
                 let fold_a = folded && (nib & FOLD_A) != 0u;
                 let fold_b = folded && (nib & FOLD_A) == 0u;
                 if (fold_a) {
@@ -1312,13 +1276,13 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                     wave_set(e.d.y & ~WAVE_LEAF, FOLDED);
                 }
                 if (nr >= 1u && !fold_a) {
-                    wave_read(e.d.x, rule.kind, rule.h);
+                    wave_read(e.d.x);
                 }
                 if (nr >= 2u && !fold_b) {
-                    wave_read(e.d.y, rule.kind, rule.h);
+                    wave_read(e.d.y);
                 }
                 if (nr == 3u) {
-                    wave_read(e.d.z, 0u, 0.0);
+                    wave_read(e.d.z);
                 }
             }
         }

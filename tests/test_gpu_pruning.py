@@ -161,12 +161,14 @@ def test_march_cells_fold_constant_operands_into_their_records(walker_gpu, no_ne
     assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=cells), full)
 
 
-UNION_VM = """# a union whose inner operand b never decides it: over [-1, 1]^3, a = 10 x, b = y + 5,
-# c = y + 1; min(a, b) keeps both by their intervals, the outer min both too, yet b > 2 >= the union
+UNION_VM = """# a union whose inner operand b never decides it: over [-1, 1]^3, a = 10 sin x (on the GPU its
+# interval is [-10, 10] on every box), b = y + 5, c = y + 1; min(a, b) keeps both by their
+# intervals, the outer min both too, yet b >= 4 > 2 >= the union
 _x var-x
 _y var-y
+_s sin _x
 _ten const 10
-_a mul _x _ten
+_a mul _s _ten
 _five const 5
 _b add _y _five
 _i min _a _b
@@ -176,21 +178,23 @@ _r min _i _c
 """
 
 
-def test_march_cells_take_the_union_rule(walker_gpu, no_new_kernels):
-    """One march cell over the whole box: its tape drops b (the union rule: b's ADD and the inner
-    MIN, which becomes r <- a), the CONSTs folded: x, y, 10 x, y + 1 and the outer MIN, 5
-    records, where the sibling rule alone keeps 7 (the outside cell's tape: 7; the mean of the
-    two: 6); the march on it is bit for bit the whole tape's. Images prune without the rule
-    (prune_tiles: every call's own pruning): all 10 records."""
+def test_march_cells_take_the_union_rule_on_sub_cells(walker_gpu, no_new_kernels):
+    """One march cell over the whole box, in 4^3 sub-cells. Level 0 prunes by the sibling rule
+    alone: both of its cells (the box, the outside cell) keep 8 records (x, y, sin, 10 sin, y + 5,
+    the inner MIN, y + 1, the outer MIN; the CONSTs folded). Every sub-cell also takes the union
+    rule and drops b (y + 5 and the inner MIN, which becomes r <- a in a's register): 6 records.
+    The march on the cells is bit for bit the whole tape's. Images prune without the rule
+    (prune_tiles: every call's own pruning): all 11 records on both levels."""
     from taperay.runtime.camera import Camera
     tape = load_vm(UNION_VM)
     assert np.array_equal(tape.bounds, [[-1, -1, -1], [1, 1, 1]])
-    assert [lv["mean_length"] for lv in walker_gpu.march_cell_levels(tape, cells=(1, 1))] == [6]
-    assert [lv["mean_length"] for lv in walker_gpu.prune_levels(tape, 16, 16, tiles=(16,))] == [len(tape)]
+    levels = walker_gpu.march_cell_levels(tape, cells=(1, 2))
+    assert [(lv["mean_length"], lv["with_tape"]) for lv in levels] == [(8, 2), (6, 64)]
+    assert [lv["mean_length"] for lv in walker_gpu.prune_levels(tape, 16, 16, tiles=(16, 8))] == [len(tape)] * 2
     cam = Camera(eye=(0.3, -2.5, 1.5), target=(0, 0, 0), fov_deg=50)
     full = walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=None)
     assert full["hit"].mean() > 0.1
-    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=(1, 1)), full)
+    assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=(1, 2)), full)
 
 
 def test_a_small_arena_is_grown_and_the_image_run_again(walker_gpu, no_new_kernels, prospero_96, monkeypatch):
