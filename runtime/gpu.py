@@ -86,6 +86,7 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "resolve": ("kernels_render.wgsl", False),
     "prune_tiles": ("prune.wgsl", True),
     "prune_cells": ("prune.wgsl", True),
+    "prune_image_cells": ("prune.wgsl", True),
     "prune_wave": ("prune.wgsl", True),
     "prune_wave_cells": ("prune.wgsl", True),
     "pruned_image": ("prune.wgsl", True),
@@ -97,17 +98,21 @@ KERNELS: dict[str, tuple[str, bool]] = {
 # _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
 # tape's pruned cell tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_eval, with
 # material ids in surface_cells); prune_cells is prune_tiles folding constant operands into the
-# cells' tapes (prune.wgsl FOLD_CONSTANTS) and taking the union rule on sub-cells (UNION_BOUND),
-# prune_wave_cells prune_wave's level 0 of them
+# march cells' tapes (prune.wgsl FOLD_CONSTANTS) and taking the union rule on sub-cells
+# (UNION_BOUND), prune_image_cells the same for image cells without the rule (their kept images
+# run no faster for it, and their first image slower: H200, 16^2 x 3 cells, 1.61 -> 1.80 ms),
+# prune_wave_cells prune_wave's level 0 of either
 KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
     "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
     "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "surface_cells": {"FIELD_CELLS": True},
     "prune_cells": {"FOLD_CONSTANTS": True, "UNION_BOUND": True},
+    "prune_image_cells": {"FOLD_CONSTANTS": True},
     "prune_wave_cells": {"FOLD_CONSTANTS": True}}
 KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> entry point, where they differ
-                "surface_cells": "surface", "prune_cells": "prune_tiles", "prune_wave_cells": "prune_wave"}
+                "surface_cells": "surface", "prune_cells": "prune_tiles",
+                "prune_image_cells": "prune_tiles", "prune_wave_cells": "prune_wave"}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
@@ -892,7 +897,8 @@ class GpuWalker(PrunedPasses):
             if tile_passes_only:
                 layout = _march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
                 variant = self.upload(tape)     # (the pruning's, not the pixel pass's)
-                passes, u = self._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells")[2]
+                passes, u = self._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells",
+                                                  "prune_image_cells")[2]
         elif tiles is None:
             variant = self.upload(tape)
             n = width * height

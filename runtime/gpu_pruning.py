@@ -316,12 +316,12 @@ def level_tile_counts(sizes: tuple[int, ...], width: int, height: int) -> list[i
 
 
 def arena_guess(tape: Tape, level0_tiles: int, tiles: int, kernel: str) -> int:
-    """The arena words first given to ``kernel``'s pruning passes (prune_tiles / prune_cells) of
-    ``tiles`` tiles (or cells), of which ``level0_tiles`` prune the whole tape (an overflow grows
-    it and runs them again): a level-0 tile's scratch (a nibble a record) and a sixteenth of the
-    tape, and per tile 64 words and, where the kernel takes the union rule (gpu.KERNEL_CONSTANTS'
-    UNION_BOUND: on the levels after the first), the sides of a thirty-second of the tape's MIN /
-    MAX records, three words each."""
+    """The arena words first given to ``kernel``'s pruning passes (prune_tiles / prune_cells /
+    prune_image_cells) of ``tiles`` tiles (or cells), of which ``level0_tiles`` prune the whole
+    tape (an overflow grows it and runs them again): a level-0 tile's scratch (a nibble a record)
+    and a sixteenth of the tape, and per tile 64 words and, where the kernel takes the union rule
+    (gpu.KERNEL_CONSTANTS' UNION_BOUND: on the levels after the first), the sides of a
+    thirty-second of the tape's MIN / MAX records, three words each."""
     from .gpu import KERNEL_CONSTANTS
     ops = tape.instrs["op"]
     union_bound = KERNEL_CONSTANTS.get(kernel, {}).get("UNION_BOUND", False)
@@ -484,7 +484,7 @@ _n_reads = None      # pruning._n_reads through Numba, set with _wave_jit
 _wave_jit = None     # _wave_plan through Numba, once _load_wave_planner has compiled (or loaded) it
 _wave_loader: threading.Thread | None = None
 _WAVES: dict[int, np.ndarray | None] = {}
-WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells"}
+WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells", "prune_image_cells": "prune_wave_cells"}
 if WAVE_RECORDS > 1 << 13 or WAVE_SLOTS > 1 << 9:   # (a schedule row's fields: prune.wgsl wave_entry)
     raise ImportError("runtime.gpu_pruning: WAVE_RECORDS or WAVE_SLOTS exceed the schedule rows' fields")
 # prune_wave's level 0 up to this many tiles (GpuWalker.wave_max_tiles); past it, where every
@@ -560,8 +560,9 @@ class PrunedPasses:
     """
 
     def _tile_passes(self, tape: Tape, kernel: str, counts: list[int], outside: int = 0) -> list[tuple]:
-        """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells) over
-        tile levels of ``counts`` tiles; level 0 by its prune_wave pipeline, a workgroup a tile,
+        """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells /
+        prune_image_cells) over tile levels of ``counts`` tiles; level 0 by its prune_wave
+        pipeline, a workgroup a tile,
         when it has at most ``wave_max_tiles`` tiles besides its ``outside`` ones (prune_cells'
         outside cell: so 32^2 image cells qualify) and ``tape`` a schedule (wave_schedule, then
         written after the records in the instrs buffer)."""
@@ -918,14 +919,15 @@ class PrunedPasses:
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
         layout = _march_cells_cached(tuple(lo), tuple(hi), *cells, base=9 * n)   # (the same box each frame)
         return self._prune_cell_grid(tape, variant, layout, (8 * n, n),
-                                     f"the march cells {cells} at {n} pixels")
+                                     f"the march cells {cells} at {n} pixels", "prune_cells")
 
     def _prune_cell_grid(self, tape: Tape, variant: int, layout, outputs: tuple[int, int], what: str,
-                         tail: int = 0):
+                         kernel: str, tail: int = 0):
         """Prunes ``tape`` over the cells of ``layout`` (_march_cells_cached's (counts, words,
-        descriptor word), the words naming ``base``, the headers' first word): prune_cells
-        (prune_tiles folding constant operands) once per level (points mode) in a submission of
-        its own, the headers and arena in out_u from word ``base``, out_f and the accumulator
+        descriptor word), the words naming ``base``, the headers' first word): ``kernel``
+        (prune_cells / prune_image_cells: prune_tiles folding constant operands) once per level
+        (points mode) in a submission of its own, the headers and arena in out_u from word
+        ``base``, out_f and the accumulator
         sized for ``outputs`` (their words and texels), ``tail`` words of out_u kept free after
         the arena, the arena grown and the cells run again on overflow. Returns the descriptor
         word, the cells per level, the (passes, uniforms) that pruned them, the most registers a
@@ -946,9 +948,9 @@ class PrunedPasses:
         camera[:levels] = counts
         u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
         u[22] = base                        # U.camera[1].z: the headers' first word
-        passes = self._tile_passes(tape, "prune_cells", counts, outside=1)
+        passes = self._tile_passes(tape, kernel, counts, outside=1)
         while True:
-            guess = arena_guess(tape, counts[0], filled, "prune_cells")
+            guess = arena_guess(tape, counts[0], filled, kernel)
             arena = min(self._cell_arena_words or guess, limit - base - header - tail)
             self._prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words
@@ -985,8 +987,8 @@ class PrunedPasses:
                 self._prepare_outputs(n, 1)
                 return kept[1], kept[2], kept[3]
         layout = _march_cells_cached(lo, hi, *cells, flat=True)
-        desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, (n, 0),
-                                                          f"the image cells {cells}", max(bits, IMAGE_BITS_WORDS))
+        desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, (n, 0), f"the image cells {cells}",
+                                                          "prune_image_cells", max(bits, IMAGE_BITS_WORDS))
         self.image_cell_builds += 1
         self._kept_cells = ((key(), (lo, hi)), desc, self._pixel_variant(variant, regs), tail_at)
         return self._kept_cells[1:]

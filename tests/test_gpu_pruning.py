@@ -183,14 +183,19 @@ def test_march_cells_take_the_union_rule_on_sub_cells(walker_gpu, no_new_kernels
     alone: both of its cells (the box, the outside cell) keep 8 records (x, y, sin, 10 sin, y + 5,
     the inner MIN, y + 1, the outer MIN; the CONSTs folded). Every sub-cell also takes the union
     rule and drops b (y + 5 and the inner MIN, which becomes r <- a in a's register): 6 records.
-    The march on the cells is bit for bit the whole tape's. Images prune without the rule
-    (prune_tiles: every call's own pruning): all 11 records on both levels."""
+    The march on the cells is bit for bit the whole tape's. Images prune without the rule: per
+    call (prune_tiles) all 11 records on both levels, on image cells (prune_image_cells) 8 on
+    both."""
     from taperay.runtime.camera import Camera
     tape = load_vm(UNION_VM)
     assert np.array_equal(tape.bounds, [[-1, -1, -1], [1, 1, 1]])
     levels = walker_gpu.march_cell_levels(tape, cells=(1, 2))
     assert [(lv["mean_length"], lv["with_tape"]) for lv in levels] == [(8, 2), (6, 64)]
     assert [lv["mean_length"] for lv in walker_gpu.prune_levels(tape, 16, 16, tiles=(16, 8))] == [len(tape)] * 2
+    walker_gpu.drop_kept_cells()
+    walker_gpu.sign_image(tape, 16, 16, cells=(1, 2))
+    counts = march_cells(*image_cell_box((-1.0, 1.0, -1.0, 1.0), 0.0), 1, 2, flat=True)[0]
+    assert [h[taped, 1].mean() for h, taped, _ in walker_gpu._cell_headers(counts, 0)] == [8, 8]
     cam = Camera(eye=(0.3, -2.5, 1.5), target=(0, 0, 0), fov_deg=50)
     full = walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=None)
     assert full["hit"].mean() > 0.1
@@ -687,7 +692,7 @@ def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_
     rect = (-1.1, 0.9, -1.0, 1.05) if case < 4 else (-1.5, 1.4, -0.3, 1.6)
     tiles = [(24,), (24, 6), (32, 8, 2), 12][case % 4]
     sign = case % 2 == 1
-    if case % 3 == 2:   # image cells: prune_cells' level 0 folds constants (prune_wave_cells)
+    if case % 3 == 2:   # image cells: prune_image_cells' level 0 folds constants (prune_wave_cells)
         cells = ((2, 2), (3, 1), (4, 2))[case % 3 - 2 + case // 6]
         lo, hi = image_cell_box(rect, 0.25)
         counts = march_cells(lo, hi, *cells, flat=True)[0]
