@@ -562,10 +562,9 @@ class PrunedPasses:
     def _tile_passes(self, tape: Tape, kernel: str, counts: list[int], outside: int = 0) -> list[tuple]:
         """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells /
         prune_image_cells) over tile levels of ``counts`` tiles; level 0 by its prune_wave
-        pipeline, a workgroup a tile,
-        when it has at most ``wave_max_tiles`` tiles besides its ``outside`` ones (prune_cells'
-        outside cell: so 32^2 image cells qualify) and ``tape`` a schedule (wave_schedule, then
-        written after the records in the instrs buffer)."""
+        pipeline, a workgroup a tile, when it has at most ``wave_max_tiles`` tiles besides its
+        ``outside`` ones (the cells' outside cell: so 32^2 image cells qualify) and ``tape`` a
+        schedule (wave_schedule, then written after the records in the instrs buffer)."""
         passes = [(kernel, c, level) for level, c in enumerate(counts)]
         rows = wave_schedule(tape) if counts[0] - outside <= self.wave_max_tiles else None
         if rows is not None:
@@ -927,11 +926,11 @@ class PrunedPasses:
         descriptor word), the words naming ``base``, the headers' first word): ``kernel``
         (prune_cells / prune_image_cells: prune_tiles folding constant operands) once per level
         (points mode) in a submission of its own, the headers and arena in out_u from word
-        ``base``, out_f and the accumulator
-        sized for ``outputs`` (their words and texels), ``tail`` words of out_u kept free after
-        the arena, the arena grown and the cells run again on overflow. Returns the descriptor
-        word, the cells per level, the (passes, uniforms) that pruned them, the most registers a
-        finest cell's tape uses and the first word after the arena."""
+        ``base``, out_f and the accumulator sized for ``outputs`` (their words and texels),
+        ``tail`` words of out_u kept free after the arena, the arena grown and the cells run
+        again on overflow. Returns the descriptor word, the cells per level, the (passes,
+        uniforms) that pruned them, the most registers a finest cell's tape uses and the first
+        word after the arena."""
         counts, words, desc = layout
         levels = len(counts)
         base = int(words[desc + 8:desc + 9].view(np.uint32)[0])

@@ -582,15 +582,11 @@ fn read_reg(r: u32, kind: u32, h: f32) {
         return;
     }
     if (live[r]) {
-        if (UNION_BOUND) {
-            rkind[r] = 0u;
-        }
+        rkind[r] = 0u;
     } else {
         live[r] = true;
-        if (UNION_BOUND) {
-            rkind[r] = kind;
-            rbound[r] = h;
-        }
+        rkind[r] = kind;
+        rbound[r] = h;
     }
 }
 
