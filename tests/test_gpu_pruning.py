@@ -708,6 +708,23 @@ def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_
     assert sum(len(words) for *_, words in steps) > 0
 
 
+@pytest.mark.parametrize("case", range(4))
+def test_march_cells_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_new_kernels, case):
+    """prune_cells takes the union rule on the levels after the first only, so its march cells'
+    tapes (every level) are the same whether level 0 ran in dependency steps (prune_wave_cells)
+    or by the serial walks: prospero (as written, balanced) and the union program, whose
+    sub-cells the rule shortens."""
+    tape = [lambda: load_vm(DATA / "prospero.vm"), lambda: load_vm(DATA / "prospero.vm", balance_chains=True),
+            lambda: load_vm(UNION_VM), lambda: load_vm(DATA / "prospero.vm", balance_chains=True)][case]()
+    assert wave_schedule(tape, wait=True) is not None
+    cells = ((4, 2), (4, 2), (1, 2), (2, 3))[case]
+    run = lambda: (lambda lv: _pruned_tapes(walker_gpu, [v["cells"] for v in lv]))(
+        walker_gpu.march_cell_levels(tape, cells=cells))
+    steps, serial = _steps_and_serial(walker_gpu, run)
+    assert steps == serial
+    assert sum(len(words) for *_, words in steps) > 0
+
+
 def test_the_outside_cell_does_not_count_against_the_steps_tile_limit(walker_gpu, no_new_kernels, monkeypatch):
     """32^2 image cells are 1,025 with the outside cell: level 0 takes the steps as 1,024 tiles
     would (the image's own passes, as sign_image makes them); 1,025 tiles do not."""
