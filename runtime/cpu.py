@@ -149,7 +149,7 @@ def _len3(x, y, z):
     return np.sqrt(x * x + y * y + z * z)
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _box(x, y, z, hx, hy, hz):
     qx, qy, qz = abs(x) - hx, abs(y) - hy, abs(z) - hz
     outside = _len3(max(qx, F0), max(qy, F0), max(qz, F0))
@@ -178,7 +178,7 @@ def _capped_cone(x, y, z, h, r1, r2):
     return s * np.sqrt(min(cax * cax + cay * cay, cbx * cbx + cby * cby))
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _capsule(x, y, z, ax, ay, az, bx, by, bz, r):
     pax, pay, paz = x - ax, y - ay, z - az
     bax, bay, baz = bx - ax, by - ay, bz - az
@@ -696,7 +696,10 @@ def _instance_indices(L, n, params, lcell, lint, out):
             out[j] = _f(lcell[L, it, j])
 
 
-@njit(**_JIT)
+# The instance lists' helpers below (and _box, _capsule) are forceinline: _run_block calls them
+# per point, several a leaf, and as calls they cost an instance list of one sphere 133-138 ns a
+# point against 78-84 inlined (the same bits; the cold compile the same; docs/ASSEMBLIES.md).
+@njit(forceinline=True, **_JIT)
 def _instance_local(k, x, y, z, inst):
     """The point (x, y, z) in instance k's frame: conj(q) * (p - t) * q / s."""
     s = inst[k, 7]
@@ -705,7 +708,7 @@ def _instance_local(k, x, y, z, inst):
     return lx / s, ly / s, lz / s
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _grid_cell(v, lo, edge, count):
     """The cell of coordinate v on a grid axis, clamped into 0 .. count - 1 (NaN: 0)."""
     c = (v - lo) / edge
@@ -716,7 +719,7 @@ def _grid_cell(v, lo, edge, count):
     return min(np.int64(c), count - 1)
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _instances_reach(prm, x, y, z, sc, params, inst):
     """INSTANCES' U' at (x, y, z, sc) (opcodes.py): the representative of the grid cell holding the
     point bounds the least instance value from above; +inf without a capsule."""
@@ -736,14 +739,14 @@ def _instances_reach(prm, x, y, z, sc, params, inst):
     return u + REACH_REL * (u + r * ws) + REACH_POS * max(abs(x), max(abs(y), abs(z))) * sc
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _node_distance(node, x, y, z, sc, bvhf):
     """b: the distance * sc from (x, y, z) to BVH node ``node``'s box (_walk_nodes' arrays)."""
     return _box(x - bvhf[node, 0], y - bvhf[node, 1], z - bvhf[node, 2],
                 bvhf[node, 4], bvhf[node, 5], bvhf[node, 6]) * sc
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _child_distance(k, x, y, z, sc, prm, params, inst):
     """c: the distance * scale from instance k's local point of (x, y, z, sc) to the child's box
     (INSTANCES' params prm .. prm + 5)."""
@@ -754,7 +757,7 @@ def _child_distance(k, x, y, z, sc, prm, params, inst):
                 (x1 - x0) * FH, (y1 - y0) * FH, (z1 - z0) * FH) * (inst[k, 7] * sc)
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _bvh_seek(node, end, x, y, z, sc, acc, reach, prm, params, bvhf, bvhi, inst, hinted):
     """Walk the BVH (_walk_nodes' arrays) from ``node`` to the next leaf to evaluate; returns
     (node or end, the leaf's bound max(b, c)): nodes whose box distance b is >= the running
@@ -775,7 +778,7 @@ def _bvh_seek(node, end, x, y, z, sc, acc, reach, prm, params, bvhf, bvhi, inst,
     return end, INF
 
 
-@njit(**_JIT)
+@njit(forceinline=True, **_JIT)
 def _instance_point(L, j, node, p, lp, lcell, bvhi, inst):
     """p = conj(q) * (p_saved - t) * q / s, scale = scale_saved * s for the leaf ``node``."""
     k = bvhi[node, 7]
