@@ -28,8 +28,9 @@ flow:
     same ray: the march's steps, gradient taps, a shadow ray, AO taps) runs that leaf first, as
     the GPU's walk_hint does: the running minimum then starts near the answer and the walk skips
     more.
-    The value does not depend on it (opcodes.py, INSTANCES); only on an exact tie between two
-    leaves may the material come from the other one;
+    Neither the value nor the material depends on it: a hinted walk also visits the nodes and
+    leaves that tie with the hinted leaf's value and precede it in tree order (_ties_first), so
+    every walk keeps the first of tied leaves, as one without a hint does;
   * CULL_BOX jumps when every point of the block culls, falls through when none does. Where the
     block splits, the points that cull ride through the subtree with the others and get back, at
     the jump target, the registers they held at the cull (_cull_saves lists those each subtree
@@ -758,18 +759,27 @@ def _child_distance(k, x, y, z, sc, prm, params, inst):
 
 
 @njit(forceinline=True, **_JIT)
-def _bvh_seek(node, end, x, y, z, sc, acc, reach, prm, params, bvhf, bvhi, inst, hinted):
+def _ties_first(v, node, acc, best):
+    """v equals the running minimum acc and a leaf at or after ``node`` may precede ``best``, the
+    leaf holding acc, in tree order. The walks keep the first of tied leaves in tree order, so a
+    hinted walk (best the hinted leaf, run first) ends where a walk without a hint does."""
+    return v == acc and node < best
+
+
+@njit(forceinline=True, **_JIT)
+def _bvh_seek(node, end, x, y, z, sc, acc, best, reach, prm, params, bvhf, bvhi, inst, hinted):
     """Walk the BVH (_walk_nodes' arrays) from ``node`` to the next leaf to evaluate; returns
     (node or end, the leaf's bound max(b, c)): nodes whose box distance b is >= the running
-    minimum or > ``reach`` (U') are skipped, and so are leaves whose distance c from their local
-    point to the child's box is, and the leaf ``hinted`` (already run; -1: none)."""
+    minimum acc held by leaf ``best`` (-1: none yet; but for _ties_first) or > ``reach`` (U') are
+    skipped, and so are leaves whose distance c from their local point to the child's box is,
+    and the leaf ``hinted`` (already run; -1: none)."""
     while node < end:
         b = _node_distance(node, x, y, z, sc, bvhf)
-        if b >= acc or b > reach:
+        if (b >= acc and not _ties_first(b, node, acc, best)) or b > reach:
             node = np.int64(bvhi[node, 3])
         elif bvhi[node, 7] >= 0 and node != hinted:
             b = max(b, _child_distance(bvhi[node, 7], x, y, z, sc, prm, params, inst))
-            if b >= acc or b > reach:
+            if (b >= acc and not _ties_first(b, node, acc, best)) or b > reach:
                 node += 1
             else:
                 return node, b
@@ -1077,14 +1087,14 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                         if node >= end:
                             continue
                         v = max(regs[a, j], lbound[L, j])
-                        if v < lacc[L, j]:
+                        if v < lacc[L, j] or _ties_first(v, node, lacc[L, j], lcell[L, 4, j]):
                             lacc[L, j] = v
                             lmat[L, j] = mats[a, j]
                             lcell[L, 4, j] = node
                         if node == lcell[L, 2, j]:    # the hinted leaf ran: now the walk from the root
                             node = lint[L, 5] - 1
                         node, bb = _bvh_seek(node + 1, end, lp[L, 0, j], lp[L, 1, j], lp[L, 2, j],
-                                             lp[L, 3, j], lacc[L, j], lcopy[L, j], lint[L, 4], params,
+                                             lp[L, 3, j], lacc[L, j], lcell[L, 4, j], lcopy[L, j], lint[L, 4], params,
                                              bvhf, bvhi, inst, lcell[L, 2, j])
                         lcell[L, 0, j] = node
                         lbound[L, j] = bb
@@ -1167,7 +1177,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
                                     node = h
                                     lcell[L, 2, j] = h
                             if node == end:
-                                node, bb = _bvh_seek(first, end, x, y, z, sc, INF, lcopy[L, j], prm, params,
+                                node, bb = _bvh_seek(first, end, x, y, z, sc, INF, np.int64(-1), lcopy[L, j], prm, params,
                                                      bvhf, bvhi, inst, np.int64(-1))
                         lcell[L, 0, j] = node
                         lcell[L, 1, j] = 0
@@ -1427,16 +1437,8 @@ def _march_kernel(tp, n_regs, sec, eye, dirs, box, eps, cone, neps, max_steps, s
                 for r in range(3):
                     ro[r, m] = eye[r] + t[i] * rd[r, i]
                 m += 1
-        pin, out_m, hint = ws[WS_PIN], ws[WS_OUT_M], ws[WS_HINT]
-        if tp[3].shape[0] > 0:    # instance lists: the material by a walk without a hint (the
-            for q in range(m):    # first of tied leaves in tree order), as the GPU's surface pass
-                for r in range(3):
-                    pin[r, q] = ro[r, q]
-                hint[0, q] = 0
-            _field(tp, m, ws, ws1, sec)
-            for q in range(m):
-                out_mat[pix[0, idx[q]], pix[1, idx[q]]] = out_m[q]
-        for q in range(m):
+        hint = ws[WS_HINT]      # (the hit's material is the trace's: the instance lists' walks keep
+        for q in range(m):      # the first of tied leaves, hinted or not, as the GPU's surface pass)
             hint[0, q], hint[1, q] = rhint[0, idx[q]], rhint[1, idx[q]]     # (the gradient taps keep it)
         _gradients(tp, sec, ws, ws1, m, ro, neps, grad)
         for q in range(m):

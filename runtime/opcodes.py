@@ -290,7 +290,9 @@ _spec(Op.INSTANCES, F.PATTERN, (), False, 20,
       "exact tie between two leaves the material may then be the other's. No output shows "
       "that: the GPU kernels that write a material (eval_points, surface) run one evaluation an "
       "invocation, with no hint; the GPU march, which keeps hints, runs without materials; the "
-      "twin's march takes its hits' materials from a walk without a hint. "
+      "twin's hinted walks also visit what ties with the hinted leaf and precedes it in tree "
+      "order, so they keep the first of tied leaves, as a walk without a hint does, and its "
+      "march takes its hits' materials from its last step. "
       "INSTANCE_INDEX reads the instance index.")
 _spec(Op.REPEAT_END, F.PATTERN, A, True, 0,
       "a = body result; accumulates min over iterations into reg[dst] (with the unchecked bound), "

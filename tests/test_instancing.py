@@ -333,3 +333,34 @@ def test_an_edit_without_the_scene_turns_the_bound_off(tmp_path, walker_cpu):
     d0, m0 = walker_cpu.evaluate(plain, pts)
     np.testing.assert_allclose(d, d0, rtol=0, atol=2e-6)
     assert np.array_equal(m, m0)
+
+
+def test_the_twins_hinted_walk_keeps_the_first_of_tied_leaves(walker_cpu):
+    """Two copies of a two-material body that coincide, the second turned half a turn about z:
+    at every point their values are equal, bit for bit, and their materials differ. A walk
+    hinted at either leaf must give the material of the first in tree order, as a walk without
+    a hint does (and the GPU's surface pass): the twin's march takes its hits' materials from its
+    last, hinted step (cpu.py, _ties_first)."""
+    from taperay.runtime import cpu
+    from taperay.scenegraph import Material
+    red, blue = Material("red", (0.8, 0.1, 0.1)), Material("blue", (0.1, 0.2, 0.8))
+    body = union(sphere(0.5).translate(0, 0.1, 0).material(red), sphere(0.5).translate(0, -0.1, 0).material(blue))
+    tape = flatten(body.instances(np.zeros((2, 3)), [(1, 0, 0, 0), (0, 0, 0, 1)]))
+    pc = int(np.flatnonzero(tape.instrs["op"] == Op.INSTANCES)[0])
+    tp = cpu._kernel_tape(tape)
+    first, end = int(tp[0][pc, 6]), int(tp[0][pc, 6] + tp[0][pc, 2])
+    leaves = [k for k in range(first, end) if tp[3][k, 7] >= 0]
+    assert len(leaves) == 2
+    rng = np.random.default_rng(3)
+    pts = rng.uniform(-0.7, 0.7, (256, 3)).astype(np.float32)
+    pts[:, 1] = np.where(np.abs(pts[:, 1]) < 0.05, 0.3, pts[:, 1])      # off the plane y = 0
+    d0, m0 = walker_cpu.evaluate(tape, pts)
+    one = [walker_cpu.evaluate(flatten(body.instances(np.zeros((1, 3)), [q])), pts) for q in ((1, 0, 0, 0), (0, 0, 0, 1))]
+    assert np.array_equal(one[0][0], one[1][0]) and np.all(one[0][1] != one[1][1])    # every point ties
+    for leaf in leaves:
+        ws, ws1 = cpu._workspace(tape.n_regs, np.int64(len(pts)), tp[7]), cpu._workspace(tape.n_regs, np.int64(1), np.int64(0))
+        ws[cpu.WS_PIN][:] = pts.T
+        ws[cpu.WS_HINT][0], ws[cpu.WS_HINT][1] = pc + 1, leaf + 1
+        cpu._field(tp, np.int64(len(pts)), ws, ws1, np.zeros(5, np.float32))
+        assert np.array_equal(ws[cpu.WS_OUT_D][:len(pts)], d0)
+        assert np.array_equal(ws[cpu.WS_OUT_M][:len(pts)], m0), f"hinted at leaf {leaf}"
