@@ -769,10 +769,11 @@ def _ties_first(v, node, acc, best):
 @njit(forceinline=True, **_JIT)
 def _bvh_seek(node, end, x, y, z, sc, acc, best, reach, prm, params, bvhf, bvhi, inst, hinted):
     """Walk the BVH (_walk_nodes' arrays) from ``node`` to the next leaf to evaluate; returns
-    (node or end, the leaf's bound max(b, c)): nodes whose box distance b is >= the running
-    minimum acc held by leaf ``best`` (-1: none yet; but for _ties_first) or > ``reach`` (U') are
-    skipped, and so are leaves whose distance c from their local point to the child's box is,
-    and the leaf ``hinted`` (already run; -1: none)."""
+    (node or end, the leaf's bound max(b, c)): nodes whose box distance b is > ``reach`` (U') or
+    >= the running minimum acc (held by leaf ``best``; -1: none yet), unless it ties and may
+    precede ``best`` (_ties_first), are skipped; so are leaves whose max(b, c) is, c being the
+    distance from their local point to the child's box, and the leaf ``hinted`` (already run;
+    -1: none)."""
     while node < end:
         b = _node_distance(node, x, y, z, sc, bvhf)
         if (b >= acc and not _ties_first(b, node, acc, best)) or b > reach:
