@@ -767,20 +767,26 @@ def _ties_first(v, node, acc, best):
 
 
 @njit(forceinline=True, **_JIT)
+def _walk_skips(b, node, acc, best, reach):
+    """A node or leaf ``node`` of bound b cannot change the walk's answer: b > reach (U'), or b >=
+    the running minimum acc (held by leaf ``best``; -1: none yet) unless it ties and may precede
+    ``best`` (_ties_first). NaN never skips."""
+    return (b >= acc and not _ties_first(b, node, acc, best)) or b > reach
+
+
+@njit(forceinline=True, **_JIT)
 def _bvh_seek(node, end, x, y, z, sc, acc, best, reach, prm, params, bvhf, bvhi, inst, hinted):
     """Walk the BVH (_walk_nodes' arrays) from ``node`` to the next leaf to evaluate; returns
-    (node or end, the leaf's bound max(b, c)): nodes whose box distance b is > ``reach`` (U') or
-    >= the running minimum acc (held by leaf ``best``; -1: none yet), unless it ties and may
-    precede ``best`` (_ties_first), are skipped; so are leaves whose max(b, c) is, c being the
-    distance from their local point to the child's box, and the leaf ``hinted`` (already run;
-    -1: none)."""
+    (node or end, the leaf's bound max(b, c)): nodes whose box distance b _walk_skips are
+    skipped, and so are leaves whose max(b, c) does, c being the distance from their local point
+    to the child's box, and the leaf ``hinted`` (already run; -1: none)."""
     while node < end:
         b = _node_distance(node, x, y, z, sc, bvhf)
-        if (b >= acc and not _ties_first(b, node, acc, best)) or b > reach:
+        if _walk_skips(b, node, acc, best, reach):
             node = np.int64(bvhi[node, 3])
         elif bvhi[node, 7] >= 0 and node != hinted:
             b = max(b, _child_distance(bvhi[node, 7], x, y, z, sc, prm, params, inst))
-            if (b >= acc and not _ties_first(b, node, acc, best)) or b > reach:
+            if _walk_skips(b, node, acc, best, reach):
                 node += 1
             else:
                 return node, b
