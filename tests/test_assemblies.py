@@ -255,7 +255,19 @@ def test_bench_load_to_first_frame_reads_a_saved_tape_and_draws(walker_cpu, tmp_
 def test_bench_scaling_frames_with_and_without_a_hit_cone(walker_cpu):
     """scaling's rows: each count drawn as render draws it and with a one-pixel hit cone, in the
     same run (their times are the benchmark's, not asserted)."""
-    from taperay.tools.bench_assembly import scaling
+    from taperay.tools.bench_assembly import SERIES, scaling
     (row,) = scaling(walker_cpu, (32, 18), 1, counts=(10,), series=("strut_lattice",))
     assert row["series"] == "strut_lattice" and row["target"] == 10 and row["instances"] >= 1
     assert row["frame ms (median)"] > 0 and row["frame ms, 1 px cone (median)"] > 0
+    # the picture's columns: the march of the same frame, and the frame time over its steps
+    from taperay.runtime.camera import auto_camera
+    from taperay.runtime.shading import RenderSettings
+    tape = flatten(module("strut_lattice")["build"](**SERIES["strut_lattice"][1](10)))
+    camera = auto_camera(tape.bounds)
+    cone = RenderSettings(hit_cone=camera.pixel_angle(18))
+    plain, coned = (walker_cpu.march(tape, camera, 32, 18, settings=s) for s in (None, cone))
+    assert row["pixels hit %"] == pytest.approx(100 * plain["hit"].mean())
+    assert row["steps a pixel"] == pytest.approx(plain["steps"].mean())
+    assert row["steps a pixel, 1 px cone"] == pytest.approx(coned["steps"].mean())
+    assert row["steps a pixel, 1 px cone"] < row["steps a pixel"]      # (the cone ends rays sooner)
+    assert row["frame ns a step"] == pytest.approx(row["frame ms (median)"] * 1e6 / plain["steps"].sum())

@@ -168,7 +168,10 @@ def load_to_first_frame(walker, path: Path, size, repeat: int) -> dict:
 def scaling(walker, size, repeat: int, counts=COUNTS, series=tuple(SERIES)) -> list[dict]:
     """Frame time (median) against instance count for each series, as render draws it and with
     a hit cone a pixel wide (RenderSettings.hit_cone = Camera.pixel_angle: cone marching, which
-    ends rays at sub-pixel parts), in the same run."""
+    ends rays at sub-pixel parts), in the same run. Each also gets what its picture asks of the
+    march (one more march of the same frame): the share of pixels hit, the primary steps a
+    pixel, and the frame time over those steps (ns a step: what the field costs where the rays
+    go, shading included, apart from how much of the picture the parts fill)."""
     from taperay.runtime.camera import auto_camera
     from taperay.runtime.shading import RenderSettings
     from taperay.scenegraph import flatten
@@ -179,12 +182,19 @@ def scaling(walker, size, repeat: int, counts=COUNTS, series=tuple(SERIES)) -> l
         for count in counts:
             tape = flatten(build(**args(count)), source=f"{name}:{count}")
             upload(walker, tape)
-            cone = RenderSettings(hit_cone=auto_camera(tape.bounds).pixel_angle(size[1]))
+            camera = auto_camera(tape.bounds)
+            cone = RenderSettings(hit_cone=camera.pixel_angle(size[1]))
             ms = {}
-            for key, settings in (("frame ms (median)", None), ("frame ms, 1 px cone (median)", cone)):
+            for label, settings in (("", None), (", 1 px cone", cone)):
                 walker.render(tape, None, *size, settings=settings)
-                ms[key] = summarize(time_calls(lambda: walker.render(tape, None, *size, settings=settings),
-                                               repeat, warmup=0))["median_ms"]
+                frame_ms = summarize(time_calls(lambda: walker.render(tape, None, *size, settings=settings),
+                                                repeat, warmup=0))["median_ms"]
+                march = walker.march(tape, camera, *size, settings=settings)
+                ms[f"frame ms{label} (median)"] = frame_ms
+                if not label:
+                    ms["pixels hit %"] = 100.0 * float(march["hit"].mean())
+                ms[f"steps a pixel{label}"] = float(march["steps"].mean())
+                ms[f"frame ns a step{label}"] = frame_ms * 1e6 / max(int(march["steps"].sum()), 1)
             rows.append({"series": name, "counted": what, "target": count, "instances": tape.instance_count,
                          "records": len(tape), **ms})
     return rows
@@ -319,20 +329,22 @@ def plot(rows: list[dict], path: Path, title: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "plot skipped: matplotlib is not installed (pip install 'taperay[bench]')"
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for name, (what, _) in SERIES.items():
-        for key, style, label in (("frame ms (median)", "-", what), ("frame ms, 1 px cone (median)", "--",
-                                                                      f"{what}, 1 px cone")):
-            pts = [(r["instances"], r[key]) for r in rows if r["series"] == name]
-            if pts:
-                ax.plot(*zip(*pts), style, marker="o", label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("instances the tape stands for")
-    ax.set_ylabel("frame time, ms (median)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120)
+    for ax, (key, cone_key, ylabel) in zip(axes, (
+            ("frame ms (median)", "frame ms, 1 px cone (median)", "frame time, ms (median)"),
+            ("frame ns a step", "frame ns a step, 1 px cone", "frame time / primary steps, ns"))):
+        for i, (name, (what, _)) in enumerate(SERIES.items()):
+            for k, style, label in ((key, "-", what), (cone_key, "--", f"{what}, 1 px cone")):
+                pts = [(r["instances"], r[k]) for r in rows if r["series"] == name and k in r]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", color=f"C{i}", label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("instances the tape stands for")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
