@@ -45,7 +45,7 @@ def image_tiles(width: int, height: int) -> tuple[int, ...]:
     (``load_vm(..., balance_chains=True)``, as ``taperay render --2d`` loads): level 0 the
     smallest power of two from 32 px giving at most WAVE_MAX_TILES tiles (level 0 runs in
     dependency steps up to there), then quarters of it down to 8 px. Prospero on the H200
-    (docs/PERFORMANCE.md, seventeenth session): (32, 8) at 1024^2, 0.95 ms of GPU time against
+    (docs/PERFORMANCE.md, prune-gpu): (32, 8) at 1024^2, 0.95 ms of GPU time against
     1.18 with PRUNE_TILES; (128, 32, 8) at 4096^2, 1.79 against 5.02. A tape as written (chains)
     does better with PRUNE_TILES at 1024^2: its level 0 takes a step per link of its chain."""
     size = 32

@@ -14,7 +14,7 @@ scene tapes to arithmetic (``runtime.lowering``). The steps, all O(n) or O(n log
      at most (runtime.gpu_pruning): its 2D images and points get faster. Interval pruning keeps
      more of a balanced union per tile, though (a chain compares each operand with the least of
      all before it, a tree only with its sibling), which costs 3D march cells of unions of
-     scattered parts: the default keeps the chains (docs/PERFORMANCE.md, seventeenth session);
+     scattered parts: the default keeps the chains (docs/PERFORMANCE.md, prune-gpu);
   3. scheduling: the definition order and a depth-first order (largest register need first) are
      both tried, and the one needing fewer registers is kept;
   4. register allocation by linear scan (an operand's register is freed at its last use, before

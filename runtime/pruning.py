@@ -42,9 +42,9 @@ mirrored). Such an operand is above the union's value everywhere, so the union's
 its material, stay bit for bit; a value read a second time (by anything) gets no bound. The
 march cells (``march_pruned``), whose tapes run every step of every frame, take the rule; the
 per-call images and points do not (an empty sides array): there keeping the sides costs their
-interval passes more than the shorter tapes save (docs/PERFORMANCE.md, nineteenth session), as
+interval passes more than the shorter tapes save (docs/PERFORMANCE.md, ideas not kept), as
 on the GPU (prune.wgsl UNION_BOUND), where the cells' first level does without it too (its
-dependency steps, prune_wave, ran slower for the rule's code alone; twentieth session).
+dependency steps, prune_wave, ran slower for the rule's code alone).
 
 Hierarchical tiles (2D), one parallel launch per image: the whole image is evaluated once and
 pruned; then the top tiles (first entry of ``tiles``, in pixels) are evaluated together in lanes

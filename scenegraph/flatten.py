@@ -334,7 +334,7 @@ class _Emitter:
         """``run = op(run, child)`` with the child skipped where its box cannot change ``run``.
         A child of at most ``_CHEAP_PRIMITIVES`` primitives (under point transforms) is not
         wrapped: it costs about what the cull's own box test and intersection cost, and the twin's
-        blocks that split at a cull pay more (docs/ASSEMBLIES.md, sixteenth session)."""
+        blocks that split at a cull pay more (docs/PERFORMANCE.md, assembly)."""
         box = self.bounds_of(child)
         if not np.all(np.isfinite(box)) or _too_cheap_to_cull(child):
             total = self.emit_group(child, run + 1, mat)

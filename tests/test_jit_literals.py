@@ -1,6 +1,6 @@
 """Jitted calls take no int literals: Numba compiles a callee once more, with everything it calls,
 for each literal-typed argument (``f(x, 0)``, or a counter ``n = 0; n += 1`` passed on), which
-made a cold compile of the twin a third longer (docs/PERFORMANCE.md, fourteenth session). Such
+made a cold compile of the twin a third longer (docs/PERFORMANCE.md, cold compile). Such
 arguments are written ``np.int64(...)``. Module-level constants are allowed: a few small functions
 take an op code that way on purpose."""
 import ast

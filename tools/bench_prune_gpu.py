@@ -86,7 +86,7 @@ def _rect(n: int) -> tuple[float, float, float, float]:
 
 def _warm_up(walker, tape, size: int) -> None:
     """Unpruned field images, back to back, for WARM_UP_S: a GPU idle before the run clocks up
-    during its first measurements (on the H200 the seventeenth session's first row read 4.18 ms
+    during its first measurements (on the H200 a first row without it read 4.18 ms
     for a sign image whose passes take about 1 ms in a warm process)."""
     until = time.perf_counter() + WARM_UP_S
     while time.perf_counter() < until:
