@@ -1,9 +1,9 @@
 """The opcode table: the single source of truth for what every tape instruction means.
 
-Every walker (Numba twin, WGSL kernels, JAX evaluator) implements exactly the ops listed here,
+Every walker (the Numba twin, the WGSL kernels) implements exactly the ops listed here,
 with the field usage and semantics written in each ``OpSpec``. The WGSL header
 ``shaders/generated_tape.wgsl`` is generated from this table (``runtime.wgsl_header``), and tests
-fail when the committed header, a kernel, the twin or the JAX evaluator drift from it.
+fail when the committed header, a kernel or the twin drift from it.
 
 Interpreter state (per evaluated point):
   * ``reg[]``  float32 registers, ``mat[]`` a material id per register (u32);

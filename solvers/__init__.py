@@ -1,1 +1,1 @@
-"""solvers: surface extraction, meshing, FEM, adjoints and optimisation on tapes."""
+"""solvers: the planned home of surface extraction, meshing, FEM and adjoints on tapes; empty so far."""
