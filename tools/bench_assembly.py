@@ -131,7 +131,7 @@ def startup(walker, size) -> float:
 def keep_busy(walker, size, seconds: float = BUSY_S) -> None:
     """Frames of the tiny tape for ``seconds``, as a viewer draws while the user opens a file:
     a GPU left idle lowers its clocks, and its next frames are slower (the H200: 100-125 ms more
-    for a frame or two after 2 s idle, docs/ASSEMBLIES.md)."""
+    for a frame or two after 2 s idle, docs/PERFORMANCE.md)."""
     tiny = _tiny_tape()
     upload(walker, tiny)
     end = time.perf_counter() + seconds
