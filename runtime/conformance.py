@@ -6,25 +6,29 @@ for sqrt / exp / sin / atan ...), the seeded generator of random valid tapes ove
 variants), the measurements (max abs / rel error, ULP histogram, material mismatches, hit-mask
 disagreement, rays that graze the surface aside (``grazing_pixels``), depth error where both hit,
 first differing point / pixel and the first top-level record whose value differs there) and
-``ConformanceReport`` (``.passed``, ``.table()`` for rich).
+``ConformanceReport`` (``.passed``, ``.table()`` for rich), and the GPU's self-check against the
+twin (``gpu_self_check``) that ``taperay.runtime.walkers.walker("auto")`` runs before it trusts a GPU.
 
     conform_tape(tape)              one scene on every walker
     conform_random(n, seed=0)       one tape per op + n random scenes + a wide-register tape
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .camera import auto_camera
+from .cpu import CpuWalker
 from .opcodes import OPS, REG_CAPS, Family, Op
 from .shading import RenderSettings
-from .tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, validate
+from .tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, TaperayError, validate
+from .twin import _packed, _slab
 
 __all__ = ["Tolerance", "TOLERANCES", "ConformanceReport", "OpResult", "SceneResult", "conform_tape",
            "conform_random", "tape_tolerance", "scene_tolerance", "within_tolerance", "op_tape", "random_tape", "wide_tape", "reference_tape", "available_walkers",
-           "compare_images", "ulp_distance", "ULP_BINS", "grazing_pixels"]
+           "compare_images", "ulp_distance", "ULP_BINS", "grazing_pixels", "SelfCheck", "gpu_self_check"]
 
 
 # ----------------------------------------------------------------------------------- tolerances
@@ -239,7 +243,6 @@ def _op_cells(r: OpResult) -> list[str]:
 def available_walkers(names: list[str] | None = None) -> dict:
     """The walkers to grade against the twin, by name: every available one (``names`` None) or
     exactly ``names`` (an unavailable one is then an error)."""
-    from .tape import TaperayError
     wanted = [n for n in (names or list(WALKERS)) if n != "cpu"]
     out = {}
     for name in wanted:
@@ -339,7 +342,6 @@ def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_
                  report: ConformanceReport | None = None, graded: dict | None = None) -> ConformanceReport:
     """Grade ``tape`` as a scene on every walker: points (field + material) and a march image.
     ``graded`` gives the walker objects by name (default: ``available_walkers(walkers)``)."""
-    from .cpu import CpuWalker
     validate(tape)
     cpu = CpuWalker()
     ws = available_walkers(walkers) if graded is None else graded
@@ -392,7 +394,6 @@ def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_po
     """One tape per op (graded with the largest tolerance of its ops: the op itself, or e.g. the
     polar pattern a REPEAT_END closes), ``n`` random composite scenes and a tape
     wide enough for the largest register variant, on every available walker (or ``graded``)."""
-    from .cpu import CpuWalker
     ws = available_walkers(walkers) if graded is None else graded
     report = ConformanceReport(walkers=list(ws))
     cpu = CpuWalker()
@@ -428,7 +429,6 @@ def grazing_pixels(tape: Tape, cam, width: int, height: int, settings, pixels, b
     by whether one of its own samples falls below hit_eps, and the least value along it lies
     between the march's samples: walkers whose samples differ by rounding may decide it either
     way. A ray that clearly meets the surface, or clearly passes it by, is not grazing."""
-    from .cpu import CpuWalker, _packed, _slab
     packed = settings.pack(tape)
     eps = float(_packed(packed, "hit_eps"))
     box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
@@ -763,3 +763,47 @@ def reference_tape() -> Tape:
     b.rows[begin][7] = b.row(Op.REPEAT_END, 1, a=2, jump=begin)
     b.row(Op.UNION, 0, a=0, b=1)
     return b.tape(_materials(rng), [[-1.8] * 3, [1.8] * 3], "self-check scene")
+
+
+# ----------------------------------------------------------------------------------- GPU self-check
+@dataclass
+class SelfCheck:
+    """GPU vs CPU on a small render: passed when the images agree within the tolerances."""
+    passed: bool
+    mismatch_fraction: float          # pixels differing by more than ``level_tolerance``
+    max_level_difference: int
+    first_pixel: tuple[int, int] | None
+    adapter: str
+    seconds: float
+    detail: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        where = f", first at row/col {self.first_pixel}" if self.first_pixel else ""
+        return (f"{'passed' if self.passed else 'FAILED'} on {self.adapter}: "
+                f"{100 * self.mismatch_fraction:.2f}% of pixels differ (max {self.max_level_difference} "
+                f"levels{where}) in {self.seconds:.2f} s")
+
+
+SELF_CHECK_SIZE = (40, 30)
+SELF_CHECK_MAX_FRACTION = 0.02   # pixels allowed to differ (silhouettes, shadow edges)
+SELF_CHECK_LEVELS = 2            # 8-bit levels a pixel may differ by (float32 vs float64 colour)
+
+
+def gpu_self_check(walker=None, tape: Tape | None = None) -> SelfCheck:
+    """Render a small shaded image of ``tape`` (default: conformance's reference scene, which uses
+    every op family) on the GPU and on the CPU twin and report how far they disagree."""
+    from .gpu import GpuError, GpuWalker     # (wgpu is optional: imported where a GPU is graded)
+    t0 = time.perf_counter()
+    walker = walker or GpuWalker()
+    tape = tape or reference_tape()
+    w, h = SELF_CHECK_SIZE
+    cam = auto_camera(tape.bounds)
+    try:
+        gpu_img = walker.render(tape, cam, w, h, view="shade")
+    except GpuError as e:
+        return SelfCheck(False, 1.0, 255, None, walker.adapter_name, time.perf_counter() - t0, {"error": str(e)})
+    cpu_img = CpuWalker().render(tape, cam, w, h, view="shade")
+    cmp = compare_images(cpu_img, gpu_img, SELF_CHECK_LEVELS)
+    passed = cmp["mismatch_fraction"] <= SELF_CHECK_MAX_FRACTION
+    return SelfCheck(passed, cmp["mismatch_fraction"], cmp["max_level_difference"], cmp["first_pixel"],
+                     walker.adapter_name, time.perf_counter() - t0, cmp)

@@ -25,10 +25,15 @@ import threading
 
 import numpy as np
 
+from .gpu_device import BUILD_COMPANIONS, KERNEL_CONSTANTS, variant_for
 from .gpu_guard import _guarded
 from .opcodes import WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
+from .pruning import (PRUNE_MIN_RECORDS, compact_records, grid_cell_boxes, grid_ijk, is_arithmetic,
+                      sub_cell_ijk)
+from .pruning import _n_reads as _n_reads_python
 from .shading import RenderSettings
 from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, content_key, point_array
+from .twin import _packed
 
 # Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
 # MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile (packed.wgsl
@@ -264,7 +269,6 @@ def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
     from its parent's over its box, is exact wherever it is used. ``flat``: the cells of an image
     in the plane z = lo.z = hi.z, g0^2 at level 0 and 16 sub-cells per cell, their boxes exactly
     z along z."""
-    from .pruning import grid_cell_boxes, grid_ijk, sub_cell_ijk
     lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     size0 = np.where(hi > lo, (hi - lo) / g0, 1.0)
     kids = 16 if flat else 64
@@ -322,7 +326,6 @@ def arena_guess(tape: Tape, level0_tiles: int, tiles: int, kernel: str) -> int:
     and a sixteenth of the tape, and per tile 64 words and, where the kernel takes the union rule
     (gpu.KERNEL_CONSTANTS' UNION_BOUND: on the levels after the first), the sides of a
     thirty-second of the tape's MIN / MAX records, three words each."""
-    from .gpu import KERNEL_CONSTANTS
     ops = tape.instrs["op"]
     union_bound = KERNEL_CONSTANTS.get(kernel, {}).get("UNION_BOUND", False)
     minmax = int(np.isin(ops, (Op.MIN, Op.MAX, Op.UNION, Op.INTERSECT)).sum()) if union_bound else 0
@@ -499,8 +502,7 @@ def _load_wave_planner():
     global _wave_jit, _n_reads
     from numba import njit
 
-    from .pruning import _n_reads as n_reads
-    _n_reads = njit(n_reads)
+    _n_reads = njit(_n_reads_python)
     plan = njit(cache=True)(_wave_plan)
     plan(np.zeros((1, 5), np.int64), np.zeros(1, np.uint32), WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)   # (now)
     _wave_jit = plan
@@ -518,6 +520,9 @@ def start_wave_planner() -> threading.Thread:
     return _wave_loader
 
 
+BUILD_COMPANIONS.append(start_wave_planner)
+
+
 def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
     """The instrs buffer of a tape pruned by prune_wave at level 0: its records, then the rows
     of their dependency-step schedule (INSTR_DTYPE; ``_wave_plan``); None when level 0 is pruned
@@ -526,7 +531,6 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
     compiled (start_wave_planner; ``wait``: until it is). Kept per tape content."""
     key = content_key(tape)
     if key not in _WAVES:
-        from .pruning import compact_records, is_arithmetic
         rows = None
         if 0 < len(tape.instrs) <= WAVE_RECORDS and is_arithmetic(tape, fields=True):
             if _wave_jit is None:
@@ -664,7 +668,6 @@ class PrunedPasses:
         """The register variant of a pixel pass over pruned tapes: the smallest holding ``regs``,
         the most registers a finest tile's renumbered tape uses (counted by the pruning), at
         most the tape's own ``variant``."""
-        from .gpu import variant_for
         return min(variant, variant_for(max(int(regs), 1)))
 
     @_guarded
@@ -678,7 +681,6 @@ class PrunedPasses:
         ``cells`` (g0, levels), e.g. IMAGE_CELLS, on flat cells over ``rect`` instead, pruned once
         and kept for the images of the same tape after it (_image_cells: panning or zooming in,
         at any size, prunes nothing). Other tapes: field_image < 0."""
-        from .pruning import is_arithmetic
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z) < 0
         if cells is not None:
@@ -693,7 +695,6 @@ class PrunedPasses:
         """(H, W) float32 field, every pixel evaluated with its finest tile's pruned tape (tile
         levels as sign_image), or its cell's (``cells`` as sign_image): bit-identical to
         field_image. Non-arithmetic tapes: field_image."""
-        from .pruning import is_arithmetic
         if not is_arithmetic(tape):
             return self.field_image(tape, width, height, rect, z)
         if cells is not None:
@@ -834,7 +835,6 @@ class PrunedPasses:
         shared among the axes the points span), each of ``levels`` - 1 finer levels its parent's
         tape over 4 sub-cells per such axis; pruned_points runs each point on its finest cell's
         tape, a warp's points sharing a cell. Other tapes: evaluate."""
-        from .pruning import is_arithmetic
         pts = point_array(points, "evaluate_pruned")
         self._point_args(cells, levels)
         if not is_arithmetic(tape) or len(pts) == 0:
@@ -897,7 +897,6 @@ class PrunedPasses:
         """The (g0, levels) of a pruned march of ``tape``, or None: ``cells`` None (off), "auto"
         (MARCH_CELLS for arithmetic tapes, scene fields allowed (pruning.FIELD_OPS), of at least
         PRUNE_MIN_RECORDS records) or (g0, levels) (any such tape)."""
-        from .pruning import PRUNE_MIN_RECORDS, is_arithmetic
         if cells is None or not is_arithmetic(tape, fields=True):
             return None
         if isinstance(cells, str) and cells == "auto":
@@ -914,7 +913,6 @@ class PrunedPasses:
         (_prune_cell_grid), the headers and arena in out_u after the n pixels' outputs (from
         word 9n). Returns what _prune_cell_grid does: the cell descriptor's word in the points
         buffer (U.extra.x of the _cells kernels) first."""
-        from .cpu import _packed
         lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
         layout = _march_cells_cached(tuple(lo), tuple(hi), *cells, base=9 * n)   # (the same box each frame)
         return self._prune_cell_grid(tape, variant, layout, (8 * n, n),

@@ -74,10 +74,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cpu import CpuWalker, _arith_block, _hit_threshold, _rem32, _round, _row_back, _scratch_row
+from . import twin
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
+from .lowering import NotLowerable, lower
 from .opcodes import OPS, Family, Op
+from .shading import RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, content_key, point_array, validate
+from .twin import _arith_block, _hit_threshold, _packed, _rem32, _round, _row_back, _scratch_row, _section
 
 __all__ = ["is_arithmetic", "compact_records", "light_pruned", "cell_tape", "interval_eval", "interval_op", "prune", "sign_image",
            "field_image_pruned", "evaluate_pruned", "march_pruned", "cells_shorten", "DEFAULT_TILES",
@@ -1023,7 +1026,6 @@ def cell_tape(tape: Tape) -> Tape | None:
         return None
     key = content_key(tape)
     if key not in _CELL_TAPE:
-        from .lowering import NotLowerable, lower
         if len(_CELL_TAPE) > 16:
             _CELL_TAPE.clear()
         try:
@@ -1184,7 +1186,7 @@ def sign_image(tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
     number and mean length of the pruned tapes per level. Non-arithmetic tapes: field < 0 of
     the unpruned CpuWalker."""
     if not is_arithmetic(tape):
-        return CpuWalker().field_image(tape, width, height, rect, z) < 0
+        return twin.field_image(tape, width, height, rect, z) < 0
     return _image(tape, width, height, rect, z, tiles, 1, stats)
 
 
@@ -1193,7 +1195,7 @@ def field_image_pruned(tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.
     """(H, W) float32 field, every pixel evaluated with its tile's pruned tape: bit-identical to
     CpuWalker.field_image (same arguments). Non-arithmetic tapes: CpuWalker.field_image."""
     if not is_arithmetic(tape):
-        return CpuWalker().field_image(tape, width, height, rect, z)
+        return twin.field_image(tape, width, height, rect, z)
     return _image(tape, width, height, rect, z, tiles, 0, stats)
 
 
@@ -1204,7 +1206,7 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
     evaluated in plain chunks). Non-arithmetic tapes: CpuWalker.evaluate."""
     pts = point_array(points, "evaluate_pruned")
     if not is_arithmetic(tape):
-        return CpuWalker().evaluate(tape, pts)
+        return twin.evaluate_field(tape, pts)
     if grid < 1 or block < 1:
         raise TaperayError(f"evaluate_pruned: grid {grid} and block {block} must be at least 1")
     code, imm = _checked(tape, "evaluate_pruned")
@@ -1287,7 +1289,6 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
     5-tap ambient occlusion) of march_pruned's result ``mr``, bit for bit, every evaluation on
     march_pruned's cells (kept from the march). Returns shadow and ao (H, W) float32 (1 on
     misses)."""
-    from .cpu import _packed
     field = _pruned_field(tape, packed, grid, levels)
     box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
     eps, step_scale, soft_k, ao_strength, ao_dist = (np.float32(_packed(packed, k)) for k in
@@ -1493,7 +1494,6 @@ _CELL_CACHE: dict[tuple, _CellTapes] = {}   # march_pruned: the last (tape conte
 def _march_cells(tape: Tape, packed: np.ndarray, grid: int, levels: int) -> _CellTapes:
     """march_pruned's cells of ``tape`` over the march box of ``packed`` (kept per tape content,
     box, grid and levels)."""
-    from .cpu import _packed
     box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
     key = (content_key(tape), box.tobytes(), grid, levels)
     if key not in _CELL_CACHE:
@@ -1514,7 +1514,6 @@ def _pruned_field(tape: Tape, packed: np.ndarray, grid: int, levels: int):
     """The field of ``tape`` (arithmetic, scene fields allowed) on march_pruned's cells over the
     march box of ``packed`` (kept per tape content and box), capped by the section half-space as
     the twin's _field: a function of (N, 3) float32 points."""
-    from .cpu import _section
     sec = _section(packed)
     cells = _march_cells(tape, packed, grid, levels)
 
@@ -1632,10 +1631,8 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     _slab, _gradients: the same float32 operations in the same order). Scene fields (FIELD_OPS)
     are pruned too, their materials at the hits taken from the full tape. Other tapes:
     CpuWalker.march."""
-    from .cpu import _packed, _section
-    from .shading import RenderSettings
     if not is_arithmetic(tape, fields=True):
-        return CpuWalker().march(tape, camera, width, height, settings, view)
+        return twin.march(tape, camera, width, height, settings or RenderSettings(), view)
     if grid < 1 or levels not in (1, 2):
         raise TaperayError(f"march_pruned: grid {grid} must be at least 1 and levels {levels} 1 or 2")
     settings = settings or RenderSettings()
@@ -1662,7 +1659,7 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
         grad[at] = g / (np.float32(4) * neps)
     mat = np.zeros(len(rd), np.uint32)
     if at.size and (tape.instrs["op"] == Op.FIELD_RESULT).any():    # the twin's material at the hit
-        mat[at] = CpuWalker()._field(tape, eye + t[at, None] * rd[at], sec)[1]
+        mat[at] = twin.evaluate_field(tape, eye + t[at, None] * rd[at], sec)[1]
     shape = (height, width)
     g = grad.reshape(height, width, 3)
     norm = np.linalg.norm(g, axis=-1, keepdims=True)

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from taperay.runtime.lowering import NotLowerable, lower
+from taperay.runtime.pruning import interval_eval
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
 
-from .instancing import build_bvh, inner_capsule, instance_boxes, instance_params
+from .instancing import build_bvh, instance_boxes, instance_params, shape_capsule
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
 
 __all__ = ["flatten", "node_bounds"]
@@ -424,6 +426,51 @@ def _build_bvh(items: list, boxes: np.ndarray):
     right = _build_bvh([items[i] for i in hi], boxes[hi])
     box = np.array([boxes[:, 0].min(0), boxes[:, 1].max(0)])
     return (left, right, box)
+
+
+def inner_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(a, b, r): a capsule (every point within r of the segment ab) inside the node's solid, in
+    its frame, or None where none is known. With it, an instance's value at p is at most
+    max(0, |p - ab| - r) (a value never exceeds the distance to a point of the solid outside it,
+    and is <= 0 inside it), the upper bound the INSTANCES walk starts from. Taken from the shapes
+    (``shape_capsule``), else proven numerically (``proven_inner_ball``)."""
+    found = shape_capsule(n)
+    return found if found is not None else proven_inner_ball(n)
+
+
+def proven_inner_ball(n, samples: int = 12) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """A ball inside the node's solid, proven by interval arithmetic on the node's lowering to
+    arithmetic (``runtime.lowering``): the deepest of samples^3 grid points over its box, and the
+    largest cube about it (halving from the sampled depth) whose interval lies below zero, the
+    ball inscribed in that cube. None for nodes holding arithmetic fields (their values need not
+    stay below the true distance), nodes the lowering refuses, or where no cube is proven."""
+    if any(m.kind == "field" for m in n.walk()):
+        return None
+    box = node_bounds(n)
+    if not np.all(np.isfinite(box)):
+        return None
+    try:
+        low = lower(flatten(n, source="instanced body"))
+        axes = [np.linspace(box[0, r], box[1, r], samples + 2)[1:-1] for r in range(3)]
+        pts = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+        hi = interval_eval(low, pts, pts, fields=True)[1]
+        best = None
+        for i in np.argsort(np.where(np.isnan(hi), np.inf, hi))[:8]:
+            if not hi[i] < 0:
+                break
+            h = -float(hi[i]) / np.sqrt(3.0)
+            for _ in range(4):
+                hi_b = interval_eval(low, pts[i] - h, pts[i] + h, fields=True)[1]
+                if hi_b[0] < 0:
+                    break
+                h /= 2
+            else:
+                continue
+            if best is None or h > best[2]:
+                best = (pts[i].astype(np.float64), pts[i].astype(np.float64), h * (1 - 2.0 ** -10))
+        return best
+    except (NotLowerable, TaperayError):
+        return None
 
 
 def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, float] | None = None) -> Tape:

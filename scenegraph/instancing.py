@@ -1,7 +1,8 @@
 """Irregular assemblies: instance lists (one body, an array of rigid + uniform-scale placements),
 the vectorised BVH over them that the INSTANCES op walks, and the bound that walk starts from: a
 capsule inside the body (``inner_capsule``) and a grid naming a representative instance per cell
-(``instance_params``).
+(``instance_params``). The capsule comes from the body's shapes (``shape_capsule``) or, where
+no shape rule gives one, is proven numerically on its tape (scenegraph.flatten.inner_capsule).
 
 Everything here is numpy over whole arrays: 10^5 or 10^6 instances cost no Python loop.
 """
@@ -9,32 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, OPS, Op, TaperayError, quat_matrices
+from taperay.runtime.tape import BVH_DTYPE, OPS, Op, quat_matrices
 
-__all__ = ["placements", "instance_boxes", "build_bvh", "inner_capsule", "instance_params", "quat_matrices"]
+from .nodes import placements
 
-
-def placements(translations, rotations=None, scales=None) -> np.ndarray:
-    """An INSTANCE_DTYPE array from (N,3) translations, optional (N,4) unit quaternions (w,x,y,z)
-    and optional (N,) uniform scales."""
-    t = np.asarray(translations, np.float64)
-    if t.ndim != 2 or t.shape[1] != 3 or len(t) == 0:
-        raise TaperayError(f"instance translations must be an (N,3) array with N >= 1, got shape {t.shape}")
-    n = len(t)
-    q = np.tile([1.0, 0, 0, 0], (n, 1)) if rotations is None else np.asarray(rotations, np.float64)
-    s = np.ones(n) if scales is None else np.broadcast_to(np.asarray(scales, np.float64), (n,))
-    if q.shape != (n, 4):
-        raise TaperayError(f"instance rotations must be an ({n},4) quaternion array, got shape {q.shape}")
-    norms = np.linalg.norm(q, axis=1)
-    if not (np.all(np.isfinite(t)) and np.all(np.isfinite(q)) and np.all(np.isfinite(s))):
-        raise TaperayError("instance placements hold a non-finite number")
-    if np.any(np.abs(norms - 1) > 1e-4):
-        raise TaperayError(f"instance rotation {int(np.argmax(np.abs(norms - 1)))} is not a unit quaternion")
-    if np.any(s <= 0):
-        raise TaperayError(f"instance scale {int(np.argmax(s <= 0))} is not > 0")
-    out = np.zeros(n, INSTANCE_DTYPE)
-    out["q"], out["t"], out["s"] = q / norms[:, None], t, s
-    return out
+__all__ = ["placements", "instance_boxes", "build_bvh", "shape_capsule", "instance_params", "quat_matrices"]
 
 
 def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
@@ -127,55 +107,7 @@ def build_bvh(boxes: np.ndarray, first_node: int = 0, first_instance: int = 0) -
 REP_CELLS_MAX = 1 << 18     # representatives' grid cells at most (a float each in the tape's params)
 
 
-def inner_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """(a, b, r): a capsule (every point within r of the segment ab) inside the node's solid, in
-    its frame, or None where none is known. With it, an instance's value at p is at most
-    max(0, |p - ab| - r) (a value never exceeds the distance to a point of the solid outside it,
-    and is <= 0 inside it), the upper bound the INSTANCES walk starts from. Taken from the shapes
-    (``_shape_capsule``), else proven numerically (``proven_inner_ball``)."""
-    found = _shape_capsule(n)
-    return found if found is not None else proven_inner_ball(n)
-
-
-def proven_inner_ball(n, samples: int = 12) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """A ball inside the node's solid, proven by interval arithmetic on the node's lowering to
-    arithmetic (``runtime.lowering``): the deepest of samples^3 grid points over its box, and the
-    largest cube about it (halving from the sampled depth) whose interval lies below zero, the
-    ball inscribed in that cube. None for nodes holding arithmetic fields (their values need not
-    stay below the true distance), nodes the lowering refuses, or where no cube is proven."""
-    from taperay.runtime.lowering import NotLowerable, lower
-    from taperay.runtime.pruning import interval_eval
-    from .flatten import flatten, node_bounds
-    if any(m.kind == "field" for m in n.walk()):
-        return None
-    box = node_bounds(n)
-    if not np.all(np.isfinite(box)):
-        return None
-    try:
-        low = lower(flatten(n, source="instanced body"))
-        axes = [np.linspace(box[0, r], box[1, r], samples + 2)[1:-1] for r in range(3)]
-        pts = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-        hi = interval_eval(low, pts, pts, fields=True)[1]
-        best = None
-        for i in np.argsort(np.where(np.isnan(hi), np.inf, hi))[:8]:
-            if not hi[i] < 0:
-                break
-            h = -float(hi[i]) / np.sqrt(3.0)
-            for _ in range(4):
-                hi_b = interval_eval(low, pts[i] - h, pts[i] + h, fields=True)[1]
-                if hi_b[0] < 0:
-                    break
-                h /= 2
-            else:
-                continue
-            if best is None or h > best[2]:
-                best = (pts[i].astype(np.float64), pts[i].astype(np.float64), h * (1 - 2.0 ** -10))
-        return best
-    except (NotLowerable, TaperayError):
-        return None
-
-
-def _shape_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
+def shape_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
     """A capsule inside the node's solid from its shapes: primitives whose value never exceeds the
     true distance (sphere, box, cylinder, capsule), through rigid + scale transforms and (smooth)
     unions (the largest of the children's: a union's value is at most each child's)."""
@@ -192,14 +124,14 @@ def _shape_capsule(n) -> tuple[np.ndarray, np.ndarray, float] | None:
     if k == "capsule":
         return np.array(v[:3], np.float64), np.array(v[3:6], np.float64), float(v[6])
     if k == "transform":
-        inner = _shape_capsule(n.children[0])
+        inner = shape_capsule(n.children[0])
         if inner is None:
             return None
         t, q, s = np.asarray(v[:3], np.float64), np.asarray(v[3:7], np.float64), float(v[7])
         rot = quat_matrices(q[None])[0]
         return t + s * (rot @ inner[0]), t + s * (rot @ inner[1]), s * inner[2]
     if k in ("union", "smooth_union"):
-        found = [c for c in (_shape_capsule(ch) for ch in n.children) if c is not None]
+        found = [c for c in (shape_capsule(ch) for ch in n.children) if c is not None]
         return max(found, key=lambda c: c[2] ** 2 * (c[2] + np.linalg.norm(c[1] - c[0]))) if found else None
     return None
 

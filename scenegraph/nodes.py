@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -222,7 +222,6 @@ class Node:
     def instances(self, translations, rotations=None, scales=None):
         """Copies of this node at arbitrary placements: (N,3) translations, optional (N,4) unit
         quaternions (w,x,y,z) and (N,) scales. Walked through a BVH; no per-copy records."""
-        from .instancing import placements
         return Node("instances", (), (self,), None, placements(translations, rotations, scales))
 
     # -- files ---------------------------------------------------------------------------------
@@ -254,6 +253,29 @@ class Node:
         inner = ", ".join(repr(c) for c in self.children)
         return f"{self.kind}({', '.join(f'{v:g}' if isinstance(v, float) else repr(v) for v in self.numbers[:4])}" \
                f"{'…' if len(self.numbers) > 4 else ''}{'; ' + inner if inner else ''})"
+
+
+def placements(translations, rotations=None, scales=None) -> np.ndarray:
+    """An INSTANCE_DTYPE array from (N,3) translations, optional (N,4) unit quaternions (w,x,y,z)
+    and optional (N,) uniform scales."""
+    t = np.asarray(translations, np.float64)
+    if t.ndim != 2 or t.shape[1] != 3 or len(t) == 0:
+        raise TaperayError(f"instance translations must be an (N,3) array with N >= 1, got shape {t.shape}")
+    n = len(t)
+    q = np.tile([1.0, 0, 0, 0], (n, 1)) if rotations is None else np.asarray(rotations, np.float64)
+    s = np.ones(n) if scales is None else np.broadcast_to(np.asarray(scales, np.float64), (n,))
+    if q.shape != (n, 4):
+        raise TaperayError(f"instance rotations must be an ({n},4) quaternion array, got shape {q.shape}")
+    norms = np.linalg.norm(q, axis=1)
+    if not (np.all(np.isfinite(t)) and np.all(np.isfinite(q)) and np.all(np.isfinite(s))):
+        raise TaperayError("instance placements hold a non-finite number")
+    if np.any(np.abs(norms - 1) > 1e-4):
+        raise TaperayError(f"instance rotation {int(np.argmax(np.abs(norms - 1)))} is not a unit quaternion")
+    if np.any(s <= 0):
+        raise TaperayError(f"instance scale {int(np.argmax(s <= 0))} is not > 0")
+    out = np.zeros(n, INSTANCE_DTYPE)
+    out["q"], out["t"], out["s"] = q / norms[:, None], t, s
+    return out
 
 
 def _check_values(n: Node):
@@ -325,7 +347,6 @@ def node_from_dict(d, depth: int = 0) -> Node:
         raw = d["placements"]
         if not isinstance(raw, bytes) or len(raw) % INSTANCE_DTYPE.itemsize:
             raise TaperayError(f"{d['kind']}: placements must be bytes of whole INSTANCE_DTYPE records")
-        from .instancing import placements
         rec = np.frombuffer(raw, INSTANCE_DTYPE)
         if len(rec):
             placements(rec["t"], rec["q"], rec["s"])   # validates; the stored records are kept bit-exact

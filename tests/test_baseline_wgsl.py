@@ -54,10 +54,10 @@ def test_text_inlines_parameters_and_fetches_no_instructions(name):
 
 @pytest.mark.parametrize("kernel_file", ["kernels_points.wgsl", "kernels_render.wgsl"])
 def test_module_is_the_walkers_with_run_tape_replaced(kernel_file):
-    from taperay.runtime import gpu
+    from taperay.runtime import gpu_device
     tape = TAPES["bench scene"]()
     module = module_source(tape, kernel_file)
-    walkers = gpu._shader_text(kernel_file, 16)
+    walkers = gpu_device._shader_text(kernel_file, 16)
     assert module.count(RUN_TAPE) == 1 and module.count("fn run_tape(") == 1
     head, tail = walkers.split("\n" + RUN_TAPE)
     assert module.startswith(head) and module.endswith(tail[tail.index("\n}\n") + 3:])

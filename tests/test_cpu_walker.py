@@ -253,7 +253,7 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
     points that cull their registers back at the target; values and materials must be those of
     each point evaluated alone, bit for bit, and the culls that cannot be ridden through fall
     back to point-by-point evaluation."""
-    from taperay.runtime.cpu import _READS, _WRITES, _cull_saves
+    from taperay.runtime.twin import _READS, _WRITES, _cull_saves
     rng = np.random.default_rng(11)
     tapes = _split_cull_tapes()
     ridden = 0
@@ -276,10 +276,10 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
 
 def test_a_split_cull_saves_the_registers_live_at_its_target():
     """_cull_saves keeps, of the registers a cull and its subtree write, those live at its
-    target (runtime.cpu._live_in): register 3 in both tapes of _live_after_target_tapes, only
+    target (runtime.twin._live_in): register 3 in both tapes of _live_after_target_tapes, only
     the cull's own register in a grid pattern of _culled_cell (its other registers are written
     again before any read, also across the pattern's copies)."""
-    from taperay.runtime.cpu import _READS, _WRITES, _cull_saves
+    from taperay.runtime.twin import _READS, _WRITES, _cull_saves
     from taperay.scenegraph import flatten
 
     def saved(tape):
@@ -302,7 +302,7 @@ def test_split_cull_saves_are_kept_per_frozen_tape(walker_cpu):
     holds the same frozen records; a writable copy of the records is analysed again."""
     from dataclasses import replace
 
-    from taperay.runtime.cpu import _split_culls
+    from taperay.runtime.twin import _split_culls
     from taperay.scenegraph import flatten
     tape = flatten(_culled_cell().grid_pattern((1, 1, 1), (3, 3, 3)))
     walker_cpu.evaluate(tape, np.zeros((4, 3), np.float32))          # (validates: freezes the tape)
@@ -315,8 +315,8 @@ def test_split_cull_saves_are_kept_per_frozen_tape(walker_cpu):
 
 def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeypatch):
     """The march and light kernels' tiles and evaluate's chunks are independent: shared out over
-    one, two or three threads (cpu._on_threads, round-robin), they give the same bits."""
-    import taperay.runtime.cpu as cpu
+    one, two or three threads (twin._on_threads, round-robin), they give the same bits."""
+    import taperay.runtime.twin as twin
     from taperay.scenegraph import flatten
     from taperay.scenes import lens_bench_1000
     scene = flatten(lens_bench_1000.scene)
@@ -324,7 +324,7 @@ def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeyp
     pts = np.random.default_rng(3).uniform(scene.bounds[0], scene.bounds[1], (3000, 3)).astype(np.float32)
     runs = []
     for threads in (1, 2, 3):
-        monkeypatch.setattr(cpu, "_thread_count", lambda: threads)
+        monkeypatch.setattr(twin, "_thread_count", lambda: threads)
         runs.append((walker_cpu.light(scene, cam, 70, 45), walker_cpu.evaluate(scene, pts)))
     for light, (d, m) in runs[1:]:
         for key in ("t", "hit", "steps", "mat", "grad", "shadow", "ao"):

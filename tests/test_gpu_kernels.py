@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from taperay.runtime import conformance as C
-from taperay.runtime import gpu
+from taperay.runtime import gpu_device
 from taperay.runtime.opcodes import REG_CAPS, Op
 from taperay.runtime.wgsl_header import SHADER_DIR
 
@@ -16,22 +16,22 @@ pytestmark = pytest.mark.gpu
 
 def test_startup_builds_every_pipeline_once(walker_gpu):
     ks = walker_gpu.kernels
-    keys = gpu.KernelSet.keys()
-    per_variant = sum(1 for _, v in gpu.KERNELS.values() if v)
-    assert len(keys) == per_variant * len(REG_CAPS) + len(gpu.KERNELS) - per_variant
+    keys = gpu_device.KernelSet.keys()
+    per_variant = sum(1 for _, v in gpu_device.KERNELS.values() if v)
+    assert len(keys) == per_variant * len(REG_CAPS) + len(gpu_device.KERNELS) - per_variant
     assert len(ks) == len(keys)
     assert ks.stats.pipelines_created == len(keys)
-    assert ks.stats.shader_modules_created == len({f for f, _ in gpu.KERNELS.values()}) * len(REG_CAPS)
+    assert ks.stats.shader_modules_created == len({f for f, _ in gpu_device.KERNELS.values()}) * len(REG_CAPS)
     assert ks.stats.predicted_seconds > 0 and ks.stats.build_seconds > 0
 
 
 def test_shader_text_is_only_the_committed_files():
     """Every module is the fixed files concatenated: nothing formatted, nothing from a scene."""
-    for file, _ in gpu.KERNELS.values():
+    for file, _ in gpu_device.KERNELS.values():
         for cap in REG_CAPS:
-            names = (*gpu.PRELUDE_BEFORE_REGCAP, f"generated_regcap_{cap}.wgsl",
-                     *gpu.PRELUDE_AFTER_REGCAP, file)
-            assert gpu._shader_text(file, cap) == "\n".join((SHADER_DIR / n).read_text() for n in names)
+            names = (*gpu_device.PRELUDE_BEFORE_REGCAP, f"generated_regcap_{cap}.wgsl",
+                     *gpu_device.PRELUDE_AFTER_REGCAP, file)
+            assert gpu_device._shader_text(file, cap) == "\n".join((SHADER_DIR / n).read_text() for n in names)
     for module in ("gpu.py", "gpu_pruning.py"):
         source = (SHADER_DIR.parent / "runtime" / module).read_text()
         assert ".format(" not in source
@@ -78,7 +78,7 @@ def test_zero_compiles_across_100_random_edits(walker_gpu, walker_cpu):
     variants = set()
     for step in range(100):
         tape = _random_edit(walker_gpu, rng, tape, step)
-        variants.add(gpu.variant_for(tape.n_regs))
+        variants.add(gpu_device.variant_for(tape.n_regs))
         d = walker_gpu.evaluate(tape, pts)[0]
         if step % 10 == 0:
             assert np.allclose(d, walker_cpu.evaluate(tape, pts)[0], atol=1e-4, rtol=1e-5, equal_nan=True)
@@ -97,19 +97,19 @@ def test_wide_tapes_switch_variants_without_compiling(walker_gpu):
 
 
 def test_compile_rate_is_stored_per_machine(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu, "RATE_FILE", tmp_path / "taperay" / "compile_rate.json")
-    assert gpu._load_rate("machine A") == gpu.DEFAULT_RATE
-    gpu._store_rate("machine A", 1234.5)
-    gpu._store_rate("machine B", 99.0)
-    assert gpu._load_rate("machine A") == 1234.5 and gpu._load_rate("machine B") == 99.0
+    monkeypatch.setattr(gpu_device, "RATE_FILE", tmp_path / "taperay" / "compile_rate.json")
+    assert gpu_device._load_rate("machine A") == gpu_device.DEFAULT_RATE
+    gpu_device._store_rate("machine A", 1234.5)
+    gpu_device._store_rate("machine B", 99.0)
+    assert gpu_device._load_rate("machine A") == 1234.5 and gpu_device._load_rate("machine B") == 99.0
     (tmp_path / "taperay" / "compile_rate.json").write_text("not json")
-    assert gpu._load_rate("machine A") == gpu.DEFAULT_RATE
+    assert gpu_device._load_rate("machine A") == gpu_device.DEFAULT_RATE
 
 
 def test_progress_line_moves_by_the_clock(capsys, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(gpu.time, "perf_counter", lambda: now[0])
-    line = gpu._ProgressLine(total=20, predicted=10.0)
+    monkeypatch.setattr(gpu_device.time, "perf_counter", lambda: now[0])
+    line = gpu_device._ProgressLine(total=20, predicted=10.0)
     line.update(0)
     now[0] += 5.0
     line.update(0)            # nothing finished yet, but half the predicted time has passed

@@ -792,17 +792,17 @@ def test_level0_takes_the_serial_walks_while_the_planner_is_not_ready(walker_gpu
 def test_image_cells_pruned_again_compare_no_buffer(walker_gpu, no_new_kernels, monkeypatch):
     """Pruning a tape's image cells again (after an edit elsewhere, or as the benchmark's first
     images) syncs the instrs buffer to the tape and to its schedule in turn, and the points buffer
-    to the cells' layout: read-only arrays a buffer holds already (gpu._Buffer.held), so none is
+    to the cells' layout: read-only arrays a buffer holds already (gpu_device._Buffer.held), so none is
     compared again, and the image is the same."""
-    from taperay.runtime import gpu
+    from taperay.runtime import gpu_device
     tape = load_vm(DATA / "prospero.vm")
     assert wave_schedule(tape, wait=True) is not None
     monkeypatch.setattr(walker_gpu, "wave_max_tiles", 1 << 30)
     walker_gpu.drop_kept_cells()
     first = walker_gpu.sign_image(tape, 48, 40, cells=(2, 2))
     compared = []
-    real = gpu._differing_span
-    monkeypatch.setattr(gpu, "_differing_span", lambda a, b: compared.append(a.size) or real(a, b))
+    real = gpu_device._differing_span
+    monkeypatch.setattr(gpu_device, "_differing_span", lambda a, b: compared.append(a.size) or real(a, b))
     walker_gpu.drop_kept_cells()
     again = walker_gpu.sign_image(tape, 48, 40, cells=(2, 2))
     assert walker_gpu.image_cell_builds >= 2 and compared == []

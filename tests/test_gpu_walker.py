@@ -12,7 +12,7 @@ import pytest
 
 from conftest import gpu_required
 from taperay.runtime import conformance as C
-from taperay.runtime import gpu
+from taperay.runtime import gpu, gpu_device
 from taperay.runtime.camera import auto_camera
 from taperay.runtime.opcodes import Op
 from taperay.runtime.shading import VIEWS, RenderSettings
@@ -151,7 +151,7 @@ def test_samples_accumulate_and_the_first_is_the_pixel_centre(walker_gpu, scene)
 @pytest.mark.parametrize("n_regs", [10, 60, 248])
 def test_each_register_variant_matches_the_twin(walker_gpu, walker_cpu, n_regs):
     tape = C.wide_tape(np.random.default_rng(n_regs), n_regs)
-    assert gpu.variant_for(tape.n_regs) == min(c for c in (16, 64, 256) if c >= n_regs)
+    assert gpu_device.variant_for(tape.n_regs) == min(c for c in (16, 64, 256) if c >= n_regs)
     pts = _points(64, seed=n_regs)
     assert _agree(tape, walker_cpu.evaluate(tape, pts)[0], walker_gpu.evaluate(tape, pts)[0])
 
@@ -190,7 +190,7 @@ def test_an_evaluation_past_the_iteration_cap_is_refused(walker_gpu):
     b = C.TapeBuilder()
     b.row(Op.CONST, 0, params=[0.0])
     b.row(Op.CONST, 1, params=[1.0])
-    for _ in range(gpu.SOFTWARE_ITER_CAP):
+    for _ in range(gpu_device.SOFTWARE_ITER_CAP):
         b.row(Op.ADD, 0, a=0, b=1)
     tape = b.tape(C._materials(np.random.default_rng(0)), [[-1] * 3, [1] * 3], "too long")
     with pytest.raises(TaperayError, match="too long: one evaluation of this tape needs more than"):
@@ -200,7 +200,7 @@ def test_an_evaluation_past_the_iteration_cap_is_refused(walker_gpu):
 # ---------------------------------------------------------------------------------- refusals
 def test_tapes_beyond_the_kernels_are_refused_before_dispatch(walker_gpu, scene, monkeypatch):
     with pytest.raises(TaperayError, match="registers"):
-        gpu.variant_for(257)
+        gpu_device.variant_for(257)
     small = dict(walker_gpu._ctx.limits, max_storage_buffer_binding_size=64)
     monkeypatch.setattr(walker_gpu._ctx, "limits", small)
     written = walker_gpu.stats()["tape_bytes_written"]
@@ -258,19 +258,19 @@ def test_set_param_writes_only_the_changed_bytes(walker_gpu, walker_cpu, scene):
 def test_a_frozen_tape_is_compared_once_and_its_edits_still_reach_the_gpu(walker_gpu, walker_cpu, scene,
                                                                           monkeypatch):
     """Every frame syncs the tape's buffers; a frozen tape's arrays that a buffer holds already are
-    not compared again (gpu._Buffer.held), while a set_param edit (a new params array) and a
+    not compared again (gpu_device._Buffer.held), while a set_param edit (a new params array) and a
     tape with new arrays are."""
     tape = replace(scene, refit=None)
     pts = _points(32, seed=6)
     walker_gpu.evaluate(tape, pts)
     assert not tape.instrs.flags.writeable                 # (validated: frozen)
     compared = []                                          # (the tape arrays compared to a mirror)
-    real = gpu._differing_span
+    real = gpu_device._differing_span
 
     def spy(a, b):
         compared.extend(n for n in gpu._TAPE_ARRAYS if np.shares_memory(b, getattr(tape, n)))
         return real(a, b)
-    monkeypatch.setattr(gpu, "_differing_span", spy)
+    monkeypatch.setattr(gpu_device, "_differing_span", spy)
     walker_gpu.evaluate(tape, pts)
     walker_gpu.render(tape, None, 8, 6)
     assert compared == []
@@ -309,7 +309,7 @@ def test_uploads_write_differences_and_grow_buffers_by_doubling(walker_gpu, scen
     big = C.wide_tape(np.random.default_rng(9), 200)
     walker_gpu.upload(big)
     cap = walker_gpu._tape_bufs["instrs"].capacity
-    assert cap >= big.instrs.nbytes and cap & (cap - 1) == 0 and cap >= gpu.MIN_BUFFER
+    assert cap >= big.instrs.nbytes and cap & (cap - 1) == 0 and cap >= gpu_device.MIN_BUFFER
 
 
 # ---------------------------------------------------------------------------------- failure
@@ -326,7 +326,7 @@ def test_device_loss_is_a_taperay_error_and_the_next_call_rebuilds(walker_gpu, w
 
 
 def test_self_check_passes_here_and_catches_a_wrong_gpu(walker_gpu):
-    check = gpu.gpu_self_check(walker_gpu)
+    check = C.gpu_self_check(walker_gpu)
     assert check.passed, str(check)
     assert "passed" in str(check) and check.adapter == walker_gpu.adapter_name
 
@@ -338,9 +338,9 @@ def test_self_check_passes_here_and_catches_a_wrong_gpu(walker_gpu):
             img[h // 3:, :] = 255 - img[h // 3:, :]
             return img
 
-    bad = gpu.gpu_self_check(Wrong())
+    bad = C.gpu_self_check(Wrong())
     assert not bad.passed and bad.mismatch_fraction > 0.3
-    assert bad.first_pixel is not None and bad.first_pixel[0] >= gpu.SELF_CHECK_SIZE[1] // 3
+    assert bad.first_pixel is not None and bad.first_pixel[0] >= C.SELF_CHECK_SIZE[1] // 3
     assert "FAILED" in str(bad)
 
 

@@ -11,7 +11,8 @@ from taperay.runtime.opcodes import Op
 from taperay.runtime.tape import TapeError, validate
 from taperay.scenegraph import (Param, box, capsule, cylinder, difference, extrude, field, fields, flatten, intersection,
                                 smooth_union, sphere, union)
-from taperay.scenegraph.instancing import build_bvh, inner_capsule, instance_params, placements
+from taperay.scenegraph.flatten import inner_capsule
+from taperay.scenegraph.instancing import build_bvh, instance_params, placements
 from taperay.scenes.bolt_bin import bolt
 
 
@@ -190,9 +191,9 @@ def dense_pile(seed: int, n: int = 400):
 @pytest.mark.parametrize("seed", range(2))
 def test_the_twins_hinted_march_takes_the_steps_of_walks_without_hints(seed, walker_cpu):
     """The twin's march carries each ray's walk hint from step to step and into its gradient
-    taps (cpu.py, as the GPU does). Its depths, hits, step counts, gradients and materials must
+    taps (twin.py, as the GPU does). Its depths, hits, step counts, gradients and materials must
     be bit for bit those of the same steps taken by ``evaluate``, whose walks have no hint."""
-    from taperay.runtime.cpu import _TETRA, _slab
+    from taperay.runtime.twin import _TETRA, _slab
     from taperay.runtime.shading import RenderSettings, unpack
     tape, cam = dense_pile(seed)
     w, h = 40, 30
@@ -228,7 +229,7 @@ def test_the_twins_hinted_march_takes_the_steps_of_walks_without_hints(seed, wal
 @pytest.mark.parametrize("seed", range(2))
 def test_compacted_instance_lists_give_the_values_of_points_alone(seed, walker_cpu):
     """Where half of a block's points have no leaf left to run, the twin moves the others to the
-    front and runs the body for those only (cpu.py, _compact_instances), and puts every point back
+    front and runs the body for those only (twin.py, _compact_instances), and puts every point back
     when the list closes. Values, materials and the walk hints the march carries on must be those
     of each point evaluated alone (blocks of one never compact), bit for bit: at random points and
     at points along rays, as the march meets them."""
@@ -340,14 +341,14 @@ def test_the_twins_hinted_walk_keeps_the_first_of_tied_leaves(walker_cpu):
     at every point their values are equal, bit for bit, and their materials differ. A walk
     hinted at either leaf must give the material of the first in tree order, as a walk without
     a hint does (and the GPU's surface pass): the twin's march takes its hits' materials from its
-    last, hinted step (cpu.py, _ties_first)."""
-    from taperay.runtime import cpu
+    last, hinted step (twin.py, _ties_first)."""
+    from taperay.runtime import twin
     from taperay.scenegraph import Material
     red, blue = Material("red", (0.8, 0.1, 0.1)), Material("blue", (0.1, 0.2, 0.8))
     body = union(sphere(0.5).translate(0, 0.1, 0).material(red), sphere(0.5).translate(0, -0.1, 0).material(blue))
     tape = flatten(body.instances(np.zeros((2, 3)), [(1, 0, 0, 0), (0, 0, 0, 1)]))
     pc = int(np.flatnonzero(tape.instrs["op"] == Op.INSTANCES)[0])
-    tp = cpu._kernel_tape(tape)
+    tp = twin._kernel_tape(tape)
     first, end = int(tp[0][pc, 6]), int(tp[0][pc, 6] + tp[0][pc, 2])
     leaves = [k for k in range(first, end) if tp[3][k, 7] >= 0]
     assert len(leaves) == 2
@@ -358,9 +359,9 @@ def test_the_twins_hinted_walk_keeps_the_first_of_tied_leaves(walker_cpu):
     one = [walker_cpu.evaluate(flatten(body.instances(np.zeros((1, 3)), [q])), pts) for q in ((1, 0, 0, 0), (0, 0, 0, 1))]
     assert np.array_equal(one[0][0], one[1][0]) and np.all(one[0][1] != one[1][1])    # every point ties
     for leaf in leaves:
-        ws, ws1 = cpu._workspace(tape.n_regs, np.int64(len(pts)), tp[7]), cpu._workspace(tape.n_regs, np.int64(1), np.int64(0))
-        ws[cpu.WS_PIN][:] = pts.T
-        ws[cpu.WS_HINT][0], ws[cpu.WS_HINT][1] = pc + 1, leaf + 1
-        cpu._field(tp, np.int64(len(pts)), ws, ws1, np.zeros(5, np.float32))
-        assert np.array_equal(ws[cpu.WS_OUT_D][:len(pts)], d0)
-        assert np.array_equal(ws[cpu.WS_OUT_M][:len(pts)], m0), f"hinted at leaf {leaf}"
+        ws, ws1 = twin._workspace(tape.n_regs, np.int64(len(pts)), tp[7]), twin._workspace(tape.n_regs, np.int64(1), np.int64(0))
+        ws[twin.WS_PIN][:] = pts.T
+        ws[twin.WS_HINT][0], ws[twin.WS_HINT][1] = pc + 1, leaf + 1
+        twin._field(tp, np.int64(len(pts)), ws, ws1, np.zeros(5, np.float32))
+        assert np.array_equal(ws[twin.WS_OUT_D][:len(pts)], d0)
+        assert np.array_equal(ws[twin.WS_OUT_M][:len(pts)], m0), f"hinted at leaf {leaf}"

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from PIL import Image
 
+from taperay.runtime import twin
 from taperay.runtime.intervals import INTERVAL_OPS, choice
 from taperay.runtime.opcodes import OPS, Family, Op
 from taperay.runtime.pruning import (evaluate_pruned, field_image_pruned, interval_eval, interval_op,
@@ -468,7 +469,7 @@ def test_light_pruned_is_the_twins_light_pass_bit_for_bit(walker_cpu, shadows, v
     settings = RenderSettings(shadows=shadows, cell_skip=False)
     packed = settings.pack(tape, view)
     mr = march_pruned(tape, cam, 40, 30, settings, view)
-    ref = walker_cpu._light(tape, packed, mr)
+    ref = twin.light_pass(tape, packed, mr)
     got = light_pruned(tape, packed, mr)
     assert (ref["shadow"] < 1).sum() >= 10 and (ref["ao"] < 1).sum() >= 10   # (shadows and occlusion to compare)
     for k in ("shadow", "ao"):

@@ -80,12 +80,12 @@ def test_every_op_is_implemented_by_the_interpreter():
     code = re.sub(r"//[^\n]*", "", (SHADERS / "interpreter.wgsl").read_text())
     missing = [op.name for op in Op if not re.search(rf"\bOP_{op.name}\b", code)]
     assert missing == []
-    from taperay.runtime import gpu
-    for kernel, (file, _) in gpu.KERNELS.items():
+    from taperay.runtime import gpu_device
+    for kernel, (file, _) in gpu_device.KERNELS.items():
         for cap in REG_CAPS:
-            src = gpu._shader_text(file, cap)
+            src = gpu_device._shader_text(file, cap)
             assert (SHADERS / "interpreter.wgsl").read_text() in src
-            assert f"fn {gpu.KERNEL_ENTRY.get(kernel, kernel)}(" in src
+            assert f"fn {gpu_device.KERNEL_ENTRY.get(kernel, kernel)}(" in src
 
 
 def test_packed_records_leave_the_immediate_flags_free():

@@ -409,9 +409,9 @@ def module_source(tape: Tape, kernel_file: str, culls: bool = True) -> str:
 
 def splice(scene: str, kernel_file: str) -> str:
     """``module_source`` from a ``scene_function`` text already written (one text, several files)."""
-    from taperay.runtime import gpu
+    from taperay.runtime import gpu_device
     from taperay.runtime.opcodes import REG_CAPS
-    src = gpu._shader_text(kernel_file, REG_CAPS[0])   # the register file goes unused
+    src = gpu_device._shader_text(kernel_file, REG_CAPS[0])   # the register file goes unused
     start = src.find("\n" + RUN_TAPE)
     if start < 0:
         raise TaperayError(f"shaders/interpreter.wgsl has no `{RUN_TAPE}` for the written-out baseline to replace")

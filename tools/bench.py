@@ -267,7 +267,7 @@ def report(name: str, result: BenchResult, out_dir: Path) -> list[Path]:
 def print_table(name: str, result: BenchResult) -> None:
     from rich.table import Table
 
-    from .cli import console
+    from .console import console
     cols = columns(result.rows)
     table = Table(*cols, title=f"taperay bench {name}", title_justify="left")
     for r in result.rows:

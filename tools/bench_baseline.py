@@ -39,7 +39,7 @@ class BaselineKernel:
     """
 
     def __init__(self, walker, tape: Tape, culls: bool = True, kernels=POINT_KERNELS):
-        from taperay.runtime import gpu
+        from taperay.runtime import gpu_device
         unknown = sorted(set(kernels) - set(WRITTEN_OUT_KERNELS))
         if unknown or not kernels:
             raise TaperayError(f"baseline kernels {unknown or '()'}: choose from {', '.join(WRITTEN_OUT_KERNELS)}")
@@ -47,7 +47,7 @@ class BaselineKernel:
         self.variant = walker.upload(tape)
         files: dict[str, list[str]] = {}
         for k in self.kernels:
-            files.setdefault(gpu.KERNELS[k][0], []).append(k)
+            files.setdefault(gpu_device.KERNELS[k][0], []).append(k)
         t0 = time.perf_counter()
         scene = scene_function(tape, culls)
         sources = {f: splice(scene, f) for f in files}
@@ -61,7 +61,7 @@ class BaselineKernel:
             for k in names:
                 self._pipelines[(k, self.variant)] = ks.device.create_compute_pipeline(
                     label=f"baseline {k}", layout=ks.pipeline_layout,
-                    compute={"module": module, "entry_point": k, "constants": gpu.KERNEL_CONSTANTS.get(k, {})})
+                    compute={"module": module, "entry_point": k, "constants": gpu_device.KERNEL_CONSTANTS.get(k, {})})
         self.compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         if "eval_points" in self.kernels:

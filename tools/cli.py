@@ -1,8 +1,7 @@
 """The ``taperay`` command line: ``render``, ``eval``, ``info``, ``conform`` and ``bench``.
 
-Owns argument parsing, walker selection (``auto``: the GPU walker when a hardware adapter exists
-and its self-check against the CPU twin passes, else the CPU twin, saying why), the "what it did" report
-with per-stage timings, and the error contract: every error a user can cause ends as one line
+Owns argument parsing (the walker itself is chosen by ``taperay.runtime.walkers``), the "what it
+did" report with per-stage timings, and the error contract: every error a user can cause ends as one line
 ``taperay: error: <file>: <reason>`` on stderr with exit status 2 (never a traceback); a keyboard
 interrupt exits 130 quietly. Heavy modules (numpy, numba, wgpu) are imported lazily so that
 ``taperay --help`` is fast.
@@ -18,8 +17,10 @@ from pathlib import Path
 
 from taperay.runtime.tape import TaperayError
 
+from .console import console, step
+
 VIEWS = ("shade", "normals", "depth", "steps", "gradient", "slice", "section")
-WALKERS = ("auto", "cpu", "gpu")
+WALKERS = ("auto", "cpu", "gpu")   # runtime.walkers.WALKER_KINDS (not imported here: --help stays fast)
 
 
 class UsageError(TaperayError):
@@ -35,24 +36,6 @@ class _Parser(argparse.ArgumentParser):
 
 # ---------------------------------------------------------------------------------------------
 # small helpers shared by the commands
-
-def console(stderr: bool = False):
-    """Rich console; piped output is not squeezed into 80 columns (the conformance tables are wide)."""
-    from rich.console import Console
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=True,
-                   width=None if stream.isatty() else 200)
-
-
-@contextlib.contextmanager
-def _step(text: str):
-    """A transient spinner with elapsed time on stderr while a long step runs."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as progress:
-        progress.add_task(text, total=None)
-        yield
-
 
 class Stopwatch:
     """Named stage timings in the order they ran."""
@@ -121,64 +104,6 @@ def _output_path(path: str) -> Path:
 # ---------------------------------------------------------------------------------------------
 # walkers
 
-def choose_walker(kind: str, log=print):
-    """The walker ``kind`` asks for (``auto``, ``cpu``, ``gpu``), built and ready.
-
-    ``auto`` uses the GPU walker when a hardware adapter exists (a software one such as Mesa's
-    lavapipe runs the kernels slower than the twin), its kernels build and ``gpu_self_check``
-    (the GPU against the CPU twin) passes; otherwise — whatever went wrong on the GPU path — the
-    CPU twin, with the reason logged. ``gpu`` without a working GPU is a user error.
-    """
-    from taperay.runtime.cpu import CpuWalker
-    if kind == "cpu":
-        return CpuWalker()
-    try:
-        from taperay.runtime import gpu
-    except ImportError as e:  # wgpu is missing from this install
-        reason = f"the GPU walker cannot be imported ({e})"
-    else:
-        if not gpu.GpuWalker.available():
-            reason = "no GPU adapter found"
-        elif kind == "auto" and gpu.adapter_info()["software"]:
-            reason = (f"the GPU adapter, {gpu.adapter_info()['name']}, is a software rasteriser, "
-                      "slower than the CPU twin (--walker gpu uses it anyway)")
-        else:
-            try:
-                walker = gpu.GpuWalker(progress=True)   # builds every kernel, with its own progress line
-                if kind == "gpu":
-                    return walker
-                with _step("GPU self-check against the CPU twin"):
-                    check = gpu.gpu_self_check(walker)
-                if check.passed:
-                    return walker
-                reason = f"GPU self-check {check}"
-            except gpu.GpuError as e:
-                reason = str(e)
-            except Exception as e:   # auto never fails for want of a GPU: any GPU fault means the CPU
-                if kind == "gpu":
-                    raise
-                reason = f"the GPU path failed ({type(e).__name__}: {e})"
-    if kind == "gpu":
-        raise TaperayError(f"gpu walker unavailable: {reason}")
-    log(f"walker:    cpu, because {reason}")
-    return CpuWalker()
-
-
-def run_on(walker, kind: str, work, log=print):
-    """``work(walker)``; under ``--walker auto`` a GPU failure mid-run (device lost, out of
-    memory) is logged and the work is redone on the CPU twin."""
-    if kind != "auto" or walker.name == "cpu":
-        return walker, work(walker)
-    from taperay.runtime.gpu import GpuError
-    try:
-        return walker, work(walker)
-    except GpuError as e:
-        from taperay.runtime.cpu import CpuWalker
-        log(f"walker:    cpu, because the GPU failed: {e}")
-        walker = CpuWalker()
-        return walker, work(walker)
-
-
 def _walker_label(walker) -> str:
     adapter = getattr(walker, "adapter_name", None)
     return f"{walker.name} ({adapter})" if adapter else walker.name
@@ -197,9 +122,10 @@ def cmd_render(args) -> int:
     watch = Stopwatch()
     # a 2D image on the GPU prunes faster with shallow MIN / MAX chains (the twin slower: runtime.program)
     tape = load_scene(args.scene, watch, balance_chains=args.two_d and args.walker != "cpu")
+    from taperay.runtime.walkers import run_on, walker as choose_walker
     notes: list[str] = []
     with watch.stage("startup build"):
-        walker = choose_walker(args.walker, log=notes.append)
+        walker = choose_walker(args.walker, log=notes.append, progress=True, step=step)
 
     def frame(wk):
         if args.two_d:
@@ -213,7 +139,7 @@ def cmd_render(args) -> int:
         settings = RenderSettings(hit_cone=args.cone * cam.pixel_angle(h)) if args.cone else None
         return wk.render(tape, cam, w, h, settings=settings, view=args.view)
 
-    with _step(f"rendering {w}x{h}"), watch.stage("frame"):
+    with step(f"rendering {w}x{h}"), watch.stage("frame"):
         walker, rgb = run_on(walker, args.walker, frame, log=notes.append)
     with watch.stage("write"):
         from taperay.runtime.image import write_png
@@ -277,10 +203,11 @@ def cmd_eval(args) -> int:
     watch = Stopwatch()
     pts = read_points(args.points)
     tape = load_scene(args.scene, watch)
+    from taperay.runtime.walkers import run_on, walker as choose_walker
     notes: list[str] = []
     with watch.stage("startup build"):
-        walker = choose_walker(args.walker, log=notes.append)
-    with _step(f"evaluating {len(pts)} points"), watch.stage("evaluate"):
+        walker = choose_walker(args.walker, log=notes.append, progress=True, step=step)
+    with step(f"evaluating {len(pts)} points"), watch.stage("evaluate"):
         walker, (dist, _) = run_on(walker, args.walker, lambda wk: wk.evaluate(tape, pts), log=notes.append)
     out = _output_path(args.output)
     with watch.stage("write"), open(out, "wb") as fh:   # a handle: np.save would append ".npy"
@@ -404,7 +331,7 @@ def cmd_conform(args) -> int:
     watch = Stopwatch()
     tape = load_scene(args.scene, watch) if args.scene is not None else None
     from taperay.runtime import conformance
-    with _step("grading the walkers against the CPU twin"), watch.stage("conform"):
+    with step("grading the walkers against the CPU twin"), watch.stage("conform"):
         if tape is not None:
             report = conformance.conform_tape(tape, walkers=walkers, seed=args.seed)
         else:

@@ -1,0 +1,503 @@
+"""The GPU device layer: adapter and device selection, the fixed kernel table and its startup build,
+the pipeline cache, and the buffers the walkers dispatch on.
+
+Owns ``adapter_info`` (name, backend, whether it is a software rasteriser such as Mesa lavapipe /
+llvmpipe), the startup build of EVERY pipeline (all asked for at once through
+``create_compute_pipeline_async``, from a thread pool because wgpu-native resolves that call
+synchronously; on hardware each pipeline is also dispatched once, empty, so lazy drivers compile at
+startup, see ``_warm_policy``; a progress line moves by the clock, predicted from the kernels' sizes
+and a per-machine compile rate kept in ``~/.cache/taperay/compile_rate.json``; nothing dispatches
+before the build is done), the pipeline cache keyed by (kernel, register variant) with hit / miss /
+creation counters (``KernelSet``), the process's one device context (``_get_context``,
+``current_context``) and the storage buffers written by the bytes that changed (``_Buffer``).
+
+Shader text is only ever the committed files of ``shaders/`` concatenated in a fixed order (the
+generated headers, one register-capacity file, the bindings, the interpreter, a kernel file); no
+WGSL is formatted here and nothing a scene contains reaches shader text.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .opcodes import REG_CAPS
+from .shading import PACK_LEN
+from .tape import TaperayError
+from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
+
+WG = 64                       # workgroup size (bindings.wgsl)
+MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
+UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
+MIN_BUFFER = 256
+READ_STAGING_MIN = 1 << 16    # bytes of _read's first staging buffer
+COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, two unused)
+N_BINDINGS = 11
+CELLS_KEEPING = ("march_cells", "light_cells", "surface", "surface_cells", "shade", "resolve",  # passes that
+                 "cells_image")                                        # leave the pruned cells in out_u alone
+WORKGROUP_PER_ITEM = ("prune_wave", "prune_wave_cells")   # kernels dispatched a workgroup per item (tile)
+RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
+                                                                 # dispatched until done
+# Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
+# (lavapipe / llvmpipe) stops every kernel's loops after 65535 iterations in all, so a software
+# adapter gets a cap below that (an evaluation needing more is refused as overflow) and a budget
+# after which march / light resume in the next dispatch; hardware gets no cap and a budget that
+# keeps each dispatch short (watchdogs).
+SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET = 60_000, 40_000
+HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET = 0xFFFFFFFF, 1 << 22
+
+# U.extra.w's byte in the uniforms: the level each prune_tiles pass works on (_encode copies it in).
+UNIFORM_LEVEL_BYTE = 60
+
+# kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline.
+KERNELS: dict[str, tuple[str, bool]] = {
+    "eval_points": ("kernels_points.wgsl", True),
+    "gradient_points": ("kernels_points.wgsl", True),
+    "field_image": ("kernels_points.wgsl", True),
+    "march": ("kernels_render.wgsl", True),
+    "surface": ("kernels_render.wgsl", True),
+    "light": ("kernels_render.wgsl", True),
+    "march_cells": ("kernels_render.wgsl", True),
+    "surface_cells": ("kernels_render.wgsl", True),
+    "light_cells": ("kernels_render.wgsl", True),
+    "slice": ("kernels_render.wgsl", True),
+    "shade": ("kernels_render.wgsl", False),
+    "resolve": ("kernels_render.wgsl", False),
+    "prune_tiles": ("prune.wgsl", True),
+    "prune_cells": ("prune.wgsl", True),
+    "prune_image_cells": ("prune.wgsl", True),
+    "prune_wave": ("prune.wgsl", True),
+    "prune_wave_cells": ("prune.wgsl", True),
+    "pruned_image": ("prune.wgsl", True),
+    "cells_image": ("prune.wgsl", True),
+    "pruned_points": ("prune.wgsl", True),
+}
+# pipeline-overridable constants per kernel: march and light need distances only (the hit's
+# material comes from the surface pass), so their interpreter is built without material ids; their
+# _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
+# tape's pruned cell tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_eval, with
+# material ids in surface_cells); prune_cells is prune_tiles folding constant operands into the
+# march cells' tapes (prune.wgsl FOLD_CONSTANTS) and taking the union rule on sub-cells
+# (UNION_BOUND), prune_image_cells the same for image cells without the rule (their kept images
+# run no faster for it, and their first image slower: H200, 16^2 x 3 cells, 1.61 -> 1.80 ms),
+# prune_wave_cells prune_wave's level 0 of either
+KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
+    "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
+    "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
+    "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
+    "surface_cells": {"FIELD_CELLS": True},
+    "prune_cells": {"FOLD_CONSTANTS": True, "UNION_BOUND": True},
+    "prune_image_cells": {"FOLD_CONSTANTS": True},
+    "prune_wave_cells": {"FOLD_CONSTANTS": True}}
+KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> entry point, where they differ
+                "surface_cells": "surface", "prune_cells": "prune_tiles",
+                "prune_image_cells": "prune_tiles", "prune_wave_cells": "prune_wave"}
+PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
+PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
+RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
+DEFAULT_RATE = 60_000.0       # weighted WGSL characters compiled per second, before any measurement
+
+
+# callables started (each returns a started thread) while a hardware adapter's kernels build:
+# runtime/gpu_pruning.py registers its wave planner here
+BUILD_COMPANIONS: list = []
+
+
+class GpuError(TaperayError):
+    """The GPU failed (device lost, out of memory, driver error): callers fall back to the CPU."""
+
+
+# ------------------------------------------------------------------------------------ adapter
+_adapter_lock = threading.Lock()
+_adapter = None
+_adapter_tried = False
+
+
+def _wgpu():
+    import wgpu
+    return wgpu
+
+
+def _get_adapter():
+    global _adapter, _adapter_tried
+    with _adapter_lock:
+        if not _adapter_tried:
+            _adapter_tried = True
+            try:
+                _adapter = _wgpu().gpu.request_adapter_sync(power_preference="high-performance")
+            except Exception:   # no Vulkan / Metal / DX12 driver at all: the walker is absent
+                _adapter = None
+        return _adapter
+
+
+def adapter_info() -> dict | None:
+    """The adapter the walker uses (None without one): name, vendor, backend, type, software."""
+    a = _get_adapter()
+    if a is None:
+        return None
+    info = dict(a.info)
+    name = info.get("device") or info.get("description") or "unknown"
+    text = " ".join(str(info.get(k, "")) for k in ("vendor", "device", "description")).lower()
+    return dict(name=name, vendor=info.get("vendor", ""), backend=info.get("backend_type", ""),
+                adapter_type=info.get("adapter_type", ""), driver=info.get("description", ""),
+                software=("llvmpipe" in text or "lavapipe" in text or info.get("adapter_type") == "CPU"))
+
+
+# ------------------------------------------------------------------------------------ kernels
+def _shader_text(file: str, cap: int) -> str:
+    names = (*PRELUDE_BEFORE_REGCAP, regcap_name(cap), *PRELUDE_AFTER_REGCAP, file)
+    return "\n".join((SHADER_DIR / n).read_text() for n in names)
+
+
+def variant_for(n_regs: int) -> int:
+    """The smallest register-capacity variant holding ``n_regs`` registers."""
+    for cap in REG_CAPS:
+        if n_regs <= cap:
+            return cap
+    raise TaperayError(f"the tape needs {n_regs} registers; the GPU kernels hold at most {max(REG_CAPS)}")
+
+
+@dataclass
+class KernelStats:
+    shader_modules_created: int = 0
+    pipelines_created: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    build_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class KernelSet:
+    """Every pipeline of the walker, created at construction, cached by (kernel, variant)."""
+
+    def __init__(self, device, adapter_key: str, progress: bool = False, warm: bool = True):
+        wgpu = _wgpu()
+        self.device = device
+        self.adapter_key = adapter_key
+        self.warm = warm
+        self.stats = KernelStats()
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        ro, rw = "read-only-storage", "storage"
+        kinds = [ro, ro, ro, ro, ro, "uniform", ro, rw, rw, rw, rw]
+        self.bind_group_layout = device.create_bind_group_layout(entries=[
+            {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": k}}
+            for i, k in enumerate(kinds)])
+        self.pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[self.bind_group_layout])
+        self._modules: dict[tuple[str, int], object] = {}
+        self._sources: dict[tuple[str, int], str] = {}
+        self._pipelines: dict[tuple[str, int | None], object] = {}
+        self._build(progress)
+
+    @staticmethod
+    def keys() -> list[tuple[str, int | None]]:
+        """Every (kernel, variant) the startup build creates."""
+        return [(k, cap) for k, (_, per_variant) in KERNELS.items()
+                for cap in (REG_CAPS if per_variant else (None,))]
+
+    def _module_key(self, kernel: str, variant: int | None) -> tuple[str, int]:
+        return KERNELS[kernel][0], REG_CAPS[0] if variant is None else variant
+
+    def _module(self, mkey: tuple[str, int]):
+        if mkey not in self._modules:
+            src = _shader_text(*mkey)
+            self._sources[mkey] = src
+            self._modules[mkey] = self.device.create_shader_module(label=f"{mkey[0]}@{mkey[1]}", code=src)
+            self.stats.shader_modules_created += 1
+        return self._modules[mkey]
+
+    def _create(self, kernel: str, variant: int | None):
+        module = self._module(self._module_key(kernel, variant))
+        promise = self.device.create_compute_pipeline_async(
+            label=f"{kernel}@{variant}", layout=self.pipeline_layout,
+            compute={"module": module, "entry_point": KERNEL_ENTRY.get(kernel, kernel),
+                     "constants": KERNEL_CONSTANTS.get(kernel, {})})
+        pipe = promise.sync_wait()
+        with self._lock:
+            self.stats.pipelines_created += 1
+        if self.warm:
+            self._warm(pipe)
+        return pipe
+
+    def _warm(self, pipe):
+        """Dispatch ``pipe`` once over no items and wait: drivers that compile lazily at the first
+        dispatch (Mesa lavapipe JITs there) compile now, at startup, not in the first frame."""
+        enc = self.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, self._warm_group)
+        cp.dispatch_workgroups(1, 1, 1)
+        cp.end()
+        self.device.queue.submit([enc.finish()])
+        self.device.queue.read_buffer(self._warm_buffers[0], 0, 4)   # waits for the dispatch
+
+    def _warm_bindings(self):
+        """A bind group of small zeroed buffers (uniform n_items = 0: every invocation returns)."""
+        wgpu = _wgpu()
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+        bufs = [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(5)]
+        bufs.append(self.device.create_buffer(size=max(MIN_BUFFER, UNIFORM_BYTES), usage=wgpu.BufferUsage.UNIFORM))
+        bufs += [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(N_BINDINGS - 6)]
+        self._warm_buffers = bufs
+        self._warm_group = self.device.create_bind_group(
+            layout=self.bind_group_layout,
+            entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                     for i, b in enumerate(bufs)])
+
+    def _build(self, progress: bool):
+        t0 = time.perf_counter()
+        keys = self.keys()
+        for k in keys:   # parse + validate every module first (naga; fast)
+            self._module(self._module_key(*k))
+        self._warm_bindings()
+        weights = {k: _compile_weight(self._sources[self._module_key(*k)], k[1]) for k in keys}
+        workers = max(1, min(len(keys), os.cpu_count() or 1))
+        rate = _load_rate(self.adapter_key)
+        self.stats.predicted_seconds = sum(weights.values()) / rate
+        # largest first, so the parallel build ends together
+        order = sorted(keys, key=lambda k: -weights[k])
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="taperay-compile") as pool:
+            futures = {k: pool.submit(self._create, *k) for k in order}
+            line = _ProgressLine(len(keys), self.stats.predicted_seconds) if progress else None
+            while not all(f.done() for f in futures.values()):
+                if line:
+                    line.update(sum(f.done() for f in futures.values()))
+                time.sleep(0.05)
+            if line:
+                line.finish()
+            for k, f in futures.items():
+                try:
+                    self._pipelines[k] = f.result()
+                except Exception as e:   # a driver that cannot compile the kernels
+                    raise GpuError(f"building GPU kernel {k[0]} ({k[1]} registers) failed: {e}") from e
+        self.stats.build_seconds = time.perf_counter() - t0
+        _store_rate(self.adapter_key, sum(weights.values()) / self.stats.build_seconds)
+        self._ready.set()
+
+    def pipeline(self, kernel: str, variant: int | None):
+        """The pipeline of ``kernel`` for register ``variant``. All exist after startup: a miss here
+        is counted (and creates one) and tests prove there are none."""
+        self._ready.wait()
+        key = (kernel, variant if KERNELS[kernel][1] else None)
+        with self._lock:
+            pipe = self._pipelines.get(key)
+            if pipe is not None:
+                self.stats.cache_hits += 1
+                return pipe
+            self.stats.cache_misses += 1
+        pipe = self._create(*key)
+        with self._lock:
+            self._pipelines[key] = pipe
+        return pipe
+
+    def __len__(self) -> int:
+        return len(self._pipelines)
+
+
+class _ProgressLine:
+    """``building GPU kernels [#####-----] 12/20  3.1 s of ~6 s`` on stderr, moving by the clock."""
+
+    def __init__(self, total: int, predicted: float):
+        self.total, self.predicted, self.t0 = total, max(predicted, 1e-3), time.perf_counter()
+
+    def _write(self, frac: float, done: int, tail: str):
+        bar = "#" * int(frac * 24)
+        sys.stderr.write(f"\rbuilding GPU kernels [{bar:<24}] {done}/{self.total}  {tail}")
+        sys.stderr.flush()
+
+    def update(self, done: int):
+        el = time.perf_counter() - self.t0
+        frac = min(max(el / self.predicted, done / self.total), 0.99)
+        self._write(frac, done, f"{el:4.1f} s of ~{max(self.predicted, el):.1f} s")
+
+    def finish(self):
+        self._write(1.0, self.total, f"{time.perf_counter() - self.t0:4.1f} s\n")
+
+
+def _compile_weight(source: str, variant: int | None) -> float:
+    """Predicted compile cost of one pipeline: its WGSL size, times a register-file factor (a
+    larger private register array costs the compilers more; measured ~3x from 16 to 256 on lavapipe)."""
+    return len(source) * (1.0 + (variant or 0) / 128.0)
+
+
+def _load_rate(key: str) -> float:
+    try:
+        rate = float(json.loads(RATE_FILE.read_text())[key])
+        return rate if rate > 0 else DEFAULT_RATE
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_RATE
+
+
+def _store_rate(key: str, rate: float):
+    try:
+        data = json.loads(RATE_FILE.read_text()) if RATE_FILE.exists() else {}
+        if not isinstance(data, dict):
+            data = {}
+        data[key] = rate
+        RATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        RATE_FILE.write_text(json.dumps(data, indent=1, sort_keys=True))
+    except (OSError, ValueError):
+        pass   # a read-only home: the next process predicts from the default again
+
+
+# ------------------------------------------------------------------------------------ context
+class _Context:
+    """The process's device and kernel set (one per process; rebuilt only after a device loss)."""
+
+    def __init__(self, progress: bool):
+        adapter = _get_adapter()
+        if adapter is None:
+            raise GpuError("no GPU adapter found (no Vulkan / Metal / DX12 driver)")
+        self.adapter = adapter
+        self.info = adapter_info()
+        want = ("max_storage_buffer_binding_size", "max_buffer_size")
+        limits = {k: adapter.limits[k.replace("_", "-")] for k in want}
+        try:
+            self.device = adapter.request_device_sync(label="taperay", required_limits=limits)
+        except Exception as e:
+            raise GpuError(f"could not open the GPU device {self.info['name']}: {e}") from e
+        self.limits = {k: self.device.limits[k.replace("_", "-")] for k in want}
+        warm = _warm_policy(self.info)
+        key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
+        # the jobs of BUILD_COMPANIONS (the wave planner's Numba compile) in threads of their own
+        # while the kernels build, not on a software rasteriser (GpuWalker.wave_max_tiles); waited
+        # for here, since after startup they would slow the first frames (the GIL)
+        jobs = [] if self.info["software"] else [start() for start in BUILD_COMPANIONS]
+        self.kernels = KernelSet(self.device, key, progress, warm)
+        for job in jobs:
+            job.join()
+
+
+def _warm_policy(info: dict) -> bool:
+    """Whether startup also runs each pipeline once (``TAPERAY_GPU_WARM=1/0`` decides; default: on
+    hardware, where it costs milliseconds because drivers compile at creation, and off on software
+    rasterisers, whose lazy per-pipeline JIT (~1-4 s each on lavapipe) would make startup ~40 s)."""
+    env = os.environ.get("TAPERAY_GPU_WARM", "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return not info["software"]
+
+
+_context: _Context | None = None
+_context_lock = threading.Lock()
+
+
+def _get_context(progress: bool = False) -> _Context:
+    global _context
+    with _context_lock:
+        if _context is None:
+            _context = _Context(progress)
+        return _context
+
+
+def _drop_context(ctx: _Context):
+    global _context
+    with _context_lock:
+        if _context is ctx:
+            _context = None
+
+
+def kernels(progress: bool = False) -> KernelSet:
+    """The process's kernel set, built on first use (every pipeline, in parallel)."""
+    return _get_context(progress).kernels
+
+
+# ------------------------------------------------------------------------------------ buffers
+class _Buffer:
+    """A storage buffer grown by doubling, but never past ``limit`` bytes (the adapter's binding
+    limit: the whole buffer is bound), with a host mirror so uploads write only changed bytes."""
+
+    def __init__(self, device, usage, label: str, limit: int):
+        self.device, self.usage, self.label, self.limit = device, usage, label, limit
+        self.capacity = 0
+        self.buffer = None
+        self.mirror = np.zeros(0, np.uint8)
+        self.bytes_written = 0
+        self.held: list[np.ndarray] = []    # read-only arrays the buffer holds from its start
+
+    def ensure(self, nbytes: int) -> bool:
+        """Room for ``nbytes``; True when the buffer was (re)created."""
+        if self.buffer is not None and nbytes <= self.capacity:
+            return False
+        cap = max(MIN_BUFFER, self.capacity)
+        while cap < nbytes:
+            cap *= 2
+        cap = max(nbytes, min(cap, self.limit // 4 * 4))
+        self.buffer = self.device.create_buffer(label=self.label, size=cap, usage=self.usage)
+        self.capacity = cap
+        self.mirror = np.zeros(0, np.uint8)
+        self.held = []
+        return True
+
+    def sync(self, data: np.ndarray):
+        """Make the buffer hold ``data`` (bytes) from its start, writing only the span that differs
+        (the bytes after it are left as they are). A read-only array (a frozen tape's,
+        runtime.tape.freeze; a kept schedule or cell layout) that the buffer was synced to since
+        its last write is not compared again: every frame syncs the tape (the 100,000-bolt bin's
+        is 10 MB), and an image's pruning syncs the instrs buffer to the tape and its schedule in
+        turn."""
+        if not data.flags.writeable and any(data is h for h in self.held):
+            return
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        self.ensure(max(raw.size, 4))
+        n = raw.size
+        if n == 0:
+            return
+        old = self.mirror
+        m = min(old.size, n)
+        span = _differing_span(old[:m], raw[:m])
+        if span is None and n <= old.size:
+            if not data.flags.writeable:
+                self.held = self.held[-3:] + [data]
+            return
+        lo = span[0] & ~3 if span else m & ~3
+        hi = n if n > old.size else min(n, (span[1] + 3) & ~3)
+        self.write(lo, raw[lo:hi])
+        # (what the buffer holds: beyond ``data``, a longer content's rest)
+        self.mirror = np.concatenate([raw, old[n:]])
+        self.held = [] if data.flags.writeable else [data]
+
+    def write(self, offset: int, raw: np.ndarray):
+        self.held = []
+        raw = np.ascontiguousarray(raw).view(np.uint8)
+        pad = (-raw.size) % 4
+        if pad:
+            raw = np.concatenate([raw, np.zeros(pad, np.uint8)])
+        self.device.queue.write_buffer(self.buffer, offset, raw)
+        self.bytes_written += raw.size
+
+
+def _differing_span(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
+    """(first, one past the last) byte index where the equal-sized uint8 arrays differ, or None.
+    Compared eight bytes at a time, with no index array (a whole new 10 MB tape differs
+    everywhere)."""
+    n = a.size
+    w = n // 8 * 8
+    words = a[:w].view(np.uint64) != b[:w].view(np.uint64)
+    tail = np.flatnonzero(a[w:] != b[w:])
+    if words.any():
+        first = 8 * int(words.argmax())
+        first += int(np.flatnonzero(a[first:first + 8] != b[first:first + 8])[0])
+    elif tail.size:
+        first = w + int(tail[0])
+    else:
+        return None
+    if tail.size:
+        return first, w + int(tail[-1]) + 1
+    last = 8 * (w // 8 - 1 - int(words[::-1].argmax()))
+    return first, last + int(np.flatnonzero(a[last:last + 8] != b[last:last + 8])[-1]) + 1
+
+
+def current_context() -> _Context | None:
+    """The process's device context now (a device loss replaces it)."""
+    return _context
