@@ -266,8 +266,13 @@ def _gpu_walker():
     return GpuWalker
 
 
+def _jax_walker():
+    from .jax_walker import JaxWalker
+    return JaxWalker
+
+
 # walkers graded against the twin: name -> () -> walker class (imported lazily)
-WALKERS = {"gpu": _gpu_walker}
+WALKERS = {"gpu": _gpu_walker, "jax": _jax_walker}
 
 
 # ----------------------------------------------------------------------------------- grading
@@ -366,6 +371,9 @@ def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_
         res = grade_points(label, wname, pts, scale, ref, got, tol)
         if res.first_point is not None:
             res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker, tol, scale)
+        if not hasattr(walker, "march"):          # (a walker of points only, e.g. jax: no image)
+            report.scenes.append(SceneResult(res, 0, 0.0, 0.0, depth_tol, None))
+            continue
         got_m, err = _run(walker, "march", tape, cam, w, h, settings)
         if err:
             res.error = err

@@ -44,6 +44,14 @@ def walker_gpu():
     return GpuWalker()
 
 
+@pytest.fixture(scope="session")
+def walker_jax():
+    """The JAX walker (skips where jax is not installed)."""
+    pytest.importorskip("jax")
+    from taperay.runtime.jax_walker import JaxWalker
+    return JaxWalker()
+
+
 @pytest.fixture(params=WALKER_NAMES)
 def walkers_all(request):
     """Each walker in turn (tests using it run once per walker)."""
