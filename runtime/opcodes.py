@@ -53,6 +53,8 @@ class Family(str, enum.Enum):
 
 
 class Op(enum.IntEnum):
+    """The tape's opcodes; ``OPS[op]`` is each one's ``OpSpec`` (family, operands, parameters,
+    semantics)."""
     # arithmetic: Fidget's .vm vocabulary plus a few helpers
     VAR_X = 0
     VAR_Y = 1

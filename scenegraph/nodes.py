@@ -53,6 +53,10 @@ def param_values(values: dict[str, float] | None):
 
 @dataclass(frozen=True)
 class Material:
+    """A named surface material: base colour (linear RGB in [0, 1]) and roughness for shading.
+
+    Boundary conditions of simulations attach to materials by ``name``.
+    """
     name: str
     color: tuple[float, float, float] = (0.7, 0.7, 0.72)
     roughness: float = 0.5
@@ -126,6 +130,10 @@ def _quat_axis_angle(axis, degrees):
 
 @dataclass(frozen=True, eq=False)
 class Node:
+    """One node of a scene tree: a shape, a boolean, a transform, a pattern or a field. Build
+    them with the functions of this module (``sphere``, ``union``, ...) and the methods below
+    (``translate``, ``linear_pattern``, ``material`` ...); ``flatten`` turns a tree into a tape.
+    Numbers may be ``Param``s: named values that an optimiser or a slider moves later."""
     kind: str
     numbers: tuple = ()
     children: tuple["Node", ...] = ()
@@ -162,9 +170,11 @@ class Node:
 
     # -- values --------------------------------------------------------------------------------
     def value(self, i: int) -> float:
+        """The node's i-th number as a float (a ``Param`` reads as its current value)."""
         return float(self.numbers[i])
 
     def values(self) -> np.ndarray:
+        """All the node's numbers as float64 (``Param``s read as their current values)."""
         return np.array([float(v) for v in self.numbers], np.float64)
 
     # -- booleans ------------------------------------------------------------------------------
@@ -173,43 +183,69 @@ class Node:
     def __sub__(self, other): return difference(self, other)
     def __xor__(self, other): return xor(self, other)
 
-    def smooth_union(self, other, k): return smooth_union(self, other, k=k)
-    def smooth_intersection(self, other, k): return smooth_intersection(self, other, k=k)
-    def smooth_difference(self, other, k): return smooth_difference(self, other, k=k)
+    def smooth_union(self, other, k):
+        """``smooth_union(self, other, k=k)``."""
+        return smooth_union(self, other, k=k)
+
+    def smooth_intersection(self, other, k):
+        """``smooth_intersection(self, other, k=k)``."""
+        return smooth_intersection(self, other, k=k)
+
+    def smooth_difference(self, other, k):
+        """``smooth_difference(self, other, k=k)``."""
+        return smooth_difference(self, other, k=k)
 
     # -- transforms and modifiers --------------------------------------------------------------
     def translate(self, x, y=0.0, z=0.0):
+        """This node moved by (x, y, z) (or one 3-sequence ``x``)."""
         if isinstance(x, (tuple, list, np.ndarray)):
             x, y, z = x
         return Node("transform", (x, y, z, 1, 0, 0, 0, 1), (self,))
 
     def rotate(self, axis, degrees):
+        """This node rotated by ``degrees`` about ``axis`` (a 3-vector through the origin).
+
+            >>> cylinder(0.2, 1).rotate((1, 0, 0), 90)     # now along y
+        """
         return Node("transform", (0, 0, 0, *_quat_axis_angle(axis, degrees), 1), (self,))
 
     def rotate_quat(self, w, x, y, z):
+        """This node rotated by the unit quaternion (w, x, y, z)."""
         return Node("transform", (0, 0, 0, w, x, y, z, 1), (self,))
 
     def scale(self, s):
+        """This node scaled uniformly by ``s`` (distances scale with it, so they stay exact)."""
         return Node("transform", (0, 0, 0, 1, 0, 0, 0, s), (self,))
 
     def mirror(self, normal=(1, 0, 0), d=0.0):
+        """This node's half dot(p, n) >= d mirrored across the plane dot(p, n) = d."""
         n = np.asarray(normal, float)
         n = n / np.linalg.norm(n)
         return Node("mirror", (*n, d), (self,))
 
     def elongate(self, hx, hy=0.0, hz=0.0):
+        """This node stretched: its centre slab widened by 2 hx, 2 hy, 2 hz along x, y, z."""
         return Node("elongate", (hx, hy, hz), (self,))
 
-    def offset(self, r): return Node("offset", (r,), (self,))
-    def shell(self, t): return Node("shell", (t,), (self,))
+    def offset(self, r):
+        """This node grown by ``r`` (shrunk where r < 0): its distance minus r."""
+        return Node("offset", (r,), (self,))
+
+    def shell(self, t):
+        """A hollow skin of half thickness ``t`` about this node's surface: |distance| - t."""
+        return Node("shell", (t,), (self,))
 
     def material(self, m: Material):
+        """This node with material ``m`` (what the renderer colours it, and what boundary
+        conditions attach to by name)."""
         if not isinstance(m, Material):
             raise TaperayError(f"material must be a Material, got {m!r}")
         return Node(self.kind, self.numbers, self.children, m, self.array, self.tape)
 
     # -- patterns ------------------------------------------------------------------------------
     def linear_pattern(self, step, count):
+        """``count`` copies of this node at k * step, k = 0 .. count - 1 (O(1) to evaluate
+        whatever the count: domain repetition)."""
         return Node("linear_pattern", (*step, count), (self,))
 
     def polar_pattern(self, count):
@@ -217,6 +253,7 @@ class Node:
         return Node("polar_pattern", (count,), (self,))
 
     def grid_pattern(self, spacing, counts):
+        """Copies at (i sx, j sy, k sz) for i, j, k below counts (nx, ny, nz); O(1) to evaluate."""
         return Node("grid_pattern", (*spacing, *counts), (self,))
 
     def instances(self, translations, rotations=None, scales=None):
@@ -226,6 +263,7 @@ class Node:
 
     # -- files ---------------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        """The node as plain data (what a ``.scene`` file stores; ``node_from_dict`` reads it)."""
         d = {"kind": self.kind,
              "numbers": [{"param": v.name, "value": v.value} if isinstance(v, Param) else v
                          for v in self.numbers]}
@@ -242,11 +280,13 @@ class Node:
         return d
 
     def walk(self) -> Iterable["Node"]:
+        """This node and every node below it, depth first."""
         yield self
         for c in self.children:
             yield from c.walk()
 
     def params(self) -> dict[str, float]:
+        """The named ``Param``s anywhere in this tree: name -> value."""
         return {v.name: v.value for n in self.walk() for v in n.numbers if isinstance(v, Param)}
 
     def __repr__(self):
@@ -367,17 +407,54 @@ def node_from_dict(d, depth: int = 0) -> Node:
 
 
 # -- constructors ------------------------------------------------------------------------------
-def sphere(r=1.0): return Node("sphere", (r,))
-def box(hx=1.0, hy=None, hz=None): return Node("box", (hx, hx if hy is None else hy, hx if hz is None else hz))
-def rounded_box(hx, hy, hz, r): return Node("rounded_box", (hx, hy, hz, r))
-def cylinder(r, h): return Node("cylinder", (r, h))
-def capped_cone(h, r1, r2): return Node("capped_cone", (h, r1, r2))
-def capsule(a, b, r): return Node("capsule", (*a, *b, r))
-def torus(R, r): return Node("torus", (R, r))
-def ellipsoid(rx, ry, rz): return Node("ellipsoid", (rx, ry, rz))
+def sphere(r=1.0):
+    """A sphere of radius ``r`` about the origin (exact distance).
+
+        >>> sphere(Param("r", 0.5)).translate(0, 0, 1)
+    """
+    return Node("sphere", (r,))
+
+
+def box(hx=1.0, hy=None, hz=None):
+    """A box centred on the origin with half extents (hx, hy, hz); ``box(h)`` is a cube of half
+    side h (exact distance)."""
+    return Node("box", (hx, hx if hy is None else hy, hx if hz is None else hz))
+
+
+def rounded_box(hx, hy, hz, r):
+    """A box of half extents (hx, hy, hz) whose edges are rounded with radius ``r`` (the rounding
+    lies inside those extents; exact distance)."""
+    return Node("rounded_box", (hx, hy, hz, r))
+
+
+def cylinder(r, h):
+    """A capped cylinder on the z axis: radius ``r``, z in [-h, h] (exact distance)."""
+    return Node("cylinder", (r, h))
+
+
+def capped_cone(h, r1, r2):
+    """A capped cone on the z axis: radius ``r1`` at z = -h, ``r2`` at z = +h (exact distance)."""
+    return Node("capped_cone", (h, r1, r2))
+
+
+def capsule(a, b, r):
+    """All points within ``r`` of the segment from point ``a`` to point ``b`` (exact distance)."""
+    return Node("capsule", (*a, *b, r))
+
+
+def torus(R, r):
+    """A ring in the xy plane about the z axis: ring radius ``R``, tube radius ``r`` (exact)."""
+    return Node("torus", (R, r))
+
+
+def ellipsoid(rx, ry, rz):
+    """An ellipsoid with semi-axes (rx, ry, rz) about the origin (a bound of the distance, not the
+    exact distance: iq's k0 (k0 - 1) / k1)."""
+    return Node("ellipsoid", (rx, ry, rz))
 
 
 def plane(normal=(0, 0, 1), d=0.0):
+    """The half-space dot(p, n) <= d below a plane of normal ``normal`` (normalised here)."""
     n = np.asarray(normal, float)
     return Node("plane", (*(n / np.linalg.norm(n)), d))
 
@@ -402,10 +479,40 @@ def _nary(kind, nodes, numbers=()):
     return Node(kind, numbers, tuple(flat))
 
 
-def union(*nodes): return _nary("union", nodes)
-def intersection(*nodes): return _nary("intersection", nodes)
-def difference(base, *cutters): return Node("difference", (), (base, *cutters))
-def xor(a, b): return Node("xor", (), (a, b))
-def smooth_union(*nodes, k): return Node("smooth_union", (k,), tuple(nodes))
-def smooth_intersection(*nodes, k): return Node("smooth_intersection", (k,), tuple(nodes))
-def smooth_difference(base, *cutters, k): return Node("smooth_difference", (k,), (base, *cutters))
+def union(*nodes):
+    """Everything inside any of ``nodes`` (min of the distances; also ``a | b``). Large unions
+    are wrapped in an exact bounding-volume hierarchy of cull records when flattened."""
+    return _nary("union", nodes)
+
+
+def intersection(*nodes):
+    """What lies inside every one of ``nodes`` (max of the distances; also ``a & b``)."""
+    return _nary("intersection", nodes)
+
+
+def difference(base, *cutters):
+    """``base`` with every cutter removed (max(base, -cutter); also ``a - b``).
+
+        >>> difference(box(1, 1, 0.25), cylinder(0.3, 1))     # a plate with a hole
+    """
+    return Node("difference", (), (base, *cutters))
+
+
+def xor(a, b):
+    """What lies inside exactly one of ``a`` and ``b`` (also ``a ^ b``)."""
+    return Node("xor", (), (a, b))
+
+
+def smooth_union(*nodes, k):
+    """A union whose seams are blended over a width ``k`` (quadratic smooth minimum)."""
+    return Node("smooth_union", (k,), tuple(nodes))
+
+
+def smooth_intersection(*nodes, k):
+    """An intersection whose seams are blended over a width ``k``."""
+    return Node("smooth_intersection", (k,), tuple(nodes))
+
+
+def smooth_difference(base, *cutters, k):
+    """A difference whose cut edges are blended over a width ``k``."""
+    return Node("smooth_difference", (k,), (base, *cutters))
