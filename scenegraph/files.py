@@ -11,7 +11,10 @@ where those differ. A tape body holds the record arrays as raw little-endian
 bytes (``instrs``: ``INSTR_DTYPE``, ``params``: float32, ``materials``: ``MATERIAL_DTYPE``,
 ``instances``: ``INSTANCE_DTYPE``, ``bvh``: ``BVH_DTYPE``), the record layouts they were written
 with (``layouts``: name -> [[field, format, shape], ...]), and the header: ``n_regs``, ``bounds``
-(6 numbers: min then max corner), ``names`` (parameter name -> pool slots), ``instance_count``.
+(6 numbers: min then max corner), ``names`` (parameter name -> pool slots), ``instance_count``,
+and ``opcodes`` (op name -> the number its records carry), so a file keeps its meaning when the
+op table is renumbered: loading maps each record's number to today's through the op's name (a
+file without ``opcodes`` was written with ``OPCODES_1``, the numbering of the first format).
 A scene body is ``Node.to_dict()``.
 
 Loading trusts nothing: size limits are checked before reading, msgpack runs with limits derived
@@ -33,8 +36,8 @@ import msgpack
 import numpy as np
 
 from taperay.runtime.tape import (BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE,
-                                  MAX_INSTRS, MAX_MATERIALS, MAX_PARAMS, VALIDATED, Tape, TaperayError,
-                                  validate)
+                                  MAX_INSTRS, MAX_MATERIALS, MAX_PARAMS, VALIDATED, Op, Tape,
+                                  TaperayError, validate)
 
 from .nodes import node_from_dict
 
@@ -56,6 +59,19 @@ RECORDS = {"instrs": (INSTR_DTYPE, MAX_INSTRS), "params": (np.dtype("<f4"), MAX_
 MAX_FILE_BYTES = sum(dt.itemsize * n for dt, n in RECORDS.values()) + (64 << 20)
 
 _TAPE_KEYS = {*RECORDS, "layouts", "n_regs", "bounds", "names", "instance_count"}
+_OPTIONAL_TAPE_KEYS = {"opcodes"}
+# the op numbering of files written before they carried their own ``opcodes`` map (frozen: never
+# edit it when the table changes; the table is free to renumber because files name their ops)
+OPCODES_1 = dict(
+    VAR_X=0, VAR_Y=1, VAR_Z=2, CONST=3, COPY=4, NEG=5, ABS=6, RECIP=7, SQRT=8, SQUARE=9, FLOOR=10,
+    CEIL=11, ROUND=12, SIN=13, COS=14, TAN=15, ASIN=16, ACOS=17, ATAN=18, EXP=19, LN=20, NOT=21,
+    ADD=22, SUB=23, MUL=24, DIV=25, MIN=26, MAX=27, ATAN2=28, COMPARE=29, MOD=30, AND=31, OR=32,
+    MIX=33, RAND=34, INSTANCE_INDEX=35, SPHERE=40, BOX=41, ROUND_BOX=42, CYLINDER=43,
+    CAPPED_CONE=44, CAPSULE=45, TORUS=46, ELLIPSOID=47, PLANE=48, EXTRUDE_POLY=49, REVOLVE_POLY=50,
+    PUSH=60, POP=61, TRANSLATE=62, ROTATE=63, SCALE=64, MIRROR=65, ELONGATE=66, UNION=70,
+    INTERSECT=71, DIFFERENCE=72, XOR=73, SMOOTH_UNION=74, SMOOTH_INTERSECT=75,
+    SMOOTH_DIFFERENCE=76, OFFSET=77, SHELL=78, REPEAT_LINEAR=80, REPEAT_POLAR=81, REPEAT_GRID=82,
+    REPEAT_END=83, INSTANCES=84, CULL_BOX=90, FIELD_RESULT=95)
 
 
 class FileFormatError(TaperayError):
@@ -128,7 +144,7 @@ def save_tape(tape: Tape, path) -> None:
     body.update(layouts=_LAYOUTS, n_regs=int(tape.n_regs),
                 bounds=[float(v) for v in np.asarray(tape.bounds, np.float32).ravel()],
                 names={str(k): [int(i) for i in v] for k, v in tape.names.items()},
-                instance_count=int(tape.instance_count))
+                instance_count=int(tape.instance_count), opcodes={op.name: int(op) for op in Op})
     _write_atomic(path, _pack("tape", body, path))
 
 
@@ -294,7 +310,7 @@ def load_scene_file(path):
 
 
 def _tape_from_body(path, body: dict) -> Tape:
-    missing, extra = _TAPE_KEYS - set(body), set(body) - _TAPE_KEYS
+    missing, extra = _TAPE_KEYS - set(body), set(body) - _TAPE_KEYS - _OPTIONAL_TAPE_KEYS
     if missing or extra:
         raise FileFormatError(path, f"tape body fields: missing {sorted(missing)}, unexpected "
                                     f"{sorted(map(str, extra))}")
@@ -304,6 +320,7 @@ def _tape_from_body(path, body: dict) -> Tape:
         raise FileFormatError(path, f"record layouts differ from this taperay's ({', '.join(differ) or 'extra entries'}): "
                                     f"file {body['layouts']!r:.200}, expected {_LAYOUTS!r:.200}")
     arrays = {key: _records(path, body, key, dt, limit) for key, (dt, limit) in RECORDS.items()}
+    arrays["instrs"] = _renumbered(path, arrays["instrs"], body.get("opcodes", OPCODES_1))
     bounds = body["bounds"]
     if (not isinstance(bounds, list) or len(bounds) != 6
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds)):
@@ -320,6 +337,30 @@ def _tape_from_body(path, body: dict) -> Tape:
                 source=str(path))
     VALIDATED.check(tape)      # (the walker that draws it then finds it validated)
     return tape
+
+
+def _renumbered(path, instrs: np.ndarray, opcodes) -> np.ndarray:
+    """The records with each op number the file wrote (``opcodes``: its name -> number map)
+    replaced by today's number of the op of that name."""
+    if not isinstance(opcodes, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in opcodes.items()):
+        raise FileFormatError(path, f"'opcodes' must map op names to integers, got {opcodes!r:.80}")
+    unknown = sorted(k for k in opcodes if k not in Op.__members__)
+    if unknown:
+        raise FileFormatError(path, f"the file's ops {unknown[:5]} are unknown to this taperay")
+    table = np.full(max(opcodes.values(), default=0) + 1, 0xFFFFFFFF, np.uint32)
+    for name, number in opcodes.items():
+        if number < 0 or table[number] != 0xFFFFFFFF:
+            raise FileFormatError(path, f"'opcodes': number {number} of {name} is negative or taken twice")
+        table[number] = Op[name]
+    ops = instrs["op"]
+    mapped = table[np.minimum(ops, len(table) - 1)]
+    bad = np.flatnonzero((ops >= len(table)) | (mapped == 0xFFFFFFFF))
+    if len(bad):
+        raise FileFormatError(path, f"record {int(bad[0])}: op number {int(ops[bad[0]])} is not in the file's 'opcodes'")
+    out = instrs.copy()
+    out["op"] = mapped
+    return out
 
 
 def _scene_from_body(path, body: dict):

@@ -464,3 +464,47 @@ def test_a_frozen_tapes_key_is_kept_until_its_arrays_change(tmp_path, monkeypatc
     hashed.clear()
     tape_module.content_key(other)
     assert hashed                                          # (a tape never frozen is hashed each time)
+
+
+# -- op numbering -------------------------------------------------------------------------------
+def test_a_tape_file_written_with_todays_table_still_loads():
+    """tests/data/machined_part.tape was written by save_tape with the op table of its day (its
+    ``opcodes`` map names each number's op): it loads as the scene flattens now, whatever the
+    table's numbering has become since."""
+    from taperay.scenes import machined_part
+    _assert_same_tape(load_tape_file(DATA / "machined_part.tape"), flatten(machined_part.scene))
+
+
+def test_a_file_names_its_ops_and_loads_after_a_renumbering(tmp_path, good_tape_file):
+    body = _body(good_tape_file)
+    assert body["opcodes"] == {op.name: int(op) for op in Op}
+    want = load_tape_file(good_tape_file)
+    # the same file as a taperay with every op numbered 1000 higher would have written it
+    instrs = np.frombuffer(body["instrs"], want.instrs.dtype).copy()
+    instrs["op"] += 1000
+    p = tmp_path / "renumbered.tape"
+    p.write_bytes(_container(_mutated(good_tape_file, instrs=instrs.tobytes(),
+                                      opcodes={k: v + 1000 for k, v in body["opcodes"].items()})))
+    _assert_same_tape(load_tape_file(p), want)
+
+
+def test_a_file_without_an_op_map_has_the_first_numbering(tmp_path, good_tape_file):
+    assert files.OPCODES_1.keys() <= Op.__members__.keys()
+    p = tmp_path / "old.tape"
+    p.write_bytes(_container(_mutated(good_tape_file, opcodes=KeyError)))
+    got = load_tape_file(p)
+    np.testing.assert_array_equal(got.instrs["op"], [Op[n] for n in
+                                                     [{v: k for k, v in files.OPCODES_1.items()}[int(o)]
+                                                      for o in got.instrs["op"]]])
+
+
+@pytest.mark.parametrize("opcodes, fragment", [
+    ({"WARP_DRIVE": 3}, "unknown to this taperay"),
+    ("v1", "'opcodes' must map op names to integers"),
+    ({"SPHERE": 0, "BOX": 0}, "taken twice"),
+    ({"SPHERE": 40}, "is not in the file's 'opcodes'"),
+])
+def test_bad_op_maps_are_named(tmp_path, good_tape_file, opcodes, fragment):
+    p = tmp_path / "ops.tape"
+    p.write_bytes(_container(_mutated(good_tape_file, opcodes=opcodes)))
+    _expect_error(p, fragment)
