@@ -142,6 +142,33 @@ def test_eval_round_trip_matches_cpu_walker(capsys, scene_file, tmp_path):
     assert np.all(got[inside] < 0)
 
 
+PARAM_SCENE = """
+from taperay.scenegraph import Param, sphere
+scene = sphere(Param("r", 0.5))
+"""
+
+
+@pytest.mark.parametrize("walker", ["cpu", "gpu"])
+def test_eval_set_edits_named_parameters_on_every_walker(capsys, tmp_path, walker, request):
+    request.getfixturevalue(f"walker_{walker}")       # (skips where the GPU walker is absent)
+    (tmp_path / "r.py").write_text(PARAM_SCENE)
+    np.save(tmp_path / "pts.npy", np.array([[0, 0, 2.0], [0, 1.0, 0]]))
+    rc, _, err = run_cli(capsys, "eval", tmp_path / "r.py", tmp_path / "pts.npy", "-o", tmp_path / "d.npy",
+                         "--walker", walker, "--set", "r=0.75")
+    assert rc == 0, err
+    np.testing.assert_allclose(np.load(tmp_path / "d.npy"), [1.25, 0.25], atol=1e-6)
+
+
+@pytest.mark.parametrize("arg, fragment", [("r", "expected NAME=VALUE"), ("r=big", "expected NAME=VALUE"),
+                                           ("radius=1", "no parameter named 'radius'")])
+def test_a_bad_set_is_one_error_line(capsys, tmp_path, arg, fragment):
+    (tmp_path / "r.py").write_text(PARAM_SCENE)
+    np.save(tmp_path / "pts.npy", np.zeros((1, 3)))
+    rc, _, err = run_cli(capsys, "eval", tmp_path / "r.py", tmp_path / "pts.npy", "-o", tmp_path / "d.npy",
+                         "--walker", "cpu", "--set", arg)
+    assert rc == 2 and err.startswith("taperay: error:") and fragment in err and "Traceback" not in err
+
+
 def test_info_json(capsys, scene_file):
     rc, out, err = run_cli(capsys, "info", scene_file, "--json")
     assert rc == 0, err

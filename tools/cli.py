@@ -93,6 +93,22 @@ def load_scene(path: str, watch: Stopwatch, balance_chains: bool = False):
         return load_tape(p, balance_chains)
 
 
+def apply_sets(tape, sets: list[str] | None, watch: Stopwatch | None = None):
+    """Each ``NAME=VALUE`` of ``--set`` written into the tape's named parameter (``Tape.set_param``,
+    refitting a scene's bounds); the tape."""
+    for item in sets or ():
+        name, eq, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not eq or not name.strip() or number is None:
+            raise UsageError(f"--set {item!r}: expected NAME=VALUE with a number, e.g. --set radius=0.4")
+        with watch.stage("set") if watch else contextlib.nullcontext():
+            tape.set_param(name.strip(), number)
+    return tape
+
+
 def _output_path(path: str) -> Path:
     out = Path(path)
     if out.is_dir():
@@ -121,7 +137,8 @@ def cmd_render(args) -> int:
         raise UsageError(f"--cone {args.cone}: the hit cone's width in pixels must lie in [0, 1000)")
     watch = Stopwatch()
     # a 2D image on the GPU prunes faster with shallow MIN / MAX chains (the twin slower: runtime.program)
-    tape = load_scene(args.scene, watch, balance_chains=args.two_d and args.walker != "cpu")
+    tape = apply_sets(load_scene(args.scene, watch, balance_chains=args.two_d and args.walker != "cpu"),
+                      args.set, watch)
     from taperay.runtime.walkers import run_on, walker as choose_walker
     notes: list[str] = []
     with watch.stage("startup build"):
@@ -202,7 +219,7 @@ def cmd_eval(args) -> int:
     import numpy as np
     watch = Stopwatch()
     pts = read_points(args.points)
-    tape = load_scene(args.scene, watch)
+    tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
     from taperay.runtime.walkers import run_on, walker as choose_walker
     notes: list[str] = []
     with watch.stage("startup build"):
@@ -369,10 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "self-check against the CPU twin, else the CPU twin; gpu also takes a software "
                        "adapter (Mesa lavapipe)")
 
+    def set_arg(p):
+        p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                       help="set a named parameter before the work (repeatable)")
+
     p = sub.add_parser("render", help="render a scene to a PNG")
     p.add_argument("scene", metavar="SCENE", help="a scene .py (exposing `scene`), .scene, .tape or .vm file")
     p.add_argument("-o", "--output", required=True, metavar="OUT.png")
     walker_arg(p)
+    set_arg(p)
     p.add_argument("--size", default="800x600", metavar="WxH", help="image size, WxH or N for NxN (default 800x600)")
     p.add_argument("--view", choices=VIEWS, default="shade")
     p.add_argument("--2d", dest="two_d", action="store_true",
@@ -387,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("points", metavar="POINTS.npy", help="an (N, 3) float array")
     p.add_argument("-o", "--output", required=True, metavar="VALUES.npy", help="(N,) float32 distances")
     walker_arg(p)
+    set_arg(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("info", help="records, parameters, bounds and instances of a scene")
