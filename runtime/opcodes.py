@@ -322,3 +322,37 @@ JUMPING = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.INSTANCES, Op.R
 REPEATS = {Op.REPEAT_LINEAR: 2, Op.REPEAT_POLAR: 2, Op.REPEAT_GRID: 8,   # body evaluations per point
            Op.INSTANCES: 0}                                            # (0: as many as the BVH walk visits)
 POLY_OPS = {Op.EXTRUDE_POLY: 1, Op.REVOLVE_POLY: 0}  # fixed params before the vertex list
+
+
+# Derivatives where an op is not differentiable everywhere: what the JAX walker
+# (runtime/jax_walker.py) returns, JAX's convention unless said otherwise. Ops not listed are
+# smooth where their value is finite. "Selects" (the twin's MIN / MAX / UNION ... rule, a on
+# ties) pass the derivative of the operand whose value they pass, so a tie takes a's, the operand
+# whose material wins; shapes' inner max / min (box, cylinder caps, cone) are jnp.maximum /
+# jnp.minimum, which split a tie's derivative equally. Norms inside shapes (|p|, |p.xy|, edge
+# distances) have derivative 0 where they are 0 (a plain sqrt would give NaN).
+DERIVATIVES: dict[Op, str] = {
+    Op.FLOOR: "0", Op.CEIL: "0", Op.ROUND: "0", Op.NOT: "0", Op.COMPARE: "0", Op.RAND: "0",
+    Op.INSTANCE_INDEX: "0",
+    Op.ABS: "sign(a); 0 at a == 0",
+    Op.SQRT: "1 / (2 sqrt(a)): +inf at 0, NaN below",
+    Op.RECIP: "-1/a^2: inf at 0", Op.DIV: "inf / NaN where b == 0",
+    Op.LN: "1/a: inf at 0", Op.ASIN: "inf at |a| == 1", Op.ACOS: "inf at |a| == 1",
+    Op.ATAN2: "NaN at a == b == 0",
+    Op.MIN: "select: the smaller's (a on ties)", Op.MAX: "select: the larger's (a on ties)",
+    Op.AND: "select: a's where a == 0, else b's", Op.OR: "select: a's where a != 0, else b's",
+    Op.MOD: "JAX's rem: d/da 1, d/db -trunc(a/b), plus d|b| where the remainder was negative",
+    Op.UNION: "select (a on ties)", Op.INTERSECT: "select (a on ties)",
+    Op.DIFFERENCE: "select between a and -b (a on ties)", Op.XOR: "selects, as its min / max",
+    Op.SMOOTH_UNION: "smooth (h's max(., 0) is continuous in value and slope)",
+    Op.SMOOTH_INTERSECT: "as SMOOTH_UNION", Op.SMOOTH_DIFFERENCE: "as SMOOTH_UNION",
+    Op.SHELL: "sign(a) (0 at a == 0)",
+    Op.MIRROR: "the branch taken (dot(p, n) < d: reflected)", Op.ELONGATE: "clamp: 0 w.r.t. p inside [-h, h]",
+    Op.EXTRUDE_POLY: "the nearest edge's; the inside sign (a crossing count) 0",
+    Op.REVOLVE_POLY: "as EXTRUDE_POLY",
+    Op.REPEAT_LINEAR: "the cells (round / clamp) 0: the derivative of the copy or bound holding the minimum",
+    Op.REPEAT_POLAR: "as REPEAT_LINEAR", Op.REPEAT_GRID: "as REPEAT_LINEAR",
+    Op.INSTANCES: "the least leaf's (first in tree order on ties); instance transforms and BVH boxes are "
+                  "not pool entries: no derivative w.r.t. them",
+    Op.CULL_BOX: "b is smooth; the cull itself (a per-point select) 0",
+}
