@@ -1,1 +1,30 @@
-"""solvers: the planned home of surface extraction, meshing, FEM and adjoints on tapes; empty so far."""
+"""solvers: simulation on tapes. Tape -> watertight surface (``mesh_surface``) -> tetrahedra
+(``tet_mesh``, TetGen in a child process) -> steady heat / linear elasticity FEM on TET4 and TET10
+(``simulate`` with a ``Heat`` or ``Elasticity`` study whose boundary conditions name materials).
+
+Names load on first use; the optional packages (scikit-image, trimesh, meshio, tetgen, pymeshfix,
+pyamg: ``pip install 'taperay[sim]'``) are imported only when needed.
+"""
+from importlib import import_module
+
+_EXPORTS = {
+    "Surface": "surface", "mesh_surface": "surface", "material_names": "surface", "DEFAULT_RESOLUTION": "surface",
+    "TetMesh": "tetmesh", "tet_mesh": "tetmesh", "box_mesh": "tetmesh",
+    "Heat": "simulate", "Elasticity": "simulate", "Result": "simulate", "simulate": "simulate",
+    "study_from": "simulate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'taperay.solvers' has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

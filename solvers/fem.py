@@ -1,0 +1,384 @@
+"""Finite elements on TET4 / TET10 meshes: steady heat conduction and linear elasticity.
+
+Assembly is vectorised over elements (einsum over blocks of elements, one COO -> CSR conversion);
+quadrature rules are collapsed Gauss-Jacobi products on the reference tetrahedron / triangle,
+exact to the degree asked: stiffness 2(p-1) (exact for straight-sided elements), loads, boundary
+mass and sources 2p (callables: 2p + 2). Node order: VTK's (solvers.tetmesh).
+
+Low-level API (meshes and face / node sets): ``heat_system``, ``elasticity_system``,
+``face_load``, ``face_mass``, ``solve_linear``. The study layer (``Heat``, ``Elasticity``,
+boundary conditions by material name) is in solvers.simulate.
+"""
+from __future__ import annotations
+
+import math
+import time
+from functools import lru_cache
+
+import numpy as np
+import scipy.sparse as sp
+
+from taperay.runtime.tape import TaperayError
+
+__all__ = ["tet_rule", "tri_rule", "shape_functions", "shape_derivatives", "tri_shape_functions",
+           "heat_system", "elasticity_system", "face_load", "face_mass", "solve_linear", "rigid_body_modes",
+           "nodal_stress", "von_mises", "DIRECT_MAX_DOF"]
+
+DIRECT_MAX_DOF = 20_000     # above: conjugate gradients preconditioned by pyamg smoothed aggregation
+ELEMENT_BLOCK = 20_000      # elements per vectorised assembly block (bounds the temporaries)
+
+
+# ---------------------------------------------------------------- quadrature
+
+def _gj01(n: int, alpha: int):
+    """Gauss-Jacobi on [0, 1] for the weight (1 - s)^alpha."""
+    from scipy.special import roots_jacobi
+    x, w = roots_jacobi(n, alpha, 0)
+    return (x + 1) / 2, w / 2 ** (alpha + 1)
+
+
+@lru_cache(maxsize=None)
+def tet_rule(degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """Points (Q, 3) and weights (Q,) on the reference tetrahedron (volume 1/6), exact for
+    polynomials of total degree ``degree``. degree <= 1: the centroid."""
+    if degree <= 1:
+        return np.array([[0.25, 0.25, 0.25]]), np.array([1 / 6])
+    n = math.ceil((degree + 1) / 2)
+    a, wa = _gj01(n, 0)
+    b, wb = _gj01(n, 1)
+    c, wc = _gj01(n, 2)
+    A, B, C = np.meshgrid(a, b, c, indexing="ij")
+    W = np.einsum("i,j,k->ijk", wa, wb, wc)
+    pts = np.stack([A * (1 - B) * (1 - C), B * (1 - C), C], -1).reshape(-1, 3)
+    return pts, W.ravel()
+
+
+@lru_cache(maxsize=None)
+def tri_rule(degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """Points (Q, 2) and weights on the reference triangle (area 1/2), exact to ``degree``."""
+    if degree <= 1:
+        return np.array([[1 / 3, 1 / 3]]), np.array([0.5])
+    n = math.ceil((degree + 1) / 2)
+    a, wa = _gj01(n, 0)
+    b, wb = _gj01(n, 1)
+    A, B = np.meshgrid(a, b, indexing="ij")
+    return np.stack([A * (1 - B), B], -1).reshape(-1, 2), np.outer(wa, wb).ravel()
+
+
+# ---------------------------------------------------------------- shape functions
+
+_TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))
+_DL = np.array([[-1.0, -1.0, -1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+
+
+def _bary(pts):
+    pts = np.atleast_2d(np.asarray(pts, float))
+    return np.concatenate([1 - pts.sum(1, keepdims=True), pts], 1)
+
+
+def shape_functions(n: int, pts) -> np.ndarray:
+    """(Q, n) values of the TET4 (n=4) or TET10 (n=10) shape functions at reference points."""
+    L = _bary(pts)
+    if n == 4:
+        return L
+    return np.concatenate([L * (2 * L - 1), np.stack([4 * L[:, a] * L[:, b] for a, b in _TET10_EDGES], 1)], 1)
+
+
+def shape_derivatives(n: int, pts) -> np.ndarray:
+    """(Q, n, 3) reference derivatives of the shape functions."""
+    L = _bary(pts)
+    Q = len(L)
+    if n == 4:
+        return np.broadcast_to(_DL, (Q, 4, 3)).copy()
+    corner = (4 * L - 1)[:, :, None] * _DL[None]
+    mid = np.stack([4 * (L[:, a, None] * _DL[b] + L[:, b, None] * _DL[a]) for a, b in _TET10_EDGES], 1)
+    return np.concatenate([corner, mid], 1)
+
+
+def tri_shape_functions(n: int, pts) -> tuple[np.ndarray, np.ndarray]:
+    """Values (Q, n) and reference derivatives (Q, n, 2) of the 3- or 6-node triangle (corners,
+    then mid-edge nodes of (0,1), (1,2), (2,0))."""
+    pts = np.atleast_2d(np.asarray(pts, float))
+    M = np.concatenate([1 - pts.sum(1, keepdims=True), pts], 1)
+    dM = np.array([[-1.0, -1.0], [1.0, 0.0], [0.0, 1.0]])
+    if n == 3:
+        return M, np.broadcast_to(dM, (len(M), 3, 2)).copy()
+    edges = ((0, 1), (1, 2), (2, 0))
+    N = np.concatenate([M * (2 * M - 1), np.stack([4 * M[:, a] * M[:, b] for a, b in edges], 1)], 1)
+    dN = np.concatenate([(4 * M - 1)[:, :, None] * dM[None],
+                         np.stack([4 * (M[:, a, None] * dM[b] + M[:, b, None] * dM[a]) for a, b in edges], 1)], 1)
+    return N, dN
+
+
+# ---------------------------------------------------------------- geometry at quadrature points
+
+def _geometry(X: np.ndarray, dN: np.ndarray):
+    """X (E, n, 3) element nodes, dN (n, 3) reference derivatives at one point ->
+    (detJ (E,), G (E, n, 3) physical derivatives)."""
+    J = np.einsum("eai,aj->eij", X, dN)
+    det = np.linalg.det(J)
+    if np.any(det <= 0):
+        raise TaperayError(f"{int(np.count_nonzero(det <= 0))} elements are inverted or flat (Jacobian <= 0)")
+    inv = np.linalg.inv(J)
+    return det, np.einsum("aj,eji->eai", dN, inv)
+
+
+def _per_element(value, E: int, what: str) -> np.ndarray:
+    v = np.asarray(value, float)
+    if v.ndim == 0:
+        return np.full(E, float(v))
+    if v.shape != (E,):
+        raise TaperayError(f"{what}: expected a number or one value per element ({E}), got shape {v.shape}")
+    return v
+
+
+def _blocks(E: int, size: int = ELEMENT_BLOCK):
+    for s in range(0, E, size):
+        yield slice(s, min(E, s + size))
+
+
+def _coo(elements_dofs: list, values: list, ndof: int) -> sp.csr_matrix:
+    rows = np.concatenate([np.repeat(d, d.shape[1], axis=1).ravel() for d in elements_dofs])
+    cols = np.concatenate([np.tile(d, (1, d.shape[1])).ravel() for d in elements_dofs])
+    data = np.concatenate([v.ravel() for v in values])
+    return sp.coo_matrix((data, (rows, cols)), shape=(ndof, ndof)).tocsr()
+
+
+def _volume_load(nodes, elements, value, ncomp: int, degree_extra: int = 0) -> np.ndarray:
+    """sum over elements of int N_a value (value: per element array (E,) / (E, ncomp), a constant,
+    or a callable of points (M, 3) -> (M,) / (M, ncomp))."""
+    E, n = elements.shape
+    p = 1 if n == 4 else 2
+    deg = 2 * p + (2 if callable(value) else 0) + degree_extra
+    pts, wts = tet_rule(deg)
+    Nq = shape_functions(n, pts)
+    dNq = shape_derivatives(n, pts)
+    f = np.zeros((len(nodes), ncomp))
+    for blk in _blocks(E):
+        el = elements[blk]
+        X = nodes[el]
+        fe = np.zeros((len(el), n, ncomp))
+        for q in range(len(wts)):
+            det, _ = _geometry(X, dNq[q])
+            if callable(value):
+                xq = np.einsum("a,eai->ei", Nq[q], X)
+                val = np.asarray(value(xq), float).reshape(len(el), ncomp)
+            else:
+                v = np.asarray(value, float)
+                val = np.broadcast_to(v[blk] if v.ndim and v.shape[0] == E else v, (len(el), ncomp)) if v.ndim \
+                    else np.full((len(el), ncomp), float(v))
+            fe += (wts[q] * det)[:, None, None] * Nq[q][None, :, None] * val[:, None, :]
+        np.add.at(f, el.ravel(), fe.reshape(-1, ncomp))
+    return f if ncomp > 1 else f[:, 0]
+
+
+# ---------------------------------------------------------------- heat
+
+def heat_system(nodes, elements, conductivity, source=0.0) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Stiffness K (N, N) of -div(k grad T) = s and the load of ``source`` s. ``conductivity``: a
+    number or one per element; ``source``: a number, one per element, or a callable of points."""
+    nodes = np.asarray(nodes, float)
+    elements = np.asarray(elements, np.int64)
+    E, n = elements.shape
+    k = _per_element(conductivity, E, "conductivity")
+    pts, wts = tet_rule(2 * (1 if n == 4 else 2) - 2)
+    dNq = shape_derivatives(n, pts)
+    dofs, vals = [], []
+    for blk in _blocks(E):
+        el = elements[blk]
+        X = nodes[el]
+        Ke = np.zeros((len(el), n, n))
+        for q in range(len(wts)):
+            det, G = _geometry(X, dNq[q])
+            Ke += (wts[q] * det * k[blk])[:, None, None] * np.matmul(G, G.transpose(0, 2, 1))
+        dofs.append(el)
+        vals.append(Ke)
+    K = _coo(dofs, vals, len(nodes))
+    f = np.zeros(len(nodes))
+    if callable(source) or np.any(np.asarray(source) != 0):
+        f = _volume_load(nodes, elements, source, 1)
+    return K, f
+
+
+# ---------------------------------------------------------------- elasticity
+
+def lame(E, nu):
+    E, nu = np.asarray(E, float), np.asarray(nu, float)
+    return E * nu / ((1 + nu) * (1 - 2 * nu)), E / (2 * (1 + nu))
+
+
+def elasticity_system(nodes, elements, E, nu, body_force=None) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Stiffness K (3N, 3N) of linear isotropic elasticity (dof 3 * node + component) and the load
+    of ``body_force`` (force per volume: a 3-vector, (E, 3) per element, or a callable)."""
+    nodes = np.asarray(nodes, float)
+    elements = np.asarray(elements, np.int64)
+    Ne, n = elements.shape
+    lam, mu = lame(_per_element(E, Ne, "E"), _per_element(nu, Ne, "nu"))
+    pts, wts = tet_rule(2 * (1 if n == 4 else 2) - 2)
+    dNq = shape_derivatives(n, pts)
+    eye = np.eye(3)
+    dofs, vals = [], []
+    for blk in _blocks(Ne, max(1, ELEMENT_BLOCK * 16 // (n * n))):
+        el = elements[blk]
+        X = nodes[el]
+        m = len(el)
+        Ke = np.zeros((m, n, 3, n, 3))
+        for q in range(len(wts)):
+            det, G = _geometry(X, dNq[q])
+            w = wts[q] * det
+            g = G.reshape(m, 3 * n)
+            T = (g[:, :, None] * g[:, None, :]).reshape(m, n, 3, n, 3)        # G[a,i] G[b,j]
+            Ke += (w * lam[blk])[:, None, None, None, None] * T
+            Ke += (w * mu[blk])[:, None, None, None, None] * T.transpose(0, 1, 4, 3, 2)   # G[a,j] G[b,i]
+            GG = np.matmul(G, G.transpose(0, 2, 1)) * (w * mu[blk])[:, None, None]
+            for i in range(3):
+                Ke[:, :, i, :, i] += GG
+        dofs.append((3 * el[:, :, None] + np.arange(3)).reshape(len(el), -1))
+        vals.append(Ke.reshape(len(el), 3 * n, 3 * n))
+    K = _coo(dofs, vals, 3 * len(nodes))
+    f = np.zeros(3 * len(nodes))
+    if body_force is not None and (callable(body_force) or np.any(np.asarray(body_force) != 0)):
+        f = _volume_load(nodes, elements, body_force, 3).ravel()
+    return K, f
+
+
+def rigid_body_modes(nodes) -> np.ndarray:
+    """(3N, 6): three translations and three rotations about the centroid (pyamg's near-null space)."""
+    x = np.asarray(nodes, float) - np.asarray(nodes, float).mean(0)
+    N = len(x)
+    B = np.zeros((N, 3, 6))
+    for i in range(3):
+        B[:, i, i] = 1.0
+    # rotations: e_k x x
+    B[:, 1, 3], B[:, 2, 3] = -x[:, 2], x[:, 1]
+    B[:, 0, 4], B[:, 2, 4] = x[:, 2], -x[:, 0]
+    B[:, 0, 5], B[:, 1, 5] = -x[:, 1], x[:, 0]
+    return B.reshape(3 * N, 6)
+
+
+def nodal_stress(nodes, elements, u, E, nu) -> np.ndarray:
+    """(N, 6) stress (xx, yy, zz, yz, xz, xy) at the nodes: each element's stress at its own nodes,
+    averaged over the elements that share a node."""
+    nodes = np.asarray(nodes, float)
+    elements = np.asarray(elements, np.int64)
+    Ne, n = elements.shape
+    lam, mu = lame(_per_element(E, Ne, "E"), _per_element(nu, Ne, "nu"))
+    ref = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]] +
+                   ([] if n == 4 else [list(0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:]) for a, b in _TET10_EDGES]), float)
+    dN = shape_derivatives(n, ref)
+    U = np.asarray(u, float).reshape(-1, 3)[elements]        # (E, n, 3)
+    X = nodes[elements]
+    acc = np.zeros((len(nodes), 6))
+    cnt = np.zeros(len(nodes))
+    for k in range(n):
+        J = np.einsum("eai,aj->eij", X, dN[k])
+        G = np.einsum("aj,eji->eai", dN[k], np.linalg.inv(J))
+        grad = np.einsum("eai,eaj->eij", U, G)               # du_i/dx_j
+        eps = 0.5 * (grad + grad.transpose(0, 2, 1))
+        tr = np.trace(eps, axis1=1, axis2=2)
+        s = 2 * mu[:, None, None] * eps + (lam * tr)[:, None, None] * np.eye(3)
+        v = np.stack([s[:, 0, 0], s[:, 1, 1], s[:, 2, 2], s[:, 1, 2], s[:, 0, 2], s[:, 0, 1]], 1)
+        np.add.at(acc, elements[:, k], v)
+        np.add.at(cnt, elements[:, k], 1)
+    return acc / np.maximum(cnt, 1)[:, None]
+
+
+def von_mises(s: np.ndarray) -> np.ndarray:
+    xx, yy, zz, yz, xz, xy = s.T
+    return np.sqrt(0.5 * ((xx - yy) ** 2 + (yy - zz) ** 2 + (zz - xx) ** 2) + 3 * (yz ** 2 + xz ** 2 + xy ** 2))
+
+
+# ---------------------------------------------------------------- boundary faces
+
+def _face_geometry(nodes, faces, degree):
+    """Quadrature on boundary faces (F, 3|6): (N (Q, m), points (F, Q, 3), weights*area (F, Q),
+    unit outward normals (F, Q, 3))."""
+    m = faces.shape[1]
+    pts, wts = tri_rule(degree)
+    N, dN = tri_shape_functions(m, pts)
+    X = nodes[faces]                                         # (F, m, 3)
+    xq = np.einsum("qa,fai->fqi", N, X)
+    t1 = np.einsum("qa,fai->fqi", dN[:, :, 0], X)
+    t2 = np.einsum("qa,fai->fqi", dN[:, :, 1], X)
+    nrm = np.cross(t1, t2)
+    jac = np.linalg.norm(nrm, axis=2)
+    return N, xq, wts[None] * jac, nrm / np.maximum(jac, 1e-300)[:, :, None]
+
+
+def face_load(nodes, faces, value, ncomp: int = 1, ndof_nodes: int | None = None) -> np.ndarray:
+    """sum over faces of int N_a value dA: ``value`` a number / ncomp-vector, or a callable
+    (points (F, Q, 3), normals (F, Q, 3)) -> (F, Q) or (F, Q, ncomp). Returns (N,) or (N * ncomp,)."""
+    nodes = np.asarray(nodes, float)
+    faces = np.asarray(faces, np.int64)
+    Nn = ndof_nodes or len(nodes)
+    f = np.zeros((Nn, ncomp))
+    if not len(faces):
+        return f.ravel() if ncomp > 1 else f[:, 0]
+    p = 1 if faces.shape[1] == 3 else 2
+    N, xq, wj, nrm = _face_geometry(nodes, faces, 2 * p + (2 if callable(value) else 0))
+    if callable(value):
+        val = np.asarray(value(xq, nrm), float).reshape(len(faces), len(N), ncomp)
+    else:
+        val = np.broadcast_to(np.asarray(value, float).reshape(1, 1, -1), (len(faces), len(N), ncomp))
+    fe = np.einsum("fq,qa,fqc->fac", wj, N, val)
+    np.add.at(f, faces.ravel(), fe.reshape(-1, ncomp))
+    return f.ravel() if ncomp > 1 else f[:, 0]
+
+
+def face_mass(nodes, faces, coefficient, n_nodes: int) -> sp.csr_matrix:
+    """sum over faces of int h N_a N_b dA (convection's matrix), h a number."""
+    faces = np.asarray(faces, np.int64)
+    if not len(faces):
+        return sp.csr_matrix((n_nodes, n_nodes))
+    p = 1 if faces.shape[1] == 3 else 2
+    N, _, wj, _ = _face_geometry(np.asarray(nodes, float), faces, 2 * p)
+    Me = float(coefficient) * np.einsum("fq,qa,qb->fab", wj, N, N)
+    return _coo([faces], [Me], n_nodes)
+
+
+# ---------------------------------------------------------------- solving
+
+def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = None, values: np.ndarray | None = None,
+                 method: str = "auto", near_null: np.ndarray | None = None, rtol: float = 1e-10) -> tuple[np.ndarray, dict]:
+    """Solve K u = f with u[fixed] = values (eliminated). ``method``: "direct" (scipy spsolve),
+    "amg" (CG preconditioned by pyamg smoothed aggregation, ``near_null`` its B), "auto" (direct up
+    to DIRECT_MAX_DOF free dofs). Returns (u, info: method, dofs, iterations, residual, seconds)."""
+    t0 = time.perf_counter()
+    ndof = K.shape[0]
+    u = np.zeros(ndof)
+    free = np.ones(ndof, bool)
+    if fixed is not None and len(fixed):
+        fixed = np.asarray(fixed, np.int64)
+        u[fixed] = values
+        free[fixed] = False
+    if not free.any():
+        return u, {"method": "none", "dofs": ndof, "free": 0, "iterations": 0, "residual": 0.0, "seconds": 0.0}
+    Kff = K[free][:, free].tocsr()
+    rhs = f[free] - K[free][:, ~free] @ u[~free]
+    nfree = int(free.sum())
+    if method == "auto":
+        method = "direct" if nfree <= DIRECT_MAX_DOF else "amg"
+    info = {"method": method, "dofs": ndof, "free": nfree, "iterations": 0}
+    if method == "direct":
+        from scipy.sparse.linalg import spsolve
+        u[free] = spsolve(Kff.tocsc(), rhs)
+    elif method == "amg":
+        try:
+            import pyamg
+        except ImportError:
+            raise TaperayError("the AMG solver needs pyamg: pip install 'taperay[sim]'") from None
+        B = None if near_null is None else np.ascontiguousarray(near_null[free])
+        ml = pyamg.smoothed_aggregation_solver(Kff, B=B, symmetry="hermitian", max_coarse=500)
+        res = []
+        x = ml.solve(rhs, tol=rtol, accel="cg", maxiter=1000, residuals=res)
+        u[free] = x
+        info["iterations"] = len(res) - 1
+    else:
+        raise TaperayError(f"unknown solver method {method!r} (direct, amg, auto)")
+    r = Kff @ u[free] - rhs
+    info["residual"] = float(np.linalg.norm(r) / max(np.linalg.norm(rhs), 1e-300))
+    info["seconds"] = time.perf_counter() - t0
+    if not np.all(np.isfinite(u)) or info["residual"] > 1e-6:
+        raise TaperayError(f"the linear solve failed ({method}: relative residual {info['residual']:.3g}); "
+                           "is the problem constrained (a fixed temperature or convection, enough supports)?")
+    return u, info

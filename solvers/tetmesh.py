@@ -1,0 +1,306 @@
+"""Closed surface -> tetrahedra (TET4 / TET10) through TetGen, in a child process.
+
+TetGen comes from the PyPI ``tetgen`` package (MIT wrapper around TetGen's own AGPL-3.0 source):
+the optional extra ``taperay[sim]``. It runs in a child Python process (solvers._tetgen_child): a
+self-intersecting surface can abort TetGen's process outright (``malloc(): invalid size``, exit
+134). On failure the surface is repaired with pymeshfix (also in a child) and meshed once more;
+if that fails too, ``tet_mesh`` raises one TaperayError naming both causes.
+
+Node order of a TET10 here is VTK's (meshio "tetra10"): corners 0-3, then mid-edge nodes of the
+edges (0,1), (1,2), (0,2), (0,3), (1,3), (2,3). TetGen's ``order=2`` columns 4-9 are the edges
+(2,3), (0,3), (0,1), (1,2), (1,3), (0,2); ``tet_mesh`` does not trust that list: it finds each
+column's edge from the coordinates and permutes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from taperay.runtime.tape import Tape, TaperayError
+
+__all__ = ["TetMesh", "tet_mesh", "box_mesh", "to_order2", "TET10_EDGES", "TETGEN_ORDER2_EDGES",
+           "project_boundary_midnodes"]
+
+TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK)
+TETGEN_ORDER2_EDGES = ((2, 3), (0, 3), (0, 1), (1, 2), (1, 3), (0, 2))  # TetGen's columns 4..9
+# faces of a positively oriented tet, outward, as local corner triples (opposite corner 0, 1, 2, 3)
+TET_FACES = ((1, 2, 3), (0, 3, 2), (0, 1, 3), (0, 2, 1))
+_EDGE_COL = {**{e: 4 + i for i, e in enumerate(TET10_EDGES)}, **{e[::-1]: 4 + i for i, e in enumerate(TET10_EDGES)}}
+
+
+@dataclass
+class TetMesh:
+    """``nodes`` (N, 3) float64; ``elements`` (E, 4) or (E, 10) int64, positively oriented, node
+    order as VTK's; ``stats``: how it was made."""
+    nodes: np.ndarray
+    elements: np.ndarray
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def order(self) -> int:
+        return 1 if self.elements.shape[1] == 4 else 2
+
+    def boundary_faces(self) -> np.ndarray:
+        """(F, 3) corner triples (TET4) or (F, 6) triangles with mid-edge nodes (ab, bc, ca) (TET10)
+        of the faces that belong to one element only, oriented outward."""
+        return boundary_faces(self.elements)
+
+    def volumes(self) -> np.ndarray:
+        x = self.nodes[self.elements[:, :4]]
+        return np.einsum("ij,ij->i", x[:, 1] - x[:, 0], np.cross(x[:, 2] - x[:, 0], x[:, 3] - x[:, 0])) / 6.0
+
+    def save(self, path) -> None:
+        meshio = _need("meshio")
+        meshio.write(str(path), meshio.Mesh(self.nodes, [("tetra" if self.order == 1 else "tetra10", self.elements)]))
+
+
+def _need(module: str):
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise TaperayError(f"simulation needs the optional package {module!r}: pip install 'taperay[sim]'") from None
+
+
+def boundary_faces(elements: np.ndarray) -> np.ndarray:
+    corners = np.concatenate([elements[:, list(f)] for f in TET_FACES])     # (4E, 3)
+    key = np.sort(corners, axis=1)
+    _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+    once = first[counts == 1]
+    tris = corners[once]
+    if elements.shape[1] == 4:
+        return tris
+    elem = once % len(elements)
+    local = np.array(TET_FACES)[once // len(elements)]                      # (F, 3) local corners
+    mids = np.stack([np.array([_EDGE_COL[(int(a), int(b))] for a, b in zip(local[:, i], local[:, (i + 1) % 3])],
+                              dtype=np.int64) for i in range(3)], 1)
+    return np.concatenate([tris, elements[elem[:, None], mids]], 1)
+
+
+def orient(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
+    """Elements with negative volume get corners 1 and 2 swapped (and their mid-edge nodes)."""
+    x = nodes[elements[:, :4]]
+    vol = np.einsum("ij,ij->i", x[:, 1] - x[:, 0], np.cross(x[:, 2] - x[:, 0], x[:, 3] - x[:, 0]))
+    el = elements.copy()
+    neg = vol < 0
+    perm = [0, 2, 1, 3] + ([6, 5, 4, 7, 9, 8] if elements.shape[1] == 10 else [])
+    el[neg] = el[neg][:, perm]
+    return el
+
+
+def to_order2(nodes: np.ndarray, tets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """TET4 -> TET10: one new node at the midpoint of each unique edge."""
+    e = np.concatenate([tets[:, list(p)] for p in TET10_EDGES])              # (6E, 2)
+    key = np.sort(e, axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    mid = len(nodes) + inv.ravel().reshape(6, len(tets)).T
+    new_nodes = np.concatenate([nodes, 0.5 * (nodes[uniq[:, 0]] + nodes[uniq[:, 1]])])
+    return new_nodes, np.concatenate([tets, mid], 1)
+
+
+def box_mesh(n=(4, 4, 4), lo=(0.0, 0.0, 0.0), hi=(1.0, 1.0, 1.0), order: int = 1) -> TetMesh:
+    """A structured tetrahedral mesh of a box: n cubes per axis, each cut into the six Kuhn
+    tetrahedra around its main diagonal (conforming across cubes)."""
+    n = np.broadcast_to(np.asarray(n, int), (3,))
+    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    axes = [np.linspace(lo[i], hi[i], n[i] + 1) for i in range(3)]
+    nodes = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    idx = np.arange(len(nodes)).reshape(*(n + 1))
+    base = np.stack(np.meshgrid(*[np.arange(k) for k in n], indexing="ij"), -1).reshape(-1, 3)
+    tets = []
+    from itertools import permutations
+    for perm in permutations(range(3)):
+        p = base.copy()
+        verts = [idx[p[:, 0], p[:, 1], p[:, 2]]]
+        for ax in perm:
+            p = p.copy()
+            p[:, ax] += 1
+            verts.append(idx[p[:, 0], p[:, 1], p[:, 2]])
+        tets.append(np.stack(verts, 1))
+    tets = orient(nodes, np.concatenate(tets))
+    if order == 2:
+        nodes, tets = to_order2(nodes, tets)
+    return TetMesh(nodes, tets.astype(np.int64), {"kind": "structured box", "cells": n.tolist()})
+
+
+def _run_child(mode: str, vertices, faces, options: dict | None, timeout: float) -> tuple[dict | None, str]:
+    with tempfile.TemporaryDirectory(prefix="taperay-tetgen-") as tmp:
+        src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
+        np.savez(src, vertices=np.asarray(vertices, np.float64), faces=np.asarray(faces, np.int64), mode=mode,
+                 options=json.dumps(options or {}))
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "taperay.solvers._tetgen_child", str(src), str(dst)],
+                                  capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return None, f"{mode}: no answer within {timeout:.0f} s"
+        if proc.returncode != 0 or not dst.exists():
+            tail = " ".join((proc.stderr or "").strip().splitlines()[-3:])
+            how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}")
+            return None, f"{mode}: TetGen's process died ({how}){': ' + tail if tail else ''}"
+        with np.load(dst) as out:
+            return {k: out[k] for k in out.files}, ""
+
+
+def winding_number(vertices: np.ndarray, faces: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Generalised winding number of closed oriented triangle surfaces at ``points`` (1 inside a
+    positively oriented closed surface, 0 outside; van Oosterom-Strackee solid angles)."""
+    a, b, c = (vertices[faces[:, i]][None] - np.asarray(points, float)[:, None] for i in range(3))
+    la, lb, lc = (np.linalg.norm(x, axis=2) for x in (a, b, c))
+    num = np.einsum("pfi,pfi->pf", a, np.cross(b, c))
+    den = la * lb * lc + np.einsum("pfi,pfi->pf", a, b) * lc + np.einsum("pfi,pfi->pf", b, c) * la \
+        + np.einsum("pfi,pfi->pf", c, a) * lb
+    return np.arctan2(num, den).sum(1) / (2 * np.pi)
+
+
+def hole_points(vertices: np.ndarray, faces: np.ndarray) -> list[list[float]]:
+    """One point inside each cavity of a closed, outward-oriented surface: each connected
+    component whose enclosed volume is negative bounds a cavity (TetGen fills cavities unless told
+    a point in each). The point sits a little off one of the component's faces, along the face's
+    normal, where the whole surface's winding number is 0 and the component's is -1."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    nv = len(vertices)
+    ij = np.concatenate([faces[:, [0, 1]], faces[:, [1, 2]], faces[:, [2, 0]]])
+    ncomp, label = connected_components(coo_matrix((np.ones(len(ij)), (ij[:, 0], ij[:, 1])), shape=(nv, nv)),
+                                        directed=False)
+    if ncomp == 1:
+        return []
+    flab = label[faces[:, 0]]
+    holes = []
+    for k in range(ncomp):
+        fk = faces[flab == k]
+        if not len(fk):
+            continue
+        x = vertices[fk]
+        if np.einsum("ij,ij->i", x[:, 0], np.cross(x[:, 1], x[:, 2])).sum() >= 0:
+            continue                                        # an outer boundary, not a cavity
+        nrm = np.cross(x[:, 1] - x[:, 0], x[:, 2] - x[:, 0])
+        area2 = np.linalg.norm(nrm, axis=1)
+        order = np.argsort(-area2)[:20]                     # try the largest faces
+        for fi in order:
+            edge = min(np.linalg.norm(x[fi, 1] - x[fi, 0]), np.linalg.norm(x[fi, 2] - x[fi, 1]),
+                       np.linalg.norm(x[fi, 0] - x[fi, 2]))
+            for eps in (0.3, 0.1, 0.03):
+                p = x[fi].mean(0) + eps * edge * nrm[fi] / area2[fi]
+                if abs(winding_number(vertices, faces, p[None])[0]) < 0.5 \
+                        and winding_number(vertices, fk, p[None])[0] < -0.5:
+                    holes.append(p.tolist())
+                    break
+            else:
+                continue
+            break
+    return holes
+
+
+def _reorder_tetgen_order2(nodes: np.ndarray, elems: np.ndarray) -> np.ndarray:
+    """Permute the 6 mid-edge columns into VTK order, finding each column's edge by coordinates."""
+    corners = nodes[elems[:, :4]]
+    out = elems.copy()
+    for j in range(6):
+        col = nodes[elems[:, 4 + j]]
+        errs = [np.abs(col - 0.5 * (corners[:, a] + corners[:, b])).max() for a, b in TET10_EDGES]
+        k = int(np.argmin(errs))
+        if errs[k] > 1e-9 * max(1.0, np.abs(nodes).max()):
+            raise TaperayError(f"TetGen's order-2 column {4 + j} is no edge's midpoint")
+        out[:, 4 + k] = elems[:, 4 + j]
+    return out
+
+
+def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.0, mindihedral: float = 0.0,
+             maxvolume: float | None = None, fixedvolume: bool | None = None, tape: Tape | None = None,
+             walker=None, timeout: float = 300.0, repair: bool = True) -> TetMesh:
+    """Tetrahedra filling a closed surface (``surface.vertices``, ``surface.faces``; a Surface or
+    anything with those two arrays).
+
+    ``order``: 1 (TET4) or 2 (TET10). ``quality``, ``minratio`` (radius-edge bound), ``mindihedral``
+    (degrees) are TetGen's quality switches; ``maxvolume`` bounds each tetrahedron's volume
+    (TetGen reads it only with ``fixedvolume``, which is switched on when a ``maxvolume`` is given
+    and ``fixedvolume`` is not said). With ``tape``, TET10 mid-edge nodes on the boundary are moved
+    onto the tape's zero set (``project_boundary_midnodes``). TetGen runs in a child process;
+    a failure is repaired (pymeshfix) and retried once, then raised as TaperayError."""
+    if order not in (1, 2):
+        raise TaperayError(f"order must be 1 (TET4) or 2 (TET10), got {order!r}")
+    t0 = time.perf_counter()
+    v, f = np.asarray(surface.vertices, np.float64), np.asarray(surface.faces, np.int64)
+    if fixedvolume is None:
+        fixedvolume = maxvolume is not None
+    holes = hole_points(v, f)
+    opts = {"holes": holes, "order": 1, "quality": bool(quality), "minratio": float(minratio), "mindihedral": float(mindihedral),
+            "fixedvolume": bool(fixedvolume), "quiet": True, "nowarning": True}
+    if maxvolume is not None:
+        opts["maxvolume"] = float(maxvolume)
+    # TetGen meshes order 1; mid-edge nodes are made here (TetGen's order=2 gives the same nodes; its
+    # column order is checked by tests/test_solvers.py against TETGEN_ORDER2_EDGES)
+    out, why = _run_child("tet", v, f, opts, timeout)
+    repaired = False
+    if out is None and repair:
+        fixed, why_fix = _run_child("repair", v, f, None, timeout)
+        if fixed is None:
+            raise TaperayError(f"TetGen could not mesh the surface ({why}); repairing it failed too ({why_fix})")
+        repaired = True
+        out, why2 = _run_child("tet", fixed["vertices"], fixed["faces"], opts, timeout)
+        if out is None:
+            raise TaperayError(f"TetGen could not mesh the surface ({why}), nor the surface repaired by "
+                               f"pymeshfix ({why2}); is the surface self-intersecting or open?")
+    elif out is None:
+        raise TaperayError(f"TetGen could not mesh the surface ({why})")
+    nodes, elems = out["nodes"], out["elements"].astype(np.int64)
+    if not len(elems):
+        raise TaperayError("TetGen returned no tetrahedra")
+    # drop nodes no element uses (TetGen keeps every input vertex)
+    used = np.unique(elems)
+    remap = np.full(len(nodes), -1, np.int64)
+    remap[used] = np.arange(len(used))
+    nodes, elems = nodes[used], remap[elems]
+    elems = orient(nodes, elems)
+    if order == 2:
+        nodes, elems = to_order2(nodes, elems)
+    mesh = TetMesh(nodes, elems, {"tetgen_seconds": time.perf_counter() - t0, "repaired": repaired,
+                                  "elements": int(len(elems)), "nodes": int(len(nodes))})
+    if order == 2 and tape is not None:
+        mesh.stats["projected_midnodes"] = project_boundary_midnodes(mesh, tape, walker)
+    return mesh
+
+
+def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
+    """Smallest Jacobian determinant of each element over its corners and mid-edge nodes."""
+    from .fem import shape_derivatives
+    pts = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1],
+                    *[0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:] for a, b in TET10_EDGES], [0.25, 0.25, 0.25]])
+    dN = shape_derivatives(elements.shape[1], pts)                    # (Q, n, 3)
+    J = np.einsum("ean,qnb->qeab", nodes[elements].transpose(0, 2, 1), dN)
+    return np.linalg.det(J).min(0)
+
+
+def project_boundary_midnodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 3) -> int:
+    """Move the TET10 mid-edge nodes of boundary faces onto the tape's zero set (Newton steps with
+    the walker's gradient, each at most a quarter of the edge); the nodes of an element that would
+    turn inside out stay where they were. Returns how many nodes moved."""
+    from .surface import project_to_zero_set
+    if mesh.order != 2:
+        return 0
+    faces = mesh.boundary_faces()
+    mids = np.unique(faces[:, 3:])
+    # edge length of each mid node's edge: |corner a - corner b|; bound the step by a quarter of the shortest
+    la = np.linalg.norm(mesh.nodes[faces[:, 0]] - mesh.nodes[faces[:, 1]], axis=1)
+    h = float(np.median(la)) if len(la) else 1.0
+    new, _ = project_to_zero_set(tape, mesh.nodes[mids], walker, steps=steps, max_step=0.25 * h)
+    old = mesh.nodes[mids].copy()
+    mesh.nodes[mids] = new
+    touched = np.isin(mesh.elements, mids).any(1)
+    for _ in range(5):
+        bad = np.zeros(len(mesh.elements), bool)
+        bad[touched] = _min_detj(mesh.nodes, mesh.elements[touched]) <= 0
+        if not bad.any():
+            break
+        back = np.isin(mids, mesh.elements[bad])
+        mesh.nodes[mids[back]] = old[back]
+    return int(np.count_nonzero(np.linalg.norm(mesh.nodes[mids] - old, axis=1) > 0))
