@@ -923,7 +923,7 @@ class JaxWalker:
 
     name = "jax"
     FORMS = ("auto", "trace", "generic")
-    GENERIC_FROM = 1000     # "auto": records from which the generic form is preferred
+    GENERIC_FROM = 200      # "auto": records from which values take the generic form (docs/JAX.md)
 
     def __init__(self, form: str = "auto", cache=None):
         if form not in self.FORMS:
@@ -942,18 +942,20 @@ class JaxWalker:
         return compile_stats()
 
     # ------------------------------------------------------------------ preparation
-    def form_for(self, tape: Tape) -> str:
-        """The form evaluating ``tape``: this walker's, or for "auto" the generic one where it
-        supports the tape and the tape has GENERIC_FROM records or more, else the trace."""
+    def form_for(self, tape: Tape, derivatives: bool = False) -> str:
+        """The form running ``tape``: this walker's, or for "auto" the generic one where it
+        supports the tape and either derivatives are asked for or the tape has GENERIC_FROM
+        records or more, else the trace. (Measured: the trace's compile grows with the records
+        and is long for reverse mode; its steady values are the fastest on small tapes.)"""
         if self.form != "auto":
             return self.form
-        if len(tape) >= self.GENERIC_FROM and _generic_unsupported(tape) is None:
+        if (derivatives or len(tape) >= self.GENERIC_FROM) and _generic_unsupported(tape) is None:
             return "generic"
         return "trace"
 
-    def _program(self, tape: Tape, n_points: int):
+    def _program(self, tape: Tape, n_points: int, derivatives: bool):
         VALIDATED.check(tape)
-        form = self.form_for(tape)
+        form = self.form_for(tape, derivatives)
         if form == "generic":
             from_generic = _GenericTape(tape)
             key = ("generic",) + from_generic.bucket
@@ -972,7 +974,7 @@ class JaxWalker:
 
     def _points(self, tape: Tape, points, what: str):
         pts = point_array(points, what, np.float32)
-        prog, args, m = self._program(tape, len(pts))
+        prog, args, m = self._program(tape, len(pts), what != "evaluate")
         padded = np.empty((m, 3), np.float32)
         padded[:len(pts)] = pts
         padded[len(pts):] = pts[0] if len(pts) else 0.0

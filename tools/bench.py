@@ -36,6 +36,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                           "huge patterned assemblies: load-to-first-frame, frame time vs instances, culling"),
     "cpu-points": Benchmark("taperay.tools.bench:bench_cpu_points",
                             "CPU twin: points/s evaluating the fixed scene (sphere & box - 3 cylinders)"),
+    "jax": Benchmark("taperay.tools.bench_jax:bench_jax",
+                     "JAX walker: trace vs generic form, values and pool gradients at 64³, compiles per edit"),
     "gpu": Benchmark("taperay.tools.bench_gpu:bench_gpu",
                      "GPU walker: interpreter vs written-out WGSL, compile and evaluation times"),
     "prune-gpu": Benchmark("taperay.tools.bench_prune_gpu:bench_prune_gpu",
