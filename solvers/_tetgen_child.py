@@ -1,7 +1,7 @@
 """The child process that runs TetGen (and pymeshfix): a self-intersecting surface can abort the
 whole process inside TetGen (``malloc(): invalid size``, exit 134), so solvers.tetmesh never calls
 it in its own process. Usage: ``python -m taperay.solvers._tetgen_child IN.npz OUT.npz``; IN holds
-``vertices``, ``faces``, ``mode`` ("tet" or "repair") and ``options`` (JSON of TetGen switches)."""
+``vertices``, ``faces``, ``mode`` ("tet", "repair", or "abort": die as TetGen does, for tests) and ``options`` (JSON of TetGen switches)."""
 import json
 import sys
 
@@ -13,6 +13,9 @@ def main(src: str, dst: str) -> int:
     v = np.ascontiguousarray(data["vertices"], np.float64)
     f = np.ascontiguousarray(data["faces"], np.int32)
     mode = str(data["mode"])
+    if mode == "abort":        # what a TetGen crash looks like to the parent (its tests use it)
+        import os
+        os.abort()
     if mode == "repair":
         import pymeshfix
         mf = pymeshfix.MeshFix(v, f)

@@ -143,8 +143,10 @@ def _run_child(mode: str, vertices, faces, options: dict | None, timeout: float)
             return None, f"{mode}: no answer within {timeout:.0f} s"
         if proc.returncode != 0 or not dst.exists():
             tail = " ".join((proc.stderr or "").strip().splitlines()[-3:])
+            if proc.returncode == 3:
+                return None, f"{mode} failed: {tail}"
             how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}")
-            return None, f"{mode}: TetGen's process died ({how}){': ' + tail if tail else ''}"
+            return None, f"{mode}: the child process died ({how}){': ' + tail if tail else ''}"
         with np.load(dst) as out:
             return {k: out[k] for k in out.files}, ""
 
@@ -200,6 +202,11 @@ def hole_points(vertices: np.ndarray, faces: np.ndarray) -> list[list[float]]:
     return holes
 
 
+def _signed_volume(v, f) -> float:
+    x = np.asarray(v, float)[np.asarray(f, np.int64)]
+    return float(np.einsum("ij,ij->i", x[:, 0], np.cross(x[:, 1], x[:, 2])).sum() / 6.0)
+
+
 def _reorder_tetgen_order2(nodes: np.ndarray, elems: np.ndarray) -> np.ndarray:
     """Permute the 6 mid-edge columns into VTK order, finding each column's edge by coordinates."""
     corners = nodes[elems[:, :4]]
@@ -246,6 +253,12 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
         if fixed is None:
             raise TaperayError(f"TetGen could not mesh the surface ({why}); repairing it failed too ({why_fix})")
         repaired = True
+        v0 = _signed_volume(v, f)
+        v1 = _signed_volume(fixed["vertices"], fixed["faces"])
+        if not (abs(v1 - v0) <= 0.05 * abs(v0)):
+            raise TaperayError(f"TetGen could not mesh the surface ({why}); pymeshfix's repair changed the "
+                               f"enclosed volume from {v0:.6g} to {v1:.6g}, so it is not trusted "
+                               "(is the surface self-intersecting?)")
         out, why2 = _run_child("tet", fixed["vertices"], fixed["faces"], opts, timeout)
         if out is None:
             raise TaperayError(f"TetGen could not mesh the surface ({why}), nor the surface repaired by "

@@ -1,0 +1,373 @@
+"""solvers/: surface extraction, TetGen in a child process, TET4 / TET10 heat and elasticity FEM,
+studies by material name. Verification against exact solutions (docs/SIMULATION.md)."""
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("skimage")
+pytest.importorskip("tetgen")
+pytest.importorskip("trimesh")
+
+from taperay.runtime.tape import TaperayError  # noqa: E402
+from taperay.scenegraph import Material, box, difference, flatten, sphere, union  # noqa: E402
+from taperay.solvers import Elasticity, Heat, mesh_surface, simulate, study_from, tet_mesh  # noqa: E402
+from taperay.solvers import fem  # noqa: E402
+from taperay.solvers.surface import Surface, material_names  # noqa: E402
+from taperay.solvers.tetmesh import (TETGEN_ORDER2_EDGES, TET10_EDGES, _run_child, box_mesh,  # noqa: E402
+                                     hole_points)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- quadrature, shape functions
+
+@pytest.mark.parametrize("degree", range(0, 7))
+def test_tet_and_triangle_rules_integrate_monomials_exactly(degree):
+    f = math.factorial
+    pts, w = fem.tet_rule(degree)
+    for i in range(degree + 1):
+        for j in range(degree + 1 - i):
+            k = degree - i - j
+            exact = f(i) * f(j) * f(k) / f(i + j + k + 3)
+            assert (w * pts[:, 0] ** i * pts[:, 1] ** j * pts[:, 2] ** k).sum() == pytest.approx(exact, rel=1e-12)
+    pts, w = fem.tri_rule(degree)
+    for i in range(degree + 1):
+        j = degree - i
+        assert (w * pts[:, 0] ** i * pts[:, 1] ** j).sum() == pytest.approx(f(i) * f(j) / f(i + j + 2), rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [4, 10])
+def test_shape_functions_are_a_partition_of_unity_and_nodal(n):
+    ref = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]] +
+                   [list(0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:]) for a, b in TET10_EDGES])[:n]
+    assert np.allclose(fem.shape_functions(n, ref), np.eye(n))
+    p = np.random.default_rng(0).random((20, 3)) / 3
+    assert np.allclose(fem.shape_functions(n, p).sum(1), 1)
+    assert np.allclose(fem.shape_derivatives(n, p).sum(1), 0)
+    h = 1e-6   # derivatives against finite differences
+    for ax in range(3):
+        dp = np.zeros(3)
+        dp[ax] = h
+        fd = (fem.shape_functions(n, p + dp) - fem.shape_functions(n, p - dp)) / (2 * h)
+        assert np.allclose(fd, fem.shape_derivatives(n, p)[:, :, ax], atol=1e-8)
+
+
+# ---------------------------------------------------------------- patch tests
+
+def _distorted_box(order, n=3, seed=1):
+    m = box_mesh((n, n, n), order=order)
+    rng = np.random.default_rng(seed)
+    inner = np.all((m.nodes > 1e-9) & (m.nodes < 1 - 1e-9), axis=1)
+    corner_inner = inner.copy()
+    corner_inner[len(m.nodes) if order == 1 else np.unique(m.elements[:, 4:]).min():] = False
+    m.nodes[corner_inner] += rng.uniform(-0.08, 0.08, (corner_inner.sum(), 3))
+    if order == 2:   # mid-edge nodes back to their edges' midpoints (straight-sided, distorted elements)
+        from taperay.solvers.tetmesh import TET10_EDGES as E
+        for k, (a, b) in enumerate(E):
+            m.nodes[m.elements[:, 4 + k]] = 0.5 * (m.nodes[m.elements[:, a]] + m.nodes[m.elements[:, b]])
+    return m
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_heat_patch_test_reproduces_a_linear_field_to_round_off(order):
+    m = _distorted_box(order)
+    a, c = np.array([1.5, -2.0, 0.7]), 4.0
+    k = 2.5
+    K, f = fem.heat_system(m.nodes, m.elements, k)
+    faces = m.boundary_faces()
+    x = m.nodes
+    # Dirichlet on the faces x = 0 and x = 1, the flux k dT/dn = k a.n on the others
+    on_x = np.all(np.isclose(x[faces][:, :, 0], 0) | np.isclose(x[faces][:, :, 0], 1), axis=1)
+    f += fem.face_load(x, faces[~on_x], lambda p, nrm: k * nrm @ a, 1, len(x))
+    fixed = np.unique(faces[on_x])
+    T, _ = fem.solve_linear(K, f, fixed, x[fixed] @ a + c)
+    assert np.abs(T - (x @ a + c)).max() < 1e-12 * 10
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_elasticity_patch_test_reproduces_a_linear_displacement_to_round_off(order):
+    m = _distorted_box(order, seed=2)
+    E, nu = 200.0, 0.3
+    A = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 0.2], [0.3, 0.1, -0.4]]) * 1e-2
+    eps = 0.5 * (A + A.T)
+    lam, mu = fem.lame(E, nu)
+    sigma = 2 * mu * eps + lam * np.trace(eps) * np.eye(3)
+    K, f = fem.elasticity_system(m.nodes, m.elements, E, nu)
+    faces = m.boundary_faces()
+    x = m.nodes
+    on_x0 = np.all(np.isclose(x[faces][:, :, 0], 0), axis=1)
+    f += fem.face_load(x, faces[~on_x0], lambda p, nrm: nrm @ sigma, 3, len(x))   # traction sigma.n
+    nodes0 = np.unique(faces[on_x0])
+    dofs = (3 * nodes0[:, None] + np.arange(3)).ravel()
+    exact = (x @ A.T + [0.1, 0.2, 0.3]).ravel()
+    u, _ = fem.solve_linear(K, f, dofs, exact[dofs])
+    assert np.abs(u - exact).max() < 1e-12
+    s = fem.nodal_stress(x, m.elements, u, E, nu)
+    assert np.allclose(s, [sigma[0, 0], sigma[1, 1], sigma[2, 2], sigma[1, 2], sigma[0, 2], sigma[0, 1]], atol=1e-10)
+
+
+# ---------------------------------------------------------------- convergence orders
+
+def _l2_error(m, uh, exact, ncomp=1):
+    n = m.elements.shape[1]
+    pts, w = fem.tet_rule(2 * (1 if n == 4 else 2) + 3)
+    N, dN = fem.shape_functions(n, pts), fem.shape_derivatives(n, pts)
+    X = m.nodes[m.elements]
+    U = uh.reshape(len(m.nodes), ncomp)[m.elements]
+    err = 0.0
+    for q in range(len(w)):
+        det = np.linalg.det(np.einsum("eai,aj->eij", X, dN[q]))
+        xq = np.einsum("a,eai->ei", N[q], X)
+        e = np.einsum("a,eac->ec", N[q], U) - exact(xq).reshape(-1, ncomp)
+        err += (w[q] * det * (e ** 2).sum(1)).sum()
+    return math.sqrt(err)
+
+
+@pytest.mark.parametrize("order,expected", [(1, 2.0), (2, 3.0)])
+def test_heat_manufactured_solution_converges_at_the_element_order(order, expected):
+    def exact(x):
+        return np.sin(np.pi * x[:, 0]) * np.sin(np.pi * x[:, 1]) * np.sin(np.pi * x[:, 2]) + x[:, 0]
+
+    def source(x):                 # -laplace(exact)
+        return 3 * np.pi ** 2 * np.sin(np.pi * x[:, 0]) * np.sin(np.pi * x[:, 1]) * np.sin(np.pi * x[:, 2])
+
+    errs = []
+    for n in (4, 8):
+        m = box_mesh((n, n, n), order=order)
+        K, f = fem.heat_system(m.nodes, m.elements, 1.0, source)
+        b = np.unique(m.boundary_faces())
+        T, _ = fem.solve_linear(K, f, b, exact(m.nodes[b]))
+        errs.append(_l2_error(m, T, exact))
+    rate = math.log2(errs[0] / errs[1])
+    assert abs(rate - expected) < 0.25, (errs, rate)
+
+
+@pytest.mark.parametrize("order,expected", [(1, 2.0), (2, 3.0)])
+def test_elasticity_manufactured_solution_converges_at_the_element_order(order, expected):
+    E, nu = 1.0, 0.25
+    lam, mu = fem.lame(E, nu)
+    k = np.pi
+
+    def exact(x):
+        s = np.sin(k * x)
+        return np.stack([s[:, 1] * s[:, 2], s[:, 0] * s[:, 2], s[:, 0] * s[:, 1]], 1)
+
+    def body(x):                   # -div sigma = -(mu lap u + (lam + mu) grad div u); div u = 0 here
+        return 2 * mu * k ** 2 * exact(x)
+
+    errs = []
+    for n in (3, 6):
+        m = box_mesh((n, n, n), order=order)
+        K, f = fem.elasticity_system(m.nodes, m.elements, E, nu, body)
+        b = np.unique(m.boundary_faces())
+        dofs = (3 * b[:, None] + np.arange(3)).ravel()
+        u, _ = fem.solve_linear(K, f, dofs, exact(m.nodes[b]).ravel())
+        errs.append(_l2_error(m, u, exact, 3))
+    rate = math.log2(errs[0] / errs[1])
+    assert abs(rate - expected) < 0.3, (errs, rate)
+
+
+def test_amg_and_direct_solvers_agree():
+    m = box_mesh((6, 6, 6), order=2)
+    K, f = fem.elasticity_system(m.nodes, m.elements, 1.0, 0.3, (0.0, 0.0, -1.0))
+    b = np.unique(m.boundary_faces()[np.all(np.isclose(m.nodes[m.boundary_faces()][:, :, 2], 0), 1)])
+    dofs = (3 * b[:, None] + np.arange(3)).ravel()
+    ud, _ = fem.solve_linear(K, f, dofs, np.zeros(len(dofs)), "direct")
+    ua, info = fem.solve_linear(K, f, dofs, np.zeros(len(dofs)), "amg", fem.rigid_body_modes(m.nodes))
+    assert np.linalg.norm(ua - ud) / np.linalg.norm(ud) < 1e-8
+    assert info["iterations"] < 100
+
+
+# ---------------------------------------------------------------- surfaces
+
+def _box_distance(p, half):
+    q = np.abs(p) - half
+    return np.linalg.norm(np.maximum(q, 0), axis=1) + np.minimum(q.max(1), 0)
+
+
+def test_sphere_surface_is_watertight_with_volume_within_half_a_percent():
+    s = mesh_surface(flatten(sphere(1.0)))
+    assert s.is_watertight
+    assert abs(s.volume / (4 / 3 * np.pi) - 1) < 0.005
+    assert abs(s.area / (4 * np.pi) - 1) < 0.005
+    assert np.abs(np.linalg.norm(s.vertices, axis=1) - 1).max() < 1e-5     # vertices on the sphere
+
+
+def test_box_surface_is_watertight_with_volume_within_half_a_percent_and_vertices_on_the_faces():
+    half = np.array([1.0, 0.6, 0.4])
+    s = mesh_surface(flatten(box(*half)))
+    assert s.is_watertight
+    assert abs(s.volume / np.prod(2 * half) - 1) < 0.005
+    assert np.abs(_box_distance(s.vertices, half)).max() < 1e-5
+
+
+def test_surface_of_a_part_with_a_cavity_is_oriented_outward_and_saved(tmp_path):
+    s = mesh_surface(flatten(difference(sphere(1.0), sphere(0.5))), 48)
+    assert s.is_watertight and s.volume > 0
+    assert abs(s.volume / (4 / 3 * np.pi * (1 - 0.125)) - 1) < 0.01
+    assert len(hole_points(s.vertices, s.faces)) == 1
+    for ext in ("stl", "ply", "obj"):
+        s.save(tmp_path / f"part.{ext}")
+        assert (tmp_path / f"part.{ext}").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["machined_part", "bolt_plate", "heat_sink"])
+def test_example_scenes_give_watertight_surfaces(name):
+    from taperay.scenegraph.loading import load_scene_module
+    path = ROOT / "scenes" / f"{name}.py"
+    s = mesh_surface(flatten(load_scene_module(path), source=str(path)), 128)
+    assert s.is_watertight and s.volume > 0
+
+
+# ---------------------------------------------------------------- TetGen
+
+def test_tetgen_fills_a_surface_and_leaves_cavities_empty():
+    s = mesh_surface(flatten(difference(sphere(1.0), sphere(0.5))), 24)
+    m = tet_mesh(s)
+    assert np.all(m.volumes() > 0)
+    assert m.volumes().sum() == pytest.approx(s.volume, rel=1e-9)
+    r = np.linalg.norm(m.nodes, axis=1)
+    assert r.min() > 0.49
+    m2 = tet_mesh(s, order=2)
+    assert m2.elements.shape[1] == 10 and m2.volumes().sum() == pytest.approx(s.volume, rel=1e-9)
+
+
+def test_tetgen_order2_columns_are_the_documented_edges():
+    import tetgen   # a clean cube: safe to call in this process
+    import trimesh
+    cube = trimesh.creation.box((1, 1, 1))
+    nodes, el = tetgen.TetGen(np.asarray(cube.vertices, float), np.asarray(cube.faces, np.int32)).tetrahedralize(order=2)[:2]
+    for j, (a, b) in enumerate(TETGEN_ORDER2_EDGES):
+        assert np.allclose(nodes[el[:, 4 + j]], 0.5 * (nodes[el[:, a]] + nodes[el[:, b]]))
+
+
+def test_maxvolume_bounds_the_tetrahedra():
+    s = Surface(*_cube_surface())
+    coarse = tet_mesh(s)
+    fine = tet_mesh(s, maxvolume=0.01)
+    assert fine.volumes().max() <= 0.01 * (1 + 1e-9) < coarse.volumes().max()
+
+
+def _cube_surface():
+    import trimesh
+    c = trimesh.creation.box((1, 1, 1))
+    return np.asarray(c.vertices, float), np.asarray(c.faces, np.int64)
+
+
+def test_a_self_intersecting_surface_gives_a_clear_error_and_the_process_lives():
+    v, f = _cube_surface()
+    v2 = np.concatenate([v, v + [0.5, 0.3, 0.2]])           # two overlapping cubes' surfaces
+    f2 = np.concatenate([f, f + len(v)])
+    pid = os.getpid()
+    with pytest.raises(TaperayError, match="TetGen could not mesh the surface"):
+        tet_mesh(Surface(v2, f2), repair=False)
+    with pytest.raises(TaperayError, match="TetGen could not mesh the surface"):
+        tet_mesh(Surface(v2, f2))                            # repair changes the volume: refused
+    assert os.getpid() == pid
+
+
+def test_a_crashing_child_is_reported_not_fatal():
+    v, f = _cube_surface()
+    out, why = _run_child("abort", v, f, None, 60)
+    assert out is None and "signal" in why
+
+
+# ---------------------------------------------------------------- studies on scenes
+
+OUTER = Material("outer", (0.8, 0.3, 0.2))
+INNER = Material("inner", (0.2, 0.3, 0.8))
+
+
+def _shell(r1=0.5, r2=1.0, skin=0.02):
+    """A hollow sphere whose cavity wall carries INNER: a thin skin of that material (a
+    difference's cut faces carry its first operand's material)."""
+    return flatten(union(difference(sphere(r2).material(OUTER), sphere(r1 + skin / 2)),
+                         difference(sphere(r1 + skin).material(INNER), sphere(r1))))
+
+
+def test_material_names_come_from_the_scene():
+    assert material_names(_shell()) == ["default", "outer", "inner"]
+
+
+@pytest.mark.parametrize("order,tol", [(1, 0.05), (2, 0.02)])
+def test_spherical_shell_conduction_matches_a_plus_b_over_r(order, tol):
+    r1, r2, t1, t2 = 0.5, 1.0, 100.0, 0.0
+    res = simulate(_shell(r1, r2), Heat(conductivity={"outer": 3.0, "inner": 3.0},
+                                        fixed_temperature={"inner": t1, "outer": t2}), order=order, resolution=20)
+    B = (t1 - t2) / (1 / r1 - 1 / r2)
+    exact = t2 - B / r2 + B / np.linalg.norm(res.mesh.nodes, axis=1)
+    err = np.abs(res.field - exact).max() / (t1 - t2)
+    assert err < tol, err
+    s = res.summary()
+    assert s["max_temperature"] == pytest.approx(t1) and s["min_temperature"] == pytest.approx(t2)
+
+
+def test_a_study_naming_an_unknown_material_is_refused():
+    with pytest.raises(TaperayError, match="no material named 'lid'"):
+        simulate(_shell(), Heat(fixed_temperature={"lid": 1.0}), resolution=16)
+
+
+def test_study_from_a_scene_dict():
+    s = study_from({"type": "heat", "conductivity": 200, "convection": {"fins": (25, 20)}})
+    assert isinstance(s, Heat) and s.convection == {"fins": (25, 20)}
+    assert isinstance(study_from({"type": "elasticity", "E": 1.0}), Elasticity)
+    with pytest.raises(TaperayError):
+        study_from({"type": "heat", "conductivty": 1})
+
+
+@pytest.mark.slow
+def test_cantilever_tip_deflection_matches_timoshenko_within_one_percent():
+    """TET10, 40 x 4 x 4 cells (about 20k DOF), clamped at x = 0, uniform shear traction at the tip,
+    nu = 0 (the clamp then imposes no Poisson constraint)."""
+    L, b, h, E, P = 10.0, 1.0, 1.0, 1000.0, 1.0
+    m = box_mesh((40, 4, 4), (0, -b / 2, -h / 2), (L, b / 2, h / 2), order=2)
+    K, f = fem.elasticity_system(m.nodes, m.elements, E, 0.0)
+    faces = m.boundary_faces()
+    fx = m.nodes[faces][:, :, 0]
+    tip = faces[np.all(np.isclose(fx, L), 1)]
+    f += fem.face_load(m.nodes, tip, (0.0, 0.0, -P / (b * h)), 3, len(m.nodes))
+    wall = np.unique(faces[np.all(np.isclose(fx, 0), 1)])
+    dofs = (3 * wall[:, None] + np.arange(3)).ravel()
+    u, info = fem.solve_linear(K, f, dofs, np.zeros(len(dofs)))
+    assert 18_000 < info["dofs"] < 22_000
+    tipn = np.unique(tip)
+    delta = -u.reshape(-1, 3)[tipn, 2].mean()
+    I, G, kappa = b * h ** 3 / 12, E / 2, 10 / 12
+    timoshenko = P * L ** 3 / (3 * E * I) + P * L / (kappa * G * b * h)
+    assert abs(delta / timoshenko - 1) < 0.01, (delta, timoshenko)
+
+
+def test_heat_sink_scene_declares_a_heat_study():
+    import runpy
+    ns = runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))
+    study = study_from(ns["study"])
+    assert isinstance(study, Heat)
+    names = set(material_names(flatten(ns["scene"])))
+    used = set(study.convection) | set(study.heat_flux) | set(study.fixed_temperature)
+    assert used <= names
+
+
+@pytest.mark.slow
+def test_heat_sink_simulates_with_energy_balance():
+    """All heat put in through the heater leaves through convection: sum h (T - T_inf) dA = q A."""
+    import runpy
+    path = ROOT / "scenes" / "heat_sink.py"
+    ns = runpy.run_path(str(path))
+    tape = flatten(ns["scene"], source=str(path))
+    study = study_from(ns["study"])
+    res = simulate(tape, study, order=1, resolution=64)
+    from taperay.solvers.simulate import face_materials
+    faces = res.mesh.boundary_faces()
+    names = material_names(tape)
+    fm = np.array(names)[face_materials(tape, res.mesh.nodes, faces)]
+    x = res.mesh.nodes[faces]
+    area = 0.5 * np.linalg.norm(np.cross(x[:, 1] - x[:, 0], x[:, 2] - x[:, 0]), axis=1)
+    q_in = sum(q * area[fm == n].sum() for n, q in study.heat_flux.items())
+    q_out = sum(h * (area[fm == n] * (res.field[faces[fm == n]].mean(1) - tinf)).sum()
+                for n, (h, tinf) in study.convection.items())
+    assert q_out == pytest.approx(q_in, rel=1e-6)
+    assert res.summary()["max_temperature"] > study.convection["fins"][1]
