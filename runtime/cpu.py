@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import twin
+from . import pruning, twin
 from .camera import Camera, auto_camera
-from .pruning import CELLS_PAY_SHARE, PRUNE_MIN_RECORDS, cell_tape, cells_shorten, light_pruned, march_pruned, sign_image
 from .shading import RenderSettings, compose, to_rgb8
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
 from .twin import _packed
@@ -89,20 +88,20 @@ class CpuWalker:
             field[valid] = f
             return to_rgb8(compose("slice", packed, tape.materials, camera.pack(), dirs, slice_field=field))
         run = None
-        if cells is not None and not (auto and len(tape.instrs) < PRUNE_MIN_RECORDS):
-            run = cell_tape(tape)
+        if cells is not None and not (auto and len(tape.instrs) < pruning.PRUNE_MIN_RECORDS):
+            run = pruning.cell_tape(tape)
         if run is not None and auto:
             try:
-                if cells_shorten(run, packed) > CELLS_PAY_SHARE:
+                if pruning.cells_shorten(run, packed) > pruning.CELLS_PAY_SHARE:
                     run = None                 # (cells that barely shorten it: the tape's own records)
             except CellsTooLarge:
                 run = None                     # (the cells of a long tape: the tape's own records)
         light = None
         if run is not None:                    # (with a grid given, CellsTooLarge past the cap)
             grid = {} if auto else dict(grid=cells[0], levels=cells[1])
-            mr = march_pruned(run, camera, width, height, settings, view, **grid)
+            mr = pruning.march_pruned(run, camera, width, height, settings, view, **grid)
             if view in ("shade", "section"):
-                light = light_pruned(run, packed, mr, **grid)     # (run has tape's bounds)
+                light = pruning.light_pruned(run, packed, mr, **grid)     # (run has tape's bounds)
         else:
             mr = self.march(tape, camera, width, height, settings, view)
             if view in ("shade", "section"):
@@ -113,7 +112,7 @@ class CpuWalker:
                    z: float = 0.0) -> np.ndarray:
         """(H, W) bool, True where the field is < 0, with field_image's pixel centres; arithmetic
         tapes by per-tile interval pruning (runtime.pruning), others by the unpruned field."""
-        return sign_image(tape, width, height, rect, z)
+        return pruning.sign_image(tape, width, height, rect, z)
 
     def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                     z: float = 0.0) -> np.ndarray:
