@@ -10,8 +10,8 @@ from importlib import import_module
 _EXPORTS = {
     "Surface": "surface", "mesh_surface": "surface", "material_names": "surface", "DEFAULT_RESOLUTION": "surface",
     "TetMesh": "tetmesh", "tet_mesh": "tetmesh", "box_mesh": "tetmesh",
-    "Heat": "simulate", "Elasticity": "simulate", "Result": "simulate", "simulate": "simulate",
-    "study_from": "simulate",
+    "Heat": "study", "Elasticity": "study", "Result": "study", "simulate": "study",
+    "study_from": "study",
 }
 
 __all__ = sorted(_EXPORTS)

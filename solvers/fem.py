@@ -7,7 +7,7 @@ mass and sources 2p (callables: 2p + 2). Node order: VTK's (solvers.tetmesh).
 
 Low-level API (meshes and face / node sets): ``heat_system``, ``elasticity_system``,
 ``face_load``, ``face_mass``, ``solve_linear``. The study layer (``Heat``, ``Elasticity``,
-boundary conditions by material name) is in solvers.simulate.
+boundary conditions by material name) is in solvers.study.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import numpy as np
 from taperay.runtime.tape import Tape, TaperayError
 
 __all__ = ["TetMesh", "tet_mesh", "box_mesh", "to_order2", "TET10_EDGES", "TETGEN_ORDER2_EDGES",
-           "project_boundary_midnodes"]
+           "project_boundary_nodes"]
 
 TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK)
 TETGEN_ORDER2_EDGES = ((2, 3), (0, 3), (0, 1), (1, 2), (1, 3), (0, 2))  # TetGen's columns 4..9
@@ -230,8 +230,8 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     ``order``: 1 (TET4) or 2 (TET10). ``quality``, ``minratio`` (radius-edge bound), ``mindihedral``
     (degrees) are TetGen's quality switches; ``maxvolume`` bounds each tetrahedron's volume
     (TetGen reads it only with ``fixedvolume``, which is switched on when a ``maxvolume`` is given
-    and ``fixedvolume`` is not said). With ``tape``, TET10 mid-edge nodes on the boundary are moved
-    onto the tape's zero set (``project_boundary_midnodes``). TetGen runs in a child process;
+    and ``fixedvolume`` is not said). With ``tape``, boundary nodes (TET10 mid-edge nodes, TetGen's points on
+    facets) are moved onto the tape's zero set (``project_boundary_nodes``). TetGen runs in a child process;
     a failure is repaired (pymeshfix) and retried once, then raised as TaperayError."""
     if order not in (1, 2):
         raise TaperayError(f"order must be 1 (TET4) or 2 (TET10), got {order!r}")
@@ -278,8 +278,8 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
         nodes, elems = to_order2(nodes, elems)
     mesh = TetMesh(nodes, elems, {"tetgen_seconds": time.perf_counter() - t0, "repaired": repaired,
                                   "elements": int(len(elems)), "nodes": int(len(nodes))})
-    if order == 2 and tape is not None:
-        mesh.stats["projected_midnodes"] = project_boundary_midnodes(mesh, tape, walker)
+    if tape is not None:
+        mesh.stats["projected_nodes"] = project_boundary_nodes(mesh, tape, walker)
     return mesh
 
 
@@ -293,25 +293,25 @@ def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
     return np.linalg.det(J).min(0)
 
 
-def project_boundary_midnodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 3) -> int:
-    """Move the TET10 mid-edge nodes of boundary faces onto the tape's zero set (Newton steps with
-    the walker's gradient, each at most a quarter of the edge); the nodes of an element that would
-    turn inside out stay where they were. Returns how many nodes moved."""
+def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 3) -> int:
+    """Move the nodes of boundary faces onto the tape's zero set (Newton steps with the walker's
+    gradient, each at most a quarter of an edge): TET10 mid-edge nodes, and the points TetGen
+    inserted on the surface's facets (the surface's own vertices are on it already); the nodes of
+    an element whose smallest Jacobian would drop below a quarter of its own stay where they were. Returns how many nodes moved."""
     from .surface import project_to_zero_set
-    if mesh.order != 2:
-        return 0
     faces = mesh.boundary_faces()
-    mids = np.unique(faces[:, 3:])
+    mids = np.unique(faces)
     # edge length of each mid node's edge: |corner a - corner b|; bound the step by a quarter of the shortest
     la = np.linalg.norm(mesh.nodes[faces[:, 0]] - mesh.nodes[faces[:, 1]], axis=1)
     h = float(np.median(la)) if len(la) else 1.0
     new, _ = project_to_zero_set(tape, mesh.nodes[mids], walker, steps=steps, max_step=0.25 * h)
     old = mesh.nodes[mids].copy()
-    mesh.nodes[mids] = new
     touched = np.isin(mesh.elements, mids).any(1)
-    for _ in range(5):
+    before = _min_detj(mesh.nodes, mesh.elements[touched])
+    mesh.nodes[mids] = new
+    for _ in range(5):   # an element that would lose 3/4 of its smallest Jacobian keeps its nodes
         bad = np.zeros(len(mesh.elements), bool)
-        bad[touched] = _min_detj(mesh.nodes, mesh.elements[touched]) <= 0
+        bad[touched] = _min_detj(mesh.nodes, mesh.elements[touched]) <= 0.25 * before
         if not bad.any():
             break
         back = np.isin(mids, mesh.elements[bad])
