@@ -138,7 +138,8 @@ def _run_child(mode: str, vertices, faces, options: dict | None, timeout: float)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         try:
             proc = subprocess.run([sys.executable, "-m", "taperay.solvers._tetgen_child", str(src), str(dst)],
-                                  capture_output=True, text=True, timeout=timeout, env=env)
+                                  capture_output=True, text=True, timeout=timeout, env=env,
+                                  cwd=tmp)   # (TetGen may write _skipped.* files into its cwd)
         except subprocess.TimeoutExpired:
             return None, f"{mode}: no answer within {timeout:.0f} s"
         if proc.returncode != 0 or not dst.exists():

@@ -237,7 +237,8 @@ def test_tetgen_fills_a_surface_and_leaves_cavities_empty():
     assert m2.elements.shape[1] == 10 and m2.volumes().sum() == pytest.approx(m.volumes().sum(), rel=1e-12)
 
 
-def test_tetgen_order2_columns_are_the_documented_edges():
+def test_tetgen_order2_columns_are_the_documented_edges(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)     # (TetGen may write _skipped.* files into the working folder)
     import tetgen   # a clean cube: safe to call in this process
     import trimesh
     cube = trimesh.creation.box((1, 1, 1))
