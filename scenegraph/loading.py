@@ -13,13 +13,14 @@ from taperay.runtime.tape import Tape, TaperayError
 from .flatten import flatten
 from .nodes import Node
 
-__all__ = ["load_tape", "load_scene_module", "SOURCE_SUFFIXES"]
+__all__ = ["load_tape", "load_scene_module", "scene_namespace", "SOURCE_SUFFIXES"]
 
 SOURCE_SUFFIXES = (".py", ".scene", ".tape", ".vm")
 
 
-def load_scene_module(path: Path) -> Node:
-    """Run a scene .py file and return its ``scene`` Node."""
+def scene_namespace(path: Path) -> tuple[Node, dict]:
+    """Run a scene .py file: its ``scene`` Node (``scene`` may be a function returning one) and
+    the names it defined (a ``study`` beside ``scene``, say)."""
     try:
         ns = runpy.run_path(str(path), run_name="taperay_scene")
     except TaperayError as e:
@@ -31,7 +32,12 @@ def load_scene_module(path: Path) -> Node:
         node = node()
     if not isinstance(node, Node):
         raise TaperayError(f"{path}: defines no `scene` node (got {type(node).__name__})")
-    return node
+    return node, ns
+
+
+def load_scene_module(path: Path) -> Node:
+    """Run a scene .py file and return its ``scene`` Node."""
+    return scene_namespace(path)[0]
 
 
 def load_tape(path, balance_chains: bool = False) -> Tape:

@@ -399,3 +399,36 @@ def test_bench_bar_charts_leave_rows_not_measured_without_a_bar(tmp_path):
     img = np.asarray(Image.open(tmp_path / "c.png").convert("RGB"))
     bar = (img == (70, 110, 180)).all(-1)        # the bars' colour
     assert bar[34:56].any() and not bar[56:78].any()
+
+
+def test_mesh_writes_a_watertight_surface_and_reports_it(capsys, tmp_path):
+    import trimesh
+    from taperay.solvers import mesh_surface
+    rc, out, err = run_cli(capsys, "mesh", "scenes/heat_sink.py", "-o", tmp_path / "hs.stl", "--resolution", "32",
+                           "--walker", "cpu", "--set", "fin_height=0.02")
+    assert rc == 0, err
+    part = trimesh.load(tmp_path / "hs.stl")
+    assert part.is_watertight and "watertight" in out and f"{len(part.faces):,} triangles" in out
+    tape = load_tape("scenes/heat_sink.py")
+    tape.set_param("fin_height", 0.02)
+    assert abs(part.volume - mesh_surface(tape, 32).volume) <= 1e-6 * part.volume
+
+
+def test_simulate_writes_a_vtu_and_a_summary(capsys, tmp_path):
+    import meshio
+    rc, out, err = run_cli(capsys, "simulate", "scenes/heat_sink.py", "-o", tmp_path / "hs.vtu", "--resolution", "24",
+                           "--walker", "cpu", "--json", tmp_path / "hs.json")
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "hs.json").read_text())
+    result = meshio.read(tmp_path / "hs.vtu")
+    assert len(result.points) == summary["nodes"] and summary["dof"] == summary["nodes"]
+    assert np.isclose(result.point_data["temperature"].max(), summary["max_temperature"])
+    for stage in ("surface", "tets", "assembly", "solve"):
+        assert stage in out and stage in summary["timings"]
+
+
+@pytest.mark.parametrize("scene, fragment", [("scenes/machined_part.py", "declares no `study`"),
+                                             ("tests/data/sphere.vm", "needs a Python scene file")])
+def test_simulate_without_a_study_is_one_error_line(capsys, tmp_path, scene, fragment):
+    rc, _, err = run_cli(capsys, "simulate", scene, "-o", tmp_path / "x.vtu", "--walker", "cpu")
+    assert rc == 2 and err.startswith("taperay: error:") and fragment in err

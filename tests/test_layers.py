@@ -13,7 +13,7 @@ FOLDERS = {"taperay": "taperay", "runtime": "taperay.runtime", "scenegraph": "ta
 MAY_IMPORT = {
     "taperay.runtime": set(),
     "taperay.scenegraph": {"taperay.runtime"},
-    "taperay.scenes": {"taperay.runtime", "taperay.scenegraph"},
+    "taperay.scenes": {"taperay.runtime", "taperay.scenegraph", "taperay.solvers"},
     "taperay.solvers": {"taperay.runtime", "taperay.scenegraph"},
     "taperay.tools": {"taperay", "taperay.runtime", "taperay.scenegraph", "taperay.solvers", "taperay.scenes"},
 }

@@ -1,4 +1,5 @@
-"""The ``taperay`` command line: ``render``, ``eval``, ``info``, ``conform`` and ``bench``.
+"""The ``taperay`` command line: ``render``, ``eval``, ``info``, ``conform``, ``mesh``, ``simulate`` and
+``bench``.
 
 Owns argument parsing (the walker itself is chosen by ``taperay.runtime.walkers``), the "what it
 did" report with per-stage timings, and the error contract: every error a user can cause ends as one line
@@ -19,6 +20,7 @@ from taperay.runtime.tape import TaperayError
 
 from .console import console, step
 
+MESH_SUFFIXES = (".stl", ".obj", ".ply", ".glb", ".off")
 VIEWS = ("shade", "normals", "depth", "steps", "gradient", "slice", "section")
 WALKERS = ("auto", "cpu", "gpu")   # runtime.walkers.WALKER_KINDS (not imported here: --help stays fast)
 
@@ -366,6 +368,92 @@ def cmd_conform(args) -> int:
     return 0 if report.passed else 1
 
 
+def _sim_walker(args, notes: list[str], watch: Stopwatch):
+    from taperay.runtime.walkers import walker as choose_walker
+    with watch.stage("startup build"):
+        return choose_walker(args.walker, log=notes.append, progress=True, step=step)
+
+
+def cmd_mesh(args) -> int:
+    from taperay.solvers import mesh_surface
+    watch = Stopwatch()
+    out = _output_path(args.output)
+    if out.suffix.lower() not in MESH_SUFFIXES:
+        raise UsageError(f"{out}: a surface mesh is written as one of {', '.join(MESH_SUFFIXES)}")
+    tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
+    notes: list[str] = []
+    walker = _sim_walker(args, notes, watch)
+    with step(f"surface at resolution {args.resolution}"), watch.stage("surface"):
+        surface = mesh_surface(tape, args.resolution, walker)
+    with watch.stage("write"):
+        surface.save(out)
+    con = console()
+    for n in notes:
+        con.print(n)
+    s = surface.summary()
+    con.print(f"surface:   {s['triangles']:,} triangles, {'watertight' if s['watertight'] else 'NOT watertight'}, "
+              f"volume {s['volume']:.6g}, area {s['area']:.6g} -> {out} on {_walker_label(walker)}")
+    con.print(f"timings:   {watch.summary()}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    import json
+    from taperay.scenegraph import flatten
+    from taperay.scenegraph.loading import scene_namespace
+    from taperay.solvers import simulate, study_from
+    watch = Stopwatch()
+    path = Path(args.scene)
+    if path.suffix.lower() != ".py" or not path.is_file():
+        raise UsageError(f"{path}: simulate needs a Python scene file that declares `study` beside `scene`")
+    with watch.stage("load"):
+        node, ns = scene_namespace(path)
+    if "study" not in ns:
+        raise TaperayError(f"{path}: declares no `study` (e.g. study = Heat(conductivity=..., convection={{...}}))")
+    try:
+        study = study_from(ns["study"])
+    except TaperayError as e:
+        raise TaperayError(f"{path}: study: {e}") from None
+    with watch.stage("flatten/validate"):
+        tape = flatten(node, source=str(path))
+    apply_sets(tape, args.set, watch)
+    out = _output_path(args.output)
+    notes: list[str] = []
+    walker = _sim_walker(args, notes, watch)
+    con = console()
+    for n in notes:
+        con.print(n)
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    stages = ["surface", "tets", "assembly", "solve"]
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"{study.kind}: {stages[0]}", total=None)
+
+        def progress(stage, seconds):
+            con.print(f"  {stage:<9} {_fmt_seconds(seconds)}")
+            following = stages[stages.index(stage) + 1:] if stage in stages else []
+            bar.update(task, description=f"{study.kind}: {following[0] if following else 'done'}")
+
+        with watch.stage("simulate"):
+            result = simulate(tape, study, order=args.order, resolution=args.resolution, walker=walker,
+                              progress=progress, solver=args.solver)
+    with watch.stage("write"):
+        result.save_vtu(out)
+        summary = result.summary()
+        if args.json:
+            _output_path(args.json).write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    con.print(f"mesh:      {summary['nodes']:,} nodes, {summary['elements']:,} TET{4 if summary['order'] == 1 else 10}, "
+              f"{summary['dof']:,} DOF, solver {summary['solver']} ({summary['iterations']} iterations)")
+    if study.kind == "heat":
+        con.print(f"result:    temperature max {summary['max_temperature']:.4g}, mean {summary['mean_temperature']:.4g}, "
+                  f"min {summary['min_temperature']:.4g} -> {out}")
+    else:
+        con.print(f"result:    max displacement {summary['max_displacement']:.4g}, max von Mises "
+                  f"{summary['max_von_mises']:.4g} -> {out}")
+    con.print(f"timings:   {watch.summary()}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from . import bench
     return bench.run(args)
@@ -423,6 +511,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for --random")
     p.add_argument("--walkers", metavar="LIST", help="comma-separated walkers (default: every available one)")
     p.set_defaults(func=cmd_conform)
+
+    p = sub.add_parser("mesh", help="extract a watertight surface mesh of a scene")
+    p.add_argument("scene", metavar="SCENE")
+    p.add_argument("-o", "--output", required=True, metavar="PART.stl", help="stl, obj, ply, glb or off")
+    p.add_argument("--resolution", type=int, default=96, help="grid cells along the longest side (default 96)")
+    walker_arg(p)
+    set_arg(p)
+    p.set_defaults(func=cmd_mesh)
+
+    p = sub.add_parser("simulate", help="solve the heat or elasticity study a scene declares")
+    p.add_argument("scene", metavar="SCENE.py", help="a Python scene declaring `study` beside `scene`")
+    p.add_argument("-o", "--output", required=True, metavar="RESULT.vtu", help="the mesh and its fields (ParaView)")
+    p.add_argument("--json", metavar="SUMMARY.json", help="write the summary as JSON")
+    p.add_argument("--order", type=int, choices=(1, 2), help="TET4 (1) or TET10 (2); default: 1 for heat, 2 for elasticity")
+    p.add_argument("--resolution", type=int, default=96, help="surface grid cells along the longest side (default 96)")
+    p.add_argument("--solver", choices=("auto", "direct", "amg"), default="auto",
+                   help="auto (default): a direct solve up to 20,000 unknowns, CG with pyamg above")
+    walker_arg(p)
+    set_arg(p)
+    p.set_defaults(func=cmd_simulate)
 
     from . import bench
     bench.add_parser(sub, cmd_bench)
