@@ -74,6 +74,7 @@ class Tape:
     source: str = ""                        # where it came from (file / scene name)
     instances: np.ndarray = field(default_factory=lambda: np.zeros(0, INSTANCE_DTYPE))
     bvh: np.ndarray = field(default_factory=lambda: np.zeros(0, BVH_DTYPE))
+    material_names: tuple[str, ...] = ()    # the name of each material id (empty: unnamed)
     # flatten's: the tape of the same scene with one named parameter changed (None: not from a scene)
     refit: Callable[[str, float], "Tape"] | None = field(default=None, repr=False, compare=False)
 
@@ -86,6 +87,7 @@ class Tape:
         self.instances = np.ascontiguousarray(np.zeros(0, INSTANCE_DTYPE) if self.instances is None
                                               else self.instances, INSTANCE_DTYPE)
         self.bvh = np.ascontiguousarray(np.zeros(0, BVH_DTYPE) if self.bvh is None else self.bvh, BVH_DTYPE)
+        self.material_names = tuple(self.material_names)
 
     def __len__(self) -> int:
         return len(self.instrs)
@@ -154,6 +156,9 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
         raise TapeError(f"the tape needs {tape.n_regs} registers; kernels hold 1..{reg_cap}", None, src)
     if len(tape.materials) == 0 or len(tape.materials) > MAX_MATERIALS:
         raise TapeError(f"{len(tape.materials)} materials (need 1..{MAX_MATERIALS})", None, src)
+    if tape.material_names and (len(tape.material_names) != len(tape.materials)
+                                or not all(isinstance(n, str) for n in tape.material_names)):
+        raise TapeError(f"{len(tape.material_names)} material names for {len(tape.materials)} materials", None, src)
     if not np.all(np.isfinite(tape.materials["color"])) or not np.all(np.isfinite(tape.materials["roughness"])):
         raise TapeError("a material holds a non-finite number", None, src)
     if not np.all(np.isfinite(tape.bounds)):

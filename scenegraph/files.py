@@ -12,7 +12,7 @@ bytes (``instrs``: ``INSTR_DTYPE``, ``params``: float32, ``materials``: ``MATERI
 ``instances``: ``INSTANCE_DTYPE``, ``bvh``: ``BVH_DTYPE``), the record layouts they were written
 with (``layouts``: name -> [[field, format, shape], ...]), and the header: ``n_regs``, ``bounds``
 (6 numbers: min then max corner), ``names`` (parameter name -> pool slots), ``instance_count``,
-and ``opcodes`` (op name -> the number its records carry), so a file keeps its meaning when the
+``material_names`` (each material id's name; optional) and ``opcodes`` (op name -> the number its records carry), so a file keeps its meaning when the
 op table is renumbered: loading maps each record's number to today's through the op's name (a
 file without ``opcodes`` was written with ``OPCODES_1``, the numbering of the first format).
 A scene body is ``Node.to_dict()``.
@@ -59,7 +59,7 @@ RECORDS = {"instrs": (INSTR_DTYPE, MAX_INSTRS), "params": (np.dtype("<f4"), MAX_
 MAX_FILE_BYTES = sum(dt.itemsize * n for dt, n in RECORDS.values()) + (64 << 20)
 
 _TAPE_KEYS = {*RECORDS, "layouts", "n_regs", "bounds", "names", "instance_count"}
-_OPTIONAL_TAPE_KEYS = {"opcodes"}
+_OPTIONAL_TAPE_KEYS = {"opcodes", "material_names"}
 # the op numbering of files written before they carried their own ``opcodes`` map (frozen: never
 # edit it when the table changes; the table is free to renumber because files name their ops)
 OPCODES_1 = dict(
@@ -144,7 +144,8 @@ def save_tape(tape: Tape, path) -> None:
     body.update(layouts=_LAYOUTS, n_regs=int(tape.n_regs),
                 bounds=[float(v) for v in np.asarray(tape.bounds, np.float32).ravel()],
                 names={str(k): [int(i) for i in v] for k, v in tape.names.items()},
-                instance_count=int(tape.instance_count), opcodes={op.name: int(op) for op in Op})
+                instance_count=int(tape.instance_count), opcodes={op.name: int(op) for op in Op},
+                material_names=list(tape.material_names))
     _write_atomic(path, _pack("tape", body, path))
 
 
@@ -332,7 +333,11 @@ def _tape_from_body(path, body: dict) -> Tape:
         if not isinstance(k, str) or not isinstance(v, list) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in v):
             raise FileFormatError(path, f"named parameter {k!r}: slots {v!r:.80} are not a list of integers")
+    material_names = body.get("material_names", [])
+    if not isinstance(material_names, list) or not all(isinstance(n, str) and len(n) <= MAX_STR for n in material_names):
+        raise FileFormatError(path, f"'material_names' must be a list of strings, got {material_names!r:.80}")
     tape = Tape(**arrays, n_regs=_int(path, body, "n_regs", 1, 1 << 16), bounds=bounds, names=dict(names),
+                material_names=tuple(material_names),
                 instance_count=_int(path, body, "instance_count", 0, (1 << 63) - 1),
                 source=str(path))
     VALIDATED.check(tape)      # (the walker that draws it then finds it validated)

@@ -501,6 +501,7 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
                 names=em.names, instance_count=int(instances), source=source,
                 instances=np.concatenate(em.instances) if em.instances else None,
                 bvh=np.concatenate(em.bvh) if em.bvh else None,
+                material_names=tuple(m.name for m in em.materials),
                 refit=_Refit(scene, source, cull, em.param_values))
     return validate(tape)
 

@@ -42,40 +42,12 @@ def default_walker(walker=None):
 
 
 def material_names(tape: Tape) -> list[str]:
-    """The name of each material id of ``tape`` (index = id).
-
-    A tape's records keep colour and roughness only; the names come from the scene the tape was
-    flattened from (``tape.refit``): its materials are collected again in flatten's order and
-    checked against the tape's records. A tape without its scene gets "material<i>" names (id 0:
-    "default")."""
-    own = getattr(tape, "material_names", None)
-    if own is not None:
-        return list(own)
-    n = len(tape.materials)
-    refit = getattr(tape, "refit", None)
-    scene = getattr(refit, "scene", None)
-    if scene is not None:
-        import importlib
-        fl = importlib.import_module("taperay.scenegraph.flatten")   # (the module, not the function)
-        from taperay.scenegraph.nodes import param_values
-        try:
-            em = fl._Emitter(getattr(refit, "cull", True))
-            with param_values(getattr(refit, "values", None) or None):
-                em.emit(scene, 0, 0)
-            mats = em.materials
-            if len(mats) == n and all(np.allclose(m.color, rec["color"]) and np.isclose(m.roughness, rec["roughness"])
-                                      for m, rec in zip(mats, tape.materials)):
-                return [m.name for m in mats]
-        except Exception:   # fall back to colour matching below
-            pass
-        # colour / roughness matching against the scene's leaves (first found wins)
-        leaves = [nd.mat for nd in scene.walk() if getattr(nd, "mat", None) is not None]
-        names = []
-        for i, rec in enumerate(tape.materials):
-            hit = [m.name for m in leaves if np.allclose(m.color, rec["color"]) and np.isclose(m.roughness, rec["roughness"])]
-            names.append(hit[0] if hit else ("default" if i == 0 else f"material{i}"))
-        return names
-    return ["default" if i == 0 else f"material{i}" for i in range(n)]
+    """The name of each material id of ``tape`` (index = id): the scene's names, which flatten
+    and tape files keep (``Tape.material_names``); a tape without them (a ``.vm`` program) gets
+    "default" for id 0 and "material<i>" for the others."""
+    if tape.material_names:
+        return list(tape.material_names)
+    return ["default" if i == 0 else f"material{i}" for i in range(len(tape.materials))]
 
 
 @dataclass

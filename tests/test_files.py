@@ -93,6 +93,13 @@ def test_tape_round_trip(tmp_path, name):
     _assert_same_tape(tape, load_file(p))
 
 
+def test_material_names_survive_a_tape_file(tmp_path):
+    tape = flatten(_scene())
+    assert tape.material_names == ("default", "red")       # (id 0: the scene's default material)
+    save_tape(tape, tmp_path / "named.tape")
+    assert load_tape_file(tmp_path / "named.tape").material_names == ("default", "red")
+
+
 def test_tape_round_trip_keeps_names_and_materials(tmp_path):
     tape = flatten(_scene())
     assert "radius" in tape.names and len(tape.materials) >= 2
