@@ -432,3 +432,20 @@ def test_simulate_writes_a_vtu_and_a_summary(capsys, tmp_path):
 def test_simulate_without_a_study_is_one_error_line(capsys, tmp_path, scene, fragment):
     rc, _, err = run_cli(capsys, "simulate", scene, "-o", tmp_path / "x.vtu", "--walker", "cpu")
     assert rc == 2 and err.startswith("taperay: error:") and fragment in err
+
+
+@pytest.mark.parametrize("walker", ["jax", "cpu"])
+def test_grad_writes_values_normals_and_parameter_derivatives(capsys, tmp_path, walker):
+    (tmp_path / "r.py").write_text(PARAM_SCENE)
+    pts = np.random.default_rng(4).uniform(-1, 1, (300, 3))
+    pts = pts[np.linalg.norm(pts, axis=1) > 0.1]
+    np.save(tmp_path / "pts.npy", pts)
+    rc, out, err = run_cli(capsys, "grad", tmp_path / "r.py", tmp_path / "pts.npy", "-o", tmp_path / "g.npz",
+                           "--walker", walker, "--set", "r=0.6")
+    assert rc == 0, err
+    g = np.load(tmp_path / "g.npz")
+    assert sorted(g.files) == ["gradient", "normal", "r", "value"]
+    radius = np.linalg.norm(pts, axis=1)
+    np.testing.assert_allclose(g["value"], radius - 0.6, atol=1e-6)
+    np.testing.assert_allclose(g["normal"], pts / radius[:, None], atol=1e-3 if walker == "cpu" else 1e-5)
+    np.testing.assert_allclose(g["r"], -1.0, atol=1e-3 if walker == "cpu" else 1e-6)

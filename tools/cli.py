@@ -1,5 +1,5 @@
-"""The ``taperay`` command line: ``render``, ``eval``, ``info``, ``conform``, ``mesh``, ``simulate`` and
-``bench``.
+"""The ``taperay`` command line: ``render``, ``eval``, ``grad``, ``info``, ``conform``, ``mesh``,
+``simulate`` and ``bench``.
 
 Owns argument parsing (the walker itself is chosen by ``taperay.runtime.walkers``), the "what it
 did" report with per-stage timings, and the error contract: every error a user can cause ends as one line
@@ -237,6 +237,60 @@ def cmd_eval(args) -> int:
     con.print(f"{len(pts)} distances of {args.scene} -> {out} on {_walker_label(walker)}")
     con.print(f"timings:   {watch.summary()}")
     return 0
+
+
+def cmd_grad(args) -> int:
+    import numpy as np
+    watch = Stopwatch()
+    pts = read_points(args.points)
+    tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
+    out = _output_path(args.output)
+    if out.suffix.lower() != ".npz":
+        raise UsageError(f"{out}: the gradients are written as one .npz file")
+    with step(f"differentiating at {len(pts)} points"), watch.stage("gradients"):
+        if args.walker == "jax":
+            from taperay.runtime.jax_walker import JaxWalker
+            g = JaxWalker().value_and_grad(tape, pts)
+            value, grad, per_name = g.value, g.dx, g.per_point
+        else:
+            value, grad, per_name = _finite_difference_gradients(tape, pts)
+    norm = np.linalg.norm(grad, axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        normal = np.where(norm > 0, grad / norm, 0.0).astype(np.float32)
+    arrays = {"value": np.asarray(value, np.float32), "normal": normal, "gradient": np.asarray(grad, np.float32)}
+    clash = sorted(set(per_name) & set(arrays))
+    if clash:
+        raise TaperayError(f"{args.scene}: parameter names {clash} clash with the file's own arrays")
+    arrays.update({name: np.asarray(v, np.float32) for name, v in per_name.items()})
+    with watch.stage("write"):
+        np.savez(out, **arrays)
+    con = console()
+    con.print(f"{len(pts)} values, normals and d/d of {len(per_name)} named parameters "
+              f"({', '.join(sorted(per_name)) or 'none'}) of {args.scene} -> {out} "
+              f"({'JAX, exact' if args.walker == 'jax' else 'CPU twin, central differences'})")
+    con.print(f"timings:   {watch.summary()}")
+    return 0
+
+
+def _finite_difference_gradients(tape, pts, rel: float = 1e-3):
+    """The twin's values, its central-difference gradient, and d value / d name by central
+    differences of each named parameter (step ``rel`` of its size, at least 1e-4)."""
+    import numpy as np
+    from taperay.runtime.cpu import CpuWalker
+    twin = CpuWalker()
+    value, _ = twin.evaluate(tape, pts)
+    grad = twin.gradient(tape, pts)
+    per_name = {}
+    for name, slots in tape.names.items():
+        theta = float(tape.params[slots[0]])
+        h = max(abs(theta) * rel, 1e-4)
+        tape.set_param(name, theta + h)
+        up, _ = twin.evaluate(tape, pts)
+        tape.set_param(name, theta - h)
+        down, _ = twin.evaluate(tape, pts)
+        tape.set_param(name, theta)
+        per_name[name] = ((up.astype(np.float64) - down) / (2 * h)).astype(np.float32)
+    return value, grad, per_name
 
 
 def _f32(x) -> float:
@@ -499,6 +553,16 @@ def build_parser() -> argparse.ArgumentParser:
     walker_arg(p)
     set_arg(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("grad", help="values, normals and derivatives w.r.t. named parameters at points")
+    p.add_argument("scene", metavar="SCENE")
+    p.add_argument("points", metavar="POINTS.npy", help="an (N, 3) float array")
+    p.add_argument("-o", "--output", required=True, metavar="GRADS.npz",
+                   help="value (N,), normal (N, 3), gradient (N, 3) and one (N,) array per named parameter")
+    p.add_argument("--walker", choices=("jax", "cpu"), default="jax",
+                   help="jax (default): exact derivatives; cpu: the twin's central differences")
+    set_arg(p)
+    p.set_defaults(func=cmd_grad)
 
     p = sub.add_parser("info", help="records, parameters, bounds and instances of a scene")
     p.add_argument("scene", metavar="SCENE")
