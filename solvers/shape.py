@@ -1,0 +1,452 @@
+"""Shape derivatives of FEM quantities with respect to a scene's named parameters.
+
+Method (the volume form, through the discrete system): the FEM residual R(u, X) of a study is
+differentiated exactly with respect to the mesh's node coordinates X (isoparametric: a node
+motion dX moves each element by V = sum_a N_a dX_a, so d(det J) = det J div V and
+d(grad N_b) = -grad V^T grad N_b at every quadrature point). For an objective J(u, X),
+
+    dJ/dX = dJ/dX|_u - lambda^T dR/dX,      K^T lambda = dJ/du  (lambda = 0 on fixed dofs),
+
+one adjoint solve per objective. A named parameter theta moves the nodes with the velocity field
+
+    V(x) = -(df/dtheta)(x) grad f(x) / |grad f(x)|^2
+
+taken from the tape by the JAX evaluator at every node (boundary and interior; each node stays
+on its level set of f, so boundary nodes stay on the zero set and V . n = -(df/dtheta)/|grad f|
+on the boundary); then dJ/dtheta = sum_nodes dJ/dX_n . V(X_n). This is the domain (volume) form
+of the shape derivative: every element contributes, not only the boundary faces.
+
+Everything here is numpy / scipy on the mesh; JAX evaluates only the tape at the nodes (a new mesh
+compiles nothing). The derivative is exact for the discrete problem on a fixed mesh topology: it
+agrees with finite differences of the pipeline whose nodes are moved by h V (tests/test_optimize.py).
+
+Included: heat (conduction, volumetric source per element, heat flux and convection on boundary
+faces, fixed temperatures), elasticity (stiffness, constant body force, traction and pressure on
+boundary faces, fixed displacements). The boundary faces keep the materials they were given on
+the unperturbed mesh (a material boundary moving along the surface is not differentiated).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from taperay.runtime.tape import Tape, TaperayError
+
+from . import fem
+from .study import _ids, _per_material, element_materials, face_materials, study_from
+from .surface import default_walker, material_names
+from .tetmesh import TetMesh
+
+__all__ = ["System", "assemble", "node_velocities", "shape_gradient", "parameter_derivatives",
+           "stiffness_shape_gradient", "load_shape_gradient", "moved_mesh"]
+
+
+# ---------------------------------------------------------------- the assembled problem
+
+@dataclass
+class System:
+    """A study assembled on a mesh, with everything needed to assemble it again on moved nodes
+    (same topology, same element and face materials) and to differentiate it w.r.t. the nodes.
+
+    kind "heat" | "elasticity"; ``k``, ``s`` (heat) or ``E``, ``nu`` (elasticity) per element;
+    face sets: ``flux`` [(faces, q)], ``convection`` [(faces, h, T_inf)], ``traction``
+    [(faces, (tx, ty, tz))], ``pressure`` [(faces, p)]; ``body_force``; fixed dofs and values."""
+    kind: str
+    mesh: TetMesh
+    K: sp.csr_matrix
+    f: np.ndarray
+    fixed: np.ndarray
+    values: np.ndarray
+    k: np.ndarray | None = None
+    s: np.ndarray | None = None
+    E: np.ndarray | None = None
+    nu: np.ndarray | None = None
+    body_force: np.ndarray | None = None
+    flux: list = field(default_factory=list)
+    convection: list = field(default_factory=list)
+    traction: list = field(default_factory=list)
+    pressure: list = field(default_factory=list)
+    element_material: np.ndarray | None = None
+    material_names: list = field(default_factory=list)
+    solver: str = "auto"
+    _factor: object = field(default=None, repr=False)
+    _free: np.ndarray | None = field(default=None, repr=False)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def ncomp(self) -> int:
+        return 1 if self.kind == "heat" else 3
+
+    # -------------------------------------------------------------- solving
+    def _prepare(self):
+        if self._free is None:
+            free = np.ones(self.K.shape[0], bool)
+            free[self.fixed] = False
+            self._free = free
+        return self._free
+
+    def _solve_free(self, rhs: np.ndarray) -> np.ndarray:
+        free = self._prepare()
+        nfree = int(free.sum())
+        method = self.solver
+        if method == "auto":
+            method = "direct" if nfree <= fem.DIRECT_MAX_DOF * 4 else "amg"
+        if method == "direct":
+            if self._factor is None:
+                from scipy.sparse.linalg import splu
+                Kff = self.K[free][:, free].tocsc()
+                self._factor = splu(Kff)
+            x = self._factor.solve(rhs)
+            if not np.all(np.isfinite(x)):
+                raise TaperayError("the linear solve failed (direct); is the problem constrained?")
+            return x
+        # iterative: through fem.solve_linear on the free block
+        Kff = self.K[free][:, free].tocsr()
+        near = fem.rigid_body_modes(self.mesh.nodes)[free] if self.kind == "elasticity" else None
+        x, info = fem.solve_linear(Kff, rhs, None, None, method, near)
+        return x
+
+    def solve(self) -> np.ndarray:
+        """The field (N,) or (N, 3) with the fixed values imposed."""
+        t0 = time.perf_counter()
+        free = self._prepare()
+        u = np.zeros(self.K.shape[0])
+        u[self.fixed] = self.values
+        rhs = self.f[free] - self.K[free][:, ~free] @ u[~free]
+        u[free] = self._solve_free(rhs)
+        r = self.K[free] @ u - self.f[free]
+        self.info.update(dofs=int(len(u)), free=int(free.sum()), solve_seconds=time.perf_counter() - t0,
+                         residual=float(np.linalg.norm(r) / max(np.linalg.norm(rhs), 1e-300)))
+        return u if self.kind == "heat" else u.reshape(-1, 3)
+
+    def adjoint(self, rhs: np.ndarray) -> np.ndarray:
+        """lambda with K lambda = rhs on the free dofs, lambda = 0 on the fixed ones (K symmetric)."""
+        free = self._prepare()
+        rhs = np.asarray(rhs, float).ravel()
+        lam = np.zeros(self.K.shape[0])
+        lam[free] = self._solve_free(rhs[free])
+        return lam if self.kind == "heat" else lam.reshape(-1, 3)
+
+    # -------------------------------------------------------------- derivatives w.r.t. the nodes
+    def residual_shape_gradient(self, u, lam) -> np.ndarray:
+        """(N, 3): d/dX [lam^T R(u, X)], R = K(X) u - f(X) (u and lam held fixed)."""
+        nodes = self.mesh.nodes
+        g = stiffness_shape_gradient(self, nodes, u, lam)
+        g -= load_shape_gradient(self, nodes, lam)
+        for faces, h, _ in self.convection:      # int h lam T dA (the convection matrix)
+            g += _face_scalar_gradient(nodes, faces, 2 * self.mesh.order, lambda N, F: h * (F(lam) * F(u)))
+        return g
+
+    def load_dot(self, c) -> float:
+        return float(np.dot(np.asarray(c, float).ravel(), self.f))
+
+
+def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto") -> System:
+    """The study's system on ``mesh``: materials of elements and boundary faces from the tape (as
+    ``simulate`` does), the stiffness, the loads and the fixed dofs."""
+    study = study_from(study)
+    walker = default_walker(walker)
+    names = material_names(tape)
+    faces = mesh.boundary_faces()
+    fmat = face_materials(tape, mesh.nodes, faces, walker)
+    emat = element_materials(tape, mesh.nodes, mesh.elements, walker)
+    present = set(np.unique(fmat).tolist())
+
+    def faces_of(name, what):
+        return faces[np.isin(fmat, _ids(names, name, present, what))]
+
+    sysm = System(study.kind, mesh, None, None, None, None, element_material=emat, material_names=names, solver=solver)
+    fixed, vals = [], []
+    if study.kind == "heat":
+        sysm.k = _per_material(study.conductivity, names, emat, "conductivity")
+        sysm.s = _per_material(study.source, names, emat, "source")
+        sysm.flux = [(faces_of(n, "heat_flux"), float(q)) for n, q in study.heat_flux.items()]
+        sysm.convection = [(faces_of(n, "convection"), float(h), float(t)) for n, (h, t) in study.convection.items()]
+        for name, T in study.fixed_temperature.items():
+            nd = np.unique(faces_of(name, "fixed_temperature"))
+            fixed.append(nd)
+            vals.append(np.full(len(nd), float(T)))
+    else:
+        sysm.E = _per_material(study.E, names, emat, "E")
+        sysm.nu = _per_material(study.nu, names, emat, "nu")
+        sysm.body_force = None if study.body_force is None else np.asarray(study.body_force, float)
+        sysm.traction = [(faces_of(n, "traction"), np.asarray(t, float)) for n, t in study.traction.items()]
+        sysm.pressure = [(faces_of(n, "pressure"), float(p)) for n, p in study.pressure.items()]
+        for name, comp in study.fixed.items():
+            nd = np.unique(faces_of(name, "fixed"))
+            comp = (0.0, 0.0, 0.0) if comp is None or comp is True else comp
+            for i, c in enumerate(comp):
+                if c is not None:
+                    fixed.append(3 * nd + i)
+                    vals.append(np.full(len(nd), float(c)))
+        if not fixed:
+            raise TaperayError("elasticity study: no fixed support; the part would float")
+    fixed_dofs = np.concatenate(fixed) if fixed else np.zeros(0, np.int64)
+    fixed_vals = np.concatenate(vals) if vals else np.zeros(0)
+    if len(fixed_dofs):
+        fixed_dofs, idx = np.unique(fixed_dofs[::-1], return_index=True)
+        fixed_vals = fixed_vals[::-1][idx]
+    sysm.fixed, sysm.values = fixed_dofs.astype(np.int64), fixed_vals
+    _build(sysm)
+    return sysm
+
+
+def _build(sysm: System) -> None:
+    """K and f of ``sysm`` on its mesh's current nodes (fem.py's assembly)."""
+    nodes, el = sysm.mesh.nodes, sysm.mesh.elements
+    N = len(nodes)
+    if sysm.kind == "heat":
+        # (the source as (E, 1): fem._volume_load cannot broadcast a per-element (E,) array to (m, 1))
+        K, f = fem.heat_system(nodes, el, sysm.k, sysm.s[:, None])
+        for faces, q in sysm.flux:
+            f = f + fem.face_load(nodes, faces, q, 1, N)
+        for faces, h, tinf in sysm.convection:
+            K = K + fem.face_mass(nodes, faces, h, N)
+            f = f + fem.face_load(nodes, faces, h * tinf, 1, N)
+    else:
+        K, f = fem.elasticity_system(nodes, el, sysm.E, sysm.nu, sysm.body_force)
+        for faces, t in sysm.traction:
+            f = f + fem.face_load(nodes, faces, t, 3, N)
+        for faces, p in sysm.pressure:
+            f = f + fem.face_load(nodes, faces, lambda x, n, p=p: -p * n, 3, N)
+    sysm.K, sysm.f = sp.csr_matrix(K), np.asarray(f, float)
+    sysm._factor = None
+
+
+def moved_mesh(sysm: System, displacement) -> System:
+    """The same system (topology, materials, face sets, fixed dofs) on nodes + displacement:
+    what a finite difference with the mesh topology held fixed assembles."""
+    from dataclasses import replace
+    mesh = TetMesh(sysm.mesh.nodes + np.asarray(displacement, float), sysm.mesh.elements, dict(sysm.mesh.stats))
+    new = replace(sysm, mesh=mesh, _factor=None, _free=None, info={})
+    _build(new)
+    return new
+
+
+# ---------------------------------------------------------------- element integrals and their node derivatives
+
+def _rule(n: int, degree: int):
+    pts, wts = fem.tet_rule(degree)
+    return fem.shape_functions(n, pts), fem.shape_derivatives(n, pts), wts
+
+
+def _blocks(E: int, size: int = 20_000):
+    for s in range(0, E, size):
+        yield slice(s, min(E, s + size))
+
+
+def _geom(X, dN):
+    J = np.einsum("eai,aj->eij", X, dN)
+    det = np.linalg.det(J)
+    if np.any(det <= 0):
+        raise TaperayError(f"{int(np.count_nonzero(det <= 0))} elements are inverted or flat (Jacobian <= 0)")
+    return det, np.einsum("aj,eji->eai", dN, np.linalg.inv(J))
+
+
+def stiffness_shape_gradient(sysm: System, nodes, u, lam) -> np.ndarray:
+    """(N, 3): d/dX of lam^T K(X) u over the elements (conduction or elasticity stiffness), with
+    fem.py's quadrature (degree 2(p - 1))."""
+    el = sysm.mesh.elements
+    E, n = el.shape
+    p = 1 if n == 4 else 2
+    _, dNq, wts = _rule(n, 2 * p - 2)
+    out = np.zeros((len(nodes), 3))
+    heat = sysm.kind == "heat"
+    U = np.asarray(u, float).reshape(len(nodes), -1)
+    L = np.asarray(lam, float).reshape(len(nodes), -1)
+    if not heat:
+        lam_, mu_ = fem.lame(sysm.E, sysm.nu)
+    for blk in _blocks(E):
+        e = el[blk]
+        X = nodes[e]
+        Ue, Le = U[e], L[e]                    # (m, n, c)
+        ge = np.zeros((len(e), n, 3))
+        for q in range(len(wts)):
+            det, G = _geom(X, dNq[q])
+            w = wts[q] * det
+            if heat:
+                gT = np.einsum("ea,eai->ei", Ue[:, :, 0], G)
+                gL = np.einsum("ea,eai->ei", Le[:, :, 0], G)
+                kw = (w * sysm.k[blk])[:, None, None]
+                ge += kw * (np.einsum("ei,ei->e", gL, gT)[:, None, None] * G
+                            - np.einsum("eai,ei->ea", G, gT)[:, :, None] * gL[:, None, :]
+                            - np.einsum("eai,ei->ea", G, gL)[:, :, None] * gT[:, None, :])
+            else:
+                gu = np.einsum("eac,eaj->ecj", Ue, G)          # du_c/dx_j
+                gl = np.einsum("eac,eaj->ecj", Le, G)
+                su = _stress(gu, lam_[blk], mu_[blk])
+                sl = _stress(gl, lam_[blk], mu_[blk])
+                W = np.einsum("eij,eij->e", su, gl)            # sigma(u) : grad(lam) = sigma(u) : eps(lam)
+                # d/dX_am = W G_am - (grad u^T sigma(lam) G_a)_m - (grad lam^T sigma(u) G_a)_m
+                ge += w[:, None, None] * (W[:, None, None] * G
+                                          - np.einsum("eim,eij,eaj->eam", gu, sl, G)
+                                          - np.einsum("eim,eij,eaj->eam", gl, su, G))
+        np.add.at(out, e.ravel(), ge.reshape(-1, 3))
+    return out
+
+
+def _stress(grad, lam, mu):
+    eps = 0.5 * (grad + grad.transpose(0, 2, 1))
+    tr = np.trace(eps, axis1=1, axis2=2)
+    return 2 * mu[:, None, None] * eps + (lam * tr)[:, None, None] * np.eye(3)
+
+
+def volume_integral_gradient(nodes, elements, degree: int, integrand):
+    """(value, dvalue/dX (N, 3), dvalue/du as the integrand asks) of sum_e int g dx, where
+    ``integrand(Nq (n,), e_slice)`` -> (g (m,) at the quadrature point, c (m, n) or None:
+    dg/du_a coefficients). Returns value, dX (N, 3), du (N,)."""
+    E, n = elements.shape
+    Nq, dNq, wts = _rule(n, degree)
+    dX = np.zeros((len(nodes), 3))
+    du = np.zeros(len(nodes))
+    total = 0.0
+    for blk in _blocks(E):
+        e = elements[blk]
+        X = nodes[e]
+        ge = np.zeros((len(e), n, 3))
+        gu = np.zeros((len(e), n))
+        for q in range(len(wts)):
+            det, G = _geom(X, dNq[q])
+            w = wts[q] * det
+            g, c = integrand(Nq[q], e, blk)
+            total += float(np.dot(w, g))
+            ge += (w * g)[:, None, None] * G                    # d(det)/dX_a = det G_a
+            if c is not None:
+                gu += w[:, None] * c
+        np.add.at(dX, e.ravel(), ge.reshape(-1, 3))
+        np.add.at(du, e.ravel(), gu.ravel())
+    return total, dX, du
+
+
+def load_shape_gradient(sysm: System, nodes, c) -> np.ndarray:
+    """(N, 3): d/dX of c^T f(X) (the study's volume and face loads)."""
+    el = sysm.mesh.elements
+    n = el.shape[1]
+    p = 1 if n == 4 else 2
+    C = np.asarray(c, float).reshape(len(nodes), -1)
+    out = np.zeros((len(nodes), 3))
+    if sysm.kind == "heat":
+        if np.any(sysm.s != 0):
+            s = sysm.s
+            _, g, _ = volume_integral_gradient(nodes, el, 2 * p,
+                                               lambda Nq, e, blk: (s[blk] * (C[e][:, :, 0] @ Nq), None))
+            out += g
+        for faces, q in sysm.flux:
+            out += _face_scalar_gradient(nodes, faces, 2 * p, lambda N, F: q * F(C[:, 0]))
+        for faces, h, tinf in sysm.convection:
+            out += _face_scalar_gradient(nodes, faces, 2 * p, lambda N, F: h * tinf * F(C[:, 0]))
+    else:
+        if sysm.body_force is not None and np.any(sysm.body_force != 0):
+            b = sysm.body_force
+            _, g, _ = volume_integral_gradient(nodes, el, 2 * p,
+                                               lambda Nq, e, blk: (np.einsum("a,eac,c->e", Nq, C[e], b), None))
+            out += g
+        for faces, t in sysm.traction:
+            out += _face_scalar_gradient(nodes, faces, 2 * p, lambda N, F: F(C) @ t)
+        for faces, pr in sysm.pressure:
+            out += _face_vector_gradient(nodes, faces, 2 * p + 2, lambda N, F: -pr * F(C))
+    return out
+
+
+def _face_setup(nodes, faces, degree):
+    m = faces.shape[1]
+    pts, wts = fem.tri_rule(degree)
+    N, dN = fem.tri_shape_functions(m, pts)
+    X = nodes[faces]
+    t1 = np.einsum("qa,fai->fqi", dN[:, :, 0], X)
+    t2 = np.einsum("qa,fai->fqi", dN[:, :, 1], X)
+    return N, dN, wts, t1, t2
+
+
+def _face_scalar_gradient(nodes, faces, degree, g) -> np.ndarray:
+    """d/dX of sum over faces of int g dA, g(N, F) -> (F, Q) with F(v) interpolating nodal v
+    (N,) or (N, c) at the face quadrature points; g is held fixed (only the area element moves)."""
+    out = np.zeros((len(nodes), 3))
+    if not len(faces):
+        return out
+    N, dN, wts, t1, t2 = _face_setup(nodes, faces, degree)
+    nrm = np.cross(t1, t2)
+    jac = np.linalg.norm(nrm, axis=2)
+    nh = nrm / np.maximum(jac, 1e-300)[:, :, None]
+
+    def F(v):
+        v = np.asarray(v, float)
+        return np.einsum("qa,fa...->fq...", N, v[faces])
+    val = np.asarray(g(N, F), float) * wts[None]            # (F, Q)
+    a = np.cross(t2, nh)                                    # d jac / d t1
+    b = np.cross(nh, t1)                                    # d jac / d t2
+    ge = np.einsum("fq,qa,fqi->fai", val, dN[:, :, 0], a) + np.einsum("fq,qa,fqi->fai", val, dN[:, :, 1], b)
+    np.add.at(out, faces.ravel(), ge.reshape(-1, 3))
+    return out
+
+
+def _face_vector_gradient(nodes, faces, degree, g) -> np.ndarray:
+    """d/dX of sum over faces of int g . n dA = sum_q w g . (t1 x t2), g(N, F) -> (F, Q, 3) held fixed."""
+    out = np.zeros((len(nodes), 3))
+    if not len(faces):
+        return out
+    N, dN, wts, t1, t2 = _face_setup(nodes, faces, degree)
+
+    def F(v):
+        v = np.asarray(v, float)
+        return np.einsum("qa,fa...->fq...", N, v[faces])
+    G = np.asarray(g(N, F), float) * wts[None, :, None]     # (F, Q, 3)
+    a = np.cross(t2, G)                                     # g . (dt1 x t2) = dt1 . (t2 x g)
+    b = np.cross(G, t1)                                     # g . (t1 x dt2) = dt2 . (g x t1)
+    ge = np.einsum("qa,fqi->fai", dN[:, :, 0], a) + np.einsum("qa,fqi->fai", dN[:, :, 1], b)
+    np.add.at(out, faces.ravel(), ge.reshape(-1, 3))
+    return out
+
+
+# ---------------------------------------------------------------- velocities from the tape
+
+def _jax_walker(walker=None):
+    if walker is not None and hasattr(walker, "value_and_grad"):
+        return walker
+    from taperay.runtime.jax_walker import JaxWalker
+    global _JAX
+    try:
+        return _JAX
+    except NameError:
+        _JAX = JaxWalker()
+        return _JAX
+
+
+def node_velocities(tape: Tape, nodes, names=None, walker=None, min_grad: float = 1e-3) -> dict:
+    """name -> (N, 3) velocity V = -(df/dtheta) grad f / |grad f|^2 at ``nodes`` (the JAX evaluator's
+    forward-mode df/dtheta and exact grad f, float32, returned as float64). Where |grad f| < min_grad
+    (a singular point of the field) V is 0."""
+    names = sorted(tape.names) if names is None else list(names)
+    if not names:
+        return {}
+    w = _jax_walker(walker)
+    g = w.value_and_grad(tape, np.asarray(nodes, np.float32), names=names)
+    dx = np.asarray(g.dx, np.float64)
+    g2 = np.einsum("ij,ij->i", dx, dx)
+    ok = g2 > min_grad ** 2
+    inv = np.zeros_like(g2)
+    inv[ok] = 1.0 / g2[ok]
+    out = {}
+    for nm in names:
+        dth = np.asarray(g.per_point[nm], np.float64)
+        out[nm] = -(dth * inv)[:, None] * dx
+    return out
+
+
+def shape_gradient(sysm: System, u, objective_terms) -> np.ndarray:
+    """dJ/dX (N, 3) of an objective whose partials are ``objective_terms`` = (dJ/du, dJ/dX|_u):
+    one adjoint solve when dJ/du is not zero."""
+    dJdu, dJdX = objective_terms
+    total = np.array(dJdX, float, copy=True)
+    if dJdu is not None and np.any(dJdu != 0):
+        lam = sysm.adjoint(dJdu)
+        total -= sysm.residual_shape_gradient(u, lam)
+    return total
+
+
+def parameter_derivatives(dJdX: np.ndarray, velocities: dict) -> dict:
+    """name -> dJ/dtheta = sum over nodes of dJ/dX_n . V_n."""
+    return {nm: float(np.einsum("ij,ij->", dJdX, V)) for nm, V in velocities.items()}
