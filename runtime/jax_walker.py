@@ -586,6 +586,9 @@ class _Trace:
         x, y, z, s = st.p
         leaf_nodes, leaf_inst = self.leaves[i]
         n_leaves = len(leaf_nodes)
+        if n_leaves == 0:                 # (no leaf: the list's value is +inf, as the twin's)
+            st.regs[self.cols[end][1]] = (jnp.full(x.shape, INF), jnp.zeros(x.shape, jnp.int32))
+            return
         blocks = -(-n_leaves // LEAF_BLOCK) if n_leaves > LEAF_BLOCK else 1
         width = min(n_leaves, LEAF_BLOCK)
         pad = blocks * width - n_leaves
