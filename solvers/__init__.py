@@ -12,6 +12,12 @@ _EXPORTS = {
     "TetMesh": "tetmesh", "tet_mesh": "tetmesh", "box_mesh": "tetmesh",
     "Heat": "study", "Elasticity": "study", "Result": "study", "simulate": "study",
     "study_from": "study",
+    "System": "shape", "assemble": "shape", "node_velocities": "shape", "shape_gradient": "shape",
+    "parameter_derivatives": "shape",
+    **{n: "objectives" for n in ("Objective", "MeanTemperature", "MaxTemperature", "Compliance", "MaxVonMises",
+                                 "Volume", "Mass", "Weighted", "Constraint", "objective_from", "constraint_from")},
+    **{n: "optimize" for n in ("optimize", "OptimizeResult", "Design", "evaluate_design", "shape_derivatives",
+                               "run_optimize", "plot_history", "save_optimized_scene")},
 }
 
 __all__ = sorted(_EXPORTS)

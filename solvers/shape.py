@@ -403,6 +403,8 @@ def _face_vector_gradient(nodes, faces, degree, g) -> np.ndarray:
 
 # ---------------------------------------------------------------- velocities from the tape
 
+PAD_POINTS = 1 << 15        # velocities are evaluated on at least this many points (one compiled program)
+
 def _jax_walker(walker=None):
     if walker is not None and hasattr(walker, "value_and_grad"):
         return walker
@@ -415,24 +417,98 @@ def _jax_walker(walker=None):
         return _JAX
 
 
-def node_velocities(tape: Tape, nodes, names=None, walker=None, min_grad: float = 1e-3) -> dict:
-    """name -> (N, 3) velocity V = -(df/dtheta) grad f / |grad f|^2 at ``nodes`` (the JAX evaluator's
-    forward-mode df/dtheta and exact grad f, float32, returned as float64). Where |grad f| < min_grad
-    (a singular point of the field) V is 0."""
+def pool_tangents(tape: Tape, names, rel: float = 1e-2) -> dict:
+    """name -> (P,) d(pool)/d(name). A named parameter owns its slots (tape.names) but a refit may
+    derive other slots from it too (a pattern's extent, a bound): those slots carry part of the
+    field's derivative (a linear pattern of boxes: half of it on the box's own faces). The derived
+    slots' rates come from central differences of the refitted pool (they are linear in the
+    parameter where the flattener computes extents); the owned slots get exactly 1. A tape
+    without its scene, or whose refit changes the pool's layout, gets the owned slots only."""
+    out = {}
+    for nm in names:
+        t = np.zeros(len(tape.params), np.float64)
+        own = tape.names[nm]
+        v = float(tape.params[own[0]])
+        refit = getattr(tape, "refit", None)
+        if refit is not None:
+            h = rel * max(abs(v), 1e-3 * float(np.max(np.asarray(tape.bounds[1]) - np.asarray(tape.bounds[0]))))
+            try:
+                a, b = refit(nm, v + h), refit(nm, v - h)
+            except TaperayError:
+                a = b = None
+            if a is not None and len(a.params) == len(tape.params) == len(b.params) \
+                    and np.array_equal(a.instrs, tape.instrs):
+                t = (a.params.astype(np.float64) - b.params.astype(np.float64)) / (2 * h)
+                t[np.abs(t) < 1e-3] = 0.0               # (float32 round-off of untouched slots)
+        t[own] = 1.0
+        out[nm] = t.astype(np.float32)
+    return out
+
+
+def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_grad: float = 1e-3,
+                    rank_tol: float = 0.05) -> dict:
+    """name -> (N, 3) velocity at ``nodes``: V = -(df/dtheta) grad f / |grad f|^2 (the JAX
+    evaluator's forward-mode df/dtheta and exact grad f, float32, returned as float64); where
+    |grad f| < min_grad (a singular point of the field) V is 0.
+
+    With ``faces`` (the mesh's boundary faces), each boundary node's V is instead the least-squares
+    V with n_k . V = V_n,k for the faces k around it, n_k and V_n,k = -(df/dtheta)/|grad f| taken
+    at each face's centroid: on a sharp edge or corner, where a node lies on two or three smooth
+    pieces of the surface, V then moves it with all of them (a lone gradient at the node would
+    follow one piece only, and the area of a face bounded by a moving edge would not change).
+    Directions whose eigenvalue of sum n_k n_k^T is below ``rank_tol`` times the largest are left
+    out (a smooth, gently curved surface: V = V_n n)."""
     names = sorted(tape.names) if names is None else list(names)
     if not names:
         return {}
+    nodes = np.asarray(nodes, np.float64)
+    pts = nodes
+    if faces is not None and len(faces):
+        faces = np.asarray(faces, np.int64)
+        cent = nodes[faces[:, :3]].mean(1)
+        pts = np.concatenate([nodes, cent])
     w = _jax_walker(walker)
-    g = w.value_and_grad(tape, np.asarray(nodes, np.float32), names=names)
-    dx = np.asarray(g.dx, np.float64)
+    # pad to a fixed least count (copies of the first point): designs of different mesh sizes then
+    # share the JAX evaluator's compiled program (it compiles once per point-count rung)
+    n_pts = len(pts)
+    padded = np.empty((max(n_pts, PAD_POINTS), 3), np.float32)
+    padded[:n_pts] = pts
+    padded[n_pts:] = pts[0]
+    g = w.value_and_grad(tape, padded, names=())
+    dx = np.asarray(g.dx, np.float64)[:n_pts]
+    per_point = {nm: np.asarray(w.jvp(tape, padded, t)[1], np.float64) for nm, t in pool_tangents(tape, names).items()}
     g2 = np.einsum("ij,ij->i", dx, dx)
     ok = g2 > min_grad ** 2
     inv = np.zeros_like(g2)
     inv[ok] = 1.0 / g2[ok]
+    N = len(nodes)
     out = {}
     for nm in names:
-        dth = np.asarray(g.per_point[nm], np.float64)
-        out[nm] = -(dth * inv)[:, None] * dx
+        dth = per_point[nm][:n_pts]
+        out[nm] = -(dth * inv)[:N, None] * dx[:N]
+    if faces is None or not len(faces):
+        return out
+    # boundary nodes: least squares over the faces around each node
+    gn = np.sqrt(g2[N:])
+    fok = gn > min_grad
+    nrm = np.zeros((len(faces), 3))
+    nrm[fok] = dx[N:][fok] / gn[fok, None]
+    rows = faces.ravel()
+    fidx = np.repeat(np.arange(len(faces)), faces.shape[1])
+    M = np.zeros((N, 3, 3))
+    np.add.at(M, rows, nrm[fidx][:, :, None] * nrm[fidx][:, None, :])
+    bnodes = np.unique(rows)
+    lam, U = np.linalg.eigh(M[bnodes])                       # ascending
+    keep = lam > rank_tol * lam[:, -1:]
+    invl = np.where(keep, 1.0 / np.where(keep, lam, 1.0), 0.0)
+    P = np.einsum("nij,nj,nkj->nik", U, invl, U)              # pseudo-inverse of M at each boundary node
+    for nm in names:
+        vn = np.zeros(len(faces))
+        vn[fok] = -per_point[nm][N:n_pts][fok] / gn[fok]
+        r = np.zeros((N, 3))
+        np.add.at(r, rows, nrm[fidx] * vn[fidx][:, None])
+        V = out[nm]
+        V[bnodes] = np.einsum("nij,nj->ni", P, r[bnodes])
     return out
 
 
