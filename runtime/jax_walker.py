@@ -44,9 +44,13 @@ from pathlib import Path
 
 import numpy as np
 
-import jax
-import jax.numpy as jnp
-from jax import lax
+# a CUDA jaxlib takes 75 % of the GPU's memory at its first use unless told not to; the GPU walker
+# (wgpu) shares that GPU in the same process, so JAX allocates as it goes (a user's setting wins)
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402  (after the allocator setting)
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
 
 from .opcodes import OPS, POLY_OPS, Family, Op
 from .tape import VALIDATED, Tape, TaperayError, point_array

@@ -27,7 +27,7 @@ _EXPORTS = {
     "load_file": "taperay.scenegraph.files",
     "Tape": "taperay.runtime.tape", "TaperayError": "taperay.runtime.tape", "validate": "taperay.runtime.tape",
     "Op": "taperay.runtime.opcodes", "OPS": "taperay.runtime.opcodes",
-    "CpuWalker": "taperay.runtime.cpu", "GpuWalker": "taperay.runtime.gpu",
+    "CpuWalker": "taperay.runtime.cpu", "GpuWalker": "taperay.runtime.gpu", "JaxWalker": "taperay.runtime.jax_walker",
     "walker": "taperay.runtime.walkers", "run_on": "taperay.runtime.walkers",
     "RenderSettings": "taperay.runtime.shading", "VIEWS": "taperay.runtime.shading",
     "Camera": "taperay.runtime.camera", "auto_camera": "taperay.runtime.camera",
