@@ -96,7 +96,7 @@ def evaluate_design(tape: Tape, study, functions, names=None, order: int | None 
         u = sysm.solve()
         timings["solve"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    V = node_velocities(tape, mesh.nodes, names, faces=mesh.boundary_faces())
+    V = node_velocities(tape, mesh.nodes, names, faces=mesh.boundary_faces(), elements=mesh.elements)
     timings["velocity"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     values, grads = [], []

@@ -446,7 +446,7 @@ def pool_tangents(tape: Tape, names, rel: float = 1e-2) -> dict:
 
 
 def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_grad: float = 1e-3,
-                    rank_tol: float = 0.05) -> dict:
+                    rank_tol: float = 0.05, elements=None) -> dict:
     """name -> (N, 3) velocity at ``nodes``: V = -(df/dtheta) grad f / |grad f|^2 (the JAX
     evaluator's forward-mode df/dtheta and exact grad f, float32, returned as float64); where
     |grad f| < min_grad (a singular point of the field) V is 0.
@@ -457,7 +457,15 @@ def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_
     pieces of the surface, V then moves it with all of them (a lone gradient at the node would
     follow one piece only, and the area of a face bounded by a moving edge would not change).
     Directions whose eigenvalue of sum n_k n_k^T is below ``rank_tol`` times the largest are left
-    out (a smooth, gently curved surface: V = V_n n)."""
+    out (a smooth, gently curved surface: V = V_n n).
+
+    With ``elements`` too, the interior nodes' V is the harmonic extension of the boundary nodes'
+    (one Laplace solve, its factorisation shared by every component and name): the level-set V
+    inside a part jumps across the medial surface (the nearest face changes), and a jump inside
+    the mesh costs the volume form its accuracy (a spherical shell, TET10: 1.4 % / 0.6 % / 0.5 %
+    off the exact derivative with the level-set V, 0.1 % or better with the harmonic one).
+    The derivative is that of the discrete problem for either field (the boundary nodes decide
+    the continuous derivative; the interior only its discretisation error)."""
     names = sorted(tape.names) if names is None else list(names)
     if not names:
         return {}
@@ -509,7 +517,28 @@ def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_
         np.add.at(r, rows, nrm[fidx] * vn[fidx][:, None])
         V = out[nm]
         V[bnodes] = np.einsum("nij,nj->ni", P, r[bnodes])
+    if elements is not None:
+        _harmonic_extension(nodes, np.asarray(elements, np.int64), bnodes, out)
     return out
+
+
+def _harmonic_extension(nodes, elements, bnodes, fields: dict) -> None:
+    """Replace the interior rows of each (N, 3) field by the solution of Laplace's equation with
+    the boundary rows as Dirichlet data (in place)."""
+    from scipy.sparse.linalg import splu
+    K, _ = fem.heat_system(nodes, elements, 1.0)
+    inner = np.ones(len(nodes), bool)
+    inner[bnodes] = False
+    if not inner.any() or not fields:
+        return
+    Kii = K[inner][:, inner].tocsc()
+    Kib = K[inner][:, ~inner]
+    lu = splu(Kii)
+    names = list(fields)
+    B = np.concatenate([fields[nm][~inner] for nm in names], 1)          # (nb, 3 * names)
+    X = lu.solve(-(Kib @ B))
+    for k, nm in enumerate(names):
+        fields[nm][inner] = X[:, 3 * k:3 * k + 3]
 
 
 def shape_gradient(sysm: System, u, objective_terms) -> np.ndarray:
