@@ -129,9 +129,10 @@ def test_shell_derivative_converges_and_agrees_with_remeshed_differences():
     for res in (16, 24):
         d = evaluate_design(_shell(), _shell_study(), [MeanTemperature()], order=2, resolution=res)
         errs.append(abs(d.gradients[0]["R"] / exact - 1))
-    assert errs[-1] < 0.005
+    assert errs[-1] < 0.005 and errs[-1] < errs[0]
+    # (resolution 24 at R = 1.05 / 0.95 gave 16 inverted elements after tet_mesh's boundary projection)
     h = 0.05
-    vals = [evaluate_design(_shell(1 + s * h), _shell_study(), [MeanTemperature()], order=2, resolution=24).values[0]
+    vals = [evaluate_design(_shell(1 + s * h), _shell_study(), [MeanTemperature()], order=2, resolution=20).values[0]
             for s in (1, -1)]
     fd = (vals[0] - vals[1]) / (2 * h)
     assert d.gradients[0]["R"] == pytest.approx(fd, rel=0.05)
@@ -208,7 +209,7 @@ def test_run_optimize_writes_the_scene_history_and_plot(tmp_path):
     res = run_optimize("scenes/heat_sink.py", "max_temperature", "volume<=initial",
                        ["fin_height=0.02:0.04", "fin_half_thickness=0.001:0.003"], max_steps=2,
                        out_scene=tmp_path / "best.scene", history_json=tmp_path / "h.json",
-                       plot_png=tmp_path / "h.png", resolution=24)
+                       plot_png=tmp_path / "h.png", resolution=32)   # (24: TetGen's child died, SIGSEGV)
     h = json.loads((tmp_path / "h.json").read_text())
     assert h["objective"] == "max_temperature" and len(h["history"]) == len(res.history) >= 2
     assert (tmp_path / "h.png").stat().st_size > 1000 or not _has_matplotlib()
