@@ -449,3 +449,22 @@ def test_grad_writes_values_normals_and_parameter_derivatives(capsys, tmp_path, 
     np.testing.assert_allclose(g["value"], radius - 0.6, atol=1e-6)
     np.testing.assert_allclose(g["normal"], pts / radius[:, None], atol=1e-3 if walker == "cpu" else 1e-5)
     np.testing.assert_allclose(g["r"], -1.0, atol=1e-3 if walker == "cpu" else 1e-6)
+
+
+def test_optimize_writes_the_best_scene_history_and_plot(capsys, tmp_path):
+    from taperay.scenegraph.files import load_scene_file
+    rc, out, err = run_cli(capsys, "optimize", "scenes/heat_sink.py", "--objective", "max_temperature",
+                           "--constraint", "volume<=initial", "--bounds", "fin_height=0.02:0.04", "--max-steps", "1",
+                           "-o", tmp_path / "best.scene", "--json", tmp_path / "h.json", "--plot", tmp_path / "h.png")
+    assert rc == 0, err
+    history = json.loads((tmp_path / "h.json").read_text())
+    assert history["objective"] == "max_temperature" and len(history["history"]) >= 1
+    assert "design  0: max_temperature" in out and "|gradient|" in out
+    best = load_scene_file(tmp_path / "best.scene").params()
+    assert best["fin_height"] == pytest.approx(history["best"]["fin_height"])
+    assert (tmp_path / "h.png").stat().st_size > 1000
+
+
+def test_optimize_refuses_an_unknown_objective(capsys, tmp_path):
+    rc, _, err = run_cli(capsys, "optimize", "scenes/heat_sink.py", "--objective", "beauty", "-o", tmp_path / "b.scene")
+    assert rc == 2 and "choose from" in err

@@ -44,6 +44,8 @@ BENCHMARKS: dict[str, Benchmark] = {
                            "GPU walker: prospero sign/field image with per-tile interval pruning vs unpruned, 1024² and 4096²"),
     "flatten": Benchmark("taperay.tools.bench:bench_flatten",
                          "flatten: patterns of 10^2..10^6 instances and an instance list of 10^5 (no per-instance Python)"),
+    "sim": Benchmark("taperay.tools.bench_sim:bench_sim",
+                     "solvers: the heat sink end to end (surface, tets, assembly, solve), TET4 and TET10, first and novel designs"),
     "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
                            "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }

@@ -1,5 +1,5 @@
 """The ``taperay`` command line: ``render``, ``eval``, ``grad``, ``info``, ``conform``, ``mesh``,
-``simulate`` and ``bench``.
+``simulate``, ``optimize`` and ``bench``.
 
 Owns argument parsing (the walker itself is chosen by ``taperay.runtime.walkers``), the "what it
 did" report with per-stage timings, and the error contract: every error a user can cause ends as one line
@@ -508,6 +508,56 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_optimize(args) -> int:
+    from taperay.scenegraph import flatten
+    from taperay.scenegraph.files import load_scene_file
+    from taperay.solvers import run_optimize
+    from taperay.solvers.objectives import OBJECTIVES
+    watch = Stopwatch()
+    if args.objective not in OBJECTIVES:
+        raise UsageError(f"--objective {args.objective!r}: choose from {', '.join(sorted(OBJECTIVES))}")
+    out = _output_path(args.output)
+    if out.suffix.lower() != ".scene":
+        raise UsageError(f"{out}: the optimised design is written as a .scene file")
+    con = console()
+
+    def progress(record):
+        cons = "; ".join(f"{c['name']} {c['value']:.4g} {c['op']} " + ("initial" if c["bound"] is None else f"{c['bound']:.4g}")
+                         for c in record.get("constraints", []))
+        con.print(f"  design {record['step']:>2}: {args.objective} {record['objective']:.6g}"
+                  + (f", {cons}" if cons else "") + f", |gradient| {record['gradient_norm']:.3g}, "
+                  f"{record['seconds']:.1f} s" + ("" if record.get("feasible", True) else " (infeasible)"))
+
+    with watch.stage("optimize"):
+        res = run_optimize(args.scene, objective=args.objective, constraint=args.constraint, bounds=args.bounds,
+                           max_steps=args.max_steps, out_scene=out, history_json=args.json, plot_png=args.plot,
+                           progress=progress, resolution=args.resolution, order=args.order)
+    images = []
+    if args.images:
+        from taperay.runtime.camera import auto_camera
+        from taperay.runtime.image import write_png
+        first = flatten(load_scene_file(out), source=str(out))
+        for name, value in res.initial.items():
+            first.set_param(name, value)
+        last = flatten(load_scene_file(out), source=str(out))
+        cam = auto_camera(last.bounds)
+        with watch.stage("images"):
+            from taperay.runtime.walkers import walker as choose_walker
+            wk = choose_walker("auto")
+            for label, tape in (("first", first), ("best", last)):
+                path = out.with_name(f"{out.stem}-{label}.png")
+                write_png(path, wk.render(tape, cam, 640, 480))
+                images.append(str(path))
+    con.print(f"{args.objective}: {res.initial_value:.6g} -> {res.best_value:.6g} in {len(res.history)} designs "
+              f"({res.method}, {'converged' if res.success else res.message})")
+    con.print("best:      " + ", ".join(f"{k} = {v:.6g}" for k, v in res.best.items()) + f" -> {out}")
+    for extra in [args.json, args.plot, *images]:
+        if extra:
+            con.print(f"wrote:     {extra}")
+    con.print(f"timings:   {watch.summary()}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from . import bench
     return bench.run(args)
@@ -595,6 +645,24 @@ def build_parser() -> argparse.ArgumentParser:
     walker_arg(p)
     set_arg(p)
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("optimize", help="optimise a scene's named parameters for its study")
+    p.add_argument("scene", metavar="SCENE", help="a Python scene declaring `study` (or a .scene with --study)")
+    p.add_argument("--objective", required=True, help="max_temperature, mean_temperature, compliance, "
+                   "max_von_mises, volume or mass")
+    p.add_argument("--constraint", action="append", metavar="EXPR",
+                   help="e.g. 'volume<=initial', 'mass<=0.2', 'volume<=95%%' (repeatable)")
+    p.add_argument("--bounds", action="append", metavar="NAME=LO:HI",
+                   help="a parameter's range (repeatable; default 0.5x..1.5x its value)")
+    p.add_argument("--max-steps", type=int, default=20, help="optimiser iterations at most (default 20)")
+    p.add_argument("--resolution", type=int, default=48, help="surface grid cells along the longest side (default 48)")
+    p.add_argument("--order", type=int, choices=(1, 2), help="TET4 (1) or TET10 (2)")
+    p.add_argument("-o", "--output", required=True, metavar="BEST.scene", help="the optimised scene")
+    p.add_argument("--json", metavar="HISTORY.json", help="every design's parameters, values and gradients")
+    p.add_argument("--plot", metavar="HISTORY.png", help="the convergence plot")
+    p.add_argument("--images", action="store_true",
+                   help="also render the first and the best design beside the output (NAME-first.png, NAME-best.png)")
+    p.set_defaults(func=cmd_optimize)
 
     from . import bench
     bench.add_parser(sub, cmd_bench)
