@@ -165,8 +165,8 @@ def _volume_load(nodes, elements, value, ncomp: int, degree_extra: int = 0) -> n
                 val = np.asarray(value(xq), float).reshape(len(el), ncomp)
             else:
                 v = np.asarray(value, float)
-                val = np.broadcast_to(v[blk] if v.ndim and v.shape[0] == E else v, (len(el), ncomp)) if v.ndim \
-                    else np.full((len(el), ncomp), float(v))
+                per_element = v.ndim and v.shape[0] == E
+                val = np.broadcast_to(v[blk].reshape(len(el), -1) if per_element else v, (len(el), ncomp))
             fe += (wts[q] * det)[:, None, None] * Nq[q][None, :, None] * val[:, None, :]
         np.add.at(f, el.ravel(), fe.reshape(-1, ncomp))
     return f if ncomp > 1 else f[:, 0]

@@ -382,3 +382,16 @@ def test_heat_sink_simulates_with_energy_balance():
                 for n, (h, tinf) in study.convection.items())
     assert q_out == pytest.approx(q_in, rel=1e-6)
     assert res.summary()["max_temperature"] > study.convection["fins"][1]
+
+
+def test_a_heat_source_per_element_equals_the_same_constant():
+    """A volumetric source given per element (as a study's per-material source is) loads the nodes
+    as the constant does: total = source x volume."""
+    from taperay.solvers import fem
+    from taperay.solvers.tetmesh import box_mesh
+    for order in (1, 2):
+        m = box_mesh((3, 2, 2), order=order)
+        _, constant = fem.heat_system(m.nodes, m.elements, 1.0, source=2.0)
+        _, per_element = fem.heat_system(m.nodes, m.elements, 1.0, source=np.full(len(m.elements), 2.0))
+        np.testing.assert_allclose(per_element, constant, rtol=0, atol=1e-15)
+        assert constant.sum() == pytest.approx(2.0)
