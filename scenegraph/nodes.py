@@ -61,6 +61,13 @@ class Material:
     color: tuple[float, float, float] = (0.7, 0.7, 0.72)
     roughness: float = 0.5
 
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise TaperayError(f"a material's name must be a non-empty string, got {self.name!r} "
+                               "(Material(name, color, roughness))")
+        if np.shape(self.color) != (3,):
+            raise TaperayError(f"material {self.name!r}: color must be 3 numbers, got {self.color!r}")
+
 
 DEFAULT_MATERIAL = Material("default")
 

@@ -27,8 +27,8 @@ from taperay.runtime.shading import RenderSettings
 
 EXACT = RenderSettings(cell_skip=False)   # marches on cells without empty-space skipping: the whole tape's steps
 
-RED, BLUE, GREEN = (Material((0.8, 0.1, 0.1), 0.4), Material((0.1, 0.2, 0.8), 0.6),
-                    Material((0.1, 0.7, 0.2), 0.3))
+RED, BLUE, GREEN = (Material("red", (0.8, 0.1, 0.1), 0.4), Material("blue", (0.1, 0.2, 0.8), 0.6),
+                    Material("green", (0.1, 0.7, 0.2), 0.3))
 TOL = 2e-5   # float32 rounding of the rewritten formulas, at scene sizes of a few units
 
 
