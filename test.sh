@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run the tests in CI mode: the GPU walker must be present (Mesa lavapipe counts; it is
-# installed with apt when no Vulkan driver is). Extra arguments go to pytest.
+# installed with apt when no Vulkan driver is). Tests run in one process per core (pytest-xdist);
+# extra arguments go to pytest (e.g. -n 0 for one process).
 set -euo pipefail
 cd "$(dirname "$0")"
 source tools/setup_env.sh
@@ -8,4 +9,4 @@ ensure_vulkan
 ensure_venv '.[test]'
 ensure_runtime_dir
 export TAPERAY_REQUIRE_GPU=1
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n auto "$@"
