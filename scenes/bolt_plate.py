@@ -2,7 +2,7 @@
 leaves each) and a ring of 36 rounded fins, all O(1) per point by domain repetition."""
 import math
 
-from taperay.scenegraph import Material, box, cylinder, extrude, rounded_box, union
+from taperay.scenegraph import Material, cylinder, extrude, rounded_box, union
 
 ZINC = Material("zinc", (0.72, 0.74, 0.78), 0.4)
 PLATE = Material("plate", (0.22, 0.35, 0.55), 0.6)

@@ -216,7 +216,6 @@ def elasticity_system(nodes, elements, E, nu, body_force=None) -> tuple[sp.csr_m
     lam, mu = lame(_per_element(E, Ne, "E"), _per_element(nu, Ne, "nu"))
     pts, wts = tet_rule(2 * (1 if n == 4 else 2) - 2)
     dNq = shape_derivatives(n, pts)
-    eye = np.eye(3)
     dofs, vals = [], []
     for blk in _blocks(Ne, max(1, ELEMENT_BLOCK * 16 // (n * n))):
         el = elements[blk]

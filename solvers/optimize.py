@@ -24,7 +24,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .objectives import Constraint, Objective, constraint_from, objective_from
+from .objectives import constraint_from, objective_from
 from .shape import assemble, node_velocities, parameter_derivatives, shape_gradient
 from .study import study_from
 from .surface import default_walker, mesh_surface

@@ -7,7 +7,6 @@
   spherical shell with fixed temperatures on both walls (T = A + B / r).
 - Remeshed: central differences of the whole pipeline (surface, TetGen, solve) at theta +- h.
 """
-import copy
 import json
 
 import numpy as np
@@ -21,7 +20,7 @@ from taperay.scenegraph import Material, Param, box, flatten, intersection, plan
 from taperay.solvers import Elasticity, Heat, mesh_surface, tet_mesh
 from taperay.solvers.objectives import (Compliance, Mass, MaxTemperature, MaxVonMises, MeanTemperature, Volume,
                                         constraint_from, objective_from)
-from taperay.solvers.optimize import evaluate_design, optimize, run_optimize, _tape_at
+from taperay.solvers.optimize import evaluate_design, optimize, run_optimize
 from taperay.solvers.shape import assemble, moved_mesh, node_velocities, parameter_derivatives, shape_gradient
 from taperay.runtime.tape import TaperayError
 
