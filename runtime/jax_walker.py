@@ -53,7 +53,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 from .opcodes import OPS, POLY_OPS, Family, Op
-from .tape import VALIDATED, Tape, TaperayError, point_array
+from .tape import VALIDATED, Tape, TaperayError, point_array, pool_tangents
 
 __all__ = ["JaxWalker", "Gradients", "compile_stats", "LADDER_MIN", "CHUNK", "LEAF_BLOCK", "cache_dir"]
 
@@ -648,7 +648,8 @@ class Gradients:
 
     value (N,), material (N,) uint32, dx (N, 3): the spatial gradient df/dx at each point;
     dpool (P,): sum_i w_i df_i/dtheta for every pool entry (w the weights, default 1);
-    dnamed: name -> sum over its slots of dpool (the weighted total per named parameter);
+    dnamed: name -> dpool . d(pool)/d(name) (the weighted total per named parameter: its own
+    slots and those a scene's refit derives from it, ``runtime.tape.pool_tangents``);
     per_point: name -> (N,) df_i/dname at each point (forward mode), for the names asked."""
     value: np.ndarray
     material: np.ndarray
@@ -1033,8 +1034,9 @@ class JaxWalker:
         d, m, dx, dpool, per = prog.grads(args, pts, w, tangents)
         dpool = np.asarray(dpool)[:len(tape.params)]
         per = np.asarray(per)
+        every = pool_tangents(tape, sorted(tape.names))
         return Gradients(np.asarray(d)[:n], np.asarray(m)[:n].astype(np.uint32), np.asarray(dx)[:n], dpool,
-                         {nm: float(dpool[tape.names[nm]].sum(dtype=np.float64)) for nm in sorted(tape.names)},
+                         {nm: float(np.dot(dpool.astype(np.float64), t)) for nm, t in every.items()},
                          {nm: per[k, :n] for k, nm in enumerate(names)})
 
     def vjp(self, tape: Tape, points, weights) -> tuple[np.ndarray, np.ndarray]:
@@ -1062,9 +1064,11 @@ class JaxWalker:
 
     @staticmethod
     def _name_tangents(tape: Tape, names: list, size: int) -> np.ndarray:
+        """One pool direction per name: its own slots and the slots a scene's refit derives
+        from it (``runtime.tape.pool_tangents``: a pattern's extent carries part of the derivative)."""
         t = np.zeros((len(names), size), np.float32)
-        for k, nm in enumerate(names):
-            t[k, tape.names[nm]] = 1.0
+        for k, tangent in enumerate(pool_tangents(tape, names).values()):
+            t[k, :len(tangent)] = tangent
         return t
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from .opcodes import (LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS,
                       STACK_CAP, Family, Op, OpSpec)
 
-__all__ = ["INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
+__all__ = ["pool_tangents", "INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
            "CellsTooLarge", "validate", "content_key", "freeze", "quat_matrices",
            "ValidatedTapes", "VALIDATED", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
@@ -402,3 +402,31 @@ def _check_instances(tape: Tape, first: int, count: int, param: int, i: int, src
     if not ok.all():
         bad = int(np.flatnonzero(~ok)[0])
         raise TapeError(f"INSTANCES' grid cell {bad} names {reps[bad]:g}, not an instance of its list", i, src)
+
+
+def pool_tangents(tape: "Tape", names, rel: float = 1e-2) -> dict:
+    """name -> (P,) d(pool)/d(name). A named parameter owns its slots (tape.names) but a refit may
+    derive other slots from it too (a pattern's extent, a bound): those slots carry part of the
+    field's derivative (a linear pattern of boxes: half of it on the box's own faces). The derived
+    slots' rates come from central differences of the refitted pool (they are linear in the
+    parameter where the flattener computes extents); the owned slots get exactly 1. A tape
+    without its scene, or whose refit changes the pool's layout, gets the owned slots only."""
+    out = {}
+    for nm in names:
+        t = np.zeros(len(tape.params), np.float64)
+        own = tape.names[nm]
+        v = float(tape.params[own[0]])
+        refit = getattr(tape, "refit", None)
+        if refit is not None:
+            h = rel * max(abs(v), 1e-3 * float(np.max(np.asarray(tape.bounds[1]) - np.asarray(tape.bounds[0]))))
+            try:
+                a, b = refit(nm, v + h), refit(nm, v - h)
+            except TaperayError:
+                a = b = None
+            if a is not None and len(a.params) == len(tape.params) == len(b.params) \
+                    and np.array_equal(a.instrs, tape.instrs):
+                t = (a.params.astype(np.float64) - b.params.astype(np.float64)) / (2 * h)
+                t[np.abs(t) < 1e-3] = 0.0               # (float32 round-off of untouched slots)
+        t[own] = 1.0
+        out[nm] = t.astype(np.float32)
+    return out

@@ -468,3 +468,29 @@ def test_optimize_writes_the_best_scene_history_and_plot(capsys, tmp_path):
 def test_optimize_refuses_an_unknown_objective(capsys, tmp_path):
     rc, _, err = run_cli(capsys, "optimize", "scenes/heat_sink.py", "--objective", "beauty", "-o", tmp_path / "b.scene")
     assert rc == 2 and "choose from" in err
+
+
+PATTERN_SCENE = """
+from taperay.scenegraph import Param, box
+scene = box(Param("h", 0.2), 0.3, 0.4).linear_pattern((1.0, 0, 0), 3)
+"""
+
+
+def test_grad_of_a_pattern_counts_the_slots_its_refit_derives(capsys, tmp_path):
+    """Just outside a face of a patterned box, d value / d h is -1 (the face moves out by dh): the
+    box's own half extent and the pattern's extent, which the refit derives from h, carry it
+    together (their values tie there: each passes half). Off the face by 0.01: on it, the box's
+    own kink (outside and inside branches equal) splits the derivative by JAX's tie rule."""
+    (tmp_path / "p.py").write_text(PATTERN_SCENE)
+    rng = np.random.default_rng(2)
+    faces = np.stack([np.repeat([0.21, 1.21, 2.21], 20), rng.uniform(-0.25, 0.25, 60), rng.uniform(-0.35, 0.35, 60)], 1)
+    np.save(tmp_path / "pts.npy", faces)
+    results = {}
+    for walker in ("jax", "cpu"):
+        rc, _, err = run_cli(capsys, "grad", tmp_path / "p.py", tmp_path / "pts.npy", "-o", tmp_path / f"{walker}.npz",
+                             "--walker", walker)
+        assert rc == 0, err
+        results[walker] = np.load(tmp_path / f"{walker}.npz")
+    np.testing.assert_allclose(results["jax"]["value"], 0.01, atol=1e-6)
+    np.testing.assert_allclose(results["jax"]["h"], -1.0, atol=1e-5)
+    np.testing.assert_allclose(results["cpu"]["h"], -1.0, atol=1e-3)
