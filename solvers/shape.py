@@ -36,8 +36,8 @@ import scipy.sparse as sp
 from taperay.runtime.tape import Tape, TaperayError, pool_tangents
 
 from . import fem
-from .study import _ids, _per_material, element_materials, face_materials, study_from
-from .surface import default_walker, material_names
+from .study import _per_material, mesh_materials, study_from
+from .surface import default_walker
 from .tetmesh import TetMesh
 
 __all__ = ["System", "assemble", "node_velocities", "shape_gradient", "parameter_derivatives",
@@ -149,14 +149,7 @@ def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto"
     ``simulate`` does), the stiffness, the loads and the fixed dofs."""
     study = study_from(study)
     walker = default_walker(walker)
-    names = material_names(tape)
-    faces = mesh.boundary_faces()
-    fmat = face_materials(tape, mesh.nodes, faces, walker)
-    emat = element_materials(tape, mesh.nodes, mesh.elements, walker)
-    present = set(np.unique(fmat).tolist())
-
-    def faces_of(name, what):
-        return faces[np.isin(fmat, _ids(names, name, present, what))]
+    names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
 
     sysm = System(study.kind, mesh, None, None, None, None, element_material=emat, material_names=names, solver=solver)
     fixed, vals = [], []

@@ -19,7 +19,8 @@ from . import fem
 from .surface import DEFAULT_RESOLUTION, default_walker, material_names, mesh_surface
 from .tetmesh import TetMesh, tet_mesh
 
-__all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "face_materials", "element_materials"]
+__all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "face_materials", "element_materials",
+           "mesh_materials"]
 
 
 @dataclass
@@ -88,6 +89,20 @@ def element_materials(tape: Tape, nodes, elements, walker=None) -> np.ndarray:
     walker = default_walker(walker)
     c = np.asarray(nodes)[np.asarray(elements)[:, :4]].mean(1)
     return np.asarray(walker.evaluate(tape, c.astype(np.float32))[1], np.int64)
+
+
+def mesh_materials(tape: Tape, mesh: TetMesh, walker=None):
+    """(material names, boundary faces, each element's material id, ``faces_of(name, what)``: the
+    boundary faces carrying material ``name``; ``what`` names the boundary condition in errors)."""
+    names = material_names(tape)
+    faces = mesh.boundary_faces()
+    fmat = face_materials(tape, mesh.nodes, faces, walker)
+    emat = element_materials(tape, mesh.nodes, mesh.elements, walker)
+    present = set(np.unique(fmat).tolist())
+
+    def faces_of(name, what):
+        return faces[np.isin(fmat, _ids(names, name, present, what))]
+    return names, faces, emat, faces_of
 
 
 def _ids(names: list[str], name: str, present: set[int], what: str) -> np.ndarray:
@@ -193,14 +208,7 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
         mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, **tet_options)
         done("tets", t0)
     t0 = time.perf_counter()
-    names = material_names(tape)
-    faces = mesh.boundary_faces()
-    fmat = face_materials(tape, mesh.nodes, faces, walker)
-    emat = element_materials(tape, mesh.nodes, mesh.elements, walker)
-    present = set(np.unique(fmat).tolist())
-
-    def faces_of(name, what):
-        return faces[np.isin(fmat, _ids(names, name, present, what))]
+    names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
 
     N = len(mesh.nodes)
     if study.kind == "heat":
