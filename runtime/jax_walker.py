@@ -648,8 +648,8 @@ class Gradients:
 
     value (N,), material (N,) uint32, dx (N, 3): the spatial gradient df/dx at each point;
     dpool (P,): sum_i w_i df_i/dtheta for every pool entry (w the weights, default 1);
-    dnamed: name -> dpool . d(pool)/d(name) (the weighted total per named parameter: its own
-    slots and those a scene's refit derives from it, ``runtime.tape.pool_tangents``);
+    dnamed: name -> dpool . d(pool)/d(name) for the names asked (the weighted total per named
+    parameter: its own slots and those a scene's refit derives from it, ``runtime.tape.pool_tangents``);
     per_point: name -> (N,) df_i/dname at each point (forward mode), for the names asked."""
     value: np.ndarray
     material: np.ndarray
@@ -1022,21 +1022,24 @@ class JaxWalker:
 
     def value_and_grad(self, tape: Tape, points, weights=None, names=None) -> Gradients:
         """Values, materials, df/dx (N, 3), the weighted pool gradient sum_i w_i df_i/dtheta (P,)
-        with its totals per named parameter, and per point df_i/dname (N,) for ``names`` (None:
-        every named parameter; forward mode, one pass per name)."""
+        and, for ``names`` (None: every named parameter), its total per name and per point
+        df_i/dname (N,) (forward mode, one pass per name; a name's pool direction counts the slots
+        a scene's refit derives from it, ``runtime.tape.pool_tangents``)."""
         prog, args, pts, n = self._points(tape, points, "value_and_grad")
         names = sorted(tape.names) if names is None else list(names)
         for nm in names:
             if nm not in tape.names:
                 raise TaperayError(f"no parameter named {nm!r} (have: {', '.join(sorted(tape.names)) or 'none'})")
-        tangents = self._name_tangents(tape, names, len(args[0]))
+        by_name = pool_tangents(tape, names)
+        tangents = np.zeros((len(names), len(args[0])), np.float32)
+        for k, nm in enumerate(names):
+            tangents[k, :len(tape.params)] = by_name[nm]
         w = self._weights(weights, n, len(pts))
         d, m, dx, dpool, per = prog.grads(args, pts, w, tangents)
         dpool = np.asarray(dpool)[:len(tape.params)]
         per = np.asarray(per)
-        every = pool_tangents(tape, sorted(tape.names))
         return Gradients(np.asarray(d)[:n], np.asarray(m)[:n].astype(np.uint32), np.asarray(dx)[:n], dpool,
-                         {nm: float(np.dot(dpool.astype(np.float64), t)) for nm, t in every.items()},
+                         {nm: float(np.dot(dpool.astype(np.float64), by_name[nm])) for nm in names},
                          {nm: per[k, :n] for k, nm in enumerate(names)})
 
     def vjp(self, tape: Tape, points, weights) -> tuple[np.ndarray, np.ndarray]:
@@ -1061,15 +1064,6 @@ class JaxWalker:
     def sensitivities(self, tape: Tape, points, names=None) -> dict:
         """name -> (N,) df_i/dname at each point, for ``names`` (None: every named parameter)."""
         return self.value_and_grad(tape, points, names=names).per_point
-
-    @staticmethod
-    def _name_tangents(tape: Tape, names: list, size: int) -> np.ndarray:
-        """One pool direction per name: its own slots and the slots a scene's refit derives
-        from it (``runtime.tape.pool_tangents``: a pattern's extent carries part of the derivative)."""
-        t = np.zeros((len(names), size), np.float32)
-        for k, tangent in enumerate(pool_tangents(tape, names).values()):
-            t[k, :len(tangent)] = tangent
-        return t
 
 
 def _trace_args(tape: Tape) -> tuple:
