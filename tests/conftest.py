@@ -26,13 +26,13 @@ def _absent(reason: str):
     pytest.skip(f"GPU walker absent: {reason}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def walker_cpu():
     """The Numba reference walker."""
     return CpuWalker()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def walker_gpu():
     """The wgpu walker (Mesa lavapipe counts as an adapter)."""
     try:
@@ -44,7 +44,7 @@ def walker_gpu():
     return GpuWalker()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def walker_jax():
     """The JAX walker (skips where jax is not installed)."""
     pytest.importorskip("jax")
