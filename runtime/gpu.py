@@ -112,6 +112,11 @@ class GpuWalker(PrunedPasses):
         return dict(self._ctx.info, limits=dict(self._ctx.limits))
 
     @property
+    def device(self):
+        """The wgpu device the walker's buffers and kernels live on (a viewer presents from it)."""
+        return self._ctx.device
+
+    @property
     def kernels(self) -> KernelSet:
         return self._ctx.kernels
 
@@ -560,6 +565,23 @@ class GpuWalker(PrunedPasses):
         tape is lowered from its second render on: the first frame comes at once, on its own
         records, and the lowering (host work, and cells to build) pays off over the frames that
         follow, as while the camera moves."""
+        rgb = self._render(tape, camera, width, height, view, settings, samples, cells, read=True)
+        n = width * height
+        return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
+
+    @_guarded
+    def render_on_device(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
+                         settings: RenderSettings | None = None, samples: int = 1, cells="auto"):
+        """``render`` without the read-back: the image stays on the GPU, as its RGB bytes packed
+        into 32-bit words (pixel i's channel c is byte 3 i + c), in the returned (wgpu buffer,
+        byte offset). The buffer is the walker's and holds the image until its next call; a
+        viewer presents it from there (tools/view_window.py)."""
+        self._render(tape, camera, width, height, view, settings, samples, cells, read=False)
+        return self._out_u.buffer, 32 * width * height
+
+    def _render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str,
+                settings: RenderSettings | None, samples: int, cells, read: bool) -> np.ndarray | None:
+        """The passes of ``render``; the packed RGB words read back when ``read``."""
         if samples < 1:
             raise TaperayError(f"render: samples must be >= 1, got {samples}")
         run = self.render_tape(tape, view, cells)
@@ -569,14 +591,12 @@ class GpuWalker(PrunedPasses):
         rgb_words = (self._out_u, np.uint32, (3 * n + 3) // 4, 8 * n)     # (resolve packs RGB bytes)
         for run, run_cells in self._render_plans(tape, run, cells):
             try:
-                rgb = self._frame(run, camera, width, height, settings, view, _view_passes(view), run_cells, samples,
-                                  final=("resolve",), read=rgb_words)[1]
-                break
+                return self._frame(run, camera, width, height, settings, view, _view_passes(view), run_cells,
+                                   samples, final=("resolve",), read=rgb_words if read else None)[1]
             except CellsTooLarge:
                 if run is tape:
                     raise
                 self._cells_too_large.add((content_key(run), run_cells))
-        return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
 
     def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:
         """The (tape, cells) a render tries in turn: the lowered tape ``run`` on LOWERED_CELLS,
