@@ -17,7 +17,7 @@ import numpy as np
 
 from taperay.runtime.tape import INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError, validate
 
-__all__ = ["Node", "Param", "Material", "KINDS", "node_from_dict", "sphere", "box", "rounded_box",
+__all__ = ["Node", "Param", "Material", "KINDS", "node_from_dict", "with_params", "sphere", "box", "rounded_box",
            "cylinder", "capped_cone", "capsule", "torus", "ellipsoid", "plane", "extrude", "revolve",
            "union", "intersection", "difference", "xor", "smooth_union", "smooth_intersection",
            "smooth_difference", "DEFAULT_MATERIAL"]
@@ -523,3 +523,17 @@ def smooth_intersection(*nodes, k):
 def smooth_difference(base, *cutters, k):
     """A difference whose cut edges are blended over a width ``k``."""
     return Node("smooth_difference", (k,), (base, *cutters))
+
+
+def with_params(scene: Node, values: dict[str, float]) -> Node:
+    """A copy of the scene tree ``scene`` with the named ``Param``s set to ``values`` (a saved
+    scene keeps the values an optimiser or a slider reached)."""
+    def sub(o):
+        if isinstance(o, dict):
+            if "param" in o and "value" in o and o["param"] in values:
+                return {**o, "value": float(values[o["param"]])}
+            return {k: sub(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [sub(v) for v in o]
+        return o
+    return node_from_dict(sub(scene.to_dict()))

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
+from taperay.scenegraph.nodes import with_params
 
 from .objectives import constraint_from, objective_from
 from .shape import assemble, node_velocities, parameter_derivatives, shape_gradient
@@ -311,21 +312,6 @@ def _best(history, cons, tol) -> dict:
 
 
 # ---------------------------------------------------------------- outputs
-
-def with_params(scene, values: dict):
-    """A copy of the scene tree ``scene`` with the named Params' values replaced."""
-    from taperay.scenegraph.nodes import node_from_dict
-
-    def sub(o):
-        if isinstance(o, dict):
-            if "param" in o and "value" in o and o["param"] in values:
-                return {**o, "value": float(values[o["param"]])}
-            return {k: sub(v) for k, v in o.items()}
-        if isinstance(o, list):
-            return [sub(v) for v in o]
-        return o
-    return node_from_dict(sub(scene.to_dict()))
-
 
 def save_optimized_scene(scene, values: dict, path) -> None:
     """Save ``scene`` with its Params set to ``values`` as a .scene file (scenegraph.files.save_scene)."""
