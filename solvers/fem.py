@@ -338,10 +338,16 @@ def face_mass(nodes, faces, coefficient, n_nodes: int) -> sp.csr_matrix:
 # ---------------------------------------------------------------- solving
 
 def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = None, values: np.ndarray | None = None,
-                 method: str = "auto", near_null: np.ndarray | None = None, rtol: float = 1e-10) -> tuple[np.ndarray, dict]:
+                 method: str = "auto", near_null: np.ndarray | None = None, rtol: float = 1e-10,
+                 free_body: bool = False) -> tuple[np.ndarray, dict]:
     """Solve K u = f with u[fixed] = values (eliminated). ``method``: "direct" (scipy spsolve),
     "amg" (CG preconditioned by pyamg smoothed aggregation, ``near_null`` its B), "auto" (direct up
-    to DIRECT_MAX_DOF free dofs). Returns (u, info: method, dofs, iterations, residual, seconds)."""
+    to DIRECT_MAX_DOF free dofs). ``free_body``: K is singular by exactly the columns of
+    ``near_null`` (an elastic part with no supports: its rigid-body modes) and u is the solution
+    orthogonal to them; f must be orthogonal to them too (the loads balance), else TaperayError.
+    Returns (u, info: method, dofs, iterations, residual, seconds)."""
+    if free_body:
+        return _solve_free_body(K, f, near_null, method, rtol)
     t0 = time.perf_counter()
     ndof = K.shape[0]
     u = np.zeros(ndof)
@@ -380,4 +386,25 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
     if not np.all(np.isfinite(u)) or info["residual"] > 1e-6:
         raise TaperayError(f"the linear solve failed ({method}: relative residual {info['residual']:.3g}); "
                            "is the problem constrained (a fixed temperature or convection, enough supports)?")
+    return u, info
+
+
+def _solve_free_body(K: sp.csr_matrix, f: np.ndarray, B: np.ndarray | None, method: str, rtol: float):
+    """K u = f, B^T u = 0 for a K whose null space is spanned by B's columns (no fixed dofs): the
+    dofs where B's rows are most independent (QR with column pivoting on B^T, one per column of B)
+    are held at 0, which makes the system regular; that solution, less its projection on B, is u."""
+    from scipy.linalg import qr
+    if B is None:
+        raise TaperayError("a free body's solve needs its rigid-body modes (near_null)")
+    Q, _ = np.linalg.qr(np.asarray(B, float))                 # orthonormal basis of the null space
+    unbalanced = np.linalg.norm(Q.T @ f)
+    if unbalanced > 1e-8 * max(np.linalg.norm(f), 1e-300):
+        raise TaperayError(f"a free body's loads must balance (no supports take a net force or moment): "
+                           f"{unbalanced / np.linalg.norm(f):.3g} of the load is net force or moment")
+    held = np.sort(qr(Q.T, mode="r", pivoting=True)[1][:Q.shape[1]])
+    u, info = solve_linear(K, f, held, np.zeros(len(held)), method, B, rtol)
+    u = u - Q @ (Q.T @ u)
+    info["residual"] = float(np.linalg.norm(K @ u - f) / max(np.linalg.norm(f), 1e-300))
+    if info["residual"] > 1e-6:
+        raise TaperayError(f"the linear solve failed ({info['method']}: relative residual {info['residual']:.3g})")
     return u, info

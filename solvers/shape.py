@@ -175,6 +175,8 @@ def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto"
                 if c is not None:
                     fixed.append(3 * nd + i)
                     vals.append(np.full(len(nd), float(c)))
+        if study.free_body:
+            raise TaperayError("shape derivatives of a free body (free_body=True) are not built; give supports")
         if not fixed:
             raise TaperayError("elasticity study: no fixed support; the part would float")
     fixed_dofs = np.concatenate(fixed) if fixed else np.zeros(0, np.int64)

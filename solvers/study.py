@@ -44,13 +44,16 @@ class Elasticity:
     """Linear isotropic elasticity. ``E`` (Pa) and ``nu`` per material (or one number);
     fixed  {name: None (all components 0) | (ux, uy, uz) with None for a free component};
     traction  {name: (tx, ty, tz)} force per area;  pressure  {name: p} (acts along -normal);
-    body_force  (fx, fy, fz) force per volume."""
+    body_force  (fx, fy, fz) force per volume;  free_body  True for a part held by no support
+    whose loads balance (a vessel under internal pressure): the displacement is the one with no
+    rigid-body motion (orthogonal to the three translations and three rotations)."""
     E: float | dict = 1.0
     nu: float | dict = 0.3
     fixed: dict = field(default_factory=dict)
     traction: dict = field(default_factory=dict)
     pressure: dict = field(default_factory=dict)
     body_force: tuple | None = None
+    free_body: bool = False
     kind = "elasticity"
 
 
@@ -130,6 +133,14 @@ def _per_material(value, names: list[str], mats: np.ndarray, what: str) -> np.nd
         missing = sorted({names[i] for i in np.unique(mats[np.isnan(out)])})
         raise TaperayError(f"{what}: no value for material(s) {missing} (give them, or a '*' default)")
     return out
+
+
+def _check_supports(study: Elasticity, fixed: list) -> None:
+    if study.free_body and fixed:
+        raise TaperayError("elasticity study: free_body=True means no supports, but `fixed` names some")
+    if not study.free_body and not fixed:
+        raise TaperayError("elasticity study: no fixed support; the part would float "
+                           "(a part whose loads balance may say free_body=True)")
 
 
 # ---------------------------------------------------------------- result
@@ -244,8 +255,9 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
                     fixed.append(3 * nd + i)
                     vals.append(np.full(len(nd), float(c)))
         near_null = fem.rigid_body_modes(mesh.nodes)
-    if not fixed and study.kind == "elasticity":
-        raise TaperayError("elasticity study: no fixed support; the part would float")
+    free_body = study.kind == "elasticity" and study.free_body
+    if study.kind == "elasticity":
+        _check_supports(study, fixed)
     fixed_dofs = np.concatenate(fixed) if fixed else np.zeros(0, np.int64)
     fixed_vals = np.concatenate(vals) if vals else np.zeros(0)
     if len(fixed_dofs):   # a node in two fixed sets: the last one wins
@@ -253,7 +265,7 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
         fixed_vals = fixed_vals[::-1][idx]
     done("assembly", t0)
     t0 = time.perf_counter()
-    u, info = fem.solve_linear(sp.csr_matrix(K), f, fixed_dofs, fixed_vals, solver, near_null)
+    u, info = fem.solve_linear(sp.csr_matrix(K), f, fixed_dofs, fixed_vals, solver, near_null, free_body=free_body)
     stress = None
     if study.kind == "elasticity":
         u = u.reshape(-1, 3)
