@@ -6,8 +6,8 @@ per-invocation iteration budget runs out, and run their interpreter without mate
 pipeline constants of ``gpu_device.KERNEL_CONSTANTS``; a ``surface`` pass evaluates the hit's
 material); a method that uses the device turns a device loss into ``GpuError``,
 runtime/gpu_guard.py; ``gpu_seconds`` / ``gpu_seconds_frame``, GPU time without host work or
-read-back). The device, the kernel table, its startup build and the pipeline counters are
-runtime/gpu_device.py's; the walker's interval-pruned passes (pruned images, pruned point sets,
+read-back). The device, the kernel table, the pipeline cache (each pipeline made when a pass
+first needs it) and its counters are runtime/gpu_device.py's; the walker's interval-pruned passes (pruned images, pruned point sets,
 march / light / render over pruned cells of the march box) are runtime/gpu_pruning.py's
 ``PrunedPasses``, which ``GpuWalker`` inherits and which run on this module's dispatch plumbing.
 The GPU's self-check against the twin is runtime/conformance.py's ``gpu_self_check``.
@@ -217,6 +217,7 @@ class GpuWalker(PrunedPasses):
         frame's on cells may overwrite the pruned cells _frame keeps: they are forgotten."""
         if any(k not in CELLS_KEEPING for k, *_ in passes):
             self._kept_cells = None
+        self._ctx.kernels.ensure([(kernel, (more + [None, None])[1] or variant) for kernel, _, *more in passes])
         dev = self._ctx.device
         uniforms[7] = resume
         self._uniform.write(0, uniforms)
@@ -249,7 +250,8 @@ class GpuWalker(PrunedPasses):
         submission with the passes before it, then alone (resume set) until no pixel is
         unfinished; a wait after each submission. ``read`` (as _submit_and_read's) is read back
         with the last submission, and returned. An evaluation that hit the iteration cap is a
-        TaperayError naming the tape."""
+        TaperayError naming the tape. The pipelines of every pass are made first, in parallel."""
+        self._ctx.kernels.ensure([(kernel, variant) for kernel, _ in passes])
         batch: list[tuple[str, int]] = []
         for kernel, n in passes:
             batch.append((kernel, n))

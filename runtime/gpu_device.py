@@ -1,15 +1,19 @@
-"""The GPU device layer: adapter and device selection, the fixed kernel table and its startup build,
-the pipeline cache, and the buffers the walkers dispatch on.
+"""The GPU device layer: adapter and device selection, the fixed kernel table and the pipeline
+cache, and the buffers the walkers dispatch on.
 
 Owns ``adapter_info`` (name, backend, whether it is a software rasteriser such as Mesa lavapipe /
-llvmpipe), the startup build of EVERY pipeline (all asked for at once through
-``create_compute_pipeline_async``, from a thread pool because wgpu-native resolves that call
-synchronously; on hardware each pipeline is also dispatched once, empty, so lazy drivers compile at
-startup, see ``_warm_policy``; a progress line moves by the clock, predicted from the kernels' sizes
-and a per-machine compile rate kept in ``~/.cache/taperay/compile_rate.json``; nothing dispatches
-before the build is done), the pipeline cache keyed by (kernel, register variant) with hit / miss /
-creation counters (``KernelSet``), the process's one device context (``_get_context``,
+llvmpipe), the pipeline cache keyed by (kernel, register variant) (``KernelSet``: each pipeline
+created at most once per process, when a request first needs it, the request's missing ones in
+parallel through ``create_compute_pipeline_async`` from worker threads, since wgpu-native resolves
+that call synchronously; on hardware each is also dispatched once, empty, so lazy drivers compile
+in those threads, see ``_warm_policy``; after the first request the rest are queued in the
+background unless ``build_in_background(False)``; hit / miss / creation counters; a progress
+line for a long wait moves by the clock, predicted from the kernels' sizes and a per-thread
+compile rate, a default per adapter kind, then learnt per machine in
+``~/.cache/taperay/compile_rate.json``), the process's one device context (``_get_context``,
 ``current_context``) and the storage buffers written by the bytes that changed (``_Buffer``).
+wgpu-py exposes no pipeline cache to persist across processes (wgpu-native's header has the
+feature flag but no call to make one); drivers keep their own shader caches.
 
 Shader text is only ever the committed files of ``shaders/`` concatenated in a fixed order (the
 generated headers, one register-capacity file, the bindings, the interpreter, a kernel file); no
@@ -17,12 +21,16 @@ WGSL is formatted here and nothing a scene contains reaches shader text.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
+import queue
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +110,14 @@ KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> en
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
 RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
-DEFAULT_RATE = 60_000.0       # weighted WGSL characters compiled per second, before any measurement
+# weighted WGSL characters (_compile_weight) one thread compiles per second, before this machine's
+# own are learnt: a hardware GPU's driver compiles at creation (H200: 56 pipelines in 3.0-6.3 s on
+# 16 threads, 100-210 k/s), a software rasteriser JITs at the first dispatch and creates faster
+# (lavapipe: 56 in 4.7-7 s on 2 threads, 0.7-1.1 M/s)
+DEFAULT_RATE_HARDWARE = 150_000.0
+DEFAULT_RATE_SOFTWARE = 800_000.0
+RATE_KEY_PREFIX = "per thread | "   # (the rate file's keys; once an aggregate rate was kept unprefixed)
+PROGRESS_MIN_SECONDS = 1.0    # a pipeline build predicted shorter shows no progress line
 
 
 # callables started (each returns a started thread) while a hardware adapter's kernels build:
@@ -167,27 +182,44 @@ def variant_for(n_regs: int) -> int:
 @dataclass
 class KernelStats:
     shader_modules_created: int = 0
-    pipelines_created: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    build_seconds: float = 0.0
-    predicted_seconds: float = 0.0
+    pipelines_created: int = 0          # by requests and by the background, each (kernel, variant) once
+    cache_hits: int = 0                 # pipeline() found the pipeline made
+    cache_misses: int = 0               # (kernel, variant)s a request was the first to ask for: it created them
+    background_waits: int = 0           # (kernel, variant)s a request waited for the background to finish
+    build_seconds: float = 0.0          # time requests waited for pipelines
+    predicted_seconds: float = 0.0      # what those waits were predicted to take
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-class KernelSet:
-    """Every pipeline of the walker, created at construction, cached by (kernel, variant)."""
+Key = tuple[str, int | None]
 
-    def __init__(self, device, adapter_key: str, progress: bool = False, warm: bool = True):
+
+class KernelSet:
+    """The walker's pipelines, cached by (kernel, variant), each created at most once, when a
+    request first needs it.
+
+    ``ensure(keys)`` creates the missing ones of a request in parallel (worker threads, largest
+    first) and waits for them; ``pipeline`` returns one (creating it if no request asked first).
+    With ``background`` on, the first request also queues every other (kernel, variant) behind
+    the requests' own, so that after ``settle()`` no later request (an edit that needs another
+    register variant, the cells passes of a scene's second frame) creates one; at the
+    interpreter's exit the queue is dropped and only the creations under way are waited for.
+    """
+
+    def __init__(self, device, adapter_key: str, software: bool = False, progress: bool = False,
+                 warm: bool = True, background: bool = True, companions: list | None = None):
         wgpu = _wgpu()
         self.device = device
         self.adapter_key = adapter_key
+        self.software = software
+        self.progress = progress
         self.warm = warm
+        self.background = background
         self.stats = KernelStats()
         self._lock = threading.Lock()
-        self._ready = threading.Event()
+        self._module_lock = threading.Lock()
         ro, rw = "read-only-storage", "storage"
         kinds = [ro, ro, ro, ro, ro, "uniform", ro, rw, rw, rw, rw]
         self.bind_group_layout = device.create_bind_group_layout(entries=[
@@ -196,25 +228,56 @@ class KernelSet:
         self.pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[self.bind_group_layout])
         self._modules: dict[tuple[str, int], object] = {}
         self._sources: dict[tuple[str, int], str] = {}
-        self._pipelines: dict[tuple[str, int | None], object] = {}
-        self._build(progress)
+        self._pipelines: dict[Key, object] = {}
+        self._futures: dict[Key, Future] = {}       # every (kernel, variant) asked for (each once)
+        self._started: set[Key] = set()             # ... whose creation a worker began
+        self._queued_in_background: set[Key] = set()
+        self._background_queued = False
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._workers: list[threading.Thread] = []
+        self._n_workers = max(1, min(len(self.keys()), os.cpu_count() or 1))
+        self._closed = False
+        self._companions = list(companions or [])   # threads joined before the first dispatch
+        if warm:
+            self._warm_bindings()
+        _OPEN_SETS.add(self)
 
     @staticmethod
-    def keys() -> list[tuple[str, int | None]]:
-        """Every (kernel, variant) the startup build creates."""
+    def keys() -> list[Key]:
+        """Every (kernel, variant) there is."""
         return [(k, cap) for k, (_, per_variant) in KERNELS.items()
                 for cap in (REG_CAPS if per_variant else (None,))]
+
+    @staticmethod
+    def key(kernel: str, variant: int | None) -> Key:
+        """The cache key of ``kernel`` in register ``variant`` (tape-free kernels have one)."""
+        return kernel, variant if KERNELS[kernel][1] else None
+
+    def created_keys(self) -> set[Key]:
+        """The (kernel, variant)s whose pipelines exist."""
+        with self._lock:
+            return set(self._pipelines)
 
     def _module_key(self, kernel: str, variant: int | None) -> tuple[str, int]:
         return KERNELS[kernel][0], REG_CAPS[0] if variant is None else variant
 
+    def _source(self, mkey: tuple[str, int]) -> str:
+        src = self._sources.get(mkey)
+        if src is None:
+            src = self._sources[mkey] = _shader_text(*mkey)
+        return src
+
     def _module(self, mkey: tuple[str, int]):
-        if mkey not in self._modules:
-            src = _shader_text(*mkey)
-            self._sources[mkey] = src
-            self._modules[mkey] = self.device.create_shader_module(label=f"{mkey[0]}@{mkey[1]}", code=src)
-            self.stats.shader_modules_created += 1
-        return self._modules[mkey]
+        with self._module_lock:
+            if mkey not in self._modules:
+                self._modules[mkey] = self.device.create_shader_module(label=f"{mkey[0]}@{mkey[1]}",
+                                                                       code=self._source(mkey))
+                self.stats.shader_modules_created += 1
+            return self._modules[mkey]
+
+    def _weight(self, key: Key) -> float:
+        return _compile_weight(self._source(self._module_key(*key)), key[1])
 
     def _create(self, kernel: str, variant: int | None):
         module = self._module(self._module_key(kernel, variant))
@@ -223,15 +286,13 @@ class KernelSet:
             compute={"module": module, "entry_point": KERNEL_ENTRY.get(kernel, kernel),
                      "constants": KERNEL_CONSTANTS.get(kernel, {})})
         pipe = promise.sync_wait()
-        with self._lock:
-            self.stats.pipelines_created += 1
         if self.warm:
             self._warm(pipe)
         return pipe
 
     def _warm(self, pipe):
         """Dispatch ``pipe`` once over no items and wait: drivers that compile lazily at the first
-        dispatch (Mesa lavapipe JITs there) compile now, at startup, not in the first frame."""
+        dispatch (Mesa lavapipe JITs there) compile now, in the creating thread, not in the frame."""
         enc = self.device.create_command_encoder()
         cp = enc.begin_compute_pass()
         cp.set_pipeline(pipe)
@@ -254,58 +315,163 @@ class KernelSet:
             entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
                      for i, b in enumerate(bufs)])
 
-    def _build(self, progress: bool):
-        t0 = time.perf_counter()
-        keys = self.keys()
-        for k in keys:   # parse + validate every module first (naga; fast)
-            self._module(self._module_key(*k))
-        self._warm_bindings()
-        weights = {k: _compile_weight(self._sources[self._module_key(*k)], k[1]) for k in keys}
-        workers = max(1, min(len(keys), os.cpu_count() or 1))
-        rate = _load_rate(self.adapter_key)
-        self.stats.predicted_seconds = sum(weights.values()) / rate
-        # largest first, so the parallel build ends together
-        order = sorted(keys, key=lambda k: -weights[k])
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="taperay-compile") as pool:
-            futures = {k: pool.submit(self._create, *k) for k in order}
-            line = _ProgressLine(len(keys), self.stats.predicted_seconds) if progress else None
-            while not all(f.done() for f in futures.values()):
-                if line:
-                    line.update(sum(f.done() for f in futures.values()))
-                time.sleep(0.05)
-            if line:
-                line.finish()
-            for k, f in futures.items():
+    # -- the workers
+    def _schedule(self, key: Key, priority: int) -> Future:
+        """The future of ``key``'s pipeline, queued at ``priority`` (0: a request's, 1: the
+        background's; a key queued by the background and then asked for is queued again at 0).
+        Called holding the lock."""
+        fut = self._futures.get(key)
+        if fut is None:
+            fut = self._futures[key] = Future()
+        if key not in self._started and not self._closed:
+            self._queue.put((priority, next(self._order), key))
+            if len(self._workers) < self._n_workers:
+                worker = threading.Thread(target=self._work, name="taperay-pipelines")
+                self._workers.append(worker)
+                worker.start()
+        return fut
+
+    def _work(self):
+        while True:
+            _, _, key = self._queue.get()
+            if key is None:
+                return
+            with self._lock:
+                if key in self._started:
+                    continue            # (queued twice: by the background, then by a request)
+                self._started.add(key)
+                fut = self._futures[key]
+            try:
+                pipe = self._create(*key)
+            except Exception as e:      # a driver that cannot compile the kernel
+                fut.set_exception(GpuError(f"building GPU kernel {key[0]} ({key[1]} registers) failed: {e}"))
+                continue
+            with self._lock:
+                self._pipelines[key] = pipe
+                self.stats.pipelines_created += 1
+            fut.set_result(pipe)
+
+    def close(self):
+        """Drop the queued creations and wait for those under way (the interpreter's exit, a
+        device loss)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while True:
                 try:
-                    self._pipelines[k] = f.result()
-                except Exception as e:   # a driver that cannot compile the kernels
-                    raise GpuError(f"building GPU kernel {k[0]} ({k[1]} registers) failed: {e}") from e
-        self.stats.build_seconds = time.perf_counter() - t0
-        _store_rate(self.adapter_key, sum(weights.values()) / self.stats.build_seconds)
-        self._ready.set()
+                    _, _, key = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if key is not None and key not in self._started:
+                    self._futures[key].cancel()
+            for _ in self._workers:
+                self._queue.put((-1, next(self._order), None))
+            workers = list(self._workers)
+        for worker in workers:
+            if worker is not threading.current_thread():
+                worker.join()
+
+    # -- requests
+    def ensure(self, keys) -> None:
+        """Make the pipelines of the (kernel, variant)s ``keys`` exist: the missing ones created in
+        parallel, largest first, and waited for (with a progress line on stderr moving by the
+        clock, when the set was built with ``progress`` and the wait is predicted to take a
+        while). The first request that creates any also queues the rest in the background (with
+        ``background``) and waits for the companions (the wave planner's compile)."""
+        keys = list(dict.fromkeys(self.key(*k) for k in keys))
+        with self._lock:
+            missing = [k for k in keys if k not in self._pipelines]
+            if not missing:
+                return
+            if self._closed:
+                raise GpuError("the GPU kernel set was closed (the device was lost or the process is ending)")
+            fresh = [k for k in missing if k not in self._futures]
+            self.stats.cache_misses += len(fresh)
+            self.stats.background_waits += sum(k in self._queued_in_background for k in missing)
+            learn = bool(fresh) and not self._background_queued and len(fresh) == len(missing)
+            futures = [self._schedule(k, 0) for k in sorted(missing, key=lambda k: -self._weight(k))]
+        t0 = time.perf_counter()
+        predicted = _predict_seconds([self._weight(k) for k in missing], self._n_workers,
+                                     _load_rate(self.adapter_key, self.software))
+        show = self.progress and predicted >= PROGRESS_MIN_SECONDS and sys.stderr is sys.__stderr__
+        line = _ProgressLine(len(missing), predicted) if show else None
+        while True:
+            done, pending = wait(futures, timeout=0.05)
+            if line:
+                line.update(len(done))
+            if not pending:
+                break
+        if line:
+            line.finish()
+        seconds = time.perf_counter() - t0
+        self.stats.build_seconds += seconds
+        self.stats.predicted_seconds += predicted
+        for f in futures:
+            f.result()                  # (raises the GpuError of a kernel that failed)
+        if learn:
+            _store_rate(self.adapter_key, _measured_rate([self._weight(k) for k in fresh], self._n_workers, seconds))
+        self._after_first_request(keys)
+
+    def _after_first_request(self, keys: list[Key]):
+        with self._lock:
+            companions, self._companions = self._companions, []
+            queue_rest = self.background and not self._background_queued
+        if queue_rest:
+            self.queue_rest({v for _, v in keys})
+        for job in companions:
+            job.join()
+
+    def queue_rest(self, variants=()) -> None:
+        """Queue, behind every request's, the creation of each (kernel, variant) not asked for
+        yet: those in ``variants`` first, then the largest first."""
+        with self._lock:
+            self._background_queued = True
+            rest = sorted((k for k in self.keys() if k not in self._futures),
+                          key=lambda k: (k[1] not in variants, -self._weight(k)))
+            for k in rest:
+                self._queued_in_background.add(k)
+                self._schedule(k, 1)
+
+    def settle(self) -> None:
+        """Wait until every pipeline asked for, by requests or the background, exists."""
+        with self._lock:
+            futures = list(self._futures.values())
+        wait(futures)
 
     def pipeline(self, kernel: str, variant: int | None):
-        """The pipeline of ``kernel`` for register ``variant``. All exist after startup: a miss here
-        is counted (and creates one) and tests prove there are none."""
-        self._ready.wait()
-        key = (kernel, variant if KERNELS[kernel][1] else None)
+        """The pipeline of ``kernel`` for register ``variant``, created now if no request asked
+        for it yet (``ensure`` first creates a request's pipelines in parallel)."""
+        key = self.key(kernel, variant)
         with self._lock:
             pipe = self._pipelines.get(key)
             if pipe is not None:
                 self.stats.cache_hits += 1
                 return pipe
-            self.stats.cache_misses += 1
-        pipe = self._create(*key)
-        with self._lock:
-            self._pipelines[key] = pipe
-        return pipe
+        self.ensure([key])
+        return self._pipelines[key]
 
     def __len__(self) -> int:
-        return len(self._pipelines)
+        with self._lock:
+            return len(self._pipelines)
+
+
+_OPEN_SETS: "weakref.WeakSet[KernelSet]" = weakref.WeakSet()
+
+
+def _close_open_sets():
+    """At the interpreter's exit, before its threads are joined: the background's queue dropped."""
+    for ks in list(_OPEN_SETS):
+        ks.close()
+
+
+# (concurrent.futures' own thread pools register the same way: this runs before the
+# interpreter joins the worker threads, so they end after the creation under way)
+threading._register_atexit(_close_open_sets)
 
 
 class _ProgressLine:
-    """``building GPU kernels [#####-----] 12/20  3.1 s of ~6 s`` on stderr, moving by the clock."""
+    """``building GPU kernels [#####-----] 3/5  0.4 s of ~1 s`` on stderr, moving by the clock."""
 
     def __init__(self, total: int, predicted: float):
         self.total, self.predicted, self.t0 = total, max(predicted, 1e-3), time.perf_counter()
@@ -330,20 +496,42 @@ def _compile_weight(source: str, variant: int | None) -> float:
     return len(source) * (1.0 + (variant or 0) / 128.0)
 
 
-def _load_rate(key: str) -> float:
+def _predict_seconds(weights: list[float], workers: int, rate: float) -> float:
+    """Seconds to create pipelines of these weights on ``workers`` threads, each compiling
+    ``rate`` weight per second: the largest alone, or the whole shared out, whichever is longer."""
+    if not weights:
+        return 0.0
+    return max(max(weights), sum(weights) / min(workers, len(weights))) / rate
+
+
+def _measured_rate(weights: list[float], workers: int, seconds: float) -> float:
+    """The per-thread rate that _predict_seconds would have needed to predict ``seconds``."""
+    return _predict_seconds(weights, workers, 1.0) / max(seconds, 1e-3)
+
+
+def _load_rate(key: str, software: bool = False) -> float:
+    """The compile rate learnt on this machine for the adapter ``key``, else the default of its
+    kind (DEFAULT_RATE_SOFTWARE for a software rasteriser, DEFAULT_RATE_HARDWARE for a GPU)."""
+    default = DEFAULT_RATE_SOFTWARE if software else DEFAULT_RATE_HARDWARE
     try:
-        rate = float(json.loads(RATE_FILE.read_text())[key])
-        return rate if rate > 0 else DEFAULT_RATE
+        rate = float(json.loads(RATE_FILE.read_text())[RATE_KEY_PREFIX + key])
+        return rate if rate > 0 else default
     except (OSError, ValueError, KeyError, TypeError):
-        return DEFAULT_RATE
+        return default
 
 
 def _store_rate(key: str, rate: float):
+    """Learn ``rate`` for the adapter ``key``: the first measurement as it is, later ones averaged
+    (geometric mean) with what was learnt, so that one slow or fast build moves the prediction
+    half way."""
     try:
         data = json.loads(RATE_FILE.read_text()) if RATE_FILE.exists() else {}
         if not isinstance(data, dict):
             data = {}
-        data[key] = rate
+        old = data.get(RATE_KEY_PREFIX + key)
+        if isinstance(old, (int, float)) and old > 0:
+            rate = math.sqrt(old * rate)
+        data[RATE_KEY_PREFIX + key] = rate
         RATE_FILE.parent.mkdir(parents=True, exist_ok=True)
         RATE_FILE.write_text(json.dumps(data, indent=1, sort_keys=True))
     except (OSError, ValueError):
@@ -370,12 +558,12 @@ class _Context:
         warm = _warm_policy(self.info)
         key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
         # the jobs of BUILD_COMPANIONS (the wave planner's Numba compile) in threads of their own
-        # while the kernels build, not on a software rasteriser (GpuWalker.wave_max_tiles); waited
-        # for here, since after startup they would slow the first frames (the GIL)
+        # while the first request's kernels build, not on a software rasteriser
+        # (GpuWalker.wave_max_tiles); joined before the first dispatch, since after it they would
+        # slow the first frames (the GIL)
         jobs = [] if self.info["software"] else [start() for start in BUILD_COMPANIONS]
-        self.kernels = KernelSet(self.device, key, progress, warm)
-        for job in jobs:
-            job.join()
+        self.kernels = KernelSet(self.device, key, self.info["software"], progress, warm, _background_build,
+                                 jobs)
 
 
 def _warm_policy(info: dict) -> bool:
@@ -390,6 +578,16 @@ def _warm_policy(info: dict) -> bool:
 
 _context: _Context | None = None
 _context_lock = threading.Lock()
+_background_build = True
+
+
+def build_in_background(on: bool) -> None:
+    """Whether kernel sets made from now on queue, after their first request, every pipeline no
+    request has asked for (``KernelSet``: on by default, so a long-lived process's later requests
+    and edits find theirs made; a one-shot command line turns it off, and creates only what it
+    draws)."""
+    global _background_build
+    _background_build = bool(on)
 
 
 def _get_context(progress: bool = False) -> _Context:
@@ -405,10 +603,11 @@ def _drop_context(ctx: _Context):
     with _context_lock:
         if _context is ctx:
             _context = None
+    ctx.kernels.close()
 
 
 def kernels(progress: bool = False) -> KernelSet:
-    """The process's kernel set, built on first use (every pipeline, in parallel)."""
+    """The process's kernel set (its pipelines made as requests need them)."""
     return _get_context(progress).kernels
 
 

@@ -30,7 +30,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     """The walker ``kind`` asks for, built and ready.
 
     ``log`` receives one line saying why ``auto`` fell back to the twin; ``progress`` shows the
-    GPU kernels' startup build on stderr; ``step(text)`` is a context manager shown while the
+    GPU kernels' build on stderr when a request waits long for it; ``step(text)`` is a context manager shown while the
     self-check runs (the command line's spinner).
 
         >>> w = walker("auto")          # GpuWalker on a checked hardware GPU, else CpuWalker
@@ -53,7 +53,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
                       "slower than the CPU twin (--walker gpu uses it anyway)")
         else:
             try:
-                built = gpu.GpuWalker(progress=progress)   # builds every kernel
+                built = gpu.GpuWalker(progress=progress)   # (its kernels are made as requests need them)
                 if kind == "gpu":
                     return built
                 with step("GPU self-check against the CPU twin"):
