@@ -11,7 +11,7 @@ _EXPORTS = {
     "Surface": "surface", "mesh_surface": "surface", "material_names": "surface", "DEFAULT_RESOLUTION": "surface",
     "TetMesh": "tetmesh", "tet_mesh": "tetmesh", "box_mesh": "tetmesh",
     "Heat": "study", "Elasticity": "study", "Result": "study", "simulate": "study",
-    "study_from": "study",
+    "study_from": "study", "Section": "section", "section": "section", "plot_section": "section",
     "System": "shape", "assemble": "shape", "node_velocities": "shape", "shape_gradient": "shape",
     "parameter_derivatives": "shape",
     **{n: "objectives" for n in ("Objective", "MeanTemperature", "MaxTemperature", "Compliance", "MaxVonMises",

@@ -181,6 +181,18 @@ class Result:
             data["von_mises"] = self.stress
         meshio.write(str(path), meshio.Mesh(self.mesh.nodes, [(cell, self.mesh.elements)], point_data=data))
 
+    def save_section(self, path, axis=None, offset: float | None = None):
+        """A PNG of the temperature (heat) or von Mises stress (elasticity) on a planar cut of the
+        mesh, with a colour bar (``section.section``: ``axis`` "x" / "y" / "z", None for the cut of
+        largest area; ``offset`` the plane's coordinate, None for the middle). Returns the Section."""
+        from .section import plot_section, section
+        heat = self.kind == "heat"
+        cut = section(self.mesh.nodes, self.mesh.elements, self.field if heat else self.stress, axis, offset)
+        plot_section(cut, path, "temperature" if heat else "von Mises stress",
+                     f"{'temperature' if heat else 'von Mises stress'}, section "
+                     f"{'xyz'[cut.axis]} = {cut.offset:.4g}")
+        return cut
+
 
 def _volume_mean(mesh: TetMesh, T: np.ndarray) -> float:
     vol = mesh.volumes()

@@ -444,3 +444,46 @@ def test_a_free_body_is_solved_without_rigid_motion_and_unbalanced_loads_are_ref
         fem.solve_linear(K, fem.face_load(m.nodes, top, (0, 0, 1.0), 3, len(m.nodes)), near_null=B, free_body=True)
     with pytest.raises(TaperayError, match="free_body"):
         simulate(_shell(), Elasticity(pressure={"inner": 1.0}), resolution=8)
+
+
+# ---------------------------------------------------------------- sections
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_a_section_interpolates_a_linear_field_exactly_and_covers_the_cut(order):
+    from taperay.solvers.section import section
+    m = _distorted_box(order, n=4, seed=3)
+    a = np.array([1.5, -2.0, 0.7])
+    cut = section(m.nodes, m.elements, m.nodes @ a + 1.0, "y", 0.37)
+    x = np.zeros(cut.points.shape[:2] + (3,))
+    x[:, :, 0], x[:, :, 1], x[:, :, 2] = cut.points[:, :, 0], 0.37, cut.points[:, :, 1]
+    assert np.abs(cut.values - (x @ a + 1.0)).max() < 1e-12
+    assert cut.area == pytest.approx(1.0, rel=1e-12) and cut.labels == ("x", "z")
+    assert section(m.nodes, m.elements, m.nodes[:, 0], None, 0.5).area == pytest.approx(1.0, rel=1e-12)
+    with pytest.raises(TaperayError, match="misses the mesh"):
+        section(m.nodes, m.elements, m.nodes[:, 0], "z", 2.0)
+
+
+SECTION_SCENE = '''
+from taperay.scenegraph import Material, box, intersection, plane
+from taperay.solvers import Heat
+scene = intersection(box(1.0, 0.3, 0.2).material(Material("bar")), plane((-1, 0, 0), 0.9).material(Material("hot")))
+study = Heat(conductivity=2.0, source=1.0, fixed_temperature={"hot": 10.0})
+'''
+
+
+def test_simulate_draws_a_section_of_the_field(capsys, tmp_path):
+    from PIL import Image
+    from taperay.tools.cli import main
+    (tmp_path / "bar.py").write_text(SECTION_SCENE)
+    rc = main(["simulate", str(tmp_path / "bar.py"), "-o", str(tmp_path / "bar.vtu"), "--resolution", "24",
+               "--walker", "cpu", "--section", str(tmp_path / "cut.png")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "section:   z = " in out             # (the largest cut)
+    img = np.asarray(Image.open(tmp_path / "cut.png").convert("RGB"))
+    assert img.shape[0] > 200 and img.shape[1] > 500
+    colours = np.unique(img.reshape(-1, 3), axis=0)
+    coloured = np.ptp(img.astype(int), axis=2) > 40                    # not grey: the field and its colour bar
+    assert len(colours) > 200 and coloured.mean() > 0.05, (len(colours), coloured.mean())
+    rc = main(["simulate", str(tmp_path / "bar.py"), "-o", str(tmp_path / "bar.vtu"), "--resolution", "16",
+               "--walker", "cpu", "--section", str(tmp_path / "cut.png"), "--section-plane", "w=1"])
+    assert rc == 2 and "x, y or z" in capsys.readouterr().err

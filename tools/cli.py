@@ -525,6 +525,8 @@ def cmd_simulate(args) -> int:
         summary = result.summary()
         if args.json:
             _output_path(args.json).write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        if args.section:
+            cut = result.save_section(_output_path(args.section), *_section_plane(args.section_plane))
     con.print(f"mesh:      {summary['nodes']:,} nodes, {summary['elements']:,} TET{4 if summary['order'] == 1 else 10}, "
               f"{summary['dof']:,} DOF, solver {summary['solver']} ({summary['iterations']} iterations)")
     if study.kind == "heat":
@@ -533,8 +535,23 @@ def cmd_simulate(args) -> int:
     else:
         con.print(f"result:    max displacement {summary['max_displacement']:.4g}, max von Mises "
                   f"{summary['max_von_mises']:.4g} -> {out}")
+    if args.section:
+        con.print(f"section:   {'xyz'[cut.axis]} = {cut.offset:.4g}, {len(cut.values):,} triangles -> {args.section}")
     con.print(f"timings:   {watch.summary()}")
     return 0
+
+
+def _section_plane(text: str | None) -> tuple[str | None, float | None]:
+    """``--section-plane``: "y" or "y=0.01" -> (axis, offset); None -> (None, None)."""
+    if not text:
+        return None, None
+    axis, _, value = text.partition("=")
+    if axis.strip().lower() not in ("x", "y", "z"):
+        raise UsageError(f"--section-plane {text!r}: the axis is x, y or z (e.g. y or y=0.01)")
+    try:
+        return axis.strip().lower(), (float(value) if value.strip() else None)
+    except ValueError:
+        raise UsageError(f"--section-plane {text!r}: {value!r} is not a number") from None
 
 
 def cmd_optimize(args) -> int:
@@ -671,6 +688,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resolution", type=int, default=96, help="surface grid cells along the longest side (default 96)")
     p.add_argument("--solver", choices=("auto", "direct", "amg"), default="auto",
                    help="auto (default): a direct solve up to 20,000 unknowns, CG with pyamg above")
+    p.add_argument("--section", metavar="SECTION.png",
+                   help="a picture of the temperature / von Mises stress on a planar cut, with a colour bar")
+    p.add_argument("--section-plane", metavar="AXIS[=VALUE]",
+                   help="the cut: x, y or z, at VALUE (default: the middle); default: the axis whose cut is largest")
     walker_arg(p)
     set_arg(p)
     p.set_defaults(func=cmd_simulate)
