@@ -41,7 +41,12 @@ def walker_gpu():
         _absent(f"wgpu is not installed ({e})")
     if not GpuWalker.available():
         _absent("no GPU adapter")
-    return GpuWalker()
+    walker = GpuWalker()
+    # every pipeline made now, as a long-lived process's background makes them, so that what a
+    # test counts is its own requests (tests/test_startup.py: what a fresh process makes)
+    walker.kernels.queue_rest()
+    walker.kernels.settle()
+    return walker
 
 
 @pytest.fixture(scope="package")

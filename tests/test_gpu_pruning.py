@@ -15,7 +15,7 @@ field_image_pruned / prune_levels).
   fold constant operands into the records that read them; an arena too small for the pruned
   tapes is grown and the image run again (same bits); past the binding limit it is a
   TaperayError;
-* no shader module or pipeline is created by any of it (the kernels are the startup set);
+* no shader module or pipeline is created by any of it (the kernels are made once per process);
 * tapes that need more loop iterations than the adapter allows are refused, non-arithmetic tapes
   fall back to the unpruned kernel, bad tile levels are TaperayErrors.
 """
@@ -53,7 +53,9 @@ def grid_rect(n):
 
 @pytest.fixture
 def no_new_kernels(walker_gpu):
-    """Asserts, after the test, that no shader module or pipeline was created and no cache miss."""
+    """Asserts, after the test, that no shader module or pipeline was created and no cache miss
+    (every pipeline made: conftest)."""
+    walker_gpu.kernels.settle()
     before = walker_gpu.stats()
     yield
     after = walker_gpu.stats()
