@@ -604,6 +604,61 @@ def cmd_optimize(args) -> int:
     return 0
 
 
+def cmd_view(args) -> int:
+    w, h = parse_size(args.size)
+    if args.edits < 0 or args.topology_edits < 0:
+        raise UsageError("--edits and --topology-edits count edits: give numbers >= 0")
+    if (args.edits or args.topology_edits or args.json or args.screenshot) and not args.offscreen:
+        raise UsageError("--edits, --topology-edits, --json and --screenshot draw offscreen: add --offscreen")
+    from taperay.runtime.walkers import walker as choose_walker
+    from .view_window import offscreen_window, open_window, run_offscreen_edits
+    from .viewer import Viewer
+    notes: list[str] = []
+    walker = choose_walker(args.walker, log=notes.append, progress=True, step=step)
+    con = console()
+    for n in notes:
+        con.print(n)
+    viewer = Viewer(args.scene, walker=walker, size=(w, h), view=args.view)
+    if not args.offscreen:
+        con.print(f"viewer:    {args.scene} on the {_walker_label(walker)} walker; drag to orbit, "
+                  "shift-drag to pan, wheel to zoom, ctrl-z / ctrl-y to undo / redo")
+        open_window(viewer, watch=args.watch)
+        return 0
+    window = offscreen_window(viewer, watch=args.watch)
+
+    def progress(i, n, row):
+        con.print(f"edit {i}/{n}: {row['edit']:<34} {row['latency_ms']:8.1f} ms  "
+                  f"(frame {row['frame_ms']:.1f} ms, pipelines created {row['pipelines_created']})")
+
+    report = run_offscreen_edits(window, args.edits, args.topology_edits, progress=progress)
+    report["scene"] = args.scene
+    if args.screenshot:
+        import numpy as np
+        from taperay.runtime.image import write_png
+        write_png(_output_path(args.screenshot), np.asarray(window.canvas.draw())[..., :3])
+        con.print(f"screenshot: {args.screenshot}")
+    if args.json:
+        import json
+        _output_path(args.json).write_text(json.dumps(report, indent=1))
+        con.print(f"json:      {args.json}")
+    con.print(_view_summary(report))
+    return 0
+
+
+def _view_summary(report: dict) -> str:
+    """One line per edit kind: the median and worst latency, and the pipelines the edits created."""
+    import numpy as np
+    lines = [f"startup:   first frame {report['startup']['first_frame_ms']:.1f} ms, "
+             f"{report['startup']['pipelines_created']} pipelines created"]
+    for kind in ("slider", "topology"):
+        rows = [r for r in report["edits"] if r["kind"] == kind]
+        if rows:
+            lat = np.array([r["latency_ms"] for r in rows])
+            lines.append(f"{kind + ':':<10} {len(rows)} edits, edit -> frame median {np.median(lat):.1f} ms, "
+                         f"max {lat.max():.1f} ms; pipelines created {sum(r['pipelines_created'] for r in rows)}")
+    return "\n".join(lines)
+
+
 def cmd_bench(args) -> int:
     from . import bench
     return bench.run(args)
@@ -695,6 +750,22 @@ def build_parser() -> argparse.ArgumentParser:
     walker_arg(p)
     set_arg(p)
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("view", help="open a scene in the live viewer (sliders, views, undo, watch mode)")
+    p.add_argument("scene", metavar="SCENE", help="a scene .py (exposing `scene`), .scene, .tape or .vm file")
+    walker_arg(p)
+    p.add_argument("--size", default="1280x720", metavar="WxH", help="frame size (default 1280x720)")
+    p.add_argument("--view", choices=VIEWS, default="shade")
+    p.add_argument("--watch", action="store_true",
+                   help="re-run the scene .py file in a child process on each save; an error leaves the last "
+                   "good scene on screen")
+    p.add_argument("--offscreen", action="store_true", help="draw the same frames without a window (scripts, tests)")
+    p.add_argument("--edits", type=int, default=0, metavar="N", help="offscreen: N scripted slider moves")
+    p.add_argument("--topology-edits", type=int, default=0, metavar="M",
+                   help="offscreen: M scripted scene edits (a row of 10 to 100,000 spheres added, cut, removed)")
+    p.add_argument("--json", metavar="OUT.json", help="offscreen: per-edit latencies and pipeline creations")
+    p.add_argument("--screenshot", metavar="OUT.png", help="offscreen: the last frame with its panel")
+    p.set_defaults(func=cmd_view)
 
     p = sub.add_parser("optimize", help="optimise a scene's named parameters for its study")
     p.add_argument("scene", metavar="SCENE", help="a Python scene declaring `study` (or a .scene with --study)")

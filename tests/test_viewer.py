@@ -1,0 +1,294 @@
+"""The live viewer (tools/viewer.py, tools/view_window.py, tools/scene_runner.py): offscreen
+frames through the same present pipeline and panel as the window, slider and topology edits with
+no pipeline created, undo / redo, save as, watch mode in a child process, the command line, and
+a screenshot of the real glfw window under Xvfb."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from taperay.runtime.shading import RenderSettings
+from taperay.runtime.tape import TaperayError
+from taperay.scenegraph import Material, Param, box, sphere, union
+from taperay.scenegraph.files import load_file
+from taperay.tools.cli import main
+from taperay.tools.view_window import offscreen_window, present_stats, run_offscreen_edits
+from taperay.tools.viewer import PATTERN_COUNTS, Orbit, Viewer, edit_script
+
+SIZE = (64, 48)
+FAST = RenderSettings(shadows="off", ao_strength=0.0)
+
+
+def _scene():
+    body = box(Param("width", 1.2), 0.8, 0.5).material(Material("body", (0.3, 0.5, 0.8)))
+    return union(body, sphere(Param("radius", 0.35)).translate(0.0, 0.0, 0.45))
+
+
+def _viewer(walker, **kw) -> Viewer:
+    return Viewer(_scene(), walker=walker, size=SIZE, settings=FAST, **kw)
+
+
+def _draw(window) -> np.ndarray:
+    window._dirty = True
+    return np.asarray(window.canvas.draw())[..., :3].copy()
+
+
+def test_offscreen_viewer_end_to_end(walkers_all):
+    """60 slider moves and 20 topology edits (a pattern count from 10 to 100,000 among them): no
+    pipeline or shader module created after startup, each edit's frame differs from the one
+    before where the edit changes what is visible, and undoing every edit gives back, frame by
+    frame, the images seen before each edit."""
+    window = offscreen_window(_viewer(walkers_all), panel=False)
+    report_first = _draw(window)
+    if hasattr(walkers_all, "kernels"):
+        walkers_all.kernels.settle()
+    start = (walkers_all.stats() if walkers_all.name == "gpu" else {})
+    start_present = present_stats()["pipelines_created"]
+    images = [report_first]
+    script = list(edit_script(window.viewer, 60, 20))
+    assert sum(k == "topology" for k, _, _ in script) == 20
+    labels = [label for kind, label, _ in script if kind == "topology"]
+    assert any(f"{max(PATTERN_COUNTS):,}" in label for label in labels)
+    changed = []
+    for kind, label, apply in script:
+        values = dict(window.viewer.params)
+        apply()
+        images.append(_draw(window))
+        moved = [n for n, x in window.viewer.params.items() if n in values and x != values[n]]
+        big = kind == "topology" or any(abs(window.viewer.params[n] - values[n]) > 0.05 * np.subtract(
+            *window.viewer.param_range(n)[::-1]) for n in moved)
+        changed.append((kind, label, bool(np.any(images[-1] != images[-2])) if big else None))
+    if walkers_all.name == "gpu":
+        end = walkers_all.stats()
+        assert end["pipelines_created"] == start["pipelines_created"]
+        assert end["shader_modules_created"] == start["shader_modules_created"]
+    assert present_stats()["pipelines_created"] == start_present
+    # every slider move of more than 5 % of its range changes the picture (both parameters move
+    # the silhouette)
+    moves = [c for kind, _, c in changed if kind == "slider" and c is not None]
+    assert len(moves) > 40 and all(moves), [x for x in changed if x[2] is False]
+    # scene edits adding parts wider than a pixel change it
+    visible = [(label, c) for kind, label, c in changed if label.startswith(("added a row of 10 ", "added a row of 100 "))]
+    assert len(visible) >= 5 and all(c for _, c in visible), visible
+    for i in range(len(script), 0, -1):
+        assert window.viewer.undo()
+        assert np.array_equal(_draw(window), images[i - 1]), f"undo of edit {i} ({script[i - 1][1]})"
+    assert not window.viewer.undo()
+    assert window.viewer.redo() and np.array_equal(_draw(window), images[1])
+
+
+def test_slider_drag_is_one_undo_step_and_undo_redo_restore_values(walker_cpu):
+    v = _viewer(walker_cpu)
+    r0 = v.params["radius"]
+    for value in (0.36, 0.37, 0.38):
+        v.set_param("radius", value, merge=True)
+    v.set_param("width", 1.0)
+    assert len(v.undo_stack) == 2
+    v.undo()
+    v.undo()
+    assert v.params["radius"] == pytest.approx(r0) and v.params["width"] == pytest.approx(1.2)
+    v.redo()
+    assert v.params["radius"] == pytest.approx(0.38)
+    v.set_param("width", 1.1)
+    assert not v.redo_stack      # a new edit drops what was undone
+
+
+def test_frames_are_the_walkers_render(walker_cpu):
+    """The viewer's frame is exactly the walker's render of its tape by the orbit camera, and the
+    draft is the half-size render without shadows."""
+    v = Viewer(_scene(), walker=walker_cpu, size=SIZE)
+    cam = v.orbit.camera()
+    assert np.array_equal(v.frame(), walker_cpu.render(v.tape, cam, *SIZE, "shade", v.settings))
+    draft = v.frame(draft=True)
+    assert draft.shape == (SIZE[1] // 2, SIZE[0] // 2, 3)
+    assert np.array_equal(draft, walker_cpu.render(v.tape, cam, SIZE[0] // 2, SIZE[1] // 2, "shade",
+                                                   v.draft_settings()))
+
+
+def test_present_pipeline_draws_the_walkers_image(walkers_all):
+    """The window's texture holds the walker's image, pixel for pixel (the GPU walker's from its
+    own buffer, never read back; the twin's uploaded)."""
+    v = _viewer(walkers_all)
+    window = offscreen_window(v, panel=False)
+    shown = _draw(window)
+    assert np.array_equal(shown, walkers_all.render(v.tape, v.orbit.camera(), *SIZE, "shade", FAST))
+    assert present_stats()["pipelines_created"] <= 1 + (walkers_all.name == "gpu")   # one per device
+
+
+def test_orbit_moves_the_camera_and_keeps_the_target():
+    o = Orbit.framing([[-1, -1, -1], [1, 1, 1]])
+    eye0 = np.array(o.camera().eye)
+    o.rotate(90, 0)
+    assert np.linalg.norm(np.array(o.camera().eye) - eye0) > 1
+    o.zoom(0.5)
+    assert np.linalg.norm(np.array(o.camera().eye) - np.array(o.target)) == pytest.approx(o.distance)
+    o.rotate(0, 500)
+    assert o.elevation == 89.0
+    o.pan(0.1, 0)
+    assert np.array(o.target)[0] != 0 or np.array(o.target)[1] != 0
+    with pytest.raises(TaperayError):
+        o.zoom(0)
+
+
+def test_save_as_writes_the_edited_scene_atomically(walker_cpu, tmp_path):
+    v = _viewer(walker_cpu)
+    v.set_param("radius", 0.5)
+    saved = load_file(v.save_as(tmp_path / "edited.scene"))
+    assert Viewer(saved, walker=walker_cpu, size=SIZE).params["radius"] == pytest.approx(0.5)
+    v.save_as(tmp_path / "edited.tape")
+    assert load_file(tmp_path / "edited.tape").params.tobytes() == v.tape.params.tobytes()
+    with pytest.raises(TaperayError, match="save as .scene or .tape"):
+        v.save_as(tmp_path / "edited.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.scene", "edited.tape"]
+
+
+def test_bad_input_is_a_clear_error(walker_cpu, tmp_path):
+    v = _viewer(walker_cpu)
+    with pytest.raises(TaperayError, match="no parameter named 'depth'"):
+        v.set_param("depth", 1.0)
+    with pytest.raises(TaperayError, match="not a finite number"):
+        v.set_param("radius", float("nan"))
+    with pytest.raises(TaperayError, match="unknown view"):
+        v.set_view("xray")
+    bad = tmp_path / "ranges.py"
+    bad.write_text("from taperay.scenegraph import sphere, Param\nscene = sphere(Param('r', 1))\nranges = {'r': (2, 1)}\n")
+    with pytest.raises(TaperayError, match=r"ranges\['r'\].*lo < hi"):
+        Viewer(bad, walker=walker_cpu, size=SIZE)
+
+
+def test_scene_file_ranges_drive_the_sliders(walker_cpu, tmp_path):
+    path = tmp_path / "ranged.py"
+    path.write_text("from taperay.scenegraph import sphere, Param\nscene = sphere(Param('r', 1))\nranges = {'r': (0.5, 3)}\n")
+    assert Viewer(path, walker=walker_cpu, size=SIZE).param_range("r") == (0.5, 3.0)
+
+
+_GOOD = "from taperay.scenegraph import sphere, box, union\nscene = {body}\n"
+
+
+def test_watch_reruns_the_file_and_keeps_the_last_good_scene(walker_cpu, tmp_path):
+    """Saves of the scene file re-run it in a child process: a good save replaces the scene (by a
+    new tape), a raising one, an invalid one or one past the timeout leaves the last good scene and
+    reports why."""
+    path = tmp_path / "live.py"
+    path.write_text(_GOOD.format(body="sphere(0.5)"))
+    window = offscreen_window(Viewer(path, walker=walker_cpu, size=SIZE, settings=FAST), watch=True, panel=False)
+    window.watcher.timeout = 20.0
+    first = _draw(window)
+
+    def save(text):
+        path.write_text(text)
+        os.utime(path, ns=(path.stat().st_mtime_ns + 1_000_000_000,) * 2)
+        return window.watcher.wait()
+
+    result = save(_GOOD.format(body="union(sphere(0.5), box(1.2, 0.2, 0.2))"))
+    assert result is not None and not result.error and result.tape is not None
+    window.viewer.set_scene(result.tape, label="saved")
+    second = _draw(window)
+    assert not np.array_equal(first, second)
+    records = len(window.viewer.tape.instrs)
+
+    result = save("raise ValueError('the fillet is too big')\n")
+    assert "the fillet is too big" in result.error
+    result = save(_GOOD.format(body="sphere(-1.0)"))
+    assert result.error and result.tape is None
+    window.watcher.timeout = 1.0
+    result = save("import time\ntime.sleep(30)\n")
+    assert "ran past 1 s" in result.error
+    assert len(window.viewer.tape.instrs) == records and np.array_equal(_draw(window), second)
+
+
+def test_view_command_offscreen_reports_edits_and_screenshot(tmp_path, capsys):
+    out, shot = tmp_path / "edits.json", tmp_path / "shot.png"
+    code = main(["view", "scenes/heat_sink.py", "--walker", "cpu", "--offscreen", "--size", "320x200",
+                 "--edits", "3", "--topology-edits", "2", "--json", str(out), "--screenshot", str(shot)])
+    assert code == 0, capsys.readouterr().err
+    import json
+    report = json.loads(out.read_text())
+    assert [r["kind"] for r in report["edits"]].count("topology") == 2 and len(report["edits"]) == 5
+    assert all(r["latency_ms"] > 0 and r["pipelines_created"] == 0 for r in report["edits"])
+    from PIL import Image
+    image = np.asarray(Image.open(shot))
+    assert image.shape == (200, 320, 3) and image.std() > 0
+    assert "slider:" in capsys.readouterr().out
+
+
+def test_view_command_rejects_offscreen_options_without_offscreen(capsys):
+    assert main(["view", "scenes/heat_sink.py", "--edits", "3"]) == 2
+    assert "add --offscreen" in capsys.readouterr().err
+
+
+def test_notebook_viewer_sliders_edit_the_scene(walker_cpu):
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("jupyter_rfb")
+    from taperay.tools.view_window import notebook_viewer
+    box_ = notebook_viewer(_scene(), walker=walker_cpu, size=SIZE)
+    sliders = {w.description: w for w in box_.children if hasattr(w, "min")}
+    assert set(sliders) == {"radius", "width"}
+    sliders["radius"].value = 0.42
+    assert box_.window.viewer.params["radius"] == pytest.approx(0.42)
+
+
+@pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed (apt-get install xvfb)")
+def test_window_screenshot_under_xvfb(tmp_path):
+    """The real glfw window under Xvfb: a frame of the scene with the panel's overlay, read back
+    from the window's own texture."""
+    pytest.importorskip("glfw")
+    pytest.importorskip("imgui_bundle")
+    script = tmp_path / "shot.py"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np, sys
+        from rendercanvas.glfw import RenderCanvas, loop
+        from taperay.runtime.shading import RenderSettings
+        from taperay.tools.viewer import Viewer
+        from taperay.tools.view_window import ViewWindow
+        from PIL import Image
+        viewer = Viewer("scenes/heat_sink.py", walker="cpu", size=(480, 320),
+                        settings=RenderSettings(shadows="off", ao_strength=0.0))
+        canvas = RenderCanvas(size=(480, 320), title="taperay test")
+        window = ViewWindow(viewer, canvas)
+        shots = []
+        def grab():
+            # the texture the panel was drawn into, copied out before it is presented
+            tex = window.context.get_current_texture()
+            data = window.device.queue.read_texture(
+                {{"texture": tex, "origin": (0, 0, 0), "mip_level": 0}},
+                {{"offset": 0, "bytes_per_row": tex.size[0] * 4}}, tex.size)
+            shots.append(np.frombuffer(data, np.uint8).reshape(tex.size[1], tex.size[0], 4))
+        def frame():
+            window.draw()
+            grab()
+            if len(shots) >= 2:
+                canvas.close()
+            else:
+                canvas.request_draw(frame)
+        canvas.request_draw(frame)
+        loop.run()
+        img = shots[-1][..., :3]
+        if window.format.startswith("bgra"):
+            img = img[..., ::-1]
+        Image.fromarray(np.ascontiguousarray(img)).save(sys.argv[1])
+    """))
+    shot = tmp_path / "window.png"
+    env = dict(os.environ)
+    xvfb = subprocess.Popen(["Xvfb", ":97", "-screen", "0", "800x600x24"], stderr=subprocess.DEVNULL)
+    try:
+        env["DISPLAY"] = ":97"
+        env.pop("WAYLAND_DISPLAY", None)
+        run = subprocess.run([sys.executable, str(script), str(shot)], cwd=os.getcwd(), env=env,
+                             capture_output=True, text=True, timeout=240)
+    finally:
+        xvfb.terminate()
+        xvfb.wait()
+    assert run.returncode == 0, run.stderr[-3000:]
+    from PIL import Image
+    img = np.asarray(Image.open(shot)).astype(int)
+    assert img.shape == (320, 480, 3)
+    panel, scene = img[:60, :250], img[100:, 260:]
+    # the panel: imgui's dark window with light text; the scene: the render's light background
+    # and the heat sink's shaded pixels
+    assert panel.mean() < 120 and (panel > 200).any(), "no overlay panel in the window"
+    assert scene.std() > 10 and scene.mean() > 100, "no render in the window"

@@ -1,0 +1,367 @@
+"""``taperay view``: a ``Viewer`` (tools/viewer.py) presented on a rendercanvas canvas — a desktop
+window (glfw), a Jupyter widget (jupyter-rfb) or offscreen — with an imgui panel (imgui-bundle
+through wgpu-py's ImguiRenderer): sliders for the named parameters, the view menu, undo / redo /
+save, and the overlay.
+
+With the GPU walker the frame never leaves the GPU: the walker's resolve writes the image's bytes
+into its own buffer and one fixed present pipeline (shaders/present.wgsl) draws them onto the
+window's texture. The CPU twin's image is uploaded into the viewer's buffer and drawn by the same
+pipeline. While the camera or a slider moves, frames are drafts (half size, no shadows); once
+still for ``SETTLE_S`` the full frame follows. ``--watch`` polls the scene file and re-runs it in
+a child process (tools/scene_runner.py); a failure leaves the last good scene on screen and shows
+the error in the panel.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from taperay.runtime.shading import VIEWS
+from taperay.runtime.tape import TaperayError
+from taperay.runtime.wgsl_header import SHADER_DIR
+
+from .scene_runner import SceneWatcher
+from .viewer import Viewer
+
+__all__ = ["ViewWindow", "present_stats", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "run_offscreen_edits"]
+
+SETTLE_S = 0.15          # still this long after the last move: draw the full frame
+# the image's bytes are display-ready (sRGB-encoded): an 8-bit format without conversion
+PRESENT_FORMATS = ("bgra8unorm", "rgba8unorm")
+_PRESENT: dict[tuple[int, str], object] = {}  # (device id, format) -> the present pipeline, kept for the process
+_PRESENT_STATS = {"pipelines_created": 0, "cache_hits": 0}
+_HOST_DEVICE: dict[str, object] = {}
+
+
+def present_stats() -> dict:
+    """Present pipelines created in this process, and cache hits."""
+    return dict(_PRESENT_STATS)
+
+
+def _present_pipeline(device, texture_format: str):
+    """The present pipeline of ``device`` drawing into ``texture_format``, created on first need
+    and kept for the process."""
+    key = (id(device), texture_format)
+    if key in _PRESENT:
+        _PRESENT_STATS["cache_hits"] += 1
+        return _PRESENT[key]
+    module = device.create_shader_module(label="present", code=(SHADER_DIR / "present.wgsl").read_text())
+    pipeline = device.create_render_pipeline(
+        label="present", layout="auto",
+        vertex={"module": module, "entry_point": "vs_main"},
+        primitive={"topology": "triangle-list"},
+        fragment={"module": module, "entry_point": "fs_main", "targets": [{"format": texture_format}]})
+    _PRESENT[key] = pipeline
+    _PRESENT_STATS["pipelines_created"] += 1
+    return pipeline
+
+
+def _host_device():
+    """The device that presents host images (the twin's frames), one per process."""
+    import wgpu
+    if "host" not in _HOST_DEVICE:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        if adapter is None:
+            raise TaperayError("view: no wgpu adapter to present with (install a Vulkan driver, e.g. "
+                               "Debian's mesa-vulkan-drivers)")
+        _HOST_DEVICE["host"] = adapter.request_device_sync()
+    return _HOST_DEVICE["host"]
+
+
+def _configure(context, device) -> str:
+    """Configure the canvas context for the first of PRESENT_FORMATS it takes; that format."""
+    for texture_format in PRESENT_FORMATS:
+        try:
+            context.configure(device=device, format=texture_format)
+            return texture_format
+        except ValueError:
+            continue
+    raise TaperayError(f"view: the canvas takes none of the formats {', '.join(PRESENT_FORMATS)}")
+
+
+class ViewWindow:
+    """A ``Viewer`` on a rendercanvas ``canvas``: input, panel, progressive frames, watch mode.
+
+    ``watch``: re-run the scene's .py file on each save (timeout ``watch_timeout`` s)."""
+
+    def __init__(self, viewer: Viewer, canvas, watch: bool = False, watch_timeout: float = 30.0, panel: bool = True):
+        import wgpu
+        self.viewer = viewer
+        self.canvas = canvas
+        self.device = getattr(viewer.walker, "device", None) or _host_device()
+        self.context = canvas.get_wgpu_context()
+        self.format = _configure(self.context, self.device)
+        self.pipeline = _present_pipeline(self.device, self.format)
+        self.uniform = self.device.create_buffer(size=32, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self._host_image = None          # the twin's frames: the viewer's upload buffer
+        self._bind = None                # (buffer id, bind group)
+        self._image = None               # (buffer, offset, w, h) of the last frame drawn
+        self._dirty = True               # the scene, view or camera changed since the last full frame
+        self._moved_at = 0.0             # the clock of the last move (camera or slider)
+        self._drag = None                # (button, x, y) while the pointer drags
+        self.watcher = SceneWatcher(viewer.path, timeout=watch_timeout) if watch else None
+        self.message = ""                # the last error or note, shown in the panel
+        self.imgui = None
+        if panel:
+            from wgpu.utils.imgui import ImguiRenderer
+            self.imgui = ImguiRenderer(self.device, canvas, render_target_format=self.format)
+            self.imgui.set_gui(self._panel)
+        canvas.add_event_handler(self._on_pointer, "pointer_down", "pointer_up", "pointer_move")
+        canvas.add_event_handler(self._on_wheel, "wheel")
+        canvas.add_event_handler(self._on_key, "key_down")
+        canvas.request_draw(self.draw)
+
+    # -- input
+    def moved(self) -> None:
+        """Something moved (camera, slider): drafts until still, then the full frame."""
+        self._moved_at = time.perf_counter()
+        self._dirty = True
+
+    def _on_pointer(self, event) -> None:
+        kind = event["event_type"]
+        if kind == "pointer_down":
+            self._drag = (event["button"], event["x"], event["y"], "Shift" in event.get("modifiers", ()))
+        elif kind == "pointer_up":
+            self._drag = None
+        elif self._drag is not None:
+            button, x0, y0, shift = self._drag
+            dx, dy = event["x"] - x0, event["y"] - y0
+            self._drag = (button, event["x"], event["y"], shift)
+            h = max(self.canvas.get_logical_size()[1], 1)
+            if button == 1 and not shift:
+                self.viewer.orbit.rotate(-0.4 * dx, 0.4 * dy)
+            else:
+                self.viewer.orbit.pan(-dx / h, dy / h)
+            self.moved()
+
+    def _on_wheel(self, event) -> None:
+        self.viewer.orbit.zoom(1.0015 ** event["dy"])
+        self.moved()
+
+    def _on_key(self, event) -> None:
+        mods = event.get("modifiers", ())
+        if "Control" in mods and event["key"].lower() == "z":
+            self.undo() if "Shift" not in mods else self.redo()
+        elif "Control" in mods and event["key"].lower() == "y":
+            self.redo()
+
+    def undo(self) -> None:
+        if self.viewer.undo():
+            self._dirty = True
+
+    def redo(self) -> None:
+        if self.viewer.redo():
+            self._dirty = True
+
+    def set_param(self, name: str, value: float, merge: bool = True) -> None:
+        self.viewer.set_param(name, value, merge=merge)
+        self.moved()
+
+    def set_view(self, view: str) -> None:
+        self.viewer.set_view(view)
+        self._dirty = True
+
+    # -- frames
+    def draw(self) -> None:
+        """One canvas frame: poll the watched file, render if anything changed (a draft while
+        moving), present, draw the panel. Requests the next frame while work remains."""
+        self._poll_watch()
+        moving = time.perf_counter() - self._moved_at < SETTLE_S
+        if self._dirty or self._image is None or (self._image_is_draft and not moving):
+            self._render(draft=moving)
+            self._dirty = False
+        self._present()
+        if self.imgui is not None:
+            self.imgui.render()
+        self.viewer.presented()
+        if moving or (self._image_is_draft) or (self.watcher is not None):
+            self.canvas.request_draw()
+
+    @property
+    def _image_is_draft(self) -> bool:
+        return self._image is not None and (self._image[2], self._image[3]) != self.viewer.size
+
+    def _render(self, draft: bool) -> None:
+        v = self.viewer
+        try:
+            if hasattr(v.walker, "render_on_device"):
+                self._image = v.frame_on_device(draft)
+            else:
+                self._image = self._upload(v.frame(draft))
+        except TaperayError as e:
+            self.message = str(e)
+
+    def _upload(self, rgb: np.ndarray):
+        """The twin's image into the viewer's buffer, as the words present.wgsl reads."""
+        import wgpu
+        h, w = rgb.shape[:2]
+        data = np.zeros(-(-3 * w * h // 4) * 4, np.uint8)
+        data[:3 * w * h] = rgb.reshape(-1)
+        if self._host_image is None or self._host_image.size < data.nbytes:
+            self._host_image = self.device.create_buffer(
+                size=max(data.nbytes, 16), usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST)
+        self.device.queue.write_buffer(self._host_image, 0, data)
+        return self._host_image, 0, w, h
+
+    def _present(self) -> None:
+        import wgpu
+        texture = self.context.get_current_texture()
+        encoder = self.device.create_command_encoder()
+        rp = encoder.begin_render_pass(color_attachments=[{
+            "view": texture.create_view(), "resolve_target": None, "clear_value": (0.1, 0.1, 0.1, 1),
+            "load_op": wgpu.LoadOp.clear, "store_op": wgpu.StoreOp.store}])
+        if self._image is not None:
+            buf, offset, w, h = self._image
+            tw, th = texture.size[0], texture.size[1]
+            self.device.queue.write_buffer(self.uniform, 0, np.array([w, h, tw, th, offset // 4, 0, 0, 0], np.uint32))
+            if self._bind is None or self._bind[0] is not buf:
+                group = self.device.create_bind_group(layout=self.pipeline.get_bind_group_layout(0), entries=[
+                    {"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": buf.size}},
+                    {"binding": 1, "resource": {"buffer": self.uniform, "offset": 0, "size": 32}}])
+                self._bind = (buf, group)
+            rp.set_pipeline(self.pipeline)
+            rp.set_bind_group(0, self._bind[1])
+            rp.draw(3)
+        rp.end()
+        self.device.queue.submit([encoder.finish()])
+
+    # -- watch mode
+    def _poll_watch(self) -> None:
+        if self.watcher is None:
+            return
+        result = self.watcher.poll()
+        if result is None:
+            return
+        if result.error:
+            self.message = result.error
+            return
+        try:
+            self.viewer.set_scene(result.tape, label=f"{self.viewer.path.name} saved", flatten_ms=result.run_ms)
+        except TaperayError as e:
+            self.message = str(e)
+            return
+        self.message = ""
+        self._dirty = True
+
+    # -- the panel
+    def _panel(self) -> None:
+        from imgui_bundle import imgui
+        v = self.viewer
+        imgui.set_next_window_pos((8, 8), imgui.Cond_.first_use_ever)
+        imgui.set_next_window_size((340, 0), imgui.Cond_.first_use_ever)
+        imgui.begin("taperay")
+        for line in v.overlay_lines():
+            imgui.text(line)
+        imgui.separator()
+        current = VIEWS.index(v.view)
+        changed, chosen = imgui.combo("view", current, list(VIEWS))
+        if changed and chosen != current:
+            self.set_view(VIEWS[chosen])
+        for name, value in v.params.items():
+            lo, hi = v.param_range(name)
+            changed, new = imgui.slider_float(name, value, lo, hi, "%.5g")
+            if changed:
+                self.set_param(name, new, merge=imgui.is_mouse_dragging(0) or not imgui.is_item_activated())
+        if imgui.button("undo"):
+            self.undo()
+        imgui.same_line()
+        if imgui.button("redo"):
+            self.redo()
+        if v.path is not None:
+            imgui.same_line()
+            if imgui.button("save as .scene" if v.node is not None else "save as .tape"):
+                self._save_next_to_source()
+        if self.watcher is not None:
+            imgui.text(f"watching {v.path.name}" + (" (running)" if self.watcher.running else ""))
+        if self.message:
+            imgui.text_colored((1.0, 0.45, 0.35, 1.0), self.message)
+        imgui.end()
+
+    def _save_next_to_source(self) -> None:
+        v = self.viewer
+        suffix = ".scene" if v.node is not None else ".tape"
+        target = v.path.with_name(v.path.stem + "_edited" + suffix)
+        try:
+            v.save_as(target)
+            self.message = f"saved {target}"
+        except TaperayError as e:
+            self.message = str(e)
+
+
+def notebook_viewer(source, walker="auto", size=(640, 360), view="shade"):
+    """The viewer in Jupyter: a jupyter-rfb canvas with ipywidgets sliders for the named
+    parameters and a view menu. Returns the widget (display it as a cell's last value)."""
+    import ipywidgets
+    from rendercanvas.jupyter import RenderCanvas
+    viewer = Viewer(source, walker=walker, size=size, view=view)
+    canvas = RenderCanvas(size=size)
+    window = ViewWindow(viewer, canvas, panel=False)
+    sliders = []
+    for name, value in viewer.params.items():
+        lo, hi = viewer.param_range(name)
+        slider = ipywidgets.FloatSlider(value=value, min=lo, max=hi, step=(hi - lo) / 200, description=name,
+                                        continuous_update=True, readout_format=".4g")
+        slider.observe(lambda change, name=name: (window.set_param(name, change["new"]), canvas.request_draw()),
+                       names="value")
+        sliders.append(slider)
+    menu = ipywidgets.Dropdown(options=list(VIEWS), value=viewer.view, description="view")
+    menu.observe(lambda change: (window.set_view(change["new"]), canvas.request_draw()), names="value")
+    box = ipywidgets.VBox([canvas, menu, *sliders])
+    box.window = window          # the window behind the widget, for scripts
+    return box
+
+
+def offscreen_window(viewer: Viewer, watch: bool = False, panel: bool = True) -> ViewWindow:
+    """The window drawn offscreen (rendercanvas's offscreen canvas): ``window.canvas.draw()``
+    draws one frame exactly as the desktop window would and returns it (H, W, 4) uint8."""
+    from rendercanvas.offscreen import RenderCanvas
+    canvas = RenderCanvas(size=viewer.size, pixel_ratio=1)
+    return ViewWindow(viewer, canvas, watch=watch, panel=panel)
+
+
+def open_window(viewer: Viewer, watch: bool = False) -> None:
+    """The desktop window (glfw), until it is closed."""
+    from rendercanvas.glfw import RenderCanvas, loop
+    name = viewer.path.name if viewer.path is not None else "scene"
+    canvas = RenderCanvas(size=viewer.size, title=f"taperay - {name}", update_mode="ondemand")
+    ViewWindow(viewer, canvas, watch=watch)
+    loop.run()
+
+
+def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: int, progress=None) -> dict:
+    """Drive ``window`` (offscreen) through viewer.edit_script's edits, one full frame each, and
+    measure each edit to its frame: ``latency_ms`` from the edit's start to ``canvas.draw()``
+    returning the presented image (read back to the host: an upper bound of the on-screen
+    latency), the walker's ``frame_ms``, a topology edit's ``flatten_ms``, and the pipelines and
+    shader modules created (walker and present) by that edit. The first frame is the startup."""
+    from .viewer import edit_script
+    v = window.viewer
+
+    def created() -> tuple[int, int]:
+        st = v.walker.stats() if hasattr(v.walker, "stats") else {}
+        return (int(st.get("pipelines_created", 0)) + present_stats()["pipelines_created"],
+                int(st.get("shader_modules_created", 0)))
+
+    t0 = time.perf_counter()
+    first = np.asarray(window.canvas.draw())
+    startup = dict(first_frame_ms=1e3 * (time.perf_counter() - t0), pipelines_created=created()[0],
+                   shader_modules_created=created()[1], nonblank=bool(first[..., :3].std() > 0))
+    rows = []
+    script = list(edit_script(v, slider_moves, topology_edits))
+    for i, (kind, label, apply) in enumerate(script):
+        before = created()
+        t0 = time.perf_counter()
+        apply()
+        window._dirty = True
+        np.asarray(window.canvas.draw())
+        latency = 1e3 * (time.perf_counter() - t0)
+        after = created()
+        s = v.stats
+        rows.append(dict(kind=kind, edit=label, latency_ms=latency, frame_ms=s.frame_ms,
+                         flatten_ms=s.flatten_ms if kind == "topology" else None, records=s.records,
+                         instances=s.instances, pipelines_created=after[0] - before[0],
+                         shader_modules_created=after[1] - before[1]))
+        if progress is not None:
+            progress(i + 1, len(script), rows[-1])
+    return dict(walker=v.walker.name, size=list(v.size), view=v.view, startup=startup, edits=rows)
