@@ -16,7 +16,7 @@ from taperay.runtime.tape import TaperayError
 from taperay.scenegraph import Material, Param, box, sphere, union
 from taperay.scenegraph.files import load_file
 from taperay.tools.cli import main
-from taperay.tools.view_window import offscreen_window, present_stats, run_offscreen_edits
+from taperay.tools.view_window import PANEL_WIDTH, offscreen_window, present_stats
 from taperay.tools.viewer import PATTERN_COUNTS, Orbit, Viewer, edit_script
 
 SIZE = (64, 48)
@@ -239,7 +239,7 @@ def test_window_screenshot_under_xvfb(tmp_path):
     pytest.importorskip("glfw")
     pytest.importorskip("imgui_bundle")
     script = tmp_path / "shot.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import numpy as np, sys
         from rendercanvas.glfw import RenderCanvas, loop
         from taperay.runtime.shading import RenderSettings
@@ -255,8 +255,8 @@ def test_window_screenshot_under_xvfb(tmp_path):
             # the texture the panel was drawn into, copied out before it is presented
             tex = window.context.get_current_texture()
             data = window.device.queue.read_texture(
-                {{"texture": tex, "origin": (0, 0, 0), "mip_level": 0}},
-                {{"offset": 0, "bytes_per_row": tex.size[0] * 4}}, tex.size)
+                {"texture": tex, "origin": (0, 0, 0), "mip_level": 0},
+                {"offset": 0, "bytes_per_row": tex.size[0] * 4}, tex.size)
             shots.append(np.frombuffer(data, np.uint8).reshape(tex.size[1], tex.size[0], 4))
         def frame():
             window.draw()
@@ -271,14 +271,15 @@ def test_window_screenshot_under_xvfb(tmp_path):
         if window.format.startswith("bgra"):
             img = img[..., ::-1]
         Image.fromarray(np.ascontiguousarray(img)).save(sys.argv[1])
+        Image.fromarray(viewer.frame()).save(sys.argv[2])
     """))
-    shot = tmp_path / "window.png"
+    shot, frame = tmp_path / "window.png", tmp_path / "frame.png"
     env = dict(os.environ)
     xvfb = subprocess.Popen(["Xvfb", ":97", "-screen", "0", "800x600x24"], stderr=subprocess.DEVNULL)
     try:
         env["DISPLAY"] = ":97"
         env.pop("WAYLAND_DISPLAY", None)
-        run = subprocess.run([sys.executable, str(script), str(shot)], cwd=os.getcwd(), env=env,
+        run = subprocess.run([sys.executable, str(script), str(shot), str(frame)], cwd=os.getcwd(), env=env,
                              capture_output=True, text=True, timeout=240)
     finally:
         xvfb.terminate()
@@ -286,9 +287,13 @@ def test_window_screenshot_under_xvfb(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     from PIL import Image
     img = np.asarray(Image.open(shot)).astype(int)
-    assert img.shape == (320, 480, 3)
-    panel, scene = img[:60, :250], img[100:, 260:]
-    # the panel: imgui's dark window with light text; the scene: the render's light background
-    # and the heat sink's shaded pixels
-    assert panel.mean() < 120 and (panel > 200).any(), "no overlay panel in the window"
-    assert scene.std() > 10 and scene.mean() > 100, "no render in the window"
+    render = np.asarray(Image.open(frame)).astype(int)
+    assert img.shape == render.shape == (320, 480, 3)
+    # right of the panel the window shows the walker's frame pixel for pixel, and there the
+    # frame has the heat sink's fins (not just background)
+    right = slice(PANEL_WIDTH + 40, None)
+    assert np.array_equal(img[:, right], render[:, right])
+    assert render[:, right].std() > 10
+    # the panel: imgui's dark window with the overlay's light text, over the frame
+    panel = img[15:60, 15:PANEL_WIDTH - 15]
+    assert panel.mean() < render[15:60, 15:PANEL_WIDTH - 15].mean() - 40 and (panel > 200).any()
