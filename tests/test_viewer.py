@@ -37,6 +37,7 @@ def _draw(window) -> np.ndarray:
     return np.asarray(window.canvas.draw())[..., :3].copy()
 
 
+@pytest.mark.slow
 def test_offscreen_viewer_end_to_end(walkers_all):
     """60 slider moves and 20 topology edits (a pattern count from 10 to 100,000 among them): no
     pipeline or shader module created after startup, each edit's frame differs from the one

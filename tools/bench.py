@@ -44,10 +44,16 @@ BENCHMARKS: dict[str, Benchmark] = {
                            "GPU walker: prospero sign/field image with per-tile interval pruning vs unpruned, 1024² and 4096²"),
     "flatten": Benchmark("taperay.tools.bench:bench_flatten",
                          "flatten: patterns of 10^2..10^6 instances and an instance list of 10^5 (no per-instance Python)"),
+    "optimize": Benchmark("taperay.tools.bench_optimize:bench_optimize",
+                          "solvers: the heat-sink and cantilever optimisations, each step by stage (mesh, solve, "
+                          "velocity, adjoint, shape gradient), objective history; --repeat N: optimiser steps"),
     "sim": Benchmark("taperay.tools.bench_sim:bench_sim",
                      "solvers: the heat sink end to end (surface, tets, assembly, solve), TET4 and TET10, first and novel designs"),
     "startup": Benchmark("taperay.tools.bench_startup:bench_startup",
                          "whole `taperay render` processes (showcase, prospero --2d), first on a new machine and later, stage split"),
+    "view": Benchmark("taperay.tools.bench_view:bench_view",
+                      "the live viewer offscreen: slider and topology edit -> frame presented, per scene, "
+                      "pipelines created by edits"),
     "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
                            "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }
@@ -305,7 +311,7 @@ def add_parser(subparsers, func) -> None:
     p.add_argument("--repeat", type=int, default=7, help="timed repeats after warm-up (default 7)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--walker", choices=("cpu", "gpu"), default="cpu",
-                   help="walker for benchmarks that render (assembly, startup); default cpu")
+                   help="walker for benchmarks that render (assembly, startup, view); default cpu")
     p.add_argument("--size", default=None, metavar="WxH", help="frame size for benchmarks that render")
     p.add_argument("-o", "--out", default="bench-out", metavar="DIR", help="output folder (default bench-out/)")
     p.set_defaults(func=func)
