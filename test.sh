@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 source tools/setup_env.sh
 ensure_vulkan
+ensure_xvfb
 ensure_venv '.[test]'
 ensure_runtime_dir
 export TAPERAY_REQUIRE_GPU=1

@@ -4,6 +4,7 @@
 #   ensure_vulkan         install Mesa's Vulkan drivers (lavapipe) with apt when no Vulkan driver is
 #                         present; without apt, warn and go on (GPU tests then fail in CI mode)
 #   ensure_runtime_dir    XDG_RUNTIME_DIR for wgpu/Mesa, set when unset
+#   ensure_xvfb           install Xvfb with apt when missing (the viewer's window test draws under it)
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"
@@ -49,4 +50,10 @@ ensure_vulkan() {
 ensure_runtime_dir() {
     export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/taperay-runtime-$(id -u)}"
     mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+}
+
+ensure_xvfb() {
+    command -v Xvfb >/dev/null 2>&1 && return 0
+    apt_install xvfb && return 0
+    echo "setup: WARNING: no Xvfb and no apt-get: the viewer's window test fails in CI mode" >&2
 }
