@@ -234,8 +234,9 @@ def test_notebook_viewer_sliders_edit_the_scene(walker_cpu):
 
 
 def test_window_screenshot_under_xvfb(tmp_path):
-    """The real glfw window under Xvfb: a frame of the scene with the panel's overlay, read back
-    from the window's own texture. Without Xvfb it skips, except in CI (TAPERAY_REQUIRE_GPU=1),
+    """The real glfw window under Xvfb (``open_window``: the scene loaded in a thread, then the
+    window): a frame of the scene with the panel's overlay, read back from the window's own
+    texture; a scene that fails to load closes the window and raises its error. Without Xvfb it skips, except in CI (TAPERAY_REQUIRE_GPU=1),
     where test.sh installs it."""
     if shutil.which("Xvfb") is None:
         if os.environ.get("TAPERAY_REQUIRE_GPU") == "1":
@@ -246,37 +247,47 @@ def test_window_screenshot_under_xvfb(tmp_path):
     script = tmp_path / "shot.py"
     script.write_text(textwrap.dedent("""
         import numpy as np, sys
-        from rendercanvas.glfw import RenderCanvas, loop
-        from taperay.runtime.shading import RenderSettings
-        from taperay.tools.viewer import Viewer
-        from taperay.tools.view_window import ViewWindow
         from PIL import Image
-        viewer = Viewer("scenes/heat_sink.py", walker="cpu", size=(480, 320),
-                        settings=RenderSettings(shadows="off", ao_strength=0.0))
-        canvas = RenderCanvas(size=(480, 320), title="taperay test")
-        window = ViewWindow(viewer, canvas)
-        shots = []
-        def grab():
+        from taperay.runtime.shading import RenderSettings
+        from taperay.runtime.tape import TaperayError
+        from taperay.tools.viewer import Viewer
+        from taperay.tools.view_window import open_window
+        made, shots = [], []
+
+        def make_viewer():
+            made.append(Viewer("scenes/heat_sink.py", walker="cpu", size=(480, 320),
+                               settings=RenderSettings(shadows="off", ao_strength=0.0)))
+            return made[-1]
+
+        def grab(window):
             # the texture the panel was drawn into, copied out before it is presented
             tex = window.context.get_current_texture()
             data = window.device.queue.read_texture(
                 {"texture": tex, "origin": (0, 0, 0), "mip_level": 0},
                 {"offset": 0, "bytes_per_row": tex.size[0] * 4}, tex.size)
-            shots.append(np.frombuffer(data, np.uint8).reshape(tex.size[1], tex.size[0], 4))
-        def frame():
-            window.draw()
-            grab()
-            if len(shots) >= 2:
-                canvas.close()
-            else:
-                canvas.request_draw(frame)
-        canvas.request_draw(frame)
-        loop.run()
-        img = shots[-1][..., :3]
-        if window.format.startswith("bgra"):
-            img = img[..., ::-1]
-        Image.fromarray(np.ascontiguousarray(img)).save(sys.argv[1])
-        Image.fromarray(viewer.frame()).save(sys.argv[2])
+            img = np.frombuffer(data, np.uint8).reshape(tex.size[1], tex.size[0], 4)[..., :3]
+            shots.append(img[..., ::-1] if window.format.startswith("bgra") else img)
+
+        def ready(window):
+            def draw():
+                window.draw()
+                grab(window)
+                if len(shots) >= 2:
+                    window.canvas.close()
+                else:
+                    window.canvas.request_draw()
+            window.canvas.request_draw(draw)
+
+        open_window(make_viewer, "heat_sink.py", (480, 320), on_ready=ready)
+        Image.fromarray(np.ascontiguousarray(shots[-1])).save(sys.argv[1])
+        Image.fromarray(made[0].frame()).save(sys.argv[2])
+
+        def broken():
+            raise TaperayError("broken.py: the scene file raised ValueError: boom")
+        try:
+            open_window(broken, "broken.py", (320, 200))
+        except TaperayError as e:
+            print("raised:", e)
     """))
     shot, frame = tmp_path / "window.png", tmp_path / "frame.png"
     env = dict(os.environ)
@@ -290,6 +301,7 @@ def test_window_screenshot_under_xvfb(tmp_path):
         xvfb.terminate()
         xvfb.wait()
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "raised: broken.py: the scene file raised ValueError: boom" in run.stdout
     from PIL import Image
     img = np.asarray(Image.open(shot)).astype(int)
     render = np.asarray(Image.open(frame)).astype(int)

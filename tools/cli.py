@@ -613,18 +613,22 @@ def cmd_view(args) -> int:
     from taperay.runtime.walkers import walker as choose_walker
     from .view_window import offscreen_window, open_window, run_offscreen_edits
     from .viewer import Viewer
-    notes: list[str] = []
-    walker = choose_walker(args.walker, log=notes.append, progress=True, step=step)
     con = console()
-    for n in notes:
-        con.print(n)
-    viewer = Viewer(args.scene, walker=walker, size=(w, h), view=args.view)
+
+    def make_viewer():
+        notes: list[str] = []
+        viewer = Viewer(args.scene, walker=choose_walker(args.walker, log=notes.append), size=(w, h),
+                        view=args.view)
+        for n in notes:
+            con.print(n)
+        con.print(f"viewer:    {args.scene} on the {_walker_label(viewer.walker)} walker")
+        return viewer
+
     if not args.offscreen:
-        con.print(f"viewer:    {args.scene} on the {_walker_label(walker)} walker; drag to orbit, "
-                  "shift-drag to pan, wheel to zoom, ctrl-z / ctrl-y to undo / redo")
-        open_window(viewer, watch=args.watch)
+        con.print("viewer:    drag to orbit, shift-drag to pan, wheel to zoom, ctrl-z / ctrl-y to undo / redo")
+        open_window(make_viewer, Path(args.scene).name, (w, h), watch=args.watch)
         return 0
-    window = offscreen_window(viewer, watch=args.watch)
+    window = offscreen_window(make_viewer(), watch=args.watch)
 
     def progress(i, n, row):
         con.print(f"edit {i}/{n}: {row['edit']:<34} {row['latency_ms']:8.1f} ms  "

@@ -324,13 +324,44 @@ def offscreen_window(viewer: Viewer, watch: bool = False, panel: bool = True) ->
     return ViewWindow(viewer, canvas, watch=watch, panel=panel)
 
 
-def open_window(viewer: Viewer, watch: bool = False) -> None:
-    """The desktop window (glfw), until it is closed."""
+def open_window(make_viewer, title: str, size: tuple[int, int], watch: bool = False, on_ready=None) -> None:
+    """The desktop window (glfw), until it is closed. ``make_viewer()`` (choosing the walker,
+    loading the scene) and the first frame, which creates the kernels it needs, run in a thread
+    while the window stays responsive and its title shows the time spent; an error there closes
+    the window and is raised here. ``on_ready(window)`` is called with the ViewWindow once it
+    exists (scripts, tests)."""
+    import threading
     from rendercanvas.glfw import RenderCanvas, loop
-    name = viewer.path.name if viewer.path is not None else "scene"
-    canvas = RenderCanvas(size=viewer.size, title=f"taperay - {name}", update_mode="ondemand")
-    ViewWindow(viewer, canvas, watch=watch)
+    canvas = RenderCanvas(size=size, title=f"taperay - {title}", update_mode="ondemand")
+    state: dict = {}
+
+    def prepare():
+        try:
+            viewer = make_viewer()
+            viewer.frame_on_device() if hasattr(viewer.walker, "render_on_device") else viewer.frame()
+            state["viewer"] = viewer
+        except Exception as e:     # re-raised in the caller's thread once the window is closed
+            state["error"] = e
+
+    started = time.perf_counter()
+    threading.Thread(target=prepare, name="taperay-view-startup", daemon=True).start()
+
+    def waiting():
+        if "viewer" in state:
+            window = ViewWindow(state["viewer"], canvas, watch=watch)
+            if on_ready is not None:
+                on_ready(window)
+        elif "error" in state:
+            canvas.close()
+        else:
+            canvas.set_title(f"taperay - {title}: loading and building kernels, "
+                             f"{time.perf_counter() - started:.1f} s")
+            loop.call_later(0.1, waiting)
+
+    loop.call_later(0.05, waiting)
     loop.run()
+    if "error" in state:
+        raise state["error"]
 
 
 def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: int, progress=None) -> dict:
