@@ -34,7 +34,7 @@ def bench_view(opts) -> BenchResult:
         report = run_offscreen_edits(window, sliders, TOPOLOGY_EDITS)
         row = {"scene": path.stem, "instances": instances,
                "first frame ms": report["startup"]["first_frame_ms"]}
-        for kind, n in (("slider", sliders), ("topology", TOPOLOGY_EDITS)):
+        for kind in ("slider", "topology"):
             edits = [r for r in report["edits"] if r["kind"] == kind]
             lat = np.array([r["latency_ms"] for r in edits]) if edits else np.array([np.nan])
             row[f"{kind} median ms"] = float(np.median(lat))
@@ -42,12 +42,21 @@ def bench_view(opts) -> BenchResult:
             if kind == "topology":
                 row["flatten median ms"] = float(np.median([r["flatten_ms"] for r in edits]))
                 row["frame median ms"] = float(np.median([r["frame_ms"] for r in edits]))
-        row["pipelines created by edits"] = sum(r["pipelines_created"] for r in report["edits"])
+        created = sum(r["pipelines_created"] for r in report["edits"])
+        if sliders:            # the same moves as the window draws them while a slider is dragged
+            drafts = run_offscreen_edits(window, sliders, 0, draft=True)["edits"]
+            row["slider draft median ms"] = float(np.median([r["latency_ms"] for r in drafts]))
+            created += sum(r["pipelines_created"] for r in drafts)
+        else:
+            row["slider draft median ms"] = float("nan")
+        row["pipelines created by edits"] = created
         rows.append(row)
-    return BenchResult(rows, settings={"walker": walker.name, "size": f"{size[0]}x{size[1]}",
+    machine = {"gpu": walker.adapter_name} if getattr(walker, "adapter_name", None) else {}
+    return BenchResult(rows, machine=machine, settings={"walker": walker.name, "size": f"{size[0]}x{size[1]}",
                                        "slider moves": SLIDER_MOVES, "topology edits": TOPOLOGY_EDITS},
                        notes=["latency: from the edit's start to the offscreen canvas returning the presented "
                               "frame (read back to the host, so an upper bound of the window's); a topology "
                               "edit's latency includes its flatten (reported apart); scenes without named "
-                              "parameters have no slider moves (nan)"],
+                              "parameters have no slider moves (nan); slider draft: the same moves drawn as the window "
+                              "draws them while a slider is dragged (half size each way, no shadows or AO)"],
                        chart=("scene", "slider median ms"))

@@ -364,14 +364,16 @@ def open_window(make_viewer, title: str, size: tuple[int, int], watch: bool = Fa
         raise state["error"]
 
 
-def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: int, progress=None) -> dict:
+def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: int, progress=None,
+                        draft: bool = False) -> dict:
     """Drive ``window`` (offscreen) through viewer.edit_script's edits, one full frame each, and
     measure each edit to its frame: ``latency_ms`` from the edit's start to ``canvas.draw()``
     returning the presented image (read back to the host: an upper bound of the on-screen
     latency), the walker's ``frame_ms``, a topology edit's ``flatten_ms``, and the pipelines and
     shader modules created (walker and present) by that edit. The first frame is the startup;
     the GPU walker's background build of the rest of its kernel set is waited for before the
-    edits, so that what they count is theirs."""
+    edits, so that what they count is theirs. ``draft``: each edit's frame is the draft the
+    window draws while a slider is dragged (half size, no shadows) instead of the full frame."""
     from .viewer import edit_script
     v = window.viewer
 
@@ -396,6 +398,7 @@ def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: i
         t0 = time.perf_counter()
         apply()
         window._dirty = True
+        window._moved_at = time.perf_counter() if draft else 0.0
         np.asarray(window.canvas.draw())
         latency = 1e3 * (time.perf_counter() - t0)
         after = created()
@@ -406,4 +409,4 @@ def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: i
                          shader_modules_created=after[1] - before[1]))
         if progress is not None:
             progress(i + 1, len(script), rows[-1])
-    return dict(walker=v.walker.name, size=list(v.size), view=v.view, startup=startup, edits=rows)
+    return dict(walker=v.walker.name, size=list(v.size), view=v.view, draft=draft, startup=startup, edits=rows)
