@@ -113,6 +113,9 @@ class ViewWindow:
         canvas.add_event_handler(self._on_pointer, "pointer_down", "pointer_up", "pointer_move")
         canvas.add_event_handler(self._on_wheel, "wheel")
         canvas.add_event_handler(self._on_key, "key_down")
+        # (an on-demand canvas draws when asked: every input may change the panel or the view)
+        canvas.add_event_handler(lambda event: canvas.request_draw(), "pointer_down", "pointer_up", "pointer_move",
+                                 "wheel", "key_down", "key_up", "char", "resize")
         canvas.request_draw(self.draw)
 
     # -- input
@@ -144,9 +147,12 @@ class ViewWindow:
 
     def _on_key(self, event) -> None:
         mods = event.get("modifiers", ())
-        if "Control" in mods and event["key"].lower() == "z":
-            self.undo() if "Shift" not in mods else self.redo()
-        elif "Control" in mods and event["key"].lower() == "y":
+        key = event["key"].lower()
+        if "Control" not in mods:
+            return
+        if key == "z" and "Shift" not in mods:
+            self.undo()
+        elif key in ("y", "z"):
             self.redo()
 
     def undo(self) -> None:
@@ -178,7 +184,7 @@ class ViewWindow:
         if self.imgui is not None:
             self.imgui.render()
         self.viewer.presented()
-        if moving or (self._image_is_draft) or (self.watcher is not None):
+        if moving or self._image_is_draft or self.watcher is not None:
             self.canvas.request_draw()
 
     @property
