@@ -1,9 +1,12 @@
 """The opcode table: the single source of truth for what every tape instruction means.
 
-Every walker (the Numba twin, the WGSL kernels) implements exactly the ops listed here,
-with the field usage and semantics written in each ``OpSpec``. The WGSL header
-``shaders/generated_tape.wgsl`` is generated from this table (``runtime.wgsl_header``), and tests
-fail when the committed header, a kernel or the twin drift from it.
+Every walker (the Numba twin, the WGSL kernels, the JAX walker) implements exactly the ops listed
+here, with the field usage and semantics written in each ``OpSpec``, which also holds the per-op
+data of the tools (interval monotonicity, conformance tolerance, the written-out WGSL, the field
+function, the ``.vm`` name). Ops are numbered in declaration order, grouped by ``OpClass``; the
+numbers and class ranges are generated into ``shaders/generated_tape.wgsl`` and into the Numba
+modules' source (``runtime.wgsl_header``), and tests fail when a generated file, a kernel or the
+twin drift from the table (tests/test_op_table.py lists each place an op is missing).
 
 Interpreter state (per evaluated point):
   * ``reg[]``  float32 registers, ``mat[]`` a material id per register (u32);
