@@ -13,8 +13,9 @@ between ``BLOCK_BEGIN`` and ``BLOCK_END`` into the module's own source, because 
 globals into its on-disk cache, which notices edits to the jitted function's own file only: a
 renumbering edits those files, so their cached kernels recompile. The files are generated from
 ``runtime.opcodes``, ``runtime.tape``, ``runtime.camera`` and ``runtime.shading`` and committed;
-``--check`` exits 1 when a committed file or block differs from what the tables generate. Struct layouts are computed with WGSL's
-alignment rules and must equal the numpy dtype offsets, so a dtype WGSL cannot mirror fails here.
+``--check`` exits 1 when a committed file or block differs from what the tables generate. Struct
+layouts are computed with WGSL's alignment rules and must equal the numpy dtype offsets, so a dtype
+WGSL cannot mirror fails here.
 
     python -m taperay.runtime.wgsl_header            # (re)write the files and blocks
     python -m taperay.runtime.wgsl_header --check    # exit 1 on drift
