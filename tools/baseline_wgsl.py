@@ -15,7 +15,8 @@ scene function, and bind the walker's buffers. The written-out code calls the in
 self-contained scalar and shape functions (``len3``, ``sd_box``, ``qrot_conj``, ``fmod_start``,
 ``poly_edge_acc``, ...) with literal arguments; its own helpers (``_HELPERS``: literal-parameter
 capsule / torus, ...) are the Numba twin's formulas (``runtime/cpu.py``) in the twin's order of
-operations, so it computes the twin's float32 results.
+operations, so it computes the twin's float32 results. An arithmetic op is written out as its
+table entry says (``OpSpec.wgsl``, runtime/opcodes.py).
 Straight-line means: arithmetic, shapes (polygon edges unrolled, vertices as literals), point ops,
 combine ops, culls (as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``)
 and materials; an instance list (``INSTANCES`` ... ``REPEAT_END``) as its shared body written out
