@@ -1,7 +1,7 @@
 """Conformance: every available walker graded against the CPU twin, per op and per scene.
 
-Owns the tolerance table (``TOLERANCES``: a few ULP for exactly-rounded ops, WGSL's stated accuracy
-for sqrt / exp / sin / atan ...), the seeded generator of random valid tapes over every op
+Owns the tolerance table (``TOLERANCES``, each op's ``OpSpec.tolerance`` from runtime.opcodes: a few
+ULP for exactly-rounded ops, WGSL's stated accuracy for sqrt / exp / sin / atan ...), the seeded generator of random valid tapes over every op
 (``op_tape`` one per op, ``random_tape`` composite scenes, ``wide_tape`` for the large register
 variants), the measurements (max abs / rel error, ULP histogram, material mismatches, hit-mask
 disagreement, rays that graze the surface aside (``grazing_pixels``), depth error where both hit,
@@ -21,7 +21,7 @@ import numpy as np
 
 from .camera import auto_camera
 from .cpu import CpuWalker
-from .opcodes import OPS, REG_CAPS, Family, Op
+from .opcodes import OPS, REG_CAPS, Family, Op, Tolerance
 from .shading import RenderSettings
 from .tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, TaperayError, validate
 from .twin import _packed, _slab
@@ -32,37 +32,8 @@ __all__ = ["Tolerance", "TOLERANCES", "ConformanceReport", "OpResult", "SceneRes
 
 
 # ----------------------------------------------------------------------------------- tolerances
-@dataclass(frozen=True)
-class Tolerance:
-    """|walker - twin| <= max(ulps * ulp(|twin|), abs_rel * scale): ``scale`` is the magnitude of the
-    inputs (the point cloud's extent), so results that cancel to ~0 are judged on the inputs' grid."""
-    ulps: float
-    abs_rel: float
-    why: str
-
-
-_EXACT = Tolerance(2, 2.0 ** -22, "correctly rounded in WGSL; 1-2 ULP for contraction into fma")
-_DIV = Tolerance(4, 2.0 ** -22, "WGSL: x / y within 2.5 ULP")
-_SQRT = Tolerance(4, 2.0 ** -22, "WGSL: sqrt inherits 1/inverseSqrt (2 ULP) + division")
-_GEOM = Tolerance(32, 2.0 ** -19, "shapes: sums of products + sqrt / division, cancellation at the surface")
-_TRIG = Tolerance(0, 2.0 ** -11, "WGSL: sin / cos absolute error 2^-11 on [-pi, pi] (arguments reduced there)")
-_ATAN = Tolerance(4096, 2.0 ** -20, "WGSL: atan / atan2 (asin, acos inherit) within 4096 ULP")
-_POLAR = Tolerance(4096, 2.0 ** -9, "polar copies rotated by WGSL sin / cos / atan2 (2^-11 absolute)")
-
-TOLERANCES: dict[Op, Tolerance] = {}
-for _op in Op:
-    fam = OPS[_op].family
-    TOLERANCES[_op] = _GEOM if fam in (Family.SHAPE, Family.POINT, Family.PATTERN, Family.CULL) else _EXACT
-TOLERANCES.update({
-    Op.RECIP: _DIV, Op.DIV: _DIV, Op.SQRT: _SQRT,
-    Op.SIN: _TRIG, Op.COS: _TRIG,
-    Op.TAN: Tolerance(64, 2.0 ** -10, "WGSL: tan inherits sin / cos (2^-11 absolute each) and a division"),
-    Op.ASIN: _ATAN, Op.ACOS: _ATAN, Op.ATAN: _ATAN, Op.ATAN2: _ATAN,
-    Op.EXP: Tolerance(16, 2.0 ** -22, "WGSL: exp within 3 + 2|x| ULP (|x| <= 3.1 here)"),
-    Op.LN: Tolerance(4, 2.0 ** -21, "WGSL: log absolute 2^-21 on [0.5, 2], 3 ULP elsewhere"),
-    Op.SMOOTH_UNION: _GEOM, Op.SMOOTH_INTERSECT: _GEOM, Op.SMOOTH_DIFFERENCE: _GEOM,
-    Op.REPEAT_POLAR: _POLAR,
-})
+# each op's tolerance is in its table entry (OpSpec.tolerance: WGSL's stated accuracy)
+TOLERANCES: dict[Op, Tolerance] = {op: spec.tolerance for op, spec in OPS.items()}
 SCENE_PROPAGATION = 4.0   # a composite tape may compound its ops' errors: tolerance x this factor
 HIT_MASK_MAX = 0.001      # fraction of pixels whose hit / miss may differ (issue 3: at most 0.1 %),
                           # grazing rays aside (grazing_pixels)
@@ -674,10 +645,6 @@ def wide_tape(rng: np.random.Generator, n_regs: int) -> Tape:
     return b.tape(_materials(rng), [[-1.6] * 3, [1.6] * 3], f"wide {n_regs}")
 
 
-# domain scale for the arithmetic op tapes: x, y, z in [-3.1, 3.1] are multiplied by this
-# (sin / cos reach |x| ~ 19, past the [-pi, pi] WGSL states accuracy on: the interpreter reduces
-# their arguments; asin / acos also see |x| > 1)
-_ARITH_SCALE = {Op.SIN: 6.0, Op.COS: 6.0, Op.TAN: 0.5, Op.ASIN: 0.45, Op.ACOS: 0.45, Op.EXP: 1.0}
 
 
 def op_tape(op: Op, rng: np.random.Generator) -> Tape:
@@ -692,7 +659,10 @@ def op_tape(op: Op, rng: np.random.Generator) -> Tape:
         elif op is Op.CONST:
             b.row(Op.CONST, 0, params=[rng.uniform(-2, 2)])
         else:
-            s = _ARITH_SCALE.get(op, 1.0)
+            # x, y, z in [-3.1, 3.1] times the table's scale (sin / cos reach |x| ~ 19, past
+            # the [-pi, pi] WGSL states accuracy on: the interpreter reduces their arguments;
+            # asin / acos also see |x| > 1)
+            s = spec.scale
             for r, var in enumerate((Op.VAR_X, Op.VAR_Y, Op.VAR_Z)):
                 b.row(var, r + 1)
                 b.row(Op.CONST, 4, params=[s])

@@ -27,10 +27,9 @@ import numpy as np
 
 from .gpu_device import BUILD_COMPANIONS, KERNEL_CONSTANTS, variant_for
 from .gpu_guard import _guarded
-from .opcodes import WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
+from .opcodes import OPS, WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
 from .pruning import (PRUNE_MIN_RECORDS, compact_records, grid_cell_boxes, grid_ijk, is_arithmetic,
                       sub_cell_ijk)
-from .pruning import _n_reads as _n_reads_python
 from .shading import RenderSettings
 from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, content_key, point_array
 from .twin import _packed
@@ -333,9 +332,10 @@ def arena_guess(tape: Tape, level0_tiles: int, tiles: int, kernel: str) -> int:
 
 
 # ---- level 0 in dependency steps (prune.wgsl prune_wave) -------------------------------------
-def _wave_plan(code, leaf_bits, max_slots, width, affinity):
+def _wave_plan(code, leaf_bits, reads, max_slots, width, affinity):
     """The dependency-step schedule of an arithmetic tape's records ((n, 5) op dst a b c, scene
-    fields as their arithmetic ops; ``leaf_bits``: a CONST's value bits): (rows (m, 8) uint32 as
+    fields as their arithmetic ops; ``leaf_bits``: a CONST's value bits; ``reads[op]``: the
+    registers op reads, OP_READS): (rows (m, 8) uint32 as
     prune_wave reads them after the tape, slots used), or (empty rows, slots) when more than
     ``max_slots`` values are alive at once.
     Each record's operands are the records that last wrote their registers before it; only the
@@ -351,7 +351,7 @@ def _wave_plan(code, leaf_bits, max_slots, width, affinity):
     writer = np.full(256, -1, np.int64)
     for k in range(n):
         op = code[k, 0]
-        r = _n_reads(op)
+        r = reads[op]
         n_reads[k] = r
         for j in range(r):
             prod[k, j] = writer[code[k, 2 + j] & 0xFF]
@@ -483,7 +483,7 @@ def _wave_plan(code, leaf_bits, max_slots, width, affinity):
     return rows, used
 
 
-_n_reads = None      # pruning._n_reads through Numba, set with _wave_jit
+OP_READS = np.array([len(OPS[op].reads) for op in Op], np.int64)   # registers each op reads (_wave_plan)
 _wave_jit = None     # _wave_plan through Numba, once _load_wave_planner has compiled (or loaded) it
 _wave_loader: threading.Thread | None = None
 _WAVES: dict[int, np.ndarray | None] = {}
@@ -499,12 +499,11 @@ WAVE_AFFINITY = 8
 
 
 def _load_wave_planner():
-    global _wave_jit, _n_reads
+    global _wave_jit
     from numba import njit
 
-    _n_reads = njit(_n_reads_python)
     plan = njit(cache=True)(_wave_plan)
-    plan(np.zeros((1, 5), np.int64), np.zeros(1, np.uint32), WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)   # (now)
+    plan(np.zeros((1, 5), np.int64), np.zeros(1, np.uint32), OP_READS, WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)   # (now)
     _wave_jit = plan
 
 
@@ -539,7 +538,8 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
                     return None     # (not kept: a later call may find the planner ready)
                 _wave_loader.join()
             code, imm = compact_records(tape)
-            plan, _ = _wave_jit(code.astype(np.int64), imm.view(np.uint32), WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)
+            plan, _ = _wave_jit(code.astype(np.int64), imm.view(np.uint32), OP_READS, WAVE_SLOTS, WAVE_WIDTH,
+                                WAVE_AFFINITY)
             if len(plan):
                 rows = np.concatenate([tape.instrs, plan.view(INSTR_DTYPE).reshape(-1)])
                 rows.flags.writeable = False    # (kept: a buffer synced to it is not compared again)

@@ -1,7 +1,8 @@
 """Interval arithmetic for the arithmetic ops: the canonical float64 numpy reference.
 
 ``INTERVAL_OPS[op](a, b, c)`` maps input intervals (pairs of numpy arrays ``(lo, hi)``) to the
-output interval. An interval with NaN bounds means "may be NaN" (it contains everything and
+output interval: the rules written here, and for every op the table marks ``increasing``,
+[reference(lo), reference(hi)] from its ``OpSpec.reference``. An interval with NaN bounds means "may be NaN" (it contains everything and
 propagates). Together with ``choice``, which says where MIN / MAX / AND / OR take one operand on
 a whole interval, this is what the walkers' interval evaluators and per-tile pruning implement
 (in float32, with transcendental bounds widened outward by ``WIDEN_ULPS``); tests grade them
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .opcodes import Op, _rem_euclid
+from .opcodes import OPS, Op, _rem_euclid
 
 __all__ = ["INTERVAL_OPS", "WIDEN_ULPS", "choice", "CHOICE_BOTH", "CHOICE_A", "CHOICE_B"]
 
@@ -221,11 +222,9 @@ def _copy(a, *_):
 
 
 INTERVAL_OPS = {
-    Op.COPY: _copy, Op.NEG: _neg, Op.ABS: _abs, Op.RECIP: _recip, Op.SQRT: _sqrt,
-    Op.SQUARE: _square, Op.FLOOR: _mono_up(np.floor), Op.CEIL: _mono_up(np.ceil),
-    Op.ROUND: _mono_up(lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5)),
-    Op.SIN: _sin, Op.COS: _cos, Op.TAN: _tan, Op.ASIN: _asin, Op.ACOS: _acos,
-    Op.ATAN: _mono_up(np.arctan), Op.EXP: _mono_up(np.exp), Op.LN: _ln, Op.NOT: _not,
+    **{op: _mono_up(spec.reference) for op, spec in OPS.items() if spec.increasing},
+    Op.COPY: _copy, Op.NEG: _neg, Op.ABS: _abs, Op.RECIP: _recip, Op.SQRT: _sqrt, Op.SQUARE: _square,
+    Op.SIN: _sin, Op.COS: _cos, Op.TAN: _tan, Op.ASIN: _asin, Op.ACOS: _acos, Op.LN: _ln, Op.NOT: _not,
     Op.ADD: _add, Op.SUB: _sub, Op.MUL: _mul, Op.DIV: _div, Op.MIN: _min, Op.MAX: _max,
     Op.ATAN2: _atan2, Op.COMPARE: _compare, Op.MOD: _mod, Op.AND: _and, Op.OR: _or,
     Op.MIX: _mix, Op.RAND: _rand,

@@ -286,6 +286,18 @@ _ARITH = {
 }
 
 
+def _from_reference(spec):
+    """The value rule of an arithmetic op written above by none: jax.numpy's function of the name
+    of its table reference, a numpy ufunc (np.tanh -> jnp.tanh)."""
+    f, n = getattr(jnp, spec.reference.__name__), len(spec.reads)
+    return (lambda a, b, c: f(a)) if n == 1 else (lambda a, b, c: f(a, b)) if n == 2 else (lambda a, b, c: f(a, b, c))
+
+
+_ARITH.update({op: _from_reference(spec) for op, spec in OPS.items()
+               if op not in _ARITH and spec.family is Family.ARITH and spec.reads
+               and isinstance(spec.reference, np.ufunc) and hasattr(jnp, spec.reference.__name__)})
+
+
 def _shape(op: Op, prm, nv: int, x, y, z):
     """A shape's distance at the local point (not yet times the scale); prm(k) = pool[param + k]."""
     if op is Op.SPHERE:

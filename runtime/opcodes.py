@@ -1,9 +1,12 @@
 """The opcode table: the single source of truth for what every tape instruction means.
 
-Every walker (the Numba twin, the WGSL kernels) implements exactly the ops listed here,
-with the field usage and semantics written in each ``OpSpec``. The WGSL header
-``shaders/generated_tape.wgsl`` is generated from this table (``runtime.wgsl_header``), and tests
-fail when the committed header, a kernel or the twin drift from it.
+Every walker (the Numba twin, the WGSL kernels, the JAX walker) implements exactly the ops listed
+here, with the field usage and semantics written in each ``OpSpec``, which also holds the per-op
+data of the tools (interval monotonicity, conformance tolerance, the written-out WGSL, the field
+function, the ``.vm`` name). Ops are numbered in declaration order, grouped by ``OpClass``; the
+numbers and class ranges are generated into ``shaders/generated_tape.wgsl`` and into the Numba
+modules' source (``runtime.wgsl_header``), and tests fail when a generated file, a kernel or the
+twin drift from the table (tests/test_op_table.py lists each place an op is missing).
 
 Interpreter state (per evaluated point):
   * ``reg[]``  float32 registers, ``mat[]`` a material id per register (u32);
@@ -52,89 +55,135 @@ class Family(str, enum.Enum):
     MATERIAL = "material"
 
 
+class OpClass(enum.IntEnum):
+    """An op's class: its family, with arithmetic split by the registers it reads. Ops are numbered
+    class by class in this order, so each class is one range of numbers (``CLASS_RANGES``; in WGSL
+    and the Numba kernels ``OP_<CLASS>_FIRST`` .. ``OP_<CLASS>_LAST``), which the kernels dispatch
+    by: a new op declared with its class renumbers every op after it and no range test changes."""
+    LEAF = 0
+    UNARY = 1
+    BINARY = 2
+    TERNARY = 3
+    SHAPE = 4
+    POINT = 5
+    COMBINE = 6
+    PATTERN = 7
+    CULL = 8
+    MATERIAL = 9
+
+
 class Op(enum.IntEnum):
-    """The tape's opcodes; ``OPS[op]`` is each one's ``OpSpec`` (family, operands, parameters,
-    semantics)."""
-    # arithmetic: Fidget's .vm vocabulary plus a few helpers
-    VAR_X = 0
-    VAR_Y = 1
-    VAR_Z = 2
-    CONST = 3
-    COPY = 4
-    NEG = 5
-    ABS = 6
-    RECIP = 7
-    SQRT = 8
-    SQUARE = 9
-    FLOOR = 10
-    CEIL = 11
-    ROUND = 12
-    SIN = 13
-    COS = 14
-    TAN = 15
-    ASIN = 16
-    ACOS = 17
-    ATAN = 18
-    EXP = 19
-    LN = 20
-    NOT = 21
-    ADD = 22
-    SUB = 23
-    MUL = 24
-    DIV = 25
-    MIN = 26
-    MAX = 27
-    ATAN2 = 28
-    COMPARE = 29
-    MOD = 30
-    AND = 31
-    OR = 32
-    MIX = 33
-    RAND = 34
-    INSTANCE_INDEX = 35
+    """The tape's opcodes, numbered 0, 1, 2 ... in the order declared here, which groups them by
+    ``OpClass`` (checked at import); ``OPS[op]`` is each one's ``OpSpec``. The numbers change when
+    an op is added: files store op names (``scenegraph/files.py``), kernels use generated constants."""
+
+    def _generate_next_value_(name, start, count, last_values):
+        return count
+
+    # leaf: arithmetic reading no register (VAR_X, VAR_Y, VAR_Z first: kernels index the point by them)
+    VAR_X = enum.auto()
+    VAR_Y = enum.auto()
+    VAR_Z = enum.auto()
+    CONST = enum.auto()
+    INSTANCE_INDEX = enum.auto()
+    # unary: arithmetic reading register a (Fidget's .vm vocabulary, plus COPY)
+    COPY = enum.auto()
+    NEG = enum.auto()
+    ABS = enum.auto()
+    RECIP = enum.auto()
+    SQRT = enum.auto()
+    SQUARE = enum.auto()
+    FLOOR = enum.auto()
+    CEIL = enum.auto()
+    ROUND = enum.auto()
+    SIN = enum.auto()
+    COS = enum.auto()
+    TAN = enum.auto()
+    ASIN = enum.auto()
+    ACOS = enum.auto()
+    ATAN = enum.auto()
+    EXP = enum.auto()
+    LN = enum.auto()
+    NOT = enum.auto()
+    # binary: arithmetic reading registers a and b
+    ADD = enum.auto()
+    SUB = enum.auto()
+    MUL = enum.auto()
+    DIV = enum.auto()
+    MIN = enum.auto()
+    MAX = enum.auto()
+    ATAN2 = enum.auto()
+    COMPARE = enum.auto()
+    MOD = enum.auto()
+    AND = enum.auto()
+    OR = enum.auto()
+    RAND = enum.auto()
+    # ternary: arithmetic reading registers a, b and c
+    MIX = enum.auto()
     # shapes: dst = prim(p) * scale, mat[dst] = aux
-    SPHERE = 40
-    BOX = 41
-    ROUND_BOX = 42
-    CYLINDER = 43
-    CAPPED_CONE = 44
-    CAPSULE = 45
-    TORUS = 46
-    ELLIPSOID = 47
-    PLANE = 48
-    EXTRUDE_POLY = 49
-    REVOLVE_POLY = 50
+    SPHERE = enum.auto()
+    BOX = enum.auto()
+    ROUND_BOX = enum.auto()
+    CYLINDER = enum.auto()
+    CAPPED_CONE = enum.auto()
+    CAPSULE = enum.auto()
+    TORUS = enum.auto()
+    ELLIPSOID = enum.auto()
+    PLANE = enum.auto()
+    EXTRUDE_POLY = enum.auto()
+    REVOLVE_POLY = enum.auto()
     # point ops
-    PUSH = 60
-    POP = 61
-    TRANSLATE = 62
-    ROTATE = 63
-    SCALE = 64
-    MIRROR = 65
-    ELONGATE = 66
+    PUSH = enum.auto()
+    POP = enum.auto()
+    TRANSLATE = enum.auto()
+    ROTATE = enum.auto()
+    SCALE = enum.auto()
+    MIRROR = enum.auto()
+    ELONGATE = enum.auto()
     # combine ops and modifiers
-    UNION = 70
-    INTERSECT = 71
-    DIFFERENCE = 72
-    XOR = 73
-    SMOOTH_UNION = 74
-    SMOOTH_INTERSECT = 75
-    SMOOTH_DIFFERENCE = 76
-    OFFSET = 77
-    SHELL = 78
-    # patterns (domain repetition with neighbour checks) and culling
-    REPEAT_LINEAR = 80
-    REPEAT_POLAR = 81
-    REPEAT_GRID = 82
-    REPEAT_END = 83
-    INSTANCES = 84
-    CULL_BOX = 90
+    UNION = enum.auto()
+    INTERSECT = enum.auto()
+    DIFFERENCE = enum.auto()
+    XOR = enum.auto()
+    SMOOTH_UNION = enum.auto()
+    SMOOTH_INTERSECT = enum.auto()
+    SMOOTH_DIFFERENCE = enum.auto()
+    OFFSET = enum.auto()
+    SHELL = enum.auto()
+    # patterns (domain repetition with neighbour checks, instance lists)
+    REPEAT_LINEAR = enum.auto()
+    REPEAT_POLAR = enum.auto()
+    REPEAT_GRID = enum.auto()
+    REPEAT_END = enum.auto()
+    INSTANCES = enum.auto()
+    # culling
+    CULL_BOX = enum.auto()
     # material
-    FIELD_RESULT = 95
+    FIELD_RESULT = enum.auto()
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a walker's value may be from the twin's (``runtime.conformance``): |walker - twin| <=
+    max(ulps * ulp(|twin|), abs_rel * scale), ``scale`` the magnitude of the inputs (the point
+    cloud's extent), so results that cancel to ~0 are judged on the inputs' grid."""
+    ulps: float
+    abs_rel: float
+    why: str
+
+
+EXACT = Tolerance(2, 2.0 ** -22, "correctly rounded in WGSL; 1-2 ULP for contraction into fma")
+GEOMETRIC = Tolerance(32, 2.0 ** -19, "shapes: sums of products + sqrt / division, cancellation at the surface")
+_DIV = Tolerance(4, 2.0 ** -22, "WGSL: x / y within 2.5 ULP")
+_SQRT = Tolerance(4, 2.0 ** -22, "WGSL: sqrt inherits 1/inverseSqrt (2 ULP) + division")
+_TRIG = Tolerance(0, 2.0 ** -11, "WGSL: sin / cos absolute error 2^-11 on [-pi, pi] (arguments reduced there)")
+_ATAN = Tolerance(4096, 2.0 ** -20, "WGSL: atan / atan2 (asin, acos inherit) within 4096 ULP")
+_POLAR = Tolerance(4096, 2.0 ** -9, "polar copies rotated by WGSL sin / cos / atan2 (2^-11 absolute)")
 
 
 @dataclass(frozen=True)
 class OpSpec:
+    """One op: what its record means, and the per-op data every walker and tool reads from here."""
     op: Op
     family: Family
     reads: tuple[str, ...]      # instruction fields holding register reads
@@ -142,6 +191,19 @@ class OpSpec:
     n_params: int               # fixed parameter count (-1: variable, see ``doc``)
     doc: str
     reference: Callable | None = None   # canonical float64 numpy reference (arith / combine)
+    # increasing: the float64 interval of [lo, hi] is [reference(lo), reference(hi)] (runtime.intervals)
+    increasing: bool = False
+    tolerance: Tolerance = EXACT        # walker vs twin (runtime.conformance); WGSL's accuracy
+    scale: float = 1.0                  # conformance's op tapes feed it the point times this
+    wgsl: str | None = None             # the op written out in WGSL, {a} {b} {c} its operands
+    field: str | None = None            # its function in scenegraph.fields (x, y, z expressions)
+    vm: str | None = None               # its name in Fidget's .vm programs (scenegraph.vm)
+
+    @property
+    def op_class(self) -> OpClass:
+        if self.family is Family.ARITH:
+            return OpClass(len(self.reads))
+        return OpClass[self.family.name]
 
 
 def _compare(a, b):
@@ -174,48 +236,71 @@ A, AB, ABC = ("a",), ("a", "b"), ("a", "b", "c")
 _S = []
 
 
-def _spec(op, family, reads, writes, n_params, doc, ref=None):
-    _S.append(OpSpec(op, family, reads, writes, n_params, doc, ref))
+def _spec(op, family, reads, writes, n_params, doc, ref=None, **data):
+    if "tolerance" not in data and family in (Family.SHAPE, Family.POINT, Family.PATTERN, Family.CULL):
+        data["tolerance"] = GEOMETRIC
+    _S.append(OpSpec(op, family, reads, writes, n_params, doc, ref, **data))
 
 
 F = Family
-_spec(Op.VAR_X, F.ARITH, (), True, 0, "reg[dst] = p.x")
-_spec(Op.VAR_Y, F.ARITH, (), True, 0, "reg[dst] = p.y")
-_spec(Op.VAR_Z, F.ARITH, (), True, 0, "reg[dst] = p.z")
-_spec(Op.CONST, F.ARITH, (), True, 1, "reg[dst] = param[0]")
-_spec(Op.COPY, F.ARITH, A, True, 0, "reg[dst] = reg[a]; mat[dst] = mat[a]", lambda a: a)
-_spec(Op.NEG, F.ARITH, A, True, 0, "-a", lambda a: -a)
-_spec(Op.ABS, F.ARITH, A, True, 0, "|a|", np.abs)
-_spec(Op.RECIP, F.ARITH, A, True, 0, "1/a", lambda a: 1.0 / a)
-_spec(Op.SQRT, F.ARITH, A, True, 0, "sqrt(a) (NaN below 0)", np.sqrt)
-_spec(Op.SQUARE, F.ARITH, A, True, 0, "a*a", np.square)
-_spec(Op.FLOOR, F.ARITH, A, True, 0, "floor(a)", np.floor)
-_spec(Op.CEIL, F.ARITH, A, True, 0, "ceil(a)", np.ceil)
-_spec(Op.ROUND, F.ARITH, A, True, 0, "round half away from zero", lambda a: np.sign(a) * np.floor(np.abs(a) + 0.5))
-_spec(Op.SIN, F.ARITH, A, True, 0, "sin(a)", np.sin)
-_spec(Op.COS, F.ARITH, A, True, 0, "cos(a)", np.cos)
-_spec(Op.TAN, F.ARITH, A, True, 0, "tan(a)", np.tan)
-_spec(Op.ASIN, F.ARITH, A, True, 0, "asin(a) (NaN outside [-1,1])", np.arcsin)
-_spec(Op.ACOS, F.ARITH, A, True, 0, "acos(a) (NaN outside [-1,1])", np.arccos)
-_spec(Op.ATAN, F.ARITH, A, True, 0, "atan(a)", np.arctan)
-_spec(Op.EXP, F.ARITH, A, True, 0, "exp(a)", np.exp)
-_spec(Op.LN, F.ARITH, A, True, 0, "ln(a) (NaN below 0, -inf at 0)", np.log)
-_spec(Op.NOT, F.ARITH, A, True, 0, "1 if a == 0 else 0", lambda a: (a == 0).astype(np.float64))
-_spec(Op.ADD, F.ARITH, AB, True, 0, "a + b", np.add)
-_spec(Op.SUB, F.ARITH, AB, True, 0, "a - b", np.subtract)
-_spec(Op.MUL, F.ARITH, AB, True, 0, "a * b", np.multiply)
-_spec(Op.DIV, F.ARITH, AB, True, 0, "a / b", np.divide)
-_spec(Op.MIN, F.ARITH, AB, True, 0, "min(a, b); mat of the smaller (a on ties)", np.minimum)
-_spec(Op.MAX, F.ARITH, AB, True, 0, "max(a, b); mat of the larger (a on ties)", np.maximum)
-_spec(Op.ATAN2, F.ARITH, AB, True, 0, "atan2(a, b) (a is y, b is x)", np.arctan2)
-_spec(Op.COMPARE, F.ARITH, AB, True, 0, "-1 if a<b, 0 if equal, 1 if a>b, NaN if either is NaN", _compare)
-_spec(Op.MOD, F.ARITH, AB, True, 0, "Euclidean remainder: r = fmod(a,b); r<0 ? r+|b| : r", _rem_euclid)
-_spec(Op.AND, F.ARITH, AB, True, 0, "a == 0 ? a : b", lambda a, b: np.where(a == 0, a, b))
-_spec(Op.OR, F.ARITH, AB, True, 0, "a != 0 ? a : b", lambda a, b: np.where(a != 0, a, b))
-_spec(Op.MIX, F.ARITH, ABC, True, 0, "a + (b - a) * c", lambda a, b, c: a + (b - a) * c)
-_spec(Op.RAND, F.ARITH, AB, True, 0, "deterministic integer hash of the bits of a and b, in [0,1)", _rand)
+_spec(Op.VAR_X, F.ARITH, (), True, 0, "reg[dst] = p.x", vm="var-x")
+_spec(Op.VAR_Y, F.ARITH, (), True, 0, "reg[dst] = p.y", vm="var-y")
+_spec(Op.VAR_Z, F.ARITH, (), True, 0, "reg[dst] = p.z", vm="var-z")
+_spec(Op.CONST, F.ARITH, (), True, 1, "reg[dst] = param[0]", vm="const")
 _spec(Op.INSTANCE_INDEX, F.ARITH, (), True, 0,
       "reg[dst] = index of the instance the innermost pattern loop is evaluating (0 outside loops)")
+_spec(Op.COPY, F.ARITH, A, True, 0, "reg[dst] = reg[a]; mat[dst] = mat[a]", lambda a: a, wgsl="{a}")
+_spec(Op.NEG, F.ARITH, A, True, 0, "-a", lambda a: -a, wgsl="-{a}", vm="neg")
+_spec(Op.ABS, F.ARITH, A, True, 0, "|a|", np.abs, wgsl="abs({a})", field="abs_", vm="abs")
+_spec(Op.RECIP, F.ARITH, A, True, 0, "1/a", lambda a: 1.0 / a, tolerance=_DIV, wgsl="1.0 / {a}", vm="recip")
+_spec(Op.SQRT, F.ARITH, A, True, 0, "sqrt(a) (NaN below 0)", np.sqrt, tolerance=_SQRT, wgsl="sqrt({a})",
+      field="sqrt", vm="sqrt")
+_spec(Op.SQUARE, F.ARITH, A, True, 0, "a*a", np.square, wgsl="{a} * {a}", field="square", vm="square")
+_spec(Op.FLOOR, F.ARITH, A, True, 0, "floor(a)", np.floor, increasing=True, wgsl="floor({a})", field="floor",
+      vm="floor")
+_spec(Op.CEIL, F.ARITH, A, True, 0, "ceil(a)", np.ceil, increasing=True, wgsl="ceil({a})", field="ceil", vm="ceil")
+_spec(Op.ROUND, F.ARITH, A, True, 0, "round half away from zero", lambda a: np.sign(a) * np.floor(np.abs(a) + 0.5),
+      increasing=True, wgsl="round_away({a})", field="round_", vm="round")
+_spec(Op.SIN, F.ARITH, A, True, 0, "sin(a)", np.sin, tolerance=_TRIG, scale=6.0, wgsl="sin(reduce_angle({a}))",
+      field="sin", vm="sin")
+_spec(Op.COS, F.ARITH, A, True, 0, "cos(a)", np.cos, tolerance=_TRIG, scale=6.0, wgsl="cos(reduce_angle({a}))",
+      field="cos", vm="cos")
+_spec(Op.TAN, F.ARITH, A, True, 0, "tan(a)", np.tan, scale=0.5, wgsl="tan(reduce_angle({a}))", field="tan", vm="tan",
+      tolerance=Tolerance(64, 2.0 ** -10, "WGSL: tan inherits sin / cos (2^-11 absolute each) and a division"))
+_spec(Op.ASIN, F.ARITH, A, True, 0, "asin(a) (NaN outside [-1,1])", np.arcsin, tolerance=_ATAN, scale=0.45,
+      wgsl="asin({a})", field="asin", vm="asin")
+_spec(Op.ACOS, F.ARITH, A, True, 0, "acos(a) (NaN outside [-1,1])", np.arccos, tolerance=_ATAN, scale=0.45,
+      wgsl="acos({a})", field="acos", vm="acos")
+_spec(Op.ATAN, F.ARITH, A, True, 0, "atan(a)", np.arctan, increasing=True, tolerance=_ATAN, wgsl="atan({a})",
+      field="atan", vm="atan")
+_spec(Op.EXP, F.ARITH, A, True, 0, "exp(a)", np.exp, increasing=True, wgsl="exp({a})", field="exp", vm="exp",
+      tolerance=Tolerance(16, 2.0 ** -22, "WGSL: exp within 3 + 2|x| ULP (|x| <= 3.1 here)"))
+_spec(Op.LN, F.ARITH, A, True, 0, "ln(a) (NaN below 0, -inf at 0)", np.log, wgsl="log({a})", field="ln", vm="ln",
+      tolerance=Tolerance(4, 2.0 ** -21, "WGSL: log absolute 2^-21 on [0.5, 2], 3 ULP elsewhere"))
+_spec(Op.NOT, F.ARITH, A, True, 0, "1 if a == 0 else 0", lambda a: (a == 0).astype(np.float64),
+      wgsl="select(0.0, 1.0, {a} == 0.0)", field="logical_not", vm="not")
+_spec(Op.ADD, F.ARITH, AB, True, 0, "a + b", np.add, wgsl="{a} + {b}", vm="add")
+_spec(Op.SUB, F.ARITH, AB, True, 0, "a - b", np.subtract, wgsl="{a} - {b}", vm="sub")
+_spec(Op.MUL, F.ARITH, AB, True, 0, "a * b", np.multiply, wgsl="{a} * {b}", vm="mul")
+_spec(Op.DIV, F.ARITH, AB, True, 0, "a / b", np.divide, tolerance=_DIV, wgsl="{a} / {b}", vm="div")
+_spec(Op.MIN, F.ARITH, AB, True, 0, "min(a, b); mat of the smaller (a on ties)", np.minimum, wgsl="nmin({a}, {b})",
+      field="minimum", vm="min")
+_spec(Op.MAX, F.ARITH, AB, True, 0, "max(a, b); mat of the larger (a on ties)", np.maximum, wgsl="nmax({a}, {b})",
+      field="maximum", vm="max")
+_spec(Op.ATAN2, F.ARITH, AB, True, 0, "atan2(a, b) (a is y, b is x)", np.arctan2, tolerance=_ATAN,
+      wgsl="atan2_full({a}, {b})", field="atan2", vm="atan2")
+_spec(Op.COMPARE, F.ARITH, AB, True, 0, "-1 if a<b, 0 if equal, 1 if a>b, NaN if either is NaN", _compare,
+      wgsl="bl_compare({a}, {b})", field="compare", vm="compare")
+_spec(Op.MOD, F.ARITH, AB, True, 0, "Euclidean remainder: r = fmod(a,b); r<0 ? r+|b| : r", _rem_euclid,
+      wgsl="bl_mod({a}, {b})", field="mod", vm="mod")
+_spec(Op.AND, F.ARITH, AB, True, 0, "a == 0 ? a : b", lambda a, b: np.where(a == 0, a, b),
+      wgsl="select({b}, {a}, {a} == 0.0)", field="select_and", vm="and")
+_spec(Op.OR, F.ARITH, AB, True, 0, "a != 0 ? a : b", lambda a, b: np.where(a != 0, a, b),
+      wgsl="select({b}, {a}, {a} != 0.0)", field="select_or", vm="or")
+_spec(Op.RAND, F.ARITH, AB, True, 0, "deterministic integer hash of the bits of a and b, in [0,1)", _rand,
+      wgsl="rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))", vm="rand")
+_spec(Op.MIX, F.ARITH, ABC, True, 0, "a + (b - a) * c", lambda a, b, c: a + (b - a) * c,
+      wgsl="{a} + ({b} - {a}) * {c}", field="mix", vm="mix")
 
 _spec(Op.SPHERE, F.SHAPE, (), True, 1, "[r]: |p| - r")
 _spec(Op.BOX, F.SHAPE, (), True, 3, "[hx hy hz] half extents, exact")
@@ -249,11 +334,11 @@ _spec(Op.DIFFERENCE, F.COMBINE, AB, True, 0, "max(a, -b); mat of a", lambda a, b
 _spec(Op.XOR, F.COMBINE, AB, True, 0, "max(min(a, b), -max(a, b)); mat of the smaller",
       lambda a, b: np.maximum(np.minimum(a, b), -np.maximum(a, b)))
 _spec(Op.SMOOTH_UNION, F.COMBINE, AB, True, 1,
-      "[k]: h = max(k-|a-b|,0)/k; min(a,b) - h*h*k/4; mat of the smaller", _smin)
+      "[k]: h = max(k-|a-b|,0)/k; min(a,b) - h*h*k/4; mat of the smaller", _smin, tolerance=GEOMETRIC)
 _spec(Op.SMOOTH_INTERSECT, F.COMBINE, AB, True, 1, "[k]: -smin(-a, -b, k); mat of the larger",
-      lambda a, b, k: -_smin(-a, -b, k))
+      lambda a, b, k: -_smin(-a, -b, k), tolerance=GEOMETRIC)
 _spec(Op.SMOOTH_DIFFERENCE, F.COMBINE, AB, True, 1, "[k]: -smin(-a, b, k); mat of a",
-      lambda a, b, k: -_smin(-a, b, k))
+      lambda a, b, k: -_smin(-a, b, k), tolerance=GEOMETRIC)
 _spec(Op.OFFSET, F.COMBINE, A, True, 1, "[r]: a - r (round / grow)", lambda a, r: a - r)
 _spec(Op.SHELL, F.COMBINE, A, True, 1, "[t]: |a| - t", lambda a, t: np.abs(a) - t)
 
@@ -261,7 +346,7 @@ _spec(Op.REPEAT_LINEAR, F.PATTERN, (), False, 5,
       "[dx dy dz n e]: n copies at k*d (k=0..n-1); e = child half-extent along d. Evaluates the body "
       "for the nearest index c=clamp(round(t),0,n-1), t=dot(p,d)/dot(d,d), and its neighbour towards t; "
       "unchecked copies are bounded by min(|t-k|)*|d| - e. jump = index of the REPEAT_END.")
-_spec(Op.REPEAT_POLAR, F.PATTERN, (), False, 5,
+_spec(Op.REPEAT_POLAR, F.PATTERN, (), False, 5, tolerance=_POLAR, doc=
       "[n cx cy cz R]: n copies rotated by 2*pi*k/n about z; (c, R) the child's bounding sphere. "
       "Nearest sector and its neighbour are evaluated; unchecked sectors bounded by |p - rot_k c| - R.")
 _spec(Op.REPEAT_GRID, F.PATTERN, (), False, 9,
@@ -316,6 +401,50 @@ _spec(Op.FIELD_RESULT, F.MATERIAL, A, True, 0,
 
 OPS: dict[Op, OpSpec] = {s.op: s for s in _S}
 assert set(OPS) == set(Op), set(Op) - set(OPS)
+
+
+def _class_ranges() -> dict[OpClass, tuple[Op, Op]]:
+    """Each class's first and last op; raises unless ``Op`` declares the classes one after another
+    in ``OpClass`` order, and VAR_X, VAR_Y, VAR_Z as 0, 1, 2 (kernels index the point by them)."""
+    for before, op in zip(Op, list(Op)[1:]):
+        if OPS[op].op_class < OPS[before].op_class:
+            raise ImportError(f"runtime.opcodes: Op.{op.name} ({OPS[op].op_class.name.lower()}) is declared "
+                              f"after Op.{before.name} ({OPS[before].op_class.name.lower()}): declare each op "
+                              f"with the other ops of its class, classes in OpClass order")
+    if (Op.VAR_X, Op.VAR_Y, Op.VAR_Z) != (0, 1, 2):
+        raise ImportError("runtime.opcodes: VAR_X, VAR_Y, VAR_Z must be the ops 0, 1, 2")
+    ranges = {}
+    for op in Op:
+        first, _ = ranges.get(OPS[op].op_class, (op, op))
+        ranges[OPS[op].op_class] = (first, op)
+    missing = [c.name for c in OpClass if c not in ranges]
+    if missing:
+        raise ImportError(f"runtime.opcodes: classes without an op: {missing}")
+    return ranges
+
+
+# OpClass -> (first op, last op): the numbers a class covers, in the generated headers as
+# OP_<CLASS>_FIRST / OP_<CLASS>_LAST (WGSL) and <CLASS>_FIRST / <CLASS>_LAST (the Numba kernels)
+CLASS_RANGES: dict[OpClass, tuple[Op, Op]] = _class_ranges()
+
+
+def numba_constants() -> dict[str, object]:
+    """The constants of the Numba modules' generated block (``runtime.wgsl_header``), by name."""
+    out: dict[str, object] = {op.name: int(op) for op in Op}
+    for cls, (first, last) in CLASS_RANGES.items():
+        out[f"{cls.name}_FIRST"], out[f"{cls.name}_LAST"] = int(first), int(last)
+    out.update(STACK_CAP=STACK_CAP, LOOP_CAP=LOOP_CAP, INSTANCE_REACH_REL=INSTANCE_REACH[0],
+               INSTANCE_REACH_POS=INSTANCE_REACH[1])
+    return out
+
+
+def check_numba_constants(module_globals: dict, module: str) -> None:
+    """Raises ImportError naming the constants where a module's generated block differs from the
+    table (the block was not regenerated after an edit of this file)."""
+    stale = sorted(k for k, v in numba_constants().items() if module_globals.get(k) != v)
+    if stale:
+        raise ImportError(f"{module}: its generated opcode block differs from runtime.opcodes at {stale[:8]}: "
+                          "run `python -m taperay.runtime.wgsl_header`")
 
 # the field of REPEAT_* / CULL_BOX / REPEAT_END that holds the jump target
 JUMPING = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.INSTANCES, Op.REPEAT_END, Op.CULL_BOX}

@@ -6,6 +6,8 @@ primitives and given a material like any other node. ``instance_index`` is the i
 the innermost enclosing pattern or instance list is evaluating (0 outside any), so a parameter can
 vary along a pattern (e.g. a hole radius growing with the index) and stay O(1) per point. Expressions are hash-consed and
 register-allocated by the same scheduler as the ``.vm`` importer (``runtime.program.program_tape``).
+The functions (``sqrt``, ``minimum``, ``mix`` ...) are made from the opcode table: one for every op
+whose ``OpSpec.field`` names it.
 """
 from __future__ import annotations
 
@@ -15,9 +17,8 @@ from taperay.runtime.tape import OPS, Family, Op, Tape, TaperayError, validate
 
 from .nodes import Node
 
-__all__ = ["Expr", "x", "y", "z", "instance_index", "const", "field", "vm_field", "sqrt", "abs_", "sin", "cos", "tan",
-           "asin", "acos", "atan", "atan2", "exp", "ln", "floor", "ceil", "round_", "square",
-           "minimum", "maximum", "mod", "compare", "mix", "select_and", "select_or", "logical_not"]
+_FUNCTIONS = [spec for spec in OPS.values() if spec.field]      # the expression functions, by the table
+__all__ = ["Expr", "x", "y", "z", "instance_index", "const", "field", "vm_field"] + [s.field for s in _FUNCTIONS]
 
 
 class Expr:
@@ -62,27 +63,23 @@ class Expr:
         return f"Expr({self.op.name}{', ' + repr(self.value) if self.op is Op.CONST else ''})"
 
 
-def _unary(op):
-    return lambda e: Expr(op, (Expr.lift(e),))
+def _function(spec):
+    """The expression function of an op: as many arguments (expressions or numbers) as it reads."""
+    n = len(spec.reads)
 
-
-def _binary(op):
-    return lambda a, b: Expr(op, (Expr.lift(a), Expr.lift(b)))
+    def function(*args):
+        if len(args) != n:
+            raise TaperayError(f"{spec.field}() takes {n} argument{'s' * (n != 1)}, got {len(args)}")
+        return Expr(spec.op, tuple(Expr.lift(a) for a in args))
+    function.__name__ = function.__qualname__ = spec.field
+    function.__doc__ = f"The field expression {spec.op.name}: {spec.doc}."
+    return function
 
 
 x, y, z = Expr(Op.VAR_X), Expr(Op.VAR_Y), Expr(Op.VAR_Z)
 instance_index = Expr(Op.INSTANCE_INDEX)
 const = Expr.lift
-sqrt, abs_, sin, cos, tan = (_unary(o) for o in (Op.SQRT, Op.ABS, Op.SIN, Op.COS, Op.TAN))
-asin, acos, atan, exp, ln = (_unary(o) for o in (Op.ASIN, Op.ACOS, Op.ATAN, Op.EXP, Op.LN))
-floor, ceil, round_, square = (_unary(o) for o in (Op.FLOOR, Op.CEIL, Op.ROUND, Op.SQUARE))
-logical_not = _unary(Op.NOT)
-minimum, maximum, atan2, mod = (_binary(o) for o in (Op.MIN, Op.MAX, Op.ATAN2, Op.MOD))
-compare, select_and, select_or = (_binary(o) for o in (Op.COMPARE, Op.AND, Op.OR))
-
-
-def mix(a, b, t):
-    return Expr(Op.MIX, (Expr.lift(a), Expr.lift(b), Expr.lift(t)))
+globals().update({spec.field: _function(spec) for spec in _FUNCTIONS})
 
 
 def _expr_tape(root: Expr, source: str) -> Tape:

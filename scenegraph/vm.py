@@ -39,24 +39,14 @@ from pathlib import Path
 import numpy as np
 
 from taperay.runtime.program import Program, program_tape
-from taperay.runtime.tape import MAX_INSTRS, REG_CAPS, Op, Tape, TapeError, TaperayError
+from taperay.runtime.tape import MAX_INSTRS, OPS, REG_CAPS, Op, Tape, TapeError, TaperayError
 
 __all__ = ["load_vm", "program_tape", "Program", "VmImportError", "VmSyntaxError", "VM_OPCODES"]
 
-_LEAF = {"var-x": Op.VAR_X, "var-y": Op.VAR_Y, "var-z": Op.VAR_Z}
-_UNARY = {"neg": Op.NEG, "abs": Op.ABS, "recip": Op.RECIP, "sqrt": Op.SQRT, "square": Op.SQUARE,
-          "floor": Op.FLOOR, "ceil": Op.CEIL, "round": Op.ROUND, "sin": Op.SIN, "cos": Op.COS,
-          "tan": Op.TAN, "asin": Op.ASIN, "acos": Op.ACOS, "atan": Op.ATAN, "exp": Op.EXP,
-          "ln": Op.LN, "not": Op.NOT}
-_BINARY = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV, "min": Op.MIN,
-           "max": Op.MAX, "atan2": Op.ATAN2, "compare": Op.COMPARE, "mod": Op.MOD, "and": Op.AND,
-           "or": Op.OR, "rand": Op.RAND}
-_TERNARY = {"mix": Op.MIX}
-# opcode name -> (tape op or None, number of id arguments)
+# opcode name -> (tape op or None, number of id arguments): the table's ``OpSpec.vm`` names, and
+# ``copy``, which the importer resolves to its argument
 VM_OPCODES: dict[str, tuple[Op | None, int]] = {
-    **{k: (v, 0) for k, v in _LEAF.items()}, "const": (Op.CONST, 0), "copy": (None, 1),
-    **{k: (v, 1) for k, v in _UNARY.items()}, **{k: (v, 2) for k, v in _BINARY.items()},
-    **{k: (v, 3) for k, v in _TERNARY.items()}}
+    **{spec.vm: (op, len(spec.reads)) for op, spec in OPS.items() if spec.vm}, "copy": (None, 1)}
 _LITERAL = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)", re.IGNORECASE)
 
 

@@ -795,7 +795,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
             } else {
                 nxt = pc;
             }
-        } else if (op < OP_SPHERE) {                                   // ---- arithmetic
+        } else if (op <= OP_TERNARY_LAST) {                            // ---- arithmetic
             if (op == OP_VAR_X || op == OP_VAR_Y || op == OP_VAR_Z) {
                 wv = p[op - OP_VAR_X];
                 wm = 0u;
@@ -824,12 +824,12 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                     nxt = pc;
                 }
                 wv = mod_value(fs.r, vb);
-            } else if (op <= OP_NOT) {
+            } else if (op <= OP_UNARY_LAST) {
                 wv = unary(op, va);
             } else {
                 wv = binary(op, va, vb, vc);
             }
-        } else if (op < OP_PUSH) {                                     // ---- shapes
+        } else if (op <= OP_SHAPE_LAST) {                              // ---- shapes
             if (op == OP_EXTRUDE_POLY || op == OP_REVOLVE_POLY) {
                 pg_off = select(prm, prm + 1u, op == OP_EXTRUDE_POLY);
                 pg_q = select(vec2<f32>(len2(p.x, p.y), p.z), p.xy, op == OP_EXTRUDE_POLY);
@@ -845,7 +845,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 wv = shape(op, p, prm);
                 wm = ins.aux;
             }
-        } else if (op < OP_UNION) {                                    // ---- point ops
+        } else if (op <= OP_POINT_LAST) {                              // ---- point ops
             wr = false;
             if (op == OP_PUSH) {
                 stack_p[sp] = p;
@@ -878,7 +878,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                     p = vec4<f32>(p.x - k * nx, p.y - k * ny, p.z - k * nz, p.w);
                 }
             }
-        } else if (op < OP_REPEAT_LINEAR) {                            // ---- combine
+        } else if (op <= OP_COMBINE_LAST) {                            // ---- combine
             if (op == OP_OFFSET || op == OP_SHELL) {
                 wv = select(va, abs(va), op == OP_SHELL) - params[prm];
             } else if (op == OP_UNION) {
@@ -936,7 +936,7 @@ fn run_tape(pin: vec3<f32>) -> Eval {
                 mode = STEP_NEXT_COPY;
                 nxt = pc;
             }
-        } else if (op <= OP_INSTANCES) {   // REPEAT_LINEAR / POLAR / GRID, INSTANCES: open a loop
+        } else if (op <= OP_PATTERN_LAST) {   // REPEAT_LINEAR / POLAR / GRID, INSTANCES: open a loop
             wr = false;
             if (lsp > 0u) {
                 loops[lsp - 1u] = fr;

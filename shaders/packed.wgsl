@@ -59,7 +59,7 @@ fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval
         if (mats) {
             wm = select(regm[(w0 >> 16u) & 0xffu], 0u, (w0 & IMM_A) != 0u);
             let mb = select(regm[w0 >> 24u], 0u, (w0 & IMM_B) != 0u);
-            if (op <= OP_CONST || op == OP_INSTANCE_INDEX) {
+            if (op <= OP_LEAF_LAST) {
                 wm = 0u;
             } else if (op == OP_COPY && (w0 & IMM_B) != 0u) {
                 wm = w1;
@@ -117,7 +117,7 @@ fn run_packed_eval(first: u32, n_records: u32, p: vec3<f32>, mats: bool) -> Eval
                 nxt = k;
             }
             wv = mod_value(fs.r, vb);
-        } else if (op <= OP_NOT) {
+        } else if (op <= OP_UNARY_LAST) {
             wv = unary(op, va);
         } else {
             wv = binary(op, va, vb, reg[select(0u, w1 & 0xffu, op == OP_MIX)]);

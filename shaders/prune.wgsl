@@ -521,9 +521,9 @@ fn foldable(op: u32) -> bool {
 }
 
 fn n_reads(op: u32) -> u32 {
-    if (op <= OP_CONST || op == OP_INSTANCE_INDEX) { return 0u; }
-    if (op == OP_MIX) { return 3u; }
-    return select(1u, 2u, op >= OP_ADD);
+    if (op <= OP_LEAF_LAST) { return 0u; }
+    if (op >= OP_TERNARY_FIRST && op <= OP_TERNARY_LAST) { return 3u; }
+    return select(1u, 2u, op >= OP_BINARY_FIRST);
 }
 
 // the operand a decided MIN / MAX / AND / OR (choice ch) returns
@@ -811,7 +811,7 @@ fn prune_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let bb = w.x >> 24u;
                 var v = Iv(0.0, 0.0, CH_BOTH);
                 var fold = 0u;
-                if (op >= OP_ADD && op <= OP_RAND) {
+                if (op >= OP_BINARY_FIRST && op <= OP_TERNARY_LAST) {
                     let imm = bitcast<f32>(w.y);
                     let ia = select(ireg[a], vec2<f32>(imm), FOLD_CONSTANTS && (w.x & IMM_A) != 0u);
                     let ib = select(ireg[bb], vec2<f32>(imm), FOLD_CONSTANTS && (w.x & IMM_B) != 0u);
@@ -1207,7 +1207,7 @@ fn prune_wave(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             var v = Iv(0.0, 0.0, CH_BOTH);
             var fold = 0u;
             let a = wave_value(e.kinds & 3u, e.v.x, ext.lo, ext.hi);
-            if (op <= OP_NOT) {
+            if (op <= OP_UNARY_LAST) {
                 v = iv_unary(op, a.x, a.y);
             } else {
                 let b = wave_value((e.kinds >> 2u) & 3u, e.v.y, ext.lo, ext.hi);

@@ -1,4 +1,6 @@
-"""The CPU twin op by op against independent float64 closed forms written here (not imported).
+"""The CPU twin op by op against independent float64 closed forms written here (not imported),
+and every arithmetic op reading registers against the opcode table's float64 reference
+(``OpSpec.reference``), so an op added to the table is graded here without an edit of this file.
 
 Tolerance: |twin - reference| <= max(1e-5 |reference|, 1e-6): 1e-5 relative with an absolute floor
 of 1e-6 near zero (float32 rounding of |p| ~ 2 alone is ~2e-7). References are evaluated on the
@@ -9,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from taperay.runtime.opcodes import Op
+from taperay.runtime.opcodes import OPS, Op, OpClass
 from taperay.runtime.pruning import evaluate_pruned
 from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError
 
@@ -383,6 +385,29 @@ def test_binary_arith(walker_cpu, op):
         close(d, BINARY[op](a.astype(np.float64), b.astype(np.float64)))
 
 
+TABLE_OPS = [op for op, spec in OPS.items()
+             if spec.op_class in (OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY) and spec.reference is not None]
+
+
+@pytest.mark.parametrize("op", TABLE_OPS, ids=lambda o: o.name)
+def test_arith_op_against_the_table_reference(walker_cpu, op):
+    """The twin's value of each arithmetic op on x, y, z in [-3, 3] times ``OpSpec.scale``
+    (operands a, b, c): NaN where the table's float64 reference is NaN, elsewhere within 1e-5
+    relative to max(|reference|, 1) (inputs are O(1): a cancellation is judged on their grid)."""
+    spec = OPS[op]
+    pts = (RNG.uniform(-3, 3, (3000, 3)) * spec.scale).astype(np.float32)
+    d, _ = walker_cpu.evaluate(_xyz_tape(lambda tb: tb.op(op, 0, a=1, b=2, c=3)), pts)
+    with np.errstate(all="ignore"):
+        ref = np.asarray(spec.reference(*(pts[:, i].astype(np.float64) for i in range(len(spec.reads)))), float)
+    nan = np.isnan(ref)
+    assert np.isnan(d[nan]).all(), f"{op.name}: a number where the reference is NaN"
+    got, want = d[~nan].astype(np.float64), ref[~nan]
+    same_inf = np.isinf(want) & (got == want)
+    err = np.where(same_inf, 0.0, np.abs(got - want))
+    bad = ~(err <= 1e-5 * np.maximum(np.abs(want), 1.0))
+    assert not bad.any(), f"{op.name}: {bad.sum()} of {bad.size} off, e.g. got {got[bad][:3]}, want {want[bad][:3]}"
+
+
 def _random_float32_bits(n):
     return RNG.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
 
@@ -739,8 +764,9 @@ def test_invalid_tape_is_rejected(walker_cpu):
 
 
 def test_every_op_is_exercised_by_this_file():
+    """Each op has a test of its own here, or (an arithmetic op reading registers) the table-driven one."""
     import inspect
     import sys
     src = inspect.getsource(sys.modules[__name__])
-    missing = [o.name for o in Op if f"Op.{o.name}" not in src]
+    missing = [o.name for o in Op if f"Op.{o.name}" not in src and o not in TABLE_OPS]
     assert not missing, missing

@@ -265,7 +265,7 @@ def test_tapes_beyond_the_iteration_cap_are_refused(walker_gpu, no_new_kernels):
 
 def test_non_arithmetic_tapes_use_the_unpruned_kernel(walker_gpu, no_new_kernels):
     ins = np.zeros(1, INSTR_DTYPE)
-    ins[0]["op"] = 40           # SPHERE
+    ins[0]["op"] = Op.SPHERE
     tape = Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
                 np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
     full = walker_gpu.field_image(tape, 16, 16)
@@ -504,7 +504,7 @@ def test_evaluate_pruned_grows_a_small_arena(walker_gpu, no_new_kernels, monkeyp
 
 def test_evaluate_pruned_falls_back_and_checks_its_arguments(walker_gpu, no_new_kernels):
     ins = np.zeros(1, INSTR_DTYPE)
-    ins[0]["op"] = 40           # SPHERE: not arithmetic
+    ins[0]["op"] = Op.SPHERE    # not arithmetic
     tape = Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
                 np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
     pts = _points(np.random.default_rng(1), 100)
@@ -683,15 +683,29 @@ def _steps_and_serial(walker, run):
     return out
 
 
+def _varying_random_tape(walker_cpu, seed: int, rect) -> Tape:
+    """random_tape(seed), or the first of seed + 1000, seed + 2000 ... whose value is not one
+    constant over the image (level 0 would decide every tile, leaving no tape to compare)."""
+    xs, ys = np.linspace(rect[0], rect[1], 40), np.linspace(rect[2], rect[3], 36)
+    pts = np.stack(np.broadcast_arrays(xs[None, :], ys[:, None], np.float64(0.25)), -1).reshape(-1, 3)
+    while True:
+        tape = random_tape(seed)
+        d, _ = walker_cpu.evaluate(tape, pts.astype(np.float32))
+        if not np.isnan(d).all() and np.nanmin(d) != np.nanmax(d):
+            return tape
+        seed += 1000
+
+
 @pytest.mark.parametrize("case", range(12))
-def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_new_kernels, case):
+def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, walker_cpu, no_new_kernels, case):
     """prune_wave's level 0 (and so every level after it) equals prune_tiles' serial walks': the
     same classes, lengths, registers and records, for prospero (its chains as written, and
     balanced: full steps of WAVE_WIDTH records) and random tapes over every op,
     sign and field images, one to three levels, and image cells (folding constants)."""
-    tape = load_vm(DATA / "prospero.vm", balance_chains=case % 2 == 0) if case < 4 else random_tape(case + 300)
-    assert wave_schedule(tape, wait=True) is not None
     rect = (-1.1, 0.9, -1.0, 1.05) if case < 4 else (-1.5, 1.4, -0.3, 1.6)
+    tape = load_vm(DATA / "prospero.vm", balance_chains=case % 2 == 0) if case < 4 else \
+        _varying_random_tape(walker_cpu, case + 300, rect)
+    assert wave_schedule(tape, wait=True) is not None
     tiles = [(24,), (24, 6), (32, 8, 2), 12][case % 4]
     sign = case % 2 == 1
     if case % 3 == 2:   # image cells: prune_image_cells' level 0 folds constants (prune_wave_cells)

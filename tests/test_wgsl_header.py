@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from taperay.runtime import wgsl_header
-from taperay.runtime.opcodes import REG_CAPS, Op
+from taperay.runtime.opcodes import CLASS_RANGES, REG_CAPS, Op, check_numba_constants
 from taperay.runtime.shading import PACK_FIELDS, VIEWS
 from taperay.runtime.tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE
 
@@ -24,7 +24,9 @@ def test_check_exits_1_on_drift_and_0_when_clean(tmp_path):
     cmd = [sys.executable, "-m", "taperay.runtime.wgsl_header", "--check", "--dir", str(tmp_path)]
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     header = tmp_path / wgsl_header.HEADER_NAME
-    header.write_text(header.read_text().replace("const OP_ADD: u32 = 22u;", "const OP_ADD: u32 = 23u;"))
+    add = f"const OP_ADD: u32 = {int(Op.ADD)}u;"
+    assert add in header.read_text()
+    header.write_text(header.read_text().replace(add, f"const OP_ADD: u32 = {int(Op.ADD) + 1}u;"))
     run = subprocess.run(cmd, capture_output=True, text=True)
     assert run.returncode == 1 and wgsl_header.HEADER_NAME in run.stderr
     assert wgsl_header.drifted(tmp_path) == [wgsl_header.HEADER_NAME]
@@ -33,7 +35,23 @@ def test_check_exits_1_on_drift_and_0_when_clean(tmp_path):
 def test_header_numbers_equal_the_opcode_table():
     text = (SHADERS / wgsl_header.HEADER_NAME).read_text()
     consts = {m[0]: int(m[1]) for m in re.findall(r"const OP_(\w+): u32 = (\d+)u;", text)}
-    assert consts == {op.name: int(op) for op in Op}
+    bounds = {f"{c.name}_{end}": int(op) for c, ops in CLASS_RANGES.items() for end, op in zip(("FIRST", "LAST"), ops)}
+    assert consts == {**{op.name: int(op) for op in Op}, **bounds}
+
+
+def test_numba_blocks_equal_the_table_and_drift_is_found(tmp_path):
+    """twin.py and pruning.py carry the table's numbers as a generated block (Numba's cache sees
+    an edit of their own source only); a stale block is drift, and the module refuses to import."""
+    for name in wgsl_header.NUMBA_MODULES:
+        text = (wgsl_header.RUNTIME_DIR / name).read_text()
+        assert wgsl_header.generate_numba_block() in text
+        (tmp_path / name).write_text(text.replace(f"\nADD = {int(Op.ADD)}\n", f"\nADD = {int(Op.ADD) + 1}\n"))
+    assert wgsl_header.drifted(runtime_dir=tmp_path) == [f"runtime/{n}" for n in wgsl_header.NUMBA_MODULES]
+    stale = {}
+    exec(compile(wgsl_header.generate_numba_block().replace(f"\nADD = {int(Op.ADD)}\n", "\nADD = 0\n"),
+                 "block", "exec"), stale)
+    with pytest.raises(ImportError, match="ADD"):
+        check_numba_constants(stale, "stale")
 
 
 def test_render_layout_constants_equal_the_packed_settings():
@@ -74,12 +92,9 @@ def test_one_register_variant_file_per_capacity():
         assert f"const REG_CAP: u32 = {cap}u;" in text
 
 
-def test_every_op_is_implemented_by_the_interpreter():
-    """Each OP_<NAME> is referenced by interpreter.wgsl (comments stripped), and every kernel
-    module is the fixed prelude + interpreter + a kernel file."""
-    code = re.sub(r"//[^\n]*", "", (SHADERS / "interpreter.wgsl").read_text())
-    missing = [op.name for op in Op if not re.search(rf"\bOP_{op.name}\b", code)]
-    assert missing == []
+def test_every_kernel_module_includes_the_interpreter():
+    """Every kernel module is the fixed prelude + interpreter + a kernel file (so the interpreter's
+    case of each op, tests/test_op_table.py, is in every kernel)."""
     from taperay.runtime import gpu_device
     for kernel, (file, _) in gpu_device.KERNELS.items():
         for cap in REG_CAPS:

@@ -15,7 +15,8 @@ scene function, and bind the walker's buffers. The written-out code calls the in
 self-contained scalar and shape functions (``len3``, ``sd_box``, ``qrot_conj``, ``fmod_start``,
 ``poly_edge_acc``, ...) with literal arguments; its own helpers (``_HELPERS``: literal-parameter
 capsule / torus, ...) are the Numba twin's formulas (``runtime/cpu.py``) in the twin's order of
-operations, so it computes the twin's float32 results.
+operations, so it computes the twin's float32 results. An arithmetic op is written out as its
+table entry says (``OpSpec.wgsl``, runtime/opcodes.py).
 Straight-line means: arithmetic, shapes (polygon edges unrolled, vertices as literals), point ops,
 combine ops, culls (as nested ``if`` blocks, or evaluated unconditionally with ``culls=False``)
 and materials; an instance list (``INSTANCES`` ... ``REPEAT_END``) as its shared body written out
@@ -31,28 +32,13 @@ import math
 
 import numpy as np
 
-from taperay.runtime.opcodes import Op
+from taperay.runtime.opcodes import OPS, Op, OpClass
 from taperay.runtime.tape import Tape, TaperayError
 
 __all__ = ["RUN_TAPE", "scene_function", "module_source", "splice"]
 
 RUN_TAPE = "fn run_tape(pin: vec3<f32>) -> Eval {"   # the interpreter function the baseline replaces
 
-_UNARY = {
-    Op.NEG: "-{a}", Op.ABS: "abs({a})", Op.RECIP: "1.0 / {a}", Op.SQRT: "sqrt({a})",
-    Op.SQUARE: "{a} * {a}", Op.FLOOR: "floor({a})", Op.CEIL: "ceil({a})", Op.ROUND: "round_away({a})",
-    Op.SIN: "sin(reduce_angle({a}))", Op.COS: "cos(reduce_angle({a}))", Op.TAN: "tan(reduce_angle({a}))", Op.ASIN: "asin({a})",
-    Op.ACOS: "acos({a})", Op.ATAN: "atan({a})", Op.EXP: "exp({a})", Op.LN: "log({a})",
-    Op.NOT: "select(0.0, 1.0, {a} == 0.0)", Op.COPY: "{a}",
-}
-_BINARY = {
-    Op.ADD: "{a} + {b}", Op.SUB: "{a} - {b}", Op.MUL: "{a} * {b}", Op.DIV: "{a} / {b}",
-    Op.ATAN2: "atan2_full({a}, {b})", Op.AND: "select({b}, {a}, {a} == 0.0)",
-    Op.OR: "select({b}, {a}, {a} != 0.0)",
-    Op.RAND: "rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))",
-    Op.MOD: "bl_mod({a}, {b})",
-    Op.COMPARE: "bl_compare({a}, {b})",
-}
 _PATTERNS = {Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, Op.INSTANCES}
 
 # the twin's scalar helpers (runtime/cpu.py) the interpreter has no self-contained function for
@@ -298,20 +284,16 @@ class _Writer:
                 self.emit(f"r{dst} = {self.prm(off, 1)[0]}; m{dst} = 0u;")
             elif op is Op.INSTANCE_INDEX:
                 self.emit(f"r{dst} = {self.index}; m{dst} = 0u;")
-            elif op in (Op.MIN, Op.MAX):
-                fn, cmp = ("nmin", "<") if op is Op.MIN else ("nmax", ">")
-                self.emit(f"m{dst} = select(m{a}, m{b}, r{b} {cmp} r{a}); r{dst} = {fn}(r{a}, r{b});")
-            elif op in _UNARY:
-                self.emit(f"m{dst} = m{a}; r{dst} = {_UNARY[op].format(a=f'r{a}')};")
-            elif op in _BINARY:
-                self.emit(f"m{dst} = m{a}; r{dst} = {_BINARY[op].format(a=f'r{a}', b=f'r{b}')};")
-            elif op is Op.MIX:
-                self.emit(f"m{dst} = m{a}; r{dst} = r{a} + (r{b} - r{a}) * r{c};")
-            elif Op.SPHERE <= op <= Op.REVOLVE_POLY:
+            elif OPS[op].wgsl is not None:      # arithmetic: the table's expression
+                value = OPS[op].wgsl.format(a=f"r{a}", b=f"r{b}", c=f"r{c}")
+                mat = f"select(m{a}, m{b}, r{b} {'<' if op is Op.MIN else '>'} r{a})" \
+                    if op in (Op.MIN, Op.MAX) else f"m{a}"
+                self.emit(f"m{dst} = {mat}; r{dst} = {value};")
+            elif OPS[op].op_class is OpClass.SHAPE:
                 self.emit(f"r{dst} = ({self.shape(op, off, a)}) * p.w; m{dst} = {aux}u;")
-            elif Op.PUSH <= op <= Op.ELONGATE:
+            elif OPS[op].op_class is OpClass.POINT:
                 self.point(op, off)
-            elif Op.UNION <= op <= Op.SHELL:
+            elif OPS[op].op_class is OpClass.COMBINE:
                 self.combine(op, dst, a, b, off)
             elif op is Op.CULL_BOX:
                 self.cull(i, dst, a, off, aux, jump)

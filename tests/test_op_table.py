@@ -1,0 +1,118 @@
+"""The opcode table drives every walker. For each op of ``runtime.opcodes``: every place that must
+implement it has its case, and a failure lists, per op, the places still missing (the checklist of
+docs/ARCHITECTURE.md, "Adding an op"). The numbering groups ops by class, and no kernel dispatches
+by a range that names a particular op, so a new op cannot fall into another's branch."""
+import ast
+import re
+from pathlib import Path
+
+from taperay.runtime import jax_walker, wgsl_header
+from taperay.runtime.intervals import INTERVAL_OPS
+from taperay.runtime.opcodes import CLASS_RANGES, OPS, Op, OpClass
+
+ROOT = Path(__file__).resolve().parent.parent
+READING = (OpClass.UNARY, OpClass.BINARY, OpClass.TERNARY)   # arithmetic ops reading registers
+
+
+def _python(path: str, functions: str | None = None, comments: bool = False) -> str:
+    """A module's code without generated block and (unless ``comments``) comments; with
+    ``functions`` (a regex), only the functions whose names match it."""
+    text = (ROOT / path).read_text()
+    begin, end = text.find(wgsl_header.BLOCK_BEGIN), text.find(wgsl_header.BLOCK_END)
+    if begin >= 0:
+        text = text[:begin] + text[end + len(wgsl_header.BLOCK_END):]
+    if functions is not None:
+        tree = ast.parse(text)
+        text = "\n".join(ast.get_source_segment(text, fn) for fn in tree.body
+                         if isinstance(fn, ast.FunctionDef) and re.fullmatch(functions, fn.name))
+    return text if comments else re.sub(r"#[^\n]*", "", text)
+
+
+def _wgsl(path: str, function: str | None = None) -> str:
+    text = re.sub(r"//[^\n]*", "", (ROOT / path).read_text())
+    if function is not None:
+        text = re.search(rf"\nfn {function}\(.*?\n}}\n", text, re.S).group(0)
+    return text
+
+
+TWIN = _python("runtime/twin.py", comments=True)      # (a final else names its op in a comment)
+TWIN_ARITH = _python("runtime/twin.py", r"_arith_block|_libm_block")
+PRUNING_IV = _python("runtime/pruning.py", r"_iv\w*")
+INTERPRETER = _wgsl("shaders/interpreter.wgsl")
+IV_UNARY = _wgsl("shaders/prune.wgsl", "iv_unary")
+IV_BINARY = _wgsl("shaders/prune.wgsl", "iv_binary")
+
+
+def _has(name: str, code: str) -> bool:
+    return re.search(rf"\b{name}\b", code) is not None
+
+
+def places(op: Op) -> dict[str, bool]:
+    """Each place ``op`` must appear -> whether it does."""
+    spec, name = OPS[op], op.name
+    reading = spec.op_class in READING
+    found = {"shaders/interpreter.wgsl: its case (unary() / binary() / run_tape)": _has(f"OP_{name}", INTERPRETER)}
+    if reading:
+        found["runtime/twin.py: its case in _arith_block"] = _has(name, TWIN_ARITH)
+        found["runtime/pruning.py: its interval case (_iv / _iv_transcendental ...)"] = _has(name, PRUNING_IV)
+        prune_fn = "iv_unary" if spec.op_class is OpClass.UNARY else "iv_binary"
+        found[f"shaders/prune.wgsl: its interval case in {prune_fn}"] = _has(
+            f"OP_{name}", IV_UNARY if spec.op_class is OpClass.UNARY else IV_BINARY)
+        found["runtime/opcodes.py: OpSpec.reference (float64 semantics)"] = spec.reference is not None
+        found["runtime/intervals.py: a float64 interval rule (or OpSpec.increasing)"] = op in INTERVAL_OPS
+        found["runtime/opcodes.py: OpSpec.wgsl (tools/baseline_wgsl.py writes it out)"] = spec.wgsl is not None
+        found["runtime/jax_walker.py: a value rule in _ARITH (or a numpy ufunc as reference)"] = \
+            op in jax_walker._ARITH
+    else:
+        found["runtime/twin.py: its case (or the comment naming a final else)"] = _has(name, TWIN)
+    return found
+
+
+def test_every_op_has_its_case_in_every_place():
+    missing = {op.name: [p for p, ok in places(op).items() if not ok] for op in Op}
+    missing = {k: v for k, v in missing.items() if v}
+    assert not missing, "ops still missing places:\n" + "\n".join(
+        f"  {op}: " + "; ".join(where) for op, where in missing.items())
+
+
+def test_the_check_names_a_missing_place():
+    """places() is not vacuous: code without an op's name misses it."""
+    assert not _has("TANH_NOT_AN_OP", TWIN_ARITH)
+    assert all(places(Op.SQRT).values()) and all(places(Op.SPHERE).values())
+    assert _has("SQRT", TWIN_ARITH) and not _has("SQRT", _python("runtime/twin.py", r"_rand"))
+
+
+def test_classes_are_consecutive_ranges_in_class_order():
+    numbers = [n for first, last in CLASS_RANGES.values() for n in range(first, last + 1)]
+    assert numbers == list(range(len(Op)))
+    for cls, (first, last) in CLASS_RANGES.items():
+        assert all(OPS[Op(n)].op_class is cls for n in range(first, last + 1))
+    assert {OPS[op].op_class for op in Op} == set(OpClass)
+
+
+# Comparisons of an op with a particular op's number that may stay: VAR_X .. VAR_Z are pinned to
+# 0 .. 2 (runtime.opcodes checks it), and the unary / binary / libm sub-trees split their own class
+# for speed (an op added last in its class reaches their final branch).
+ALLOWED_NAMED_RANGES = {
+    ("shaders/interpreter.wgsl", "VAR_Z"), ("shaders/packed.wgsl", "VAR_Z"), ("shaders/prune.wgsl", "VAR_Z"),
+    ("runtime/pruning.py", "VAR_Z"), ("runtime/twin.py", "VAR_Z"),
+    ("shaders/interpreter.wgsl", "SQUARE"), ("shaders/interpreter.wgsl", "TAN"), ("shaders/interpreter.wgsl", "DIV"),
+    ("runtime/twin.py", "TAN"), ("runtime/twin.py", "ATAN"),
+}
+KERNELS = ["shaders/interpreter.wgsl", "shaders/packed.wgsl", "shaders/prune.wgsl", "shaders/kernels_render.wgsl",
+           "shaders/kernels_points.wgsl", "runtime/twin.py", "runtime/pruning.py"]
+
+
+def named_ranges(path: str) -> set[str]:
+    """Op names that ``path`` compares an op with by <, <=, >, >= (class bounds aside)."""
+    code = _wgsl(path) if path.endswith(".wgsl") else _python(path)
+    prefix = "OP_" if path.endswith(".wgsl") else ""
+    names = re.findall(rf"\bop\s*(?:<=|>=|<|>)\s*{prefix}([A-Z][A-Z0-9_]*)\b", code)
+    names += re.findall(rf"\b{prefix}([A-Z][A-Z0-9_]*)\s*(?:<=|>=|<|>)\s*op\b", code)
+    return {n for n in names if n in Op.__members__}
+
+
+def test_kernels_dispatch_by_class_ranges_not_by_op_names():
+    found = {(path, name) for path in KERNELS for name in named_ranges(path)}
+    assert found <= ALLOWED_NAMED_RANGES, sorted(found - ALLOWED_NAMED_RANGES)
+    assert named_ranges("runtime/twin.py") >= {"TAN"}      # (the scan finds what is there)
