@@ -124,10 +124,12 @@ class System:
 
     def adjoint(self, rhs: np.ndarray) -> np.ndarray:
         """lambda with K lambda = rhs on the free dofs, lambda = 0 on the fixed ones (K symmetric)."""
+        t0 = time.perf_counter()
         free = self._prepare()
         rhs = np.asarray(rhs, float).ravel()
         lam = np.zeros(self.K.shape[0])
         lam[free] = self._solve_free(rhs[free])
+        self.info["adjoint_seconds"] = self.info.get("adjoint_seconds", 0.0) + time.perf_counter() - t0
         return lam if self.kind == "heat" else lam.reshape(-1, 3)
 
     # -------------------------------------------------------------- derivatives w.r.t. the nodes

@@ -310,11 +310,11 @@ def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 
     touched = np.isin(mesh.elements, mids).any(1)
     before = _min_detj(mesh.nodes, mesh.elements[touched])
     mesh.nodes[mids] = new
-    for _ in range(5):   # an element that would lose 3/4 of its smallest Jacobian keeps its nodes
+    while True:   # an element that would lose 3/4 of its smallest Jacobian keeps its nodes
         bad = np.zeros(len(mesh.elements), bool)
         bad[touched] = _min_detj(mesh.nodes, mesh.elements[touched]) <= 0.25 * before
-        if not bad.any():
-            break
-        back = np.isin(mids, mesh.elements[bad])
+        back = np.isin(mids, mesh.elements[bad]) & np.any(mesh.nodes[mids] != old, axis=1)
+        if not back.any():   # (reverting a node can spoil a neighbour that kept its own: repeat; each
+            break            # round reverts at least one node, and an element with none moved is as before)
         mesh.nodes[mids[back]] = old[back]
     return int(np.count_nonzero(np.linalg.norm(mesh.nodes[mids] - old, axis=1) > 0))

@@ -214,3 +214,23 @@ def test_run_optimize_writes_the_scene_history_and_plot(tmp_path):
     assert (tmp_path / "h.png").stat().st_size > 1000      # (matplotlib is in the test extra)
     scene = load_file(tmp_path / "best.scene")
     assert scene.params()["fin_height"] == pytest.approx(res.best["fin_height"])
+
+
+@pytest.mark.slow
+def test_bench_optimize_times_each_step_by_stage(tmp_path, monkeypatch):
+    """The benchmark's harness on a small example (a sphere's volume, at least 1.0, over its radius):
+    one row per design, the stages add up to the step, compiles counted, the history plotted."""
+    from types import SimpleNamespace
+    from taperay.tools import bench_optimize
+    scene = tmp_path / "ball.py"
+    scene.write_text("from taperay.scenegraph import Param, sphere\nscene = sphere(Param('r', 0.8))\n"
+                     "study = None\n")
+    monkeypatch.setattr(bench_optimize, "EXAMPLES", (
+        ("ball", str(scene), "volume", "volume>=1.0", {"r": (0.5, 1.0)}, {"resolution": 16}),))
+    res = bench_optimize.bench_optimize(SimpleNamespace(repeat=2, out=str(tmp_path / "out")))
+    assert len(res.rows) >= 2 and [r["design"] for r in res.rows] == list(range(len(res.rows)))
+    for r in res.rows:
+        parts = sum(r[c] for c, _ in bench_optimize.STAGES)
+        assert 0 < parts <= r["step s"] + 1e-3 and r["jax compiles"] >= 0 and r["constraint"] > 0
+    assert res.rows[-1]["objective"] < res.rows[0]["objective"]
+    assert (tmp_path / "out" / "optimize-history.png").stat().st_size > 1000
