@@ -130,6 +130,14 @@ def box_mesh(n=(4, 4, 4), lo=(0.0, 0.0, 0.0), hi=(1.0, 1.0, 1.0), order: int = 1
     return TetMesh(nodes, tets.astype(np.int64), {"kind": "structured box", "cells": n.tolist()})
 
 
+def _signal_name(number: int) -> str:
+    import signal
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
 def _run_child(mode: str, vertices, faces, options: dict | None, timeout: float) -> tuple[dict | None, str]:
     with tempfile.TemporaryDirectory(prefix="taperay-tetgen-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
@@ -146,7 +154,7 @@ def _run_child(mode: str, vertices, faces, options: dict | None, timeout: float)
             tail = " ".join((proc.stderr or "").strip().splitlines()[-3:])
             if proc.returncode == 3:
                 return None, f"{mode} failed: {tail}"
-            how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}")
+            how = (f"killed by {_signal_name(-proc.returncode)}" if proc.returncode < 0 else f"exit {proc.returncode}")
             return None, f"{mode}: the child process died ({how}){': ' + tail if tail else ''}"
         with np.load(dst) as out:
             return {k: out[k] for k in out.files}, ""
