@@ -79,23 +79,32 @@ class Camera:
         return pk[0:3].copy(), d
 
 
-@njit(parallel=True, cache=True, error_model="numpy", fastmath=False)
-def _pixel_rays(pk, d):
-    """The convention's formula, in float32 in the order written, into d (height, width, 3) from
-    Camera.pack()'s numbers."""
+@njit(cache=True, error_model="numpy", fastmath=False)
+def pixel_ray(pk, width, height, x, y):
+    """The unit direction through the image point (x, y) in pixels (x from the left edge, y from
+    the top; a pixel's centre is col + 0.5, row + 0.5), by the convention's formula in float32 in
+    the order written, from Camera.pack()'s numbers (kernels_render.wgsl camera_dir)."""
     f32 = np.float32
-    height, width = d.shape[0], d.shape[1]
     th = pk[3]
     aspect = f32(width) / f32(height)
+    ndc_y = (f32(1) - f32(2) * y / f32(height)) * th
+    ndc_x = (f32(2) * x / f32(width) - f32(1)) * aspect * th
+    dx = pk[12] + ndc_x * pk[4] + ndc_y * pk[8]
+    dy = pk[13] + ndc_x * pk[5] + ndc_y * pk[9]
+    dz = pk[14] + ndc_x * pk[6] + ndc_y * pk[10]
+    n = np.sqrt(dx * dx + dy * dy + dz * dz)
+    return dx / n, dy / n, dz / n
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=False)
+def _pixel_rays(pk, d):
+    """pixel_ray at every pixel centre, into d (height, width, 3)."""
+    f32 = np.float32
+    height, width = d.shape[0], d.shape[1]
     for row in prange(height):
-        ndc_y = (f32(1) - f32(2) * (f32(row) + f32(0.5)) / f32(height)) * th
         for col in range(width):
-            ndc_x = (f32(2) * (f32(col) + f32(0.5)) / f32(width) - f32(1)) * aspect * th
-            x = pk[12] + ndc_x * pk[4] + ndc_y * pk[8]
-            y = pk[13] + ndc_x * pk[5] + ndc_y * pk[9]
-            z = pk[14] + ndc_x * pk[6] + ndc_y * pk[10]
-            n = np.sqrt(x * x + y * y + z * z)
-            d[row, col, 0], d[row, col, 1], d[row, col, 2] = x / n, y / n, z / n
+            d[row, col, 0], d[row, col, 1], d[row, col, 2] = pixel_ray(pk, width, height, f32(col) + f32(0.5),
+                                                                       f32(row) + f32(0.5))
 
 
 def auto_camera(bounds, azimuth_deg: float = 35.0, elevation_deg: float = 25.0,

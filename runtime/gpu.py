@@ -600,6 +600,24 @@ class GpuWalker(PrunedPasses):
                     raise
                 self._cells_too_large.add((content_key(run), run_cells))
 
+    @_guarded
+    def path_samples(self, tape: Tape, camera: Camera | None, width: int, height: int,
+                     settings: RenderSettings | None, path, first: int, count: int) -> np.ndarray:
+        """(H, W, 4) float32 sums over samples first .. first+count-1 of the path tracer
+        (shaders/path.wgsl; ``path`` a runtime.path_tracing.PathSettings): radiance rgb and the
+        square of each sample's mean over rgb. One dispatch of the path kernel per sample, on the
+        tape's own records (no pruned cells); a path whose evaluations pass the adapter's
+        iteration cap is a TaperayError, as march's."""
+        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
+        env = np.asarray(path.environment, np.float32)
+        for s in range(first, first + count):
+            u = self._uniforms(tape, n, width, height, sample=s, rect=(*env, path.max_bounces),
+                               extra=(path.roulette_from, first, path.seed, 0), camera=camera.pack(),
+                               settings=packed)
+            self._submit([("path", n)], variant, u, 0)
+            self._check_counters(tape)
+        return self._read(self._accum, np.float32, 4 * n).reshape(height, width, 4)
+
     def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:
         """The (tape, cells) a render tries in turn: the lowered tape ``run`` on LOWERED_CELLS,
         then on MARCH_CELLS (with "auto"; those whose cells were too large for ``run`` before

@@ -64,7 +64,8 @@ HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET = 0xFFFFFFFF, 1 << 22
 # U.extra.w's byte in the uniforms: the level each prune_tiles pass works on (_encode copies it in).
 UNIFORM_LEVEL_BYTE = 60
 
-# kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline.
+# kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline. A file
+# "a+b" is a's text, then b's (the path kernel reuses the render kernels' march functions).
 KERNELS: dict[str, tuple[str, bool]] = {
     "eval_points": ("kernels_points.wgsl", True),
     "gradient_points": ("kernels_points.wgsl", True),
@@ -86,6 +87,7 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "pruned_image": ("prune.wgsl", True),
     "cells_image": ("prune.wgsl", True),
     "pruned_points": ("prune.wgsl", True),
+    "path": ("kernels_render.wgsl+path.wgsl", True),
 }
 # pipeline-overridable constants per kernel: march and light need distances only (the hit's
 # material comes from the surface pass), so their interpreter is built without material ids; their
@@ -167,7 +169,8 @@ def adapter_info() -> dict | None:
 
 # ------------------------------------------------------------------------------------ kernels
 def _shader_text(file: str, cap: int) -> str:
-    names = (*PRELUDE_BEFORE_REGCAP, regcap_name(cap), *PRELUDE_AFTER_REGCAP, file)
+    """The module of a KERNELS file entry: the prelude, then the entry's files ("a+b": a, then b)."""
+    names = (*PRELUDE_BEFORE_REGCAP, regcap_name(cap), *PRELUDE_AFTER_REGCAP, *file.split("+"))
     return "\n".join((SHADER_DIR / n).read_text() for n in names)
 
 

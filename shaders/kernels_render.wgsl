@@ -10,18 +10,22 @@
 // march and light are resumable: a pixel whose work would pass U.iter_budget saves its state,
 // counts itself in counters[COUNT_UNFINISHED] and the host dispatches again with U.resume = 1.
 
-// the ray direction of pixel i by runtime/camera.py's convention (+ a sub-pixel jitter)
-fn pixel_dir(i: u32) -> vec3<f32> {
+// the unit ray direction through the image point (x, y) in pixels (a pixel's centre is col + 0.5,
+// row + 0.5) by runtime/camera.py's convention (pixel_ray)
+fn camera_dir(x: f32, y: f32) -> vec3<f32> {
     let w = f32(U.width);
     let h = f32(U.height);
-    let col = f32(i % U.width) + U.extra.z;
-    let row = f32(i / U.width) + U.extra.w;
     let th = U.camera[0].w;
     let aspect = w / h;
-    let ndc_x = (2.0 * (col + 0.5) / w - 1.0) * aspect * th;
-    let ndc_y = (1.0 - 2.0 * (row + 0.5) / h) * th;
+    let ndc_x = (2.0 * x / w - 1.0) * aspect * th;
+    let ndc_y = (1.0 - 2.0 * y / h) * th;
     let d = U.camera[3].xyz + ndc_x * U.camera[1].xyz + ndc_y * U.camera[2].xyz;
     return d / sqrt(d.x * d.x + d.y * d.y + d.z * d.z);
+}
+
+// the ray direction of pixel i (+ the sub-pixel jitter U.extra.zw)
+fn pixel_dir(i: u32) -> vec3<f32> {
+    return camera_dir(f32(i % U.width) + U.extra.z + 0.5, f32(i / U.width) + U.extra.w + 0.5);
 }
 
 fn eye() -> vec3<f32> {
