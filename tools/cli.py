@@ -156,6 +156,10 @@ def cmd_render(args) -> int:
         raise UsageError("--2d draws the field image; it takes no --view")
     if not 0 <= args.cone < 1000:
         raise UsageError(f"--cone {args.cone}: the hit cone's width in pixels must lie in [0, 1000)")
+    if args.view == "path" and args.cone:
+        raise UsageError("--view path marches with hit_eps; it takes no --cone")
+    if not 1 <= args.spp <= 1 << 16:
+        raise UsageError(f"--spp {args.spp}: samples per pixel must lie in 1..65536")
     watch = Stopwatch()
     # a 2D image on the GPU prunes faster with shallow MIN / MAX chains (the twin slower: runtime.program)
     tape = apply_sets(load_scene(args.scene, watch, balance_chains=args.two_d and args.walker != "cpu"),
@@ -178,6 +182,9 @@ def cmd_render(args) -> int:
         from taperay.runtime.shading import RenderSettings
         cam = auto_camera(tape.bounds)
         settings = RenderSettings(hit_cone=args.cone * cam.pixel_angle(h)) if args.cone else None
+        if args.view == "path":
+            from taperay.runtime.path_tracing import PathImage
+            return PathImage(wk, tape, cam, w, h).add(args.spp).rgb8()
         return wk.render(tape, cam, w, h, settings=settings, view=args.view)
 
     with step(f"rendering {w}x{h}"), watch.stage("frame"):
@@ -693,7 +700,10 @@ def build_parser() -> argparse.ArgumentParser:
     walker_arg(p)
     set_arg(p)
     p.add_argument("--size", default="800x600", metavar="WxH", help="image size, WxH or N for NxN (default 800x600)")
-    p.add_argument("--view", choices=VIEWS, default="shade")
+    p.add_argument("--view", choices=(*VIEWS, "path"), default="shade",
+                   help="what to draw (path: the path tracer, runtime/path_tracing.py, with --spp samples)")
+    p.add_argument("--spp", type=int, default=16, metavar="N",
+                   help="--view path: samples per pixel (default 16)")
     p.add_argument("--2d", dest="two_d", action="store_true",
                    help="draw the field image of a 2D program: inside (f<0) white on black, x,y in [-1,1], y up")
     p.add_argument("--cone", type=float, default=0.0, metavar="PIXELS",
