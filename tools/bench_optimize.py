@@ -34,11 +34,13 @@ def _plot(path: Path, histories: dict) -> bool:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for label, values in histories.items():
         ax.plot(range(len(values)), [v / values[0] for v in values], "o-", label=label)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("design")
     ax.set_ylabel("objective / first design's")
     ax.set_title("taperay bench optimize: objective per design")
