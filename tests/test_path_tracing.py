@@ -1,0 +1,125 @@
+"""The path tracer (runtime/path_tracing.py, shaders/path.wgsl): the white furnace on both
+walkers, GPU against twin within Monte-Carlo error, the shared sample sequence, progressive
+accumulation, and no pipeline made by a second render or an edit."""
+import numpy as np
+import pytest
+
+from taperay.runtime.camera import auto_camera
+from taperay.runtime.path_tracing import PathImage, PathSettings, path_random
+from taperay.runtime.tape import TaperayError
+from taperay.scenegraph import Material, Param, box, difference, flatten, sphere, union
+
+W, H = 48, 32
+ROUNDING = 1e-5       # a tile of zero sample variance: its mean is env up to float32 sums' rounding
+
+
+def _furnace_scene():
+    """An albedo-1 box with a spherical dent in its top face (concave: paths bounce several times)."""
+    white = Material("white", color=(1.0, 1.0, 1.0))
+    return flatten(difference(box(1.0), sphere(1.25).translate(0, 0, 1.0)).material(white))
+
+
+def _coloured_scene():
+    """Two spheres on a slab, three diffuse colours."""
+    red = Material("red", color=(0.8, 0.2, 0.15))
+    blue = Material("blue", color=(0.2, 0.3, 0.85))
+    grey = Material("grey", color=(0.6, 0.6, 0.6))
+    return flatten(union(box(2.0, 2.0, 0.1).material(grey),
+                         sphere(Param("radius", 0.6)).translate(-0.7, 0, 0.7).material(red),
+                         sphere(0.5).translate(0.8, 0.3, 0.6).material(blue)))
+
+
+def _furnace(walker, spp):
+    """Tile means and standard errors of the furnace (environment 0.8, roulette from the first
+    bounce, so that every path that hits is noisy), and the environment. At 8 spp an edge tile
+    whose few hit samples all survived the roulette (a 5 % event each) shows a standard error
+    too small to cover its mean: 32 spp."""
+    tape = _furnace_scene()
+    env = 0.8
+    path = PathSettings(environment=(env,) * 3, max_bounces=1024, roulette_from=1)
+    im = PathImage(walker, tape, None, W, H, path=path).add(spp)
+    assert walker.march(tape, im.camera, W, H)["hit"].mean() > 0.2     # (the object fills the middle)
+    means, se = im.tile_stats(8)
+    assert np.mean(se > 0) > 0.5           # (tiles with hits hold noise: the test is statistical)
+    return means, se, env
+
+
+def test_white_furnace_twin(walker_cpu):
+    """A non-absorbing object in a uniform environment renders the environment, within noise."""
+    means, se, env = _furnace(walker_cpu, 32)
+    assert np.all(np.abs(means - env) <= 4 * se + ROUNDING), (means, se)
+
+
+@pytest.mark.gpu
+def test_white_furnace_gpu(walker_gpu):
+    means, se, env = _furnace(walker_gpu, 32)
+    assert np.all(np.abs(means - env) <= 4 * se + ROUNDING), (means, se)
+
+
+@pytest.mark.gpu
+def test_gpu_agrees_with_twin_within_noise(walker_gpu, walker_cpu):
+    """Independent sequences (seed 1 on the GPU, seed 2 on the twin) at the same spp: per-tile
+    luminance means within 4 combined standard errors on >= 99 % of 4x4 tiles."""
+    tape = _coloured_scene()
+    cam = auto_camera(tape.bounds)
+    env = PathSettings(environment=(1.0, 0.95, 0.9), seed=1)
+    g = PathImage(walker_gpu, tape, cam, W, H, path=env).add(16)
+    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=(1.0, 0.95, 0.9), seed=2)).add(16)
+    (mg, sg), (mc, sc) = g.tile_stats(4), c.tile_stats(4)
+    assert np.mean(sg > 0) > 0.5           # (most tiles hold noise: the test is statistical)
+    ok = np.abs(mg - mc) <= 4 * np.hypot(sg, sc) + ROUNDING
+    assert ok.mean() >= 0.99, (ok.mean(), mg - mc, np.hypot(sg, sc))
+
+
+@pytest.mark.gpu
+def test_gpu_and_twin_draw_the_same_samples(walker_gpu, walker_cpu):
+    """The same seed on both walkers: the same random numbers, so nearly every pixel's radiance
+    agrees (float32 differences in the field or the hash's float conversion would show here)."""
+    tape = _coloured_scene()
+    cam = auto_camera(tape.bounds)
+    g = PathImage(walker_gpu, tape, cam, W, H).add(2).mean()
+    c = PathImage(walker_cpu, tape, cam, W, H).add(2).mean()
+    same = np.all(np.abs(g - c) <= 1e-4, axis=-1)
+    assert same.mean() >= 0.99, same.mean()
+
+
+def test_sequence_is_fixed():
+    """The sampler's numbers are the PCG hash's, not the platform's: a few pinned values, all in
+    [0, 1) and different across pixel, sample, bounce and dimension."""
+    v = [path_random(0, 0, 0, 0, 0), path_random(0, 1, 0, 0, 0), path_random(0, 0, 1, 0, 0),
+         path_random(0, 0, 0, 1, 0), path_random(0, 0, 0, 0, 1), path_random(5, 0, 0, 0, 0)]
+    assert all(0 <= x < 1 for x in v) and len(set(v)) == len(v)
+    u = np.array([path_random(0, p, 0, 0, 0) for p in range(4096)])
+    assert abs(u.mean() - 0.5) < 0.02 and abs(u.var() - 1 / 12) < 0.01
+
+
+def test_progressive_accumulation_adds_the_next_samples(walker_cpu):
+    """add(2) then add(3) is add(5): each call traces the sequence's next samples."""
+    tape = _coloured_scene()
+    a = PathImage(walker_cpu, tape, None, 24, 16).add(2).add(3)
+    b = PathImage(walker_cpu, tape, None, 24, 16).add(5)
+    assert a.samples == b.samples == 5
+    np.testing.assert_allclose(a.sums, b.sums, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(PathImage(walker_cpu, tape, None, 24, 16).add(2).sums, b.sums)
+
+
+@pytest.mark.gpu
+def test_no_pipeline_made_by_a_second_render_or_an_edit(walker_gpu):
+    tape = _coloured_scene()
+    im = PathImage(walker_gpu, tape, None, 16, 16).add(1)
+    made = walker_gpu.kernels.stats.pipelines_created
+    im.add(1)
+    walker_gpu.set_param(tape, "radius", 0.4)
+    PathImage(walker_gpu, tape, None, 16, 16).add(1)
+    other = _furnace_scene()
+    PathImage(walker_gpu, other, None, 16, 16).add(1)
+    assert walker_gpu.kernels.stats.pipelines_created == made
+
+
+def test_bad_settings_are_refused(walker_cpu):
+    with pytest.raises(TaperayError, match="environment"):
+        PathSettings(environment=(1, -1, 0))
+    with pytest.raises(TaperayError, match="max_bounces"):
+        PathSettings(max_bounces=0)
+    with pytest.raises(TaperayError, match="no samples"):
+        PathImage(walker_cpu, _coloured_scene(), None, 8, 8).mean()
