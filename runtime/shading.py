@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
+from . import jit_cache  # noqa: F401  (Numba's cache folder: set before the kernels below)
 from .tape import Tape, TaperayError
 
 __all__ = ["RenderSettings", "VIEWS", "PACK_FIELDS", "PACK_LEN", "compose", "to_rgb8", "heat", "unpack"]

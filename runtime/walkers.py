@@ -30,7 +30,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     """The walker ``kind`` asks for, built and ready.
 
     ``log`` receives one line saying why ``auto`` fell back to the twin; ``progress`` shows the
-    GPU kernels' build on stderr when a request waits long for it; ``step(text)`` is a context manager shown while the
+    GPU kernels' build, or the CPU twin's first compile, on stderr when a request waits long for it; ``step(text)`` is a context manager shown while the
     self-check runs (the command line's spinner).
 
         >>> w = walker("auto")          # GpuWalker on a checked hardware GPU, else CpuWalker
@@ -40,7 +40,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     log = log or _quiet
     step = step or (lambda text: contextlib.nullcontext())
     if kind == "cpu":
-        return CpuWalker()
+        return CpuWalker(progress=progress)
     try:
         from . import gpu
     except ImportError as e:  # wgpu is missing from this install
@@ -70,7 +70,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     if kind == "gpu":
         raise TaperayError(f"gpu walker unavailable: {reason}")
     log(f"walker:    cpu, because {reason}")
-    return CpuWalker()
+    return CpuWalker(progress=progress)
 
 
 def run_on(chosen, kind: str, work: Callable, log: Callable[[str], None] | None = None):

@@ -1,0 +1,59 @@
+"""The runtime's Numba kernels are cached in a per-user folder (runtime.jit_cache), which a
+non-editable install into a read-only site-packages can use, and $NUMBA_CACHE_DIR still wins;
+a compile longer than PROGRESS_AFTER_SECONDS shows a line moving by the clock, a load from the
+disk cache none."""
+import os
+import subprocess
+import sys
+import textwrap
+
+CACHE_PATH = ("import taperay.runtime.twin as t, taperay.runtime.shading as s\n"
+              "print(t._eval_kernel._cache._cache_path); print(s._shade._cache._cache_path)")
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
+                          timeout=300, check=True)
+
+
+def test_kernels_cache_under_the_users_cache_folder(tmp_path):
+    paths = _python(CACHE_PATH, XDG_CACHE_HOME=str(tmp_path)).stdout.split()
+    assert len(paths) == 2
+    assert all(p.startswith(str(tmp_path / "taperay" / "numba")) for p in paths), paths
+
+
+def test_numba_cache_dir_wins(tmp_path):
+    paths = _python(CACHE_PATH, XDG_CACHE_HOME=str(tmp_path / "xdg"),
+                    NUMBA_CACHE_DIR=str(tmp_path / "mine")).stdout.split()
+    assert all(p.startswith(str(tmp_path / "mine")) for p in paths), paths
+
+
+def test_a_compile_shows_its_progress_and_a_cache_load_none(tmp_path):
+    (tmp_path / "kern.py").write_text(textwrap.dedent("""
+        from taperay.runtime import jit_cache
+        from numba import njit
+
+        @njit(cache=True)
+        def kern(x):
+            s = 0.0
+            for i in range(x.shape[0]):
+                s += x[i] * x[i]
+            return s
+    """))
+    code = textwrap.dedent("""
+        import time, numpy as np
+        from taperay.runtime import jit_cache
+        jit_cache.PROGRESS_AFTER_SECONDS = 0.0
+        jit_cache.show_compile_progress()
+        import kern
+        kern.kern(np.ones(4))
+        time.sleep(0.5)
+    """)
+    env = dict(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=f"{tmp_path}{os.pathsep}"
+               + os.environ.get("PYTHONPATH", ""))
+    first = _python(code, **env).stderr
+    assert "compiling CPU kernels [" in first and "1/1" in first, first
+    later = _python(code, **env).stderr
+    assert "compiling CPU kernels" not in later, later
