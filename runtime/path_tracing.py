@@ -225,9 +225,12 @@ def path_sums(walker, tape: Tape, camera: Camera, width: int, height: int, setti
         raise TaperayError(f"image size {width}x{height} must be at least 1x1")
     if first < 0 or count < 1 or first + count > 1 << 24:
         raise TaperayError(f"path samples {first}..{first + count - 1} must lie in 0..2^24-1")
-    if getattr(walker, "name", None) == "gpu":
+    name = getattr(walker, "name", None)
+    if name == "gpu":
         return walker.path_samples(tape, camera, width, height, settings, path, first, count)
-    return _twin_sums(tape, camera, width, height, settings, path, first, count)
+    if name == "cpu":
+        return _twin_sums(tape, camera, width, height, settings, path, first, count)
+    raise TaperayError(f"the path tracer runs on the cpu and gpu walkers, not on {name or type(walker).__name__!r}")
 
 
 class PathImage:

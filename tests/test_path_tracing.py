@@ -123,3 +123,34 @@ def test_bad_settings_are_refused(walker_cpu):
         PathSettings(max_bounces=0)
     with pytest.raises(TaperayError, match="no samples"):
         PathImage(walker_cpu, _coloured_scene(), None, 8, 8).mean()
+
+
+def test_path_tracer_refuses_other_walkers():
+    class Other:
+        name = "jax"
+    with pytest.raises(TaperayError, match="cpu and gpu walkers"):
+        PathImage(Other(), _coloured_scene(), None, 8, 8).add(1)
+
+
+@pytest.mark.parametrize("walker_name", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_cli_renders_the_path_view(capsys, tmp_path, walker_name, request):
+    """`taperay render --view path --spp N` writes PathImage's picture on the walker asked for;
+    --spp out of range and --cone with the path view are usage errors."""
+    from PIL import Image
+
+    from taperay.tools import cli
+    if walker_name == "gpu":
+        request.getfixturevalue("walker_gpu")      # (skips, or fails under TAPERAY_REQUIRE_GPU, without one)
+    scene = tmp_path / "two.py"
+    scene.write_text("from taperay.scenegraph import box, sphere\nscene = sphere(0.6) | box(0.3).translate(0.7, 0, 0)\n")
+    out = tmp_path / "path.png"
+    assert cli.main(["render", str(scene), "-o", str(out), "--size", "24x16", "--view", "path", "--spp", "3",
+                     "--walker", walker_name]) == 0
+    assert "path" in capsys.readouterr().out
+    from taperay.scenegraph.loading import load_tape
+    walker = request.getfixturevalue(f"walker_{walker_name}")
+    expect = PathImage(walker, load_tape(scene), None, 24, 16).add(3).rgb8()
+    np.testing.assert_array_equal(np.asarray(Image.open(out)), expect)
+    for bad in (["--spp", "0"], ["--cone", "1"]):
+        assert cli.main(["render", str(scene), "-o", str(out), "--view", "path", *bad]) == 2
+        assert "error" in capsys.readouterr().err
