@@ -315,14 +315,17 @@ def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 
     h = float(np.median(la)) if len(la) else 1.0
     new, _ = project_to_zero_set(tape, mesh.nodes[mids], walker, steps=steps, max_step=0.25 * h)
     old = mesh.nodes[mids].copy()
-    touched = np.isin(mesh.elements, mids).any(1)
-    before = _min_detj(mesh.nodes, mesh.elements[touched])
+    check = np.nonzero(np.isin(mesh.elements, mids).any(1))[0]
+    before = np.zeros(len(mesh.elements))
+    before[check] = _min_detj(mesh.nodes, mesh.elements[check])
     mesh.nodes[mids] = new
-    while True:   # an element that would lose 3/4 of its smallest Jacobian keeps its nodes
-        bad = np.zeros(len(mesh.elements), bool)
-        bad[touched] = _min_detj(mesh.nodes, mesh.elements[touched]) <= 0.25 * before
-        back = np.isin(mids, mesh.elements[bad]) & np.any(mesh.nodes[mids] != old, axis=1)
-        if not back.any():   # (reverting a node can spoil a neighbour that kept its own: repeat; each
-            break            # round reverts at least one node, and an element with none moved is as before)
-        mesh.nodes[mids[back]] = old[back]
+    moved = np.ones(len(mids), bool)
+    while len(check):   # an element that would lose 3/4 of its smallest Jacobian keeps its nodes
+        bad = check[_min_detj(mesh.nodes, mesh.elements[check]) <= 0.25 * before[check]]
+        back = np.isin(mids, mesh.elements[bad]) & moved
+        if not back.any():   # (putting a node back can spoil a neighbour that kept its own: the
+            break            # elements around the nodes put back are checked again; each round puts
+        mesh.nodes[mids[back]] = old[back]   # back at least one node, and an element with none moved is as before)
+        moved &= ~back
+        check = np.nonzero(np.isin(mesh.elements, mids[back]).any(1))[0]
     return int(np.count_nonzero(np.linalg.norm(mesh.nodes[mids] - old, axis=1) > 0))
