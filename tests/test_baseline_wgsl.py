@@ -93,6 +93,7 @@ def test_pattern_tapes_are_refused():
         scene_function(tape)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(TAPES))
 @pytest.mark.parametrize("culls", [True, False])
@@ -148,6 +149,7 @@ def test_render_refuses_kernels_not_written_out():
         BaselineKernel(None, None, kernels=("prune_tiles",))
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_written_out_instance_list_equals_the_interpreter(walker_gpu):
     """A bin of 20 bolts (one INSTANCES record over a BVH): the written-out walk gives the
@@ -173,6 +175,7 @@ def test_compile_prediction_is_a_power_law_of_at_least_one():
     assert predict_compile_seconds([(1000, 4.0), (2000, 1.0)], 4000) == pytest.approx(2.0)    # never below 1
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_assembly_bench_compiles_in_a_child_and_stops_at_the_predicted_limit(walker_gpu):
     """The bolt bin against the written-out baseline: the first count is compiled and measured in a
@@ -186,6 +189,7 @@ def test_assembly_bench_compiles_in_a_child_and_stops_at_the_predicted_limit(wal
     assert "measured at 10 bolts" in note and "not at 20, 40 bolts" in note
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_written_out_frames_run_the_tapes_own_records_not_its_lowering(walker_gpu):
     """GpuWalker.render draws a scene tape it has seen before as its lowering on cells; the
@@ -197,7 +201,7 @@ def test_written_out_frames_run_the_tapes_own_records_not_its_lowering(walker_gp
     kernel = BaselineKernel(walker_gpu, tape, kernels=FRAME_KERNELS)
     for _ in range(2):
         walker_gpu.render(tape, None, 32, 18, view="normals")             # (seen: lowered from now on)
-    walker_gpu._kept_cells = None
+    walker_gpu.drop_kept_cells()
     image = kernel.render(None, 32, 18, "normals")
     assert walker_gpu._kept_cells is None                                 # no cells were built or used
     np.testing.assert_array_equal(image, walker_gpu.render(tape, None, 32, 18, view="normals", cells=None))

@@ -63,6 +63,7 @@ def no_new_kernels(walker_gpu):
         assert after[k] == before[k], k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,size,tiles,z", [("quarter", 48, 16, 0.0), ("hi", 64, (16, 4), 0.0),
                                                 ("sphere", 40, (12, 5), 0.3), ("tanglecube", 40, (16, 3), -0.7),
                                                 ("prospero", 48, 16, 0.0)])
@@ -110,6 +111,7 @@ def test_image_tiles_keep_level_0_in_dependency_steps():
         assert tiles[0] == 32 or level_tile_counts((tiles[0] // 2,), w, h)[0] > WAVE_MAX_TILES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tiles", [48, (48, 12), (32, 8, 2), (40, 9, 4, 1)])
 def test_prospero_tile_levels_are_bit_identical(walker_gpu, no_new_kernels, prospero_96, tiles):
     """Every level prunes its parent's tape; the pixels of the finest give field_image's bits."""
@@ -222,6 +224,7 @@ def test_an_arena_beyond_the_binding_limit_is_a_taperay_error(walker_gpu, no_new
         walker_gpu.field_image_pruned(tape, 64, 64, tiles=(16, 4))
 
 
+@pytest.mark.slow
 def test_prospero_sign_image_equals_the_cpu_twin(walker_gpu, no_new_kernels):
     """128^2 on the reference grid: decided tiles are filled, the rest evaluate pruned tapes."""
     tape = load_vm(DATA / "prospero.vm")
@@ -232,6 +235,7 @@ def test_prospero_sign_image_equals_the_cpu_twin(walker_gpu, no_new_kernels):
     assert (inside != twin).mean() <= 1e-4
 
 
+@pytest.mark.slow
 def test_prospero_1024_sign_image_matches_the_reference_png(walker_gpu, no_new_kernels):
     """The acceptance image (<= 0.01 % of pixels may differ); ~5 s on lavapipe."""
     n = 1024
@@ -283,6 +287,7 @@ def test_bad_arguments_raise_taperay_errors(walker_gpu):
 
 
 # ---- image cells: flat cells over the image's rectangle, pruned once and kept for later images
+@pytest.mark.slow
 @pytest.mark.parametrize("cells,decided", [((1, 1), 0.0), ((3, 2), 0.05), ((4, 3), 0.4), ((2, 4), 0.5)])
 def test_prospero_image_cells_are_bit_identical(walker_gpu, no_new_kernels, prospero_96, cells, decided):
     """Every pixel runs its cell's tape: field_image's bits. The sign image fills the pixels of
@@ -291,7 +296,7 @@ def test_prospero_image_cells_are_bit_identical(walker_gpu, no_new_kernels, pros
     outside cell's whole tape, also exact)."""
     tape, full = prospero_96
     n = full.shape[0]
-    walker_gpu._kept_cells = None
+    walker_gpu.drop_kept_cells()
     pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=cells)
     np.testing.assert_array_equal(bits(pruned), bits(full))
     np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), cells=cells), full < 0)
@@ -322,17 +327,20 @@ def test_random_tapes_on_image_cells_are_bit_identical(walker_gpu, no_new_kernel
     np.testing.assert_array_equal(walker_gpu.sign_image(tape, 24, 20, rect, z, cells=cells), full < 0)
 
 
+@pytest.mark.slow
 def test_image_cells_are_kept_for_pans_zooms_and_sizes(walker_gpu, no_new_kernels, prospero_96):
     """Images inside the kept cells' rectangle, at any size, prune nothing; a rectangle beyond
     it, another plane, another tape, an edit or another pass in between prune again. Every
     image is field_image's (computed first: field_image is another pass)."""
-    tape = prospero_96[0]
+    tape, full = prospero_96
+    n, whole = full.shape[0], grid_rect(full.shape[0])
     other = load_vm(DATA / "quarter.vm")
-    views = [(tape, 48, 40, (-1.0, 1.0, -1.0, 1.0), 0.0), (tape, 30, 64, (-0.6, 0.2, -0.9, 0.7), 0.0),
-             (tape, 96, 96, (-1.0, 1.0, -1.0, 1.0), 0.0), (tape, 32, 32, (-1.2, 0.0, -1.0, 1.0), 0.0),
+    views = [(tape, 48, 40, whole, 0.0), (tape, 30, 64, (-0.6, 0.2, -0.9, 0.7), 0.0),
+             (tape, n, n, whole, 0.0), (tape, 32, 32, (-1.2, 0.0, -1.0, 1.0), 0.0),
              (tape, 32, 32, (-1.0, -0.5, -0.2, 0.3), 0.25), (other, 40, 40, (-1.0, 0.0, -1.0, 0.0), 0.25)]
-    refs = [walker_gpu.field_image(t, w, h, r, z) < 0 for t, w, h, r, z in views]
-    walker_gpu._kept_cells = None
+    refs = [full < 0 if t is tape and (w, h, r, z) == (n, n, whole, 0.0) else walker_gpu.field_image(t, w, h, r, z) < 0
+            for t, w, h, r, z in views]
+    walker_gpu.drop_kept_cells()
     builds = []
     for (t, w, h, r, z), ref in zip(views, refs):
         np.testing.assert_array_equal(walker_gpu.sign_image(t, w, h, r, z, cells=(3, 2)), ref)
@@ -350,6 +358,7 @@ def test_image_cells_are_kept_for_pans_zooms_and_sizes(walker_gpu, no_new_kernel
     assert walker_gpu.image_cell_builds == b0 + 5
 
 
+@pytest.mark.slow
 def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walker_gpu, no_new_kernels,
                                                                            prospero_96):
     """Pruning renumbers the finest level's tapes' registers (values die where last read):
@@ -380,6 +389,7 @@ def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walk
     assert walker_gpu._kept_cells[2] == 16 and walker_gpu.register_refusals == refused + 1
 
 
+@pytest.mark.slow
 def test_the_pruned_images_pixel_pass_runs_in_the_variant_its_finest_tapes_need(walker_gpu, no_new_kernels,
                                                                                 prospero_96, monkeypatch):
     """Per-call tiles: the pixel pass's variant holds the finest tiles' registers (24 of 189 at 2
@@ -402,11 +412,12 @@ def test_the_pruned_images_pixel_pass_runs_in_the_variant_its_finest_tapes_need(
     assert walker_gpu.register_refusals == refused + 2
 
 
+@pytest.mark.slow
 def test_image_cells_grow_a_small_arena_and_check_their_arguments(walker_gpu, no_new_kernels, prospero_96,
                                                                   monkeypatch):
     tape, full = prospero_96
     n = full.shape[0]
-    walker_gpu._kept_cells = None
+    walker_gpu.drop_kept_cells()
     monkeypatch.setattr(walker_gpu, "_cell_arena_words", 1000)
     pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(4, 2))
     np.testing.assert_array_equal(bits(pruned), bits(full))
@@ -447,6 +458,7 @@ def _same(a, b):
     return (bits(a) == bits(b)) | (np.isnan(a) & np.isnan(b))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,cells,levels", [("quarter", 64, 1), ("hi", 16, 2), ("sphere", 8, 3),
                                                 ("tanglecube", 27, 2), ("prospero", 64, 2)])
 def test_models_evaluate_pruned_is_bit_identical_to_evaluate(walker_gpu, no_new_kernels, model, cells, levels):
@@ -477,6 +489,7 @@ def test_random_tapes_evaluate_pruned_is_bit_identical(walker_gpu, no_new_kernel
     np.testing.assert_array_equal(mp, m)
 
 
+@pytest.mark.slow
 def test_evaluate_pruned_prunes_and_finer_levels_prune_further(walker_gpu, no_new_kernels):
     """1M-point bench geometry, small: points in [-1, 1]^2 x {0} on prospero."""
     tape = load_vm(DATA / "prospero.vm")
@@ -493,6 +506,7 @@ def test_evaluate_pruned_prunes_and_finer_levels_prune_further(walker_gpu, no_ne
     np.testing.assert_array_equal(bits(walker_gpu.evaluate_pruned(tape, pts)[0]), bits(d))   # defaults
 
 
+@pytest.mark.slow
 def test_evaluate_pruned_grows_a_small_arena(walker_gpu, no_new_kernels, monkeypatch):
     tape = load_vm(DATA / "prospero.vm")
     pts = _points(np.random.default_rng(3), 500, plane=True)
@@ -540,12 +554,26 @@ def spheres_60():
     return load_vm(spheres_program(60, seed=2))
 
 
+@pytest.fixture(scope="module")
+def spheres_60_unpruned(walker_gpu, spheres_60):
+    """spheres_60's unpruned light per view (40 x 30, auto camera), made on first need: each
+    cells case compares with the same image."""
+    from taperay.runtime.camera import auto_camera
+    cam, made = auto_camera(spheres_60.bounds), {}
+
+    def light(view):
+        if view not in made:
+            made[view] = walker_gpu.light(spheres_60, cam, 40, 30, view=view, settings=EXACT, cells=None)
+        return cam, made[view]
+    return light
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("cells", [(1, 1), (4, 1), (3, 2), (2, 3)])
 @pytest.mark.parametrize("view", ["shade", "section"])
-def test_march_and_light_on_cells_are_bit_identical(walker_gpu, no_new_kernels, spheres_60, cells, view):
-    from taperay.runtime.camera import auto_camera
-    cam = auto_camera(spheres_60.bounds)
-    full = walker_gpu.light(spheres_60, cam, 40, 30, view=view, settings=EXACT, cells=None)
+def test_march_and_light_on_cells_are_bit_identical(walker_gpu, no_new_kernels, spheres_60, spheres_60_unpruned,
+                                                     cells, view):
+    cam, full = spheres_60_unpruned(view)
     assert full["hit"].mean() > 0.03
     assert _same_bits(walker_gpu.light(spheres_60, cam, 40, 30, view=view, settings=EXACT, cells=cells), full)
 
@@ -569,11 +597,12 @@ def test_random_tapes_march_on_cells_is_bit_identical(walker_gpu, no_new_kernels
     assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=(3, 2)), full)
 
 
+@pytest.mark.slow
 def test_render_on_cells_is_the_unpruned_image_and_cells_prune(walker_gpu, no_new_kernels, spheres_60):
     for view in ("shade", "normals", "steps"):
         kw = dict(view=view, samples=2, settings=EXACT)
-        np.testing.assert_array_equal(walker_gpu.render(spheres_60, None, 40, 30, **kw),
-                                      walker_gpu.render(spheres_60, None, 40, 30, cells=None, **kw))
+        np.testing.assert_array_equal(walker_gpu.render(spheres_60, None, 32, 24, **kw),
+                                      walker_gpu.render(spheres_60, None, 32, 24, cells=None, **kw))
     levels = walker_gpu.march_cell_levels(spheres_60, cells=(4, 2))
     assert [lv["cells"] for lv in levels] == [65, 65 * 64]
     assert levels[0]["with_tape"] == 65 and levels[1]["with_tape"] == 64 * 64   # (not the outside cell's)
@@ -581,6 +610,7 @@ def test_render_on_cells_is_the_unpruned_image_and_cells_prune(walker_gpu, no_ne
     assert levels[0]["mean_length"] < 0.7 * n and levels[1]["mean_length"] < 0.2 * n
 
 
+@pytest.mark.slow
 def test_march_cells_grow_a_small_arena(walker_gpu, no_new_kernels, spheres_60, monkeypatch):
     from taperay.runtime.camera import auto_camera
     cam = auto_camera(spheres_60.bounds)
@@ -604,6 +634,7 @@ def test_march_cells_choice_and_bad_cells(walker_gpu, spheres_60):
         walker_gpu.march_cell_levels(load_vm(DATA / "sphere.vm"), cells=None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("view", ["shade", "section"])
 def test_fields_with_materials_march_on_cells_bit_identical(walker_gpu, no_new_kernels, view):
     """Scene fields (arithmetic records closed by FIELD_RESULT with a material: a level-3 Menger
@@ -630,6 +661,7 @@ def test_fields_with_materials_march_on_cells_bit_identical(walker_gpu, no_new_k
     assert fine["mean_length"] < 0.8 * len(tape.instrs)   # the union decided in most cells
 
 
+@pytest.mark.slow
 def test_frames_keep_their_cells_until_something_else_runs(walker_gpu, no_new_kernels, spheres_60, monkeypatch):
     """A second frame of the same tape and settings (another camera) re-uses the pruned cells;
     another size, another pass in between, another tape or an edit makes the next frame prune
@@ -639,18 +671,18 @@ def test_frames_keep_their_cells_until_something_else_runs(walker_gpu, no_new_ke
     pruned, frames = [], []
     real = type(walker_gpu)._prune_cells
     monkeypatch.setattr(type(walker_gpu), "_prune_cells", lambda self, *a: pruned.append(1) or real(self, *a))
-    walker_gpu._kept_cells = None
+    walker_gpu.drop_kept_cells()
     cams = [Camera(eye=(3, -2.5, 2), target=(0, 0, 0)), Camera(eye=(-2, -3, 1.5), target=(0.1, 0, 0))]
     other = load_vm(spheres_program(50, seed=5))
 
-    def frame(cam, size=(32, 24), tape=spheres_60):
+    def frame(cam, size=(24, 18), tape=spheres_60):
         frames.append((walker_gpu.render(tape, cam, *size, settings=EXACT), tape, cam, size))
         return len(pruned)
 
     assert frame(cams[0]) == 1 and frame(cams[1]) == 1          # kept: another camera, no pruning
-    assert frame(cams[0], (24, 20)) == 2                        # another size
+    assert frame(cams[0], (16, 12)) == 2                        # another size
     walker_gpu.evaluate(spheres_60, np.zeros((10, 3), np.float32))
-    assert frame(cams[0], (24, 20)) == 3                        # another pass ran in between
+    assert frame(cams[0], (16, 12)) == 3                        # another pass ran in between
     assert frame(cams[1], tape=other) == 4                      # another tape
     assert frame(cams[0], tape=other) == 4
     walker_gpu.upload(spheres_60)                               # tape buffers written (as an edit does)
@@ -677,7 +709,7 @@ def _steps_and_serial(walker, run):
     out, default = [], walker.wave_max_tiles
     for most in (1 << 30, 0):
         walker.wave_max_tiles = most
-        walker._kept_cells = None
+        walker.drop_kept_cells()
         out.append(run())
     walker.wave_max_tiles = default
     return out
@@ -696,6 +728,7 @@ def _varying_random_tape(walker_cpu, seed: int, rect) -> Tape:
         seed += 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(12))
 def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, walker_cpu, no_new_kernels, case):
     """prune_wave's level 0 (and so every level after it) equals prune_tiles' serial walks': the
@@ -724,6 +757,7 @@ def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, wal
     assert sum(len(words) for *_, words in steps) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(4))
 def test_march_cells_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, no_new_kernels, case):
     """prune_cells takes the union rule on the levels after the first only, so its march cells'
@@ -759,6 +793,7 @@ def test_the_outside_cell_does_not_count_against_the_steps_tile_limit(walker_gpu
     assert real(tape, "prune_tiles", [1024])[0][0] == "prune_wave"
 
 
+@pytest.mark.slow
 def test_tapes_the_steps_cannot_hold_are_pruned_by_the_serial_walks(walker_gpu, no_new_kernels):
     """A tape keeping more than WAVE_SLOTS values alive at once has no schedule: level 0 is the
     serial walks', the image exact. Here: 1,024 values of a chain v <- v + c, one step after
@@ -826,6 +861,7 @@ def test_image_cells_pruned_again_compare_no_buffer(walker_gpu, no_new_kernels, 
 
 
 # ---- empty-space skipping (RenderSettings.cell_skip): the twin's rule on the GPU
+@pytest.mark.slow
 def test_cell_skipping_takes_the_twins_steps(walker_gpu, no_new_kernels, spheres_60):
     """With cell_skip on, the GPU's march and light on cells of the twin's grid (4, 2) take the
     twin's steps (march_pruned / light_pruned: the same cells, intervals and rule) pixel for
@@ -849,6 +885,7 @@ def test_cell_skipping_takes_the_twins_steps(walker_gpu, no_new_kernels, spheres
     assert (gpu["shadow"] != light["shadow"]).mean() <= 0.002
 
 
+@pytest.mark.slow
 def test_a_hit_cone_takes_the_twins_steps(walker_gpu, walker_cpu, no_new_kernels, spheres_60):
     """RenderSettings.hit_cone (a uniform: no new pipeline): the GPU's march on the tape's own
     records and on cells of the twin's grid (4, 2), with and without cell skipping, takes the

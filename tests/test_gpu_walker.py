@@ -170,6 +170,7 @@ def _long_tape(n_spheres):
     return b.tape(C._materials(rng), [[-1.6] * 3, [1.6] * 3], "long tape")
 
 
+@pytest.mark.slow
 def test_long_tape_march_resumes_and_matches_the_twin(walker_gpu, walker_cpu):
     """1201 records x up to 47 steps: more loop iterations than lavapipe runs in one invocation,
     so the march saves its state and is dispatched again."""
@@ -184,6 +185,7 @@ def test_long_tape_march_resumes_and_matches_the_twin(walker_gpu, walker_cpu):
         assert walker_gpu.resumed_dispatches > before
 
 
+@pytest.mark.slow
 def test_an_evaluation_past_the_iteration_cap_is_refused(walker_gpu):
     if not walker_gpu.info["software"]:
         pytest.skip("hardware adapters have no per-invocation loop limit")
@@ -313,18 +315,20 @@ def test_uploads_write_differences_and_grow_buffers_by_doubling(walker_gpu, scen
 
 
 # ---------------------------------------------------------------------------------- failure
+@pytest.mark.slow
 def test_device_loss_is_a_taperay_error_and_the_next_call_rebuilds(walker_gpu, walker_cpu, scene):
     pts = _points(8, seed=7)
     walker_gpu.evaluate(scene, pts)
-    old = walker_gpu._ctx
-    old.device.destroy()
+    old = walker_gpu.device
+    old.destroy()
     with pytest.raises(gpu.GpuError, match="the GPU failed"):
         walker_gpu.evaluate(scene, pts)
     d = walker_gpu.evaluate(scene, pts)[0]      # a new device and kernel set
-    assert walker_gpu._ctx is not old
+    assert walker_gpu.device is not old
     assert _agree(scene, walker_cpu.evaluate(scene, pts)[0], d)
 
 
+@pytest.mark.slow
 def test_self_check_passes_here_and_catches_a_wrong_gpu(walker_gpu):
     check = C.gpu_self_check(walker_gpu)
     assert check.passed, str(check)
