@@ -10,8 +10,9 @@ material and march box are the walkers' own (RenderSettings, twin._trace / _grad
 kernels_render.wgsl trace_step / tetra); nothing here changes shader text.
 
 Integrator (both walkers): per pixel and sample, a primary ray through the pixel jittered
-uniformly over its area; at each hit a diffuse surface of the material's colour (the
-cosine-weighted bounce's weight is the albedo), the next ray cosine-weighted about the normal
+uniformly over its area; at each hit the material's emission (``PathSettings.emission``, by
+material name: the material record holds no emission) times the throughput is added, then a
+diffuse surface of the material's colour (the cosine-weighted bounce's weight is the albedo), the next ray cosine-weighted about the normal
 from p + 4 hit_eps n; a ray that leaves the march box or spends max_steps sees the constant
 environment. Russian roulette from bounce ``roulette_from`` on (survival max(throughput)
 capped at 0.95); a path ends, absorbed, after ``max_bounces`` hits. Random numbers: the PCG hash
@@ -24,7 +25,7 @@ error from the samples themselves.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
@@ -48,6 +49,8 @@ class PathSettings:
     max_bounces: int = 8            # hits after which a path ends (absorbed)
     roulette_from: int = 3          # Russian roulette at bounces >= this
     seed: int = 0                   # the random sequence (< 2^24)
+    # material name -> the radiance its surfaces emit (linear RGB); the others emit none
+    emission: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     def __post_init__(self):
         env = np.asarray(self.environment, float)
@@ -57,6 +60,21 @@ class PathSettings:
             raise TaperayError("path settings: max_bounces and roulette_from must lie in 1..1024")
         if not (0 <= self.seed < 1 << 24):
             raise TaperayError(f"path settings: seed {self.seed} must lie in 0..2^24-1")
+        for name, rgb in self.emission.items():
+            e = np.asarray(rgb, float)
+            if e.shape != (3,) or not np.all(np.isfinite(e)) or np.any(e < 0):
+                raise TaperayError(f"path settings: emission of {name!r} {rgb} must be 3 finite values >= 0")
+
+    def emission_table(self, tape: Tape) -> np.ndarray:
+        """(materials, 3) float32: each material id's emitted radiance (tape.material_names)."""
+        table = np.zeros((max(len(tape.materials), 1), 3), F32)
+        names = list(tape.material_names)
+        for name, rgb in self.emission.items():
+            if name not in names:
+                raise TaperayError(f"path settings: no material named {name!r} to emit "
+                                   f"(have: {', '.join(n for n in names if n) or 'none'})")
+            table[[i for i, n in enumerate(names) if n == name]] = rgb
+        return table
 
 
 # ----------------------------------------------------------------------------- sampler
@@ -94,7 +112,7 @@ def _cosine_dir(n0, n1, n2, u1, u2):
 
 # ----------------------------------------------------------------------------- the twin's kernel
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
-def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, colors, env, max_bounces,
+def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, colors, emit, env, max_bounces,
                  roulette_from, seed, first, count, sums, thread, n_threads):
     """Thread ``thread``'s tiles of samples first .. first+count-1, added into sums (H, W, 4):
     the rays of a tile's sample are traced together, one bounce at a time (twin._trace), the
@@ -159,7 +177,9 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, co
                         continue
                     nx, ny, nz = grad[0, q] / gl, grad[1, q] / gl, grad[2, q] / gl
                     c = colors[min(mat[q], n_mat - 1)]
+                    e = emit[min(mat[q], n_mat - 1)]
                     for r in range(3):
+                        rad[r, q] += thr[r, q] * e[r]
                         thr[r, q] *= c[r]
                     if bounce >= max_bounces:
                         _finish(sums, pix, rad, q)
@@ -211,7 +231,8 @@ def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: Re
     twin._on_threads(_path_kernel, twin._kernel_tape(tape), tape.n_regs, twin._section(packed), camera.pack(),
                      twin._packed(packed, "box_lo", "box_hi").reshape(2, 3), twin._packed(packed, "hit_eps"),
                      twin._packed(packed, "normal_eps"), int(twin._packed(packed, "max_steps")),
-                     twin._packed(packed, "step_scale"), colors, np.asarray(path.environment, F32),
+                     twin._packed(packed, "step_scale"), colors, path.emission_table(tape),
+                     np.asarray(path.environment, F32),
                      path.max_bounces, path.roulette_from, path.seed, first, count, sums)
     return sums
 

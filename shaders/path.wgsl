@@ -2,14 +2,16 @@
 // integrator on the same random numbers). Concatenated after kernels_render.wgsl (camera_dir,
 // eye, slab, Trace, trace_step, ray_point, tetra). One invocation traces one sample of pixel i:
 // a jittered primary ray, sphere-traced through the tape (RenderSettings' march: hit_eps,
-// step_scale, max_steps, the march box); at a hit the normal by the tetrahedron taps (normal_eps),
-// the throughput times the material's colour (a diffuse, Lambertian surface: the
+// step_scale, max_steps, the march box); at a hit the material's emission times the throughput
+// is added, the normal taken by the tetrahedron taps (normal_eps), the throughput times the
+// material's colour (a diffuse, Lambertian surface: the
 // cosine-weighted bounce's weight is the albedo), a cosine-weighted bounce from p + 4 hit_eps n;
 // a ray that leaves the box or spends its steps sees the constant environment. Russian roulette
 // from bounce U.extra.x on (survival max(throughput) capped at 0.95, the survivors divided by
 // it); at most U.rect.w bounces (the path ends after them, absorbed).
 // Uniforms: U.sample the sample's index; U.rect.xyz the environment's radiance; U.extra.y the
 // first sample of this accumulation (it clears accum), U.extra.z the sequence's seed.
+// points[3 m ..]: material m's emitted radiance rgb (PathSettings.emission_table).
 // accum[i] = (sum of the samples' radiance rgb, sum of the squares of their mean over rgb).
 // One field evaluation per loop iteration (phase 0 tracing, 1..4 the gradient's taps), so the
 // interpreter is inlined once. Not resumable: a path whose evaluations pass U.iter_cap counts an
@@ -116,7 +118,9 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             break;
         }
         let n = g / gl;
-        thr = thr * materials[min(tr.mat, n_mat - 1u)].color;
+        let m = min(tr.mat, n_mat - 1u);
+        rad += thr * vec3<f32>(points[3u * m], points[3u * m + 1u], points[3u * m + 2u]);
+        thr = thr * materials[m].color;
         bounce += 1u;
         if (bounce >= max_bounces) {
             break;

@@ -58,13 +58,14 @@ def test_white_furnace_gpu(walker_gpu):
 
 @pytest.mark.gpu
 def test_gpu_agrees_with_twin_within_noise(walker_gpu, walker_cpu):
-    """Independent sequences (seed 1 on the GPU, seed 2 on the twin) at the same spp: per-tile
-    luminance means within 4 combined standard errors on >= 99 % of 4x4 tiles."""
+    """Independent sequences (seed 1 on the GPU, seed 2 on the twin) at the same spp, an emitting
+    sphere and the environment: per-tile luminance means within 4 combined standard errors on
+    >= 99 % of 4x4 tiles."""
     tape = _coloured_scene()
     cam = auto_camera(tape.bounds)
-    env = PathSettings(environment=(1.0, 0.95, 0.9), seed=1)
-    g = PathImage(walker_gpu, tape, cam, W, H, path=env).add(16)
-    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=(1.0, 0.95, 0.9), seed=2)).add(16)
+    light = dict(environment=(0.5, 0.45, 0.4), emission={"blue": (2.0, 2.0, 2.5)})
+    g = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(**light, seed=1)).add(16)
+    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(**light, seed=2)).add(16)
     (mg, sg), (mc, sc) = g.tile_stats(4), c.tile_stats(4)
     assert np.mean(sg > 0) > 0.5           # (most tiles hold noise: the test is statistical)
     ok = np.abs(mg - mc) <= 4 * np.hypot(sg, sc) + ROUNDING
@@ -81,6 +82,26 @@ def test_gpu_and_twin_draw_the_same_samples(walker_gpu, walker_cpu):
     c = PathImage(walker_cpu, tape, cam, W, H).add(2).mean()
     same = np.all(np.abs(g - c) <= 1e-4, axis=-1)
     assert same.mean() >= 0.99, same.mean()
+
+
+def _emitter(walker):
+    """A black sphere emitting (2, 1, 0.5) in a black environment: the centre pixel's every sample
+    hits it, so its mean is the emission exactly; a corner pixel sees nothing."""
+    glow = Material("glow", color=(0.0, 0.0, 0.0))
+    tape = flatten(sphere(1.0).material(glow))
+    path = PathSettings(environment=(0.0, 0.0, 0.0), emission={"glow": (2.0, 1.0, 0.5)})
+    m = PathImage(walker, tape, None, 16, 16, path=path).add(4).mean()
+    np.testing.assert_allclose(m[8, 8], (2.0, 1.0, 0.5), rtol=1e-6)
+    np.testing.assert_array_equal(m[0, 0], 0.0)
+
+
+def test_emission_twin(walker_cpu):
+    _emitter(walker_cpu)
+
+
+@pytest.mark.gpu
+def test_emission_gpu(walker_gpu):
+    _emitter(walker_gpu)
 
 
 def test_sequence_is_fixed():
@@ -121,6 +142,10 @@ def test_bad_settings_are_refused(walker_cpu):
         PathSettings(environment=(1, -1, 0))
     with pytest.raises(TaperayError, match="max_bounces"):
         PathSettings(max_bounces=0)
+    with pytest.raises(TaperayError, match="no material named 'lamp'"):
+        PathSettings(emission={"lamp": (1, 1, 1)}).emission_table(_coloured_scene())
+    with pytest.raises(TaperayError, match="emission"):
+        PathSettings(emission={"red": (1, 1)})
     with pytest.raises(TaperayError, match="no samples"):
         PathImage(walker_cpu, _coloured_scene(), None, 8, 8).mean()
 
