@@ -12,8 +12,8 @@ cold compile happens once per user and source version.
 ``show_compile_progress()`` (``CpuWalker(progress=True)``, the command line's walker) writes
 ``compiling CPU kernels [#####---] 1/2  31.0 s of ~60 s`` on stderr while Numba compiles a kernel
 for more than ``PROGRESS_AFTER_SECONDS``: gpu_device's build line, moving by the clock against
-``COLD_COMPILE_SECONDS``, the measured cold compile of each top-level kernel. A load from the
-disk cache compiles nothing and shows nothing.
+``COLD_COMPILE_SECONDS``, the measured cold compile of each top-level kernel (stderr not a
+terminal: the finished line alone). A load from the disk cache compiles nothing and shows nothing.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ __all__ = ["user_cache_dir", "numba_cache_dir", "show_compile_progress", "COLD_C
 PROGRESS_AFTER_SECONDS = 1.0    # a compile shorter than this shows no line
 # seconds of a cold compile of each top-level kernel, measured (2-core EPYC, docs/PERFORMANCE.md
 # "Cold compile"); the progress line's prediction, the default for a kernel not listed
-COLD_COMPILE_SECONDS = {"_march_kernel": 30.0, "_light_kernel": 20.0, "_eval_kernel": 20.0}
+COLD_COMPILE_SECONDS = {"_march_kernel": 40.0, "_light_kernel": 10.0, "_eval_kernel": 15.0, "_cull_saves": 8.0}
 COLD_COMPILE_DEFAULT = 3.0
 
 
@@ -96,7 +96,8 @@ class _CompileWatch(event.Listener):
                 line.t0 = t0
             if line is not None:
                 line.total, line.predicted = started, predicted
-                line.update(finished)
+                if sys.stderr.isatty():          # (in a log: the finished line alone)
+                    line.update(finished)
         if line is not None:
             line.finish()
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import jit_cache  # noqa: F401  (Numba's cache folder: set before the kernels below)
 from .tape import Tape, TaperayError
@@ -255,13 +255,15 @@ def compose(view: str, packed: np.ndarray, materials: np.ndarray, camera_pack: n
     return out
 
 
-@njit(parallel=True, cache=True, error_model="numpy", fastmath=False)
+# Serial loops: a frame's shading takes milliseconds, and a parallel loop's wrappers cost its cold
+# compile seconds (docs/PERFORMANCE.md, cold compile).
+@njit(cache=True, error_model="numpy", fastmath=False)
 def _shade(hit, grad, mat, shadow, ao, dirs, color, rough, lights, specular, out):
     """compose's shade formula (its docstring), float64, pixel by pixel into out (H, W, 3): lights
     rows key_dir, fill_dir, sky, ground, key_color, fill_color, background."""
     key, fill, sky, ground, key_col, fill_col, bg = (lights[0], lights[1], lights[2], lights[3], lights[4],
                                                      lights[5], lights[6])
-    for row in prange(hit.shape[0]):
+    for row in range(hit.shape[0]):
         for col in range(hit.shape[1]):
             if not hit[row, col]:
                 for c in range(3):
@@ -307,9 +309,9 @@ def to_rgb8(colors: np.ndarray) -> np.ndarray:
     return out
 
 
-@njit(parallel=True, cache=True, error_model="numpy", fastmath=False)
+@njit(cache=True, error_model="numpy", fastmath=False)      # (serial, as _shade)
 def _rgb8(x, out):
-    for i in prange(x.shape[0]):
+    for i in range(x.shape[0]):
         v = x[i]
         if not v > 0:          # (NaN too)
             v = 0.0

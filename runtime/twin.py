@@ -74,6 +74,7 @@ import numba
 import numpy as np
 from numba import njit
 
+from . import jit_cache  # noqa: F401  (Numba's cache folder: set before the kernels below)
 from .camera import Camera
 from .opcodes import OPS, Op, check_numba_constants
 from .shading import RenderSettings, unpack
@@ -182,6 +183,10 @@ REACH_REL, REACH_POS = _f(INSTANCE_REACH_REL), _f(INSTANCE_REACH_POS)   # INSTAN
 TWO_PI = _f(2 * np.pi)
 TWO_24 = 16777216.0            # float64: below it an integer quotient times a float32 is exact
 _JIT = dict(cache=True, error_model="numpy", fastmath=False)
+# The drivers between a kernel and _run_block (_field, _trace, _gradients, _tile_setup) are inlined
+# into their callers in Numba's IR (inline="always"): a jitted function of its own is compiled with
+# everything it calls linked in, re-optimised and turned into machine code, so each such level
+# compiled the interpreter once more (a quarter of a cold compile: PERFORMANCE.md, cold compile).
 # An int literal (or a counter that starts as one: ``n = 0; n += 1``) passed to a jitted function
 # makes Numba compile that function, and everything it calls with the argument, once more for the
 # literal type (Literal[int](0)) besides int64. So such arguments and counters are np.int64(...):
@@ -1319,7 +1324,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
 
 
 # ----------------------------------------------------------------------------- drivers
-@njit(**_JIT)
+@njit(inline="always", **_JIT)
 def _field(tp, n, ws, ws1, sec):
     """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0)."""
     cols, params, bvhf, bvhi, inst, csidx, csregs, _ = tp
@@ -1368,7 +1373,7 @@ def _hit_threshold(eps, cone, t):
     return max(eps, cone * t) if cone > 0 else eps
 
 
-@njit(**_JIT)
+@njit(inline="always", **_JIT)
 def _trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, cone, max_steps, step_scale, soft_k,
            steps, hit, mat, res, idx, rhint):
     """Sphere-trace n rays from t to tfar: hit when f < eps, or with cone > 0 when f <
@@ -1432,7 +1437,7 @@ def _slab(o, d, box):
 _TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
 
 
-@njit(**_JIT)
+@njit(inline="always", **_JIT)
 def _gradients(tp, sec, ws, ws1, n, px, neps, grad):
     """grad[:, i] = sum_k k f(px_i + neps k) / (4 neps) over the tetrahedron taps k."""
     pin, out_d = ws[WS_PIN], ws[WS_OUT_D]
@@ -1460,7 +1465,7 @@ def _tile_count(dirs):
     return ((dirs.shape[1] + _TW - 1) // _TW) * ((dirs.shape[0] + _TH - 1) // _TH)
 
 
-@njit(**_JIT)
+@njit(inline="always", **_JIT)
 def _tile_setup(tile, dirs, n_regs, n_save):
     """Tile ``tile`` (row-major) of the march / light kernels: its pixel rows r0:r1 and columns
     c0:c1 and its scratch: (r0, r1, c0, c1, ws, ws1, ro, rd, v3, t, tfar, steps, hit, mat, res,

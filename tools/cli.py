@@ -172,7 +172,7 @@ def cmd_render(args) -> int:
         walker = choose_walker(args.walker, log=notes.append, progress=True, step=step)
     waited = _pipeline_seconds(walker)
 
-    def frame(wk):
+    def frame(wk, w=w, h=h):
         if args.two_d:
             if wk.name == "gpu":      # (tile levels for the balanced chains)
                 from taperay.runtime.gpu_pruning import image_tiles
@@ -187,6 +187,9 @@ def cmd_render(args) -> int:
             return PathImage(wk, tape, cam, w, h).add(args.spp).rgb8()
         return wk.render(tape, cam, w, h, settings=settings, view=args.view)
 
+    if walker.name == "cpu":   # the twin's first compile (or its load from the disk cache) on a 2x2
+        with watch.stage("compile"):    # frame, outside the spinner, so that its progress line shows
+            frame(walker, 2, 2)
     with step(f"rendering {w}x{h}"), watch.stage("frame"):
         walker, rgb = run_on(walker, args.walker, frame, log=notes.append)
     _split_pipelines(watch, "frame", _pipeline_seconds(walker) - waited)

@@ -1,6 +1,6 @@
 # Sourced by run.sh and test.sh: the setup steps they share (bash, set -euo pipefail).
 #   ensure_venv SPEC      create .venv (installing python3-venv with apt if Debian lacks it) and
-#                         pip install -e SPEC into it
+#                         pip install -e SPEC into it (again only when pyproject.toml changed)
 #   ensure_vulkan         install Mesa's Vulkan drivers (lavapipe) with apt when no Vulkan driver is
 #                         present; without apt, warn and go on (GPU tests then fail in CI mode)
 #   ensure_runtime_dir    XDG_RUNTIME_DIR for wgpu/Mesa, set when unset
@@ -29,8 +29,14 @@ ensure_venv() {
             python3 -m venv .venv
         fi
     fi
+    # (an editable install follows the sources: pip runs again only when pyproject.toml changed since
+    # SPEC was last installed, so a later ./run.sh spends no seconds on it)
+    local want stamp
+    want="$(cksum < pyproject.toml)"
+    stamp=".venv/.installed-$(printf %s "$1" | tr -c 'A-Za-z0-9' _)"
+    [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return 0
     echo "setup: pip install -e $1 into .venv" >&2
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$1"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$1" && echo "$want" > "$stamp"
 }
 
 has_vulkan_driver() {
