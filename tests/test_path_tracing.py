@@ -179,3 +179,15 @@ def test_cli_renders_the_path_view(capsys, tmp_path, walker_name, request):
     for bad in (["--spp", "0"], ["--cone", "1"]):
         assert cli.main(["render", str(scene), "-o", str(out), "--view", "path", *bad]) == 2
         assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_path_samples_leave_other_gpu_work_alone(walker_gpu):
+    """The path kernel's emission table shares the points buffer with the pruned passes: a render
+    on pruned cells and an evaluation after a path sample equal those before it."""
+    tape = _coloured_scene()
+    pts = np.array([[0.0, 0.0, 0.7], [1.0, 1.0, 1.0]], np.float32)
+    before = walker_gpu.render(tape, None, 24, 16, cells=(8, 2)), walker_gpu.evaluate(tape, pts)[0]
+    PathImage(walker_gpu, tape, None, 24, 16, path=PathSettings(emission={"red": (1.0, 1.0, 1.0)})).add(1)
+    np.testing.assert_array_equal(walker_gpu.render(tape, None, 24, 16, cells=(8, 2)), before[0])
+    np.testing.assert_array_equal(walker_gpu.evaluate(tape, pts)[0], before[1])
