@@ -605,9 +605,10 @@ class GpuWalker(PrunedPasses):
                      settings: RenderSettings | None, path, first: int, count: int) -> np.ndarray:
         """(H, W, 4) float32 sums over samples first .. first+count-1 of the path tracer
         (shaders/path.wgsl; ``path`` a runtime.path_tracing.PathSettings): radiance rgb and the
-        square of each sample's mean over rgb. The materials' emission goes in the points buffer. One dispatch of the path kernel per sample, on the
-        tape's own records (no pruned cells); a path whose evaluations pass the adapter's
-        iteration cap is a TaperayError, as march's."""
+        square of each sample's mean over rgb. The materials' emission goes in the points
+        buffer. One dispatch of the path kernel per sample, on the tape's own records (no pruned
+        cells); a path whose evaluations pass the adapter's iteration cap is a TaperayError, as
+        march's."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
         self._points.sync(path.emission_table(tape).reshape(-1))    # (path.wgsl reads it as points)
         env = np.asarray(path.environment, np.float32)

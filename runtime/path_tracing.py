@@ -12,12 +12,13 @@ kernels_render.wgsl trace_step / tetra); nothing here changes shader text.
 Integrator (both walkers): per pixel and sample, a primary ray through the pixel jittered
 uniformly over its area; at each hit the material's emission (``PathSettings.emission``, by
 material name: the material record holds no emission) times the throughput is added, then a
-diffuse surface of the material's colour (the cosine-weighted bounce's weight is the albedo), the next ray cosine-weighted about the normal
-from p + 4 hit_eps n; a ray that leaves the march box or spends max_steps sees the constant
-environment. Russian roulette from bounce ``roulette_from`` on (survival max(throughput)
-capped at 0.95); a path ends, absorbed, after ``max_bounces`` hits. Random numbers: the PCG hash
-(Jarzynski and Olano 2020) chained over (seed, 8 bounce + dimension, sample, pixel), 24 bits
-each; dimensions 0, 1 jitter, 2, 3 the bounce direction, 4 the roulette.
+diffuse surface of the material's colour (the cosine-weighted bounce's weight is the albedo),
+the next ray cosine-weighted about the normal from p + 4 hit_eps n; a ray that leaves the
+march box or spends max_steps sees the constant environment. Russian roulette from bounce
+``roulette_from`` on (survival max(throughput) capped at 0.95); a path ends, absorbed, after
+``max_bounces`` hits. Random numbers: the PCG hash (Jarzynski and Olano 2020) chained over
+(seed, 8 bounce + dimension, sample, pixel), 24 bits each; dimensions 0, 1 jitter, 2, 3 the
+bounce direction, 4 the roulette.
 
 Per pixel the sums hold the radiance's three channels and the square of the samples' mean over
 rgb (``luminance`` here), so that ``PathImage.tile_stats`` gives a tile's mean and its standard

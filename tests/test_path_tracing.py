@@ -167,7 +167,8 @@ def test_cli_renders_the_path_view(capsys, tmp_path, walker_name, request):
     if walker_name == "gpu":
         request.getfixturevalue("walker_gpu")      # (skips, or fails under TAPERAY_REQUIRE_GPU, without one)
     scene = tmp_path / "two.py"
-    scene.write_text("from taperay.scenegraph import box, sphere\nscene = sphere(0.6) | box(0.3).translate(0.7, 0, 0)\n")
+    scene.write_text("from taperay.scenegraph import box, sphere\n"
+                     "scene = sphere(0.6) | box(0.3).translate(0.7, 0, 0)\n")
     out = tmp_path / "path.png"
     assert cli.main(["render", str(scene), "-o", str(out), "--size", "24x16", "--view", "path", "--spp", "3",
                      "--walker", walker_name]) == 0
