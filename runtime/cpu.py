@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import jit_cache, pruning, twin
+from . import compile_progress, pruning, twin
 from .camera import Camera, auto_camera
 from .shading import RenderSettings, compose, to_rgb8
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
@@ -28,9 +28,9 @@ class CpuWalker:
 
     def __init__(self, progress: bool = False):
         """``progress``: show the kernels' first compile on stderr by the clock, for the whole
-        process (runtime.jit_cache.show_compile_progress); a load from the disk cache shows nothing."""
+        process (runtime.compile_progress); a load from the disk cache shows nothing."""
         if progress:
-            jit_cache.show_compile_progress()
+            compile_progress.show_compile_progress()
 
     @staticmethod
     def available() -> bool:

@@ -1,7 +1,7 @@
 """The runtime's Numba kernels are cached in a per-user folder (runtime.jit_cache), which a
 non-editable install into a read-only site-packages can use, and $NUMBA_CACHE_DIR still wins;
-a compile longer than PROGRESS_AFTER_SECONDS shows a line moving by the clock, a load from the
-disk cache none."""
+a compile longer than compile_progress.PROGRESS_AFTER_SECONDS shows a line moving by the clock,
+a load from the disk cache none."""
 import os
 import subprocess
 import sys
@@ -44,9 +44,9 @@ def test_a_compile_shows_its_progress_and_a_cache_load_none(tmp_path):
     """))
     code = textwrap.dedent("""
         import time, numpy as np
-        from taperay.runtime import jit_cache
-        jit_cache.PROGRESS_AFTER_SECONDS = 0.0
-        jit_cache.show_compile_progress()
+        from taperay.runtime import compile_progress
+        compile_progress.PROGRESS_AFTER_SECONDS = 0.0
+        compile_progress.show_compile_progress()
         import kern
         kern.kern(np.ones(4))
         time.sleep(0.5)
