@@ -80,6 +80,7 @@ def assert_agrees_near_and_bounds_elsewhere(d, ref, near, tol):
 
 
 # -- structure ---------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_scene_stands_for_its_declared_instances(scenes, name):
     ns, tape = scenes[name]
@@ -105,6 +106,7 @@ def test_menger_tape_grows_by_a_constant_block_per_level():
     assert np.all(steps == steps[0]) and steps[0] <= 40
 
 
+@pytest.mark.slow
 def test_million_instance_variants_flatten():
     """10^6 bolts (a BVH of 2 * 10^6 - 1 nodes) flatten with no per-instance Python; the plate's
     and the lattice's full scenes are already 10^6 (see the fixture)."""
@@ -114,6 +116,7 @@ def test_million_instance_variants_flatten():
 
 
 # -- culling is exact --------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "bolt_bin"])
 def test_culled_field_equals_unculled_field(scenes, name, walker_cpu):
     ns, tape = scenes[name]
@@ -125,6 +128,7 @@ def test_culled_field_equals_unculled_field(scenes, name, walker_cpu):
     assert np.array_equal(m, m0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_bolts, n_points", [(2_000, 100_000), (100_000, 2_000)])
 def test_bolt_bin_culled_field_equals_unculled_field(n_bolts, n_points, walker_cpu):
     """Unculled, every point tests every instance's box (O(N)): the full 10^5-bolt bin is checked

@@ -70,6 +70,7 @@ class _Skewed:
         return out
 
 
+@pytest.mark.slow
 def test_a_wrong_walker_fails_with_its_first_point_record_and_pixel(walker_cpu):
     tape = C.op_tape(Op.TORUS, np.random.default_rng(1))
     report = C.conform_tape(tape, graded={"skewed": _Skewed(walker_cpu, Op.TORUS, 0.01)}, n_points=64,
@@ -94,6 +95,7 @@ def test_table_renders(walker_cpu):
     assert "per scene" in text and "self-check scene" in text and "yes" in text
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_gpu_conforms_on_random_tapes(walker_gpu):
     report = C.conform_random(2, seed=11, n_points=48, image=(12, 9), graded={"gpu": walker_gpu})

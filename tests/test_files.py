@@ -141,6 +141,7 @@ def test_empty_file(tmp_path):
     _expect_error(p, "empty")
 
 
+@pytest.mark.slow
 def test_every_truncation_is_rejected(tmp_path, good_tape_file):
     data = good_tape_file.read_bytes()
     p = tmp_path / "cut.tape"
@@ -149,6 +150,7 @@ def test_every_truncation_is_rejected(tmp_path, good_tape_file):
         _expect_error(p)
 
 
+@pytest.mark.slow
 def test_every_single_byte_corruption_is_rejected(tmp_path, good_tape_file):
     data = good_tape_file.read_bytes()
     p = tmp_path / "flip.tape"

@@ -122,6 +122,7 @@ def test_prospero_tile_levels_are_bit_identical(walker_gpu, no_new_kernels, pros
     np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), tiles=tiles), full < 0)
 
 
+@pytest.mark.slow
 def test_finer_levels_have_shorter_tapes(walker_gpu, no_new_kernels, prospero_96):
     tape, full = prospero_96
     n = full.shape[0]
@@ -206,6 +207,7 @@ def test_march_cells_take_the_union_rule_on_sub_cells(walker_gpu, no_new_kernels
     assert _same_bits(walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=(1, 2)), full)
 
 
+@pytest.mark.slow
 def test_a_small_arena_is_grown_and_the_image_run_again(walker_gpu, no_new_kernels, prospero_96, monkeypatch):
     tape, full = prospero_96
     n = full.shape[0]

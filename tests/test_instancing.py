@@ -137,6 +137,7 @@ def random_assembly(seed: int, n: int = 300):
                  body.instances(rng.uniform(-spread, spread, (n, 3)), random_quats(rng, n), rng.uniform(0.5, 2.0, n)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_random_assemblies_culled_equal_unculled(seed, walkers_all, walker_cpu):
     """The walk from the representative's bound never changes the field or the material (the
@@ -156,6 +157,7 @@ def test_random_assemblies_culled_equal_unculled(seed, walkers_all, walker_cpu):
     assert np.array_equal(m, m0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_walk_hints_leave_marches_and_light_as_the_twins(seed, walker_gpu, walker_cpu):
     """The GPU walk runs first the leaf that held the last walk's minimum (interpreter.wgsl
@@ -248,6 +250,7 @@ def test_compacted_instance_lists_give_the_values_of_points_alone(seed, walker_c
     assert np.array_equal(d, d1) and np.array_equal(m, m1)
 
 
+@pytest.mark.slow
 def test_leaves_that_tie_give_the_twins_material_on_the_gpu(walker_gpu, walker_cpu):
     """Where two leaves tie exactly, the material is the first leaf's in tree order on the twin.
     The GPU's hinted walks may take the other one; the kernels that write a material must not

@@ -44,11 +44,13 @@ GENERIC_OPS = [op for op in Op if OPS[op].family not in (Family.PATTERN,) and op
                and op is not Op.INSTANCE_INDEX]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", list(Op), ids=lambda o: o.name)
 def test_trace_form_agrees_with_twin_per_op(walker_cpu, walker_trace, op):
     _agree(walker_cpu, walker_trace, C.op_tape(op, np.random.default_rng(int(op))))
 
 
+@pytest.mark.slow
 def test_generic_form_agrees_with_twin_per_op(walker_cpu, walker_generic):
     for op in GENERIC_OPS:
         tape = C.op_tape(op, np.random.default_rng(int(op)))
@@ -56,6 +58,7 @@ def test_generic_form_agrees_with_twin_per_op(walker_cpu, walker_generic):
         _agree(walker_cpu, walker_generic, tape)
 
 
+@pytest.mark.slow
 def test_trace_form_agrees_on_random_and_reference_tapes(walker_cpu, walker_trace):
     for k in range(4):
         _agree(walker_cpu, walker_trace, C.random_tape(np.random.default_rng([7, k])), C.SCENE_PROPAGATION, seed=k)
@@ -77,6 +80,7 @@ def _patterned_scene():
     return smooth_union(plate, ring, k=0.1) | row | bolts
 
 
+@pytest.mark.slow
 def test_both_forms_agree_on_scene_tapes(walker_cpu, walker_trace, walker_generic):
     tape = flatten(_patterned_scene(), source="patterned scene")
     ops = set(tape.op_counts())
@@ -115,6 +119,7 @@ def _with_params(tape: Tape, params: np.ndarray) -> Tape:
     return dataclasses.replace(tape, params=params.astype(np.float32), refit=None)
 
 
+@pytest.mark.slow
 def test_gradients_agree_with_twin_finite_differences(walker_cpu, walker_jax):
     tape = flatten(_smooth_scene(), source="smooth scene")
     pts = _fd_points(tape, walker_cpu)
@@ -137,6 +142,7 @@ def test_gradients_agree_with_twin_finite_differences(walker_cpu, walker_jax):
         np.testing.assert_allclose(g.dnamed[name], g.per_point[name].sum(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_forward_mode_agrees_with_reverse_mode(walker_jax, walker_generic):
     tape = flatten(_smooth_scene(), source="smooth scene")
     rng = np.random.default_rng(9)
@@ -153,6 +159,7 @@ def test_forward_mode_agrees_with_reverse_mode(walker_jax, walker_generic):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_generic_gradients_equal_the_trace_forms(walker_trace, walker_generic):
     tape = flatten(_smooth_scene() - cylinder(0.2, 2.0), source="smooth scene minus a bore")
     pts = np.random.default_rng(4).uniform(-1.2, 1.2, (500, 3)).astype(np.float32)

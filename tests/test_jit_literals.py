@@ -57,6 +57,7 @@ def literal_arguments(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", JIT_MODULES, ids=lambda p: p.name)
 def test_jitted_calls_take_no_int_literals(path):
     assert literal_arguments(path) == []

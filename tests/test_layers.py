@@ -86,6 +86,7 @@ def _package(module: str) -> str:
     return max((p for p in FOLDERS.values() if module == p or module.startswith(p + ".")), key=len)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
 def test_a_layer_imports_only_the_layers_below_it(package):
     bad = [f"{m} imports {n}" for m, deps in import_graph().items() if _package(m) == package

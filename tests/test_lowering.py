@@ -172,6 +172,7 @@ def test_twin_march_pruned_of_a_lowered_scene_is_march_bit_for_bit(walker_cpu, l
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker_cpu):
     before = walker_gpu.stats()
@@ -211,6 +212,7 @@ def test_a_sphere_reads_the_point_from_before_its_rotations(walker_cpu):
     np.testing.assert_allclose(walker_cpu.evaluate(low, pts)[0], walker_cpu.evaluate(turned, pts)[0], rtol=0, atol=TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_gpu_render_falls_back_when_the_lowered_cells_do_not_fit(walker_gpu, monkeypatch):
     import taperay.runtime.gpu as gpu

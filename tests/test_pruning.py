@@ -172,6 +172,7 @@ def _random_box(rng):
     return (c - w).astype(np.float32), (c + w).astype(np.float32)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_tape_interval_contains_values_and_pruning_is_exact(walker_cpu, seed):

@@ -41,6 +41,7 @@ def test_scene_stands_for_its_declared_instances(scene):
     assert tape.instance_count == spec["instances"], name
 
 
+@pytest.mark.slow
 def test_scene_renders_like_its_golden_image(scene, walkers_all, request, tmp_path):
     from PIL import Image
     name, tape, spec = scene

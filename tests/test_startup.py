@@ -40,6 +40,7 @@ def _scene(extra: bool = False):
     return flatten(node.translate(0.1, 0, 0))
 
 
+@pytest.mark.slow
 def test_a_render_makes_only_its_passes_pipelines_and_edits_make_none(fresh_kernels, tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_device, "RATE_FILE", tmp_path / "compile_rate.json")
     walker, ks = fresh_kernels(background=False)
@@ -70,6 +71,7 @@ def test_a_render_makes_only_its_passes_pipelines_and_edits_make_none(fresh_kern
                                                                       gpu_device.DEFAULT_RATE_SOFTWARE)
 
 
+@pytest.mark.slow
 def test_the_background_makes_the_rest_once_and_later_requests_make_none(fresh_kernels, tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_device, "RATE_FILE", tmp_path / "compile_rate.json")
     walker, ks = fresh_kernels(background=True)

@@ -86,6 +86,7 @@ def _validate_or_tape_error(tape: Tape):
     return True
 
 
+@pytest.mark.slow
 @FUZZ
 @given(random_tapes())
 def test_random_tapes_only_raise_tape_errors(tape):
@@ -107,6 +108,7 @@ def mutants(draw) -> Tape:
     return tape
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutants())
 def test_mutated_tapes_only_raise_tape_errors(tape):
@@ -121,6 +123,7 @@ def cpu_walker():
     return walker
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=200)
 @given(mutants())
 def test_mutants_that_pass_validation_run_safely_on_the_cpu_walker(cpu_walker, tape):
@@ -168,6 +171,7 @@ BYTE_EDIT = st.tuples(st.sampled_from(["flip", "insert", "delete", "truncate", "
                       st.integers(0, 10**6), st.integers(0, 255))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.sampled_from(["t0", "t1", "s"]), st.lists(BYTE_EDIT, min_size=1, max_size=4))
 def test_damaged_files_only_raise_taperay_errors(tmp_path, saved, which, edits):
@@ -204,12 +208,14 @@ def _container(kind: str, body) -> bytes:
                          use_bin_type=True)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.sampled_from(["tape", "scene"]), MSGPACK_VALUES)
 def test_random_bodies_with_valid_checksums_only_raise_taperay_errors(tmp_path, kind, body):
     _load_expecting_taperay_error(tmp_path, _container(kind, body))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.sampled_from(["t0", "t1"]), st.sampled_from(
     ["instrs", "params", "materials", "instances", "bvh", "layouts", "n_regs", "bounds", "names",
@@ -220,6 +226,7 @@ def test_tape_bodies_with_one_field_replaced_only_raise_taperay_errors(tmp_path,
     _load_expecting_taperay_error(tmp_path, _container("tape", body))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(MSGPACK_VALUES, st.sampled_from(["kind", "numbers", "children", "material"]))
 def test_scene_bodies_with_one_field_replaced_only_raise_taperay_errors(tmp_path, saved, value, key):

@@ -170,6 +170,7 @@ def test_scene_file_ranges_drive_the_sliders(walker_cpu, tmp_path):
 _GOOD = "from taperay.scenegraph import sphere, box, union\nscene = {body}\n"
 
 
+@pytest.mark.slow
 def test_watch_reruns_the_file_and_keeps_the_last_good_scene(walker_cpu, tmp_path):
     """Saves of the scene file re-run it in a child process: a good save replaces the scene (by a
     new tape), a raising one, an invalid one or one past the timeout leaves the last good scene and
@@ -202,6 +203,7 @@ def test_watch_reruns_the_file_and_keeps_the_last_good_scene(walker_cpu, tmp_pat
     assert len(window.viewer.tape.instrs) == records and np.array_equal(_draw(window), second)
 
 
+@pytest.mark.slow
 def test_view_command_offscreen_reports_edits_and_screenshot(tmp_path, capsys):
     out, shot = tmp_path / "edits.json", tmp_path / "shot.png"
     code = main(["view", "scenes/heat_sink.py", "--walker", "cpu", "--offscreen", "--size", "320x200",
@@ -233,6 +235,7 @@ def test_notebook_viewer_sliders_edit_the_scene(walker_cpu):
     assert box_.window.viewer.params["radius"] == pytest.approx(0.42)
 
 
+@pytest.mark.slow
 def test_window_screenshot_under_xvfb(tmp_path):
     """The real glfw window under Xvfb (``open_window``: the scene loaded in a thread, then the
     window): a frame of the scene with the panel's overlay, read back from the window's own

@@ -134,6 +134,7 @@ def test_tape_computes_the_ssa_program_exactly(model):
     np.testing.assert_array_equal(eval_tape(load_vm(DATA / f"{model}.vm"), pts), eval_ssa(text, pts))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_regs", [64, 16, 8])
 def test_register_budget_recomputes_and_stays_exact(max_regs):
     text = (DATA / "prospero.vm").read_text()
@@ -279,6 +280,7 @@ def _depth(tape) -> int:
     return depth[0]
 
 
+@pytest.mark.slow
 def test_balanced_chains_are_shallow_and_compute_the_same_image(cpu_walker):
     """prospero.vm's union of 665 pieces is one MIN chain: depth 676 as written, and by default;
     balanced (runs of CHAIN_GROUP) far shallower, with the same field, bit for bit."""
@@ -398,6 +400,7 @@ def test_cpu_walker_agrees_with_float64(cpu_walker, model):
     assert np.all(err <= 1e-5 * (1 + np.abs(ref))), float(err.max())
 
 
+@pytest.mark.slow
 def test_prospero_image_matches_the_reference(cpu_walker):
     """The challenge's image: pixel centres at linspace(-1, 1, 1024), row 0 at y = +1, 255 where
     f < 0. field_image puts pixel centres at x0 + (i + 1/2) (x1 - x0) / n, so the rect is widened by
