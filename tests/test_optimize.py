@@ -53,6 +53,7 @@ def _fixed_topology_check(tape, study, mesh, objectives, h):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", [1, 2])
 def test_heat_derivatives_equal_fixed_topology_differences(order):
     """Conduction + volumetric source + convection + a fixed temperature; mean and p-mean
@@ -71,6 +72,7 @@ def _beam(R=None):
                                 plane((-1, 0, 0), -0.1).material(wall), plane((1, 0, 0), 1.8).material(tip)))
 
 
+@pytest.mark.slow
 def test_elasticity_derivatives_equal_fixed_topology_differences():
     """Stiffness, traction, pressure and body force; compliance, p-mean von Mises, mass."""
     tape = _beam()
@@ -84,6 +86,7 @@ def test_elasticity_derivatives_equal_fixed_topology_differences():
         assert ad == pytest.approx(fd, rel=1e-5), (name, nm, ad, fd)
 
 
+@pytest.mark.slow
 def test_sphere_volume_derivative_is_its_area():
     tape = flatten(sphere(Param("r", 0.8)))
     d = evaluate_design(tape, None, [Volume()], resolution=32)
@@ -114,6 +117,7 @@ def _shell_study():
     return Heat(conductivity=3.0, fixed_temperature={"inner": 100.0, "outer": 0.0})
 
 
+@pytest.mark.slow
 def test_shell_mean_temperature_derivative_matches_the_exact_one():
     """TET10; the exact derivative of the exact mean temperature w.r.t. the outer radius."""
     exact = (_shell_mean(1 + 1e-6) - _shell_mean(1 - 1e-6)) / 2e-6
@@ -192,6 +196,7 @@ def test_optimize_a_geometric_objective_reaches_the_bound_with_one_solve_per_des
     assert res.history[0]["iteration"] and res.method == "L-BFGS-B"
 
 
+@pytest.mark.slow
 def test_optimize_with_a_constraint_ends_feasible(tmp_path):
     """Minimise a box's volume (2a) over a in [0.5, 1.5] subject to volume >= 1.5 (bounded
     from below): SLSQP stops on the constraint."""

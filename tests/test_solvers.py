@@ -170,6 +170,7 @@ def test_elasticity_manufactured_solution_converges_at_the_element_order(order, 
     assert abs(rate - expected) < 0.3, (errs, rate)
 
 
+@pytest.mark.slow
 def test_amg_and_direct_solvers_agree():
     m = box_mesh((6, 6, 6), order=2)
     K, f = fem.elasticity_system(m.nodes, m.elements, 1.0, 0.3, (0.0, 0.0, -1.0))
@@ -225,6 +226,7 @@ def test_example_scenes_give_watertight_surfaces(name):
 
 # ---------------------------------------------------------------- TetGen
 
+@pytest.mark.slow
 def test_tetgen_fills_a_surface_and_leaves_cavities_empty():
     s = mesh_surface(flatten(difference(sphere(1.0), sphere(0.5))), 24)
     m = tet_mesh(s)
@@ -418,6 +420,7 @@ def _lame_rms_error(resolution, a=0.5, b=1.0, E=1000.0, nu=0.3, p=1.0):
     return np.sqrt(np.mean((ur - exact(r)) ** 2)) / exact(a), tangential / exact(a)
 
 
+@pytest.mark.slow
 def test_thick_sphere_under_internal_pressure_matches_lame_and_converges():
     """TET10, resolution 8 -> 12 (about 4,000 and 12,000 nodes). Measured: RMS 3.3 % -> 0.40 %
     (0.28 % at 16), tangential 10 % -> 3.6 % (largest at single cavity nodes; the cavity, 2-3 cells
@@ -471,6 +474,7 @@ study = Heat(conductivity=2.0, source=1.0, fixed_temperature={"hot": 10.0})
 '''
 
 
+@pytest.mark.slow
 def test_simulate_draws_a_section_of_the_field(capsys, tmp_path):
     from PIL import Image
     from taperay.tools.cli import main
