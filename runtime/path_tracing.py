@@ -135,8 +135,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, co
             for row in range(r0, r1):
                 for col in range(c0, c1):
                     p = row * W + col
-                    jx = path_random(seed, p, sample, 0, _DIM_JITTER)
-                    jy = path_random(seed, p, sample, 0, _DIM_JITTER + 1)
+                    jx = path_random(seed, p, sample, np.int64(0), _DIM_JITTER)
+                    jy = path_random(seed, p, sample, np.int64(0), _DIM_JITTER + 1)
                     dv[0], dv[1], dv[2] = pixel_ray(cam, W, H, F32(col) + jx, F32(row) + jy)
                     for r in range(3):
                         o[r] = cam[r]
@@ -147,7 +147,7 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, co
                     t[n], tfar[n] = twin._slab(o, dv, box)
                     pix[0, n], pix[1, n] = row, col
                     n += 1
-            bounce = 0
+            bounce = np.int64(0)
             while n > 0:
                 for q in range(n):
                     rhint[0, q], rhint[1, q] = 0, 0

@@ -76,6 +76,7 @@ class BaselineKernel:
     def installed(self):
         """The walker's kernel set serving the written-out pipelines for this tape's register
         variant (the interpreter's are put back on exit)."""
+        self.walker.kernels.ensure(list(self._pipelines))     # (the interpreter's, made on first need)
         table = self.walker.kernels._pipelines
         saved = {key: table[key] for key in self._pipelines}
         table.update(self._pipelines)
