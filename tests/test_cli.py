@@ -259,6 +259,9 @@ def test_bench_gpu_compares_interpreter_with_written_out_code(capsys, walker_gpu
         assert row["points"] == 200
         assert row["max abs difference"] <= 1e-5   # a few ULP of fields up to ~20
         frame_views = [k[:-len(" written-out frame ms")] for k in row if k.endswith(" written-out frame ms")]
+        if row["scene"] == "prospero.vm":     # (hardware only: a 2D program, measured by its points alone)
+            assert not frame_views
+            continue
         assert frame_views and all(f"{v} frame ms" in row and f"{v} frame ratio" in row for v in frame_views)
         # the written-out code computes the tape's values exactly; the lowered scene (on cells)
         # differs from them by float32 rounding: a silhouette pixel at most here and there; with
