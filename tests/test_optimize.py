@@ -236,6 +236,7 @@ def test_bench_optimize_times_each_step_by_stage(tmp_path, monkeypatch):
     assert len(res.rows) >= 2 and [r["design"] for r in res.rows] == list(range(len(res.rows)))
     for r in res.rows:
         parts = sum(r[c] for c, _ in bench_optimize.STAGES)
-        assert 0 < parts <= r["step s"] + 1e-3 and r["jax compiles"] >= 0 and r["constraint"] > 0
+        rounding = 0.5e-3 * (len(bench_optimize.STAGES) + 1)      # (each column is rounded to 1 ms)
+        assert 0 < parts <= r["step s"] + rounding and r["jax compiles"] >= 0 and r["constraint"] > 0
     assert res.rows[-1]["objective"] < res.rows[0]["objective"]
     assert (tmp_path / "out" / "optimize-history.png").stat().st_size > 1000
