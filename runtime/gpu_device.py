@@ -89,6 +89,10 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "pruned_points": ("prune.wgsl", True),
     "path": ("kernels_render.wgsl+path.wgsl", True),
 }
+# the one render pipeline of the set: a viewer's present pass (a packed RGB image drawn onto a
+# window's texture), one per texture format (KernelSet.present_pipeline)
+PRESENT_FILE = "present.wgsl"
+
 # pipeline-overridable constants per kernel: march and light need distances only (the hit's
 # material comes from the surface pass), so their interpreter is built without material ids; their
 # _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
@@ -232,6 +236,8 @@ class KernelSet:
         self._modules: dict[tuple[str, int], object] = {}
         self._sources: dict[tuple[str, int], str] = {}
         self._pipelines: dict[Key, object] = {}
+        self._present_module = None                 # the present pass's module, and its pipeline per format
+        self._present: dict[str, object] = {}
         self._futures: dict[Key, Future] = {}       # every (kernel, variant) asked for (each once)
         self._started: set[Key] = set()             # ... whose creation a worker began
         self._queued_in_background: set[Key] = set()
@@ -453,6 +459,34 @@ class KernelSet:
                 return pipe
         self.ensure([key])
         return self._pipelines[key]
+
+    @property
+    def present_formats(self) -> tuple[str, ...]:
+        """The texture formats whose present pipeline exists (none until a viewer presents)."""
+        with self._module_lock:
+            return tuple(sorted(self._present))
+
+    def present_pipeline(self, texture_format: str):
+        """The present pass's render pipeline (shaders/present.wgsl: a viewer draws an image held
+        as packed RGB words onto a window texture of ``texture_format``), made on first need,
+        once per format, and counted with the rest."""
+        with self._module_lock:
+            pipe = self._present.get(texture_format)
+            if pipe is not None:
+                self.stats.cache_hits += 1
+                return pipe
+            if self._present_module is None:
+                self._present_module = self.device.create_shader_module(
+                    label="present", code=(SHADER_DIR / PRESENT_FILE).read_text())
+                self.stats.shader_modules_created += 1
+            module = self._present_module
+            pipe = self._present[texture_format] = self.device.create_render_pipeline(
+                label=f"present@{texture_format}", layout="auto",
+                vertex={"module": module, "entry_point": "vs_main"},
+                primitive={"topology": "triangle-list"},
+                fragment={"module": module, "entry_point": "fs_main", "targets": [{"format": texture_format}]})
+            self.stats.pipelines_created += 1
+            return pipe
 
     def __len__(self) -> int:
         with self._lock:

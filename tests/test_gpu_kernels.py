@@ -24,12 +24,15 @@ def test_every_pipeline_is_made_once(walker_gpu):
     assert len(keys) == per_variant * len(REG_CAPS) + len(gpu_device.KERNELS) - per_variant
     ks.queue_rest()
     ks.settle()
+    # (a viewer's present pass, where one ran in this process, is counted with them)
+    present = len(ks.present_formats)
     assert len(ks) == len(keys) and ks.created_keys() == set(keys)
-    assert ks.stats.pipelines_created == len(keys)
-    assert ks.stats.shader_modules_created == len({f for f, _ in gpu_device.KERNELS.values()}) * len(REG_CAPS)
+    assert ks.stats.pipelines_created == len(keys) + present
+    assert ks.stats.shader_modules_created == (len({f for f, _ in gpu_device.KERNELS.values()}) * len(REG_CAPS)
+                                               + (present > 0))
     misses = ks.stats.cache_misses
     ks.ensure(keys)
-    assert [ks.pipeline(*k) for k in keys] and ks.stats.pipelines_created == len(keys)
+    assert [ks.pipeline(*k) for k in keys] and ks.stats.pipelines_created == len(keys) + present
     assert ks.stats.cache_misses == misses
 
 

@@ -16,7 +16,7 @@ from taperay.runtime.tape import TaperayError
 from taperay.scenegraph import Material, Param, box, sphere, union
 from taperay.scenegraph.files import load_file
 from taperay.tools.cli import main
-from taperay.tools.view_window import PANEL_WIDTH, offscreen_window, present_stats
+from taperay.tools.view_window import PANEL_WIDTH, offscreen_window
 from taperay.tools.viewer import PATTERN_COUNTS, Orbit, Viewer, edit_script
 
 SIZE = (64, 48)
@@ -45,10 +45,9 @@ def test_offscreen_viewer_end_to_end(walkers_all):
     frame, the images seen before each edit."""
     window = offscreen_window(_viewer(walkers_all), panel=False)
     report_first = _draw(window)
-    if hasattr(walkers_all, "kernels"):
-        walkers_all.kernels.settle()
-    start = (walkers_all.stats() if walkers_all.name == "gpu" else {})
-    start_present = present_stats()["pipelines_created"]
+    stats = window.kernels.stats      # (the GPU walker's kernel set; the twin's window presents on the process's)
+    window.kernels.settle()
+    start = (stats.pipelines_created, stats.shader_modules_created)
     images = [report_first]
     script = list(edit_script(window.viewer, 60, 20))
     assert sum(k == "topology" for k, _, _ in script) == 20
@@ -63,11 +62,7 @@ def test_offscreen_viewer_end_to_end(walkers_all):
         big = kind == "topology" or any(abs(window.viewer.params[n] - values[n]) > 0.05 * np.subtract(
             *window.viewer.param_range(n)[::-1]) for n in moved)
         changed.append((kind, label, bool(np.any(images[-1] != images[-2])) if big else None))
-    if walkers_all.name == "gpu":
-        end = walkers_all.stats()
-        assert end["pipelines_created"] == start["pipelines_created"]
-        assert end["shader_modules_created"] == start["shader_modules_created"]
-    assert present_stats()["pipelines_created"] == start_present
+    assert (stats.pipelines_created, stats.shader_modules_created) == start
     # every slider move of more than 5 % of its range changes the picture (both parameters move
     # the silhouette)
     moves = [c for kind, _, c in changed if kind == "slider" and c is not None]
@@ -119,9 +114,11 @@ def test_present_pipeline_draws_the_walkers_image(walkers_all):
     assert np.array_equal(shown, walkers_all.render(v.tape, v.orbit.camera(), *SIZE, "shade", FAST))
     # the present pipeline is made once per device and format: a second window on the same
     # device makes none
-    made = present_stats()["pipelines_created"]
+    made = window.kernels.stats.pipelines_created
     again = offscreen_window(Viewer(_scene(), walker=walkers_all, size=SIZE, settings=FAST), panel=False)
-    assert np.array_equal(_draw(again), shown) and present_stats()["pipelines_created"] == made
+    assert again.kernels is window.kernels and again.pipeline is window.pipeline
+    assert window.kernels.present_formats == (window.format,)
+    assert np.array_equal(_draw(again), shown) and window.kernels.stats.pipelines_created == made
 
 
 def test_orbit_moves_the_camera_and_keeps_the_target():

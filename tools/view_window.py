@@ -4,9 +4,10 @@ through wgpu-py's ImguiRenderer): sliders for the named parameters, the view men
 save, and the overlay.
 
 With the GPU walker the frame never leaves the GPU: the walker's resolve writes the image's bytes
-into its own buffer and one fixed present pipeline (shaders/present.wgsl) draws them onto the
-window's texture. The CPU twin's image is uploaded into the viewer's buffer and drawn by the same
-pipeline. While the camera or a slider moves, frames are drafts (half size, no shadows); once
+into its own buffer and the present pipeline (shaders/present.wgsl, the kernel set's one render
+pipeline: ``KernelSet.present_pipeline``) draws them onto the window's texture. The CPU twin's
+image is uploaded into the viewer's buffer and drawn by the same pipeline, on the process's
+device. While the camera or a slider moves, frames are drafts (half size, no shadows); once
 still for ``SETTLE_S`` the full frame follows. ``--watch`` polls the scene file and re-runs it in
 a child process (tools/scene_runner.py); a failure leaves the last good scene on screen and shows
 the error in the panel.
@@ -17,57 +18,19 @@ import time
 
 import numpy as np
 
+from taperay.runtime import gpu_device
 from taperay.runtime.shading import VIEWS
 from taperay.runtime.tape import TaperayError
-from taperay.runtime.wgsl_header import SHADER_DIR
 
 from .scene_runner import SceneWatcher
 from .viewer import Viewer
 
-__all__ = ["ViewWindow", "present_stats", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "run_offscreen_edits"]
+__all__ = ["ViewWindow", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "run_offscreen_edits"]
 
 PANEL_WIDTH = 260        # the panel's width on opening, pixels
 SETTLE_S = 0.15          # still this long after the last move: draw the full frame
 # the image's bytes are display-ready (sRGB-encoded): an 8-bit format without conversion
 PRESENT_FORMATS = ("bgra8unorm", "rgba8unorm")
-_PRESENT: dict[tuple[int, str], object] = {}  # (device id, format) -> the present pipeline, kept for the process
-_PRESENT_STATS = {"pipelines_created": 0, "cache_hits": 0}
-_HOST_DEVICE: dict[str, object] = {}
-
-
-def present_stats() -> dict:
-    """Present pipelines created in this process, and cache hits."""
-    return dict(_PRESENT_STATS)
-
-
-def _present_pipeline(device, texture_format: str):
-    """The present pipeline of ``device`` drawing into ``texture_format``, created on first need
-    and kept for the process."""
-    key = (id(device), texture_format)
-    if key in _PRESENT:
-        _PRESENT_STATS["cache_hits"] += 1
-        return _PRESENT[key]
-    module = device.create_shader_module(label="present", code=(SHADER_DIR / "present.wgsl").read_text())
-    pipeline = device.create_render_pipeline(
-        label="present", layout="auto",
-        vertex={"module": module, "entry_point": "vs_main"},
-        primitive={"topology": "triangle-list"},
-        fragment={"module": module, "entry_point": "fs_main", "targets": [{"format": texture_format}]})
-    _PRESENT[key] = pipeline
-    _PRESENT_STATS["pipelines_created"] += 1
-    return pipeline
-
-
-def _host_device():
-    """The device that presents host images (the twin's frames), one per process."""
-    import wgpu
-    if "host" not in _HOST_DEVICE:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        if adapter is None:
-            raise TaperayError("view: no wgpu adapter to present with (install a Vulkan driver, e.g. "
-                               "Debian's mesa-vulkan-drivers)")
-        _HOST_DEVICE["host"] = adapter.request_device_sync()
-    return _HOST_DEVICE["host"]
 
 
 def _configure(context, device) -> str:
@@ -92,10 +55,12 @@ class ViewWindow:
         import wgpu
         self.viewer = viewer
         self.canvas = canvas
-        self.device = getattr(viewer.walker, "device", None) or _host_device()
+        # the GPU walker's kernel set, or (the twin's window) the process's: its device presents
+        self.kernels = getattr(viewer.walker, "kernels", None) or gpu_device.kernels()
+        self.device = self.kernels.device
         self.context = canvas.get_wgpu_context()
         self.format = _configure(self.context, self.device)
-        self.pipeline = _present_pipeline(self.device, self.format)
+        self.pipeline = self.kernels.present_pipeline(self.format)
         self.uniform = self.device.create_buffer(size=32, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self._host_image = None          # the twin's frames: the viewer's upload buffer
         self._bind = None                # (buffer id, bind group)
@@ -384,9 +349,8 @@ def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: i
     v = window.viewer
 
     def created() -> tuple[int, int]:
-        st = v.walker.stats() if hasattr(v.walker, "stats") else {}
-        return (int(st.get("pipelines_created", 0)) + present_stats()["pipelines_created"],
-                int(st.get("shader_modules_created", 0)))
+        st = window.kernels.stats
+        return st.pipelines_created, st.shader_modules_created
 
     t0 = time.perf_counter()
     first = np.asarray(window.canvas.draw())
