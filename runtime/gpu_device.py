@@ -32,13 +32,13 @@ import time
 import weakref
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN
 from .tape import TaperayError
+from .jit_cache import user_cache_dir
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
 WG = 64                       # workgroup size (bindings.wgsl)
@@ -115,7 +115,7 @@ KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> en
                 "prune_image_cells": "prune_tiles", "prune_wave_cells": "prune_wave"}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")
-RATE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taperay" / "compile_rate.json"
+RATE_FILE = user_cache_dir("compile_rate.json")
 # weighted WGSL characters (_compile_weight) one thread compiles per second, before this machine's
 # own are learnt: a hardware GPU's driver compiles at creation (H200: 56 pipelines in 3.0-6.3 s on
 # 16 threads, 100-210 k/s), a software rasteriser JITs at the first dispatch and creates faster
