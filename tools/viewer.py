@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from taperay.runtime.camera import Camera
+from taperay.runtime.camera import Camera, auto_camera
 from taperay.runtime.shading import VIEWS, RenderSettings
 from taperay.runtime.tape import Tape, TaperayError
 from taperay.runtime.walkers import walker as make_walker
@@ -48,13 +48,13 @@ class Orbit:
 
     @classmethod
     def framing(cls, bounds, azimuth: float = 35.0, elevation: float = 25.0, fov_deg: float = 40.0) -> "Orbit":
-        """The orbit whose camera fits the (2, 3) ``bounds`` box, as auto_camera frames it."""
-        b = np.asarray(bounds, float).reshape(2, 3)
-        if not np.all(np.isfinite(b)):
-            raise TaperayError(f"viewer: the scene's bounds {b.tolist()} are not finite")
-        radius = max(float(np.linalg.norm(b[1] - b[0])) / 2, 1e-3)
-        distance = radius / math.sin(math.radians(fov_deg) / 2) * 1.05
-        return cls(tuple(b.mean(0).tolist()), distance, azimuth, elevation, fov_deg)
+        """The orbit whose camera is auto_camera's for the (2, 3) ``bounds`` box."""
+        try:
+            cam = auto_camera(bounds, azimuth, elevation, fov_deg)
+        except TaperayError as e:
+            raise TaperayError(f"viewer: {e}") from None
+        distance = float(np.linalg.norm(np.subtract(cam.eye, cam.target)))
+        return cls(cam.target, distance, azimuth, elevation, fov_deg)
 
     def camera(self) -> Camera:
         az, el = math.radians(self.azimuth), math.radians(self.elevation)
