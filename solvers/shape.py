@@ -142,13 +142,18 @@ class System:
             g += _face_scalar_gradient(nodes, faces, 2 * self.mesh.order, lambda N, F: h * (F(lam) * F(u)))
         return g
 
+    def build(self) -> None:
+        """K and f on the mesh's current nodes."""
+        _build(self)
+
     def load_dot(self, c) -> float:
         return float(np.dot(np.asarray(c, float).ravel(), self.f))
 
 
-def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto") -> System:
+def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto", build: bool = True) -> System:
     """The study's system on ``mesh``: materials of elements and boundary faces from the tape (as
-    ``simulate`` does), the stiffness, the loads and the fixed dofs."""
+    ``simulate`` does), the stiffness, the loads and the fixed dofs (``build=False``: the terms
+    only, K and f left None, for an assembly distributed over ranks)."""
     study = study_from(study)
     walker = default_walker(walker)
     names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
@@ -187,7 +192,8 @@ def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto"
         fixed_dofs, idx = np.unique(fixed_dofs[::-1], return_index=True)
         fixed_vals = fixed_vals[::-1][idx]
     sysm.fixed, sysm.values = fixed_dofs.astype(np.int64), fixed_vals
-    _build(sysm)
+    if build:
+        sysm.build()
     return sysm
 
 

@@ -510,6 +510,11 @@ def cmd_simulate(args) -> int:
     with watch.stage("flatten/validate"):
         tape = flatten(node, source=str(path))
     apply_sets(tape, args.set, watch)
+    if args.solver == "petsc":
+        from taperay.solvers.distributed import mpi_rank
+        if mpi_rank() != 0:   # a helper rank of mpiexec: it assembles and solves its rows, rank 0 reports
+            simulate(tape, study, order=args.order, resolution=args.resolution, solver="petsc")
+            return 0
     out = _output_path(args.output)
     notes: list[str] = []
     walker = _sim_walker(args, notes, watch)
@@ -537,8 +542,9 @@ def cmd_simulate(args) -> int:
             _output_path(args.json).write_text(json.dumps(summary, indent=2, default=float) + "\n")
         if args.section:
             cut = result.save_section(_output_path(args.section), *_section_plane(args.section_plane))
+    ranks = f" on {summary['ranks']} MPI rank{'s' if summary.get('ranks') != 1 else ''}" if "ranks" in summary else ""
     con.print(f"mesh:      {summary['nodes']:,} nodes, {summary['elements']:,} TET{4 if summary['order'] == 1 else 10}, "
-              f"{summary['dof']:,} DOF, solver {summary['solver']} ({summary['iterations']} iterations)")
+              f"{summary['dof']:,} DOF, solver {summary['solver']}{ranks} ({summary['iterations']} iterations)")
     if study.kind == "heat":
         con.print(f"result:    temperature max {summary['max_temperature']:.4g}, mean {summary['mean_temperature']:.4g}, "
                   f"min {summary['min_temperature']:.4g} -> {out}")
@@ -758,8 +764,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="SUMMARY.json", help="write the summary as JSON")
     p.add_argument("--order", type=int, choices=(1, 2), help="TET4 (1) or TET10 (2); default: 1 for heat, 2 for elasticity")
     p.add_argument("--resolution", type=int, default=96, help="surface grid cells along the longest side (default 96)")
-    p.add_argument("--solver", choices=("auto", "direct", "amg"), default="auto",
-                   help="auto (default): a direct solve up to 20,000 unknowns, CG with pyamg above")
+    p.add_argument("--solver", choices=("auto", "direct", "amg", "petsc"), default="auto",
+                   help="auto (default): a direct solve up to 20,000 unknowns, CG with pyamg above; "
+                        "petsc: CG + GAMG over MPI ranks (mpiexec -n N taperay simulate ...; README: PETSc and MPI)")
     p.add_argument("--section", metavar="SECTION.png",
                    help="a picture of the temperature / von Mises stress on a planar cut, with a colour bar")
     p.add_argument("--section-plane", metavar="AXIS[=VALUE]",

@@ -5,6 +5,8 @@
 #                         present; without apt, warn and go on (GPU tests then fail in CI mode)
 #   ensure_runtime_dir    XDG_RUNTIME_DIR for wgpu/Mesa, set when unset
 #   ensure_xvfb           install Xvfb with apt when missing (the viewer's window test draws under it)
+#   ensure_petsc          PETSc + Open MPI with apt, then petsc4py (built against them) and mpi4py into
+#                         .venv, when petsc4py is missing there (simulate --solver petsc and its tests)
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"
@@ -62,4 +64,17 @@ ensure_xvfb() {
     command -v Xvfb >/dev/null 2>&1 && return 0
     apt_install xvfb && return 0
     echo "setup: WARNING: no Xvfb and no apt-get: the viewer's window test fails in CI mode" >&2
+}
+
+PETSC_DIR_DEBIAN=/usr/lib/petscdir/petsc3.18/x86_64-linux-gnu-real
+
+ensure_petsc() {
+    .venv/bin/python -c "import petsc4py, mpi4py" >/dev/null 2>&1 && return 0
+    if [ ! -d "$PETSC_DIR_DEBIAN" ] || ! command -v mpiexec >/dev/null 2>&1; then
+        apt_install libpetsc-real-dev openmpi-bin || { echo "setup: WARNING: no apt-get: PETSc is absent (its tests fail in CI mode)" >&2; return 0; }
+    fi
+    echo "setup: building petsc4py against Debian's PETSc (about 3 minutes on 2 cores)" >&2
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check setuptools wheel
+    PETSC_DIR="$PETSC_DIR_DEBIAN" .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+        --no-build-isolation "petsc4py==3.18.5" mpi4py
 }

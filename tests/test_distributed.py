@@ -1,0 +1,122 @@
+"""PETSc over MPI (solvers.distributed) against scipy's direct solve: the same mesh, the same
+solution to 1e-8 relative, on one rank in this process and on two ranks under mpiexec. petsc4py
+skips where it is not installed, except when TAPERAY_REQUIRE_PETSC=1 (test.sh sets it after
+installing it, as CI runs): then its absence is a failure."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from taperay.runtime.tape import TaperayError
+from taperay.scenegraph import Material, difference, flatten, sphere, union
+from taperay.solvers import Elasticity, Heat, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELL = """\
+from taperay.scenegraph import Material, difference, sphere, union
+OUTER = Material("outer", (0.8, 0.3, 0.2))
+INNER = Material("inner", (0.2, 0.3, 0.8))
+scene = union(difference(sphere(1.0).material(OUTER), sphere(0.51)),
+              difference(sphere(0.52).material(INNER), sphere(0.5)))
+"""
+STUDIES = {
+    "heat": ({"type": "heat", "conductivity": 3.0, "source": 5.0,
+              "fixed_temperature": {"inner": 100.0}, "convection": {"outer": (10.0, 20.0)}}, "temperature"),
+    "elasticity": ({"type": "elasticity", "E": 1000.0, "nu": 0.3, "fixed": {"inner": None},
+                    "pressure": {"outer": 1.0}, "body_force": (0.0, 0.0, -2.0)}, "displacement"),
+}
+
+
+@pytest.fixture(scope="module")
+def petsc():
+    try:
+        import mpi4py  # noqa: F401
+        import petsc4py  # noqa: F401
+    except ImportError as e:
+        if os.environ.get("TAPERAY_REQUIRE_PETSC") == "1":
+            pytest.fail(f"TAPERAY_REQUIRE_PETSC=1 but petsc4py / mpi4py is absent: {e}")
+        pytest.skip(f"petsc4py / mpi4py absent: {e}")
+
+
+def _shell():
+    outer, inner = Material("outer", (0.8, 0.3, 0.2)), Material("inner", (0.2, 0.3, 0.8))
+    return flatten(union(difference(sphere(1.0).material(outer), sphere(0.51)),
+                         difference(sphere(0.52).material(inner), sphere(0.5))))
+
+
+def _relative(a, b):
+    return float(np.linalg.norm(np.ravel(a) - np.ravel(b)) / np.linalg.norm(np.ravel(b)))
+
+
+@pytest.mark.parametrize("kind", ["heat", "elasticity"])
+def test_petsc_on_one_rank_gives_the_direct_solution(petsc, kind):
+    study, _ = STUDIES[kind]
+    tape = _shell()
+    order = 1 if kind == "heat" else 2
+    direct = simulate(tape, study, order=order, resolution=10, solver="direct")
+    dist = simulate(tape, study, order=order, solver="petsc", mesh=direct.mesh)
+    assert dist.solver["method"] == "petsc" and dist.solver["ranks"] == 1
+    assert dist.solver["iterations"] > 0
+    assert _relative(dist.field, direct.field) < 1e-8
+    if kind == "elasticity":
+        assert _relative(dist.stress, direct.stress) < 1e-8
+    assert set(dist.timings) == {"assembly", "solve"}
+
+
+def _mpiexec() -> str:
+    found = shutil.which("mpiexec")
+    if found is None:
+        pytest.fail("petsc4py is installed but mpiexec is not on PATH (Open MPI's mpiexec runs the 2-rank case)")
+    return found
+
+
+@pytest.mark.parametrize("kind", ["heat", "elasticity"])
+def test_two_mpi_ranks_give_the_direct_solution_from_the_command_line(petsc, kind, tmp_path):
+    study, field = STUDIES[kind]
+    scene = tmp_path / "shell.py"
+    scene.write_text(SHELL + f"study = {study!r}\n")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    cli = [sys.executable, "-m", "taperay.tools.cli", "simulate", str(scene), "--resolution", "10", "--walker", "cpu"]
+    subprocess.run(cli + ["--solver", "direct", "-o", str(tmp_path / "direct.vtu")], check=True, env=env,
+                   capture_output=True, cwd=ROOT)
+    done = subprocess.run([_mpiexec(), "-n", "2"] + cli + ["--solver", "petsc", "-o", str(tmp_path / "petsc.vtu")],
+                          env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "on 2 MPI ranks" in done.stdout
+    assert done.stdout.count("result:") == 1           # rank 1 solves its rows and says nothing
+    import meshio
+    a, b = meshio.read(tmp_path / "direct.vtu"), meshio.read(tmp_path / "petsc.vtu")
+    assert np.array_equal(a.points, b.points)           # the pipeline made the same mesh in both runs
+    assert _relative(b.point_data[field], a.point_data[field]) < 1e-8
+
+
+def test_a_free_body_is_refused_by_the_petsc_solver(petsc):
+    with pytest.raises(TaperayError, match="free_body"):
+        simulate(_shell(), Elasticity(pressure={"inner": 1.0}, free_body=True), resolution=8, solver="petsc")
+
+
+def test_without_petsc4py_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "petsc4py", None)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    with pytest.raises(TaperayError, match="libpetsc-real-dev"):
+        simulate(_shell(), Heat(fixed_temperature={"inner": 1.0}), resolution=8, solver="petsc")
+
+
+def test_slab_order_sorts_the_nodes_along_the_longest_side():
+    from taperay.solvers.distributed import slab_order
+    nodes = np.random.default_rng(0).random((50, 3)) * [1.0, 5.0, 2.0]
+    perm = slab_order(nodes)
+    assert sorted(perm) == list(range(50))
+    assert np.all(np.diff(nodes[perm, 1]) >= 0)
+
+
+def test_the_readme_gives_the_petsc_install_that_test_sh_runs():
+    """The README's steps and setup_env.sh's ensure_petsc install the same petsc4py."""
+    readme = (ROOT / "README.md").read_text()
+    setup = (ROOT / "tools" / "setup_env.sh").read_text()
+    for needle in ("libpetsc-real-dev", "petsc4py==3.18.5", "--no-build-isolation"):
+        assert needle in readme and needle in setup, needle
