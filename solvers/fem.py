@@ -40,9 +40,14 @@ def _gj01(n: int, alpha: int):
 @lru_cache(maxsize=None)
 def tet_rule(degree: int) -> tuple[np.ndarray, np.ndarray]:
     """Points (Q, 3) and weights (Q,) on the reference tetrahedron (volume 1/6), exact for
-    polynomials of total degree ``degree``. degree <= 1: the centroid."""
+    polynomials of total degree ``degree``. degree <= 1: the centroid; 2: the symmetric 4-point
+    rule (TET10's stiffness, half the points of the product rule)."""
     if degree <= 1:
         return np.array([[0.25, 0.25, 0.25]]), np.array([1 / 6])
+    if degree == 2:
+        a, b = (5 + 3 * math.sqrt(5)) / 20, (5 - math.sqrt(5)) / 20
+        bary = np.full((4, 4), b) + np.eye(4) * (a - b)
+        return bary[:, 1:], np.full(4, 1 / 24)
     n = math.ceil((degree + 1) / 2)
     a, wa = _gj01(n, 0)
     b, wb = _gj01(n, 1)
@@ -114,13 +119,15 @@ def tri_shape_functions(n: int, pts) -> tuple[np.ndarray, np.ndarray]:
 
 def _geometry(X: np.ndarray, dN: np.ndarray):
     """X (E, n, 3) element nodes, dN (n, 3) reference derivatives at one point ->
-    (detJ (E,), G (E, n, 3) physical derivatives)."""
-    J = np.einsum("eai,aj->eij", X, dN)
-    det = np.linalg.det(J)
+    (detJ (E,), G (E, n, 3) physical derivatives). J's inverse comes from its cofactors (cross
+    products of its rows), several times faster than numpy.linalg's batched 3 x 3 inverse."""
+    J = np.matmul(X.transpose(0, 2, 1), dN)                 # J_ij = sum_a X_ai dN_aj
+    r0, r1, r2 = J[:, 0], J[:, 1], J[:, 2]
+    c0, c1, c2 = np.cross(r1, r2), np.cross(r2, r0), np.cross(r0, r1)
+    det = np.einsum("ei,ei->e", r0, c0)
     if np.any(det <= 0):
         raise TaperayError(f"{int(np.count_nonzero(det <= 0))} elements are inverted or flat (Jacobian <= 0)")
-    inv = np.linalg.inv(J)
-    return det, np.einsum("aj,eji->eai", dN, inv)
+    return det, np.matmul(dN, np.stack([c0, c1, c2], -1) / det[:, None, None])
 
 
 def _per_element(value, E: int, what: str) -> np.ndarray:
