@@ -42,6 +42,11 @@ class CpuWalker:
         from a scene); the twin holds no copy of the tape, so the next call sees the edit."""
         tape.set_param(name, value)
 
+    def set_material(self, tape: Tape, name: str, **fields) -> None:
+        """Set fields of the material ``name`` on ``tape`` (``Tape.set_material``); the next call
+        sees the edit."""
+        tape.set_material(name, **fields)
+
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
         return twin.evaluate_field(tape, point_array(points, "evaluate"))

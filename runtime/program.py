@@ -33,7 +33,7 @@ import heapq
 import numpy as np
 
 from .opcodes import REG_CAPS, Op
-from .tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, validate
+from .tape import INSTR_DTYPE, Tape, TapeError, material_array, validate
 
 __all__ = ["Program", "program_tape", "GREY"]
 
@@ -221,7 +221,7 @@ def _emit(prog: Program, seq, dst: list[int], n_regs: int, source: str, material
     instrs["a"], instrs["b"], instrs["c"] = operands.T
     instrs["param"][is_const] = param_of.astype(np.uint32)
     instrs["aux"] = np.asarray(prog.auxs, np.uint32)[nodes]
-    materials = np.array([GREY], MATERIAL_DTYPE) if materials is None else materials
+    materials = material_array([GREY[0]], GREY[1]) if materials is None else materials
     bounds = np.array([[-1, -1, -1], [1, 1, 1]], np.float32)
     return Tape(instrs, params, materials, n_regs, bounds, names={}, instance_count=1, source=source)
 

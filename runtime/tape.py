@@ -16,14 +16,25 @@ import numpy as np
 from .opcodes import (LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS,
                       STACK_CAP, Family, Op, OpSpec)
 
-__all__ = ["pool_tangents", "INSTR_DTYPE", "MATERIAL_DTYPE", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
+__all__ = ["pool_tangents", "INSTR_DTYPE", "MATERIAL_DTYPE", "MATERIAL_DEFAULTS", "material_array",
+           "material_problem", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
            "CellsTooLarge", "validate", "content_key", "freeze", "quat_matrices",
            "ValidatedTapes", "VALIDATED", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
                         ("op", "dst", "a", "b", "c", "param", "aux", "jump")])
-MATERIAL_DTYPE = np.dtype([("color", "<f4", (3,)), ("roughness", "<f4")])
+# a surface material (runtime/path_tracing.py reads every field; the march's shading colour and
+# roughness only): base colour (linear RGB), GGX roughness, emitted radiance (linear RGB), metallic,
+# specular (a dielectric's reflectance at normal incidence is 0.08 specular; 0: Lambertian),
+# index of refraction and transmission (1: smooth glass, 0: opaque); pad fills the record to
+# WGSL's 16-byte struct alignment
+MATERIAL_DTYPE = np.dtype([("color", "<f4", (3,)), ("roughness", "<f4"), ("emission", "<f4", (3,)),
+                           ("metallic", "<f4"), ("specular", "<f4"), ("ior", "<f4"), ("transmission", "<f4"),
+                           ("pad", "<f4")])
+# the value of each field a material record is built without (material_array)
+MATERIAL_DEFAULTS = {"color": (0.7, 0.7, 0.72), "roughness": 0.5, "emission": (0.0, 0.0, 0.0), "metallic": 0.0,
+                     "specular": 0.5, "ior": 1.5, "transmission": 0.0, "pad": 0.0}
 # one rigid + uniform-scale placement of an instance-list body: world = t + q * (s * local)
 INSTANCE_DTYPE = np.dtype([("q", "<f4", (4,)), ("t", "<f4", (3,)), ("s", "<f4")])
 # a BVH node over instances, depth-first preorder; skip = index just past the subtree;
@@ -58,6 +69,46 @@ def instr_array(n: int) -> np.ndarray:
     return np.zeros(n, INSTR_DTYPE)
 
 
+def material_array(colors, roughness=MATERIAL_DEFAULTS["roughness"], **fields) -> np.ndarray:
+    """MATERIAL_DTYPE records, one per colour of ``colors`` ((n, 3)); ``roughness`` and the other
+    fields (``metallic=``, ``emission=`` ...) broadcast over them, MATERIAL_DEFAULTS' where not given."""
+    colors = np.asarray(colors, np.float64).reshape(-1, 3)
+    unknown = set(fields) - set(MATERIAL_DTYPE.names)
+    if unknown:
+        raise TaperayError(f"material fields {sorted(unknown)} do not exist (have: {', '.join(MATERIAL_DTYPE.names)})")
+    out = np.zeros(len(colors), MATERIAL_DTYPE)
+    for name in MATERIAL_DTYPE.names:
+        out[name] = {"color": colors, "roughness": roughness}.get(name, fields.get(name, MATERIAL_DEFAULTS[name]))
+    return out
+
+
+def material_problem(materials: np.ndarray) -> str | None:
+    """Why MATERIAL_DTYPE records are out of range (the first material that is), or None:
+    roughness, metallic and specular in [0, 1], emission >= 0, transmission 0 or 1, a glass's
+    (transmission 1) ior >= 1."""
+    checks = (("roughness", lambda m: (m["roughness"] >= 0) & (m["roughness"] <= 1), "must lie in [0, 1]"),
+              ("metallic", lambda m: (m["metallic"] >= 0) & (m["metallic"] <= 1), "must lie in [0, 1]"),
+              ("specular", lambda m: (m["specular"] >= 0) & (m["specular"] <= 1), "must lie in [0, 1]"),
+              ("emission", lambda m: np.all(m["emission"] >= 0, axis=-1), "must be >= 0"),
+              ("transmission", lambda m: (m["transmission"] == 0) | (m["transmission"] == 1), "must be 0 or 1"),
+              ("ior", lambda m: (m["transmission"] == 0) | (m["ior"] >= 1), "of a glass must be >= 1"))
+    for name, ok, why in checks:
+        bad = np.flatnonzero(~ok(materials))
+        if len(bad):
+            return f"material {int(bad[0])}: {name} {materials[name][bad[0]].tolist()} {why}"
+    return None
+
+
+def _material_records(materials) -> np.ndarray:
+    """``materials`` as MATERIAL_DTYPE records; a structured array of fewer fields (an older record
+    layout's: color, roughness) is read by field name, the others MATERIAL_DEFAULTS'."""
+    a = np.asarray(materials)
+    if a.dtype.names is None or a.dtype == MATERIAL_DTYPE or not set(a.dtype.names) < set(MATERIAL_DTYPE.names):
+        return np.ascontiguousarray(a, MATERIAL_DTYPE)
+    return material_array(a["color"] if "color" in a.dtype.names else np.tile(MATERIAL_DEFAULTS["color"], (len(a), 1)),
+                          **{n: a[n] for n in a.dtype.names if n != "color"})
+
+
 @dataclass
 class Tape:
     """A flattened scene: records, parameter pool, materials, instance lists and their BVH. Once
@@ -82,7 +133,7 @@ class Tape:
         self.instrs = np.ascontiguousarray(self.instrs, INSTR_DTYPE)
         with np.errstate(over="ignore"):    # (past float32: inf, which validate() refuses by name)
             self.params = np.ascontiguousarray(self.params, np.float32)
-            self.materials = np.ascontiguousarray(self.materials, MATERIAL_DTYPE)
+            self.materials = _material_records(self.materials)
             self.bounds = np.asarray(self.bounds, np.float32).reshape(2, 3)
         self.instances = np.ascontiguousarray(np.zeros(0, INSTANCE_DTYPE) if self.instances is None
                                               else self.instances, INSTANCE_DTYPE)
@@ -123,10 +174,34 @@ class Tape:
         refitted = not (np.array_equal(new.instrs, self.instrs) and np.array_equal(new.bvh, self.bvh)
                         and np.array_equal(new.instances, self.instances)
                         and new.params.tobytes() == expected.tobytes())
-        for f in ("instrs", "params", "materials", "n_regs", "bounds", "names", "instance_count",
-                  "instances", "bvh", "refit"):
+        for f in ("instrs", "params", "n_regs", "bounds", "names", "instance_count",
+                  "instances", "bvh", "refit"):      # (materials: the tape's own, set_material's edits kept)
             setattr(self, f, getattr(new, f))
         return refitted
+
+    def set_material(self, name: str, **fields) -> np.ndarray:
+        """Set fields (``color=``, ``roughness=``, ``emission=``, ``metallic=``, ``specular=``,
+        ``ior=``, ``transmission=``) of every material record named ``name`` (material_names): a
+        new materials array, the other records unchanged. Returns the material ids edited."""
+        ids = np.flatnonzero(np.array([n == name for n in self.material_names], bool))
+        if not len(ids):
+            raise TaperayError(f"no material named {name!r} (have: {', '.join(n for n in self.material_names if n) or 'none'})")
+        unknown = set(fields) - (set(MATERIAL_DTYPE.names) - {"pad"})
+        if unknown:
+            raise TaperayError(f"material {name!r}: no field {sorted(unknown)[0]!r} "
+                               f"(have: {', '.join(n for n in MATERIAL_DTYPE.names if n != 'pad')})")
+        mats = self.materials.copy()             # (a validated tape's arrays are read-only: freeze)
+        try:
+            for f, v in fields.items():
+                mats[f][ids] = v
+        except (TypeError, ValueError) as e:
+            raise TaperayError(f"material {name!r}: {e}") from None
+        bad = ("a material field is not finite" if not all(np.all(np.isfinite(mats[f])) for f in MATERIAL_DTYPE.names)
+               else material_problem(mats))
+        if bad:
+            raise TaperayError(f"material {name!r}: {bad}")
+        self.materials = mats
+        return ids
 
     def as_columns(self) -> np.ndarray:
         """The instructions as a contiguous (n, 8) uint32 array (what the kernels read)."""
@@ -159,8 +234,11 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
     if tape.material_names and (len(tape.material_names) != len(tape.materials)
                                 or not all(isinstance(n, str) for n in tape.material_names)):
         raise TapeError(f"{len(tape.material_names)} material names for {len(tape.materials)} materials", None, src)
-    if not np.all(np.isfinite(tape.materials["color"])) or not np.all(np.isfinite(tape.materials["roughness"])):
+    if not all(np.all(np.isfinite(tape.materials[f])) for f in MATERIAL_DTYPE.names):
         raise TapeError("a material holds a non-finite number", None, src)
+    bad = material_problem(tape.materials)
+    if bad:
+        raise TapeError(bad, None, src)
     if not np.all(np.isfinite(tape.bounds)):
         raise TapeError("the bounds are not finite", None, src)
     for name, slots in tape.names.items():

@@ -14,7 +14,9 @@ with (``layouts``: name -> [[field, format, shape], ...]), and the header: ``n_r
 (6 numbers: min then max corner), ``names`` (parameter name -> pool slots), ``instance_count``,
 ``material_names`` (each material id's name; optional) and ``opcodes`` (op name -> the number its records carry), so a file keeps its meaning when the
 op table is renumbered: loading maps each record's number to today's through the op's name (a
-file without ``opcodes`` was written with ``OPCODES_1``, the numbering of the first format).
+file without ``opcodes`` was written with ``OPCODES_1``, the numbering of the first format), and
+a file whose materials have the first record layout (``MATERIAL_DTYPE_1``: colour, roughness)
+loads with the later fields at their defaults.
 A scene body is ``Node.to_dict()``.
 
 Loading trusts nothing: size limits are checked before reading, msgpack runs with limits derived
@@ -90,6 +92,10 @@ def _layout(dt: np.dtype) -> list:
 
 
 _LAYOUTS = {key: _layout(dt) for key, (dt, _) in RECORDS.items()}
+# the material record of files written before it held the path tracer's fields (frozen: read by
+# field name, the fields it lacks take MATERIAL_DEFAULTS)
+MATERIAL_DTYPE_1 = np.dtype([("color", "<f4", (3,)), ("roughness", "<f4")])
+_OLDER_LAYOUTS = {"materials": {str(_layout(MATERIAL_DTYPE_1)): MATERIAL_DTYPE_1}}
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -315,12 +321,14 @@ def _tape_from_body(path, body: dict) -> Tape:
     if missing or extra:
         raise FileFormatError(path, f"tape body fields: missing {sorted(missing)}, unexpected "
                                     f"{sorted(map(str, extra))}")
-    if body["layouts"] != _LAYOUTS:
-        theirs = body["layouts"] if isinstance(body["layouts"], dict) else {}
-        differ = sorted(k for k in _LAYOUTS if theirs.get(k) != _LAYOUTS[k])
+    theirs = body["layouts"] if isinstance(body["layouts"], dict) else {}
+    dtypes = {key: dt if theirs.get(key) == _LAYOUTS[key] else _OLDER_LAYOUTS.get(key, {}).get(str(theirs.get(key)))
+              for key, (dt, _) in RECORDS.items()}
+    if set(theirs) != set(_LAYOUTS) or None in dtypes.values():
+        differ = sorted(k for k in _LAYOUTS if dtypes[k] is None)
         raise FileFormatError(path, f"record layouts differ from this taperay's ({', '.join(differ) or 'extra entries'}): "
                                     f"file {body['layouts']!r:.200}, expected {_LAYOUTS!r:.200}")
-    arrays = {key: _records(path, body, key, dt, limit) for key, (dt, limit) in RECORDS.items()}
+    arrays = {key: _records(path, body, key, dtypes[key], limit) for key, (_, limit) in RECORDS.items()}
     arrays["instrs"] = _renumbered(path, arrays["instrs"], body.get("opcodes", OPCODES_1))
     bounds = body["bounds"]
     if (not isinstance(bounds, list) or len(bounds) != 6

@@ -17,7 +17,7 @@ import numpy as np
 
 from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.pruning import interval_eval
-from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
+from taperay.runtime.tape import INSTR_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
 
 from .instancing import build_bvh, instance_boxes, instance_params, shape_capsule
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
@@ -492,7 +492,7 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
             b = np.array([np.min([f[0] for f in finite], 0), np.max([f[1] for f in finite], 0)]) if finite \
                 else _box([-1] * 3, [1] * 3)
     instrs = np.array([tuple(r) for r in em.rows], INSTR_DTYPE)
-    mats = np.array([(m.color, m.roughness) for m in em.materials], MATERIAL_DTYPE)
+    mats = np.concatenate([m.record() for m in em.materials])
     n_regs = em.max_reg + 1
     if n_regs > max(REG_CAPS):
         raise TaperayError(f"{source or 'scene'}: needs {n_regs} registers, kernels hold {max(REG_CAPS)}; "

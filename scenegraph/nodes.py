@@ -15,7 +15,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from taperay.runtime.tape import INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError, validate
+from taperay.runtime.tape import (INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DEFAULTS, MATERIAL_DTYPE, Tape, TaperayError,
+                                  material_array, material_problem, validate)
 
 __all__ = ["Node", "Param", "Material", "KINDS", "node_from_dict", "with_params", "sphere", "box", "rounded_box",
            "cylinder", "capped_cone", "capsule", "torus", "ellipsoid", "plane", "extrude", "revolve",
@@ -53,20 +54,49 @@ def param_values(values: dict[str, float] | None):
 
 @dataclass(frozen=True)
 class Material:
-    """A named surface material: base colour (linear RGB in [0, 1]) and roughness for shading.
+    """A named surface material (a MATERIAL_DTYPE record of the tape): base colour (linear RGB in
+    [0, 1]), roughness (GGX, 0 mirror-smooth .. 1), metallic (0 dielectric .. 1 metal), emission
+    (the radiance the surface emits, linear RGB >= 0), specular (a dielectric's reflectance at
+    normal incidence is 0.08 specular; 0: a Lambertian surface), and, for smooth glass,
+    transmission 1 with its index of refraction ``ior`` (the colour then tints the light it lets
+    through). The march's shading reads colour and roughness; the path tracer every field.
 
     Boundary conditions of simulations attach to materials by ``name``.
     """
     name: str
-    color: tuple[float, float, float] = (0.7, 0.7, 0.72)
-    roughness: float = 0.5
+    color: tuple[float, float, float] = MATERIAL_DEFAULTS["color"]
+    roughness: float = MATERIAL_DEFAULTS["roughness"]
+    metallic: float = MATERIAL_DEFAULTS["metallic"]
+    emission: tuple[float, float, float] = MATERIAL_DEFAULTS["emission"]
+    specular: float = MATERIAL_DEFAULTS["specular"]
+    ior: float = MATERIAL_DEFAULTS["ior"]
+    transmission: float = MATERIAL_DEFAULTS["transmission"]
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise TaperayError(f"a material's name must be a non-empty string, got {self.name!r} "
-                               "(Material(name, color, roughness))")
-        if np.shape(self.color) != (3,):
-            raise TaperayError(f"material {self.name!r}: color must be 3 numbers, got {self.color!r}")
+                               "(Material(name, color, roughness, metallic, emission, ...))")
+        for f in ("color", "emission"):
+            if np.shape(getattr(self, f)) != (3,):
+                raise TaperayError(f"material {self.name!r}: {f} must be 3 numbers, got {getattr(self, f)!r}")
+        try:
+            rec = self.record()
+        except (TypeError, ValueError):
+            raise TaperayError(f"material {self.name!r}: its fields must be numbers ({self!r})") from None
+        bad = ("a field is not finite" if not all(np.all(np.isfinite(rec[f])) for f in MATERIAL_DTYPE.names)
+               else material_problem(rec))
+        if bad:
+            raise TaperayError(f"material {self.name!r}: {bad.split(': ', 1)[-1]}")
+
+    def record(self) -> np.ndarray:
+        """The material as a (1,) MATERIAL_DTYPE array (what flatten writes into the tape)."""
+        return material_array([self.color], self.roughness, metallic=self.metallic, emission=self.emission,
+                              specular=self.specular, ior=self.ior, transmission=self.transmission)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "color": [float(c) for c in self.color], "roughness": float(self.roughness),
+                "metallic": float(self.metallic), "emission": [float(c) for c in self.emission],
+                "specular": float(self.specular), "ior": float(self.ior), "transmission": float(self.transmission)}
 
 
 DEFAULT_MATERIAL = Material("default")
@@ -282,8 +312,7 @@ class Node:
             d["tape"] = {"instrs": self.tape.instrs.tobytes(), "params": self.tape.params.tobytes(),
                          "n_regs": self.tape.n_regs}
         if self.mat is not None:
-            d["material"] = {"name": self.mat.name, "color": list(self.mat.color),
-                             "roughness": self.mat.roughness}
+            d["material"] = self.mat.to_dict()
         return d
 
     def walk(self) -> Iterable["Node"]:
@@ -382,12 +411,16 @@ def node_from_dict(d, depth: int = 0) -> Node:
         raise TaperayError(f"{d['kind']}: 'children' must be a list")
     mat = d.get("material")
     if mat is not None:
-        try:
+        try:     # (fields after roughness: files written before them have none, so the defaults)
             color = tuple(float(c) for c in mat["color"])
-            if len(color) != 3 or not all(map(math.isfinite, color)):
+            emission = tuple(float(c) for c in mat.get("emission", MATERIAL_DEFAULTS["emission"]))
+            if len(color) != 3 or len(emission) != 3 or not all(map(math.isfinite, color + emission)):
                 raise ValueError
-            mat = Material(str(mat["name"]), color, float(mat["roughness"]))
-        except (KeyError, TypeError, ValueError):
+            mat = Material(str(mat["name"]), color, float(mat["roughness"]),
+                           **{f: float(mat.get(f, MATERIAL_DEFAULTS[f])) for f in ("metallic", "specular", "ior",
+                                                                                     "transmission")},
+                           emission=emission)
+        except (KeyError, TypeError, ValueError, AttributeError, TaperayError):
             raise TaperayError(f"{d['kind']}: bad material {mat!r}") from None
     array = None
     if "placements" in d:

@@ -117,10 +117,16 @@ struct Instr {
     jump: u32,
 }
 
-// 16 bytes, mirrors numpy [('color', '<f4', (3,)), ('roughness', '<f4')]
+// 48 bytes, mirrors numpy [('color', '<f4', (3,)), ('roughness', '<f4'), ('emission', '<f4', (3,)), ('metallic', '<f4'), ('specular', '<f4'), ('ior', '<f4'), ('transmission', '<f4'), ('pad', '<f4')]
 struct Material {
     color: vec3<f32>,
     roughness: f32,
+    emission: vec3<f32>,
+    metallic: f32,
+    specular: f32,
+    ior: f32,
+    transmission: f32,
+    pad: f32,
 }
 
 // 32 bytes, mirrors numpy [('q', '<f4', (4,)), ('t', '<f4', (3,)), ('s', '<f4')]

@@ -13,7 +13,7 @@ import pytest
 
 from taperay.runtime.opcodes import OPS, Op, OpClass
 from taperay.runtime.pruning import evaluate_pruned
-from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError
+from taperay.runtime.tape import INSTR_DTYPE, Tape, TapeError, material_array
 
 RNG = np.random.default_rng(7)
 
@@ -30,7 +30,7 @@ class TapeBuilder:
 
     def tape(self, n_regs=None, bounds=((-2, -2, -2), (2, 2, 2))):
         n_regs = n_regs or 1 + max(max(r[1], r[2], r[3], r[4]) for r in self.rows)
-        mats = np.array([((0.5, 0.5, 0.5), 0.5)] * 8, MATERIAL_DTYPE)
+        mats = material_array([(0.5, 0.5, 0.5)] * 8, 0.5)
         return Tape(np.array([tuple(r) for r in self.rows], INSTR_DTYPE),
                     np.array(self.params or [0.0], np.float32), mats, n_regs, np.array(bounds, np.float32))
 

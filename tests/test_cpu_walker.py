@@ -9,11 +9,11 @@ from taperay.runtime.camera import Camera, auto_camera
 from taperay.runtime.image import write_png
 from taperay.runtime.opcodes import Op
 from taperay.runtime.shading import PACK_FIELDS, PACK_LEN, VIEWS, RenderSettings, unpack
-from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
+from taperay.runtime.tape import INSTR_DTYPE, Tape, TaperayError, material_array
 
 W, H = 64, 48
 R = 0.8
-MATS = np.array([((0.8, 0.3, 0.2), 0.4), ((0.2, 0.4, 0.8), 0.6)], MATERIAL_DTYPE)
+MATS = material_array([(0.8, 0.3, 0.2), (0.2, 0.4, 0.8)], [0.4, 0.6])
 
 
 def make_tape(rows, params, bounds):

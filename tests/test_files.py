@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from taperay.runtime.tape import Op, TapeError, TaperayError
+from taperay.runtime.tape import MATERIAL_DTYPE, Op, TapeError, TaperayError
 from taperay.scenegraph import Material, Param, box, flatten, sphere, torus
 from taperay.scenegraph import files
 from taperay.scenegraph.files import (FileFormatError, load_file, load_scene_file, load_tape_file,
@@ -120,6 +120,32 @@ def test_scene_round_trip(tmp_path, make):
     assert back.to_dict() == scene.to_dict()
     assert load_file(p).to_dict() == scene.to_dict()
     _assert_same_tape(flatten(back), flatten(scene))
+
+
+def test_path_tracer_materials_round_trip(tmp_path):
+    """A scene and a tape keep every material field (metal, glass, emitter); a scene file's
+    material without the fields after roughness (written before them) loads with the defaults,
+    and a tape file whose materials have the first record layout (colour, roughness) too."""
+    glass = Material("glass", (1.0, 0.9, 0.9), 0.0, transmission=1.0, ior=1.45)
+    lamp = Material("lamp", (0.0, 0.0, 0.0), emission=(4.0, 3.0, 2.0), specular=0.0)
+    gold = Material("gold", (0.9, 0.7, 0.3), 0.25, metallic=1.0)
+    scene = sphere(1).material(glass) | box(0.5).translate(2, 0, 0).material(lamp) | torus(1, 0.2).material(gold)
+    save_scene(scene, tmp_path / "m.scene")
+    back = flatten(load_scene_file(tmp_path / "m.scene"))
+    assert back.materials.tobytes() == flatten(scene).materials.tobytes()
+    save_tape(back, tmp_path / "m.tape")
+    assert load_tape_file(tmp_path / "m.tape").materials.tobytes() == back.materials.tobytes()
+    d = sphere(1).material(Material("old", (0.1, 0.2, 0.3), 0.4)).to_dict()
+    d["material"] = {k: d["material"][k] for k in ("name", "color", "roughness")}
+    from taperay.scenegraph.nodes import node_from_dict
+    assert node_from_dict(d).mat == Material("old", (0.1, 0.2, 0.3), 0.4)
+    body = _body(tmp_path / "m.tape")
+    body["layouts"]["materials"] = files._layout(files.MATERIAL_DTYPE_1)
+    body["materials"] = np.array([((0.1, 0.2, 0.3), 0.4)] * len(back.materials), files.MATERIAL_DTYPE_1).tobytes()
+    (tmp_path / "old.tape").write_bytes(_container(body))
+    old = load_tape_file(tmp_path / "old.tape").materials
+    np.testing.assert_allclose(old["color"], [(0.1, 0.2, 0.3)] * len(old), rtol=1e-6)
+    assert old["ior"].tolist() == [1.5] * len(old) and old["transmission"].tolist() == [0.0] * len(old)
 
 
 def test_kind_mismatch_is_reported(tmp_path, good_tape_file):
@@ -265,7 +291,7 @@ def _mutated(good_tape_file, **changes):
     ({"instrs": [1, 2, 3]}, "'instrs' must be binary"),
     ({"instrs": b"\x00" * 33}, "not a multiple of the 32-byte record"),
     ({"params": b"\x00" * 3}, "not a multiple of the 4-byte record"),
-    ({"materials": b"\x00" * 17}, "not a multiple of the 16-byte record"),
+    ({"materials": b"\x00" * 17}, f"not a multiple of the {MATERIAL_DTYPE.itemsize}-byte record"),
     ({"layouts": {**files._LAYOUTS, "instrs": [["op", "<u4", []]]}}, "layouts differ from this taperay's (instrs)"),
     ({"layouts": {**files._LAYOUTS, "materials": [["color", "<f8", [3]], ["roughness", "<f4", []]]}},
      "(materials)"),

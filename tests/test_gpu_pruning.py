@@ -30,7 +30,7 @@ from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, WAVE_MAX_TILES, ima
 from taperay.runtime.opcodes import Op
 from taperay.runtime.pruning import sign_image as cpu_sign_image
 from taperay.runtime.shading import RenderSettings
-from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
+from taperay.runtime.tape import INSTR_DTYPE, Tape, TaperayError, material_array
 from taperay.scenegraph.vm import load_vm
 from test_pruning import random_tape, tape_of
 
@@ -253,7 +253,7 @@ def _chain_tape(n):
     ins[0]["op"] = 0            # VAR_X into r0
     ins[1]["op"], ins[1]["dst"] = 3, 1      # CONST 1 into r1
     ins[2:]["op"], ins[2:]["a"], ins[2:]["b"] = 22, 0, 1   # r0 = r0 + r1
-    mats = np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE)
+    mats = material_array([(0.5, 0.5, 0.5)], 0.5)
     return Tape(ins, np.array([1.0], np.float32), mats, 2, np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
 
 
@@ -272,7 +272,7 @@ def test_tapes_beyond_the_iteration_cap_are_refused(walker_gpu, no_new_kernels):
 def test_non_arithmetic_tapes_use_the_unpruned_kernel(walker_gpu, no_new_kernels):
     ins = np.zeros(1, INSTR_DTYPE)
     ins[0]["op"] = Op.SPHERE
-    tape = Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
+    tape = Tape(ins, np.array([0.7], np.float32), material_array([(0.5, 0.5, 0.5)], 0.5), 1,
                 np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
     full = walker_gpu.field_image(tape, 16, 16)
     np.testing.assert_array_equal(walker_gpu.sign_image(tape, 16, 16), full < 0)
@@ -521,7 +521,7 @@ def test_evaluate_pruned_grows_a_small_arena(walker_gpu, no_new_kernels, monkeyp
 def test_evaluate_pruned_falls_back_and_checks_its_arguments(walker_gpu, no_new_kernels):
     ins = np.zeros(1, INSTR_DTYPE)
     ins[0]["op"] = Op.SPHERE    # not arithmetic
-    tape = Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
+    tape = Tape(ins, np.array([0.7], np.float32), material_array([(0.5, 0.5, 0.5)], 0.5), 1,
                 np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
     pts = _points(np.random.default_rng(1), 100)
     for a, b in zip(walker_gpu.evaluate_pruned(tape, pts), walker_gpu.evaluate(tape, pts)):

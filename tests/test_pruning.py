@@ -20,7 +20,7 @@ from taperay.runtime.intervals import INTERVAL_OPS, choice
 from taperay.runtime.opcodes import OPS, Family, Op
 from taperay.runtime.pruning import (evaluate_pruned, field_image_pruned, interval_eval, interval_op,
                                      is_arithmetic, prune, sign_image)
-from taperay.runtime.tape import INSTR_DTYPE, MATERIAL_DTYPE, Tape, TaperayError
+from taperay.runtime.tape import INSTR_DTYPE, Tape, TaperayError, material_array
 from taperay.scenegraph.vm import load_vm
 from taperay.runtime.shading import RenderSettings
 
@@ -43,7 +43,7 @@ def tape_of(rows, consts, n_regs, bounds=((-2, -2, -2), (2, 2, 2))):
     for i, r in enumerate(rows):
         for f, v in zip(("op", "dst", "a", "b", "c", "param"), r):
             ins[i][f] = int(v)
-    mats = np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE)
+    mats = material_array([(0.5, 0.5, 0.5)], 0.5)
     return Tape(ins, np.array(consts or [0.0], np.float32), mats, n_regs, np.array(bounds, np.float32))
 
 
@@ -332,7 +332,7 @@ def test_prospero_sign_image_matches_the_reference_png():
 def _sphere_tape():
     ins = np.zeros(1, INSTR_DTYPE)
     ins[0]["op"] = Op.SPHERE
-    return Tape(ins, np.array([0.7], np.float32), np.array([((0.5, 0.5, 0.5), 0.5)], MATERIAL_DTYPE), 1,
+    return Tape(ins, np.array([0.7], np.float32), material_array([(0.5, 0.5, 0.5)], 0.5), 1,
                 np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
 
 

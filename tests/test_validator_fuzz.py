@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from taperay.runtime.tape import (BVH_DTYPE, INSTANCE_DTYPE, MATERIAL_DTYPE, Op, Tape, TapeError,
-                                  TaperayError, instr_array, validate)
+                                  TaperayError, instr_array, material_array, validate)
 from taperay.scenegraph import box, flatten, sphere, torus
 from taperay.scenegraph.files import load_file, save_scene, save_tape
 from taperay.scenegraph.vm import load_vm
@@ -60,7 +60,7 @@ def _mostly(good, bad):
 
 
 FINITE = st.floats(-100, 100, width=32)
-GOOD_MATERIALS = st.integers(1, 3).map(lambda k: np.array([((0.5, 0.5, 0.5), 0.5)] * k, MATERIAL_DTYPE))
+GOOD_MATERIALS = st.integers(1, 3).map(lambda k: material_array([(0.5, 0.5, 0.5)] * k, 0.5))
 
 
 @st.composite
