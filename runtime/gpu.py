@@ -167,6 +167,15 @@ class GpuWalker(PrunedPasses):
             buf.write(4 * slot, chunk)
             buf.mirror[4 * slot: 4 * slot + 4] = chunk
 
+    @_guarded
+    def set_material(self, tape: Tape, name: str, **fields) -> None:
+        """Set fields of the material ``name`` on ``tape`` (``Tape.set_material``); when ``tape`` is
+        the one on the GPU, write the bytes of the records that changed (else the next use
+        uploads them). No pipeline is made: the kernels read the materials buffer."""
+        tape.set_material(name, **fields)
+        if self._uploaded == id(tape):
+            self._tape_bufs["materials"].sync(tape.materials)
+
     # -- dispatch plumbing
     def _bind(self):
         bufs = [self._tape_bufs[n].buffer for n in _TAPE_ARRAYS] + [
@@ -605,16 +614,14 @@ class GpuWalker(PrunedPasses):
                      settings: RenderSettings | None, path, first: int, count: int) -> np.ndarray:
         """(H, W, 4) float32 sums over samples first .. first+count-1 of the path tracer
         (shaders/path.wgsl; ``path`` a runtime.path_tracing.PathSettings): radiance rgb and the
-        square of each sample's mean over rgb. The materials' emission goes in the points
-        buffer. One dispatch of the path kernel per sample, on the tape's own records (no pruned
+        square of each sample's mean over rgb. One dispatch of the path kernel per sample, on the tape's own records (no pruned
         cells); a path whose evaluations pass the adapter's iteration cap is a TaperayError, as
         march's."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
-        self._points.sync(path.emission_table(tape).reshape(-1))    # (path.wgsl reads it as points)
         env = np.asarray(path.environment, np.float32)
         for s in range(first, first + count):
             u = self._uniforms(tape, n, width, height, sample=s, rect=(*env, path.max_bounces),
-                               extra=(path.roulette_from, first, path.seed, 0), camera=camera.pack(),
+                               extra=(path.roulette_from, first, path.seed, float(path.light_samples)), camera=camera.pack(),
                                settings=packed)
             self._submit([("path", n)], variant, u, 0)
             self._check_counters(tape)

@@ -1,24 +1,44 @@
 """Progressive path tracing: the integrator's settings, its reference on the twin, and the
 accumulation both walkers share.
 
-Owns ``PathSettings`` (environment radiance, bounce limit, Russian roulette, the sequence's
-seed), the twin's path kernel (``_path_kernel``, Numba float32, the reference of
-shaders/path.wgsl: the same integrator drawing the same random numbers), ``path_sums`` (one
-walker's sums over a run of samples) and ``PathImage`` (progressive accumulation: each ``add``
-adds samples; a camera, setting or scene edit needs a new one). The march, normals, hit
-material and march box are the walkers' own (RenderSettings, twin._trace / _gradients,
-kernels_render.wgsl trace_step / tetra); nothing here changes shader text.
+Owns ``PathSettings`` (environment radiance, bounce limit, Russian roulette, light sampling, the
+sequence's seed), the integrator's scalar pieces (the sampler, the material model, its sampling
+and the MIS weight: jitted, float32, each mirrored by a function of shaders/path.wgsl of the same
+name), the twin's path kernel (``_path_kernel``, Numba float32, the reference of path.wgsl: the
+same integrator drawing the same random numbers), ``path_sums`` (one walker's sums over a run of
+samples) and ``PathImage`` (progressive accumulation: each ``add`` adds samples; a camera,
+setting or scene edit needs a new one). The march's hit threshold, normals and march box are
+the walkers' own (RenderSettings, twin._field / _gradients, kernels_render.wgsl trace_step /
+tetra); nothing here changes shader text. Materials are the tape's MATERIAL_DTYPE records, so a
+material edit is a buffer write.
 
-Integrator (both walkers): per pixel and sample, a primary ray through the pixel jittered
-uniformly over its area; at each hit the material's emission (``PathSettings.emission``, by
-material name: the material record holds no emission) times the throughput is added, then a
-diffuse surface of the material's colour (the cosine-weighted bounce's weight is the albedo),
-the next ray cosine-weighted about the normal from p + 4 hit_eps n; a ray that leaves the
-march box or spends max_steps sees the constant environment. Russian roulette from bounce
-``roulette_from`` on (survival max(throughput) capped at 0.95); a path ends, absorbed, after
-``max_bounces`` hits. Random numbers: the PCG hash (Jarzynski and Olano 2020) chained over
-(seed, 8 bounce + dimension, sample, pixel), 24 bits each; dimensions 0, 1 jitter, 2, 3 the
-bounce direction, 4 the roulette.
+Integrator (both walkers), per pixel and sample:
+
+- a primary ray through the pixel jittered uniformly over its area, sphere-traced through the
+  tape; a ray inside a glass traces the negated field (its surface from within);
+- at a hit (normal: the field's gradient, tetrahedron taps), the material's emission times the
+  throughput is added (emitters are found by the paths alone); after ``max_bounces`` hits the
+  path ends there;
+- glass (transmission 1): smooth dielectric; reflect with the exact Fresnel reflectance, else
+  refract (Snell; the colour tints the transmitted throughput); no light sampling;
+- other materials: a Lambertian base ``color (1 - metallic) (1 - Fd)`` under a GGX microfacet
+  lobe (alpha = roughness^2, at least ALPHA_MIN; Smith's separable shadowing; Schlick's Fresnel
+  from F0 = mix(0.08 specular, color, metallic) to F90 = mix(specular, 1, metallic); Fd the
+  dielectric part's F at the view angle); next-event estimation toward the environment: a
+  uniform direction on the sphere, its shadow ray traced through the same tape, weighted by the
+  power heuristic against the BSDF's pdf; then a BSDF sample (the GGX lobe, normals drawn from
+  D cos, with probability max(F(view)) / (max(F(view)) + max(diffuse)), else cosine-weighted),
+  its throughput weight f cos / pdf of the two lobes' mixture;
+- a ray that leaves the march box or spends max_steps sees the constant environment, weighted
+  by the power heuristic against the light sample's pdf when it left an opaque surface with
+  light sampling on (1 otherwise);
+- Russian roulette from bounce ``roulette_from`` on (survival max(throughput) capped at 0.95,
+  the survivors divided by it).
+
+Random numbers: the PCG hash (Jarzynski and Olano 2020) chained over (seed, 8 bounce +
+dimension, sample, pixel), 24 bits each; bounce 0's dimensions 0, 1 jitter the pixel; at hit b,
+dimension 0 picks the lobe (or glass's reflect / refract), 1, 2 the BSDF direction, 3, 4 the
+light direction, 5 the roulette.
 
 Per pixel the sums hold the radiance's three channels and the square of the samples' mean over
 rgb (``luminance`` here), so that ``PathImage.tile_stats`` gives a tile's mean and its standard
@@ -26,7 +46,7 @@ error from the samples themselves.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -36,12 +56,19 @@ from .camera import Camera, auto_camera, pixel_ray
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, VALIDATED
 
-__all__ = ["PathSettings", "PathImage", "path_sums", "pcg_hash", "path_random"]
+__all__ = ["PathSettings", "PathImage", "path_sums", "pcg_hash", "path_random", "ALPHA_MIN"]
 
 F32 = np.float32
 _MASK = 0xFFFFFFFF
-_DIM_JITTER, _DIM_BOUNCE, _DIM_ROULETTE = 0, 2, 4
+_DIM_JITTER = 0                      # bounce 0: 0, 1
+_DIM_LOBE, _DIM_BSDF, _DIM_LIGHT, _DIM_ROULETTE = 0, 1, 3, 5     # at a hit: 0, 1 2, 3 4, 5
 _ROULETTE_CAP = F32(0.95)
+ALPHA_MIN = F32(0.002)               # the least GGX alpha (roughness 0: a near-mirror)
+_PI = F32(np.pi)
+_INV_PI = F32(1 / np.pi)
+_TWO_PI = F32(2 * np.pi)
+_INV_4PI = F32(1 / (4 * np.pi))      # the light sample's pdf (uniform on the sphere)
+_COS_MIN = F32(1e-4)                 # the least cosine of the view direction the BSDF uses
 
 
 @dataclass(frozen=True)
@@ -50,8 +77,7 @@ class PathSettings:
     max_bounces: int = 8            # hits after which a path ends (absorbed)
     roulette_from: int = 3          # Russian roulette at bounces >= this
     seed: int = 0                   # the random sequence (< 2^24)
-    # material name -> the radiance its surfaces emit (linear RGB); the others emit none
-    emission: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    light_samples: bool = True      # next-event estimation toward the environment (MIS)
 
     def __post_init__(self):
         env = np.asarray(self.environment, float)
@@ -61,21 +87,6 @@ class PathSettings:
             raise TaperayError("path settings: max_bounces and roulette_from must lie in 1..1024")
         if not (0 <= self.seed < 1 << 24):
             raise TaperayError(f"path settings: seed {self.seed} must lie in 0..2^24-1")
-        for name, rgb in self.emission.items():
-            e = np.asarray(rgb, float)
-            if e.shape != (3,) or not np.all(np.isfinite(e)) or np.any(e < 0):
-                raise TaperayError(f"path settings: emission of {name!r} {rgb} must be 3 finite values >= 0")
-
-    def emission_table(self, tape: Tape) -> np.ndarray:
-        """(materials, 3) float32: each material id's emitted radiance (tape.material_names)."""
-        table = np.zeros((max(len(tape.materials), 1), 3), F32)
-        names = list(tape.material_names)
-        for name, rgb in self.emission.items():
-            if name not in names:
-                raise TaperayError(f"path settings: no material named {name!r} to emit "
-                                   f"(have: {', '.join(n for n in names if n) or 'none'})")
-            table[[i for i, n in enumerate(names) if n == name]] = rgb
-        return table
 
 
 # ----------------------------------------------------------------------------- sampler
@@ -95,43 +106,205 @@ def path_random(seed, pixel, sample, bounce, dim):
     return F32(h >> 8) * F32(5.9604644775390625e-08)
 
 
-@njit(cache=True, error_model="numpy", fastmath=False)
-def _cosine_dir(n0, n1, n2, u1, u2):
-    """A cosine-weighted unit direction about the unit normal n (path.wgsl cosine_dir)."""
+# ----------------------------------------------------------------------------- the material model
+_JIT = dict(cache=True, error_model="numpy", fastmath=False)
+
+
+@njit(**_JIT)
+def _frame_dir(n0, n1, n2, x, y, z):
+    """The direction x t1 + y t2 + z n of the orthonormal basis (t1, t2, n) about the unit n (Duff
+    et al. 2017; path.wgsl frame_dir)."""
     s = F32(1) if n2 >= F32(0) else F32(-1)
     a = F32(-1) / (s + n2)
     b = n0 * n1 * a
     t10, t11, t12 = F32(1) + s * n0 * n0 * a, s * b, -s * n0
     t20, t21, t22 = b, s + n1 * n1 * a, -n1
-    r = np.sqrt(u1)
-    phi = F32(6.2831854820251465) * u2
-    x = r * np.cos(phi)
-    y = r * np.sin(phi)
-    z = np.sqrt(max(F32(1) - u1, F32(0)))
     return x * t10 + y * t20 + z * n0, x * t11 + y * t21 + z * n1, x * t12 + y * t22 + z * n2
 
 
+@njit(**_JIT)
+def _cosine_dir(n0, n1, n2, u1, u2):
+    """A cosine-weighted unit direction about the unit normal n (path.wgsl cosine_dir)."""
+    r = np.sqrt(u1)
+    phi = _TWO_PI * u2
+    return _frame_dir(n0, n1, n2, r * np.cos(phi), r * np.sin(phi), np.sqrt(max(F32(1) - u1, F32(0))))
+
+
+@njit(**_JIT)
+def _ggx_half(n0, n1, n2, a2, u1, u2):
+    """A GGX microfacet normal about n drawn from D(h) cos(theta_h) (path.wgsl ggx_half)."""
+    c2 = (F32(1) - u1) / (F32(1) + (a2 - F32(1)) * u1)
+    c = np.sqrt(c2)
+    s = np.sqrt(max(F32(1) - c2, F32(0)))
+    phi = _TWO_PI * u2
+    return _frame_dir(n0, n1, n2, s * np.cos(phi), s * np.sin(phi), c)
+
+
+@njit(**_JIT)
+def _uniform_dir(u1, u2):
+    """A uniform direction on the unit sphere (path.wgsl uniform_dir)."""
+    z = F32(1) - F32(2) * u1
+    r = np.sqrt(max(F32(1) - z * z, F32(0)))
+    phi = _TWO_PI * u2
+    return r * np.cos(phi), r * np.sin(phi), z
+
+
+@njit(**_JIT)
+def _smith_g1(c, a2):
+    return F32(2) * c / (c + np.sqrt(a2 + (F32(1) - a2) * c * c))
+
+
+@njit(**_JIT)
+def _lobes(mat, co):
+    """(diffuse albedo rgb, F0 rgb, F90, alpha^2, the GGX lobe's sampling probability) of the
+    material record at view cosine co (path.wgsl lobes)."""
+    c, rough, metal, spec = mat["color"], mat["roughness"], mat["metallic"], mat["specular"]
+    f0d = F32(0.08) * spec
+    w = F32(1) - co
+    w5 = w * w * w * w * w
+    kd_scale = (F32(1) - metal) * (F32(1) - (f0d + (spec - f0d) * w5))
+    f90 = spec + (F32(1) - spec) * metal
+    kd0, kd1, kd2 = c[0] * kd_scale, c[1] * kd_scale, c[2] * kd_scale
+    f00 = f0d + (c[0] - f0d) * metal
+    f01 = f0d + (c[1] - f0d) * metal
+    f02 = f0d + (c[2] - f0d) * metal
+    fs = max(f00, max(f01, f02))
+    fs = fs + (f90 - fs) * w5
+    fd = max(kd0, max(kd1, kd2))
+    ps = fs / (fs + fd) if fs + fd > F32(0) else F32(0)
+    a = max(rough * rough, ALPHA_MIN)
+    return kd0, kd1, kd2, f00, f01, f02, f90, a * a, ps
+
+
+@njit(**_JIT)
+def _bsdf(mat, n0, n1, n2, o0, o1, o2, i0, i1, i2):
+    """(f rgb times cos(n, wi), the sampling pdf of wi) of an opaque material, view wo = o, light
+    wi = i, unit normal n; zero when wi is below the surface (path.wgsl bsdf)."""
+    co = max(n0 * o0 + n1 * o1 + n2 * o2, _COS_MIN)
+    ci = n0 * i0 + n1 * i1 + n2 * i2
+    if not ci > F32(0):
+        return F32(0), F32(0), F32(0), F32(0)
+    kd0, kd1, kd2, f00, f01, f02, f90, a2, ps = _lobes(mat, co)
+    h0, h1, h2 = o0 + i0, o1 + i1, o2 + i2
+    hl = np.sqrt(h0 * h0 + h1 * h1 + h2 * h2)
+    h0, h1, h2 = h0 / hl, h1 / hl, h2 / hl
+    nh = max(n0 * h0 + n1 * h1 + n2 * h2, F32(0))
+    vh = max(o0 * h0 + o1 * h1 + o2 * h2, _COS_MIN)
+    q = nh * nh * (a2 - F32(1)) + F32(1)
+    d = a2 / (_PI * q * q)
+    g = _smith_g1(co, a2) * _smith_g1(ci, a2)
+    w = F32(1) - vh
+    w5 = w * w * w * w * w
+    spec = d * g / (F32(4) * co)                  # (times ci: f's 1 / (4 co ci) times ci)
+    diff = ci * _INV_PI
+    pdf = (F32(1) - ps) * diff + ps * d * nh / (F32(4) * vh)
+    return ((kd0 * diff + spec * (f00 + (f90 - f00) * w5)), (kd1 * diff + spec * (f01 + (f90 - f01) * w5)),
+            (kd2 * diff + spec * (f02 + (f90 - f02) * w5)), pdf)
+
+
+@njit(**_JIT)
+def _sample_bsdf(mat, n0, n1, n2, o0, o1, o2, u0, u1, u2):
+    """A direction drawn from the opaque material's sampling (the GGX lobe with its probability,
+    else cosine-weighted; path.wgsl sample_bsdf)."""
+    co = max(n0 * o0 + n1 * o1 + n2 * o2, _COS_MIN)
+    _, _, _, _, _, _, _, a2, ps = _lobes(mat, co)
+    if u0 < ps:
+        h0, h1, h2 = _ggx_half(n0, n1, n2, a2, u1, u2)
+        vh2 = F32(2) * (o0 * h0 + o1 * h1 + o2 * h2)
+        return vh2 * h0 - o0, vh2 * h1 - o1, vh2 * h2 - o2
+    return _cosine_dir(n0, n1, n2, u1, u2)
+
+
+@njit(**_JIT)
+def _power_weight(pa, pb):
+    """The power heuristic's weight of a sample of pdf pa against another strategy's pb."""
+    a2 = pa * pa
+    return a2 / (a2 + pb * pb)
+
+
+@njit(**_JIT)
+def _fresnel_dielectric(c, eta):
+    """(reflectance, cos of the refracted angle) at incidence cosine c >= 0 and relative index
+    eta = n_incident / n_transmitted; reflectance 1 under total internal reflection."""
+    s2 = eta * eta * (F32(1) - c * c)
+    if s2 >= F32(1):
+        return F32(1), F32(0)
+    ct = np.sqrt(F32(1) - s2)
+    rs = (eta * c - ct) / (eta * c + ct)
+    rp = (c - eta * ct) / (c + eta * ct)
+    return F32(0.5) * (rs * rs + rp * rp), ct
+
+
 # ----------------------------------------------------------------------------- the twin's kernel
+@njit(inline="always", **_JIT)
+def _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scale, steps, hit, mat, idx, rhint):
+    """Sphere-trace n rays from t to tfar through side f (side +1 outside the surface, -1 inside
+    a glass): hit when side f < eps (kernels_render.wgsl trace_step on the path kernel's signed
+    value); t is left at the hit. rhint as twin._trace's."""
+    pin, out_d, out_m, hint = ws[twin.WS_PIN], ws[twin.WS_OUT_D], ws[twin.WS_OUT_M], ws[twin.WS_HINT]
+    na = np.int64(0)
+    for i in range(n):
+        steps[i] = 0
+        hit[i] = False
+        mat[i] = 0
+        if t[i] <= tfar[i]:
+            idx[na] = i
+            na += 1
+    while na > 0:
+        for q in range(na):
+            i = idx[q]
+            for r in range(3):
+                pin[r, q] = ro[r, i] + t[i] * rd[r, i]
+            hint[0, q], hint[1, q] = rhint[0, i], rhint[1, i]
+        twin._field(tp, na, ws, ws1, sec)
+        m = np.int64(0)
+        for q in range(na):
+            i = idx[q]
+            rhint[0, i], rhint[1, i] = hint[0, q], hint[1, q]
+            d = side[i] * out_d[q]
+            steps[i] += 1
+            if d < eps:
+                hit[i] = True
+                mat[i] = out_m[q]
+                continue
+            t[i] += d * step_scale
+            if not t[i] <= tfar[i] or steps[i] >= max_steps:
+                continue
+            idx[m] = i
+            m += 1
+        na = m
+
+
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
-def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, colors, emit, env, max_bounces,
-                 roulette_from, seed, first, count, sums, thread, n_threads):
+def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, mats, env, max_bounces,
+                 roulette_from, light_samples, seed, first, count, sums, thread, n_threads):
     """Thread ``thread``'s tiles of samples first .. first+count-1, added into sums (H, W, 4):
-    the rays of a tile's sample are traced together, one bounce at a time (twin._trace), the
-    paths that go on compacted to the front."""
+    the rays of a tile's sample are traced together, one bounce at a time (_march), the shadow
+    rays of a bounce together after it, the paths that go on compacted to the front."""
     H, W = sums.shape[0], sums.shape[1]
     n_save = tp[7]
-    n_mat = colors.shape[0]
+    n_mat = mats.shape[0]
     dirs = np.empty((H, W, 3), F32)       # (only its shape: the tiles)
     eps4 = F32(4) * eps
     o = np.empty(3, F32)
     dv = np.empty(3, F32)
+    B = twin.BLOCK
     for tile in range(thread, twin._tile_count(dirs), n_threads):
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             twin._tile_setup(tile, dirs, n_regs, n_save)
-        thr = np.empty((3, twin.BLOCK), F32)
-        rad = np.empty((3, twin.BLOCK), F32)
+        thr = np.empty((3, B), F32)
+        rad = np.empty((3, B), F32)
+        side = np.empty(B, F32)
+        prev_pdf = np.empty(B, F32)       # the BSDF pdf of the ray's direction (0: no MIS)
+        goes_on = np.empty(B, np.bool_)
+        # the shadow rays of a bounce: origin, direction, slab, path, the radiance they carry
+        s_ro, s_rd, s_add = np.empty((3, B), F32), np.empty((3, B), F32), np.empty((3, B), F32)
+        s_t, s_tfar, s_side = np.empty(B, F32), np.empty(B, F32), np.ones(B, F32)
+        s_hit, s_mat, s_idx = np.empty(B, np.bool_), np.empty(B, np.uint32), np.empty(B, np.int64)
+        s_steps = np.empty(B, np.int32)
+        s_path, s_hint = np.empty(B, np.int64), np.zeros((2, B), np.int64)
         for sample in range(first, first + count):
-            n = 0
+            n = np.int64(0)
             for row in range(r0, r1):
                 for col in range(c0, c1):
                     p = row * W + col
@@ -145,23 +318,27 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, co
                         thr[r, n] = F32(1)
                         rad[r, n] = F32(0)
                     t[n], tfar[n] = twin._slab(o, dv, box)
+                    side[n], prev_pdf[n] = F32(1), F32(0)
                     pix[0, n], pix[1, n] = row, col
                     n += 1
             bounce = np.int64(0)
             while n > 0:
                 for q in range(n):
                     rhint[0, q], rhint[1, q] = 0, 0
-                twin._trace(tp, sec, ws, ws1, n, ro, rd, t, tfar, eps, F32(0), max_steps, step_scale, F32(0),
-                            steps, hit, mat, res, idx, rhint)
-                m = 0
+                _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scale, steps, hit, mat, idx, rhint)
+                m = np.int64(0)
                 for q in range(n):                  # misses see the environment; hits to the front
                     if not hit[q]:
+                        w = F32(1)
+                        if prev_pdf[q] > F32(0):
+                            w = _power_weight(prev_pdf[q], _INV_4PI)
                         for r in range(3):
-                            rad[r, q] += thr[r, q] * env[r]
+                            rad[r, q] += thr[r, q] * env[r] * w
                         _finish(sums, pix, rad, q)
                         continue
                     for r in range(3):
                         ro[r, m] = ro[r, q] + t[q] * rd[r, q]
+                        rd[r, m] = rd[r, q]
                         thr[r, m], rad[r, m] = thr[r, q], rad[r, q]
                     mat[m], pix[0, m], pix[1, m] = mat[q], pix[0, q], pix[1, q]
                     m += 1
@@ -170,44 +347,114 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, co
                     hint[0, q], hint[1, q] = 0, 0
                 twin._gradients(tp, sec, ws, ws1, m, ro, neps, grad)
                 bounce += 1
-                n = 0
-                for q in range(m):                  # the bounce; the paths that go on to the front
+                ns = np.int64(0)
+                for q in range(m):                  # each hit's light sample and bounce
+                    goes_on[q] = False
                     gl = twin._len3(grad[0, q], grad[1, q], grad[2, q])
                     if not gl > F32(0):
-                        _finish(sums, pix, rad, q)
                         continue
                     nx, ny, nz = grad[0, q] / gl, grad[1, q] / gl, grad[2, q] / gl
-                    c = colors[min(mat[q], n_mat - 1)]
-                    e = emit[min(mat[q], n_mat - 1)]
+                    mt = mats[min(mat[q], n_mat - 1)]
+                    e = mt["emission"]
                     for r in range(3):
                         rad[r, q] += thr[r, q] * e[r]
-                        thr[r, q] *= c[r]
                     if bounce >= max_bounces:
-                        _finish(sums, pix, rad, q)
                         continue
                     p = pix[0, q] * W + pix[1, q]
+                    wo0, wo1, wo2 = -rd[0, q], -rd[1, q], -rd[2, q]
+                    u0 = path_random(seed, p, sample, bounce, _DIM_LOBE)
+                    u1 = path_random(seed, p, sample, bounce, _DIM_BSDF)
+                    u2 = path_random(seed, p, sample, bounce, _DIM_BSDF + 1)
+                    if mt["transmission"] == F32(1):          # smooth glass
+                        c = nx * wo0 + ny * wo1 + nz * wo2
+                        s = F32(1) if c > F32(0) else F32(-1)
+                        eta = F32(1) / mt["ior"] if c > F32(0) else mt["ior"]
+                        mx, my, mz = s * nx, s * ny, s * nz
+                        c = s * c
+                        fr, ct = _fresnel_dielectric(c, eta)
+                        if u0 < fr:
+                            c2 = F32(2) * c
+                            dv[0], dv[1], dv[2] = c2 * mx - wo0, c2 * my - wo1, c2 * mz - wo2
+                            off = eps4
+                            side[q] = s
+                        else:
+                            kt = eta * c - ct
+                            dv[0], dv[1], dv[2] = kt * mx - eta * wo0, kt * my - eta * wo1, kt * mz - eta * wo2
+                            off = -eps4
+                            side[q] = -s
+                            tint = mt["color"]
+                            for r in range(3):
+                                thr[r, q] *= tint[r]
+                        o[0], o[1], o[2] = ro[0, q] + off * mx, ro[1, q] + off * my, ro[2, q] + off * mz
+                        prev_pdf[q] = F32(0)
+                    else:
+                        if light_samples:
+                            l0, l1, l2 = _uniform_dir(path_random(seed, p, sample, bounce, _DIM_LIGHT),
+                                                      path_random(seed, p, sample, bounce, _DIM_LIGHT + 1))
+                            f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, l0, l1, l2)
+                            if pdf > F32(0):
+                                w = _power_weight(_INV_4PI, pdf) / _INV_4PI
+                                s_add[0, ns] = thr[0, q] * f0 * env[0] * w
+                                s_add[1, ns] = thr[1, q] * f1 * env[1] * w
+                                s_add[2, ns] = thr[2, q] * f2 * env[2] * w
+                                s_ro[0, ns] = ro[0, q] + eps4 * nx
+                                s_ro[1, ns] = ro[1, q] + eps4 * ny
+                                s_ro[2, ns] = ro[2, q] + eps4 * nz
+                                s_rd[0, ns], s_rd[1, ns], s_rd[2, ns] = l0, l1, l2
+                                s_t[ns], s_tfar[ns] = twin._slab(s_ro[:, ns], s_rd[:, ns], box)
+                                s_path[ns] = q
+                                ns += 1
+                        dv[0], dv[1], dv[2] = _sample_bsdf(mt, nx, ny, nz, wo0, wo1, wo2, u0, u1, u2)
+                        f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, dv[0], dv[1], dv[2])
+                        if not pdf > F32(0):
+                            continue
+                        thr[0, q] *= f0 / pdf
+                        thr[1, q] *= f1 / pdf
+                        thr[2, q] *= f2 / pdf
+                        prev_pdf[q] = pdf if light_samples else F32(0)
+                        side[q] = F32(1)
+                        o[0], o[1], o[2] = ro[0, q] + eps4 * nx, ro[1, q] + eps4 * ny, ro[2, q] + eps4 * nz
+                    keep = max(thr[0, q], max(thr[1, q], thr[2, q]))
+                    if not keep > F32(0):
+                        continue
                     if bounce >= roulette_from:
-                        keep = min(max(thr[0, q], max(thr[1, q], thr[2, q])), _ROULETTE_CAP)
+                        keep = min(keep, _ROULETTE_CAP)
                         if not path_random(seed, p, sample, bounce, _DIM_ROULETTE) < keep:
-                            _finish(sums, pix, rad, q)
                             continue
                         for r in range(3):
                             thr[r, q] /= keep
-                    u1 = path_random(seed, p, sample, bounce, _DIM_BOUNCE)
-                    u2 = path_random(seed, p, sample, bounce, _DIM_BOUNCE + 1)
-                    dv[0], dv[1], dv[2] = _cosine_dir(nx, ny, nz, u1, u2)
-                    o[0], o[1], o[2] = ro[0, q] + eps4 * nx, ro[1, q] + eps4 * ny, ro[2, q] + eps4 * nz
                     t0, t1 = twin._slab(o, dv, box)
-                    if not t0 <= t1:
+                    if not t0 <= t1:                # (leaves the box at once: the environment)
+                        w = F32(1)
+                        if prev_pdf[q] > F32(0):
+                            w = _power_weight(prev_pdf[q], _INV_4PI)
                         for r in range(3):
-                            rad[r, q] += thr[r, q] * env[r]
+                            rad[r, q] += thr[r, q] * env[r] * w
+                        continue
+                    for r in range(3):
+                        ro[r, q], rd[r, q] = o[r], dv[r]
+                    t[q], tfar[q] = t0, t1
+                    goes_on[q] = True
+                if ns > 0:                          # the shadow rays: unoccluded ones add their light
+                    for k in range(ns):
+                        s_hint[0, k], s_hint[1, k] = 0, 0
+                    _march(tp, sec, ws, ws1, ns, s_ro, s_rd, s_side, s_t, s_tfar, eps, max_steps, step_scale,
+                           s_steps, s_hit, s_mat, s_idx, s_hint)
+                    for k in range(ns):
+                        if not s_hit[k]:
+                            q = s_path[k]
+                            for r in range(3):
+                                rad[r, q] += s_add[r, k]
+                n = np.int64(0)
+                for q in range(m):                  # the paths that go on, to the front
+                    if not goes_on[q]:
                         _finish(sums, pix, rad, q)
                         continue
                     for r in range(3):
-                        ro[r, n], rd[r, n] = o[r], dv[r]
+                        ro[r, n], rd[r, n] = ro[r, q], rd[r, q]
                         thr[r, n], rad[r, n] = thr[r, q], rad[r, q]
                     pix[0, n], pix[1, n] = pix[0, q], pix[1, q]
-                    t[n], tfar[n] = t0, t1
+                    t[n], tfar[n], side[n], prev_pdf[n] = t[q], tfar[q], side[q], prev_pdf[q]
                     n += 1
 
 
@@ -226,15 +473,12 @@ def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: Re
     packed = settings.pack(tape, "shade")
     VALIDATED.check(tape)
     sums = np.zeros((height, width, 4), F32)
-    colors = np.ascontiguousarray(tape.materials["color"], F32)
-    if len(colors) == 0:
-        colors = np.full((1, 3), 0.5, F32)
     twin._on_threads(_path_kernel, twin._kernel_tape(tape), tape.n_regs, twin._section(packed), camera.pack(),
                      twin._packed(packed, "box_lo", "box_hi").reshape(2, 3), twin._packed(packed, "hit_eps"),
                      twin._packed(packed, "normal_eps"), int(twin._packed(packed, "max_steps")),
-                     twin._packed(packed, "step_scale"), colors, path.emission_table(tape),
-                     np.asarray(path.environment, F32),
-                     path.max_bounces, path.roulette_from, path.seed, first, count, sums)
+                     twin._packed(packed, "step_scale"), np.ascontiguousarray(tape.materials),
+                     np.asarray(path.environment, F32), path.max_bounces, path.roulette_from,
+                     bool(path.light_samples), path.seed, first, count, sums)
     return sums
 
 

@@ -1,21 +1,21 @@
-// The path tracer's kernel (runtime/path_tracing.py; the twin's _path_kernel there runs the same
-// integrator on the same random numbers). Concatenated after kernels_render.wgsl (camera_dir,
-// eye, slab, Trace, trace_step, ray_point, tetra). One invocation traces one sample of pixel i:
-// a jittered primary ray, sphere-traced through the tape (RenderSettings' march: hit_eps,
-// step_scale, max_steps, the march box); at a hit the material's emission times the throughput
-// is added, the normal taken by the tetrahedron taps (normal_eps), the throughput times the
-// material's colour (a diffuse, Lambertian surface: the
-// cosine-weighted bounce's weight is the albedo), a cosine-weighted bounce from p + 4 hit_eps n;
-// a ray that leaves the box or spends its steps sees the constant environment. Russian roulette
-// from bounce U.extra.x on (survival max(throughput) capped at 0.95, the survivors divided by
-// it); at most U.rect.w bounces (the path ends after them, absorbed).
+// The path tracer's kernel (runtime/path_tracing.py: its module docstring states the integrator;
+// the twin's _path_kernel there runs it on the same random numbers, and each function below
+// mirrors the jitted function of the same name there). Concatenated after kernels_render.wgsl
+// (camera_dir, eye, slab, Trace, trace_step, ray_point, tetra). One invocation traces one sample
+// of pixel i: a jittered primary ray, sphere-traced through the tape (RenderSettings' march:
+// hit_eps, step_scale, max_steps, the march box; a ray inside a glass traces the negated field);
+// at a hit the material record's emission times the throughput is added, the normal taken by
+// the tetrahedron taps (normal_eps); glass reflects or refracts (Fresnel), other materials take
+// a light sample toward the environment (a shadow ray, MIS) and a BSDF sample (GGX lobe or
+// Lambertian base); a ray that leaves the box or spends its steps sees the constant environment.
+// Russian roulette from bounce U.extra.x on; at most U.rect.w bounces.
 // Uniforms: U.sample the sample's index; U.rect.xyz the environment's radiance; U.extra.y the
-// first sample of this accumulation (it clears accum), U.extra.z the sequence's seed.
-// points[3 m ..]: material m's emitted radiance rgb (PathSettings.emission_table).
+// first sample of this accumulation (it clears accum), U.extra.z the sequence's seed, U.extra.w
+// 1 for light samples (PathSettings.light_samples).
 // accum[i] = (sum of the samples' radiance rgb, sum of the squares of their mean over rgb).
-// One field evaluation per loop iteration (phase 0 tracing, 1..4 the gradient's taps), so the
-// interpreter is inlined once. Not resumable: a path whose evaluations pass U.iter_cap counts an
-// overflow (the host refuses the image).
+// One field evaluation per loop iteration (phase 0 tracing, 1..4 the gradient's taps, 5 the
+// shadow ray), so the interpreter is inlined once. Not resumable: a path whose evaluations pass
+// U.iter_cap counts an overflow (the host refuses the image).
 
 // PCG's output permutation of a 32-bit state (Jarzynski and Olano 2020, "pcg" hash)
 fn pcg_hash(v: u32) -> u32 {
@@ -30,26 +30,152 @@ fn path_random(pixel: u32, bounce: u32, dim: u32) -> f32 {
     return f32(h >> 8u) * 5.9604644775390625e-08;
 }
 
-// a cosine-weighted direction about the unit normal n from (u1, u2) (orthonormal basis of Duff
-// et al. 2017)
-fn cosine_dir(n: vec3<f32>, u1: f32, u2: f32) -> vec3<f32> {
+// x t1 + y t2 + z n in the orthonormal basis (t1, t2, n) about the unit n (Duff et al. 2017)
+fn frame_dir(n: vec3<f32>, x: f32, y: f32, z: f32) -> vec3<f32> {
     let s = select(-1.0, 1.0, n.z >= 0.0);
     let a = -1.0 / (s + n.z);
     let b = n.x * n.y * a;
     let t1 = vec3<f32>(1.0 + s * n.x * n.x * a, s * b, -s * n.x);
     let t2 = vec3<f32>(b, s + n.y * n.y * a, -n.y);
-    let r = sqrt(u1);
-    let phi = TWO_PI * u2;
-    let x = r * cos(phi);
-    let y = r * sin(phi);
-    let z = sqrt(max(1.0 - u1, 0.0));
     return vec3<f32>(x * t1.x + y * t2.x + z * n.x, x * t1.y + y * t2.y + z * n.y,
                      x * t1.z + y * t2.z + z * n.z);
 }
 
-const PATH_DIM_JITTER: u32 = 0u;   // dimensions 0, 1: the primary ray's jitter (bounce 0)
-const PATH_DIM_BOUNCE: u32 = 2u;   // 2, 3: the bounce direction
-const PATH_DIM_ROULETTE: u32 = 4u; // 4: Russian roulette
+// a cosine-weighted direction about the unit normal n from (u1, u2)
+fn cosine_dir(n: vec3<f32>, u1: f32, u2: f32) -> vec3<f32> {
+    let r = sqrt(u1);
+    let phi = TWO_PI * u2;
+    return frame_dir(n, r * cos(phi), r * sin(phi), sqrt(max(1.0 - u1, 0.0)));
+}
+
+// a GGX microfacet normal about n drawn from D(h) cos(theta_h)
+fn ggx_half(n: vec3<f32>, a2: f32, u1: f32, u2: f32) -> vec3<f32> {
+    let c2 = (1.0 - u1) / (1.0 + (a2 - 1.0) * u1);
+    let c = sqrt(c2);
+    let s = sqrt(max(1.0 - c2, 0.0));
+    let phi = TWO_PI * u2;
+    return frame_dir(n, s * cos(phi), s * sin(phi), c);
+}
+
+// a uniform direction on the unit sphere
+fn uniform_dir(u1: f32, u2: f32) -> vec3<f32> {
+    let z = 1.0 - 2.0 * u1;
+    let r = sqrt(max(1.0 - z * z, 0.0));
+    let phi = TWO_PI * u2;
+    return vec3<f32>(r * cos(phi), r * sin(phi), z);
+}
+
+fn smith_g1(c: f32, a2: f32) -> f32 {
+    return 2.0 * c / (c + sqrt(a2 + (1.0 - a2) * c * c));
+}
+
+const PATH_PI: f32 = 3.1415927410125732;         // float32(pi)
+const PATH_INV_PI: f32 = 0.31830987334251404;    // float32(1 / pi)
+const PATH_INV_4PI: f32 = 0.07957746833562851;   // float32(1 / (4 pi)): the light sample's pdf
+const PATH_ALPHA_MIN: f32 = 0.0020000000949949026;   // float32(0.002) (path_tracing.ALPHA_MIN)
+const PATH_COS_MIN: f32 = 9.999999747378752e-05;     // float32(1e-4)
+
+struct Lobes {
+    kd: vec3<f32>,     // the Lambertian base's albedo
+    f0: vec3<f32>,     // the GGX lobe's Fresnel at normal incidence
+    f90: f32,          // ... and at grazing
+    a2: f32,           // alpha^2
+    ps: f32,           // the GGX lobe's sampling probability
+}
+
+// the material's lobes at view cosine co
+fn lobes(mt: Material, co: f32) -> Lobes {
+    let c = mt.color;
+    let metal = mt.metallic;
+    let spec = mt.specular;
+    let f0d = 0.08 * spec;
+    let w = 1.0 - co;
+    let w5 = w * w * w * w * w;
+    let kd_scale = (1.0 - metal) * (1.0 - (f0d + (spec - f0d) * w5));
+    let f90 = spec + (1.0 - spec) * metal;
+    let kd = vec3<f32>(c.x * kd_scale, c.y * kd_scale, c.z * kd_scale);
+    let f0 = vec3<f32>(f0d + (c.x - f0d) * metal, f0d + (c.y - f0d) * metal, f0d + (c.z - f0d) * metal);
+    var fs = pmax(f0.x, pmax(f0.y, f0.z));
+    fs = fs + (f90 - fs) * w5;
+    let fd = pmax(kd.x, pmax(kd.y, kd.z));
+    var ps = 0.0;
+    if (fs + fd > 0.0) {
+        ps = fs / (fs + fd);
+    }
+    let a = pmax(mt.roughness * mt.roughness, PATH_ALPHA_MIN);
+    return Lobes(kd, f0, f90, a * a, ps);
+}
+
+// (f rgb times cos(n, wi), the sampling pdf of wi) of an opaque material; zero below the surface
+fn bsdf(mt: Material, n: vec3<f32>, o: vec3<f32>, i: vec3<f32>) -> vec4<f32> {
+    let co = pmax(n.x * o.x + n.y * o.y + n.z * o.z, PATH_COS_MIN);
+    let ci = n.x * i.x + n.y * i.y + n.z * i.z;
+    if (!(ci > 0.0)) {
+        return vec4<f32>(0.0);
+    }
+    let lb = lobes(mt, co);
+    var h = vec3<f32>(o.x + i.x, o.y + i.y, o.z + i.z);
+    let hl = sqrt(h.x * h.x + h.y * h.y + h.z * h.z);
+    h = vec3<f32>(h.x / hl, h.y / hl, h.z / hl);
+    let nh = pmax(n.x * h.x + n.y * h.y + n.z * h.z, 0.0);
+    let vh = pmax(o.x * h.x + o.y * h.y + o.z * h.z, PATH_COS_MIN);
+    let q = nh * nh * (lb.a2 - 1.0) + 1.0;
+    let d = lb.a2 / (PATH_PI * q * q);
+    let g = smith_g1(co, lb.a2) * smith_g1(ci, lb.a2);
+    let w = 1.0 - vh;
+    let w5 = w * w * w * w * w;
+    let spec = d * g / (4.0 * co);
+    let diff = ci * PATH_INV_PI;
+    let pdf = (1.0 - lb.ps) * diff + lb.ps * d * nh / (4.0 * vh);
+    return vec4<f32>(lb.kd.x * diff + spec * (lb.f0.x + (lb.f90 - lb.f0.x) * w5),
+                     lb.kd.y * diff + spec * (lb.f0.y + (lb.f90 - lb.f0.y) * w5),
+                     lb.kd.z * diff + spec * (lb.f0.z + (lb.f90 - lb.f0.z) * w5), pdf);
+}
+
+// a direction from the opaque material's sampling: the GGX lobe with its probability, else
+// cosine-weighted
+fn sample_bsdf(mt: Material, n: vec3<f32>, o: vec3<f32>, u0: f32, u1: f32, u2: f32) -> vec3<f32> {
+    let co = pmax(n.x * o.x + n.y * o.y + n.z * o.z, PATH_COS_MIN);
+    let lb = lobes(mt, co);
+    if (u0 < lb.ps) {
+        let h = ggx_half(n, lb.a2, u1, u2);
+        let vh2 = 2.0 * (o.x * h.x + o.y * h.y + o.z * h.z);
+        return vec3<f32>(vh2 * h.x - o.x, vh2 * h.y - o.y, vh2 * h.z - o.z);
+    }
+    return cosine_dir(n, u1, u2);
+}
+
+// the power heuristic's weight of a sample of pdf pa against another strategy's pb
+fn power_weight(pa: f32, pb: f32) -> f32 {
+    let a2 = pa * pa;
+    return a2 / (a2 + pb * pb);
+}
+
+// (reflectance, cos of the refracted angle) at incidence cosine c >= 0, relative index eta
+fn fresnel_dielectric(c: f32, eta: f32) -> vec2<f32> {
+    let s2 = eta * eta * (1.0 - c * c);
+    if (s2 >= 1.0) {
+        return vec2<f32>(1.0, 0.0);
+    }
+    let ct = sqrt(1.0 - s2);
+    let rs = (eta * c - ct) / (eta * c + ct);
+    let rp = (c - eta * ct) / (c + eta * ct);
+    return vec2<f32>(0.5 * (rs * rs + rp * rp), ct);
+}
+
+const PATH_DIM_JITTER: u32 = 0u;   // bounce 0: dimensions 0, 1: the primary ray's jitter
+const PATH_DIM_LOBE: u32 = 0u;     // at a hit: 0 the lobe (glass: reflect or refract)
+const PATH_DIM_BSDF: u32 = 1u;     // 1, 2: the BSDF direction
+const PATH_DIM_LIGHT: u32 = 3u;    // 3, 4: the light direction
+const PATH_DIM_ROULETTE: u32 = 5u; // 5: Russian roulette
+
+// the environment seen by a ray that left a surface with BSDF pdf prev_pdf (0: no MIS)
+fn env_weight(prev_pdf: f32) -> f32 {
+    if (prev_pdf > 0.0) {
+        return power_weight(prev_pdf, PATH_INV_4PI);
+    }
+    return 1.0;
+}
 
 @compute @workgroup_size(WG)
 fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
@@ -61,6 +187,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let env = U.rect.xyz;
     let max_bounces = u32(U.rect.w);
     let rr_from = u32(U.extra.x);
+    let light_samples = U.extra.w > 0.0;
     let eps4 = 4.0 * setting(SET_HIT_EPS);
     let neps = setting(SET_NORMAL_EPS);
     let max_steps = u32(setting(SET_MAX_STEPS));
@@ -70,36 +197,57 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                        f32(i / U.width) + path_random(i, 0u, PATH_DIM_JITTER + 1u));
     var se = slab(o, d);
     var tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
+    var side = 1.0;            // +1 outside the surface, -1 inside a glass: the march's sign of f
+    var prev_pdf = 0.0;
     var thr = vec3<f32>(1.0);
     var rad = vec3<f32>(0.0);
     var bounce = 0u;
     var phase = 0u;
     var hp = vec3<f32>(0.0);
     var g = vec3<f32>(0.0);
+    // the shadow ray: origin, direction, its trace, the radiance it adds when unoccluded
+    var so = vec3<f32>(0.0);
+    var sd = vec3<f32>(0.0);
+    var ts = Trace(0.0, 0.0, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
+    var s_add = vec3<f32>(0.0);
+    var goes_on = false;       // (during phase 5) whether the path continues after its shadow ray
     var alive = se.x <= se.y;
     if (!alive) {
         rad = env;
     }
     while (alive) {
         var q = ray_point(o, d, tr.t);
-        if (phase > 0u) {
+        if (phase == 5u) {
+            q = ray_point(so, sd, ts.t);
+        } else if (phase > 0u) {
             let k = tetra(phase - 1u);
             q = vec3<f32>(hp.x + neps * k.x, hp.y + neps * k.y, hp.z + neps * k.z);
         }
-        let e = field(q);
+        var e = field(q);
         if (overflow) {
             note_overflow();
             rad = vec3<f32>(nan());
             break;
         }
+        if (phase == 5u) {
+            if (!trace_step(&ts, e)) {
+                if (!ts.hit) {
+                    rad += s_add;
+                }
+                phase = 0u;
+                alive = goes_on;
+            }
+            continue;
+        }
         if (phase == 0u) {
+            e.d = side * e.d;
             if (!trace_step(&tr, e)) {
                 if (tr.hit) {
                     hp = ray_point(o, d, tr.t);
                     g = vec3<f32>(0.0);
                     phase = 1u;
                 } else {
-                    rad += thr * env;
+                    rad += thr * env * env_weight(prev_pdf);
                     alive = false;
                 }
             }
@@ -111,36 +259,101 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (phase < 5u) {
             continue;
         }
-        // the hit's bounce: the gradient's direction is the normal (none: the path ends)
+        // the hit: its emission, light sample and bounce (the gradient's direction is the normal;
+        // none: the path ends)
         g = g / (4.0 * neps);
         let gl = len3(g.x, g.y, g.z);
         if (!(gl > 0.0)) {
             break;
         }
         let n = g / gl;
-        let m = min(tr.mat, n_mat - 1u);
-        rad += thr * vec3<f32>(points[3u * m], points[3u * m + 1u], points[3u * m + 2u]);
-        thr = thr * materials[m].color;
+        let mt = materials[min(tr.mat, n_mat - 1u)];
+        rad += thr * mt.emission;
         bounce += 1u;
         if (bounce >= max_bounces) {
             break;
         }
-        if (bounce >= rr_from) {
-            let keep = min(max(thr.x, max(thr.y, thr.z)), 0.95);
-            if (!(path_random(i, bounce, PATH_DIM_ROULETTE) < keep)) {
-                break;
+        let wo = -d;
+        let u0 = path_random(i, bounce, PATH_DIM_LOBE);
+        let u1 = path_random(i, bounce, PATH_DIM_BSDF);
+        let u2 = path_random(i, bounce, PATH_DIM_BSDF + 1u);
+        var has_shadow = false;
+        if (mt.transmission == 1.0) {        // smooth glass
+            var c = n.x * wo.x + n.y * wo.y + n.z * wo.z;
+            let s = select(-1.0, 1.0, c > 0.0);
+            let eta = select(mt.ior, 1.0 / mt.ior, c > 0.0);
+            let m = vec3<f32>(s * n.x, s * n.y, s * n.z);
+            c = s * c;
+            let fr = fresnel_dielectric(c, eta);
+            var off = eps4;
+            if (u0 < fr.x) {
+                let c2 = 2.0 * c;
+                d = vec3<f32>(c2 * m.x - wo.x, c2 * m.y - wo.y, c2 * m.z - wo.z);
+                side = s;
+            } else {
+                let kt = eta * c - fr.y;
+                d = vec3<f32>(kt * m.x - eta * wo.x, kt * m.y - eta * wo.y, kt * m.z - eta * wo.z);
+                off = -eps4;
+                side = -s;
+                thr = thr * mt.color;
             }
-            thr = thr / keep;
+            o = vec3<f32>(hp.x + off * m.x, hp.y + off * m.y, hp.z + off * m.z);
+            prev_pdf = 0.0;
+        } else {
+            if (light_samples) {
+                let l = uniform_dir(path_random(i, bounce, PATH_DIM_LIGHT), path_random(i, bounce, PATH_DIM_LIGHT + 1u));
+                let fl = bsdf(mt, n, wo, l);
+                if (fl.w > 0.0) {
+                    let w = power_weight(PATH_INV_4PI, fl.w) / PATH_INV_4PI;
+                    s_add = vec3<f32>(thr.x * fl.x * env.x * w, thr.y * fl.y * env.y * w, thr.z * fl.z * env.z * w);
+                    so = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
+                    sd = l;
+                    let ss = slab(so, sd);
+                    ts = Trace(ss.x, ss.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
+                    has_shadow = true;
+                }
+            }
+            d = sample_bsdf(mt, n, wo, u0, u1, u2);
+            let fb = bsdf(mt, n, wo, d);
+            goes_on = fb.w > 0.0;
+            if (goes_on) {
+                thr = vec3<f32>(thr.x * (fb.x / fb.w), thr.y * (fb.y / fb.w), thr.z * (fb.z / fb.w));
+                prev_pdf = select(0.0, fb.w, light_samples);
+                side = 1.0;
+                o = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
+            }
         }
-        o = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
-        d = cosine_dir(n, path_random(i, bounce, PATH_DIM_BOUNCE), path_random(i, bounce, PATH_DIM_BOUNCE + 1u));
-        se = slab(o, d);
-        tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
+        if (mt.transmission == 1.0) {
+            goes_on = true;
+        }
+        if (goes_on) {
+            var keep = pmax(thr.x, pmax(thr.y, thr.z));
+            goes_on = keep > 0.0;
+            if (goes_on && bounce >= rr_from) {
+                keep = pmin(keep, 0.95);
+                goes_on = path_random(i, bounce, PATH_DIM_ROULETTE) < keep;
+                if (goes_on) {
+                    thr = thr / keep;
+                }
+            }
+        }
+        if (goes_on) {
+            se = slab(o, d);
+            tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
+            if (!(se.x <= se.y)) {         // (leaves the box at once: the environment)
+                rad += thr * env * env_weight(prev_pdf);
+                goes_on = false;
+            }
+        }
+        if (has_shadow && ts.t <= ts.tfar) {
+            phase = 5u;                   // (then phase 0 if the path goes on)
+            continue;
+        }
+        if (has_shadow) {
+            rad += s_add;                 // (the shadow ray misses the box: unoccluded)
+        }
         phase = 0u;
-        if (!(se.x <= se.y)) {
-            rad += thr * env;
-            alive = false;
-        }
+        alive = goes_on;
     }
     let y = (rad.x + rad.y + rad.z) / 3.0;
     let add = vec4<f32>(rad, y * y);

@@ -1,10 +1,11 @@
 """The path tracer (runtime/path_tracing.py, shaders/path.wgsl): the white furnace on both
-walkers, GPU against twin within Monte-Carlo error, the shared sample sequence, progressive
-accumulation, and no pipeline made by a second render or an edit."""
+walkers and a glass furnace, light sampling against BSDF sampling alone, GPU against twin within
+Monte-Carlo error on a scene of metal, glass and an emitter, the shared sample sequence,
+progressive accumulation, material edits, and no pipeline made by a second render or an edit."""
 import numpy as np
 import pytest
 
-from taperay.runtime.camera import auto_camera
+from taperay.runtime.camera import Camera, auto_camera
 from taperay.runtime.path_tracing import PathImage, PathSettings, path_random
 from taperay.runtime.tape import TaperayError
 from taperay.scenegraph import Material, Param, box, difference, flatten, sphere, union
@@ -14,19 +15,33 @@ ROUNDING = 1e-5       # a tile of zero sample variance: its mean is env up to fl
 
 
 def _furnace_scene():
-    """An albedo-1 box with a spherical dent in its top face (concave: paths bounce several times)."""
-    white = Material("white", color=(1.0, 1.0, 1.0))
+    """An albedo-1 Lambertian box (specular 0) with a spherical dent in its top face (concave:
+    paths bounce several times)."""
+    white = Material("white", color=(1.0, 1.0, 1.0), specular=0.0)
     return flatten(difference(box(1.0), sphere(1.25).translate(0, 0, 1.0)).material(white))
 
 
-def _coloured_scene():
-    """Two spheres on a slab, three diffuse colours."""
+def _coloured_scene(emission=(0.0, 0.0, 0.0)):
+    """Two spheres on a slab, three colours; the blue one emits ``emission``."""
     red = Material("red", color=(0.8, 0.2, 0.15))
-    blue = Material("blue", color=(0.2, 0.3, 0.85))
+    blue = Material("blue", color=(0.2, 0.3, 0.85), emission=emission)
     grey = Material("grey", color=(0.6, 0.6, 0.6))
     return flatten(union(box(2.0, 2.0, 0.1).material(grey),
                          sphere(Param("radius", 0.6)).translate(-0.7, 0, 0.7).material(red),
                          sphere(0.5).translate(0.8, 0.3, 0.6).material(blue)))
+
+
+def _material_scene():
+    """A slab under a rough gold metal sphere, a glass sphere and a small emitting sphere, and a
+    camera that frames them."""
+    metal = Material("metal", color=(0.9, 0.7, 0.4), roughness=0.3, metallic=1.0)
+    glass = Material("glass", color=(1.0, 1.0, 1.0), transmission=1.0, ior=1.5)
+    lamp = Material("lamp", color=(0.0, 0.0, 0.0), emission=(6.0, 5.0, 4.0), specular=0.0)
+    floor = Material("floor", color=(0.6, 0.6, 0.6), roughness=0.6)
+    tape = flatten(union(box(1.6, 1.2, 0.1).material(floor), sphere(0.5).translate(-0.55, 0, 0.6).material(metal),
+                         sphere(0.5).translate(0.55, 0, 0.6).material(glass),
+                         sphere(0.25).translate(0, 0.6, 0.35).material(lamp)))
+    return tape, Camera((0.0, -4.5, 2.0), (0.0, 0.0, 0.45), fov_deg=30.0)
 
 
 def _furnace(walker, spp):
@@ -58,14 +73,13 @@ def test_white_furnace_gpu(walker_gpu):
 
 @pytest.mark.gpu
 def test_gpu_agrees_with_twin_within_noise(walker_gpu, walker_cpu):
-    """Independent sequences (seed 1 on the GPU, seed 2 on the twin) at the same spp, an emitting
-    sphere and the environment: per-tile luminance means within 4 combined standard errors on
-    >= 99 % of 4x4 tiles."""
-    tape = _coloured_scene()
-    cam = auto_camera(tape.bounds)
-    light = dict(environment=(0.5, 0.45, 0.4), emission={"blue": (2.0, 2.0, 2.5)})
-    g = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(**light, seed=1)).add(16)
-    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(**light, seed=2)).add(16)
+    """Independent sequences (seed 1 on the GPU, seed 2 on the twin) at the same spp on metal,
+    glass, an emitter and the environment: per-tile luminance means within 4 combined standard
+    errors on >= 99 % of 4x4 tiles."""
+    tape, cam = _material_scene()
+    env = (0.5, 0.45, 0.4)
+    g = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(environment=env, seed=1)).add(16)
+    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=env, seed=2)).add(16)
     (mg, sg), (mc, sc) = g.tile_stats(4), c.tile_stats(4)
     assert np.mean(sg > 0) > 0.5           # (most tiles hold noise: the test is statistical)
     ok = np.abs(mg - mc) <= 4 * np.hypot(sg, sc) + ROUNDING
@@ -75,21 +89,49 @@ def test_gpu_agrees_with_twin_within_noise(walker_gpu, walker_cpu):
 @pytest.mark.gpu
 def test_gpu_and_twin_draw_the_same_samples(walker_gpu, walker_cpu):
     """The same seed on both walkers: the same random numbers, so nearly every pixel's radiance
-    agrees (float32 differences in the field or the hash's float conversion would show here)."""
-    tape = _coloured_scene()
-    cam = auto_camera(tape.bounds)
+    agrees (float32 differences in the field, the hash's float conversion or the material
+    model would show here), on metal, glass and an emitter."""
+    tape, cam = _material_scene()
     g = PathImage(walker_gpu, tape, cam, W, H).add(2).mean()
     c = PathImage(walker_cpu, tape, cam, W, H).add(2).mean()
     same = np.all(np.abs(g - c) <= 1e-4, axis=-1)
     assert same.mean() >= 0.99, same.mean()
 
 
+def test_light_samples_agree_with_bsdf_samples_alone(walker_cpu):
+    """Next-event estimation toward the environment with MIS against paths that find the
+    environment by BSDF sampling alone: the same image within noise (per 4x4 tile, 4 combined
+    standard errors, >= 99 % of tiles), on diffuse, rough metal and glass. A BSDF whose sampling
+    pdf disagreed with its value would part them."""
+    tape, cam = _material_scene()
+    env = (0.8, 0.8, 0.8)
+    a = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=env, seed=5)).add(64)
+    b = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=env, seed=6,
+                                                                 light_samples=False)).add(64)
+    (ma, sa), (mb, sb) = a.tile_stats(4), b.tile_stats(4)
+    ok = np.abs(ma - mb) <= 4 * np.hypot(sa, sb) + ROUNDING
+    assert np.mean(sa > 1e-3) > 0.5       # (most tiles hold noise: the test is statistical)
+    assert ok.mean() >= 0.99, (ok.mean(), ma - mb)
+
+
+def test_glass_furnace_twin(walker_cpu):
+    """A smooth glass sphere (white, ior 1.5) in a uniform environment reflects or refracts all
+    light: without roulette every path's weight is 1, so every pixel is the environment up to
+    float32 rounding (the Lambertian furnace covers the roulette)."""
+    glass = Material("glass", color=(1.0, 1.0, 1.0), transmission=1.0, ior=1.5)
+    tape = flatten(sphere(1.0).material(glass))
+    exact = PathSettings(environment=(0.7,) * 3, max_bounces=1024, roulette_from=1024)
+    im = PathImage(walker_cpu, tape, None, W, H, path=exact).add(8)
+    assert walker_cpu.march(tape, im.camera, W, H)["hit"].mean() > 0.1
+    np.testing.assert_allclose(im.mean(), 0.7, atol=1e-4)
+
+
 def _emitter(walker):
     """A black sphere emitting (2, 1, 0.5) in a black environment: the centre pixel's every sample
     hits it, so its mean is the emission exactly; a corner pixel sees nothing."""
-    glow = Material("glow", color=(0.0, 0.0, 0.0))
+    glow = Material("glow", color=(0.0, 0.0, 0.0), emission=(2.0, 1.0, 0.5))
     tape = flatten(sphere(1.0).material(glow))
-    path = PathSettings(environment=(0.0, 0.0, 0.0), emission={"glow": (2.0, 1.0, 0.5)})
+    path = PathSettings(environment=(0.0, 0.0, 0.0))
     m = PathImage(walker, tape, None, 16, 16, path=path).add(4).mean()
     np.testing.assert_allclose(m[8, 8], (2.0, 1.0, 0.5), rtol=1e-6)
     np.testing.assert_array_equal(m[0, 0], 0.0)
@@ -126,15 +168,34 @@ def test_progressive_accumulation_adds_the_next_samples(walker_cpu):
 
 @pytest.mark.gpu
 def test_no_pipeline_made_by_a_second_render_or_an_edit(walker_gpu):
+    """A second add, a parameter edit, a material edit (a buffer write of the record's bytes)
+    and another scene of the same register variant make no pipeline."""
     tape = _coloured_scene()
     im = PathImage(walker_gpu, tape, None, 16, 16).add(1)
     made = walker_gpu.kernels.stats.pipelines_created
     im.add(1)
     walker_gpu.set_param(tape, "radius", 0.4)
     PathImage(walker_gpu, tape, None, 16, 16).add(1)
+    written = walker_gpu.stats()["tape_bytes_written"]
+    walker_gpu.set_material(tape, "red", emission=(1.0, 0.5, 0.0), metallic=1.0)
+    assert 0 < walker_gpu.stats()["tape_bytes_written"] - written <= 48   # (within the one record)
+    PathImage(walker_gpu, tape, None, 16, 16).add(1)
     other = _furnace_scene()
     PathImage(walker_gpu, other, None, 16, 16).add(1)
     assert walker_gpu.kernels.stats.pipelines_created == made
+
+
+@pytest.mark.parametrize("walker_name", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_material_edit_shows_in_the_next_image(walker_name, request):
+    """set_material on the walker: the next image draws the edited record (emission here), the
+    other materials' pixels as before (same seed, same samples)."""
+    walker = request.getfixturevalue(f"walker_{walker_name}")
+    tape = _coloured_scene()
+    before = PathImage(walker, tape, None, 24, 16, path=PathSettings(max_bounces=1)).add(1).mean()
+    walker.set_material(tape, "blue", emission=(5.0, 5.0, 5.0))
+    after = PathImage(walker, tape, None, 24, 16, path=PathSettings(max_bounces=1)).add(1).mean()
+    brighter = np.all(after >= before + 4.9, axis=-1)
+    assert 0 < brighter.mean() < 0.5 and np.array_equal(after[~brighter], before[~brighter])
 
 
 def test_bad_settings_are_refused(walker_cpu):
@@ -143,9 +204,11 @@ def test_bad_settings_are_refused(walker_cpu):
     with pytest.raises(TaperayError, match="max_bounces"):
         PathSettings(max_bounces=0)
     with pytest.raises(TaperayError, match="no material named 'lamp'"):
-        PathSettings(emission={"lamp": (1, 1, 1)}).emission_table(_coloured_scene())
+        walker_cpu.set_material(_coloured_scene(), "lamp", emission=(1, 1, 1))
     with pytest.raises(TaperayError, match="emission"):
-        PathSettings(emission={"red": (1, 1)})
+        Material("red", emission=(1, 1))
+    with pytest.raises(TaperayError, match="emission"):
+        walker_cpu.set_material(_coloured_scene(), "red", emission=(1, -1, 1))
     with pytest.raises(TaperayError, match="no samples"):
         PathImage(walker_cpu, _coloured_scene(), None, 8, 8).mean()
 
@@ -184,11 +247,11 @@ def test_cli_renders_the_path_view(capsys, tmp_path, walker_name, request):
 
 @pytest.mark.gpu
 def test_path_samples_leave_other_gpu_work_alone(walker_gpu):
-    """The path kernel's emission table shares the points buffer with the pruned passes: a render
-    on pruned cells and an evaluation after a path sample equal those before it."""
+    """A render on pruned cells and an evaluation after a path sample equal those before it (the
+    path kernel writes only the accumulation buffer)."""
     tape = _coloured_scene()
     pts = np.array([[0.0, 0.0, 0.7], [1.0, 1.0, 1.0]], np.float32)
     before = walker_gpu.render(tape, None, 24, 16, cells=(8, 2)), walker_gpu.evaluate(tape, pts)[0]
-    PathImage(walker_gpu, tape, None, 24, 16, path=PathSettings(emission={"red": (1.0, 1.0, 1.0)})).add(1)
+    PathImage(walker_gpu, tape, None, 24, 16).add(1)
     np.testing.assert_array_equal(walker_gpu.render(tape, None, 24, 16, cells=(8, 2)), before[0])
     np.testing.assert_array_equal(walker_gpu.evaluate(tape, pts)[0], before[1])
