@@ -61,6 +61,29 @@ class TetMesh:
         meshio = _need("meshio")
         meshio.write(str(path), meshio.Mesh(self.nodes, [("tetra" if self.order == 1 else "tetra10", self.elements)]))
 
+    @classmethod
+    def load(cls, path) -> "TetMesh":
+        """A tetrahedral mesh from any file meshio reads (``save``'s VTU, Gmsh, ...): its tetra or
+        tetra10 cells (VTK node order), oriented positively; other cells are ignored."""
+        meshio = _need("meshio")
+        try:
+            m = meshio.read(str(path))
+        except (Exception, SystemExit) as e:   # meshio raises ReadError, KeyError ..., or exits on a bad VTU
+            raise TaperayError(f"{path}: not a mesh meshio can read ({type(e).__name__}: {e})") from None
+        blocks = {c.type: c.data for c in m.cells if c.type in ("tetra", "tetra10")}
+        if len(blocks) != 1:
+            raise TaperayError(f"{path}: needs tetra or tetra10 cells (one kind), found "
+                               f"{', '.join(sorted({c.type for c in m.cells})) or 'no cells'}")
+        (kind, elements), = blocks.items()
+        mesh = cls(np.asarray(m.points, float)[:, :3], np.asarray(elements, np.int64), {"file": str(path)})
+        flipped = mesh.volumes() < 0
+        if flipped.any():          # swap corners 1 and 2 (and the mid-edge nodes that follow them)
+            swap = [0, 2, 1, 3] + ([] if kind == "tetra" else [6, 5, 4, 7, 9, 8])
+            mesh.elements[flipped] = mesh.elements[flipped][:, swap]
+        if np.any(mesh.volumes() <= 0):
+            raise TaperayError(f"{path}: {int(np.count_nonzero(mesh.volumes() <= 0))} tetrahedra are flat")
+        return mesh
+
 
 def _need(module: str):
     try:

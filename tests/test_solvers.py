@@ -509,3 +509,34 @@ def test_boundary_projection_never_leaves_an_element_spoilt():
     off = np.abs(CpuWalker().evaluate(tape, m.nodes[b].astype(np.float32))[0]) > 1e-4
     assert moved > 150 and off.any()                           # most moved; some were put back
     assert np.all(_min_detj(m.nodes, m.elements) > 0.25 * before)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_a_saved_mesh_loads_back_oriented_and_simulate_solves_on_it(order, tmp_path, capsys):
+    from taperay.solvers import TetMesh
+    from taperay.tools.cli import main
+    m = box_mesh((3, 2, 2), (0, 0, 0), (1, 1, 1), order=order)
+    flipped = m.elements.copy()
+    swap = [0, 2, 1, 3] + ([] if order == 1 else [6, 5, 4, 7, 9, 8])
+    flipped[::2] = flipped[::2][:, swap]                         # half the elements inside out
+    TetMesh(m.nodes, flipped).save(tmp_path / "box.vtu")
+    back = TetMesh.load(tmp_path / "box.vtu")
+    assert back.order == order and np.all(back.volumes() > 0)
+    assert np.array_equal(np.sort(back.elements, 1), np.sort(m.elements, 1))
+    K0, _ = fem.heat_system(m.nodes, m.elements, 1.0)
+    K1, _ = fem.heat_system(back.nodes, back.elements, 1.0)
+    assert abs(K1 - K0).max() < 1e-12                           # the mid-edge nodes moved with their corners
+    (tmp_path / "bar.py").write_text(SECTION_SCENE)
+    rc = main(["simulate", str(tmp_path / "bar.py"), "-o", str(tmp_path / "a.vtu"), "--resolution", "16", "--walker", "cpu"])
+    assert rc == 0
+    capsys.readouterr()
+    rc = main(["simulate", str(tmp_path / "bar.py"), "--mesh", str(tmp_path / "a.vtu"), "-o", str(tmp_path / "b.vtu"),
+               "--walker", "cpu"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "surface" not in out and "read mesh" in out
+    import meshio
+    a, b = meshio.read(tmp_path / "a.vtu"), meshio.read(tmp_path / "b.vtu")
+    assert np.allclose(a.point_data["temperature"], b.point_data["temperature"], rtol=1e-10, atol=1e-12)
+    (tmp_path / "junk.vtu").write_text("not a mesh")
+    assert main(["simulate", str(tmp_path / "bar.py"), "--mesh", str(tmp_path / "junk.vtu"), "-o", str(tmp_path / "c.vtu")]) == 2
+    assert "junk.vtu: not a mesh" in capsys.readouterr().err

@@ -515,6 +515,7 @@ def cmd_simulate(args) -> int:
         if mpi_rank() != 0:   # a helper rank of mpiexec: it assembles and solves its rows, rank 0 reports
             simulate(tape, study, order=args.order, resolution=args.resolution, solver="petsc")
             return 0
+    mesh = _given_mesh(args, watch)
     out = _output_path(args.output)
     notes: list[str] = []
     walker = _sim_walker(args, notes, watch)
@@ -522,7 +523,7 @@ def cmd_simulate(args) -> int:
     for n in notes:
         con.print(n)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-    stages = ["surface", "tets", "assembly", "solve"]
+    stages = (["surface", "tets"] if mesh is None else []) + ["assembly", "solve"]
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"{study.kind}: {stages[0]}", total=None)
@@ -534,7 +535,7 @@ def cmd_simulate(args) -> int:
 
         with watch.stage("simulate"):
             result = simulate(tape, study, order=args.order, resolution=args.resolution, walker=walker,
-                              progress=progress, solver=args.solver)
+                              progress=progress, solver=args.solver, mesh=mesh)
     with watch.stage("write"):
         result.save_vtu(out)
         summary = result.summary()
@@ -555,6 +556,21 @@ def cmd_simulate(args) -> int:
         con.print(f"section:   {'xyz'[cut.axis]} = {cut.offset:.4g}, {len(cut.values):,} triangles -> {args.section}")
     con.print(f"timings:   {watch.summary()}")
     return 0
+
+
+def _given_mesh(args, watch):
+    """``--mesh``: the tetrahedral mesh to solve on (its order must agree with ``--order``), else None."""
+    if not args.mesh:
+        return None
+    from taperay.solvers import TetMesh
+    path = Path(args.mesh)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such mesh file")
+    with watch.stage("read mesh"):
+        mesh = TetMesh.load(path)
+    if args.order and args.order != mesh.order:
+        raise UsageError(f"{path}: holds TET{4 if mesh.order == 1 else 10} elements, but --order {args.order} was given")
+    return mesh
 
 
 def _section_plane(text: str | None) -> tuple[str | None, float | None]:
@@ -764,6 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="SUMMARY.json", help="write the summary as JSON")
     p.add_argument("--order", type=int, choices=(1, 2), help="TET4 (1) or TET10 (2); default: 1 for heat, 2 for elasticity")
     p.add_argument("--resolution", type=int, default=96, help="surface grid cells along the longest side (default 96)")
+    p.add_argument("--mesh", metavar="MESH.vtu", help="solve on this tetrahedral mesh (tetra / tetra10 cells, any "
+                   "format meshio reads, e.g. an earlier result.vtu) instead of meshing the scene")
     p.add_argument("--solver", choices=("auto", "direct", "amg", "petsc"), default="auto",
                    help="auto (default): a direct solve up to 20,000 unknowns, CG with pyamg above; "
                         "petsc: CG + GAMG over MPI ranks (mpiexec -n N taperay simulate ...; README: PETSc and MPI)")
