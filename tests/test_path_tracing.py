@@ -255,3 +255,30 @@ def test_path_samples_leave_other_gpu_work_alone(walker_gpu):
     PathImage(walker_gpu, tape, None, 24, 16).add(1)
     np.testing.assert_array_equal(walker_gpu.render(tape, None, 24, 16, cells=(8, 2)), before[0])
     np.testing.assert_array_equal(walker_gpu.evaluate(tape, pts)[0], before[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("walker_name", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_bench_path_measures_each_scene_and_counts_the_edits_pipelines(tmp_path, monkeypatch, walker_name,
+                                                                       request):
+    """`taperay bench path` writes a row per scene with its rate and the edits it made; on the GPU
+    the edits (materials, a parameter, a topology edit of the same register variant) make no
+    pipeline. (The GPU run: the showcase alone, lavapipe being slow.)"""
+    import json
+
+    from taperay.tools import bench_path, cli
+    if walker_name == "gpu":
+        request.getfixturevalue("walker_gpu")
+        monkeypatch.setattr(bench_path, "SCENES", bench_path.SCENES[:1])
+    assert cli.main(["bench", "path", "--walker", walker_name, "--repeat", "1", "--size", "16x9",
+                     "-o", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "path.json").read_text())
+    assert [r["scene"] for r in doc["rows"]] == [label for label, _ in bench_path.SCENES]
+    for row in doc["rows"]:
+        assert row["Msamples/s"] > 0 and row["time to 256 spp s"] > 0, row
+        assert row["edits"] >= (3 if row["scene"] != "prospero slab" else 0)
+        if walker_name == "gpu":
+            assert row["register variants drawn"] == 1 and row["pipelines created by edits"] == 0
+        else:
+            assert row["pipelines created by edits"] == "-"
+    assert "Msamples/s" in (tmp_path / "path.md").read_text()

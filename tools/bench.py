@@ -54,6 +54,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "view": Benchmark("taperay.tools.bench_view:bench_view",
                       "the live viewer offscreen: slider and topology edit -> frame presented, per scene, "
                       "pipelines created by edits"),
+    "path": Benchmark("taperay.tools.bench_path:bench_path",
+                      "path tracer: Msamples/s and time to 256 spp for the showcase, the bolt bin and prospero's "
+                      "slab; pipelines created by material, parameter and topology edits; --repeat N: spp timed"),
     "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
                            "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }
@@ -311,7 +314,7 @@ def add_parser(subparsers, func) -> None:
     p.add_argument("--repeat", type=int, default=7, help="timed repeats after warm-up (default 7)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--walker", choices=("cpu", "gpu"), default="cpu",
-                   help="walker for benchmarks that render (assembly, startup, view); default cpu")
+                   help="walker for benchmarks that render (assembly, startup, view, path); default cpu")
     p.add_argument("--size", default=None, metavar="WxH", help="frame size for benchmarks that render")
     p.add_argument("-o", "--out", default="bench-out", metavar="DIR", help="output folder (default bench-out/)")
     p.set_defaults(func=func)
