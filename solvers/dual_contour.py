@@ -34,16 +34,17 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .surface import PAD_CELLS, Surface, default_walker
+from .surface import PAD_CELLS, Surface, default_walker, project_to_zero_set, vertex_distances
 
-__all__ = ["dual_contour", "vertex_distances", "BLOCK", "LIPSCHITZ_MARGIN", "QEF_TRUNCATION"]
+__all__ = ["dual_contour", "BLOCK", "LIPSCHITZ_MARGIN", "QEF_TRUNCATION"]
 
 BLOCK = 4                 # fine cells along a side of a band block
 LIPSCHITZ_MARGIN = 1.0    # a block is kept if no corner is farther than this times its diagonal (a distance
                           # bound reaches no farther; the growth step catches fields that do)
 QEF_TRUNCATION = 0.1      # singular values below this fraction of the largest are dropped
-CROSSING_STEPS = 4        # false-position steps per sign-change edge
+CROSSING_STEPS = 8        # false-position steps per sign-change edge
 GRADIENT_EPS = 0.01       # central-difference step of the normals, in cells
+KINK_ANGLE = 0.01         # radians: a normal turning more than this at a tenth of the step is at a crease
 
 # corner c of a cell sits at offset (c & 1, c >> 1 & 1, c >> 2 & 1); edge e runs from corner
 # _E0[e] to _E1[e] = _E0[e] + (1 << _EAX[e])
@@ -258,46 +259,70 @@ def _crossings(grid: _Grid, field: _Field, keys) -> np.ndarray:
 
 
 def _normals(grid: _Grid, field: _Field, points, keys) -> np.ndarray:
-    """Unit gradients of the field at ``points``; where the gradient vanishes, the edge's own
-    direction from its inside end to its outside end."""
-    g = np.asarray(field.walker.gradient(field.tape, points.astype(np.float32), eps=GRADIENT_EPS * grid.h),
-                   np.float64)
-    ln = np.linalg.norm(g, axis=1)
+    """Unit gradients of the field at ``points`` by the walker's central differences, step
+    GRADIENT_EPS of a cell; where a crease lies within that step (the gradient at a tenth of the
+    step turns by more than KINK_ANGLE) the shorter step's. Where the gradient vanishes: the
+    edge's own direction from its inside end to its outside end."""
+    def unit(eps):
+        g = np.asarray(field.walker.gradient(field.tape, points.astype(np.float32), eps=eps), np.float64)
+        ln = np.linalg.norm(g, axis=1)
+        ok = np.isfinite(ln) & (ln > 1e-12)
+        return g / np.where(ok, ln, 1.0)[:, None], ok
+
+    wide, ok = unit(GRADIENT_EPS * grid.h)
+    narrow, ok_narrow = unit(0.1 * GRADIENT_EPS * grid.h)
+    crease = ok_narrow & (np.einsum("ij,ij->i", wide, narrow) < np.cos(KINK_ANGLE))
+    n = np.where(crease[:, None], narrow, wide)
+    ok |= crease
     axis = keys % 3
-    fallback = np.zeros_like(g)
+    fallback = np.zeros_like(n)
     fallback[np.arange(len(keys)), axis] = np.where(field[keys // 3] < 0, 1.0, -1.0)
-    ok = np.isfinite(ln) & (ln > 1e-12)
-    return np.where(ok[:, None], g / np.where(ok, ln, 1.0)[:, None], fallback)
+    return np.where(ok[:, None], n, fallback)
 
 
-def _solve_qef(vertex, points, normals, n_vertices):
-    """Per vertex: the minimiser of sum (n . (x - p))^2 over its crossings, about their mass point,
-    singular values of A below QEF_TRUNCATION of the largest dropped (eigenvalues of A^T A below
-    its square)."""
+def _truncated_solve(m, r):
+    """Batched m^-1 r for symmetric (V, 3, 3) ``m``, eigenvalues below QEF_TRUNCATION^2 of the
+    largest dropped (singular values of A below QEF_TRUNCATION of the largest, for m = A^T A)."""
+    lam, q = np.linalg.eigh(m)
+    keep = lam >= QEF_TRUNCATION ** 2 * lam[:, -1:]
+    inv = np.where(keep, 1.0 / np.where(keep, lam, 1.0), 0.0)
+    return np.einsum("vij,vj,vkj,vk->vi", q, inv, q, r)
+
+
+def _solve_qef(vertex, points, normals, lo, hi):
+    """Per vertex: the minimiser of sum (n . (x - p))^2 over its crossings within its cell
+    [lo, hi], about their mass point (``_truncated_solve``). A coordinate the minimiser leaves the
+    cell by is fixed on the cell's side and the rest solved again (an active set, at most three
+    rounds), so a crease that grazes the cell is followed inside it. Returns the vertices and
+    which of them ended on their cell's boundary."""
+    n_vertices = len(lo)
     count = np.bincount(vertex, minlength=n_vertices).astype(np.float64)
     mass = np.stack([np.bincount(vertex, points[:, i], n_vertices) for i in range(3)], 1) / count[:, None]
     nn = normals[:, :, None] * normals[:, None, :]
     ata = np.stack([np.bincount(vertex, nn[:, i, j], n_vertices) for i in range(3) for j in range(3)], 1)
     ata = ata.reshape(-1, 3, 3)
-    rel = points - mass[vertex]
-    w = np.einsum("ij,ij->i", normals, rel)
+    w = np.einsum("ij,ij->i", normals, points - mass[vertex])
     atb = np.stack([np.bincount(vertex, normals[:, i] * w, n_vertices) for i in range(3)], 1)
-    lam, q = np.linalg.eigh(ata)
-    keep = lam >= QEF_TRUNCATION ** 2 * lam[:, -1:]
-    inv = np.where(keep, 1.0 / np.where(keep, lam, 1.0), 0.0)
-    return mass + np.einsum("vij,vj,vkj,vk->vi", q, inv, q, atb)
-
-
-def vertex_distances(tape: Tape, points, walker=None) -> np.ndarray:
-    """|f| / |grad f| at ``points``: the distance to the zero set to first order (batched evaluate
-    and gradient calls)."""
-    walker = default_walker(walker)
-    pts = np.asarray(points, np.float32)
-    if not len(pts):
-        return np.zeros(0)
-    d, _ = walker.evaluate(tape, pts)
-    g = np.linalg.norm(np.asarray(walker.gradient(tape, pts), np.float64), axis=1)
-    return np.abs(np.asarray(d, np.float64)) / np.maximum(g, 1e-12)
+    lo, hi = lo - mass, hi - mass
+    y = _truncated_solve(ata, atb)
+    fixed = np.zeros((n_vertices, 3), bool)
+    y_fixed = np.zeros((n_vertices, 3))
+    for _ in range(3):
+        out = ((y < lo) | (y > hi)) & ~fixed
+        if not out.any():
+            break
+        y_fixed = np.where(out, np.clip(y, lo, hi), y_fixed)
+        fixed |= out
+        free = ~fixed
+        m = ata * (free[:, :, None] & free[:, None, :])
+        # a fixed coordinate's row weighs as much as the free block's largest eigenvalue: kept, and
+        # the truncation stays relative to the free block
+        weight = np.maximum(np.linalg.eigvalsh(m)[:, -1:], 1e-300)
+        m = m + fixed[:, :, None] * np.eye(3) * weight[:, :, None]
+        r = np.where(fixed, weight * y_fixed, atb - np.einsum("vij,vj->vi", ata, y_fixed * fixed))
+        y = _truncated_solve(m, r)
+    inside = np.clip(y, lo, hi)
+    return mass + inside, fixed.any(1) | (np.abs(inside - y).max(1) > 0)
 
 
 def _triangulate_quads(verts, quads, axis_dir):
@@ -320,8 +345,9 @@ def _triangulate_quads(verts, quads, axis_dir):
 def dual_contour(tape: Tape, resolution: int, walker=None) -> Surface:
     """The tape's zero set as a closed, manifold, outward-oriented triangle mesh by dual contouring
     on an adaptive band (see the module docstring). ``resolution``: cells along the longest side
-    of ``tape.bounds``. ``stats`` records the grid, the band's evaluated nodes against the full
-    grid's, each stage's seconds and the largest vertex distance to the zero set (|f|/|grad f|)."""
+    of ``tape.bounds``. ``stats`` records the grid (nodes per axis, spacing, origin), the nodes
+    evaluated (coarse and band) against the full grid's, each stage's seconds, the vertices added
+    on crowded faces and the largest ``surface.vertex_distances`` of a vertex."""
     walker = default_walker(walker)
     t0 = time.perf_counter()
     grid = _Grid(tape, resolution)
@@ -346,10 +372,13 @@ def dual_contour(tape: Tape, resolution: int, walker=None) -> Surface:
     n_cell_verts = int(base[-1])
     vertex = base[ci] + _GROUPS[cfg[ci], le]
     edge_of = np.searchsorted(keys, cell_keys)
-    verts = _solve_qef(vertex, cross[edge_of], normals[edge_of], n_cell_verts)
     cell_of_vertex = np.repeat(np.arange(len(cells)), _COUNTS[cfg])
     lo = grid.points(cells[cell_of_vertex])
-    verts = np.clip(verts, lo, lo + grid.h)
+    verts, clamped = _solve_qef(vertex, cross[edge_of], normals[edge_of], lo, lo + grid.h)
+    if clamped.any():
+        # the QEF's best point in the cell is still off it: back onto the zero set, within the cell
+        moved, _ = project_to_zero_set(tape, verts[clamped], walker, steps=3, max_step=0.5 * grid.h)
+        verts[clamped] = np.clip(moved, lo[clamped], lo[clamped] + grid.h)
 
     # one quad per sign-change edge, counter-clockwise about the edge's axis, then oriented
     axis = keys % 3
@@ -397,7 +426,7 @@ def dual_contour(tape: Tape, resolution: int, walker=None) -> Surface:
     dist = vertex_distances(tape, verts, walker)
     full = int(np.prod(grid.n))
     surf = Surface(verts, faces)
-    surf.stats = {"method": "dc", "grid": grid.n.tolist(), "spacing": grid.h, "band_blocks": n_blocks,
+    surf.stats = {"method": "dc", "grid": grid.n.tolist(), "spacing": grid.h, "origin": grid.origin.tolist(), "band_blocks": n_blocks,
                   "evaluated_nodes": field.evaluated, "full_grid_nodes": full,
                   "seconds": time.perf_counter() - t0, "band_seconds": t_band - t0,
                   "hermite_seconds": t_hermite - t_band, "extract_seconds": t_mesh - t_hermite,

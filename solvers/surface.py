@@ -1,16 +1,18 @@
 """Tape -> watertight, oriented triangle surface.
 
-``mesh_surface`` samples the tape's field on a grid over its bounds (one batched ``evaluate`` call
-for the whole grid), extracts the zero set with marching cubes (scikit-image's Lewiner variant:
-topologically consistent, so a closed sign pattern gives a closed, manifold mesh), then moves each
-vertex onto the zero set by Newton steps along the walker's gradient (x <- x - f grad / |grad|^2,
-each step capped at half a cell) and reverts any vertex whose move would flip one of its
-triangles. What this is not: dual contouring with a QEF per cell. Sharp edges are cut by at most
-about one cell (the vertices lie on the surface to float32 round-off of the field; the chords
-between them do not follow an edge that runs across a triangle).
+``mesh_surface`` has two methods:
 
-The optional packages (scikit-image, trimesh) are imported when a surface is made: the extra
-``taperay[sim]``.
+- ``"dc"``: dual contouring on an adaptive band, sharp features kept by a QEF per surface patch
+  of a cell, manifold output (solvers.dual_contour owns it); ``taperay mesh``'s default.
+- ``"mc"`` (the default here, which simulate and optimize use): the field sampled on the whole grid over the tape's bounds (one batched ``evaluate``
+  call), the zero set extracted by marching cubes (scikit-image's Lewiner variant), then each
+  vertex moved onto the zero set by Newton steps along the walker's gradient
+  (x <- x - f grad / |grad|^2, each step capped at half a cell); a vertex whose move would flip one
+  of its triangles is reverted. Sharp edges are cut by up to about one cell (the vertices lie on
+  the surface; the chords between them do not follow an edge that runs across a triangle).
+
+Both report the largest distance of a vertex to the zero set (``vertex_distances``). The optional
+packages (scikit-image, trimesh) are imported when a surface is made: the extra ``taperay[sim]``.
 """
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["Surface", "mesh_surface", "project_to_zero_set", "material_names", "DEFAULT_RESOLUTION"]
+__all__ = ["Surface", "mesh_surface", "project_to_zero_set", "vertex_distances", "material_names",
+           "DEFAULT_RESOLUTION", "DEFAULT_METHOD", "METHODS"]
 
 DEFAULT_RESOLUTION = 96     # grid cells along the longest side of the tape's bounds
+METHODS = ("dc", "mc")      # dual contouring, marching cubes
+DEFAULT_METHOD = "mc"       # the FEM pipeline's: TetGen has failed on a dual-contoured surface (docs/SIMULATION.md)
 PAD_CELLS = 2               # cells of margin around the bounds (the outer layer is forced outside)
 
 
@@ -141,15 +146,40 @@ def project_to_zero_set(tape: Tape, points, walker=None, steps: int = 3, max_ste
     return x, np.abs(d.astype(np.float64))
 
 
+def vertex_distances(tape: Tape, points, walker=None) -> np.ndarray:
+    """The distance of each point to the tape's zero set to first order: |f| / max(|grad f|, 1)
+    (batched evaluate and gradient calls). For a distance field (|grad f| <= 1) that is |f|, which
+    stays finite where the gradient vanishes (the medial plane of a part thinner than the
+    gradient's step); a steeper field is scaled by its gradient."""
+    walker = default_walker(walker)
+    pts = np.asarray(points, np.float32)
+    if not len(pts):
+        return np.zeros(0)
+    d, _ = walker.evaluate(tape, pts)
+    g = np.linalg.norm(np.asarray(walker.gradient(tape, pts), np.float64), axis=1)
+    return np.abs(np.asarray(d, np.float64)) / np.maximum(g, 1.0)
+
+
 def mesh_surface(tape: Tape, resolution: int = DEFAULT_RESOLUTION, walker=None, project: bool = True,
-                 steps: int = 3) -> Surface:
+                 steps: int = 3, method: str = DEFAULT_METHOD) -> Surface:
     """The tape's zero set as a closed, oriented triangle mesh.
 
-    ``resolution``: grid cells along the longest side of ``tape.bounds`` (cubic cells, two cells of
-    margin). The field is sampled by one ``walker.evaluate`` call (default: the CPU twin), the zero
-    set extracted by marching cubes, and with ``project`` the vertices are moved onto the zero set
-    by ``steps`` Newton steps (a vertex whose move would flip one of its triangles keeps its
-    marching-cubes position). Raises TaperayError when the result is not watertight."""
+    ``resolution``: grid cells along the longest side of ``tape.bounds`` (cubic cells, at least two
+    cells of margin, the outer layer forced outside). ``method``: ``"dc"`` dual contouring
+    (solvers.dual_contour: adaptive band, QEF vertices, sharp edges kept, manifold) or ``"mc"``
+    marching cubes on the whole grid, with ``project`` its vertices moved onto the zero set by
+    ``steps`` Newton steps (``project`` and ``steps`` concern ``"mc"`` only). The field comes from
+    ``walker`` (default: the CPU twin) in batched calls. ``stats["max_vertex_distance"]`` is the
+    largest ``vertex_distances`` over the vertices."""
+    if method == "dc":
+        from .dual_contour import dual_contour
+        return dual_contour(tape, resolution, walker)
+    if method != "mc":
+        raise TaperayError(f"unknown surface method {method!r} (choose from {', '.join(METHODS)})")
+    return _marching_cubes(tape, resolution, walker, project, steps)
+
+
+def _marching_cubes(tape: Tape, resolution: int, walker, project: bool, steps: int) -> Surface:
     measure = _need("skimage.measure")
     walker = default_walker(walker)
     t0 = time.perf_counter()
@@ -174,10 +204,9 @@ def mesh_surface(tape: Tape, resolution: int = DEFAULT_RESOLUTION, walker=None, 
     if s.volume < 0:
         faces = faces[:, ::-1].copy()
     t_mc = time.perf_counter() - t0 - t_sample
-    resid = None
     if project:
         n0 = _normals(verts, faces)
-        new, resid = project_to_zero_set(tape, verts, walker, steps=steps, max_step=0.5 * h)
+        new, _ = project_to_zero_set(tape, verts, walker, steps=steps, max_step=0.5 * h)
         moved = np.ones(len(verts), bool)
         for _ in range(10):   # revert vertices of triangles that flipped or collapsed, until none do
             n1 = _normals(new, faces)
@@ -191,12 +220,10 @@ def mesh_surface(tape: Tape, resolution: int = DEFAULT_RESOLUTION, walker=None, 
             new[back] = verts[back]
             moved[back] = False
         verts = new
-        d, _ = walker.evaluate(tape, verts.astype(np.float32))
-        resid = np.abs(d.astype(np.float64))
-    surf = Surface(verts, faces)
-    surf.stats = {"grid": list(vol.shape), "spacing": h, "seconds": time.perf_counter() - t0,
-                  "sample_seconds": t_sample, "extract_seconds": t_mc,
-                  "max_abs_field_at_vertices": float(resid.max()) if resid is not None and len(resid) else None}
     if not len(faces):
         raise TaperayError("marching cubes found no surface")
+    surf = Surface(verts, faces)
+    surf.stats = {"method": "mc", "grid": list(vol.shape), "spacing": h, "seconds": time.perf_counter() - t0,
+                  "sample_seconds": t_sample, "extract_seconds": t_mc,
+                  "max_vertex_distance": float(vertex_distances(tape, verts, walker).max())}
     return surf

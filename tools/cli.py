@@ -476,8 +476,8 @@ def cmd_mesh(args) -> int:
     tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
     notes: list[str] = []
     walker = _sim_walker(args, notes, watch)
-    with step(f"surface at resolution {args.resolution}"), watch.stage("surface"):
-        surface = mesh_surface(tape, args.resolution, walker)
+    with step(f"surface at resolution {args.resolution} ({args.method})"), watch.stage("surface"):
+        surface = mesh_surface(tape, args.resolution, walker, method=args.method)
     with watch.stage("write"):
         surface.save(out)
     con = console()
@@ -486,6 +486,8 @@ def cmd_mesh(args) -> int:
     s = surface.summary()
     con.print(f"surface:   {s['triangles']:,} triangles, {'watertight' if s['watertight'] else 'NOT watertight'}, "
               f"volume {s['volume']:.6g}, area {s['area']:.6g} -> {out} on {_walker_label(walker)}")
+    con.print(f"vertices:  {s['vertices']:,} by {'dual contouring' if args.method == 'dc' else 'marching cubes'}, "
+              f"max distance to the surface {s['max_vertex_distance']:.3g} ({s['max_vertex_distance'] / s['spacing']:.3g} cells)")
     con.print(f"timings:   {watch.summary()}")
     return 0
 
@@ -770,6 +772,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scene", metavar="SCENE")
     p.add_argument("-o", "--output", required=True, metavar="PART.stl", help="stl, obj, ply, glb or off")
     p.add_argument("--resolution", type=int, default=96, help="grid cells along the longest side (default 96)")
+    p.add_argument("--method", choices=("dc", "mc"), default="dc",
+                   help="dc: dual contouring, sharp edges kept (default); mc: marching cubes + projection")
     walker_arg(p)
     set_arg(p)
     p.set_defaults(func=cmd_mesh)
