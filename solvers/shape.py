@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from taperay.runtime.tape import Tape, TaperayError, pool_tangents
+from taperay.runtime.tape import Tape, TaperayError
 
 from . import fem
 from .study import _per_material, mesh_materials, study_from
@@ -74,6 +74,7 @@ class System:
     solver: str = "auto"
     _factor: object = field(default=None, repr=False)
     _free: np.ndarray | None = field(default=None, repr=False)
+    _volumes: tuple | None = field(default=None, repr=False)
     info: dict = field(default_factory=dict)
 
     @property
@@ -146,6 +147,13 @@ class System:
         """K and f on the mesh's current nodes."""
         _build(self)
 
+    def volumes(self) -> tuple[np.ndarray, np.ndarray]:
+        """``element_volumes`` on the current nodes (computed once: the volume and the mass
+        objectives, and the p-means' denominators, share them)."""
+        if self._volumes is None:
+            self._volumes = element_volumes(self.mesh.nodes, self.mesh.elements)
+        return self._volumes
+
     def load_dot(self, c) -> float:
         return float(np.dot(np.asarray(c, float).ravel(), self.f))
 
@@ -216,7 +224,7 @@ def _build(sysm: System) -> None:
         for faces, p in sysm.pressure:
             f = f + fem.face_load(nodes, faces, lambda x, n, p=p: -p * n, 3, N)
     sysm.K, sysm.f = sp.csr_matrix(K), np.asarray(f, float)
-    sysm._factor = None
+    sysm._factor = sysm._volumes = None
 
 
 def moved_mesh(sysm: System, displacement) -> System:
@@ -224,7 +232,7 @@ def moved_mesh(sysm: System, displacement) -> System:
     what a finite difference with the mesh topology held fixed assembles."""
     from dataclasses import replace
     mesh = TetMesh(sysm.mesh.nodes + np.asarray(displacement, float), sysm.mesh.elements, dict(sysm.mesh.stats))
-    new = replace(sysm, mesh=mesh, _factor=None, _free=None, info={})
+    new = replace(sysm, mesh=mesh, _factor=None, _free=None, _volumes=None, info={})
     _build(new)
     return new
 
@@ -242,11 +250,17 @@ def _blocks(E: int, size: int = 20_000):
 
 
 def _geom(X, dN):
-    J = np.einsum("eai,aj->eij", X, dN)
-    det = np.linalg.det(J)
+    """(det J (m,), dN/dx (m, n, 3)) of the elements with node coordinates X (m, n, 3) at one
+    quadrature point (dN: (n, 3) reference derivatives); J's inverse from its cofactors (the rows'
+    cross products), which for 3 x 3 blocks is several times faster than numpy.linalg."""
+    J = np.matmul(X.transpose(0, 2, 1), dN)                 # J_ij = sum_a X_ai dN_aj
+    r0, r1, r2 = J[:, 0], J[:, 1], J[:, 2]
+    c0, c1, c2 = np.cross(r1, r2), np.cross(r2, r0), np.cross(r0, r1)
+    det = np.einsum("ei,ei->e", r0, c0)
     if np.any(det <= 0):
         raise TaperayError(f"{int(np.count_nonzero(det <= 0))} elements are inverted or flat (Jacobian <= 0)")
-    return det, np.einsum("aj,eji->eai", dN, np.linalg.inv(J))
+    inv = np.stack([c0, c1, c2], -1) / det[:, None, None]
+    return det, np.matmul(dN, inv)
 
 
 def stiffness_shape_gradient(sysm: System, nodes, u, lam) -> np.ndarray:
@@ -297,31 +311,79 @@ def _stress(grad, lam, mu):
     return 2 * mu[:, None, None] * eps + (lam * tr)[:, None, None] * np.eye(3)
 
 
+def _scatter(index, values, n: int) -> np.ndarray:
+    """sum of ``values`` (k, c) rows into n rows by ``index`` (k,) (bincount per column: several
+    times faster than numpy.add.at)."""
+    values = values.reshape(len(index), -1)
+    return np.stack([np.bincount(index, values[:, c], minlength=n) for c in range(values.shape[1])], 1)
+
+
+def _adjugates(X, dNq):
+    """(det J (Q, m), adj J (Q, m, 3, 3)) at every quadrature point (dNq (Q, n, 3)) of the elements
+    with node coordinates X (m, n, 3); adj J = det J J^-1, its columns the rows' cross products."""
+    J = np.matmul(X.transpose(0, 2, 1)[None], dNq[:, None])              # (Q, m, 3, 3)
+    r0, r1, r2 = J[..., 0, :], J[..., 1, :], J[..., 2, :]
+    adj = np.stack([np.cross(r1, r2), np.cross(r2, r0), np.cross(r0, r1)], -1)
+    det = np.einsum("qei,qei->qe", r0, adj[..., 0])
+    if np.any(det <= 0):
+        raise TaperayError(f"{int(np.count_nonzero((det <= 0).any(0)))} elements are inverted or flat (Jacobian <= 0)")
+    return det, adj
+
+
+def _blocks_for(E: int, points: int):
+    """Element blocks small enough that a (points, block, 3, 3) array stays near 2 M entries."""
+    return _blocks(E, max(1024, 200_000 // max(points, 1)))
+
+
 def volume_integral_gradient(nodes, elements, degree: int, integrand):
     """(value, dvalue/dX (N, 3), dvalue/du as the integrand asks) of sum_e int g dx, where
     ``integrand(Nq (n,), e_slice)`` -> (g (m,) at the quadrature point, c (m, n) or None:
-    dg/du_a coefficients). Returns value, dX (N, 3), du (N,)."""
+    dg/du_a coefficients). Returns value, dX (N, 3), du (N,).
+
+    With g held fixed, d/dX_a of w g det J = w g det J G_a = w g dN_a adj J: the elements' sum
+    over the quadrature points is one matrix product (dN (n, 3Q) by the weighted adjugates)."""
     E, n = elements.shape
     Nq, dNq, wts = _rule(n, degree)
+    Q = len(wts)
+    dN_flat = dNq.transpose(1, 0, 2).reshape(n, 3 * Q)                 # [a, 3q + j] = dN_q,aj
     dX = np.zeros((len(nodes), 3))
     du = np.zeros(len(nodes))
     total = 0.0
-    for blk in _blocks(E):
+    for blk in _blocks_for(E, Q):
         e = elements[blk]
-        X = nodes[e]
-        ge = np.zeros((len(e), n, 3))
-        gu = np.zeros((len(e), n))
-        for q in range(len(wts)):
-            det, G = _geom(X, dNq[q])
-            w = wts[q] * det
-            g, c = integrand(Nq[q], e, blk)
-            total += float(np.dot(w, g))
-            ge += (w * g)[:, None, None] * G                    # d(det)/dX_a = det G_a
+        det, adj = _adjugates(nodes[e], dNq)
+        w = wts[:, None] * det                                          # (Q, m)
+        g = np.empty_like(w)
+        gu = None
+        for q in range(Q):
+            g[q], c = integrand(Nq[q], e, blk)
             if c is not None:
-                gu += w[:, None] * c
-        np.add.at(dX, e.ravel(), ge.reshape(-1, 3))
-        np.add.at(du, e.ravel(), gu.ravel())
+                gu = w[q][:, None] * c if gu is None else gu + w[q][:, None] * c
+        total += float(np.einsum("qe,qe->", w, g))
+        A = (wts[:, None] * g)[:, :, None, None] * adj                    # (Q, m, 3 j, 3 i)
+        ge = np.matmul(dN_flat, A.transpose(1, 0, 2, 3).reshape(len(e), 3 * Q, 3))
+        idx = e.ravel()
+        dX += _scatter(idx, ge, len(nodes))
+        if gu is not None:
+            du += _scatter(idx, gu, len(nodes))[:, 0]
     return total, dX, du
+
+
+def element_volumes(nodes, elements) -> tuple[np.ndarray, np.ndarray]:
+    """(volume (E,), its derivative w.r.t. each element's nodes (E, n, 3)), exact for curved TET10
+    (degree 3) and TET4 (degree 1)."""
+    E, n = elements.shape
+    _, dNq, wts = _rule(n, 1 if n == 4 else 3)
+    Q = len(wts)
+    dN_flat = dNq.transpose(1, 0, 2).reshape(n, 3 * Q)
+    vol = np.empty(E)
+    dvol = np.empty((E, n, 3))
+    for blk in _blocks_for(E, Q):
+        det, adj = _adjugates(nodes[elements[blk]], dNq)
+        vol[blk] = wts @ det
+        A = wts[:, None, None, None] * adj
+        dvol[blk] = np.matmul(dN_flat, A.transpose(1, 0, 2, 3).reshape(-1, 3 * Q, 3))
+    return vol, dvol
 
 
 def load_shape_gradient(sysm: System, nodes, c) -> np.ndarray:
@@ -406,7 +468,8 @@ def _face_vector_gradient(nodes, faces, degree, g) -> np.ndarray:
 
 # ---------------------------------------------------------------- velocities from the tape
 
-PAD_POINTS = 1 << 15        # velocities are evaluated on at least this many points (one compiled program)
+VELOCITY_CHUNK = 1 << 14    # points per JAX call: every design's evaluations have this one shape
+
 
 def _jax_walker(walker=None):
     if walker is not None and hasattr(walker, "value_and_grad"):
@@ -418,6 +481,28 @@ def _jax_walker(walker=None):
     except NameError:
         _JAX = JaxWalker()
         return _JAX
+
+
+def _field_rates(tape: Tape, points, names, walker) -> tuple[np.ndarray, dict]:
+    """(grad f (n, 3), {name: df/dname (n,)}) at ``points``, float64, from calls of exactly
+    ``VELOCITY_CHUNK`` points each (the last one padded with copies of its first point): the JAX
+    evaluator's programs are specialised to the point count, so a mesh of any size reuses the one
+    program its first call compiled (one forward-mode pass per name inside it)."""
+    w = _jax_walker(walker)
+    n = len(points)
+    dx = np.empty((n, 3))
+    rates = {nm: np.empty(n) for nm in names}
+    chunk = np.empty((VELOCITY_CHUNK, 3), np.float32)
+    for s in range(0, n, VELOCITY_CHUNK):
+        part = points[s:s + VELOCITY_CHUNK]
+        m = len(part)
+        chunk[:m] = part
+        chunk[m:] = part[0]
+        g = w.value_and_grad(tape, chunk, names=names)
+        dx[s:s + m] = g.dx[:m]
+        for nm in names:
+            rates[nm][s:s + m] = g.per_point[nm][:m]
+    return dx, rates
 
 
 def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_grad: float = 1e-3,
@@ -439,43 +524,40 @@ def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_
     inside a part jumps across the medial surface (the nearest face changes), and a jump inside
     the mesh costs the volume form its accuracy (a spherical shell, TET10: 1.4 % / 0.6 % / 0.5 %
     off the exact derivative with the level-set V, 0.1 % or better with the harmonic one).
+    The tape is then evaluated at the face centroids only (no node's V comes from the field).
     The derivative is that of the discrete problem for either field (the boundary nodes decide
     the continuous derivative; the interior only its discretisation error)."""
     names = sorted(tape.names) if names is None else list(names)
     if not names:
         return {}
     nodes = np.asarray(nodes, np.float64)
-    pts = nodes
-    if faces is not None and len(faces):
-        faces = np.asarray(faces, np.int64)
-        cent = nodes[faces[:, :3]].mean(1)
-        pts = np.concatenate([nodes, cent])
-    w = _jax_walker(walker)
-    # pad to a fixed least count (copies of the first point): designs of different mesh sizes then
-    # share the JAX evaluator's compiled program (it compiles once per point-count rung)
-    n_pts = len(pts)
-    padded = np.empty((max(n_pts, PAD_POINTS), 3), np.float32)
-    padded[:n_pts] = pts
-    padded[n_pts:] = pts[0]
-    g = w.value_and_grad(tape, padded, names=())
-    dx = np.asarray(g.dx, np.float64)[:n_pts]
-    per_point = {nm: np.asarray(w.jvp(tape, padded, t)[1], np.float64) for nm, t in pool_tangents(tape, names).items()}
-    g2 = np.einsum("ij,ij->i", dx, dx)
-    ok = g2 > min_grad ** 2
-    inv = np.zeros_like(g2)
-    inv[ok] = 1.0 / g2[ok]
     N = len(nodes)
-    out = {}
-    for nm in names:
-        dth = per_point[nm][:n_pts]
-        out[nm] = -(dth * inv)[:N, None] * dx[:N]
-    if faces is None or not len(faces):
-        return out
+    with_faces = faces is not None and len(faces)
+    if not with_faces:
+        dx, rates = _field_rates(tape, nodes, names, walker)
+        g2 = np.einsum("ij,ij->i", dx, dx)
+        ok = g2 > min_grad ** 2
+        inv = np.zeros_like(g2)
+        inv[ok] = 1.0 / g2[ok]
+        return {nm: -(rates[nm] * inv)[:, None] * dx for nm in names}
+    faces = np.asarray(faces, np.int64)
+    cent = nodes[faces[:, :3]].mean(1)
+    if elements is None:        # interior nodes: the level-set V, so the nodes are evaluated too
+        dx, rates = _field_rates(tape, np.concatenate([nodes, cent]), names, walker)
+        g2 = np.einsum("ij,ij->i", dx[:N], dx[:N])
+        ok = g2 > min_grad ** 2
+        inv = np.zeros_like(g2)
+        inv[ok] = 1.0 / g2[ok]
+        out = {nm: -(rates[nm][:N] * inv)[:, None] * dx[:N] for nm in names}
+        dx, rates = dx[N:], {nm: r[N:] for nm, r in rates.items()}
+    else:
+        dx, rates = _field_rates(tape, cent, names, walker)
+        out = {nm: np.zeros((N, 3)) for nm in names}
     # boundary nodes: least squares over the faces around each node
-    gn = np.sqrt(g2[N:])
+    gn = np.sqrt(np.einsum("ij,ij->i", dx, dx))
     fok = gn > min_grad
     nrm = np.zeros((len(faces), 3))
-    nrm[fok] = dx[N:][fok] / gn[fok, None]
+    nrm[fok] = dx[fok] / gn[fok, None]
     rows = faces.ravel()
     fidx = np.repeat(np.arange(len(faces)), faces.shape[1])
     M = np.zeros((N, 3, 3))
@@ -487,11 +569,10 @@ def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_
     P = np.einsum("nij,nj,nkj->nik", U, invl, U)              # pseudo-inverse of M at each boundary node
     for nm in names:
         vn = np.zeros(len(faces))
-        vn[fok] = -per_point[nm][N:n_pts][fok] / gn[fok]
+        vn[fok] = -rates[nm][fok] / gn[fok]
         r = np.zeros((N, 3))
         np.add.at(r, rows, nrm[fidx] * vn[fidx][:, None])
-        V = out[nm]
-        V[bnodes] = np.einsum("nij,nj->ni", P, r[bnodes])
+        out[nm][bnodes] = np.einsum("nij,nj->ni", P, r[bnodes])
     if elements is not None:
         _harmonic_extension(nodes, np.asarray(elements, np.int64), bnodes, out)
     return out
