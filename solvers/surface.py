@@ -4,8 +4,8 @@
 
 - ``"dc"``: dual contouring on an adaptive band, sharp features kept by a QEF per surface patch
   of a cell, manifold output (solvers.dual_contour owns it); ``taperay mesh``'s default.
-- ``"mc"`` (the default here, which simulate and optimize use): the field sampled on the whole grid over the tape's bounds (one batched ``evaluate``
-  call), the zero set extracted by marching cubes (scikit-image's Lewiner variant), then each
+- ``"mc"`` (the default here, which simulate and optimize use): the field sampled on the whole
+  grid over the tape's bounds (one batched ``evaluate`` call), the zero set extracted by marching cubes (scikit-image's Lewiner variant), then each
   vertex moved onto the zero set by Newton steps along the walker's gradient
   (x <- x - f grad / |grad|^2, each step capped at half a cell); a vertex whose move would flip one
   of its triangles is reverted. Sharp edges are cut by up to about one cell (the vertices lie on
