@@ -59,10 +59,13 @@ def material_names(tape: Tape) -> list[str]:
 class Surface:
     """A closed triangle mesh: ``vertices`` (V, 3) float64, ``faces`` (F, 3) int64, outward
     oriented (positive volume). ``stats`` holds how it was made (grid, spacing, seconds,
-    max |field| at the vertices)."""
+    max |field| at the vertices). ``unprojected``: marching cubes' vertices before they were moved
+    onto the zero set (same faces; a grid-edge surface never intersects itself, so ``tet_mesh``
+    meshes it when TetGen fails on the projected one)."""
     vertices: np.ndarray
     faces: np.ndarray
     stats: dict = field(default_factory=dict)
+    unprojected: np.ndarray | None = None
 
     def trimesh(self):
         trimesh = _need("trimesh")
@@ -204,6 +207,7 @@ def _marching_cubes(tape: Tape, resolution: int, walker, project: bool, steps: i
     if s.volume < 0:
         faces = faces[:, ::-1].copy()
     t_mc = time.perf_counter() - t0 - t_sample
+    grid_verts = verts if project else None
     if project:
         n0 = _normals(verts, faces)
         new, _ = project_to_zero_set(tape, verts, walker, steps=steps, max_step=0.5 * h)
@@ -222,7 +226,7 @@ def _marching_cubes(tape: Tape, resolution: int, walker, project: bool, steps: i
         verts = new
     if not len(faces):
         raise TaperayError("marching cubes found no surface")
-    surf = Surface(verts, faces)
+    surf = Surface(verts, faces, unprojected=grid_verts)
     surf.stats = {"method": "mc", "grid": list(vol.shape), "spacing": h, "seconds": time.perf_counter() - t0,
                   "sample_seconds": t_sample, "extract_seconds": t_mc,
                   "max_vertex_distance": float(vertex_distances(tape, verts, walker).max())}

@@ -264,7 +264,9 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     (TetGen reads it only with ``fixedvolume``, which is switched on when a ``maxvolume`` is given
     and ``fixedvolume`` is not said). With ``tape``, boundary nodes (TET10 mid-edge nodes, TetGen's points on
     facets) are moved onto the tape's zero set (``project_boundary_nodes``). TetGen runs in a child process;
-    a failure is repaired (pymeshfix) and retried once, then raised as TaperayError."""
+    when it fails on a surface that carries ``unprojected`` vertices (marching cubes' own), those are
+    meshed instead; otherwise, or failing that too, the surface is repaired (pymeshfix) and retried
+    once, then a TaperayError names the causes."""
     if order not in (1, 2):
         raise TaperayError(f"order must be 1 (TET4) or 2 (TET10), got {order!r}")
     t0 = time.perf_counter()
@@ -279,7 +281,17 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     # TetGen meshes order 1; mid-edge nodes are made here (TetGen's order=2 gives the same nodes; its
     # column order is checked by tests/test_solvers.py against TETGEN_ORDER2_EDGES)
     out, why = _run_child("tet", v, f, opts, timeout)
-    repaired = False
+    repaired = unprojected = False
+    fallback = getattr(surface, "unprojected", None)
+    if out is None and fallback is not None:
+        # thin walls: the projection can make two sheets cross, which kills TetGen; the grid-edge
+        # surface cannot cross itself, and the boundary projection below moves its nodes afterwards
+        # as far as no element spoils
+        out, why_grid = _run_child("tet", np.asarray(fallback, np.float64), f, opts, timeout)
+        if out is not None:
+            unprojected = True
+        else:
+            why = f"{why}; unprojected surface: {why_grid}"
     if out is None and repair:
         fixed, why_fix = _run_child("repair", v, f, None, timeout)
         if fixed is None:
@@ -308,7 +320,7 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     elems = orient(nodes, elems)
     if order == 2:
         nodes, elems = to_order2(nodes, elems)
-    mesh = TetMesh(nodes, elems, {"tetgen_seconds": time.perf_counter() - t0, "repaired": repaired,
+    mesh = TetMesh(nodes, elems, {"tetgen_seconds": time.perf_counter() - t0, "repaired": repaired, "unprojected": unprojected,
                                   "elements": int(len(elems)), "nodes": int(len(nodes))})
     if tape is not None:
         mesh.stats["projected_nodes"] = project_boundary_nodes(mesh, tape, walker)

@@ -274,6 +274,29 @@ def test_a_self_intersecting_surface_gives_a_clear_error_and_the_process_lives()
     assert os.getpid() == pid
 
 
+def test_when_the_projected_surface_fails_tetgen_meshes_the_unprojected_one():
+    v, f = _cube_surface()
+    bad = v.copy()
+    top = np.argmax(v[:, 2] + 0.1 * v[:, 0] + 0.01 * v[:, 1])      # one corner pushed through the far face
+    bad[top] = -bad[top] * 1.5
+    with pytest.raises(TaperayError, match="TetGen could not mesh the surface"):
+        tet_mesh(Surface(bad, f), repair=False)
+    mesh = tet_mesh(Surface(bad, f, unprojected=v), repair=False)
+    assert mesh.stats["unprojected"] and mesh.volumes().sum() == pytest.approx(1.0, rel=1e-12)
+
+
+def test_the_heat_sink_at_a_resolution_whose_projected_surface_kills_tetgen_is_meshed():
+    """At resolution 16 the projected surface's thin fins cross themselves and TetGen dies (SIGSEGV);
+    marching cubes' own vertices mesh, and the boundary nodes are projected afterwards."""
+    import runpy
+    ns = runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))
+    tape = flatten(ns["scene"])
+    surf = mesh_surface(tape, 16, method="mc")
+    mesh = tet_mesh(surf, order=2, tape=tape)
+    assert mesh.stats["unprojected"] and mesh.stats["projected_nodes"] > 0
+    assert np.all(mesh.volumes() > 0)
+
+
 def test_a_crashing_child_is_reported_not_fatal():
     v, f = _cube_surface()
     out, why = _run_child("abort", v, f, None, 60)
