@@ -57,6 +57,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "path": Benchmark("taperay.tools.bench_path:bench_path",
                       "path tracer: Msamples/s and time to 256 spp for the showcase, the bolt bin and prospero's "
                       "slab; pipelines created by material, parameter and topology edits; --repeat N: spp timed"),
+    "path-mitsuba": Benchmark("taperay.tools.bench_path:bench_path_mitsuba",
+                              "path tracer against Mitsuba 3 on spheres and boxes on a slab (diffuse, metal, glass, "
+                              "emitter): per-tile agreement within noise, times, both pictures; --repeat N: spp"),
     "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
                            "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }

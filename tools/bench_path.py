@@ -63,6 +63,8 @@ def _measure(walker, tape, path: Path, w: int, h: int, spp: int, settings, row: 
     row["s per spp"] = seconds / spp
     row[f"time to {TARGET_SPP} spp s"] = seconds / spp * TARGET_SPP
     row[f"{TARGET_SPP} spp"] = "measured" if spp == TARGET_SPP else "from the rate"
+    if walker.name == "gpu":
+        walker.kernels.settle()         # (the pipelines the background builds after the first request)
     made = walker.kernels.stats.pipelines_created if walker.name == "gpu" else None
     edits = _edits(walker, tape, path)
     regs = {tape.n_regs}
@@ -94,6 +96,7 @@ def bench_path(opts) -> BenchResult:
                 _measure(walker, load_tape(path), path, w, h, spp, settings, row)
             except TaperayError as e:
                 notes.append(f"{label}: not measured: {e}")
+                row["Msamples/s"] = float("nan")
             rows.append(row)
             tick()
     machine = {"gpu": walker.adapter_name} if walker.name == "gpu" else {}
@@ -107,3 +110,156 @@ def bench_path(opts) -> BenchResult:
               f"{settings.max_bounces}, roulette from {settings.roulette_from}, light samples on)"]
     return BenchResult(rows, machine=machine, notes=notes, chart=("scene", "Msamples/s"),
                        settings={"walker": walker.name, "size": f"{w}x{h}", "repeat": spp})
+
+
+# ------------------------------------------------------------------------------------- Mitsuba 3
+# the comparison scene: spheres and boxes on a slab, as (shape, centre, radius or half extents,
+# material); both renderers build it from these rows (taperay's nodes, Mitsuba's own primitives)
+COMPARISON_ROWS = (
+    ("box", (0.0, 0.0, -0.1), (1.8, 1.4, 0.1), "floor"),
+    ("sphere", (-0.95, -0.1, 0.42), 0.42, "red"),
+    ("sphere", (0.0, 0.15, 0.45), 0.45, "metal"),
+    ("sphere", (0.95, -0.2, 0.4), 0.4, "glass"),
+    ("box", (0.55, 0.75, 0.25), (0.25, 0.25, 0.25), "blue"),
+    ("sphere", (-0.5, 0.8, 0.18), 0.18, "lamp"),
+)
+COMPARISON_ENVIRONMENT = (0.5, 0.45, 0.4)
+COMPARISON_CAMERA = dict(eye=(0.0, -4.6, 2.2), target=(0.0, 0.2, 0.3), fov_deg=32.0)
+COMPARISON_MAX_BOUNCES = 12
+MATCH_ROUNDING = 1e-5       # a tile of the environment alone: float32 against Mitsuba's rounding
+
+
+def _comparison_materials():
+    """The materials both renderers model alike: Lambertian (specular 0), a white GGX conductor
+    (metallic 1, colour 1: F = 1), smooth glass and a black emitter."""
+    from taperay.scenegraph import Material
+    return {"floor": Material("floor", (0.6, 0.6, 0.6), specular=0.0),
+            "red": Material("red", (0.8, 0.15, 0.1), specular=0.0),
+            "blue": Material("blue", (0.15, 0.25, 0.8), specular=0.0),
+            "metal": Material("metal", (1.0, 1.0, 1.0), 0.4, metallic=1.0),
+            "glass": Material("glass", (1.0, 1.0, 1.0), transmission=1.0, ior=1.5),
+            "lamp": Material("lamp", (0.0, 0.0, 0.0), emission=(6.0, 5.0, 4.0), specular=0.0)}
+
+
+def comparison_scene():
+    """(tape, camera) of the comparison scene in taperay."""
+    from taperay.runtime.camera import Camera
+    from taperay.scenegraph import box, flatten, sphere, union
+    mats = _comparison_materials()
+    nodes = [(sphere(size) if shape == "sphere" else box(*size)).translate(*centre).material(mats[m])
+             for shape, centre, size, m in COMPARISON_ROWS]
+    return flatten(union(*nodes), source="bench:path-mitsuba"), Camera(**COMPARISON_CAMERA)
+
+
+def _mitsuba_scene(width: int, height: int, spp: int):
+    """The comparison scene as Mitsuba 3 (scalar_rgb) loads it: its own sphere and cube shapes."""
+    import mitsuba as mi
+    mi.set_variant("scalar_rgb")
+    T = mi.ScalarTransform4f
+
+    def rgb(v):
+        return {"type": "rgb", "value": list(v)}
+    mats = _comparison_materials()
+    scene = {"type": "scene", "integrator": {"type": "path", "max_depth": COMPARISON_MAX_BOUNCES},
+             "sensor": {"type": "perspective", "fov": COMPARISON_CAMERA["fov_deg"], "fov_axis": "y",
+                        "to_world": T().look_at(origin=list(COMPARISON_CAMERA["eye"]),
+                                                target=list(COMPARISON_CAMERA["target"]), up=[0, 0, 1]),
+                        "film": {"type": "hdrfilm", "width": width, "height": height, "pixel_format": "rgb",
+                                 "rfilter": {"type": "box"}},
+                        "sampler": {"type": "independent", "sample_count": spp}},
+             "environment": {"type": "constant", "radiance": rgb(COMPARISON_ENVIRONMENT)}}
+    for i, (shape, centre, size, name) in enumerate(COMPARISON_ROWS):
+        m = mats[name]
+        if m.transmission:
+            bsdf = {"type": "dielectric", "int_ior": m.ior, "ext_ior": 1.0}
+        elif m.metallic:
+            bsdf = {"type": "roughconductor", "material": "none", "distribution": "ggx", "alpha": m.roughness ** 2,
+                    "specular_reflectance": rgb(m.color)}
+        else:
+            bsdf = {"type": "diffuse", "reflectance": rgb(m.color)}
+        if shape == "sphere":
+            node = {"type": "sphere", "center": list(centre), "radius": size, "bsdf": bsdf}
+        else:
+            node = {"type": "cube", "to_world": T().translate(list(centre)) @ T().scale(list(size)), "bsdf": bsdf}
+        if any(m.emission):
+            node["emitter"] = {"type": "area", "radiance": rgb(m.emission)}
+        scene[f"{i}_{name}"] = node
+    return mi.load_dict(scene)
+
+
+def mitsuba_tile_stats(width: int, height: int, spp: int, passes: int, tile: int, seed: int = 0):
+    """Mitsuba's (image (H, W, 3), tile means, tile standard errors): ``passes`` renders of
+    ``spp`` samples with independent seeds; a tile's mean luminance (mean over rgb) per pass, its
+    mean and standard error over the passes."""
+    import mitsuba as mi
+    import numpy as np
+    scene = _mitsuba_scene(width, height, spp)
+    images = np.stack([np.array(mi.render(scene, seed=seed + k), np.float64) for k in range(passes)])
+    th, tw = height // tile, width // tile
+    lum = images[:, :th * tile, :tw * tile].mean(-1).reshape(passes, th, tile, tw, tile).mean((2, 4))
+    return images.mean(0), lum.mean(0), lum.std(0, ddof=1) / np.sqrt(passes)
+
+
+def compare_with_mitsuba(walker, width: int, height: int, spp: int, passes: int = 8, tile: int = 4,
+                         seed: int = 0) -> dict:
+    """taperay (``walker``, ``spp`` samples) against Mitsuba 3 (``passes`` x ``spp / passes``) on
+    the comparison scene, per tile of mean luminance: ``ok`` where the two differ by at most 4
+    combined standard errors (plus MATCH_ROUNDING: tiles of the environment alone have none), and
+    ``z``, the difference over the combined standard error."""
+    import numpy as np
+
+    from taperay.runtime.path_tracing import PathImage, PathSettings
+    tape, camera = comparison_scene()
+    path = PathSettings(environment=COMPARISON_ENVIRONMENT, max_bounces=COMPARISON_MAX_BOUNCES, seed=seed)
+    t0 = time.perf_counter()
+    ours = PathImage(walker, tape, camera, width, height, path=path).add(spp)
+    ours_s = time.perf_counter() - t0
+    m_ours, se_ours = ours.tile_stats(tile)
+    t0 = time.perf_counter()
+    image, m_mi, se_mi = mitsuba_tile_stats(width, height, max(1, spp // passes), passes, tile, seed)
+    mi_s = time.perf_counter() - t0
+    diff, se = np.abs(m_ours - m_mi), np.hypot(se_ours, se_mi)
+    noisy = se > MATCH_ROUNDING
+    z = np.where(noisy, diff / np.where(noisy, se, 1.0), 0.0)
+    return {"ok": diff <= 4 * se + MATCH_ROUNDING, "z": z, "taperay": ours.mean(), "mitsuba": image.astype(np.float32), "taperay s": ours_s,
+            "mitsuba s": mi_s, "mean taperay": float(m_ours.mean()), "mean mitsuba": float(m_mi.mean())}
+
+
+def bench_path_mitsuba(opts) -> BenchResult:
+    """taperay against Mitsuba 3 on the comparison scene: per-tile agreement, both renderers'
+    times, and the two pictures side by side (``<out>/path-mitsuba-pictures.png``: taperay left)."""
+    import numpy as np
+    from PIL import Image
+
+    from taperay.runtime.walkers import walker as choose_walker
+
+    from .cli import parse_size
+    try:
+        import mitsuba
+    except ImportError:
+        raise TaperayError("bench path-mitsuba: needs Mitsuba 3 (pip install mitsuba, or the 'compare' extra)") from None
+    walker = choose_walker(opts.walker)
+    w, h = parse_size(opts.size) if opts.size else (192, 128)
+    spp, tile, passes = opts.repeat, 8, 8
+    r = compare_with_mitsuba(walker, w, h, spp, passes=passes, tile=tile, seed=opts.seed)
+    noisy = r["z"] > 0
+    row = {"scene": "spheres and boxes on a slab", "walker": walker.name, "size": f"{w}x{h}", "spp": spp,
+           "tiles": int(r["ok"].size), "tiles within 4 SE": float(r["ok"].mean()),
+           "median z": float(np.median(r["z"][noisy])) if noisy.any() else float("nan"),
+           "max z": float(r["z"].max()), "mean luminance taperay": r["mean taperay"],
+           "mean luminance mitsuba": r["mean mitsuba"], "taperay s": r["taperay s"], "mitsuba s": r["mitsuba s"]}
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def shown(a):
+        return (np.clip(a, 0, 1) ** (1 / 2.2) * 255).round().astype(np.uint8)
+    Image.fromarray(np.concatenate([shown(r["taperay"]), shown(r["mitsuba"])], 1)).save(out / "path-mitsuba-pictures.png")
+    return BenchResult([row], machine={"mitsuba": mitsuba.__version__},
+                       settings={"walker": walker.name, "size": f"{w}x{h}", "repeat": spp, "seed": opts.seed},
+                       notes=[f"taperay: PathImage at {spp} spp (tile stats from its samples); Mitsuba 3 scalar_rgb, "
+                              f"path integrator (max_depth {COMPARISON_MAX_BOUNCES}), box filter, {passes} passes of "
+                              f"{max(1, spp // passes)} spp with independent seeds (a tile's standard error from the "
+                              f"passes); tiles {tile}x{tile} of mean luminance (mean over rgb); z: the difference "
+                              f"over the combined standard error (tiles of standard error <= {MATCH_ROUNDING}, the environment alone: z 0)",
+                              f"pictures: {out / 'path-mitsuba-pictures.png'} (taperay left, Mitsuba right; "
+                              "clamped, gamma 1/2.2)"])
