@@ -121,6 +121,43 @@ def test_present_pipeline_draws_the_walkers_image(walkers_all):
     assert np.array_equal(_draw(again), shown) and window.kernels.stats.pipelines_created == made
 
 
+def test_path_view_refines_while_still_and_restarts_after_any_change(walkers_all):
+    """The path view adds PATH_SPP_PER_FRAME samples per full frame, its picture is the path
+    image of those samples (the same sequence traced in one go), and a slider edit, a camera move
+    or a topology edit starts it again; drafts are shaded frames; in a window it keeps drawing while
+    it refines, and no pipeline is created by its edits."""
+    from taperay.runtime.path_tracing import PathImage
+    from taperay.tools.viewer import PATH_SPP_PER_FRAME
+    v = _viewer(walkers_all, view="path")
+    window = offscreen_window(v, panel=False)
+    _draw(window)
+    window.kernels.settle()
+    made = window.kernels.stats.pipelines_created
+    v.frame()
+    v.frame()
+    assert v.stats.path_samples == 3 * PATH_SPP_PER_FRAME and v.refining
+    once = PathImage(walkers_all, v.tape, v.orbit.camera(), *SIZE, v.settings).add(3 * PATH_SPP_PER_FRAME)
+    assert np.abs(v.frame().astype(int) - once.add(PATH_SPP_PER_FRAME).rgb8()).max() <= 1
+    assert any("samples per pixel" in line for line in v.overlay_lines())
+    for edit in (lambda: v.set_param("radius", 0.3), lambda: v.orbit.rotate(10.0, 0.0),
+                 lambda: v.set_scene(union(_scene(), sphere(0.2).translate(0.8, 0.0, 0.0)))):
+        edit()
+        v.frame()
+        assert v.stats.path_samples == PATH_SPP_PER_FRAME
+    draft = v.frame(draft=True)
+    assert np.array_equal(draft, walkers_all.render(v.tape, v.orbit.camera(), SIZE[0] // 2, SIZE[1] // 2, "shade",
+                                                    v.draft_settings()))
+    before = v.stats.path_samples
+    window.draw()                                   # still: the window draws the next samples by itself
+    window.draw()
+    assert v.stats.path_samples > before
+    assert window.kernels.stats.pipelines_created == made
+    v.set_view("shade")
+    assert not v.refining
+    with pytest.raises(TaperayError, match="unknown view"):
+        v.set_view("paths")
+
+
 def test_orbit_moves_the_camera_and_keeps_the_target():
     o = Orbit.framing([[-1, -1, -1], [1, 1, 1]])
     eye0 = np.array(o.camera().eye)

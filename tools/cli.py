@@ -801,7 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scene", metavar="SCENE", help="a scene .py (exposing `scene`), .scene, .tape or .vm file")
     walker_arg(p)
     p.add_argument("--size", default="1280x720", metavar="WxH", help="frame size (default 1280x720)")
-    p.add_argument("--view", choices=VIEWS, default="shade")
+    p.add_argument("--view", choices=(*VIEWS, "path"), default="shade",
+                   help="path: progressive path tracing, refined while the camera is still")
     p.add_argument("--watch", action="store_true",
                    help="re-run the scene .py file in a child process on each save; an error leaves the last "
                    "good scene on screen")

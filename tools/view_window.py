@@ -19,11 +19,10 @@ import time
 import numpy as np
 
 from taperay.runtime import gpu_device
-from taperay.runtime.shading import VIEWS
 from taperay.runtime.tape import TaperayError
 
 from .scene_runner import SceneWatcher
-from .viewer import Viewer
+from .viewer import VIEWER_VIEWS, Viewer
 
 __all__ = ["ViewWindow", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "run_offscreen_edits"]
 
@@ -142,14 +141,15 @@ class ViewWindow:
         moving), present, draw the panel. Requests the next frame while work remains."""
         self._poll_watch()
         moving = time.perf_counter() - self._moved_at < SETTLE_S
-        if self._dirty or self._image is None or (self._image_is_draft and not moving):
+        refine = self.viewer.refining and not moving
+        if self._dirty or self._image is None or (self._image_is_draft and not moving) or refine:
             self._render(draft=moving)
             self._dirty = False
         self._present()
         if self.imgui is not None:
             self.imgui.render()
         self.viewer.presented()
-        if moving or self._image_is_draft or self.watcher is not None:
+        if moving or self._image_is_draft or self.watcher is not None or self.viewer.refining:
             self.canvas.request_draw()
 
     @property
@@ -159,7 +159,7 @@ class ViewWindow:
     def _render(self, draft: bool) -> None:
         v = self.viewer
         try:
-            if hasattr(v.walker, "render_on_device"):
+            if hasattr(v.walker, "render_on_device") and (draft or v.view != "path"):
                 self._image = v.frame_on_device(draft)
             else:
                 self._image = self._upload(v.frame(draft))
@@ -229,10 +229,10 @@ class ViewWindow:
         for line in v.overlay_lines():
             imgui.text(line)
         imgui.separator()
-        current = VIEWS.index(v.view)
-        changed, chosen = imgui.combo("view", current, list(VIEWS))
+        current = VIEWER_VIEWS.index(v.view)
+        changed, chosen = imgui.combo("view", current, list(VIEWER_VIEWS))
         if changed and chosen != current:
-            self.set_view(VIEWS[chosen])
+            self.set_view(VIEWER_VIEWS[chosen])
         for name, value in v.params.items():
             lo, hi = v.param_range(name)
             changed, new = imgui.slider_float(name, value, lo, hi, "%.5g")
@@ -280,7 +280,7 @@ def notebook_viewer(source, walker="auto", size=(640, 360), view="shade"):
         slider.observe(lambda change, name=name: (window.set_param(name, change["new"]), canvas.request_draw()),
                        names="value")
         sliders.append(slider)
-    menu = ipywidgets.Dropdown(options=list(VIEWS), value=viewer.view, description="view")
+    menu = ipywidgets.Dropdown(options=list(VIEWER_VIEWS), value=viewer.view, description="view")
     menu.observe(lambda change: (window.set_view(change["new"]), canvas.request_draw()), names="value")
     box = ipywidgets.VBox([canvas, menu, *sliders])
     box.window = window          # the window behind the widget, for scripts
@@ -309,7 +309,8 @@ def open_window(make_viewer, title: str, size: tuple[int, int], watch: bool = Fa
     def prepare():
         try:
             viewer = make_viewer()
-            viewer.frame_on_device() if hasattr(viewer.walker, "render_on_device") else viewer.frame()
+            on_device = hasattr(viewer.walker, "render_on_device") and viewer.view != "path"
+            viewer.frame_on_device() if on_device else viewer.frame()
             state["viewer"] = viewer
         except Exception as e:     # re-raised in the caller's thread once the window is closed
             state["error"] = e

@@ -6,6 +6,9 @@ No window here. ``tools/view_window.py`` presents a ``Viewer`` in a desktop wind
 widget or offscreen; ``tools/scene_runner.py`` re-runs a scene file in a child process for
 ``--watch``. An edit is a buffer write: a named parameter writes its pool slots
 (``walker.set_param``), a new scene re-flattens and uploads the spans of the tape that changed.
+The "path" view is progressive: each full frame adds ``PATH_SPP_PER_FRAME`` path-traced samples
+per pixel to the picture (runtime.path_tracing.PathImage) up to ``PATH_MAX_SPP``; any edit, camera
+move or resize starts it again, and while something moves the drafts are shaded frames.
 
     >>> v = Viewer("scenes/heat_sink.py", walker="cpu", size=(320, 180))
     >>> v.set_param("fin_height", 1.2); image = v.frame()
@@ -29,10 +32,14 @@ from taperay.scenegraph.flatten import flatten
 from taperay.scenegraph.loading import SOURCE_SUFFIXES, load_tape, scene_namespace
 from taperay.scenegraph.nodes import Node, with_params
 
-__all__ = ["Orbit", "Viewer", "FrameStats", "DRAFT_SCALE", "edit_script", "PATTERN_COUNTS"]
+__all__ = ["Orbit", "Viewer", "FrameStats", "DRAFT_SCALE", "edit_script", "PATTERN_COUNTS", "VIEWER_VIEWS",
+           "PATH_SPP_PER_FRAME", "PATH_MAX_SPP"]
 
 PATTERN_COUNTS = (10, 100, 1_000, 10_000, 100_000)    # edit_script's pattern counts, in turn
 DRAFT_SCALE = 2          # a draft frame (while the camera or a slider moves) is this much smaller each way
+VIEWER_VIEWS = (*VIEWS, "path")
+PATH_SPP_PER_FRAME = 2   # samples per pixel each full frame of the path view adds
+PATH_MAX_SPP = 1024      # the path view stops refining here
 MIN_ELEVATION, MAX_ELEVATION = -89.0, 89.0
 
 
@@ -101,6 +108,7 @@ class FrameStats:
     flatten_ms: float | None = None    # the last scene edit's flatten (or the scene file's run)
     draft: bool = False
     size: tuple[int, int] = (0, 0)
+    path_samples: int = 0              # the path view's samples per pixel so far (0 in other views)
     edits: list[dict] = field(default_factory=list)   # every edit's figures, in order
 
 
@@ -127,6 +135,8 @@ class Viewer:
         self.redo_stack: list[_Edit] = []
         self.stats = FrameStats()
         self._pending: tuple[str, float] | None = None     # (label, clock) of an edit not yet on screen
+        self._generation = 0                                # counts edits: a path image is of one
+        self._path = None                                   # (key, PathImage) of the path view
         self._start_counts = self._kernel_counts()
 
     # -- the scene
@@ -187,6 +197,7 @@ class Viewer:
     def _apply_param(self, name: str, value: float, label: str) -> None:
         t0 = time.perf_counter()
         self.walker.set_param(self.tape, name, value)
+        self._generation += 1
         self._pending = (label, t0)
         self.stats.flatten_ms = None
 
@@ -212,6 +223,7 @@ class Viewer:
 
     def _apply_scene(self, tape: Tape, node: Node | None, label: str, t0: float, flatten_ms: float | None) -> None:
         self.tape, self.node = tape, node
+        self._generation += 1
         self._pending = (label, t0)
         self.stats.flatten_ms = flatten_ms
 
@@ -241,9 +253,16 @@ class Viewer:
         return True
 
     def set_view(self, view: str) -> None:
-        if view not in VIEWS:
-            raise TaperayError(f"viewer: unknown view {view!r}; views are {', '.join(VIEWS)}")
+        if view not in VIEWER_VIEWS:
+            raise TaperayError(f"viewer: unknown view {view!r}; views are {', '.join(VIEWER_VIEWS)}")
         self.view = view
+
+    @property
+    def refining(self) -> bool:
+        """The path view has fewer than PATH_MAX_SPP samples of the current scene and camera: more
+        full frames improve it."""
+        return self.view == "path" and (self._path is None or self._path[0] != self._path_key()
+                                        or self._path[1].samples < PATH_MAX_SPP)
 
     def save_as(self, path) -> Path:
         """Write the scene as it is now, atomically: a ``.scene`` file (the scene tree, with the
@@ -276,19 +295,41 @@ class Viewer:
         window and tests). ``draft``: the smaller, unshadowed frame drawn while something moves."""
         w, h = self.draft_size() if draft else self.size
         t0 = time.perf_counter()
-        image = self.walker.render(self.tape, self.orbit.camera(), w, h, self.view,
-                                   self.draft_settings() if draft else self.settings)
+        if self.view == "path" and not draft:
+            image = self._path_frame()
+        else:
+            image = self.walker.render(self.tape, self.orbit.camera(), w, h,
+                                       "shade" if self.view == "path" else self.view,
+                                       self.draft_settings() if draft else self.settings)
         self._frame_done(t0, draft, (w, h))
         return image
+
+    def _path_key(self) -> tuple:
+        return self._generation, self.orbit.camera(), self.size
+
+    def _path_frame(self) -> np.ndarray:
+        """The path view's next picture: PATH_SPP_PER_FRAME more samples of the same scene and
+        camera, or the first ones of a new path image after anything changed."""
+        from taperay.runtime.path_tracing import PathImage
+        key = self._path_key()
+        if self._path is None or self._path[0] != key:
+            self._path = (key, PathImage(self.walker, self.tape, key[1], *self.size, self.settings))
+        image = self._path[1]
+        if image.samples < PATH_MAX_SPP:
+            image.add(min(PATH_SPP_PER_FRAME, PATH_MAX_SPP - image.samples))
+        return image.rgb8()
 
     def frame_on_device(self, draft: bool = False):
         """The current image left on the GPU: (wgpu buffer, byte offset, width, height), as
         GpuWalker.render_on_device (the GPU walker only)."""
         if not hasattr(self.walker, "render_on_device"):
             raise TaperayError(f"viewer: the {self.walker.name} walker draws on the host; use frame()")
+        if self.view == "path" and not draft:
+            raise TaperayError("viewer: the path view accumulates on the host; use frame()")
         w, h = self.draft_size() if draft else self.size
         t0 = time.perf_counter()
-        buf, offset = self.walker.render_on_device(self.tape, self.orbit.camera(), w, h, self.view,
+        buf, offset = self.walker.render_on_device(self.tape, self.orbit.camera(), w, h,
+                                                   "shade" if self.view == "path" else self.view,
                                                    self.draft_settings() if draft else self.settings)
         self._frame_done(t0, draft, (w, h))
         return buf, offset, w, h
@@ -298,6 +339,7 @@ class Viewer:
         s.frame_ms = 1e3 * (time.perf_counter() - t0)
         s.records, s.instances = len(self.tape.instrs), int(self.tape.instance_count)
         s.draft, s.size = draft, size
+        s.path_samples = self._path[1].samples if self.view == "path" and self._path is not None and not draft else 0
         counts = self._kernel_counts()
         s.pipelines_created = counts[0] - self._start_counts[0]
         s.shader_modules_created = counts[1] - self._start_counts[1]
@@ -330,6 +372,8 @@ class Viewer:
             lines.append(f"last edit {s.last_edit_ms:.1f} ms  ({s.last_edit})")
         if s.flatten_ms is not None:
             lines.append(f"scene rebuilt in {s.flatten_ms:.1f} ms")
+        if self.view == "path" and not s.draft:
+            lines.append(f"path: {s.path_samples} samples per pixel" + ("" if self.refining else " (done)"))
         return lines
 
 
