@@ -8,14 +8,17 @@ Owns the band, the Hermite data, the cell vertices and the faces:
   then grows until every sign-change edge has its four cells inside it, so the surface cannot end
   at the band's side. The outer layer of the grid is forced outside (the zero set is closed).
 - Hermite data: on every sign-change edge the crossing is found by false-position steps (Illinois),
-  each step one batched ``evaluate`` call over all edges, and the walker's ``gradient`` there
-  (step ``GRADIENT_EPS`` of a cell) gives the normal.
+  each step one batched ``evaluate`` call over all edges, kept ``CROSSING_MARGIN`` of the edge off
+  its ends (a surface through a grid node would otherwise give the cells around it one shared
+  point), and the walker's ``gradient`` there gives the normal (``_normals``: a shorter step
+  where a crease is close).
 - Vertices: one per connected surface patch inside a cell, not one per cell. The patches are the
   marching-cubes edge groups, with one fixed rule on ambiguous faces (the inside corners are kept
   apart), which depends on the face alone and so agrees between the two cells sharing it. Each
   vertex minimises its quadratic error sum (n_i . (x - p_i))^2 about the mass point, by an
   eigen-decomposition of A^T A with singular values below ``QEF_TRUNCATION`` of the largest
-  dropped, then clamped to its cell.
+  dropped, kept inside its cell (an active set: ``_solve_qef``); a vertex left on its cell's side
+  is moved onto the zero set by Newton steps within the cell.
 - Faces: one quad per sign-change edge through the vertices of its four cells, oriented so its
   normal points from the edge's inside end to its outside end, split into two triangles along the
   diagonal whose triangles face the edge's direction best. Where one patch crosses an ambiguous
@@ -43,6 +46,7 @@ LIPSCHITZ_MARGIN = 1.0    # a block is kept if no corner is farther than this ti
                           # bound reaches no farther; the growth step catches fields that do)
 QEF_TRUNCATION = 0.1      # singular values below this fraction of the largest are dropped
 CROSSING_STEPS = 8        # false-position steps per sign-change edge
+CROSSING_MARGIN = 1e-4    # crossings are kept this fraction of an edge away from its ends
 GRADIENT_EPS = 0.01       # central-difference step of the normals, in cells
 KINK_ANGLE = 0.01         # radians: a normal turning more than this at a tenth of the step is at a crease
 
@@ -255,6 +259,9 @@ def _crossings(grid: _Grid, field: _Field, keys) -> np.ndarray:
         b, fb = np.where(same_a, b, t), np.where(same_a, fb, ft)
         last = np.where(same_a, -1, 1).astype(np.int8)
     t = np.clip(a - fa * (b - a) / (fb - fa), a, b)
+    # a crossing at a node (a surface through a grid node) would put the vertices of all the cells
+    # around it on one point: keep each crossing off the ends of its edge
+    t = np.clip(t, CROSSING_MARGIN, 1 - CROSSING_MARGIN)
     return p0 + t[:, None] * step
 
 
