@@ -7,18 +7,17 @@ d(grad N_b) = -grad V^T grad N_b at every quadrature point). For an objective J(
 
     dJ/dX = dJ/dX|_u - lambda^T dR/dX,      K^T lambda = dJ/du  (lambda = 0 on fixed dofs),
 
-one adjoint solve per objective. A named parameter theta moves the nodes with the velocity field
+one adjoint solve per objective. A named parameter theta moves the boundary with the normal
+velocity V_n = -(df/dtheta) / |grad f| (the JAX evaluator's df/dtheta and grad f at the boundary
+faces' centroids; each boundary node moves with the faces around it, ``node_velocities``), the
+interior nodes with the harmonic extension of the boundary nodes' motion; then
+dJ/dtheta = sum_nodes dJ/dX_n . V_n. This is the domain (volume) form of the shape derivative:
+every element contributes, not only the boundary faces.
 
-    V(x) = -(df/dtheta)(x) grad f(x) / |grad f(x)|^2
-
-taken from the tape by the JAX evaluator at every node (boundary and interior; each node stays
-on its level set of f, so boundary nodes stay on the zero set and V . n = -(df/dtheta)/|grad f|
-on the boundary); then dJ/dtheta = sum_nodes dJ/dX_n . V(X_n). This is the domain (volume) form
-of the shape derivative: every element contributes, not only the boundary faces.
-
-Everything here is numpy / scipy on the mesh; JAX evaluates only the tape at the nodes (a new mesh
-compiles nothing). The derivative is exact for the discrete problem on a fixed mesh topology: it
-agrees with finite differences of the pipeline whose nodes are moved by h V (tests/test_optimize.py).
+Everything here is numpy / scipy on the mesh; JAX evaluates only the tape, in calls of one fixed
+point count (a new mesh compiles nothing). The derivative is exact for the discrete problem on a
+fixed mesh topology: it agrees with finite differences of the pipeline whose nodes are moved by
+h V (tests/test_optimize.py).
 
 Included: heat (conduction, volumetric source per element, heat flux and convection on boundary
 faces, fixed temperatures), elasticity (stiffness, constant body force, traction and pressure on
@@ -38,7 +37,7 @@ from taperay.runtime.tape import Tape, TaperayError
 from . import fem
 from .study import _per_material, mesh_materials, study_from
 from .surface import default_walker
-from .tetmesh import TetMesh
+from .tetmesh import TET10_EDGES, TetMesh
 
 __all__ = ["System", "assemble", "node_velocities", "shape_gradient", "parameter_derivatives",
            "stiffness_shape_gradient", "load_shape_gradient", "moved_mesh"]
@@ -585,20 +584,32 @@ def node_velocities(tape: Tape, nodes, names=None, walker=None, faces=None, min_
 
 def _harmonic_extension(nodes, elements, bnodes, fields: dict) -> None:
     """Replace the interior rows of each (N, 3) field by the solution of Laplace's equation with
-    the boundary rows as Dirichlet data (in place)."""
-    K, _ = fem.heat_system(nodes, elements, 1.0)
-    inner = np.ones(len(nodes), bool)
-    inner[bnodes] = False
-    if not inner.any() or not fields:
+    the boundary rows as Dirichlet data (in place). The solve is on the corner nodes (linear
+    elements over the same tetrahedra); a TET10 mid-edge node inside the part then takes the mean
+    of its edge's two ends (the linear field there): about a sixth of the unknowns of the
+    quadratic Laplacian, and as smooth."""
+    if not fields:
         return
-    Kii = K[inner][:, inner].tocsc()
-    Kib = K[inner][:, ~inner]
-    lu = _symmetric_lu(Kii)
     names = list(fields)
-    B = np.concatenate([fields[nm][~inner] for nm in names], 1)          # (nb, 3 * names)
-    X = lu.solve(-(Kib @ B))
-    for k, nm in enumerate(names):
-        fields[nm][inner] = X[:, 3 * k:3 * k + 3]
+    corners = elements[:, :4]
+    on_boundary = np.zeros(len(nodes), bool)
+    on_boundary[bnodes] = True
+    is_corner = np.zeros(len(nodes), bool)
+    is_corner[corners.ravel()] = True
+    inner, fixed = is_corner & ~on_boundary, is_corner & on_boundary
+    if inner.any():
+        K, _ = fem.heat_system(nodes, corners, 1.0)
+        B = np.concatenate([fields[nm][fixed] for nm in names], 1)          # (boundary corners, 3 * names)
+        X = _symmetric_lu(K[inner][:, inner]).solve(-(K[inner][:, fixed] @ B))
+        for k, nm in enumerate(names):
+            fields[nm][inner] = X[:, 3 * k:3 * k + 3]
+    if elements.shape[1] == 10:
+        mid = elements[:, 4:].ravel()
+        ends = np.array(TET10_EDGES).T
+        a, b = elements[:, ends[0]].ravel(), elements[:, ends[1]].ravel()
+        keep = ~on_boundary[mid]
+        for nm in names:
+            fields[nm][mid[keep]] = 0.5 * (fields[nm][a[keep]] + fields[nm][b[keep]])
 
 
 def shape_gradient(sysm: System, u, objective_terms) -> np.ndarray:
