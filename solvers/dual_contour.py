@@ -316,18 +316,20 @@ def _solve_qef(vertex, points, normals, lo, hi):
     y_fixed = np.zeros((n_vertices, 3))
     for _ in range(3):
         out = ((y < lo) | (y > hi)) & ~fixed
-        if not out.any():
+        rows = np.flatnonzero(out.any(1))
+        if not len(rows):
             break
-        y_fixed = np.where(out, np.clip(y, lo, hi), y_fixed)
-        fixed |= out
-        free = ~fixed
-        m = ata * (free[:, :, None] & free[:, None, :])
+        y_fixed[rows] = np.where(out[rows], np.clip(y[rows], lo[rows], hi[rows]), y_fixed[rows])
+        fixed[rows] |= out[rows]
+        fix = fixed[rows]
+        free = ~fix
+        m = ata[rows] * (free[:, :, None] & free[:, None, :])
         # a fixed coordinate's row weighs as much as the free block's largest eigenvalue: kept, and
         # the truncation stays relative to the free block
         weight = np.maximum(np.linalg.eigvalsh(m)[:, -1:], 1e-300)
-        m = m + fixed[:, :, None] * np.eye(3) * weight[:, :, None]
-        r = np.where(fixed, weight * y_fixed, atb - np.einsum("vij,vj->vi", ata, y_fixed * fixed))
-        y = _truncated_solve(m, r)
+        m = m + fix[:, :, None] * np.eye(3) * weight[:, :, None]
+        r = np.where(fix, weight * y_fixed[rows], atb[rows] - np.einsum("vij,vj->vi", ata[rows], y_fixed[rows] * fix))
+        y[rows] = _truncated_solve(m, r)
     inside = np.clip(y, lo, hi)
     return mass + inside, fixed.any(1) | (np.abs(inside - y).max(1) > 0)
 
