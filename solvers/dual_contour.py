@@ -37,7 +37,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .surface import PAD_CELLS, Surface, default_walker, project_to_zero_set, vertex_distances
+from .zero_set import default_walker, project_to_zero_set, vertex_distances
 
 __all__ = ["dual_contour", "BLOCK", "LIPSCHITZ_MARGIN", "QEF_TRUNCATION"]
 
@@ -98,16 +98,17 @@ _GROUPS, _COUNTS = _edge_groups()
 
 
 class _Grid:
-    """The fine grid: ``n`` nodes per axis from ``origin`` at spacing ``h``, cells a multiple of BLOCK."""
+    """The fine grid: ``n`` nodes per axis from ``origin`` at spacing ``h``, cells a multiple of
+    BLOCK, at least ``pad`` cells of margin around the tape's bounds."""
 
-    def __init__(self, tape: Tape, resolution: int):
+    def __init__(self, tape: Tape, resolution: int, pad: int):
         lo, hi = np.asarray(tape.bounds, np.float64)
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi > lo)):
             raise TaperayError(f"the tape's bounds {tape.bounds.tolist()} do not frame a volume")
         if int(resolution) < 2:
             raise TaperayError(f"resolution must be at least 2 cells, got {resolution}")
         self.h = h = float((hi - lo).max()) / int(resolution)
-        cells = np.ceil((hi - lo) / h).astype(np.int64) + 2 * PAD_CELLS
+        cells = np.ceil((hi - lo) / h).astype(np.int64) + 2 * pad
         cells = -(-cells // BLOCK) * BLOCK
         self.blocks = cells // BLOCK
         self.n = cells + 1
@@ -212,25 +213,29 @@ def _cell_edges(grid: _Grid, cells, cfg):
     return ci, le, 3 * lower + _EAX[le]
 
 
+# the four cells around an edge along axis a, counter-clockwise seen from +a: their lower corners
+# are the edge's lower node minus du along u = a + 1 and dv along v = a + 2 (mod 3)
+_RING = ((1, 1), (0, 1), (0, 0), (1, 0))
+
+
 def _around_cells(grid: _Grid, keys):
-    """(E, 4, 3) lower corners of the four cells around each edge, counter-clockwise seen from
-    the edge's +axis side, and the (E, 4) local edge index of the edge in each."""
+    """(E, 4, 3) lower corners of the four cells around each edge (``_RING`` order)."""
     keys = np.asarray(keys, np.int64)
     axis = keys % 3
-    node = grid.ijk(keys // 3)
     u, v = (axis + 1) % 3, (axis + 2) % 3
-    out = np.repeat(node[:, None, :], 4, 1)
+    out = np.repeat(grid.ijk(keys // 3)[:, None, :], 4, 1)
     rows = np.arange(len(keys))
-    for k, (du, dv) in enumerate(((1, 1), (0, 1), (0, 0), (1, 0))):
+    for k, (du, dv) in enumerate(_RING):
         out[rows, k, u] -= du
         out[rows, k, v] -= dv
     return out
 
 
 def _around_local_edges(axis):
+    """(E, 4) the edge's local index in each of its four cells (``_RING`` order)."""
     u, v = (axis + 1) % 3, (axis + 2) % 3
     local = np.empty((len(axis), 4), np.int64)
-    for k, (du, dv) in enumerate(((1, 1), (0, 1), (0, 0), (1, 0))):
+    for k, (du, dv) in enumerate(_RING):
         local[:, k] = _EDGE_AT[axis, (du << u) | (dv << v)]
     return local
 
@@ -351,15 +356,16 @@ def _triangulate_quads(verts, quads, axis_dir):
     return np.concatenate([first, second])
 
 
-def dual_contour(tape: Tape, resolution: int, walker=None) -> Surface:
+def dual_contour(tape: Tape, resolution: int, walker=None, pad: int = 2) -> tuple[np.ndarray, np.ndarray, dict]:
     """The tape's zero set as a closed, manifold, outward-oriented triangle mesh by dual contouring
-    on an adaptive band (see the module docstring). ``resolution``: cells along the longest side
-    of ``tape.bounds``. ``stats`` records the grid (nodes per axis, spacing, origin), the nodes
+    on an adaptive band (see the module docstring): (vertices (V, 3) float64, faces (F, 3) int64,
+    stats). ``resolution``: cells along the longest side of ``tape.bounds``; ``pad``: cells of
+    margin at least. ``stats`` records the grid (nodes per axis, spacing, origin), the nodes
     evaluated (coarse and band) against the full grid's, each stage's seconds, the vertices added
     on crowded faces and the largest ``surface.vertex_distances`` of a vertex."""
     walker = default_walker(walker)
     t0 = time.perf_counter()
-    grid = _Grid(tape, resolution)
+    grid = _Grid(tape, resolution, pad)
     field = _Field(grid, tape, walker)
     cells, cfg, n_blocks = _band(grid, field)
     t_band = time.perf_counter()
@@ -434,10 +440,9 @@ def dual_contour(tape: Tape, resolution: int, walker=None) -> Surface:
 
     dist = vertex_distances(tape, verts, walker)
     full = int(np.prod(grid.n))
-    surf = Surface(verts, faces)
-    surf.stats = {"method": "dc", "grid": grid.n.tolist(), "spacing": grid.h, "origin": grid.origin.tolist(), "band_blocks": n_blocks,
-                  "evaluated_nodes": field.evaluated, "full_grid_nodes": full,
-                  "seconds": time.perf_counter() - t0, "band_seconds": t_band - t0,
-                  "hermite_seconds": t_hermite - t_band, "extract_seconds": t_mesh - t_hermite,
-                  "face_vertices": int(len(extra_pts)), "max_vertex_distance": float(dist.max())}
-    return surf
+    stats = {"method": "dc", "grid": grid.n.tolist(), "spacing": grid.h, "origin": grid.origin.tolist(),
+             "band_blocks": n_blocks, "evaluated_nodes": field.evaluated, "full_grid_nodes": full,
+             "seconds": time.perf_counter() - t0, "band_seconds": t_band - t0,
+             "hermite_seconds": t_hermite - t_band, "extract_seconds": t_mesh - t_hermite,
+             "face_vertices": int(len(extra_pts)), "max_vertex_distance": float(dist.max())}
+    return verts, faces, stats

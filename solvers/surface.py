@@ -5,10 +5,10 @@
 - ``"dc"``: dual contouring on an adaptive band, sharp features kept by a QEF per surface patch
   of a cell, manifold output (solvers.dual_contour owns it); ``taperay mesh``'s default.
 - ``"mc"`` (the default here, which simulate and optimize use): the field sampled on the whole
-  grid over the tape's bounds (one batched ``evaluate`` call), the zero set extracted by marching cubes (scikit-image's Lewiner variant), then each
-  vertex moved onto the zero set by Newton steps along the walker's gradient
-  (x <- x - f grad / |grad|^2, each step capped at half a cell); a vertex whose move would flip one
-  of its triangles is reverted. Sharp edges are cut by up to about one cell (the vertices lie on
+  grid over the tape's bounds (one batched ``evaluate`` call), the zero set extracted by marching
+  cubes (scikit-image's Lewiner variant), then each vertex moved onto the zero set by Newton steps
+  along the walker's gradient (x <- x - f grad / |grad|^2, each step capped at half a cell); a
+  vertex whose move would flip one of its triangles is reverted. Sharp edges are cut by up to about one cell (the vertices lie on
   the surface; the chords between them do not follow an edge that runs across a triangle).
 
 Both report the largest distance of a vertex to the zero set (``vertex_distances``). The optional
@@ -23,8 +23,12 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["Surface", "mesh_surface", "project_to_zero_set", "vertex_distances", "material_names",
-           "DEFAULT_RESOLUTION", "DEFAULT_METHOD", "METHODS"]
+from .dual_contour import dual_contour
+from .zero_set import default_walker, project_to_zero_set, vertex_distances
+
+__all__ = ["Surface", "mesh_surface", "material_names", "DEFAULT_RESOLUTION", "DEFAULT_METHOD", "METHODS",
+           # the zero-set helpers, owned by solvers.zero_set
+           "default_walker", "project_to_zero_set", "vertex_distances"]
 
 DEFAULT_RESOLUTION = 96     # grid cells along the longest side of the tape's bounds
 METHODS = ("dc", "mc")      # dual contouring, marching cubes
@@ -37,13 +41,6 @@ def _need(module: str):
         return __import__(module, fromlist=["_"])
     except ImportError:
         raise TaperayError(f"simulation needs the optional package {module!r}: pip install 'taperay[sim]'") from None
-
-
-def default_walker(walker=None):
-    if walker is not None:
-        return walker
-    from taperay.runtime.cpu import CpuWalker
-    return CpuWalker()
 
 
 def material_names(tape: Tape) -> list[str]:
@@ -128,41 +125,6 @@ def _normals(v, f):
     return np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
 
 
-def project_to_zero_set(tape: Tape, points, walker=None, steps: int = 3, max_step: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Newton steps onto the tape's zero set: x <- x - f(x) grad / |grad|^2 (batched evaluate and
-    gradient calls), each step at most ``max_step`` long. Returns (points, |f| after)."""
-    walker = default_walker(walker)
-    x = np.asarray(points, np.float64).copy()
-    for _ in range(steps):
-        d, _ = walker.evaluate(tape, x.astype(np.float32))
-        g = np.asarray(walker.gradient(tape, x.astype(np.float32)), np.float64)
-        g2 = np.einsum("ij,ij->i", g, g)
-        ok = g2 > 1e-12
-        step = np.zeros_like(x)
-        step[ok] = -(d[ok].astype(np.float64) / g2[ok])[:, None] * g[ok]
-        if max_step is not None:
-            ln = np.linalg.norm(step, axis=1)
-            big = ln > max_step
-            step[big] *= (max_step / ln[big])[:, None]
-        x += step
-    d, _ = walker.evaluate(tape, x.astype(np.float32))
-    return x, np.abs(d.astype(np.float64))
-
-
-def vertex_distances(tape: Tape, points, walker=None) -> np.ndarray:
-    """The distance of each point to the tape's zero set to first order: |f| / max(|grad f|, 1)
-    (batched evaluate and gradient calls). For a distance field (|grad f| <= 1) that is |f|, which
-    stays finite where the gradient vanishes (the medial plane of a part thinner than the
-    gradient's step); a steeper field is scaled by its gradient."""
-    walker = default_walker(walker)
-    pts = np.asarray(points, np.float32)
-    if not len(pts):
-        return np.zeros(0)
-    d, _ = walker.evaluate(tape, pts)
-    g = np.linalg.norm(np.asarray(walker.gradient(tape, pts), np.float64), axis=1)
-    return np.abs(np.asarray(d, np.float64)) / np.maximum(g, 1.0)
-
-
 def mesh_surface(tape: Tape, resolution: int = DEFAULT_RESOLUTION, walker=None, project: bool = True,
                  steps: int = 3, method: str = DEFAULT_METHOD) -> Surface:
     """The tape's zero set as a closed, oriented triangle mesh.
@@ -175,8 +137,7 @@ def mesh_surface(tape: Tape, resolution: int = DEFAULT_RESOLUTION, walker=None, 
     ``walker`` (default: the CPU twin) in batched calls. ``stats["max_vertex_distance"]`` is the
     largest ``vertex_distances`` over the vertices."""
     if method == "dc":
-        from .dual_contour import dual_contour
-        return dual_contour(tape, resolution, walker)
+        return Surface(*dual_contour(tape, resolution, walker, PAD_CELLS))
     if method != "mc":
         raise TaperayError(f"unknown surface method {method!r} (choose from {', '.join(METHODS)})")
     return _marching_cubes(tape, resolution, walker, project, steps)
