@@ -149,3 +149,19 @@ def test_tetgen_fills_a_dual_contoured_surface(node, resolution):
     m = tet_mesh(s, repair=False)
     assert np.all(m.volumes() > 0)
     assert m.volumes().sum() == pytest.approx(s.volume, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_bench_surface_reports_both_methods(tmp_path):
+    import json
+    from types import SimpleNamespace
+    from taperay.tools.bench import report
+    from taperay.tools.bench_surface import bench_surface
+    result = bench_surface(SimpleNamespace(repeat=1, walker="cpu"))
+    rows = {(r["surface"], r["method"]): r for r in result.rows}
+    assert {m for _, m in rows} == {"dc", "mc"} and len(rows) == 10
+    assert all(r["closed manifold"] for r in result.rows if r["method"] == "dc")
+    box = "box 2x1.2x0.8 off the grid"
+    assert rows[box, "dc"]["corner gap (cells)"] < 1e-3 < rows[box, "mc"]["corner gap (cells)"]
+    report("surface", result, tmp_path)
+    assert len(json.loads((tmp_path / "surface.json").read_text())["rows"]) == 10

@@ -49,6 +49,9 @@ BENCHMARKS: dict[str, Benchmark] = {
                           "velocity, adjoint, shape gradient), objective history; --repeat N: optimiser steps"),
     "sim": Benchmark("taperay.tools.bench_sim:bench_sim",
                      "solvers: the heat sink end to end (surface, tets, assembly, solve), TET4 and TET10, first and novel designs"),
+    "surface": Benchmark("taperay.tools.bench_surface:bench_surface",
+                         "solvers: dual contouring vs marching cubes at resolution 96 (sphere, boxes, two scenes): "
+                         "closed manifold, volume error, vertex distance, box corners, band size, time"),
     "startup": Benchmark("taperay.tools.bench_startup:bench_startup",
                          "whole `taperay render` processes (showcase, prospero --2d), first on a new machine and later, stage split"),
     "view": Benchmark("taperay.tools.bench_view:bench_view",
