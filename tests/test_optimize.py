@@ -147,9 +147,10 @@ def _scene(name):
 
 
 @pytest.mark.slow
-def test_heat_sink_derivatives_equal_fixed_topology_differences():
+@pytest.mark.parametrize("order,resolution", [(1, 32), (2, 24)])
+def test_heat_sink_derivatives_equal_fixed_topology_differences(order, resolution):
     tape, study = _scene("heat_sink")
-    mesh = tet_mesh(mesh_surface(tape, 32), order=1, tape=tape)
+    mesh = tet_mesh(mesh_surface(tape, resolution), order=order, tape=tape)
     for name, nm, ad, fd in _fixed_topology_check(tape, study, mesh, [MaxTemperature(), Volume()], 1e-6):
         assert ad == pytest.approx(fd, rel=1e-4), (name, nm, ad, fd)
 
