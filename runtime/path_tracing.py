@@ -73,6 +73,9 @@ _COS_MIN = F32(1e-4)                 # the least cosine of the view direction th
 
 @dataclass(frozen=True)
 class PathSettings:
+    """The integrator's settings (the scene's materials are the tape's records): the constant
+    environment's radiance, the bounce limit, where Russian roulette starts, the random
+    sequence's seed, and whether opaque hits take light samples toward the environment."""
     environment: tuple[float, float, float] = (1.0, 1.0, 1.0)   # the constant environment's radiance
     max_bounces: int = 8            # hits after which a path ends (absorbed)
     roulette_from: int = 3          # Russian roulette at bounces >= this
