@@ -289,23 +289,23 @@ def stiffness_shape_gradient(sysm: System, nodes, u, lam) -> np.ndarray:
             det, G = _geom(X, dNq[q])
             w = wts[q] * det
             if heat:
-                gT = np.einsum("ea,eai->ei", Ue[:, :, 0], G)
-                gL = np.einsum("ea,eai->ei", Le[:, :, 0], G)
+                gT = np.matmul(Ue.transpose(0, 2, 1), G)[:, 0]          # (m, 3)
+                gL = np.matmul(Le.transpose(0, 2, 1), G)[:, 0]
                 kw = (w * sysm.k[blk])[:, None, None]
                 ge += kw * (np.einsum("ei,ei->e", gL, gT)[:, None, None] * G
-                            - np.einsum("eai,ei->ea", G, gT)[:, :, None] * gL[:, None, :]
-                            - np.einsum("eai,ei->ea", G, gL)[:, :, None] * gT[:, None, :])
+                            - np.matmul(G, gT[:, :, None]) * gL[:, None, :]
+                            - np.matmul(G, gL[:, :, None]) * gT[:, None, :])
             else:
-                gu = np.einsum("eac,eaj->ecj", Ue, G)          # du_c/dx_j
-                gl = np.einsum("eac,eaj->ecj", Le, G)
+                gu = np.matmul(Ue.transpose(0, 2, 1), G)               # du_c/dx_j (m, 3 c, 3 j)
+                gl = np.matmul(Le.transpose(0, 2, 1), G)
                 su = _stress(gu, lam_[blk], mu_[blk])
                 sl = _stress(gl, lam_[blk], mu_[blk])
                 W = np.einsum("eij,eij->e", su, gl)            # sigma(u) : grad(lam) = sigma(u) : eps(lam)
                 # d/dX_am = W G_am - (grad u^T sigma(lam) G_a)_m - (grad lam^T sigma(u) G_a)_m
-                ge += w[:, None, None] * (W[:, None, None] * G
-                                          - np.einsum("eim,eij,eaj->eam", gu, sl, G)
-                                          - np.einsum("eim,eij,eaj->eam", gl, su, G))
-        np.add.at(out, e.ravel(), ge.reshape(-1, 3))
+                #         = W G_am - (G (sigma(lam)^T grad u + sigma(u)^T grad lam))_am
+                B = np.matmul(sl.transpose(0, 2, 1), gu) + np.matmul(su.transpose(0, 2, 1), gl)
+                ge += w[:, None, None] * (W[:, None, None] * G - np.matmul(G, B))
+        out += _scatter(e.ravel(), ge, len(nodes))
     return out
 
 
