@@ -10,7 +10,7 @@ from importlib import import_module
 _EXPORTS = {
     "Surface": "surface", "mesh_surface": "surface", "material_names": "surface", "DEFAULT_RESOLUTION": "surface",
     "TetMesh": "tetmesh", "tet_mesh": "tetmesh", "box_mesh": "tetmesh",
-    "Heat": "study", "Elasticity": "study", "Result": "study", "simulate": "study",
+    "Heat": "study", "Elasticity": "study", "Result": "study", "simulate": "study", "simulate_petsc": "distributed",
     "study_from": "study", "Section": "section", "section": "section", "plot_section": "section",
     "System": "shape", "assemble": "shape", "node_velocities": "shape", "shape_gradient": "shape",
     "parameter_derivatives": "shape",

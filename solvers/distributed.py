@@ -1,4 +1,5 @@
-"""A study solved by PETSc over MPI ranks: ``mpiexec -n N taperay simulate SCENE --solver petsc``.
+"""A study solved by PETSc over MPI ranks: ``mpiexec -n N taperay simulate SCENE --solver petsc``
+(``simulate_petsc``, the same pipeline as ``study.simulate``).
 
 Rank 0 makes the mesh (surface, TetGen, the materials of faces and elements: ``shape.assemble``
 without building the matrix), renumbers the nodes along the mesh's longest axis so that each
@@ -16,10 +17,13 @@ petsc4py and mpi4py are optional and not a pip extra: petsc4py builds against an
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
+
+from .surface import DEFAULT_RESOLUTION, default_walker, mesh_surface
 
 __all__ = ["mpi_rank", "mpi_size", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
 
@@ -169,16 +173,17 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL) -> tuple[np.ndarray | Non
     return u, info
 
 
-def simulate_petsc(tape: Tape, study, order: int, resolution: int, walker, progress, mesh, tet_options: dict):
-    """``simulate(..., solver="petsc")`` on every rank of MPI's world: rank 0 returns the Result,
-    the others None. Stage timings are rank 0's."""
+def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int = DEFAULT_RESOLUTION, walker=None,
+                   progress: Callable[[str, float], None] | None = None, mesh=None, **tet_options):
+    """``study.simulate`` with PETSc as the solver, called on every rank of MPI's world (the same
+    arguments on each): rank 0 returns the Result, the others None. Stage timings are rank 0's."""
     from . import fem
     from .shape import assemble
     from .study import Result, study_from
-    from .surface import default_walker, mesh_surface
     from .tetmesh import tet_mesh
 
     study = study_from(study)
+    order = order or (1 if study.kind == "heat" else 2)
     if study.kind == "elasticity" and study.free_body:
         raise TaperayError("the PETSc solver does not take free_body=True studies; use --solver auto")
     comm = _comm()

@@ -205,19 +205,16 @@ def _volume_mean(mesh: TetMesh, T: np.ndarray) -> float:
 
 def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFAULT_RESOLUTION, walker=None,
              progress: Callable[[str, float], None] | None = None, solver: str = "auto", mesh: TetMesh | None = None,
-             **tet_options) -> Result | None:
+             **tet_options) -> Result:
     """Solve ``study`` (Heat, Elasticity, or a study dict) on the part ``tape`` describes.
 
     Stages: surface (``mesh_surface`` at ``resolution``), tets (``tet_mesh``, ``order`` 1 or 2;
     default 1 for heat, 2 for elasticity, which locks in shear on TET4; ``tet_options`` go to
-    tet_mesh), assembly, solve (``solver``: "auto", "direct", "amg", or "petsc": every rank of
-    MPI's world calls this, rank 0 gets the Result and the others None; solvers.distributed). A
-    ready ``mesh`` skips the first two stages. ``progress(stage, seconds)`` is called after each stage."""
+    tet_mesh), assembly, solve (``solver``: "auto", "direct", "amg"; PETSc over MPI ranks is
+    ``solvers.distributed.simulate_petsc``). A ready ``mesh`` skips the first two stages.
+    ``progress(stage, seconds)`` is called after each stage."""
     study = study_from(study)
     order = order or (1 if study.kind == "heat" else 2)
-    if solver == "petsc":
-        from .distributed import simulate_petsc
-        return simulate_petsc(tape, study, order, resolution, walker, progress, mesh, tet_options)
     walker = default_walker(walker)
     timings: dict[str, float] = {}
     surf_stats: dict = {}

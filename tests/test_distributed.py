@@ -13,7 +13,7 @@ import pytest
 
 from taperay.runtime.tape import TaperayError
 from taperay.scenegraph import Material, difference, flatten, sphere, union
-from taperay.solvers import Elasticity, Heat, simulate
+from taperay.solvers import Elasticity, Heat, simulate, simulate_petsc
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL = """\
@@ -58,7 +58,7 @@ def test_petsc_on_one_rank_gives_the_direct_solution(petsc, kind):
     tape = _shell()
     order = 1 if kind == "heat" else 2
     direct = simulate(tape, study, order=order, resolution=10, solver="direct")
-    dist = simulate(tape, study, order=order, solver="petsc", mesh=direct.mesh)
+    dist = simulate_petsc(tape, study, order=order, mesh=direct.mesh)
     assert dist.solver["method"] == "petsc" and dist.solver["ranks"] == 1
     assert dist.solver["iterations"] > 0
     assert _relative(dist.field, direct.field) < 1e-8
@@ -96,14 +96,14 @@ def test_two_mpi_ranks_give_the_direct_solution_from_the_command_line(petsc, kin
 
 def test_a_free_body_is_refused_by_the_petsc_solver(petsc):
     with pytest.raises(TaperayError, match="free_body"):
-        simulate(_shell(), Elasticity(pressure={"inner": 1.0}, free_body=True), resolution=8, solver="petsc")
+        simulate_petsc(_shell(), Elasticity(pressure={"inner": 1.0}, free_body=True), resolution=8)
 
 
 def test_without_petsc4py_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "petsc4py", None)
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(TaperayError, match="libpetsc-real-dev"):
-        simulate(_shell(), Heat(fixed_temperature={"inner": 1.0}), resolution=8, solver="petsc")
+        simulate_petsc(_shell(), Heat(fixed_temperature={"inner": 1.0}), resolution=8)
 
 
 def test_slab_order_sorts_the_nodes_along_the_longest_side():

@@ -496,7 +496,7 @@ def cmd_simulate(args) -> int:
     import json
     from taperay.scenegraph import flatten
     from taperay.scenegraph.loading import scene_namespace
-    from taperay.solvers import simulate, study_from
+    from taperay.solvers import simulate, simulate_petsc, study_from
     watch = Stopwatch()
     path = Path(args.scene)
     if path.suffix.lower() != ".py" or not path.is_file():
@@ -515,7 +515,7 @@ def cmd_simulate(args) -> int:
     if args.solver == "petsc":
         from taperay.solvers.distributed import mpi_rank
         if mpi_rank() != 0:   # a helper rank of mpiexec: it assembles and solves its rows, rank 0 reports
-            simulate(tape, study, order=args.order, resolution=args.resolution, solver="petsc")
+            simulate_petsc(tape, study, order=args.order, resolution=args.resolution)
             return 0
     mesh = _given_mesh(args, watch)
     out = _output_path(args.output)
@@ -536,8 +536,12 @@ def cmd_simulate(args) -> int:
             bar.update(task, description=f"{study.kind}: {following[0] if following else 'done'}")
 
         with watch.stage("simulate"):
-            result = simulate(tape, study, order=args.order, resolution=args.resolution, walker=walker,
-                              progress=progress, solver=args.solver, mesh=mesh)
+            if args.solver == "petsc":
+                result = simulate_petsc(tape, study, order=args.order, resolution=args.resolution, walker=walker,
+                                        progress=progress, mesh=mesh)
+            else:
+                result = simulate(tape, study, order=args.order, resolution=args.resolution, walker=walker,
+                                  progress=progress, solver=args.solver, mesh=mesh)
     with watch.stage("write"):
         result.save_vtu(out)
         summary = result.summary()
