@@ -5,7 +5,8 @@ Examples: the heat sink (scenes/heat_sink.py: p-mean temperature at no more volu
 resolution 28) and the cantilever (scenes/cantilever.py: compliance at no more mass, TET10,
 resolution 32), SLSQP, ``--repeat`` optimiser iterations at most (``max_steps``). A row per
 design: nodes, the step's seconds split into mesh (surface + TetGen), solve (assembly + solve),
-velocity (the JAX evaluation of the node velocities), adjoint (the adjoint solves) and shape
+velocity (the node velocities: the JAX evaluation at the boundary faces, the boundary nodes'
+least squares, the harmonic extension), adjoint (the adjoint solves) and shape
 gradient (objective terms, dJ/dX, dJ/dtheta), the XLA compiles during the step, the objective and
 the constraint. Also writes ``optimize-history.png``: each example's objective over the designs,
 relative to its first.
