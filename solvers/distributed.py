@@ -23,7 +23,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .surface import DEFAULT_RESOLUTION, default_walker, mesh_surface
+from .surface import DEFAULT_RESOLUTION, default_walker
 
 __all__ = ["mpi_rank", "mpi_size", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
 
@@ -174,13 +174,14 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL) -> tuple[np.ndarray | Non
 
 
 def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int = DEFAULT_RESOLUTION, walker=None,
-                   progress: Callable[[str, float], None] | None = None, mesh=None, **tet_options):
+                   progress: Callable[[str, float], None] | None = None, mesh=None, surface: str = "mc",
+                   **tet_options):
     """``study.simulate`` with PETSc as the solver, called on every rank of MPI's world (the same
     arguments on each): rank 0 returns the Result, the others None. Stage timings are rank 0's."""
     from . import fem
     from .shape import assemble
     from .study import Result, study_from
-    from .tetmesh import tet_mesh
+    from .tetmesh import mesh_part
 
     study = study_from(study)
     order = order or (1 if study.kind == "heat" else 2)
@@ -191,25 +192,17 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
     timings: dict[str, float] = {}
     surf_stats: dict = {}
 
-    def done(stage, t0):
-        timings[stage] = time.perf_counter() - t0
-        if progress and rank == 0:
-            progress(stage, timings[stage])
-
     terms = system = perm = None
     failure = None
     if rank == 0:
         try:
             walker = default_walker(walker)
             if mesh is None:
-                t0 = time.perf_counter()
-                surf = mesh_surface(tape, resolution, walker)
-                surf_stats = {k: v for k, v in surf.stats.items() if not k.endswith("seconds")}
-                surf_stats.update(triangles=int(len(surf.faces)), volume=surf.volume)
-                done("surface", t0)
-                t0 = time.perf_counter()
-                mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, **tet_options)
-                done("tets", t0)
+                mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, **tet_options)
+                for stage in ("surface", "tets"):
+                    timings[stage] = made[stage]
+                    if progress:
+                        progress(stage, made[stage])
             t0 = time.perf_counter()
             system = assemble(tape, study, mesh, walker, build=False)
             perm = slab_order(mesh.nodes)
@@ -236,5 +229,6 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
         field = field.reshape(-1, 3)
         stress = fem.von_mises(fem.nodal_stress(mesh.nodes, mesh.elements, field, system.E, system.nu))
     timings["solve"] = info["seconds"] - info["assembly_seconds"] + time.perf_counter() - t1
-    progress and progress("solve", timings["solve"])
+    if progress:
+        progress("solve", timings["solve"])
     return Result(study.kind, mesh, field, timings, info, stress, surf_stats)

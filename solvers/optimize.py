@@ -28,8 +28,8 @@ from taperay.scenegraph.nodes import with_params
 from .objectives import constraint_from, objective_from
 from .shape import assemble, node_velocities, parameter_derivatives, shape_gradient
 from .study import study_from
-from .surface import default_walker, mesh_surface
-from .tetmesh import TetMesh, tet_mesh
+from .surface import default_walker
+from .tetmesh import TetMesh, mesh_part
 
 __all__ = ["Design", "evaluate_design", "shape_derivatives", "optimize", "OptimizeResult", "run_optimize",
            "plot_history", "save_optimized_scene", "with_params"]
@@ -75,11 +75,8 @@ def evaluate_design(tape: Tape, study, functions, names=None, order: int | None 
     if order is None:
         order = 2 if (study is not None and study.kind == "elasticity") else 1
     if mesh is None:
-        surf = mesh_surface(tape, resolution, walker)
-        timings["surface"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, **tet_options)
-        timings["tets"] = time.perf_counter() - t1
+        mesh, _, made = mesh_part(tape, resolution, order, walker, **tet_options)
+        timings.update(made)
     t1 = time.perf_counter()
     if study is None:
         from .shape import System

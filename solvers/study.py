@@ -16,8 +16,8 @@ import scipy.sparse as sp
 from taperay.runtime.tape import Tape, TaperayError
 
 from . import fem
-from .surface import DEFAULT_RESOLUTION, default_walker, material_names, mesh_surface
-from .tetmesh import TetMesh, tet_mesh
+from .surface import DEFAULT_RESOLUTION, default_walker, material_names
+from .tetmesh import TetMesh, mesh_part
 
 __all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "face_materials", "element_materials",
            "mesh_materials"]
@@ -205,10 +205,11 @@ def _volume_mean(mesh: TetMesh, T: np.ndarray) -> float:
 
 def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFAULT_RESOLUTION, walker=None,
              progress: Callable[[str, float], None] | None = None, solver: str = "auto", mesh: TetMesh | None = None,
-             **tet_options) -> Result:
+             surface: str = "mc", **tet_options) -> Result:
     """Solve ``study`` (Heat, Elasticity, or a study dict) on the part ``tape`` describes.
 
-    Stages: surface (``mesh_surface`` at ``resolution``), tets (``tet_mesh``, ``order`` 1 or 2;
+    Stages: surface and tets (``tetmesh.mesh_part`` at ``resolution``; ``surface`` "mc" (marching
+    cubes), "dc" (dual contouring) or "auto" (dual contouring, marching cubes where TetGen fails); ``order`` 1 or 2,
     default 1 for heat, 2 for elasticity, which locks in shear on TET4; ``tet_options`` go to
     tet_mesh), assembly, solve (``solver``: "auto", "direct", "amg"; PETSc over MPI ranks is
     ``solvers.distributed.simulate_petsc``). A ready ``mesh`` skips the first two stages.
@@ -225,14 +226,11 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
             progress(stage, timings[stage])
 
     if mesh is None:
-        t0 = time.perf_counter()
-        surf = mesh_surface(tape, resolution, walker)
-        surf_stats = {k: v for k, v in surf.stats.items() if not k.endswith("seconds")}
-        surf_stats.update(triangles=int(len(surf.faces)), volume=surf.volume)
-        done("surface", t0)
-        t0 = time.perf_counter()
-        mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, **tet_options)
-        done("tets", t0)
+        mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, **tet_options)
+        for stage in ("surface", "tets"):
+            timings[stage] = made[stage]
+            if progress:
+                progress(stage, made[stage])
     t0 = time.perf_counter()
     names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
 

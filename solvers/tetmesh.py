@@ -26,7 +26,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["TetMesh", "tet_mesh", "box_mesh", "to_order2", "TET10_EDGES", "TETGEN_ORDER2_EDGES",
+__all__ = ["TetMesh", "tet_mesh", "mesh_part", "PART_SURFACES", "box_mesh", "to_order2", "TET10_EDGES", "TETGEN_ORDER2_EDGES",
            "project_boundary_nodes"]
 
 TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK)
@@ -325,6 +325,42 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     if tape is not None:
         mesh.stats["projected_nodes"] = project_boundary_nodes(mesh, tape, walker)
     return mesh
+
+
+PART_SURFACES = ("auto", "dc", "mc")
+
+
+def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = "mc",
+              **tet_options) -> tuple[TetMesh, dict, dict]:
+    """The part ``tape`` describes as tetrahedra: its surface (``mesh_surface`` at ``resolution``),
+    then ``tet_mesh`` (``tet_options``; boundary nodes projected onto the zero set). ``surface``:
+    "mc" marching cubes (default; when TetGen fails on it, its own grid vertices), "dc" dual
+    contouring (sharp edges kept), or "auto": dual contouring, and marching cubes when TetGen
+    cannot mesh that (a dual-contoured surface can cross itself near thin walls). Returns (mesh, the
+    surface's stats (method, triangles, volume, ...), timings {"surface", "tets"} in seconds)."""
+    from .surface import mesh_surface
+    if surface not in PART_SURFACES:
+        raise TaperayError(f"unknown surface {surface!r} (choose from {', '.join(PART_SURFACES)})")
+    timings: dict[str, float] = {}
+    failures = []
+    for method in (("dc", "mc") if surface == "auto" else (surface,)):
+        t0 = time.perf_counter()
+        surf = mesh_surface(tape, resolution, walker, method=method)
+        timings["surface"] = timings.get("surface", 0.0) + time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, **tet_options)
+        except TaperayError as e:
+            failures.append(f"{method}: {e}")
+            continue
+        finally:
+            timings["tets"] = timings.get("tets", 0.0) + time.perf_counter() - t0
+        stats = {k: v for k, v in surf.stats.items() if not k.endswith("seconds")}
+        stats.update(triangles=int(len(surf.faces)), volume=surf.volume)
+        if failures:
+            stats["fallback"] = failures[0]
+        return mesh, stats, timings
+    raise TaperayError("; ".join(failures) if len(failures) > 1 else failures[0])
 
 
 def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:

@@ -563,3 +563,37 @@ def test_a_saved_mesh_loads_back_oriented_and_simulate_solves_on_it(order, tmp_p
     (tmp_path / "junk.vtu").write_text("not a mesh")
     assert main(["simulate", str(tmp_path / "bar.py"), "--mesh", str(tmp_path / "junk.vtu"), "-o", str(tmp_path / "c.vtu")]) == 2
     assert "junk.vtu: not a mesh" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mesh_part_auto_falls_back_to_marching_cubes_where_tetgen_fails_on_dual_contouring():
+    """machined_part at resolution 48: TetGen dies on the dual-contoured surface; "auto" says so
+    and meshes the marching-cubes one; "dc" alone raises the clear error."""
+    from taperay.solvers.tetmesh import mesh_part
+    import runpy
+    tape = flatten(runpy.run_path(str(ROOT / "scenes" / "machined_part.py"))["scene"])
+    mesh, stats, timings = mesh_part(tape, 48, 1, surface="auto")
+    assert stats["method"] == "mc" and stats["fallback"].startswith("dc: TetGen could not mesh")
+    assert set(timings) == {"surface", "tets"} and np.all(mesh.volumes() > 0)
+    with pytest.raises(TaperayError, match="TetGen could not mesh"):
+        mesh_part(tape, 48, 1, surface="dc")
+    with pytest.raises(TaperayError, match="unknown surface"):
+        mesh_part(tape, 48, 1, surface="marching")
+
+
+def test_simulate_on_a_dual_contoured_surface_keeps_the_box_edges():
+    """--surface dc: the bar's mesh has its corners (marching cubes cuts them) and the same study solves."""
+    from taperay.tools.cli import main
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        scene = Path(tmp) / "bar.py"
+        scene.write_text(SECTION_SCENE)
+        assert main(["simulate", str(scene), "-o", str(Path(tmp) / "bar.vtu"), "--resolution", "24",
+                     "--walker", "cpu", "--surface", "dc", "--json", str(Path(tmp) / "s.json")]) == 0
+        import json
+        import meshio
+        pts = meshio.read(Path(tmp) / "bar.vtu").points
+        s = json.loads((Path(tmp) / "s.json").read_text())
+    for corner in ([-0.9, -0.3, -0.2], [1.0, 0.3, 0.2]):    # half-sizes 1 x 0.3 x 0.2, cut at x = -0.9
+        assert np.linalg.norm(pts - corner, axis=1).min() < 1e-4, corner
+    assert s["max_temperature"] > 10.0

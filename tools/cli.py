@@ -515,7 +515,7 @@ def cmd_simulate(args) -> int:
     if args.solver == "petsc":
         from taperay.solvers.distributed import mpi_rank
         if mpi_rank() != 0:   # a helper rank of mpiexec: it assembles and solves its rows, rank 0 reports
-            simulate_petsc(tape, study, order=args.order, resolution=args.resolution)
+            simulate_petsc(tape, study, order=args.order, resolution=args.resolution, surface=args.surface)
             return 0
     mesh = _given_mesh(args, watch)
     out = _output_path(args.output)
@@ -538,10 +538,10 @@ def cmd_simulate(args) -> int:
         with watch.stage("simulate"):
             if args.solver == "petsc":
                 result = simulate_petsc(tape, study, order=args.order, resolution=args.resolution, walker=walker,
-                                        progress=progress, mesh=mesh)
+                                        progress=progress, mesh=mesh, surface=args.surface)
             else:
                 result = simulate(tape, study, order=args.order, resolution=args.resolution, walker=walker,
-                                  progress=progress, solver=args.solver, mesh=mesh)
+                                  progress=progress, solver=args.solver, mesh=mesh, surface=args.surface)
     with watch.stage("write"):
         result.save_vtu(out)
         summary = result.summary()
@@ -788,6 +788,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="SUMMARY.json", help="write the summary as JSON")
     p.add_argument("--order", type=int, choices=(1, 2), help="TET4 (1) or TET10 (2); default: 1 for heat, 2 for elasticity")
     p.add_argument("--resolution", type=int, default=96, help="surface grid cells along the longest side (default 96)")
+    p.add_argument("--surface", choices=("mc", "dc", "auto"), default="mc",
+                   help="the surface TetGen fills: mc marching cubes (default), dc dual contouring (sharp edges kept), "
+                        "auto: dc, and mc where TetGen fails on it")
     p.add_argument("--mesh", metavar="MESH.vtu", help="solve on this tetrahedral mesh (tetra / tetra10 cells, any "
                    "format meshio reads, e.g. an earlier result.vtu) instead of meshing the scene")
     p.add_argument("--solver", choices=("auto", "direct", "amg", "petsc"), default="auto",
