@@ -198,11 +198,8 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
         try:
             walker = default_walker(walker)
             if mesh is None:
-                mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, **tet_options)
-                for stage in ("surface", "tets"):
-                    timings[stage] = made[stage]
-                    if progress:
-                        progress(stage, made[stage])
+                mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, progress, **tet_options)
+                timings.update(made)
             t0 = time.perf_counter()
             system = assemble(tape, study, mesh, walker, build=False)
             perm = slab_order(mesh.nodes)

@@ -226,11 +226,8 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
             progress(stage, timings[stage])
 
     if mesh is None:
-        mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, **tet_options)
-        for stage in ("surface", "tets"):
-            timings[stage] = made[stage]
-            if progress:
-                progress(stage, made[stage])
+        mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, progress, **tet_options)
+        timings.update(made)
     t0 = time.perf_counter()
     names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
 

@@ -330,13 +330,14 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
 PART_SURFACES = ("auto", "dc", "mc")
 
 
-def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = "mc",
+def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = "mc", progress=None,
               **tet_options) -> tuple[TetMesh, dict, dict]:
     """The part ``tape`` describes as tetrahedra: its surface (``mesh_surface`` at ``resolution``),
     then ``tet_mesh`` (``tet_options``; boundary nodes projected onto the zero set). ``surface``:
     "mc" marching cubes (default; when TetGen fails on it, its own grid vertices), "dc" dual
     contouring (sharp edges kept), or "auto": dual contouring, and marching cubes when TetGen
-    cannot mesh that (a dual-contoured surface can cross itself near thin walls). Returns (mesh, the
+    cannot mesh that (a dual-contoured surface can cross itself near thin walls). ``progress(stage,
+    seconds)`` is called once the mesh is made, for "surface" and "tets". Returns (mesh, the
     surface's stats (method, triangles, volume, ...), timings {"surface", "tets"} in seconds)."""
     from .surface import mesh_surface
     if surface not in PART_SURFACES:
@@ -359,6 +360,9 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
         stats.update(triangles=int(len(surf.faces)), volume=surf.volume)
         if failures:
             stats["fallback"] = failures[0]
+        for stage, seconds in timings.items():
+            if progress:
+                progress(stage, seconds)
         return mesh, stats, timings
     raise TaperayError("; ".join(failures) if len(failures) > 1 else failures[0])
 
