@@ -615,7 +615,7 @@ def cmd_optimize(args) -> int:
     with watch.stage("optimize"):
         res = run_optimize(args.scene, objective=args.objective, constraint=args.constraint, bounds=args.bounds,
                            max_steps=args.max_steps, out_scene=out, history_json=args.json, plot_png=args.plot,
-                           progress=progress, resolution=args.resolution, order=args.order)
+                           progress=progress, resolution=args.resolution, order=args.order, surface=args.surface)
     images = []
     if args.images:
         from taperay.runtime.camera import auto_camera
@@ -721,6 +721,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "self-check against the CPU twin, else the CPU twin; gpu also takes a software "
                        "adapter (Mesa lavapipe)")
 
+    def surface_arg(p, what):
+        p.add_argument("--surface", choices=("mc", "dc", "auto"), default="mc",
+                       help=f"the surface TetGen fills for {what}: mc marching cubes (default), dc dual contouring "
+                            "(sharp edges kept), auto: dc, and mc where TetGen fails on it")
+
     def set_arg(p):
         p.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="set a named parameter before the work (repeatable)")
@@ -788,9 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="SUMMARY.json", help="write the summary as JSON")
     p.add_argument("--order", type=int, choices=(1, 2), help="TET4 (1) or TET10 (2); default: 1 for heat, 2 for elasticity")
     p.add_argument("--resolution", type=int, default=96, help="surface grid cells along the longest side (default 96)")
-    p.add_argument("--surface", choices=("mc", "dc", "auto"), default="mc",
-                   help="the surface TetGen fills: mc marching cubes (default), dc dual contouring (sharp edges kept), "
-                        "auto: dc, and mc where TetGen fails on it")
+    surface_arg(p, "the study")
     p.add_argument("--mesh", metavar="MESH.vtu", help="solve on this tetrahedral mesh (tetra / tetra10 cells, any "
                    "format meshio reads, e.g. an earlier result.vtu) instead of meshing the scene")
     p.add_argument("--solver", choices=("auto", "direct", "amg", "petsc"), default="auto",
@@ -832,6 +835,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=20, help="optimiser iterations at most (default 20)")
     p.add_argument("--resolution", type=int, default=48, help="surface grid cells along the longest side (default 48)")
     p.add_argument("--order", type=int, choices=(1, 2), help="TET4 (1) or TET10 (2)")
+    surface_arg(p, "every design")
     p.add_argument("-o", "--output", required=True, metavar="BEST.scene", help="the optimised scene")
     p.add_argument("--json", metavar="HISTORY.json", help="every design's parameters, values and gradients")
     p.add_argument("--plot", metavar="HISTORY.png", help="the convergence plot")
