@@ -4,12 +4,17 @@ redoes a piece of work on the CPU twin when the GPU fails under ``auto``.
 ``auto`` uses the GPU walker when a hardware adapter exists (a software one such as Mesa's
 lavapipe runs the kernels slower than the twin), its kernels build and ``gpu_self_check`` (the
 GPU against the CPU twin, runtime/conformance.py) passes; otherwise, whatever went wrong on the
-GPU path, the CPU twin, with the reason logged. ``gpu`` without a working GPU is a user error
+GPU path, the CPU twin, with the reason logged. On Linux, where no GPU device node exists and no
+Vulkan driver list is given in the environment, ``auto`` takes the twin without importing wgpu
+(a software adapter is all it could find). ``gpu`` without a working GPU is a user error
 (``TaperayError``).
 """
 from __future__ import annotations
 
 import contextlib
+import glob
+import os
+import sys
 from typing import Callable
 
 from .conformance import gpu_self_check
@@ -19,6 +24,21 @@ from .tape import TaperayError
 __all__ = ["WALKER_KINDS", "walker", "run_on"]
 
 WALKER_KINDS = ("auto", "cpu", "gpu")
+# the device nodes a hardware GPU's driver opens on Linux (Mesa's render nodes, NVIDIA's, WSL's)
+GPU_DEVICE_NODES = ("/dev/dri/renderD*", "/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/dxg")
+VULKAN_DRIVER_VARIABLES = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "VK_ADD_DRIVER_FILES")
+
+
+def _no_gpu_device() -> str | None:
+    """Why ``auto`` need not open wgpu at all (about half a second of imports and adapter
+    probing): on Linux, with no Vulkan driver list given in the environment, no GPU device node
+    exists, so the only adapter wgpu could find is a software one. None: probe as usual."""
+    if not sys.platform.startswith("linux") or any(os.environ.get(v) for v in VULKAN_DRIVER_VARIABLES):
+        return None
+    if any(glob.glob(pattern) for pattern in GPU_DEVICE_NODES):
+        return None
+    return ("this machine has no GPU device (/dev/dri/renderD*, /dev/nvidia*), so a GPU adapter could only "
+            "be a software rasteriser, slower than the CPU twin (--walker gpu uses it anyway)")
 
 
 def _quiet(message: str) -> None:
@@ -40,6 +60,10 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     log = log or _quiet
     step = step or (lambda text: contextlib.nullcontext())
     if kind == "cpu":
+        return CpuWalker(progress=progress)
+    no_device = _no_gpu_device() if kind == "auto" else None
+    if no_device is not None:
+        log(f"walker:    cpu, because {no_device}")
         return CpuWalker(progress=progress)
     try:
         from . import gpu

@@ -53,3 +53,25 @@ def test_the_walker_choice_names_its_reason_and_rejects_unknown_kinds():
     assert chosen.name == "gpu" or (said and said[0].startswith("walker:    cpu, because"))
     with pytest.raises(tr.TaperayError, match="unknown walker"):
         tr.walker("quantum")
+
+
+def test_auto_skips_the_gpu_probe_where_no_gpu_device_exists(monkeypatch, tmp_path):
+    """On Linux with no GPU device node and no Vulkan driver list in the environment, auto takes
+    the twin without opening wgpu and says why; a device node, or a driver list, brings the probe back."""
+    import sys
+    from taperay.runtime import walkers
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(walkers, "GPU_DEVICE_NODES", (str(tmp_path / "renderD*"),))
+    for name in walkers.VULKAN_DRIVER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    said = []
+    assert tr.walker("auto", log=said.append).name == "cpu"
+    assert said == [f"walker:    cpu, because {walkers._no_gpu_device()}"] and "no GPU device" in said[0]
+    monkeypatch.setenv("VK_DRIVER_FILES", "/somewhere/icd.json")
+    assert walkers._no_gpu_device() is None
+    monkeypatch.delenv("VK_DRIVER_FILES")
+    (tmp_path / "renderD128").touch()
+    assert walkers._no_gpu_device() is None
+    said.clear()
+    chosen = tr.walker("auto", log=said.append)                # the probe: a GPU, or the twin with its reason
+    assert chosen.name == "gpu" or "no GPU device" not in said[0]
