@@ -71,7 +71,7 @@ PETSC_DIR_DEBIAN=/usr/lib/petscdir/petsc3.18/x86_64-linux-gnu-real
 ensure_petsc() {
     .venv/bin/python -c "import petsc4py, mpi4py" >/dev/null 2>&1 && return 0
     if [ ! -d "$PETSC_DIR_DEBIAN" ] || ! command -v mpiexec >/dev/null 2>&1; then
-        apt_install libpetsc-real-dev openmpi-bin || { echo "setup: WARNING: no apt-get: PETSc is absent (its tests fail in CI mode)" >&2; return 0; }
+        apt_install libpetsc-real-dev openmpi-bin gcc || { echo "setup: WARNING: no apt-get: PETSc is absent (its tests fail in CI mode)" >&2; return 0; }
     fi
     echo "setup: building petsc4py against Debian's PETSc (about 3 minutes on 2 cores)" >&2
     .venv/bin/python -m pip install --quiet --disable-pip-version-check setuptools wheel
