@@ -25,7 +25,7 @@ from taperay.runtime.tape import Tape, TaperayError
 
 from .surface import DEFAULT_RESOLUTION, default_walker
 
-__all__ = ["mpi_rank", "mpi_size", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
+__all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
 
 PETSC_RTOL = 1e-10          # CG's relative residual |b - A x| / |b| at which the solve stops
 _INSTALL = ("the PETSc solver needs petsc4py and mpi4py built against a PETSc: "
@@ -55,10 +55,6 @@ def _comm():
 def mpi_rank() -> int:
     """This process's rank in MPI's world (0 when not started by mpiexec)."""
     return _comm().Get_rank()
-
-
-def mpi_size() -> int:
-    return _comm().Get_size()
 
 
 def slab_order(nodes: np.ndarray) -> np.ndarray:
@@ -92,8 +88,8 @@ def _renumber(system, perm: np.ndarray) -> dict:
 
 
 def _owned_rows(terms: dict, lo: int, hi: int):
-    """CSR rows (indptr, columns, values) and load of the dofs of nodes lo..hi-1, assembled from the
-    elements and faces that touch those nodes only."""
+    """(CSR matrix of the rows, load) of the dofs of nodes lo..hi-1, assembled from the elements and
+    faces that touch those nodes only."""
     from .shape import System
     from .tetmesh import TetMesh
 
