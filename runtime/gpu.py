@@ -621,7 +621,7 @@ class GpuWalker(PrunedPasses):
         env = np.asarray(path.environment, np.float32)
         for s in range(first, first + count):
             u = self._uniforms(tape, n, width, height, sample=s, rect=(*env, path.max_bounces),
-                               extra=(path.roulette_from, first, path.seed, float(path.light_samples)), camera=camera.pack(),
+                               extra=(path.roulette_from, first, path.seed, path.flags()), camera=camera.pack(),
                                settings=packed)
             self._submit([("path", n)], variant, u, 0)
             self._check_counters(tape)

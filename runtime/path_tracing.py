@@ -35,10 +35,15 @@ Integrator (both walkers), per pixel and sample:
 - Russian roulette from bounce ``roulette_from`` on (survival max(throughput) capped at 0.95,
   the survivors divided by it).
 
-Random numbers: the PCG hash (Jarzynski and Olano 2020) chained over (seed, 8 bounce +
-dimension, sample, pixel), 24 bits each; bounce 0's dimensions 0, 1 jitter the pixel; at hit b,
-dimension 0 picks the lobe (or glass's reflect / refract), 1, 2 the BSDF direction, 3, 4 the
-light direction, 5 the roulette.
+Random numbers (``path_random``): per (pixel, bounce) the dimensions go in pairs, each pair a 2D
+Sobol sequence over the samples with Burley's (2020) hash-based Owen scrambling, its sample index
+shuffled and its dimensions scrambled by a PCG hash (Jarzynski and Olano 2020) of (seed, bounce,
+pair, pixel): each pixel's first 2^k samples of a pair are a (0, k, 2)-net, and pixels, bounces
+and pairs are decorrelated. ``PathSettings.sampler`` "hash" draws independent numbers instead
+(the PCG hash chained over seed, 8 bounce + dimension, sample, pixel). 24 bits each, computed in
+32-bit integers by both walkers. Bounce 0's dimensions 0, 1 jitter the pixel; at hit b, 0, 1 draw
+the BSDF direction, 2, 3 the light direction, 4 the lobe (or glass's reflect / refract), 5 the
+roulette.
 
 Per pixel the sums hold the radiance's three channels and the square of the samples' mean over
 rgb (``luminance`` here), so that ``PathImage.tile_stats`` gives a tile's mean and its standard
@@ -56,12 +61,13 @@ from .camera import Camera, auto_camera, pixel_ray
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, VALIDATED
 
-__all__ = ["PathSettings", "PathImage", "path_sums", "pcg_hash", "path_random", "ALPHA_MIN"]
+__all__ = ["PathSettings", "PathImage", "path_sums", "pcg_hash", "path_random", "hash_random", "sobol_owen", "reverse_bits",
+           "ALPHA_MIN", "SAMPLERS"]
 
 F32 = np.float32
 _MASK = 0xFFFFFFFF
 _DIM_JITTER = 0                      # bounce 0: 0, 1
-_DIM_LOBE, _DIM_BSDF, _DIM_LIGHT, _DIM_ROULETTE = 0, 1, 3, 5     # at a hit: 0, 1 2, 3 4, 5
+_DIM_BSDF, _DIM_LIGHT, _DIM_LOBE, _DIM_ROULETTE = 0, 2, 4, 5     # at a hit: pairs 0 1, 2 3, 4 5
 _ROULETTE_CAP = F32(0.95)
 ALPHA_MIN = F32(0.002)               # the least GGX alpha (roughness 0: a near-mirror)
 _PI = F32(np.pi)
@@ -69,6 +75,8 @@ _INV_PI = F32(1 / np.pi)
 _TWO_PI = F32(2 * np.pi)
 _INV_4PI = F32(1 / (4 * np.pi))      # the light sample's pdf (uniform on the sphere)
 _COS_MIN = F32(1e-4)                 # the least cosine of the view direction the BSDF uses
+SAMPLERS = ("sobol", "hash")
+FLAG_LIGHT, FLAG_HASH = 1, 2          # path.wgsl PATH_FLAG_LIGHT, PATH_FLAG_HASH
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class PathSettings:
     roulette_from: int = 3          # Russian roulette at bounces >= this
     seed: int = 0                   # the random sequence (< 2^24)
     light_samples: bool = True      # next-event estimation toward the environment (MIS)
+    sampler: str = "sobol"          # "sobol": scrambled Sobol pairs; "hash": independent numbers
 
     def __post_init__(self):
         env = np.asarray(self.environment, float)
@@ -90,6 +99,12 @@ class PathSettings:
             raise TaperayError("path settings: max_bounces and roulette_from must lie in 1..1024")
         if not (0 <= self.seed < 1 << 24):
             raise TaperayError(f"path settings: seed {self.seed} must lie in 0..2^24-1")
+        if self.sampler not in SAMPLERS:
+            raise TaperayError(f"path settings: sampler {self.sampler!r} must be one of {', '.join(SAMPLERS)}")
+
+    def flags(self) -> int:
+        """The settings' switches as path.wgsl's PATH_FLAG_* bits (U.extra.w of the path kernel)."""
+        return (FLAG_LIGHT if self.light_samples else 0) | (FLAG_HASH if self.sampler == "hash" else 0)
 
 
 # ----------------------------------------------------------------------------- sampler
@@ -102,11 +117,76 @@ def pcg_hash(v):
 
 
 @njit(cache=True)
-def path_random(seed, pixel, sample, bounce, dim):
-    """The float32 in [0, 1) of (pixel, sample, bounce, dimension) (path.wgsl path_random)."""
+def reverse_bits(x):
+    """The 32-bit word x with its bits in reverse order (WGSL reverseBits)."""
+    x = ((x >> 1) & 0x55555555) | ((x & 0x55555555) << 1)
+    x = ((x >> 2) & 0x33333333) | ((x & 0x33333333) << 2)
+    x = ((x >> 4) & 0x0F0F0F0F) | ((x & 0x0F0F0F0F) << 4)
+    x = ((x >> 8) & 0x00FF00FF) | ((x & 0x00FF00FF) << 8)
+    return ((x >> 16) | (x << 16)) & _MASK
+
+
+@njit(cache=True)
+def _laine_karras(x, seed):
+    """Burley's (2020) Laine-Karras permutation of a bit-reversed word: each bit flipped by a hash
+    of the bits below it and the seed (path.wgsl laine_karras); products wrap mod 2^64 first,
+    whose low 32 bits are the u32 product's."""
+    x = (x + seed) & _MASK
+    x ^= (x * 0x6c50b47c) & _MASK
+    x ^= (x * 0xb82f1e52) & _MASK
+    x ^= (x * 0xc7afe638) & _MASK
+    x ^= (x * 0x8d22f6e6) & _MASK
+    return x
+
+
+@njit(cache=True)
+def _sobol1_reversed(i):
+    """The second Sobol dimension of index i, bit-reversed: its generator matrix is Pascal's
+    triangle mod 2, so bit j of the result is the parity of the index bits k whose positions hold
+    j's bits (Lucas), a superset sum over the five position bits (path.wgsl sobol1_reversed)."""
+    i ^= (i >> 1) & 0x55555555
+    i ^= (i >> 2) & 0x33333333
+    i ^= (i >> 4) & 0x0F0F0F0F
+    i ^= (i >> 8) & 0x00FF00FF
+    i ^= (i >> 16) & 0x0000FFFF
+    return i
+
+
+@njit(cache=True)
+def sobol_owen(index, dim, seed):
+    """Sobol dimension ``dim`` (0 or 1) of point ``index`` under Burley's hash-based nested
+    uniform (Owen) scrambling with ``seed``, as a 32-bit word (path.wgsl sobol_owen)."""
+    z = _sobol1_reversed(index) if dim == 1 else index
+    return reverse_bits(_laine_karras(z, seed))
+
+
+@njit(cache=True)
+def hash_random(seed, pixel, sample, bounce, dim):
+    """The independent sampler (PathSettings.sampler "hash"): the PCG hash chained over (seed,
+    8 bounce + dimension, sample, pixel), 24 bits (path.wgsl hash_random)."""
     h = pcg_hash((pcg_hash((pcg_hash((pcg_hash(seed) + 8 * bounce + dim) & _MASK) + sample) & _MASK)
                   + pixel) & _MASK)
     return F32(h >> 8) * F32(5.9604644775390625e-08)
+
+
+@njit(cache=True)
+def path_random(seed, pixel, sample, bounce, dim):
+    """The float32 in [0, 1) of (pixel, sample, bounce, dimension) (path.wgsl path_random): the
+    dimensions go in pairs (0 1, 2 3, ...), each pair a 2D scrambled Sobol sequence over the
+    samples, the pair's seed a PCG hash of (seed, bounce, pair, pixel) that shuffles the sample
+    index (nested uniform scrambling of its bit-reversal) and scrambles each dimension; 24 bits."""
+    pair = pcg_hash((pcg_hash((pcg_hash(seed) + 8 * bounce + (dim >> 1)) & _MASK) + pixel) & _MASK)
+    index = reverse_bits(_laine_karras(reverse_bits(sample), pair))
+    x = sobol_owen(index, dim & 1, pcg_hash((pair + 1 + (dim & 1)) & _MASK))
+    return F32(x >> 8) * F32(5.9604644775390625e-08)
+
+
+@njit(cache=True)
+def _random(hashed, seed, pixel, sample, bounce, dim):
+    """path_random, or hash_random where ``hashed`` (the sampler setting)."""
+    if hashed:
+        return hash_random(seed, pixel, sample, bounce, dim)
+    return path_random(seed, pixel, sample, bounce, dim)
 
 
 # ----------------------------------------------------------------------------- the material model
@@ -280,7 +360,7 @@ def _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scal
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
 def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, mats, env, max_bounces,
-                 roulette_from, light_samples, seed, first, count, sums, thread, n_threads):
+                 roulette_from, light_samples, hashed, seed, first, count, sums, thread, n_threads):
     """Thread ``thread``'s tiles of samples first .. first+count-1, added into sums (H, W, 4):
     the rays of a tile's sample are traced together, one bounce at a time (_march), the shadow
     rays of a bounce together after it, the paths that go on compacted to the front."""
@@ -311,8 +391,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
             for row in range(r0, r1):
                 for col in range(c0, c1):
                     p = row * W + col
-                    jx = path_random(seed, p, sample, np.int64(0), _DIM_JITTER)
-                    jy = path_random(seed, p, sample, np.int64(0), _DIM_JITTER + 1)
+                    jx = _random(hashed, seed, p, sample, np.int64(0), _DIM_JITTER)
+                    jy = _random(hashed, seed, p, sample, np.int64(0), _DIM_JITTER + 1)
                     dv[0], dv[1], dv[2] = pixel_ray(cam, W, H, F32(col) + jx, F32(row) + jy)
                     for r in range(3):
                         o[r] = cam[r]
@@ -365,9 +445,9 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         continue
                     p = pix[0, q] * W + pix[1, q]
                     wo0, wo1, wo2 = -rd[0, q], -rd[1, q], -rd[2, q]
-                    u0 = path_random(seed, p, sample, bounce, _DIM_LOBE)
-                    u1 = path_random(seed, p, sample, bounce, _DIM_BSDF)
-                    u2 = path_random(seed, p, sample, bounce, _DIM_BSDF + 1)
+                    u0 = _random(hashed, seed, p, sample, bounce, _DIM_LOBE)
+                    u1 = _random(hashed, seed, p, sample, bounce, _DIM_BSDF)
+                    u2 = _random(hashed, seed, p, sample, bounce, _DIM_BSDF + 1)
                     if mt["transmission"] == F32(1):          # smooth glass
                         c = nx * wo0 + ny * wo1 + nz * wo2
                         s = F32(1) if c > F32(0) else F32(-1)
@@ -392,8 +472,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         prev_pdf[q] = F32(0)
                     else:
                         if light_samples:
-                            l0, l1, l2 = _uniform_dir(path_random(seed, p, sample, bounce, _DIM_LIGHT),
-                                                      path_random(seed, p, sample, bounce, _DIM_LIGHT + 1))
+                            l0, l1, l2 = _uniform_dir(_random(hashed, seed, p, sample, bounce, _DIM_LIGHT),
+                                                      _random(hashed, seed, p, sample, bounce, _DIM_LIGHT + 1))
                             f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, l0, l1, l2)
                             if pdf > F32(0):
                                 w = _power_weight(_INV_4PI, pdf) / _INV_4PI
@@ -422,7 +502,7 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         continue
                     if bounce >= roulette_from:
                         keep = min(keep, _ROULETTE_CAP)
-                        if not path_random(seed, p, sample, bounce, _DIM_ROULETTE) < keep:
+                        if not _random(hashed, seed, p, sample, bounce, _DIM_ROULETTE) < keep:
                             continue
                         for r in range(3):
                             thr[r, q] /= keep
@@ -481,7 +561,7 @@ def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: Re
                      twin._packed(packed, "normal_eps"), int(twin._packed(packed, "max_steps")),
                      twin._packed(packed, "step_scale"), np.ascontiguousarray(tape.materials),
                      np.asarray(path.environment, F32), path.max_bounces, path.roulette_from,
-                     bool(path.light_samples), path.seed, first, count, sums)
+                     bool(path.light_samples), path.sampler == "hash", path.seed, first, count, sums)
     return sums
 
 

@@ -11,7 +11,7 @@
 // Russian roulette from bounce U.extra.x on; at most U.rect.w bounces.
 // Uniforms: U.sample the sample's index; U.rect.xyz the environment's radiance; U.extra.y the
 // first sample of this accumulation (it clears accum), U.extra.z the sequence's seed, U.extra.w
-// 1 for light samples (PathSettings.light_samples).
+// the PATH_FLAG_* bits.
 // accum[i] = (sum of the samples' radiance rgb, sum of the squares of their mean over rgb).
 // One field evaluation per loop iteration (phase 0 tracing, 1..4 the gradient's taps, 5 the
 // shadow ray), so the interpreter is inlined once. Not resumable: a path whose evaluations pass
@@ -24,10 +24,49 @@ fn pcg_hash(v: u32) -> u32 {
     return (word >> 22u) ^ word;
 }
 
-// the random number in [0, 1) of (pixel, sample, bounce, dimension): 24 bits, exact in float32
-fn path_random(pixel: u32, bounce: u32, dim: u32) -> f32 {
+// Burley's (2020) Laine-Karras permutation of a bit-reversed word (path_tracing._laine_karras)
+fn laine_karras(v: u32, seed: u32) -> u32 {
+    var x = v + seed;
+    x ^= x * 0x6c50b47cu;
+    x ^= x * 0xb82f1e52u;
+    x ^= x * 0xc7afe638u;
+    x ^= x * 0x8d22f6e6u;
+    return x;
+}
+
+// the second Sobol dimension of index i, bit-reversed (Pascal's triangle mod 2: a superset sum)
+fn sobol1_reversed(v: u32) -> u32 {
+    var i = v;
+    i ^= (i >> 1u) & 0x55555555u;
+    i ^= (i >> 2u) & 0x33333333u;
+    i ^= (i >> 4u) & 0x0F0F0F0Fu;
+    i ^= (i >> 8u) & 0x00FF00FFu;
+    i ^= (i >> 16u) & 0x0000FFFFu;
+    return i;
+}
+
+// Sobol dimension dim (0 or 1) of point index under hash-based Owen scrambling with seed
+fn sobol_owen(index: u32, dim: u32, seed: u32) -> u32 {
+    let z = select(index, sobol1_reversed(index), dim == 1u);
+    return reverseBits(laine_karras(z, seed));
+}
+
+// the independent sampler (PathSettings.sampler "hash"): 24 bits of the chained PCG hash
+fn hash_random(pixel: u32, bounce: u32, dim: u32) -> f32 {
     let h = pcg_hash(pcg_hash(pcg_hash(pcg_hash(u32(U.extra.z)) + 8u * bounce + dim) + U.sample) + pixel);
     return f32(h >> 8u) * 5.9604644775390625e-08;
+}
+
+// the random number in [0, 1) of (pixel, sample, bounce, dimension): dimension pairs of a
+// scrambled, shuffled 2D Sobol sequence (path_tracing.path_random); 24 bits, exact in float32
+fn path_random(pixel: u32, bounce: u32, dim: u32) -> f32 {
+    if ((u32(U.extra.w) & PATH_FLAG_HASH) != 0u) {
+        return hash_random(pixel, bounce, dim);
+    }
+    let pair = pcg_hash(pcg_hash(pcg_hash(u32(U.extra.z)) + 8u * bounce + (dim >> 1u)) + pixel);
+    let index = reverseBits(laine_karras(reverseBits(U.sample), pair));
+    let x = sobol_owen(index, dim & 1u, pcg_hash(pair + 1u + (dim & 1u)));
+    return f32(x >> 8u) * 5.9604644775390625e-08;
 }
 
 // x t1 + y t2 + z n in the orthonormal basis (t1, t2, n) about the unit n (Duff et al. 2017)
@@ -164,10 +203,13 @@ fn fresnel_dielectric(c: f32, eta: f32) -> vec2<f32> {
 }
 
 const PATH_DIM_JITTER: u32 = 0u;   // bounce 0: dimensions 0, 1: the primary ray's jitter
-const PATH_DIM_LOBE: u32 = 0u;     // at a hit: 0 the lobe (glass: reflect or refract)
-const PATH_DIM_BSDF: u32 = 1u;     // 1, 2: the BSDF direction
-const PATH_DIM_LIGHT: u32 = 3u;    // 3, 4: the light direction
+const PATH_DIM_BSDF: u32 = 0u;     // at a hit: 0, 1: the BSDF direction
+const PATH_DIM_LIGHT: u32 = 2u;    // 2, 3: the light direction
+const PATH_DIM_LOBE: u32 = 4u;     // 4: the lobe (glass: reflect or refract)
 const PATH_DIM_ROULETTE: u32 = 5u; // 5: Russian roulette
+// U.extra.w's bits (runtime/gpu.py path_samples)
+const PATH_FLAG_LIGHT: u32 = 1u;   // light samples (PathSettings.light_samples)
+const PATH_FLAG_HASH: u32 = 2u;    // the independent sampler (PathSettings.sampler "hash")
 
 // the environment seen by a ray that left a surface with BSDF pdf prev_pdf (0: no MIS)
 fn env_weight(prev_pdf: f32) -> f32 {
@@ -187,7 +229,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let env = U.rect.xyz;
     let max_bounces = u32(U.rect.w);
     let rr_from = u32(U.extra.x);
-    let light_samples = U.extra.w > 0.0;
+    let light_samples = (u32(U.extra.w) & PATH_FLAG_LIGHT) != 0u;
     let eps4 = 4.0 * setting(SET_HIT_EPS);
     let neps = setting(SET_NORMAL_EPS);
     let max_steps = u32(setting(SET_MAX_STEPS));

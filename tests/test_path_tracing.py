@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from taperay.runtime.camera import Camera, auto_camera
-from taperay.runtime.path_tracing import PathImage, PathSettings, path_random
+from taperay.runtime.path_tracing import (PathImage, PathSettings, _laine_karras, hash_random, path_random,
+                                          reverse_bits, sobol_owen)
 from taperay.runtime.tape import TaperayError
 from taperay.scenegraph import Material, Param, box, difference, flatten, sphere, union
 
@@ -147,13 +148,61 @@ def test_emission_gpu(walker_gpu):
 
 
 def test_sequence_is_fixed():
-    """The sampler's numbers are the PCG hash's, not the platform's: a few pinned values, all in
-    [0, 1) and different across pixel, sample, bounce and dimension."""
-    v = [path_random(0, 0, 0, 0, 0), path_random(0, 1, 0, 0, 0), path_random(0, 0, 1, 0, 0),
-         path_random(0, 0, 0, 1, 0), path_random(0, 0, 0, 0, 1), path_random(5, 0, 0, 0, 0)]
-    assert all(0 <= x < 1 for x in v) and len(set(v)) == len(v)
-    u = np.array([path_random(0, p, 0, 0, 0) for p in range(4096)])
-    assert abs(u.mean() - 0.5) < 0.02 and abs(u.var() - 1 / 12) < 0.01
+    """The sampler's numbers are computed in 32-bit integers, not drawn from the platform: all in
+    [0, 1), different across pixel, sample, bounce and dimension, uniform over pixels; the hash
+    sampler's likewise."""
+    for rnd in (path_random, hash_random):
+        v = [rnd(0, 0, 0, 0, 0), rnd(0, 1, 0, 0, 0), rnd(0, 0, 1, 0, 0), rnd(0, 0, 0, 1, 0), rnd(0, 0, 0, 0, 1),
+             rnd(5, 0, 0, 0, 0)]
+        assert all(0 <= x < 1 for x in v) and len(set(v)) == len(v)
+        u = np.array([rnd(0, p, 0, 0, 0) for p in range(4096)])
+        assert abs(u.mean() - 0.5) < 0.02 and abs(u.var() - 1 / 12) < 0.01
+
+
+def test_sobol_second_dimension_is_the_direction_numbers():
+    """sobol_owen's dimension 1 (its closed form: a superset sum of the index's bits) equals the
+    Sobol generator's sum of direction numbers v_0 = 2^31, v_k+1 = v_k ^ (v_k >> 1), under the
+    same scrambling."""
+    v = [1 << 31]
+    for _ in range(31):
+        v.append(v[-1] ^ (v[-1] >> 1))
+    rng = np.random.default_rng(0)
+    for i in [*range(64), *map(int, rng.integers(0, 1 << 32, 200))]:
+        direct = 0
+        for k in range(32):
+            if i >> k & 1:
+                direct ^= v[k]
+        assert sobol_owen(i, 1, 0) == reverse_bits(_laine_karras(reverse_bits(direct), 0))
+
+
+def test_sobol_pairs_are_stratified_per_pixel():
+    """Each pixel's first 16 samples of a dimension pair fill every cell of a 4x4 grid and every
+    1/16 interval of each dimension (a (0, 4, 2)-net), at every bounce and pair; the hash sampler's
+    do not; different pixels get different points."""
+    def cells(rnd, p, b, d):
+        pts = np.array([[rnd(3, p, s, b, d), rnd(3, p, s, b, d + 1)] for s in range(16)])
+        return len(set(map(tuple, (pts * 4).astype(int)))), len(set((pts[:, 0] * 16).astype(int)))
+    for p in (0, 1, 777):
+        for b in (0, 1, 5):
+            for d in (0, 2, 4):
+                assert cells(path_random, p, b, d) == (16, 16)
+    assert any(cells(hash_random, p, 1, 0) != (16, 16) for p in range(4))
+    assert path_random(3, 0, 0, 1, 0) != path_random(3, 1, 0, 1, 0)
+
+
+def test_sobol_lowers_the_error_at_equal_spp(walker_cpu):
+    """The silhouette of an emitting sphere on black (one bounce: the pixel footprint's
+    coverage alone): at 16 spp the Sobol sampler's RMSE against a 1,024 spp image is well under
+    the hash sampler's."""
+    glow = Material("glow", color=(0.0, 0.0, 0.0), emission=(1.0, 1.0, 1.0))
+    tape = flatten(sphere(1.0).material(glow))
+
+    def image(sampler, seed, spp):
+        path = PathSettings(environment=(0.0, 0.0, 0.0), max_bounces=1, sampler=sampler, seed=seed)
+        return PathImage(walker_cpu, tape, None, 32, 32, path=path).add(spp).mean()
+    reference = image("hash", 9, 1024)
+    err = {s: np.sqrt(np.mean((image(s, 1, 16) - reference) ** 2)) for s in ("hash", "sobol")}
+    assert err["sobol"] < 0.5 * err["hash"], err
 
 
 def test_progressive_accumulation_adds_the_next_samples(walker_cpu):
@@ -204,6 +253,8 @@ def test_bad_settings_are_refused(walker_cpu):
         PathSettings(environment=(1, -1, 0))
     with pytest.raises(TaperayError, match="max_bounces"):
         PathSettings(max_bounces=0)
+    with pytest.raises(TaperayError, match="sampler"):
+        PathSettings(sampler="halton")
     with pytest.raises(TaperayError, match="no material named 'lamp'"):
         walker_cpu.set_material(_coloured_scene(), "lamp", emission=(1, 1, 1))
     with pytest.raises(TaperayError, match="emission"):

@@ -63,6 +63,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "path-mitsuba": Benchmark("taperay.tools.bench_path:bench_path_mitsuba",
                               "path tracer against Mitsuba 3 on spheres and boxes on a slab (diffuse, metal, glass, "
                               "emitter): per-tile agreement within noise, times, both pictures; --repeat N: spp"),
+    "path-noise": Benchmark("taperay.tools.bench_path:bench_path_noise",
+                            "path tracer: RMSE against a high-spp reference at equal spp, Sobol against the "
+                            "independent hash sampler"),
     "prune-cpu": Benchmark("taperay.tools.bench_prune:bench_prune_cpu",
                            "CPU twin: prospero sign/field image with interval pruning, 1024² and 4096², and 1M points"),
 }

@@ -263,3 +263,50 @@ def bench_path_mitsuba(opts) -> BenchResult:
                               f"over the combined standard error (tiles of standard error <= {MATCH_ROUNDING}, the environment alone: z 0)",
                               f"pictures: {out / 'path-mitsuba-pictures.png'} (taperay left, Mitsuba right; "
                               "clamped, gamma 1/2.2)"])
+
+
+# ------------------------------------------------------------------------------------- noise
+NOISE_SIZE = (96, 64)
+NOISE_REFERENCE_SPP = 2048
+NOISE_SPPS = (16, 64)
+
+
+def _rmse(image, reference) -> float:
+    import numpy as np
+    return float(np.sqrt(np.mean((np.asarray(image, np.float64) - reference) ** 2)))
+
+
+def sampler_rmse(walker, width: int, height: int, spps=NOISE_SPPS, reference_spp: int = NOISE_REFERENCE_SPP) -> list[dict]:
+    """Rows of the RMSE (over pixels and rgb) against a ``reference_spp`` image (Sobol, seed 7)
+    on the comparison scene, per sampler ("hash", "sobol"; seed 1) and spp of ``spps``."""
+    from taperay.runtime.path_tracing import PathImage, PathSettings, SAMPLERS
+    tape, camera = comparison_scene()
+
+    def image(sampler, seed, spp):
+        path = PathSettings(environment=COMPARISON_ENVIRONMENT, max_bounces=COMPARISON_MAX_BOUNCES, seed=seed,
+                            sampler=sampler)
+        return PathImage(walker, tape, camera, width, height, path=path).add(spp).mean()
+    reference = image("sobol", 7, reference_spp).astype("float64")
+    rows = []
+    for spp in spps:
+        errors = {s: _rmse(image(s, 1, spp), reference) for s in reversed(SAMPLERS)}
+        rows.append({"measure": "sampler", "scene": "path-mitsuba comparison", "walker": walker.name,
+                     "size": f"{width}x{height}", "spp": spp, "reference spp": reference_spp,
+                     "RMSE hash": errors["hash"], "RMSE sobol": errors["sobol"],
+                     "sobol / hash": errors["sobol"] / errors["hash"]})
+    return rows
+
+
+def bench_path_noise(opts) -> BenchResult:
+    """The integrator's noise at equal spp, against a high-spp reference image: the Sobol sampler
+    against the independent hash on the comparison scene."""
+    from taperay.runtime.walkers import walker as choose_walker
+
+    from .cli import parse_size
+    walker = choose_walker(opts.walker)
+    w, h = parse_size(opts.size) if opts.size else NOISE_SIZE
+    rows = sampler_rmse(walker, w, h)
+    return BenchResult(rows, settings={"walker": walker.name, "size": f"{w}x{h}"},
+                       notes=[f"RMSE over every pixel and channel of the mean radiance against a {NOISE_REFERENCE_SPP} "
+                              "spp image of another seed (its own noise is part of each figure); the comparison scene "
+                              "of bench path-mitsuba (diffuse, metal, glass, an emitter, constant environment)"])
