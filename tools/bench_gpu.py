@@ -36,6 +36,9 @@ SOFTWARE_SIZES = (4, 12)
 SOFTWARE_MAX_POINTS = 10_000
 FRAME_SIZE, FRAME_VIEWS = (1920, 1080), ("shade", "normals", "depth", "steps")
 SOFTWARE_FRAME_SIZE = (96, 54)
+# GPU times (gpu_seconds_frame): K runs of a frame's passes in a row, after two single ones; a
+# software adapter takes K = 2, the least there is (its prune_cells passes take ~4 s a run on lavapipe)
+GPU_REPEAT, SOFTWARE_GPU_REPEAT = 8, 2
 PROSPERO = Path(__file__).resolve().parents[1] / "tests" / "data" / "prospero.vm"
 
 
@@ -53,7 +56,7 @@ def primitive_scene(count: int, seed: int = 0):
     return union(*parts)
 
 
-def _frames(walker, tape, frame_size, views, repeat) -> dict:
+def _frames(walker, tape, frame_size, views, repeat, gpu_repeat=GPU_REPEAT) -> dict:
     """Per view, render's frame ms (on march cells, the scene lowered to arithmetic from the
     second render on: lowered and the cells built by the warm-up calls, and kept), render's
     unpruned frame ms (cells=None, the tape's own records with its cull boxes) and the
@@ -89,13 +92,14 @@ def _frames(walker, tape, frame_size, views, repeat) -> dict:
         image = renders["written"]()
         for k, render in compared.items():
             differing[k] += int(np.any(render() != image, axis=-1).sum())
-    gpu_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade")
-    no_skip_s = {v: walker.gpu_seconds_frame(tape, None, *frame_size, view=v, settings=no_skip)["frame"]
+    gpu_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", repeat=gpu_repeat)
+    no_skip_s = {v: walker.gpu_seconds_frame(tape, None, *frame_size, view=v, settings=no_skip,
+                                             repeat=gpu_repeat)["frame"]
                  for v in ("shade", "normals")}
-    normals_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="normals")
-    unpruned_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None)
+    normals_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="normals", repeat=gpu_repeat)
+    unpruned_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
     with written.installed():
-        written_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None)
+        written_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
     out.update({"cells GPU ms": gpu_s["cells"] * 1e3, "shade frame GPU ms": gpu_s["frame"] * 1e3,
                 "shade frame GPU ms, no cell skip": no_skip_s["shade"] * 1e3,
                 "normals frame GPU ms": normals_s["frame"] * 1e3,
@@ -135,9 +139,9 @@ def bench_gpu(opts) -> BenchResult:
              "render's default, which moves hits within hit_eps (every view but steps, whose step counts "
              "differ by design)"]
     sizes, n = HARDWARE_SIZES, opts.n
-    frame_size, views = FRAME_SIZE, FRAME_VIEWS
+    frame_size, views, gpu_repeat = FRAME_SIZE, FRAME_VIEWS, GPU_REPEAT
     if info["software"]:
-        frame_size, views = SOFTWARE_FRAME_SIZE, ("normals",)
+        frame_size, views, gpu_repeat = SOFTWARE_FRAME_SIZE, ("normals",), SOFTWARE_GPU_REPEAT
         sizes, n = SOFTWARE_SIZES, min(opts.n, SOFTWARE_MAX_POINTS)
         notes.append(f"software adapter ({info['name']}): scenes of {', '.join(map(str, sizes))} primitives "
                      f"and {n} points only; measure on a real GPU for the numbers that matter")
@@ -162,7 +166,7 @@ def bench_gpu(opts) -> BenchResult:
             tick()
             frames = {}
             if name != "prospero.vm":   # a 2D program: its points are the measure, not a 3D frame
-                frames.update(_frames(walker, tape, frame_size, views, opts.repeat))
+                frames.update(_frames(walker, tape, frame_size, views, opts.repeat, gpu_repeat))
             tick()
             rows.append({"scene": name, "records": len(tape), "upload ms": upload_ms, **frames, "points": n,
                          "interpreter ms": interp["median_ms"], "written-out ms": base["median_ms"],
@@ -173,7 +177,7 @@ def bench_gpu(opts) -> BenchResult:
     notes.append(f"startup build (all kernels, once per process): {startup_s:.2f} s; frames are "
                  f"{frame_size[0]}x{frame_size[1]} renders, image read back included, by the interpreter "
                  f"and by the written-out baseline")
-    return BenchResult(rows, settings={"n": n, "repeat": opts.repeat, "seed": opts.seed,
+    return BenchResult(rows, settings={"n": n, "repeat": opts.repeat, "gpu repeat": gpu_repeat, "seed": opts.seed,
                                        "frame": f"{frame_size[0]}x{frame_size[1]}"},
                        notes=notes, machine={"gpu": info["name"], "gpu_backend": info["backend"],
                                              "gpu_driver": info["driver"]},
