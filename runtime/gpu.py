@@ -617,8 +617,10 @@ class GpuWalker(PrunedPasses):
         square of each sample's mean over rgb. One dispatch of the path kernel per sample, on the tape's own records (no pruned
         cells); a path whose evaluations pass the adapter's iteration cap is a TaperayError, as
         march's."""
+        from .path_tracing import light_data
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
         env = np.asarray(path.environment, np.float32)
+        self._points.sync(light_data(tape, path))     # (the path kernel reads its lights from there)
         for s in range(first, first + count):
             u = self._uniforms(tape, n, width, height, sample=s, rect=(*env, path.max_bounces),
                                extra=(path.roulette_from, first, path.seed, path.flags()), camera=camera.pack(),

@@ -2,7 +2,8 @@
 accumulation both walkers share.
 
 Owns ``PathSettings`` (environment radiance, bounce limit, Russian roulette, light sampling, the
-sequence's seed), the integrator's scalar pieces (the sampler, the material model, its sampling
+sampler and its seed), the light samples' data (``emitter_spheres``, ``light_data``: the GPU's
+points buffer for the path kernel), the integrator's scalar pieces (the sampler, the material model, its sampling
 and the MIS weight: jitted, float32, each mirrored by a function of shaders/path.wgsl of the same
 name), the twin's path kernel (``_path_kernel``, Numba float32, the reference of path.wgsl: the
 same integrator drawing the same random numbers), ``path_sums`` (one walker's sums over a run of
@@ -17,21 +18,25 @@ Integrator (both walkers), per pixel and sample:
 - a primary ray through the pixel jittered uniformly over its area, sphere-traced through the
   tape; a ray inside a glass traces the negated field (its surface from within);
 - at a hit (normal: the field's gradient, tetrahedron taps), the material's emission times the
-  throughput is added (emitters are found by the paths alone); after ``max_bounces`` hits the
-  path ends there;
+  throughput is added, weighted by the power heuristic against the light samples' pdf of the
+  ray's direction from the hit it left (1 after glass or without light samples); after
+  ``max_bounces`` hits the path ends there;
 - glass (transmission 1): smooth dielectric; reflect with the exact Fresnel reflectance, else
   refract (Snell; the colour tints the transmitted throughput); no light sampling;
 - other materials: a Lambertian base ``color (1 - metallic) (1 - Fd)`` under a GGX microfacet
   lobe (alpha = roughness^2, at least ALPHA_MIN; Smith's separable shadowing; Schlick's Fresnel
   from F0 = mix(0.08 specular, color, metallic) to F90 = mix(specular, 1, metallic); Fd the
-  dielectric part's F at the view angle); next-event estimation toward the environment: a
-  uniform direction on the sphere, its shadow ray traced through the same tape, weighted by the
-  power heuristic against the BSDF's pdf; then a BSDF sample (the GGX lobe, normals drawn from
+  dielectric part's F at the view angle); a light sample (``light_data``): with the
+  environment's share a uniform direction on the sphere, else a uniform direction in the cone
+  that an emitter's bounding sphere (``emitter_spheres``) subtends, the emitter picked evenly;
+  its shadow ray traced through the same tape adds the environment where it leaves, or the
+  emission of the surface it hits, times f cos over the light pdf (the mixture's, over all
+  cones holding the direction) and the power heuristic's weight against the BSDF's pdf; then
+  a BSDF sample (the GGX lobe, normals drawn from
   D cos, with probability max(F(view)) / (max(F(view)) + max(diffuse)), else cosine-weighted),
   its throughput weight f cos / pdf of the two lobes' mixture;
 - a ray that leaves the march box or spends max_steps sees the constant environment, weighted
-  by the power heuristic against the light sample's pdf when it left an opaque surface with
-  light sampling on (1 otherwise);
+  as a hit's emission;
 - Russian roulette from bounce ``roulette_from`` on (survival max(throughput) capped at 0.95,
   the survivors divided by it).
 
@@ -43,7 +48,7 @@ and pairs are decorrelated. ``PathSettings.sampler`` "hash" draws independent nu
 (the PCG hash chained over seed, 8 bounce + dimension, sample, pixel). 24 bits each, computed in
 32-bit integers by both walkers. Bounce 0's dimensions 0, 1 jitter the pixel; at hit b, 0, 1 draw
 the BSDF direction, 2, 3 the light direction, 4 the lobe (or glass's reflect / refract), 5 the
-roulette.
+roulette, 6 the light sample's environment or emitter.
 
 Per pixel the sums hold the radiance's three channels and the square of the samples' mean over
 rgb (``luminance`` here), so that ``PathImage.tile_stats`` gives a tile's mean and its standard
@@ -59,15 +64,16 @@ from numba import njit
 from . import twin
 from .camera import Camera, auto_camera, pixel_ray
 from .shading import RenderSettings
-from .tape import Tape, TaperayError, VALIDATED
+from .tape import Tape, TaperayError, VALIDATED, content_key
 
 __all__ = ["PathSettings", "PathImage", "path_sums", "pcg_hash", "path_random", "hash_random", "sobol_owen", "reverse_bits",
+           "emitter_spheres", "light_data",
            "ALPHA_MIN", "SAMPLERS"]
 
 F32 = np.float32
 _MASK = 0xFFFFFFFF
 _DIM_JITTER = 0                      # bounce 0: 0, 1
-_DIM_BSDF, _DIM_LIGHT, _DIM_LOBE, _DIM_ROULETTE = 0, 2, 4, 5     # at a hit: pairs 0 1, 2 3, 4 5
+_DIM_BSDF, _DIM_LIGHT, _DIM_LOBE, _DIM_ROULETTE, _DIM_PICK = 0, 2, 4, 5, 6   # at a hit: pairs 0 1, 2 3, 4 5, 6
 _ROULETTE_CAP = F32(0.95)
 ALPHA_MIN = F32(0.002)               # the least GGX alpha (roughness 0: a near-mirror)
 _PI = F32(np.pi)
@@ -76,6 +82,10 @@ _TWO_PI = F32(2 * np.pi)
 _INV_4PI = F32(1 / (4 * np.pi))      # the light sample's pdf (uniform on the sphere)
 _COS_MIN = F32(1e-4)                 # the least cosine of the view direction the BSDF uses
 SAMPLERS = ("sobol", "hash")
+LIGHTS_HEADER = 8                    # light_data's words before the emitter spheres
+MAX_EMITTERS = 64
+EMITTER_GRID = 48
+_EMITTER_CACHE: dict = {}
 FLAG_LIGHT, FLAG_HASH = 1, 2          # path.wgsl PATH_FLAG_LIGHT, PATH_FLAG_HASH
 
 
@@ -90,6 +100,7 @@ class PathSettings:
     seed: int = 0                   # the random sequence (< 2^24)
     light_samples: bool = True      # next-event estimation toward the environment (MIS)
     sampler: str = "sobol"          # "sobol": scrambled Sobol pairs; "hash": independent numbers
+    emitter_samples: bool = True    # light samples toward emissive surfaces too (with light_samples)
 
     def __post_init__(self):
         env = np.asarray(self.environment, float)
@@ -318,6 +329,114 @@ def _fresnel_dielectric(c, eta):
     return F32(0.5) * (rs * rs + rp * rp), ct
 
 
+# ----------------------------------------------------------------------------- light samples
+@njit(**_JIT)
+def _cone(lights, k, x0, x1, x2):
+    """(axis, cos of the half angle, 1 - that cos) of the cone from x that emitter k's bounding
+    sphere subtends; cos -2 when x lies within the sphere (the whole sphere of directions;
+    path.wgsl cone)."""
+    b = LIGHTS_HEADER + 4 * k
+    a0, a1, a2 = lights[b] - x0, lights[b + 1] - x1, lights[b + 2] - x2
+    r = lights[b + 3]
+    d2 = a0 * a0 + a1 * a1 + a2 * a2
+    if not d2 > r * r * F32(1.0001):
+        return F32(0), F32(0), F32(1), F32(-2), F32(2)
+    dl = np.sqrt(d2)
+    s2 = r * r / d2
+    c = np.sqrt(F32(1) - s2)
+    return a0 / dl, a1 / dl, a2 / dl, c, s2 / (F32(1) + c)
+
+
+@njit(**_JIT)
+def _light_pdf(lights, x0, x1, x2, d0, d1, d2):
+    """The light sample's pdf (solid angle) of direction d from x: the environment's share
+    (lights[1]) times its pdf, and the emitters' share spread evenly over them, each the uniform
+    pdf of its cone where d lies in it (path.wgsl light_pdf)."""
+    n = np.int64(lights[0])
+    pdf = lights[1] * _INV_4PI
+    if n == 0:
+        return pdf
+    cones = F32(0)
+    for k in range(n):
+        a0, a1, a2, c, omc = _cone(lights, k, x0, x1, x2)
+        if c < F32(-1):
+            cones += _INV_4PI
+        elif d0 * a0 + d1 * a1 + d2 * a2 >= c:
+            cones += F32(1) / (_TWO_PI * omc)
+    return pdf + (F32(1) - lights[1]) * cones / F32(n)
+
+
+@njit(**_JIT)
+def _sample_light(lights, x0, x1, x2, u0, u1, u2):
+    """A light sample's direction from x: the environment's (uniform on the sphere) with
+    probability lights[1], else a uniform direction in the cone of an emitter picked evenly by
+    u0 (path.wgsl sample_light)."""
+    n = np.int64(lights[0])
+    pe = lights[1]
+    if n == 0 or u0 < pe:
+        return _uniform_dir(u1, u2)
+    k = min(np.int64((u0 - pe) / (F32(1) - pe) * F32(n)), n - 1)
+    a0, a1, a2, c, omc = _cone(lights, k, x0, x1, x2)
+    if c < F32(-1):
+        return _uniform_dir(u1, u2)
+    ct = F32(1) - u1 * omc
+    st = np.sqrt(max(F32(1) - ct * ct, F32(0)))
+    phi = _TWO_PI * u2
+    return _frame_dir(a0, a1, a2, st * np.cos(phi), st * np.sin(phi), ct)
+
+
+def emitter_spheres(tape: Tape) -> np.ndarray:
+    """(K, 4) float32 bounding spheres (centre, radius) of the tape's emissive surfaces, one per
+    material of emission > 0 that the surface shows: the field and material evaluated on a
+    EMITTER_GRID^3 grid over the tape's bounds: the grid points within half a cell diagonal of
+    the surface and of that material, the sphere about their box's centre through the farthest
+    of them, grown by that half diagonal. Cached per tape
+    content and emissive materials (a parameter edit, or an emission turned on or off, gives a
+    new list). A surface the grid misses
+    is still found by the paths' own bounces (the light samples' pdf is the same sphere list)."""
+    emissive = np.flatnonzero(np.max(tape.materials["emission"], axis=-1) > 0) if len(tape.materials) else []
+    key = (content_key(tape), tuple(emissive))       # (content_key leaves the materials out)
+    got = _EMITTER_CACHE.get(key)
+    if got is not None:
+        return got
+    spheres = []
+    if len(emissive):
+        lo, hi = tape.bounds.astype(np.float64)
+        pad = 0.02 * max(float(np.max(hi - lo)), 1e-3)
+        lo, hi = lo - pad, hi + pad
+        axes = [np.linspace(lo[i], hi[i], EMITTER_GRID) for i in range(3)]
+        cell = (hi - lo) / (EMITTER_GRID - 1)
+        half = 0.5 * float(np.linalg.norm(cell))
+        pts = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3).astype(np.float32)
+        d, m = twin.evaluate_field(tape, pts)
+        near = np.abs(d) <= half
+        for mid in emissive:
+            q = pts[near & (m == mid)]
+            if len(q) == 0:
+                continue
+            q = q.astype(np.float64)
+            centre = (q.min(0) + q.max(0)) / 2
+            spheres.append([*centre, np.sqrt(np.max(np.sum((q - centre) ** 2, axis=1))) + half])
+    out = np.asarray(spheres, np.float32).reshape(-1, 4)[:MAX_EMITTERS]
+    if len(_EMITTER_CACHE) > 16:
+        _EMITTER_CACHE.clear()
+    _EMITTER_CACHE[key] = out
+    return out
+
+
+def light_data(tape: Tape, path: PathSettings) -> np.ndarray:
+    """The float32 array both walkers sample lights from (the GPU's points buffer for the path
+    kernel; path.wgsl reads the same words): [0] the number of emitters K, [1] the probability
+    of an environment light sample (1 without emitters, 0 in a black environment, else 1/2),
+    [2 .. LIGHTS_HEADER) 0, then K spheres (centre xyz, radius)."""
+    spheres = emitter_spheres(tape) if path.emitter_samples else np.zeros((0, 4), np.float32)
+    dark = not np.any(np.asarray(path.environment, float) > 0)
+    head = np.zeros(LIGHTS_HEADER, np.float32)
+    head[0] = len(spheres)
+    head[1] = 1.0 if len(spheres) == 0 else (0.0 if dark else 0.5)
+    return np.concatenate([head, spheres.reshape(-1)])
+
+
 # ----------------------------------------------------------------------------- the twin's kernel
 @njit(inline="always", **_JIT)
 def _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scale, steps, hit, mat, idx, rhint):
@@ -359,7 +478,7 @@ def _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scal
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
-def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, mats, env, max_bounces,
+def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, mats, env, lights, max_bounces,
                  roulette_from, light_samples, hashed, seed, first, count, sums, thread, n_threads):
     """Thread ``thread``'s tiles of samples first .. first+count-1, added into sums (H, W, 4):
     the rays of a tile's sample are traced together, one bounce at a time (_march), the shadow
@@ -379,6 +498,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
         rad = np.empty((3, B), F32)
         side = np.empty(B, F32)
         prev_pdf = np.empty(B, F32)       # the BSDF pdf of the ray's direction (0: no MIS)
+        prev_p = np.empty((3, B), F32)    # ... and the hit it left (the light samples' pdf from there)
+        w_emit = np.empty(B, F32)         # a hit's MIS weight of its emission
         goes_on = np.empty(B, np.bool_)
         # the shadow rays of a bounce: origin, direction, slab, path, the radiance they carry
         s_ro, s_rd, s_add = np.empty((3, B), F32), np.empty((3, B), F32), np.empty((3, B), F32)
@@ -411,14 +532,16 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                 _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scale, steps, hit, mat, idx, rhint)
                 m = np.int64(0)
                 for q in range(n):                  # misses see the environment; hits to the front
+                    w = F32(1)
+                    if prev_pdf[q] > F32(0):
+                        w = _power_weight(prev_pdf[q], _light_pdf(lights, prev_p[0, q], prev_p[1, q], prev_p[2, q],
+                                                                  rd[0, q], rd[1, q], rd[2, q]))
                     if not hit[q]:
-                        w = F32(1)
-                        if prev_pdf[q] > F32(0):
-                            w = _power_weight(prev_pdf[q], _INV_4PI)
                         for r in range(3):
                             rad[r, q] += thr[r, q] * env[r] * w
                         _finish(sums, pix, rad, q)
                         continue
+                    w_emit[m] = w
                     for r in range(3):
                         ro[r, m] = ro[r, q] + t[q] * rd[r, q]
                         rd[r, m] = rd[r, q]
@@ -440,7 +563,7 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                     mt = mats[min(mat[q], n_mat - 1)]
                     e = mt["emission"]
                     for r in range(3):
-                        rad[r, q] += thr[r, q] * e[r]
+                        rad[r, q] += thr[r, q] * e[r] * w_emit[q]
                     if bounce >= max_bounces:
                         continue
                     p = pix[0, q] * W + pix[1, q]
@@ -472,14 +595,17 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         prev_pdf[q] = F32(0)
                     else:
                         if light_samples:
-                            l0, l1, l2 = _uniform_dir(_random(hashed, seed, p, sample, bounce, _DIM_LIGHT),
-                                                      _random(hashed, seed, p, sample, bounce, _DIM_LIGHT + 1))
+                            l0, l1, l2 = _sample_light(lights, ro[0, q], ro[1, q], ro[2, q],
+                                                       _random(hashed, seed, p, sample, bounce, _DIM_PICK),
+                                                       _random(hashed, seed, p, sample, bounce, _DIM_LIGHT),
+                                                       _random(hashed, seed, p, sample, bounce, _DIM_LIGHT + 1))
                             f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, l0, l1, l2)
-                            if pdf > F32(0):
-                                w = _power_weight(_INV_4PI, pdf) / _INV_4PI
-                                s_add[0, ns] = thr[0, q] * f0 * env[0] * w
-                                s_add[1, ns] = thr[1, q] * f1 * env[1] * w
-                                s_add[2, ns] = thr[2, q] * f2 * env[2] * w
+                            pl = _light_pdf(lights, ro[0, q], ro[1, q], ro[2, q], l0, l1, l2)
+                            if pdf > F32(0) and pl > F32(0):
+                                w = _power_weight(pl, pdf) / pl
+                                s_add[0, ns] = thr[0, q] * f0 * w
+                                s_add[1, ns] = thr[1, q] * f1 * w
+                                s_add[2, ns] = thr[2, q] * f2 * w
                                 s_ro[0, ns] = ro[0, q] + eps4 * nx
                                 s_ro[1, ns] = ro[1, q] + eps4 * ny
                                 s_ro[2, ns] = ro[2, q] + eps4 * nz
@@ -495,6 +621,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         thr[1, q] *= f1 / pdf
                         thr[2, q] *= f2 / pdf
                         prev_pdf[q] = pdf if light_samples else F32(0)
+                        for r in range(3):
+                            prev_p[r, q] = ro[r, q]
                         side[q] = F32(1)
                         o[0], o[1], o[2] = ro[0, q] + eps4 * nx, ro[1, q] + eps4 * ny, ro[2, q] + eps4 * nz
                     keep = max(thr[0, q], max(thr[1, q], thr[2, q]))
@@ -510,7 +638,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                     if not t0 <= t1:                # (leaves the box at once: the environment)
                         w = F32(1)
                         if prev_pdf[q] > F32(0):
-                            w = _power_weight(prev_pdf[q], _INV_4PI)
+                            w = _power_weight(prev_pdf[q], _light_pdf(lights, ro[0, q], ro[1, q], ro[2, q],
+                                                                      dv[0], dv[1], dv[2]))
                         for r in range(3):
                             rad[r, q] += thr[r, q] * env[r] * w
                         continue
@@ -523,11 +652,15 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         s_hint[0, k], s_hint[1, k] = 0, 0
                     _march(tp, sec, ws, ws1, ns, s_ro, s_rd, s_side, s_t, s_tfar, eps, max_steps, step_scale,
                            s_steps, s_hit, s_mat, s_idx, s_hint)
-                    for k in range(ns):
+                    for k in range(ns):               # (a hit adds the emission it sees)
+                        q = s_path[k]
                         if not s_hit[k]:
-                            q = s_path[k]
                             for r in range(3):
-                                rad[r, q] += s_add[r, k]
+                                rad[r, q] += s_add[r, k] * env[r]
+                            continue
+                        e = mats[min(s_mat[k], n_mat - 1)]["emission"]
+                        for r in range(3):
+                            rad[r, q] += s_add[r, k] * e[r]
                 n = np.int64(0)
                 for q in range(m):                  # the paths that go on, to the front
                     if not goes_on[q]:
@@ -538,6 +671,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         thr[r, n], rad[r, n] = thr[r, q], rad[r, q]
                     pix[0, n], pix[1, n] = pix[0, q], pix[1, q]
                     t[n], tfar[n], side[n], prev_pdf[n] = t[q], tfar[q], side[q], prev_pdf[q]
+                    for r in range(3):
+                        prev_p[r, n] = prev_p[r, q]
                     n += 1
 
 
@@ -560,7 +695,7 @@ def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: Re
                      twin._packed(packed, "box_lo", "box_hi").reshape(2, 3), twin._packed(packed, "hit_eps"),
                      twin._packed(packed, "normal_eps"), int(twin._packed(packed, "max_steps")),
                      twin._packed(packed, "step_scale"), np.ascontiguousarray(tape.materials),
-                     np.asarray(path.environment, F32), path.max_bounces, path.roulette_from,
+                     np.asarray(path.environment, F32), light_data(tape, path), path.max_bounces, path.roulette_from,
                      bool(path.light_samples), path.sampler == "hash", path.seed, first, count, sums)
     return sums
 

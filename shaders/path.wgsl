@@ -6,8 +6,9 @@
 // hit_eps, step_scale, max_steps, the march box; a ray inside a glass traces the negated field);
 // at a hit the material record's emission times the throughput is added, the normal taken by
 // the tetrahedron taps (normal_eps); glass reflects or refracts (Fresnel), other materials take
-// a light sample toward the environment (a shadow ray, MIS) and a BSDF sample (GGX lobe or
-// Lambertian base); a ray that leaves the box or spends its steps sees the constant environment.
+// a light sample toward the environment or an emitter's cone (a shadow ray, MIS; the lights in
+// the points buffer, path_tracing.light_data) and a BSDF sample (GGX lobe or Lambertian base); a
+// ray that leaves the box or spends its steps sees the constant environment.
 // Russian roulette from bounce U.extra.x on; at most U.rect.w bounces.
 // Uniforms: U.sample the sample's index; U.rect.xyz the environment's radiance; U.extra.y the
 // first sample of this accumulation (it clears accum), U.extra.z the sequence's seed, U.extra.w
@@ -207,14 +208,81 @@ const PATH_DIM_BSDF: u32 = 0u;     // at a hit: 0, 1: the BSDF direction
 const PATH_DIM_LIGHT: u32 = 2u;    // 2, 3: the light direction
 const PATH_DIM_LOBE: u32 = 4u;     // 4: the lobe (glass: reflect or refract)
 const PATH_DIM_ROULETTE: u32 = 5u; // 5: Russian roulette
+const PATH_DIM_PICK: u32 = 6u;     // 6: the light sample's environment or emitter
 // U.extra.w's bits (runtime/gpu.py path_samples)
 const PATH_FLAG_LIGHT: u32 = 1u;   // light samples (PathSettings.light_samples)
 const PATH_FLAG_HASH: u32 = 2u;    // the independent sampler (PathSettings.sampler "hash")
 
-// the environment seen by a ray that left a surface with BSDF pdf prev_pdf (0: no MIS)
-fn env_weight(prev_pdf: f32) -> f32 {
+// The light samples' data (path_tracing.light_data) in the points buffer: [0] the number of
+// emitters, [1] the environment's share of the light samples, then from PATH_LIGHTS_HEADER the
+// emitters' bounding spheres (centre xyz, radius).
+const PATH_LIGHTS_HEADER: u32 = 8u;
+const PATH_TWO_PI: f32 = 6.2831854820251465;     // float32(2 pi)
+
+struct Cone {
+    axis: vec3<f32>,
+    c: f32,            // cos of the half angle; -2: the point lies in the sphere (all directions)
+    omc: f32,          // 1 - c
+}
+
+// the cone from x that emitter k's bounding sphere subtends (path_tracing._cone)
+fn cone(k: u32, x: vec3<f32>) -> Cone {
+    let b = PATH_LIGHTS_HEADER + 4u * k;
+    let a = vec3<f32>(points[b] - x.x, points[b + 1u] - x.y, points[b + 2u] - x.z);
+    let r = points[b + 3u];
+    let d2 = a.x * a.x + a.y * a.y + a.z * a.z;
+    if (!(d2 > r * r * 1.0001)) {
+        return Cone(vec3<f32>(0.0, 0.0, 1.0), -2.0, 2.0);
+    }
+    let dl = sqrt(d2);
+    let s2 = r * r / d2;
+    let c = sqrt(1.0 - s2);
+    return Cone(vec3<f32>(a.x / dl, a.y / dl, a.z / dl), c, s2 / (1.0 + c));
+}
+
+// the light sample's pdf of direction d from x (path_tracing._light_pdf)
+fn light_pdf(x: vec3<f32>, d: vec3<f32>) -> f32 {
+    let n = u32(points[0]);
+    let pe = points[1];
+    let pdf = pe * PATH_INV_4PI;
+    if (n == 0u) {
+        return pdf;
+    }
+    var cones = 0.0;
+    for (var k = 0u; k < n; k++) {
+        let cn = cone(k, x);
+        if (cn.c < -1.0) {
+            cones += PATH_INV_4PI;
+        } else if (d.x * cn.axis.x + d.y * cn.axis.y + d.z * cn.axis.z >= cn.c) {
+            cones += 1.0 / (PATH_TWO_PI * cn.omc);
+        }
+    }
+    return pdf + (1.0 - pe) * cones / f32(n);
+}
+
+// a light sample's direction from x (path_tracing._sample_light)
+fn sample_light(x: vec3<f32>, u0: f32, u1: f32, u2: f32) -> vec3<f32> {
+    let n = u32(points[0]);
+    let pe = points[1];
+    if (n == 0u || u0 < pe) {
+        return uniform_dir(u1, u2);
+    }
+    let k = min(u32((u0 - pe) / (1.0 - pe) * f32(n)), n - 1u);
+    let cn = cone(k, x);
+    if (cn.c < -1.0) {
+        return uniform_dir(u1, u2);
+    }
+    let ct = 1.0 - u1 * cn.omc;
+    let st = sqrt(pmax(1.0 - ct * ct, 0.0));
+    let phi = TWO_PI * u2;
+    return frame_dir(cn.axis, st * cos(phi), st * sin(phi), ct);
+}
+
+// the MIS weight of the radiance a ray sees (the environment or an emission) when it left the
+// surface at prev_p with BSDF pdf prev_pdf (0: no MIS) in direction d
+fn seen_weight(prev_pdf: f32, prev_p: vec3<f32>, d: vec3<f32>) -> f32 {
     if (prev_pdf > 0.0) {
-        return power_weight(prev_pdf, PATH_INV_4PI);
+        return power_weight(prev_pdf, light_pdf(prev_p, d));
     }
     return 1.0;
 }
@@ -241,6 +309,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
     var side = 1.0;            // +1 outside the surface, -1 inside a glass: the march's sign of f
     var prev_pdf = 0.0;
+    var prev_p = vec3<f32>(0.0);   // the hit the ray left (the light samples' pdf from there)
     var thr = vec3<f32>(1.0);
     var rad = vec3<f32>(0.0);
     var bounce = 0u;
@@ -274,7 +343,9 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (phase == 5u) {
             if (!trace_step(&ts, e)) {
                 if (!ts.hit) {
-                    rad += s_add;
+                    rad += s_add * env;
+                } else {
+                    rad += s_add * materials[min(ts.mat, n_mat - 1u)].emission;
                 }
                 phase = 0u;
                 alive = goes_on;
@@ -289,7 +360,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     g = vec3<f32>(0.0);
                     phase = 1u;
                 } else {
-                    rad += thr * env * env_weight(prev_pdf);
+                    rad += thr * env * seen_weight(prev_pdf, prev_p, d);
                     alive = false;
                 }
             }
@@ -310,7 +381,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let n = g / gl;
         let mt = materials[min(tr.mat, n_mat - 1u)];
-        rad += thr * mt.emission;
+        rad += thr * mt.emission * seen_weight(prev_pdf, prev_p, d);
         bounce += 1u;
         if (bounce >= max_bounces) {
             break;
@@ -343,11 +414,13 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             prev_pdf = 0.0;
         } else {
             if (light_samples) {
-                let l = uniform_dir(path_random(i, bounce, PATH_DIM_LIGHT), path_random(i, bounce, PATH_DIM_LIGHT + 1u));
+                let l = sample_light(hp, path_random(i, bounce, PATH_DIM_PICK), path_random(i, bounce, PATH_DIM_LIGHT),
+                                     path_random(i, bounce, PATH_DIM_LIGHT + 1u));
                 let fl = bsdf(mt, n, wo, l);
-                if (fl.w > 0.0) {
-                    let w = power_weight(PATH_INV_4PI, fl.w) / PATH_INV_4PI;
-                    s_add = vec3<f32>(thr.x * fl.x * env.x * w, thr.y * fl.y * env.y * w, thr.z * fl.z * env.z * w);
+                let pl = light_pdf(hp, l);
+                if (fl.w > 0.0 && pl > 0.0) {
+                    let w = power_weight(pl, fl.w) / pl;
+                    s_add = vec3<f32>(thr.x * fl.x * w, thr.y * fl.y * w, thr.z * fl.z * w);
                     so = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
                     sd = l;
                     let ss = slab(so, sd);
@@ -361,6 +434,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (goes_on) {
                 thr = vec3<f32>(thr.x * (fb.x / fb.w), thr.y * (fb.y / fb.w), thr.z * (fb.z / fb.w));
                 prev_pdf = select(0.0, fb.w, light_samples);
+                prev_p = hp;
                 side = 1.0;
                 o = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
             }
@@ -383,7 +457,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             se = slab(o, d);
             tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
             if (!(se.x <= se.y)) {         // (leaves the box at once: the environment)
-                rad += thr * env * env_weight(prev_pdf);
+                rad += thr * env * seen_weight(prev_pdf, prev_p, d);
                 goes_on = false;
             }
         }
@@ -392,7 +466,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             continue;
         }
         if (has_shadow) {
-            rad += s_add;                 // (the shadow ray misses the box: unoccluded)
+            rad += s_add * env;           // (the shadow ray misses the box: unoccluded)
         }
         phase = 0u;
         alive = goes_on;

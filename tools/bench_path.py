@@ -276,6 +276,38 @@ def _rmse(image, reference) -> float:
     return float(np.sqrt(np.mean((np.asarray(image, np.float64) - reference) ** 2)))
 
 
+def lamp_scene(radius: float = 0.25, emission: float = 8.0):
+    """(tape, camera): a slab and a rough red sphere lit by an emitting sphere of ``radius`` and
+    emission (1, 0.9, 0.75) ``emission`` above them."""
+    from taperay.runtime.camera import Camera
+    from taperay.scenegraph import Material, box, flatten, sphere, union
+    lamp = Material("lamp", color=(0.0, 0.0, 0.0), emission=(emission, 0.9 * emission, 0.75 * emission), specular=0.0)
+    floor = Material("floor", color=(0.7, 0.7, 0.7), specular=0.0)
+    red = Material("red", color=(0.8, 0.2, 0.1), roughness=0.4)
+    tape = flatten(union(box(1.6, 1.2, 0.1).material(floor), sphere(0.45).translate(-0.4, 0, 0.55).material(red),
+                         sphere(radius).translate(0.5, 0.3, 0.9).material(lamp)))
+    return tape, Camera((0.0, -4.5, 2.0), (0.0, 0.0, 0.45), fov_deg=30.0)
+
+
+def emitter_rmse(walker, width: int, height: int, spps=NOISE_SPPS, reference_spp: int = NOISE_REFERENCE_SPP) -> list[dict]:
+    """Rows of the RMSE against a ``reference_spp`` image (seed 7) of a small bright emitter
+    (lamp_scene(0.1, 40)) in a black environment, with and without emitter samples (seed 1)."""
+    from taperay.runtime.path_tracing import PathImage, PathSettings
+    tape, camera = lamp_scene(0.1, 40.0)
+
+    def image(emitters, seed, spp):
+        path = PathSettings(environment=(0.0, 0.0, 0.0), seed=seed, emitter_samples=emitters)
+        return PathImage(walker, tape, camera, width, height, path=path).add(spp).mean()
+    reference = image(True, 7, reference_spp).astype("float64")
+    rows = []
+    for spp in spps:
+        with_e, without = _rmse(image(True, 1, spp), reference), _rmse(image(False, 1, spp), reference)
+        rows.append({"measure": "emitter samples", "scene": "small lamp, black environment", "walker": walker.name,
+                     "size": f"{width}x{height}", "spp": spp, "reference spp": reference_spp,
+                     "RMSE without": without, "RMSE with": with_e, "with / without": with_e / without})
+    return rows
+
+
 def sampler_rmse(walker, width: int, height: int, spps=NOISE_SPPS, reference_spp: int = NOISE_REFERENCE_SPP) -> list[dict]:
     """Rows of the RMSE (over pixels and rgb) against a ``reference_spp`` image (Sobol, seed 7)
     on the comparison scene, per sampler ("hash", "sobol"; seed 1) and spp of ``spps``."""
@@ -299,14 +331,16 @@ def sampler_rmse(walker, width: int, height: int, spps=NOISE_SPPS, reference_spp
 
 def bench_path_noise(opts) -> BenchResult:
     """The integrator's noise at equal spp, against a high-spp reference image: the Sobol sampler
-    against the independent hash on the comparison scene."""
+    against the independent hash on the comparison scene; emitter samples against BSDF samples
+    alone on a small emitter in the dark."""
     from taperay.runtime.walkers import walker as choose_walker
 
     from .cli import parse_size
     walker = choose_walker(opts.walker)
     w, h = parse_size(opts.size) if opts.size else NOISE_SIZE
-    rows = sampler_rmse(walker, w, h)
+    rows = sampler_rmse(walker, w, h) + emitter_rmse(walker, w, h)
     return BenchResult(rows, settings={"walker": walker.name, "size": f"{w}x{h}"},
                        notes=[f"RMSE over every pixel and channel of the mean radiance against a {NOISE_REFERENCE_SPP} "
                               "spp image of another seed (its own noise is part of each figure); the comparison scene "
-                              "of bench path-mitsuba (diffuse, metal, glass, an emitter, constant environment)"])
+                              "of bench path-mitsuba (diffuse, metal, glass, an emitter, constant environment); the "
+                              "lamp scene: a sphere of radius 0.1 emitting (40, 36, 30) over a slab and a red sphere"])
