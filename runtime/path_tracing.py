@@ -56,13 +56,14 @@ error from the samples themselves.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
 
 from . import twin
 from .camera import Camera, auto_camera, pixel_ray
+from .environment import EnvironmentMap
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, VALIDATED, content_key
 
@@ -91,16 +92,20 @@ FLAG_LIGHT, FLAG_HASH = 1, 2          # path.wgsl PATH_FLAG_LIGHT, PATH_FLAG_HAS
 
 @dataclass(frozen=True)
 class PathSettings:
-    """The integrator's settings (the scene's materials are the tape's records): the constant
-    environment's radiance, the bounce limit, where Russian roulette starts, the random
-    sequence's seed, and whether opaque hits take light samples toward the environment."""
-    environment: tuple[float, float, float] = (1.0, 1.0, 1.0)   # the constant environment's radiance
+    """The integrator's settings (the scene's materials are the tape's records): the
+    environment's radiance (a constant, times an equirectangular map where one is given), the
+    bounce limit, where Russian roulette starts, the sampler and its seed, and which light
+    samples opaque hits take (the environment, the emitters; the map's by importance or
+    uniformly)."""
+    environment: tuple[float, float, float] = (1.0, 1.0, 1.0)   # the environment's radiance (scales a map)
     max_bounces: int = 8            # hits after which a path ends (absorbed)
     roulette_from: int = 3          # Russian roulette at bounces >= this
     seed: int = 0                   # the random sequence (< 2^24)
-    light_samples: bool = True      # next-event estimation toward the environment (MIS)
+    light_samples: bool = True      # next-event estimation toward the lights (MIS)
     sampler: str = "sobol"          # "sobol": scrambled Sobol pairs; "hash": independent numbers
     emitter_samples: bool = True    # light samples toward emissive surfaces too (with light_samples)
+    environment_map: EnvironmentMap | None = field(default=None, compare=False)  # times environment
+    environment_sampling: str = "importance"    # the map's light samples: "importance" or "uniform"
 
     def __post_init__(self):
         env = np.asarray(self.environment, float)
@@ -110,6 +115,11 @@ class PathSettings:
             raise TaperayError("path settings: max_bounces and roulette_from must lie in 1..1024")
         if not (0 <= self.seed < 1 << 24):
             raise TaperayError(f"path settings: seed {self.seed} must lie in 0..2^24-1")
+        if self.environment_map is not None and not isinstance(self.environment_map, EnvironmentMap):
+            raise TaperayError("path settings: environment_map must be an EnvironmentMap (runtime.environment)")
+        if self.environment_sampling not in ("importance", "uniform"):
+            raise TaperayError(f"path settings: environment_sampling {self.environment_sampling!r} must be "
+                               "'importance' or 'uniform'")
         if self.sampler not in SAMPLERS:
             raise TaperayError(f"path settings: sampler {self.sampler!r} must be one of {', '.join(SAMPLERS)}")
 
@@ -348,12 +358,85 @@ def _cone(lights, k, x0, x1, x2):
 
 
 @njit(**_JIT)
+def _env_pixel(lights, d0, d1, d2):
+    """(row, column, sin theta) of the environment map's pixel in direction d (environment.py's
+    mapping; path.wgsl env_pixel)."""
+    w, h = np.int64(lights[2]), np.int64(lights[3])
+    z = min(max(d2, F32(-1)), F32(1))
+    theta = F32(np.arccos(z))
+    phi = F32(np.arctan2(d1, d0))
+    row = min(max(np.int64(theta * _INV_PI * F32(h)), 0), h - 1)
+    col = min(max(np.int64((phi + _PI) / _TWO_PI * F32(w)), 0), w - 1)
+    return row, col, np.sqrt(max(F32(1) - z * z, F32(0)))
+
+
+@njit(**_JIT)
+def _env_radiance(lights, env, d0, d1, d2):
+    """The environment's radiance in direction d: the constant ``env``, times the map's pixel
+    where there is a map (path.wgsl env_radiance)."""
+    if lights[2] == F32(0):
+        return env[0], env[1], env[2]
+    row, col, _ = _env_pixel(lights, d0, d1, d2)
+    b = np.int64(lights[4]) + 3 * (row * np.int64(lights[2]) + col)
+    return env[0] * lights[b], env[1] * lights[b + 1], env[2] * lights[b + 2]
+
+
+@njit(**_JIT)
+def _env_pdf(lights, d0, d1, d2):
+    """The environment light sample's pdf of direction d: uniform on the sphere, or the map's
+    importance sampling (its pixel's probability over the pixel's solid angle; path.wgsl
+    env_pdf)."""
+    if lights[7] == F32(0):
+        return _INV_4PI
+    w, h = np.int64(lights[2]), np.int64(lights[3])
+    row, col, st = _env_pixel(lights, d0, d1, d2)
+    if not st > F32(0):
+        return F32(0)
+    m, c = np.int64(lights[5]), np.int64(lights[6]) + row * (w + 1)
+    p = (lights[m + row + 1] - lights[m + row]) * (lights[c + col + 1] - lights[c + col])
+    return p * F32(w * h) / (F32(2) * _PI * _PI * st)
+
+
+@njit(**_JIT)
+def _cdf_find(lights, base, n, u):
+    """The i in [0, n) with cdf[i] <= u < cdf[i + 1] of the CDF at lights[base .. base + n]
+    (0 then 1 at its ends; path.wgsl cdf_find)."""
+    lo, hi = np.int64(0), n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if lights[base + mid] <= u:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(**_JIT)
+def _sample_env(lights, u1, u2):
+    """The environment light sample's direction: uniform on the sphere, or a pixel drawn by
+    the marginal and conditional CDFs and a uniform point in it (path.wgsl sample_env)."""
+    if lights[7] == F32(0):
+        return _uniform_dir(u1, u2)
+    w, h = np.int64(lights[2]), np.int64(lights[3])
+    m = np.int64(lights[5])
+    row = _cdf_find(lights, m, h, u1)
+    dv = (u1 - lights[m + row]) / (lights[m + row + 1] - lights[m + row])
+    c = np.int64(lights[6]) + row * (w + 1)
+    col = _cdf_find(lights, c, w, u2)
+    du = (u2 - lights[c + col]) / (lights[c + col + 1] - lights[c + col])
+    theta = (F32(row) + dv) / F32(h) * _PI
+    phi = (F32(col) + du) / F32(w) * _TWO_PI - _PI
+    st = np.sin(theta)
+    return st * np.cos(phi), st * np.sin(phi), np.cos(theta)
+
+
+@njit(**_JIT)
 def _light_pdf(lights, x0, x1, x2, d0, d1, d2):
     """The light sample's pdf (solid angle) of direction d from x: the environment's share
     (lights[1]) times its pdf, and the emitters' share spread evenly over them, each the uniform
     pdf of its cone where d lies in it (path.wgsl light_pdf)."""
     n = np.int64(lights[0])
-    pdf = lights[1] * _INV_4PI
+    pdf = lights[1] * _env_pdf(lights, d0, d1, d2)
     if n == 0:
         return pdf
     cones = F32(0)
@@ -368,13 +451,13 @@ def _light_pdf(lights, x0, x1, x2, d0, d1, d2):
 
 @njit(**_JIT)
 def _sample_light(lights, x0, x1, x2, u0, u1, u2):
-    """A light sample's direction from x: the environment's (uniform on the sphere) with
-    probability lights[1], else a uniform direction in the cone of an emitter picked evenly by
+    """A light sample's direction from x: the environment's (_sample_env) with probability
+    lights[1], else a uniform direction in the cone of an emitter picked evenly by
     u0 (path.wgsl sample_light)."""
     n = np.int64(lights[0])
     pe = lights[1]
     if n == 0 or u0 < pe:
-        return _uniform_dir(u1, u2)
+        return _sample_env(lights, u1, u2)
     k = min(np.int64((u0 - pe) / (F32(1) - pe) * F32(n)), n - 1)
     a0, a1, a2, c, omc = _cone(lights, k, x0, x1, x2)
     if c < F32(-1):
@@ -425,16 +508,25 @@ def emitter_spheres(tape: Tape) -> np.ndarray:
 
 
 def light_data(tape: Tape, path: PathSettings) -> np.ndarray:
-    """The float32 array both walkers sample lights from (the GPU's points buffer for the path
+    """The float32 words both walkers sample lights from (the GPU's points buffer for the path
     kernel; path.wgsl reads the same words): [0] the number of emitters K, [1] the probability
     of an environment light sample (1 without emitters, 0 in a black environment, else 1/2),
-    [2 .. LIGHTS_HEADER) 0, then K spheres (centre xyz, radius)."""
+    [2 .. 7) the environment map's width (0: none), height and the offsets of its radiance,
+    marginal and conditional CDFs (EnvironmentMap.words), [7] 1 where the map is importance
+    sampled, then K emitter spheres (centre xyz, radius), then the map's words."""
     spheres = emitter_spheres(tape) if path.emitter_samples else np.zeros((0, 4), np.float32)
-    dark = not np.any(np.asarray(path.environment, float) > 0)
+    env_map = path.environment_map
+    dark = not np.any(np.asarray(path.environment, float) > 0) or (env_map is not None and env_map.dark)
     head = np.zeros(LIGHTS_HEADER, np.float32)
     head[0] = len(spheres)
     head[1] = 1.0 if len(spheres) == 0 else (0.0 if dark else 0.5)
-    return np.concatenate([head, spheres.reshape(-1)])
+    parts = [head, spheres.reshape(-1)]
+    if env_map is not None:
+        map_head, body = env_map.words(LIGHTS_HEADER + spheres.size)
+        head[2:7] = map_head
+        head[7] = 1.0 if path.environment_sampling == "importance" else 0.0
+        parts.append(body)
+    return np.concatenate(parts)
 
 
 # ----------------------------------------------------------------------------- the twin's kernel
@@ -537,8 +629,10 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         w = _power_weight(prev_pdf[q], _light_pdf(lights, prev_p[0, q], prev_p[1, q], prev_p[2, q],
                                                                   rd[0, q], rd[1, q], rd[2, q]))
                     if not hit[q]:
-                        for r in range(3):
-                            rad[r, q] += thr[r, q] * env[r] * w
+                        e0, e1, e2 = _env_radiance(lights, env, rd[0, q], rd[1, q], rd[2, q])
+                        rad[0, q] += thr[0, q] * e0 * w
+                        rad[1, q] += thr[1, q] * e1 * w
+                        rad[2, q] += thr[2, q] * e2 * w
                         _finish(sums, pix, rad, q)
                         continue
                     w_emit[m] = w
@@ -640,8 +734,10 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         if prev_pdf[q] > F32(0):
                             w = _power_weight(prev_pdf[q], _light_pdf(lights, ro[0, q], ro[1, q], ro[2, q],
                                                                       dv[0], dv[1], dv[2]))
-                        for r in range(3):
-                            rad[r, q] += thr[r, q] * env[r] * w
+                        e0, e1, e2 = _env_radiance(lights, env, dv[0], dv[1], dv[2])
+                        rad[0, q] += thr[0, q] * e0 * w
+                        rad[1, q] += thr[1, q] * e1 * w
+                        rad[2, q] += thr[2, q] * e2 * w
                         continue
                     for r in range(3):
                         ro[r, q], rd[r, q] = o[r], dv[r]
@@ -655,8 +751,10 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                     for k in range(ns):               # (a hit adds the emission it sees)
                         q = s_path[k]
                         if not s_hit[k]:
-                            for r in range(3):
-                                rad[r, q] += s_add[r, k] * env[r]
+                            e0, e1, e2 = _env_radiance(lights, env, s_rd[0, k], s_rd[1, k], s_rd[2, k])
+                            rad[0, q] += s_add[0, k] * e0
+                            rad[1, q] += s_add[1, k] * e1
+                            rad[2, q] += s_add[2, k] * e2
                             continue
                         e = mats[min(s_mat[k], n_mat - 1)]["emission"]
                         for r in range(3):

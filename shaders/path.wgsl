@@ -214,8 +214,10 @@ const PATH_FLAG_LIGHT: u32 = 1u;   // light samples (PathSettings.light_samples)
 const PATH_FLAG_HASH: u32 = 2u;    // the independent sampler (PathSettings.sampler "hash")
 
 // The light samples' data (path_tracing.light_data) in the points buffer: [0] the number of
-// emitters, [1] the environment's share of the light samples, then from PATH_LIGHTS_HEADER the
-// emitters' bounding spheres (centre xyz, radius).
+// emitters, [1] the environment's share of the light samples, [2] the environment map's width
+// (0: none), [3] its height, [4] [5] [6] the offsets of its radiance (rgb rows), marginal CDF
+// and conditional CDFs, [7] 1 where the map is importance sampled; from PATH_LIGHTS_HEADER the
+// emitters' bounding spheres (centre xyz, radius). The map's directions: runtime/environment.py.
 const PATH_LIGHTS_HEADER: u32 = 8u;
 const PATH_TWO_PI: f32 = 6.2831854820251465;     // float32(2 pi)
 
@@ -240,11 +242,87 @@ fn cone(k: u32, x: vec3<f32>) -> Cone {
     return Cone(vec3<f32>(a.x / dl, a.y / dl, a.z / dl), c, s2 / (1.0 + c));
 }
 
+// (row, column, sin theta) of the environment map's pixel in direction d (path_tracing._env_pixel)
+fn env_pixel(d: vec3<f32>) -> vec3<f32> {
+    let w = u32(points[2]);
+    let h = u32(points[3]);
+    let z = pmin(pmax(d.z, -1.0), 1.0);
+    let theta = acos(z);
+    let phi = atan2(d.y, d.x);
+    let row = min(u32(pmax(theta * PATH_INV_PI * f32(h), 0.0)), h - 1u);
+    let col = min(u32(pmax((phi + PATH_PI) / PATH_TWO_PI * f32(w), 0.0)), w - 1u);
+    return vec3<f32>(f32(row), f32(col), sqrt(pmax(1.0 - z * z, 0.0)));
+}
+
+// the environment's radiance in direction d: the constant U.rect.xyz, times the map's pixel
+fn env_radiance(d: vec3<f32>) -> vec3<f32> {
+    let env = U.rect.xyz;
+    if (points[2] == 0.0) {
+        return env;
+    }
+    let px = env_pixel(d);
+    let b = u32(points[4]) + 3u * (u32(px.x) * u32(points[2]) + u32(px.y));
+    return vec3<f32>(env.x * points[b], env.y * points[b + 1u], env.z * points[b + 2u]);
+}
+
+// the environment light sample's pdf of direction d (path_tracing._env_pdf)
+fn env_pdf(d: vec3<f32>) -> f32 {
+    if (points[7] == 0.0) {
+        return PATH_INV_4PI;
+    }
+    let w = u32(points[2]);
+    let h = u32(points[3]);
+    let px = env_pixel(d);
+    if (!(px.z > 0.0)) {
+        return 0.0;
+    }
+    let row = u32(px.x);
+    let col = u32(px.y);
+    let m = u32(points[5]);
+    let c = u32(points[6]) + row * (w + 1u);
+    let p = (points[m + row + 1u] - points[m + row]) * (points[c + col + 1u] - points[c + col]);
+    return p * f32(w * h) / (2.0 * PATH_PI * PATH_PI * px.z);
+}
+
+// the i in [0, n) with cdf[i] <= u < cdf[i + 1] of the CDF at points[base .. base + n]
+fn cdf_find(base: u32, n: u32, u: f32) -> u32 {
+    var lo = 0u;
+    var hi = n;
+    while (hi - lo > 1u) {
+        let mid = (lo + hi) / 2u;
+        if (points[base + mid] <= u) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// the environment light sample's direction (path_tracing._sample_env)
+fn sample_env(u1: f32, u2: f32) -> vec3<f32> {
+    if (points[7] == 0.0) {
+        return uniform_dir(u1, u2);
+    }
+    let w = u32(points[2]);
+    let h = u32(points[3]);
+    let m = u32(points[5]);
+    let row = cdf_find(m, h, u1);
+    let dv = (u1 - points[m + row]) / (points[m + row + 1u] - points[m + row]);
+    let c = u32(points[6]) + row * (w + 1u);
+    let col = cdf_find(c, w, u2);
+    let du = (u2 - points[c + col]) / (points[c + col + 1u] - points[c + col]);
+    let theta = (f32(row) + dv) / f32(h) * PATH_PI;
+    let phi = (f32(col) + du) / f32(w) * PATH_TWO_PI - PATH_PI;
+    let st = sin(theta);
+    return vec3<f32>(st * cos(phi), st * sin(phi), cos(theta));
+}
+
 // the light sample's pdf of direction d from x (path_tracing._light_pdf)
 fn light_pdf(x: vec3<f32>, d: vec3<f32>) -> f32 {
     let n = u32(points[0]);
     let pe = points[1];
-    let pdf = pe * PATH_INV_4PI;
+    let pdf = pe * env_pdf(d);
     if (n == 0u) {
         return pdf;
     }
@@ -265,7 +343,7 @@ fn sample_light(x: vec3<f32>, u0: f32, u1: f32, u2: f32) -> vec3<f32> {
     let n = u32(points[0]);
     let pe = points[1];
     if (n == 0u || u0 < pe) {
-        return uniform_dir(u1, u2);
+        return sample_env(u1, u2);
     }
     let k = min(u32((u0 - pe) / (1.0 - pe) * f32(n)), n - 1u);
     let cn = cone(k, x);
@@ -294,7 +372,6 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (i >= U.n_items) {
         return;
     }
-    let env = U.rect.xyz;
     let max_bounces = u32(U.rect.w);
     let rr_from = u32(U.extra.x);
     let light_samples = (u32(U.extra.w) & PATH_FLAG_LIGHT) != 0u;
@@ -324,7 +401,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var goes_on = false;       // (during phase 5) whether the path continues after its shadow ray
     var alive = se.x <= se.y;
     if (!alive) {
-        rad = env;
+        rad = env_radiance(d);
     }
     while (alive) {
         var q = ray_point(o, d, tr.t);
@@ -343,7 +420,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (phase == 5u) {
             if (!trace_step(&ts, e)) {
                 if (!ts.hit) {
-                    rad += s_add * env;
+                    rad += s_add * env_radiance(sd);
                 } else {
                     rad += s_add * materials[min(ts.mat, n_mat - 1u)].emission;
                 }
@@ -360,7 +437,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     g = vec3<f32>(0.0);
                     phase = 1u;
                 } else {
-                    rad += thr * env * seen_weight(prev_pdf, prev_p, d);
+                    rad += thr * env_radiance(d) * seen_weight(prev_pdf, prev_p, d);
                     alive = false;
                 }
             }
@@ -457,7 +534,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             se = slab(o, d);
             tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
             if (!(se.x <= se.y)) {         // (leaves the box at once: the environment)
-                rad += thr * env * seen_weight(prev_pdf, prev_p, d);
+                rad += thr * env_radiance(d) * seen_weight(prev_pdf, prev_p, d);
                 goes_on = false;
             }
         }
@@ -466,7 +543,7 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             continue;
         }
         if (has_shadow) {
-            rad += s_add * env;           // (the shadow ray misses the box: unoccluded)
+            rad += s_add * env_radiance(sd);   // (the shadow ray misses the box: unoccluded)
         }
         phase = 0u;
         alive = goes_on;
