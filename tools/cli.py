@@ -149,6 +149,34 @@ def _split_pipelines(watch: Stopwatch, stage: str, seconds: float) -> None:
 # ---------------------------------------------------------------------------------------------
 # commands
 
+def _path_settings(args):
+    """The PathSettings of ``render --view path``'s --environment (R,G,B or an .hdr / .pfm file)
+    and --max-bounces; None for the other views (which take neither)."""
+    if args.view != "path":
+        if args.environment is not None or args.max_bounces is not None:
+            raise UsageError("--environment and --max-bounces go with --view path")
+        return None
+    from taperay.runtime.path_tracing import PathSettings
+    kw = {}
+    if args.max_bounces is not None:
+        if not 1 <= args.max_bounces <= 1024:
+            raise UsageError(f"--max-bounces {args.max_bounces}: the bounce limit must lie in 1..1024")
+        kw["max_bounces"] = args.max_bounces
+    env = args.environment
+    if env is not None and Path(env).suffix.lower() in (".hdr", ".pic", ".pfm"):
+        from taperay.runtime.environment import EnvironmentMap
+        kw["environment_map"] = EnvironmentMap.read(env)
+    elif env is not None:
+        try:
+            rgb = tuple(float(v) for v in env.split(","))
+        except ValueError:
+            rgb = ()
+        if len(rgb) != 3 or not all(0 <= v < float("inf") for v in rgb):
+            raise UsageError(f"--environment {env}: give R,G,B (three finite numbers >= 0) or an .hdr / .pfm file")
+        kw["environment"] = rgb
+    return PathSettings(**kw)
+
+
 def cmd_render(args) -> int:
     out = Path(args.output)
     w, h = parse_size(args.size)
@@ -160,6 +188,7 @@ def cmd_render(args) -> int:
         raise UsageError("--view path marches with hit_eps; it takes no --cone")
     if not 1 <= args.spp <= 1 << 16:
         raise UsageError(f"--spp {args.spp}: samples per pixel must lie in 1..65536")
+    path_settings = _path_settings(args)
     watch = Stopwatch()
     # a 2D image on the GPU prunes faster with shallow MIN / MAX chains (the twin slower: runtime.program)
     tape = apply_sets(load_scene(args.scene, watch, balance_chains=args.two_d and args.walker != "cpu"),
@@ -184,7 +213,7 @@ def cmd_render(args) -> int:
         settings = RenderSettings(hit_cone=args.cone * cam.pixel_angle(h)) if args.cone else None
         if args.view == "path":
             from taperay.runtime.path_tracing import PathImage
-            return PathImage(wk, tape, cam, w, h).add(args.spp).rgb8()
+            return PathImage(wk, tape, cam, w, h, path=path_settings).add(args.spp).rgb8()
         return wk.render(tape, cam, w, h, settings=settings, view=args.view)
 
     if walker.name == "cpu":   # the twin's first compile (or its load from the disk cache) on a 2x2
@@ -740,6 +769,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to draw (path: the path tracer, runtime/path_tracing.py, with --spp samples)")
     p.add_argument("--spp", type=int, default=16, metavar="N",
                    help="--view path: samples per pixel (default 16)")
+    p.add_argument("--environment", metavar="R,G,B|FILE",
+                   help="--view path: the environment's radiance, linear R,G,B, or an equirectangular .hdr / "
+                   ".pfm map, z up (default 1,1,1)")
+    p.add_argument("--max-bounces", type=int, metavar="N", help="--view path: hits after which a path ends (default 8)")
     p.add_argument("--2d", dest="two_d", action="store_true",
                    help="draw the field image of a 2D program: inside (f<0) white on black, x,y in [-1,1], y up")
     p.add_argument("--cone", type=float, default=0.0, metavar="PIXELS",
