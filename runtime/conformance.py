@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -767,12 +768,39 @@ SELF_CHECK_MAX_FRACTION = 0.02   # pixels allowed to differ (silhouettes, shadow
 SELF_CHECK_LEVELS = 2            # 8-bit levels a pixel may differ by (float32 vs float64 colour)
 
 
+# the twin's shaded SELF_CHECK_SIZE image of reference_tape(), stored so that a self-check on the
+# reference scene needs no twin compile (tests/test_gpu_walker.py checks it against the live twin;
+# write_self_check_reference() makes it again)
+SELF_CHECK_REFERENCE = Path(__file__).with_name("self_check_reference.png")
+
+
+def self_check_reference() -> np.ndarray:
+    """(H, W, 3) uint8: the twin's image of the self-check's reference scene, as stored."""
+    from PIL import Image
+    return np.asarray(Image.open(SELF_CHECK_REFERENCE).convert("RGB"))
+
+
+def twin_self_check_image(tape: Tape) -> np.ndarray:
+    """The twin's shaded SELF_CHECK_SIZE image of ``tape``, by gpu_self_check's camera."""
+    w, h = SELF_CHECK_SIZE
+    return CpuWalker().render(tape, auto_camera(tape.bounds), w, h, view="shade")
+
+
+def write_self_check_reference() -> None:
+    """Render the reference scene on the twin and store it as SELF_CHECK_REFERENCE."""
+    from .image import write_png
+    write_png(SELF_CHECK_REFERENCE, twin_self_check_image(reference_tape()))
+
+
 def gpu_self_check(walker=None, tape: Tape | None = None) -> SelfCheck:
-    """Render a small shaded image of ``tape`` (default: conformance's reference scene, which uses
-    every op family) on the GPU and on the CPU twin and report how far they disagree."""
+    """Render a small shaded image of ``tape`` on the GPU and compare it with the CPU twin's,
+    reporting how far they disagree. Default: conformance's reference scene, which uses every op
+    family, against the twin's image of it as stored (SELF_CHECK_REFERENCE: no Numba compile in a
+    new install); another tape is rendered on the twin too."""
     from .gpu import GpuError, GpuWalker     # (wgpu is optional: imported where a GPU is graded)
     t0 = time.perf_counter()
     walker = walker or GpuWalker()
+    stored = tape is None
     tape = tape or reference_tape()
     w, h = SELF_CHECK_SIZE
     cam = auto_camera(tape.bounds)
@@ -780,7 +808,7 @@ def gpu_self_check(walker=None, tape: Tape | None = None) -> SelfCheck:
         gpu_img = walker.render(tape, cam, w, h, view="shade")
     except GpuError as e:
         return SelfCheck(False, 1.0, 255, None, walker.adapter_name, time.perf_counter() - t0, {"error": str(e)})
-    cpu_img = CpuWalker().render(tape, cam, w, h, view="shade")
+    cpu_img = self_check_reference() if stored else twin_self_check_image(tape)
     cmp = compare_images(cpu_img, gpu_img, SELF_CHECK_LEVELS)
     passed = cmp["mismatch_fraction"] <= SELF_CHECK_MAX_FRACTION
     return SelfCheck(passed, cmp["mismatch_fraction"], cmp["max_level_difference"], cmp["first_pixel"],

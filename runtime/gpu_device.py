@@ -596,9 +596,11 @@ class _Context:
         key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
         # the jobs of BUILD_COMPANIONS (the wave planner's Numba compile) in threads of their own
         # while the first request's kernels build, not on a software rasteriser
-        # (GpuWalker.wave_max_tiles); joined before the first dispatch, since after it they would
+        # (GpuWalker.wave_max_tiles) nor for a one-shot command (build_in_background(False): its
+        # frame does without them); joined before the first dispatch, since after it they would
         # slow the first frames (the GIL)
-        jobs = [] if self.info["software"] else [start() for start in BUILD_COMPANIONS]
+        companions = _background_build and not self.info["software"]
+        jobs = [start() for start in BUILD_COMPANIONS] if companions else []
         self.kernels = KernelSet(self.device, key, self.info["software"], progress, warm, _background_build,
                                  jobs)
 
@@ -622,9 +624,15 @@ def build_in_background(on: bool) -> None:
     """Whether kernel sets made from now on queue, after their first request, every pipeline no
     request has asked for (``KernelSet``: on by default, so a long-lived process's later requests
     and edits find theirs made; a one-shot command line turns it off, and creates only what it
-    draws)."""
+    draws), and whether the context starts BUILD_COMPANIONS (off: a one-shot command's frame
+    does without the wave planner, runtime.gpu_pruning, rather than wait for its compile)."""
     global _background_build
     _background_build = bool(on)
+
+
+def builds_in_background() -> bool:
+    """What build_in_background last set (on by default)."""
+    return _background_build
 
 
 def _get_context(progress: bool = False) -> _Context:

@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from .gpu_device import BUILD_COMPANIONS, KERNEL_CONSTANTS, variant_for
+from .gpu_device import BUILD_COMPANIONS, KERNEL_CONSTANTS, builds_in_background, variant_for
 from .gpu_guard import _guarded
 from .opcodes import OPS, WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
 from .pruning import (PRUNE_MIN_RECORDS, compact_records, grid_cell_boxes, grid_ijk, is_arithmetic,
@@ -533,6 +533,8 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
         rows = None
         if 0 < len(tape.instrs) <= WAVE_RECORDS and is_arithmetic(tape, fields=True):
             if _wave_jit is None:
+                if not wait and not builds_in_background():
+                    return None     # (a one-shot command: serial walks, no planner compile to wait for)
                 start_wave_planner()
                 if not wait:
                     return None     # (not kept: a later call may find the planner ready)

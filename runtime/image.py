@@ -27,6 +27,7 @@ def write_png(path, rgb) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())         # (mkstemp makes it 0600; a new file's usual mode)
         with os.fdopen(fd, "wb") as fh:
             Image.fromarray(np.ascontiguousarray(a)).save(fh, format="PNG")
         os.replace(tmp, path)
@@ -34,3 +35,9 @@ def write_png(path, rgb) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -15,13 +15,12 @@ import contextlib
 import glob
 import os
 import sys
+import threading
 from typing import Callable
 
-from .conformance import gpu_self_check
-from .cpu import CpuWalker
 from .tape import TaperayError
 
-__all__ = ["WALKER_KINDS", "walker", "run_on"]
+__all__ = ["WALKER_KINDS", "walker", "prepare", "run_on"]
 
 WALKER_KINDS = ("auto", "cpu", "gpu")
 # the device nodes a hardware GPU's driver opens on Linux (Mesa's render nodes, NVIDIA's, WSL's)
@@ -45,6 +44,45 @@ def _quiet(message: str) -> None:
     pass
 
 
+def prepare(kind: str = "auto", progress: bool = False, build_rest: bool = True) -> None:
+    """Start opening the GPU device that ``walker(kind)`` will ask for in a thread of its own
+    (wgpu's import, the adapter, the device: about a second on a hardware driver, mostly inside
+    the driver, outside the GIL), so that it overlaps the caller's imports and scene loading;
+    ``walker(kind)`` then finds it open, or waits for it. Nothing for the twin, where ``auto``
+    would not probe a GPU, or under ``auto`` on a software adapter. The thread is not a daemon:
+    a command that fails early waits for it at exit rather than exiting inside the driver.
+    ``build_rest``: gpu_device.build_in_background for the kernel set it makes (a one-shot
+    command passes False)."""
+    if kind not in ("gpu", "auto") or (kind == "auto" and _no_gpu_device() is not None):
+        return
+    with _opening_lock:
+        if _opening:
+            return
+        _opening.append(threading.Thread(target=_open_device, args=(kind, progress, build_rest),
+                                         name="taperay-open-device"))
+    _opening[0].start()
+
+
+_opening: list[threading.Thread] = []      # prepare's one thread
+_opening_lock = threading.Lock()
+
+
+def _open_device(kind: str, progress: bool, build_rest: bool) -> None:
+    try:
+        from . import gpu_device
+        gpu_device.build_in_background(build_rest)
+        info = gpu_device.adapter_info()
+        if info is not None and (kind == "gpu" or not info["software"]):
+            gpu_device.kernels(progress)
+    except Exception:      # (walker() opens it again and reports what went wrong)
+        pass
+
+
+def _twin(progress: bool):
+    from .cpu import CpuWalker
+    return CpuWalker(progress=progress)
+
+
 def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, progress: bool = False,
            step: Callable[[str], contextlib.AbstractContextManager] | None = None):
     """The walker ``kind`` asks for, built and ready.
@@ -60,11 +98,11 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     log = log or _quiet
     step = step or (lambda text: contextlib.nullcontext())
     if kind == "cpu":
-        return CpuWalker(progress=progress)
+        return _twin(progress)
     no_device = _no_gpu_device() if kind == "auto" else None
     if no_device is not None:
         log(f"walker:    cpu, because {no_device}")
-        return CpuWalker(progress=progress)
+        return _twin(progress)
     try:
         from . import gpu
     except ImportError as e:  # wgpu is missing from this install
@@ -80,6 +118,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
                 built = gpu.GpuWalker(progress=progress)   # (its kernels are made as requests need them)
                 if kind == "gpu":
                     return built
+                from .conformance import gpu_self_check
                 with step("GPU self-check against the CPU twin"):
                     check = gpu_self_check(built)
                 if check.passed:
@@ -94,7 +133,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     if kind == "gpu":
         raise TaperayError(f"gpu walker unavailable: {reason}")
     log(f"walker:    cpu, because {reason}")
-    return CpuWalker(progress=progress)
+    return _twin(progress)
 
 
 def run_on(chosen, kind: str, work: Callable, log: Callable[[str], None] | None = None):
@@ -108,5 +147,5 @@ def run_on(chosen, kind: str, work: Callable, log: Callable[[str], None] | None 
         return chosen, work(chosen)
     except GpuError as e:
         (log or _quiet)(f"walker:    cpu, because the GPU failed: {e}")
-        chosen = CpuWalker()
+        chosen = _twin(False)
         return chosen, work(chosen)

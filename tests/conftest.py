@@ -13,7 +13,8 @@ WALKER_NAMES = ("cpu", "gpu")
 
 def pytest_addoption(parser):
     parser.addoption("--regenerate", action="store_true", default=False,
-                     help="rewrite the golden images (tests/golden/) from the GPU walker's renders")
+                     help="rewrite the golden images (tests/golden/) from the GPU walker's renders, and the "
+                          "GPU self-check's stored twin image (runtime/self_check_reference.png)")
 
 
 def gpu_required() -> bool:

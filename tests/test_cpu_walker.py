@@ -330,3 +330,24 @@ def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeyp
         for key in ("t", "hit", "steps", "mat", "grad", "shadow", "ao"):
             assert np.array_equal(light[key], runs[0][0][key], equal_nan=True), key
         assert np.array_equal(d, runs[0][1][0]) and np.array_equal(m, runs[0][1][1])
+
+
+def test_the_stored_self_check_image_is_the_twins(request):
+    """The GPU self-check compares with the twin's image of its reference scene as stored
+    (runtime/self_check_reference.png); it must be what the twin draws now. After a deliberate
+    change to the twin or the shading: ``pytest tests/test_cpu_walker.py -k stored --regenerate``."""
+    from taperay.runtime import conformance as C
+    if request.config.getoption("--regenerate"):
+        C.write_self_check_reference()
+    stored = C.self_check_reference()
+    live = C.twin_self_check_image(C.reference_tape())
+    assert stored.shape == live.shape == (C.SELF_CHECK_SIZE[1], C.SELF_CHECK_SIZE[0], 3)
+    assert np.array_equal(stored, live), C.compare_images(live, stored, 0)
+
+
+def test_written_images_get_a_new_files_usual_mode(tmp_path):
+    import os
+    mask = os.umask(0o022)
+    os.umask(mask)
+    path = write_png(tmp_path / "a.png", np.zeros((2, 3, 3), np.uint8))
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask

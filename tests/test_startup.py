@@ -101,3 +101,34 @@ def test_stage_timings_are_read_from_the_command_line():
     assert parse_timings("records: 3\n" + line + "\n") == pytest.approx(
         {"load": 0.0021, "flatten/validate": 0.0109, "walker": 1.09, "pipelines": 0.3208, "frame": 6.99,
          "write": 0.0247})
+
+
+def test_prepare_opens_the_device_in_a_thread_and_the_walker_uses_it(walker_gpu, monkeypatch):
+    from taperay.runtime import walkers
+    monkeypatch.setattr(walkers, "_opening", [])
+    walkers.prepare("cpu")
+    assert walkers._opening == []                      # the twin needs no device
+    walkers.prepare("gpu", build_rest=True)
+    walkers.prepare("gpu", build_rest=True)            # (a second call starts nothing more)
+    assert len(walkers._opening) == 1
+    walkers._opening[0].join(timeout=120)
+    assert not walkers._opening[0].is_alive()
+    assert walkers.walker("gpu")._ctx is gpu_device.current_context() is walker_gpu._ctx
+
+
+def test_a_one_shot_command_does_not_start_the_wave_planner(monkeypatch):
+    from pathlib import Path
+
+    from taperay.runtime import gpu_pruning
+    from taperay.scenegraph.vm import load_vm
+    tape = load_vm(Path(__file__).parent / "data" / "prospero.vm")     # (a tape prune_wave takes)
+    monkeypatch.setattr(gpu_pruning, "_wave_jit", None)
+    monkeypatch.setattr(gpu_pruning, "_wave_loader", None)
+    monkeypatch.setattr(gpu_pruning, "_WAVES", {})
+    monkeypatch.setattr(gpu_device, "_background_build", False)
+    assert gpu_pruning.wave_schedule(tape) is None
+    assert gpu_pruning._wave_loader is None            # no compile started, none to wait for at exit
+    monkeypatch.setattr(gpu_device, "_background_build", True)
+    assert gpu_pruning.wave_schedule(tape) is None     # (a long-lived process starts it, and goes on)
+    assert gpu_pruning._wave_loader is not None
+    gpu_pruning._wave_loader.join()

@@ -189,13 +189,14 @@ def cmd_render(args) -> int:
     if not 1 <= args.spp <= 1 << 16:
         raise UsageError(f"--spp {args.spp}: samples per pixel must lie in 1..65536")
     path_settings = _path_settings(args)
+    from taperay.runtime.walkers import prepare, run_on, walker as choose_walker
+    prepare(args.walker, progress=True, build_rest=False)    # (the device opens while the scene loads)
     watch = Stopwatch()
+    from taperay.runtime import gpu_device
+    gpu_device.build_in_background(False)       # one frame: the GPU makes only the pipelines it draws with
     # a 2D image on the GPU prunes faster with shallow MIN / MAX chains (the twin slower: runtime.program)
     tape = apply_sets(load_scene(args.scene, watch, balance_chains=args.two_d and args.walker != "cpu"),
                       args.set, watch)
-    from taperay.runtime import gpu_device
-    from taperay.runtime.walkers import run_on, walker as choose_walker
-    gpu_device.build_in_background(False)       # one frame: the GPU makes only the pipelines it draws with
     notes: list[str] = []
     with watch.stage("walker"):
         walker = choose_walker(args.walker, log=notes.append, progress=True, step=step)
@@ -283,12 +284,13 @@ def read_points(path: str):
 
 def cmd_eval(args) -> int:
     import numpy as np
+    from taperay.runtime.walkers import prepare, run_on, walker as choose_walker
+    prepare(args.walker, progress=True, build_rest=False)    # (the device opens while the scene loads)
     watch = Stopwatch()
     pts = read_points(args.points)
-    tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
     from taperay.runtime import gpu_device
-    from taperay.runtime.walkers import run_on, walker as choose_walker
     gpu_device.build_in_background(False)       # one evaluation: only its own pipelines
+    tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
     notes: list[str] = []
     with watch.stage("walker"):
         walker = choose_walker(args.walker, log=notes.append, progress=True, step=step)
