@@ -27,7 +27,8 @@ Integrator (both walkers), per pixel and sample:
   lobe (alpha = roughness^2, at least ALPHA_MIN; Smith's separable shadowing; Schlick's Fresnel
   from F0 = mix(0.08 specular, color, metallic) to F90 = mix(specular, 1, metallic); Fd the
   dielectric part's F at the view angle); a light sample (``light_data``): with the
-  environment's share a uniform direction on the sphere, else a uniform direction in the cone
+  environment's share the environment's (uniform on the sphere, or a map pixel drawn by its
+  marginal and conditional CDFs: runtime/environment.py), else a uniform direction in the cone
   that an emitter's bounding sphere (``emitter_spheres``) subtends, the emitter picked evenly;
   its shadow ray traced through the same tape adds the environment where it leaves, or the
   emission of the surface it hits, times f cos over the light pdf (the mixture's, over all
@@ -35,8 +36,8 @@ Integrator (both walkers), per pixel and sample:
   a BSDF sample (the GGX lobe, normals drawn from
   D cos, with probability max(F(view)) / (max(F(view)) + max(diffuse)), else cosine-weighted),
   its throughput weight f cos / pdf of the two lobes' mixture;
-- a ray that leaves the march box or spends max_steps sees the constant environment, weighted
-  as a hit's emission;
+- a ray that leaves the march box or spends max_steps sees the environment (the constant,
+  times the map's pixel in its direction where there is a map), weighted as a hit's emission;
 - Russian roulette from bounce ``roulette_from`` on (survival max(throughput) capped at 0.95,
   the survivors divided by it).
 
@@ -625,7 +626,11 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                 m = np.int64(0)
                 for q in range(n):                  # misses see the environment; hits to the front
                     w = F32(1)
-                    if prev_pdf[q] > F32(0):
+                    lit = not hit[q]
+                    if hit[q]:
+                        e = mats[min(mat[q], n_mat - 1)]["emission"]
+                        lit = e[0] + e[1] + e[2] > F32(0)
+                    if lit and prev_pdf[q] > F32(0):
                         w = _power_weight(prev_pdf[q], _light_pdf(lights, prev_p[0, q], prev_p[1, q], prev_p[2, q],
                                                                   rd[0, q], rd[1, q], rd[2, q]))
                     if not hit[q]:

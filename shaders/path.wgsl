@@ -8,9 +8,9 @@
 // the tetrahedron taps (normal_eps); glass reflects or refracts (Fresnel), other materials take
 // a light sample toward the environment or an emitter's cone (a shadow ray, MIS; the lights in
 // the points buffer, path_tracing.light_data) and a BSDF sample (GGX lobe or Lambertian base); a
-// ray that leaves the box or spends its steps sees the constant environment.
+// ray that leaves the box or spends its steps sees the environment (constant, times a map's pixel).
 // Russian roulette from bounce U.extra.x on; at most U.rect.w bounces.
-// Uniforms: U.sample the sample's index; U.rect.xyz the environment's radiance; U.extra.y the
+// Uniforms: U.sample the sample's index; U.rect.xyz the environment's constant; U.extra.y the
 // first sample of this accumulation (it clears accum), U.extra.z the sequence's seed, U.extra.w
 // the PATH_FLAG_* bits.
 // accum[i] = (sum of the samples' radiance rgb, sum of the squares of their mean over rgb).
@@ -458,7 +458,9 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let n = g / gl;
         let mt = materials[min(tr.mat, n_mat - 1u)];
-        rad += thr * mt.emission * seen_weight(prev_pdf, prev_p, d);
+        if (mt.emission.x + mt.emission.y + mt.emission.z > 0.0) {
+            rad += thr * mt.emission * seen_weight(prev_pdf, prev_p, d);
+        }
         bounce += 1u;
         if (bounce >= max_bounces) {
             break;

@@ -553,3 +553,19 @@ def test_bench_path_mitsuba_writes_its_row_and_the_pictures(tmp_path):
     assert row["tiles"] == 12 and 0 <= row["tiles within 4 SE"] <= 1 and row["mitsuba s"] > 0
     from PIL import Image
     assert Image.open(tmp_path / "path-mitsuba-pictures.png").size == (64, 24)
+
+
+@pytest.mark.slow
+def test_bench_path_noise_writes_its_rows(tmp_path):
+    """`bench path-noise` at a small size: a row per spp for the samplers and for the emitter
+    samples, each RMSE positive and finite."""
+    import json
+
+    from taperay.tools import cli
+    assert cli.main(["bench", "path-noise", "--walker", "cpu", "--size", "16x12", "-o", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "path-noise.json").read_text())["rows"]
+    assert [(r["measure"], r["spp"]) for r in rows] == [("sampler", 16), ("sampler", 64), ("emitter samples", 16),
+                                                       ("emitter samples", 64)]
+    for r in rows:
+        errors = [r[k] for k in ("RMSE hash", "RMSE sobol", "RMSE without", "RMSE with") if k in r]
+        assert len(errors) == 2 and all(0 < e < np.inf for e in errors)
