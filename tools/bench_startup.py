@@ -115,7 +115,8 @@ def bench_startup(opts) -> BenchResult:
                 labels.append(first["walker"])
     notes = [f"walker: {labels[0] if labels else walker}",
              "first: the first process with an empty XDG_CACHE_HOME (no learnt compile rate, no shader disk "
-             "cache of Mesa or NVIDIA under it; Numba's cache of the CPU twin is not cleared); later: the "
+             "cache of Mesa or NVIDIA under it, and no Numba cache unless NUMBA_CACHE_DIR is set"
+             f"{' (it is: ' + os.environ['NUMBA_CACHE_DIR'] + ')' if os.environ.get('NUMBA_CACHE_DIR') else ''}); later: the "
              f"median of {later} processes after it",
              "python, imports, exit: the wall time outside the stages the command line times",
              f"goals (H200, --walker gpu): at most {GOALS['first']} s wall for the first process, "
