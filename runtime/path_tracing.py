@@ -29,7 +29,8 @@ Integrator (both walkers), per pixel and sample:
   dielectric part's F at the view angle); a light sample (``light_data``): with the
   environment's share the environment's (uniform on the sphere, or a map pixel drawn by its
   marginal and conditional CDFs: runtime/environment.py), else a uniform direction in the cone
-  that an emitter's bounding sphere (``emitter_spheres``) subtends, the emitter picked evenly;
+  that an emitter's bounding sphere (``emitter_spheres``) subtends, the emitter picked in
+  proportion to its power (emission times radius squared);
   its shadow ray traced through the same tape adds the environment where it leaves, or the
   emission of the surface it hits, times f cos over the light pdf (the mixture's, over all
   cones holding the direction) and the power heuristic's weight against the BSDF's pdf; then
@@ -84,7 +85,8 @@ _TWO_PI = F32(2 * np.pi)
 _INV_4PI = F32(1 / (4 * np.pi))      # the light sample's pdf (uniform on the sphere)
 _COS_MIN = F32(1e-4)                 # the least cosine of the view direction the BSDF uses
 SAMPLERS = ("sobol", "hash")
-LIGHTS_HEADER = 8                    # light_data's words before the emitter spheres
+LIGHTS_HEADER = 8                    # light_data's words before the emitter records
+EMITTER_WORDS = 8                    # light_data's words per emitter
 MAX_EMITTERS = 64
 EMITTER_GRID = 48
 _EMITTER_CACHE: dict = {}
@@ -346,7 +348,7 @@ def _cone(lights, k, x0, x1, x2):
     """(axis, cos of the half angle, 1 - that cos) of the cone from x that emitter k's bounding
     sphere subtends; cos -2 when x lies within the sphere (the whole sphere of directions;
     path.wgsl cone)."""
-    b = LIGHTS_HEADER + 4 * k
+    b = LIGHTS_HEADER + EMITTER_WORDS * k
     a0, a1, a2 = lights[b] - x0, lights[b + 1] - x1, lights[b + 2] - x2
     r = lights[b + 3]
     d2 = a0 * a0 + a1 * a1 + a2 * a2
@@ -434,8 +436,8 @@ def _sample_env(lights, u1, u2):
 @njit(**_JIT)
 def _light_pdf(lights, x0, x1, x2, d0, d1, d2):
     """The light sample's pdf (solid angle) of direction d from x: the environment's share
-    (lights[1]) times its pdf, and the emitters' share spread evenly over them, each the uniform
-    pdf of its cone where d lies in it (path.wgsl light_pdf)."""
+    (lights[1]) times its pdf, and the emitters' share spread over them by their probabilities,
+    each the uniform pdf of its cone where d lies in it (path.wgsl light_pdf)."""
     n = np.int64(lights[0])
     pdf = lights[1] * _env_pdf(lights, d0, d1, d2)
     if n == 0:
@@ -443,23 +445,27 @@ def _light_pdf(lights, x0, x1, x2, d0, d1, d2):
     cones = F32(0)
     for k in range(n):
         a0, a1, a2, c, omc = _cone(lights, k, x0, x1, x2)
+        pk = lights[LIGHTS_HEADER + EMITTER_WORDS * k + 4]
         if c < F32(-1):
-            cones += _INV_4PI
+            cones += pk * _INV_4PI
         elif d0 * a0 + d1 * a1 + d2 * a2 >= c:
-            cones += F32(1) / (_TWO_PI * omc)
-    return pdf + (F32(1) - lights[1]) * cones / F32(n)
+            cones += pk / (_TWO_PI * omc)
+    return pdf + (F32(1) - lights[1]) * cones
 
 
 @njit(**_JIT)
 def _sample_light(lights, x0, x1, x2, u0, u1, u2):
     """A light sample's direction from x: the environment's (_sample_env) with probability
-    lights[1], else a uniform direction in the cone of an emitter picked evenly by
-    u0 (path.wgsl sample_light)."""
+    lights[1], else a uniform direction in the cone of an emitter picked by u0 from their
+    probabilities (path.wgsl sample_light)."""
     n = np.int64(lights[0])
     pe = lights[1]
     if n == 0 or u0 < pe:
         return _sample_env(lights, u1, u2)
-    k = min(np.int64((u0 - pe) / (F32(1) - pe) * F32(n)), n - 1)
+    u = (u0 - pe) / (F32(1) - pe)
+    k = np.int64(0)
+    while k < n - 1 and not u < lights[LIGHTS_HEADER + EMITTER_WORDS * k + 5]:
+        k += 1
     a0, a1, a2, c, omc = _cone(lights, k, x0, x1, x2)
     if c < F32(-1):
         return _uniform_dir(u1, u2)
@@ -469,39 +475,67 @@ def _sample_light(lights, x0, x1, x2, u0, u1, u2):
     return _frame_dir(a0, a1, a2, st * np.cos(phi), st * np.sin(phi), ct)
 
 
+def _grid_components(mask: np.ndarray) -> np.ndarray:
+    """Labels of the 6-connected components of a 3D boolean grid (-1 outside it): each point's
+    label the least flat index of its component, by propagating minima to neighbours."""
+    big = mask.size
+    lab = np.where(mask, np.arange(mask.size).reshape(mask.shape), big)
+    while True:
+        new = lab.copy()
+        for axis in range(3):
+            lo = [slice(None)] * 3
+            hi = [slice(None)] * 3
+            lo[axis], hi[axis] = slice(0, -1), slice(1, None)
+            lo, hi = tuple(lo), tuple(hi)
+            new[hi] = np.minimum(new[hi], lab[lo])
+            new[lo] = np.minimum(new[lo], lab[hi])
+        new = np.where(mask, new, big)
+        if np.array_equal(new, lab):
+            return np.where(mask, lab, -1)
+        lab = new
+
+
 def emitter_spheres(tape: Tape) -> np.ndarray:
-    """(K, 4) float32 bounding spheres (centre, radius) of the tape's emissive surfaces, one per
-    material of emission > 0 that the surface shows: the field and material evaluated on a
-    EMITTER_GRID^3 grid over the tape's bounds: the grid points within half a cell diagonal of
-    the surface and of that material, the sphere about their box's centre through the farthest
-    of them, grown by that half diagonal. Cached per tape
-    content and emissive materials (a parameter edit, or an emission turned on or off, gives a
-    new list). A surface the grid misses
-    is still found by the paths' own bounces (the light samples' pdf is the same sphere list)."""
+    """(K, 5) float32 rows (centre xyz, radius, material id): bounding spheres of the tape's
+    emissive surfaces. The field and material are evaluated on an EMITTER_GRID^3 grid over the
+    tape's bounds; the grid points within half a cell diagonal of the surface and of a material
+    of emission > 0 fall into connected pieces (6-neighbours), each piece's sphere about its
+    box's centre through the farthest of its points, grown by that half diagonal. Where the
+    pieces would be more than MAX_EMITTERS, each material gets one sphere over all its points
+    (and the first MAX_EMITTERS are kept). Cached per tape content and set of emissive
+    materials (a parameter edit, or an emission turned on or off, gives a new list). A surface
+    the grid misses is still found by the paths' own bounces (the light samples' pdf is the
+    same sphere list)."""
     emissive = np.flatnonzero(np.max(tape.materials["emission"], axis=-1) > 0) if len(tape.materials) else []
     key = (content_key(tape), tuple(emissive))       # (content_key leaves the materials out)
     got = _EMITTER_CACHE.get(key)
     if got is not None:
         return got
-    spheres = []
+    pieces, whole = [], []
     if len(emissive):
         lo, hi = tape.bounds.astype(np.float64)
         pad = 0.02 * max(float(np.max(hi - lo)), 1e-3)
         lo, hi = lo - pad, hi + pad
-        axes = [np.linspace(lo[i], hi[i], EMITTER_GRID) for i in range(3)]
-        cell = (hi - lo) / (EMITTER_GRID - 1)
-        half = 0.5 * float(np.linalg.norm(cell))
+        g = EMITTER_GRID
+        axes = [np.linspace(lo[i], hi[i], g) for i in range(3)]
+        half = 0.5 * float(np.linalg.norm((hi - lo) / (g - 1)))
         pts = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3).astype(np.float32)
         d, m = twin.evaluate_field(tape, pts)
         near = np.abs(d) <= half
-        for mid in emissive:
-            q = pts[near & (m == mid)]
-            if len(q) == 0:
-                continue
+
+        def sphere_of(q, mid):
             q = q.astype(np.float64)
             centre = (q.min(0) + q.max(0)) / 2
-            spheres.append([*centre, np.sqrt(np.max(np.sum((q - centre) ** 2, axis=1))) + half])
-    out = np.asarray(spheres, np.float32).reshape(-1, 4)[:MAX_EMITTERS]
+            return [*centre, np.sqrt(np.max(np.sum((q - centre) ** 2, axis=1))) + half, mid]
+        for mid in emissive:
+            mask = near & (m == mid)
+            if not mask.any():
+                continue
+            whole.append(sphere_of(pts[mask], mid))
+            labels = _grid_components(mask.reshape(g, g, g)).reshape(-1)
+            pieces += [sphere_of(pts[labels == k], mid) for k in np.unique(labels[mask])]
+    rows = pieces if len(pieces) <= MAX_EMITTERS else whole
+    out = np.asarray(rows, np.float32).reshape(-1, 5)[:MAX_EMITTERS]
     if len(_EMITTER_CACHE) > 16:
         _EMITTER_CACHE.clear()
     _EMITTER_CACHE[key] = out
@@ -514,16 +548,27 @@ def light_data(tape: Tape, path: PathSettings) -> np.ndarray:
     of an environment light sample (1 without emitters, 0 in a black environment, else 1/2),
     [2 .. 7) the environment map's width (0: none), height and the offsets of its radiance,
     marginal and conditional CDFs (EnvironmentMap.words), [7] 1 where the map is importance
-    sampled, then K emitter spheres (centre xyz, radius), then the map's words."""
-    spheres = emitter_spheres(tape) if path.emitter_samples else np.zeros((0, 4), np.float32)
+    sampled, then K emitter records of EMITTER_WORDS (centre xyz, radius, the probability of
+    picking it, the sum of the probabilities up to it, 0, 0), then the map's words. An emitter
+    is picked in proportion to its material's largest emission channel times its radius
+    squared (its power, were it a sphere)."""
+    spheres = emitter_spheres(tape) if path.emitter_samples else np.zeros((0, 5), np.float32)
     env_map = path.environment_map
     dark = not np.any(np.asarray(path.environment, float) > 0) or (env_map is not None and env_map.dark)
     head = np.zeros(LIGHTS_HEADER, np.float32)
     head[0] = len(spheres)
     head[1] = 1.0 if len(spheres) == 0 else (0.0 if dark else 0.5)
-    parts = [head, spheres.reshape(-1)]
+    records = np.zeros((len(spheres), EMITTER_WORDS), np.float32)
+    if len(spheres):
+        power = np.max(tape.materials["emission"][spheres[:, 4].astype(np.int64)], axis=-1) * spheres[:, 3] ** 2
+        prob = power.astype(np.float64) / power.sum()
+        records[:, :4] = spheres[:, :4]
+        records[:, 4] = prob
+        records[:, 5] = np.cumsum(prob)
+        records[-1, 5] = 1.0
+    parts = [head, records.reshape(-1)]
     if env_map is not None:
-        map_head, body = env_map.words(LIGHTS_HEADER + spheres.size)
+        map_head, body = env_map.words(LIGHTS_HEADER + records.size)
         head[2:7] = map_head
         head[7] = 1.0 if path.environment_sampling == "importance" else 0.0
         parts.append(body)

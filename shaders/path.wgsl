@@ -217,8 +217,10 @@ const PATH_FLAG_HASH: u32 = 2u;    // the independent sampler (PathSettings.samp
 // emitters, [1] the environment's share of the light samples, [2] the environment map's width
 // (0: none), [3] its height, [4] [5] [6] the offsets of its radiance (rgb rows), marginal CDF
 // and conditional CDFs, [7] 1 where the map is importance sampled; from PATH_LIGHTS_HEADER the
-// emitters' bounding spheres (centre xyz, radius). The map's directions: runtime/environment.py.
+// emitters' records of PATH_EMITTER_WORDS (bounding sphere centre xyz, radius, the probability of
+// picking it, the sum of the probabilities up to it). The map's directions: runtime/environment.py.
 const PATH_LIGHTS_HEADER: u32 = 8u;
+const PATH_EMITTER_WORDS: u32 = 8u;
 const PATH_TWO_PI: f32 = 6.2831854820251465;     // float32(2 pi)
 
 struct Cone {
@@ -229,7 +231,7 @@ struct Cone {
 
 // the cone from x that emitter k's bounding sphere subtends (path_tracing._cone)
 fn cone(k: u32, x: vec3<f32>) -> Cone {
-    let b = PATH_LIGHTS_HEADER + 4u * k;
+    let b = PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k;
     let a = vec3<f32>(points[b] - x.x, points[b + 1u] - x.y, points[b + 2u] - x.z);
     let r = points[b + 3u];
     let d2 = a.x * a.x + a.y * a.y + a.z * a.z;
@@ -329,13 +331,14 @@ fn light_pdf(x: vec3<f32>, d: vec3<f32>) -> f32 {
     var cones = 0.0;
     for (var k = 0u; k < n; k++) {
         let cn = cone(k, x);
+        let pk = points[PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k + 4u];
         if (cn.c < -1.0) {
-            cones += PATH_INV_4PI;
+            cones += pk * PATH_INV_4PI;
         } else if (d.x * cn.axis.x + d.y * cn.axis.y + d.z * cn.axis.z >= cn.c) {
-            cones += 1.0 / (PATH_TWO_PI * cn.omc);
+            cones += pk / (PATH_TWO_PI * cn.omc);
         }
     }
-    return pdf + (1.0 - pe) * cones / f32(n);
+    return pdf + (1.0 - pe) * cones;
 }
 
 // a light sample's direction from x (path_tracing._sample_light)
@@ -345,7 +348,11 @@ fn sample_light(x: vec3<f32>, u0: f32, u1: f32, u2: f32) -> vec3<f32> {
     if (n == 0u || u0 < pe) {
         return sample_env(u1, u2);
     }
-    let k = min(u32((u0 - pe) / (1.0 - pe) * f32(n)), n - 1u);
+    let u = (u0 - pe) / (1.0 - pe);
+    var k = 0u;
+    while (k < n - 1u && !(u < points[PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k + 5u])) {
+        k += 1u;
+    }
     let cn = cone(k, x);
     if (cn.c < -1.0) {
         return uniform_dir(u1, u2);

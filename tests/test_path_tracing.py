@@ -119,24 +119,40 @@ def test_light_samples_agree_with_bsdf_samples_alone(walker_cpu):
 
 
 def test_emitter_spheres_bound_the_emitters():
-    """One sphere per emissive material, holding that surface and not much more (a grid cell's
-    half diagonal); none without emission; an emission edit changes the list."""
+    """One sphere per connected emissive surface, holding it and not much more (a grid cell's
+    half diagonal): two lamps of one material are two spheres; none without emission; an
+    emission edit changes the list; emitters are picked in proportion to emission times radius
+    squared."""
     tape, _ = lamp_scene(radius=0.25)
-    (c, r), = [(s[:3], s[3]) for s in emitter_spheres(tape)]
+    ((c, r),) = [(s[:3], s[3]) for s in emitter_spheres(tape)]
     assert np.linalg.norm(c - (0.5, 0.3, 0.9)) < 0.05 and 0.25 <= r < 0.4, (c, r)
     assert len(emitter_spheres(_coloured_scene())) == 0
     tape.set_material("red", emission=(1.0, 0.0, 0.0))
-    assert len(emitter_spheres(tape)) == 2
+    spheres = emitter_spheres(tape)
+    assert len(spheres) == 2
     data = light_data(tape, PathSettings(environment=(0.0, 0.0, 0.0)))
     assert data[0] == 2 and data[1] == 0.0        # (a black environment takes no light samples)
+    records = data[8:8 + 16].reshape(2, 8)
+    brightest = {"lamp": 8.0, "red": 1.0}
+    power = np.array([brightest[tape.material_names[int(s[4])]] for s in spheres]) * spheres[:, 3] ** 2
+    np.testing.assert_allclose(records[:, 4], power / power.sum(), rtol=1e-5)
+    np.testing.assert_allclose(records[:, 5], np.cumsum(power / power.sum()), rtol=1e-5)
     assert light_data(tape, PathSettings(emitter_samples=False))[:2].tolist() == [0.0, 1.0]
+    lamp = Material("lamp", color=(0.0, 0.0, 0.0), emission=(3.0, 3.0, 3.0))
+    two = flatten(union(box(1.5, 1.5, 0.1), sphere(0.2).translate(-1, 0, 1).material(lamp),
+                        sphere(0.2).translate(1, 0, 1).material(lamp)))
+    centres = sorted(tuple(np.round(s[:3], 1)) for s in emitter_spheres(two))
+    assert centres == [(-1.0, 0.0, 1.0), (1.0, 0.0, 1.0)], centres
 
 
 def test_emitter_samples_agree_with_bsdf_samples(walker_cpu):
-    """Light samples toward the emitter's cone (MIS with the BSDF) against paths that find the
-    emitter by their bounces alone: the same image within noise (4x4 tiles, 4 combined standard
-    errors, >= 99 %), lamp, diffuse slab, rough red sphere, a grey environment."""
+    """Light samples toward the emitters' cones (MIS with the BSDF) against paths that find the
+    emitters by their bounces alone: the same image within noise (4x4 tiles, 4 combined standard
+    errors, >= 99 %): a lamp and a dimly glowing rough red sphere (two emitters, picked by
+    power) over a diffuse slab, a grey environment."""
     tape, cam = lamp_scene()
+    tape.set_material("red", emission=(0.6, 0.1, 0.05))
+    assert len(emitter_spheres(tape)) == 2
     env = (0.3, 0.3, 0.3)
     a = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=env, seed=3)).add(64)
     b = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=env, seed=4, emitter_samples=False)).add(64)
