@@ -614,9 +614,10 @@ class GpuWalker(PrunedPasses):
                      settings: RenderSettings | None, path, first: int, count: int) -> np.ndarray:
         """(H, W, 4) float32 sums over samples first .. first+count-1 of the path tracer
         (shaders/path.wgsl; ``path`` a runtime.path_tracing.PathSettings): radiance rgb and the
-        square of each sample's mean over rgb. One dispatch of the path kernel per sample, on the tape's own records (no pruned
-        cells), its light samples' data (path_tracing.light_data) synced into the points buffer; a path whose evaluations pass the adapter's iteration cap is a TaperayError, as
-        march's."""
+        square of each sample's mean over rgb. One dispatch of the path kernel per sample, on
+        the tape's own records (no pruned cells), its light samples' data
+        (path_tracing.light_data) synced into the points buffer; a path whose evaluations pass
+        the adapter's iteration cap is a TaperayError, as march's."""
         from .path_tracing import light_data
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
         env = np.asarray(path.environment, np.float32)
