@@ -1,8 +1,7 @@
-"""The GPU device layer: adapter and device selection, the fixed kernel table and the pipeline
-cache, and the buffers the walkers dispatch on.
+"""The GPU device layer: the device on runtime.gpu_adapter's adapter, the fixed kernel table and
+the pipeline cache, and the buffers the walkers dispatch on.
 
-Owns ``adapter_info`` (name, backend, whether it is a software rasteriser such as Mesa lavapipe /
-llvmpipe), the pipeline cache keyed by (kernel, register variant) (``KernelSet``: each pipeline
+Owns the pipeline cache keyed by (kernel, register variant) (``KernelSet``: each pipeline
 created at most once per process, when a request first needs it, the request's missing ones in
 parallel through ``create_compute_pipeline_async`` from worker threads, since wgpu-native resolves
 that call synchronously; on hardware each is also dispatched once, empty, so lazy drivers compile
@@ -38,6 +37,7 @@ import numpy as np
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN
 from .tape import TaperayError
+from .gpu_adapter import _get_adapter, _wgpu, adapter_info
 from .jit_cache import user_cache_dir
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
@@ -46,13 +46,19 @@ MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
 UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
 MIN_BUFFER = 256
 READ_STAGING_MIN = 1 << 16    # bytes of _read's first staging buffer
-COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, two unused)
+COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, path.wgsl's
+                              # pauses, one unused)
 N_BINDINGS = 11
 CELLS_KEEPING = ("march_cells", "light_cells", "surface", "surface_cells", "shade", "resolve",  # passes that
                  "cells_image")                                        # leave the pruned cells in out_u alone
 WORKGROUP_PER_ITEM = ("prune_wave", "prune_wave_cells")   # kernels dispatched a workgroup per item (tile)
 RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
                                                                  # dispatched until done
+# the path tracer's wavefront (path.wgsl): a sample's first kernel, then rounds of the three after it
+# (extend and occlude save their state at U.iter_budget and go on in the next round) each followed
+# by accumulate, until no path is left; tonemap draws the picture of the sums
+PATH_GENERATE, PATH_ROUND, PATH_ACCUMULATE, PATH_TONEMAP = (
+    "path_generate", ("path_extend", "path_shade", "path_occlude"), "path_accumulate", "path_tonemap")
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
 # (lavapipe / llvmpipe) stops every kernel's loops after 65535 iterations in all, so a software
 # adapter gets a cap below that (an evaluation needing more is refused as overflow) and a budget
@@ -87,7 +93,12 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "pruned_image": ("prune.wgsl", True),
     "cells_image": ("prune.wgsl", True),
     "pruned_points": ("prune.wgsl", True),
-    "path": ("kernels_render.wgsl+path.wgsl", True),
+    "path_generate": ("kernels_render.wgsl+path.wgsl", False),
+    "path_extend": ("kernels_render.wgsl+path.wgsl", True),
+    "path_shade": ("kernels_render.wgsl+path.wgsl", False),
+    "path_occlude": ("kernels_render.wgsl+path.wgsl", True),
+    "path_accumulate": ("kernels_render.wgsl+path.wgsl", False),
+    "path_tonemap": ("kernels_render.wgsl+path.wgsl", False),
 }
 # the one render pipeline of the set: a viewer's present pass (a packed RGB image drawn onto a
 # window's texture), one per texture format (KernelSet.present_pipeline)
@@ -133,42 +144,6 @@ BUILD_COMPANIONS: list = []
 
 class GpuError(TaperayError):
     """The GPU failed (device lost, out of memory, driver error): callers fall back to the CPU."""
-
-
-# ------------------------------------------------------------------------------------ adapter
-_adapter_lock = threading.Lock()
-_adapter = None
-_adapter_tried = False
-
-
-def _wgpu():
-    import wgpu
-    return wgpu
-
-
-def _get_adapter():
-    global _adapter, _adapter_tried
-    with _adapter_lock:
-        if not _adapter_tried:
-            _adapter_tried = True
-            try:
-                _adapter = _wgpu().gpu.request_adapter_sync(power_preference="high-performance")
-            except Exception:   # no Vulkan / Metal / DX12 driver at all: the walker is absent
-                _adapter = None
-        return _adapter
-
-
-def adapter_info() -> dict | None:
-    """The adapter the walker uses (None without one): name, vendor, backend, type, software."""
-    a = _get_adapter()
-    if a is None:
-        return None
-    info = dict(a.info)
-    name = info.get("device") or info.get("description") or "unknown"
-    text = " ".join(str(info.get(k, "")) for k in ("vendor", "device", "description")).lower()
-    return dict(name=name, vendor=info.get("vendor", ""), backend=info.get("backend_type", ""),
-                adapter_type=info.get("adapter_type", ""), driver=info.get("description", ""),
-                software=("llvmpipe" in text or "lavapipe" in text or info.get("adapter_type") == "CPU"))
 
 
 # ------------------------------------------------------------------------------------ kernels

@@ -69,10 +69,11 @@ _opening_lock = threading.Lock()
 
 def _open_device(kind: str, progress: bool, build_rest: bool) -> None:
     try:
-        from . import gpu_device
-        gpu_device.build_in_background(build_rest)
-        info = gpu_device.adapter_info()
+        from . import gpu_adapter
+        info = gpu_adapter.adapter_info()        # (the driver's part first: gpu_device imports Numba)
         if info is not None and (kind == "gpu" or not info["software"]):
+            from . import gpu_device
+            gpu_device.build_in_background(build_rest)
             gpu_device.kernels(progress)
     except Exception:      # (walker() opens it again and reports what went wrong)
         pass
