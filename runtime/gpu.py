@@ -22,7 +22,7 @@ from .camera import Camera, auto_camera
 from .gpu_device import (adapter_info, _Buffer, CELLS_KEEPING, COUNTERS_BYTES, current_context,
                          _drop_context, _get_adapter, _get_context, GpuError, HARDWARE_ITER_BUDGET,
                          HARDWARE_ITER_CAP, kernels, KERNELS, KernelSet, MAX_GROUPS_X, MIN_BUFFER,
-                         READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
+                         PATH_ACCUMULATE, PATH_GENERATE, PATH_ROUND, PATH_TONEMAP, READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
                          UNIFORM_BYTES, UNIFORM_LEVEL_BYTE, variant_for, WG, _wgpu, WORKGROUP_PER_ITEM)
 from .gpu_guard import _guarded
 from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, _march_cells_cached,
@@ -35,6 +35,9 @@ __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "KER
 
 
 _TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
+PATH_F_WORDS, PATH_U_WORDS = 36, 10     # path.wgsl: a path's state, floats in out_f and words in out_u
+PATH_FIRST_ROUNDS = 4                   # the path tracer's rounds in a walker's first submission
+COUNT_UNFINISHED, COUNT_PATH_PAUSES = 1, 6   # bindings.wgsl, path.wgsl: the counters' words
 
 
 # ------------------------------------------------------------------------------------ walker
@@ -51,6 +54,9 @@ class GpuWalker(PrunedPasses):
         self._ctx = _get_context(progress)
         self._validated = VALIDATED
         self.resumed_dispatches = 0
+        self.path_rounds_run = 0            # the path tracer's extend / shade / occlude rounds dispatched
+        self.path_pauses = 0                # ... and its marches stopped by the iteration budget (to go on)
+        self._path_rounds = PATH_FIRST_ROUNDS   # rounds per submission: what the last sample needed
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
 
@@ -177,10 +183,11 @@ class GpuWalker(PrunedPasses):
             self._tape_bufs["materials"].sync(tape.materials)
 
     # -- dispatch plumbing
-    def _bind(self):
+    def _bind(self, accum: _Buffer | None = None):
+        """The bind group of the walker's buffers (accum: ``accum`` where given, a path image's sums)."""
         bufs = [self._tape_bufs[n].buffer for n in _TAPE_ARRAYS] + [
             self._uniform.buffer, self._points.buffer, self._out_f.buffer, self._out_u.buffer,
-            self._accum.buffer, self._counters.buffer]
+            (accum or self._accum).buffer, self._counters.buffer]
         key = tuple(id(b) for b in bufs)
         if key != self._bind_key:
             self._bind_group = self._ctx.device.create_bind_group(
@@ -609,26 +616,117 @@ class GpuWalker(PrunedPasses):
                     raise
                 self._cells_too_large.add((content_key(run), run_cells))
 
+    # -- the path tracer (shaders/path.wgsl's wavefront)
     @_guarded
-    def path_samples(self, tape: Tape, camera: Camera | None, width: int, height: int,
-                     settings: RenderSettings | None, path, first: int, count: int) -> np.ndarray:
-        """(H, W, 4) float32 sums over samples first .. first+count-1 of the path tracer
-        (shaders/path.wgsl; ``path`` a runtime.path_tracing.PathSettings): radiance rgb and the
-        square of each sample's mean over rgb. One dispatch of the path kernel per sample, on
-        the tape's own records (no pruned cells), its light samples' data
-        (path_tracing.light_data) synced into the points buffer; a path whose evaluations pass
-        the adapter's iteration cap is a TaperayError, as march's."""
+    def path_accumulation(self, width: int, height: int) -> _Buffer:
+        """A path image's sums on the GPU, zeroed (WebGPU zeroes a new buffer): per pixel the
+        radiance rgb and the square of each sample's mean over rgb, summed over the samples that
+        ``path_add`` adds; ``path_sums_read`` / ``path_rgb8`` read it."""
+        wgpu = _wgpu()
+        n = width * height
+        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        if 16 * n > limit:
+            raise TaperayError(f"a {width}x{height} path image needs {16 * n >> 20} MiB of sums; the adapter binds "
+                               f"at most {limit >> 20} MiB (draw a smaller image or use the CPU walker)")
+        buf = _Buffer(self._ctx.device, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC, "path sums", limit)
+        buf.ensure(16 * n)
+        return buf
+
+    def _own(self, sums: _Buffer) -> _Buffer:
+        if sums.device is not self._ctx.device:
+            raise GpuError("this path image's sums were on a GPU device that is gone: make a new PathImage")
+        return sums
+
+    @_guarded
+    def path_add(self, sums: _Buffer, tape: Tape, camera: Camera, width: int, height: int,
+                 settings: RenderSettings | None, path, first: int, count: int) -> None:
+        """Add samples first .. first+count-1 of the path tracer (``path`` a
+        runtime.path_tracing.PathSettings) to ``sums`` (``path_accumulation``'s), nothing read
+        back: per wave of pixels (as many as out_f holds the state of) and sample, path_generate,
+        then rounds of path_extend, path_shade, path_occlude and path_accumulate until no path
+        is left (the counters read after each submission of rounds: as many rounds as the last
+        sample needed). On the tape's own records (no pruned cells); its light samples' data
+        (path_tracing.light_data) synced into the points buffer. A path is not refused for its
+        length; one field evaluation past the adapter's iteration cap is a TaperayError."""
         from .path_tracing import light_data
-        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, "shade")
+        self._own(sums)
+        settings = settings or RenderSettings()
+        packed = settings.pack(tape, "shade")
+        variant = self.upload(tape)
+        n = width * height
+        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        wave = min(n, limit // (4 * PATH_F_WORDS))
+        self._prepare_outputs(PATH_F_WORDS * wave, max(PATH_U_WORDS * wave, (3 * n + 3) // 4))
+        self._points.sync(light_data(tape, path))     # (the path kernels read their lights from there)
+        self._ctx.kernels.ensure([(k, variant) for k in (PATH_GENERATE, *PATH_ROUND, PATH_ACCUMULATE)])
+        self._kept_cells = None                        # (the paths' state overwrites out_u)
         env = np.asarray(path.environment, np.float32)
-        self._points.sync(light_data(tape, path))     # (the path kernel reads its lights from there)
         for s in range(first, first + count):
-            u = self._uniforms(tape, n, width, height, sample=s, rect=(*env, path.max_bounces),
-                               extra=(path.roulette_from, first, path.seed, path.flags()), camera=camera.pack(),
-                               settings=packed)
-            self._submit([("path", n)], variant, u, 0)
-            self._check_counters(tape)
-        return self._read(self._accum, np.float32, 4 * n).reshape(height, width, 4)
+            for base in range(0, n, wave):
+                u = self._uniforms(tape, min(wave, n - base), width, height, sample=s,
+                                   rect=(*env, path.max_bounces),
+                                   extra=(path.roulette_from, 0, path.seed, path.flags()), camera=camera.pack(),
+                                   settings=packed)
+                u[13] = base                           # (U.extra.y's bits: the wave's first pixel)
+                first_rounds, rounds = [PATH_GENERATE], 0
+                while True:
+                    batch = first_rounds + list(PATH_ROUND) * self._path_rounds + [PATH_ACCUMULATE]
+                    rounds += self._path_rounds
+                    if self._path_submit(tape, batch, variant, u, sums) == 0:
+                        break
+                    first_rounds = []
+                self.path_rounds_run += rounds
+                self._path_rounds = max(1, rounds)
+
+    def _path_submit(self, tape: Tape, kernels: list[str], variant: int, uniforms: np.ndarray,
+                     sums: _Buffer) -> int:
+        """One submission of the path ``kernels`` on the wave of ``uniforms``, accum bound to
+        ``sums``; waits, checks the counters (an overflow is a TaperayError) and returns the
+        paths left (counted by the last path_occlude, whose count alone is kept)."""
+        self._uniform.write(0, uniforms)
+        self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
+        bg = self._bind(sums)
+        enc = self._ctx.device.create_command_encoder()
+        groups = max(1, -(-int(uniforms[1]) // WG))
+        gx = min(groups, MAX_GROUPS_X)
+        for kernel in kernels:
+            if kernel == PATH_ROUND[-1]:
+                enc.clear_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, 4)
+            cp = enc.begin_compute_pass()
+            cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(gx, -(-groups // gx), 1)
+            cp.end()
+        counters = self._submit_and_read([enc.finish()], (self._counters, np.uint32, COUNTERS_BYTES // 4, 0))[0]
+        left = self._counters_checked(tape, counters)
+        self.path_pauses += int(counters[COUNT_PATH_PAUSES])
+        return left
+
+    @_guarded
+    def path_sums_read(self, sums: _Buffer, width: int, height: int) -> np.ndarray:
+        """(H, W, 4) float32: ``sums`` read back."""
+        return self._read(self._own(sums), np.float32, 4 * width * height).reshape(height, width, 4)
+
+    @_guarded
+    def path_rgb8(self, sums: _Buffer, tape: Tape, width: int, height: int, samples: int) -> np.ndarray:
+        """(H, W, 3) uint8: the picture of ``sums`` over ``samples`` samples, tonemapped on the GPU
+        (path_tonemap: the mean clamped to [0, 1], gamma 1/2.2, rounded) and read back."""
+        n = width * height
+        self._prepare_outputs(1, (3 * n + 3) // 4)
+        self._kept_cells = None
+        self._ctx.kernels.ensure([(PATH_TONEMAP, None)])
+        u = self._uniforms(tape, n, width, height, sample=samples)
+        self._uniform.write(0, u)
+        enc = self._ctx.device.create_command_encoder()
+        groups = max(1, -(-n // WG))
+        gx = min(groups, MAX_GROUPS_X)
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(self._ctx.kernels.pipeline(PATH_TONEMAP, None))
+        cp.set_bind_group(0, self._bind(self._own(sums)))
+        cp.dispatch_workgroups(gx, -(-groups // gx), 1)
+        cp.end()
+        words = self._submit_and_read([enc.finish()], (self._out_u, np.uint32, (3 * n + 3) // 4, 0))[0]
+        return words.view(np.uint8)[:3 * n].reshape(height, width, 3)
 
     def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:
         """The (tape, cells) a render tries in turn: the lowered tape ``run`` on LOWERED_CELLS,

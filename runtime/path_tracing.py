@@ -3,12 +3,12 @@ accumulation both walkers share.
 
 Owns ``PathSettings`` (environment radiance, bounce limit, Russian roulette, light sampling, the
 sampler and its seed), the light samples' data (``emitter_spheres``, ``light_data``: the GPU's
-points buffer for the path kernel), the integrator's scalar pieces (the sampler, the material model, its sampling
+points buffer for the path kernels), the integrator's scalar pieces (the sampler, the material model, its sampling
 and the MIS weight: jitted, float32, each mirrored by a function of shaders/path.wgsl of the same
 name), the twin's path kernel (``_path_kernel``, Numba float32, the reference of path.wgsl: the
-same integrator drawing the same random numbers), ``path_sums`` (one walker's sums over a run of
-samples) and ``PathImage`` (progressive accumulation: each ``add`` adds samples; a camera,
-setting or scene edit needs a new one). The march's hit threshold, normals and march box are
+same integrator drawing the same random numbers; the GPU's is path.wgsl's wavefront of kernels)
+and ``PathImage`` (progressive accumulation on either walker: each ``add`` adds samples, the
+GPU's sums staying on the GPU; a camera, setting or scene edit needs a new one). The march's hit threshold, normals and march box are
 the walkers' own (RenderSettings, twin._field / _gradients, kernels_render.wgsl trace_step /
 tetra); nothing here changes shader text. Materials are the tape's MATERIAL_DTYPE records, so a
 material edit is a buffer write.
@@ -69,7 +69,7 @@ from .environment import EnvironmentMap
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, VALIDATED, content_key
 
-__all__ = ["PathSettings", "PathImage", "path_sums", "pcg_hash", "path_random", "hash_random", "sobol_owen", "reverse_bits",
+__all__ = ["PathSettings", "PathImage", "pcg_hash", "path_random", "hash_random", "sobol_owen", "reverse_bits",
            "emitter_spheres", "light_data",
            "ALPHA_MIN", "SAMPLERS"]
 
@@ -836,6 +836,7 @@ def _finish(sums, pix, rad, q):
 
 def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: RenderSettings,
                path: PathSettings, first: int, count: int) -> np.ndarray:
+    """(H, W, 4) float32 sums over samples first .. first+count-1 on the twin (_path_kernel)."""
     packed = settings.pack(tape, "shade")
     VALIDATED.check(tape)
     sums = np.zeros((height, width, 4), F32)
@@ -848,44 +849,51 @@ def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: Re
     return sums
 
 
-def path_sums(walker, tape: Tape, camera: Camera, width: int, height: int, settings: RenderSettings,
-              path: PathSettings, first: int, count: int) -> np.ndarray:
-    """(H, W, 4) float32 sums over samples first .. first+count-1 of the path tracer on ``walker``
-    (a CpuWalker: the twin's kernel; a GpuWalker: the path kernel): radiance rgb, and the
-    samples' mean over rgb squared."""
-    if width < 1 or height < 1:
-        raise TaperayError(f"image size {width}x{height} must be at least 1x1")
-    if first < 0 or count < 1 or first + count > 1 << 24:
-        raise TaperayError(f"path samples {first}..{first + count - 1} must lie in 0..2^24-1")
-    name = getattr(walker, "name", None)
-    if name == "gpu":
-        return walker.path_samples(tape, camera, width, height, settings, path, first, count)
-    if name == "cpu":
-        return _twin_sums(tape, camera, width, height, settings, path, first, count)
-    raise TaperayError(f"the path tracer runs on the cpu and gpu walkers, not on {name or type(walker).__name__!r}")
-
-
 class PathImage:
     """A progressive path-traced image on one walker: ``add(n)`` traces n more samples per
     pixel and adds them in; ``mean()`` is the radiance so far, ``rgb8()`` the picture. The
-    camera, settings and tape are fixed for its life: after an edit make a new one."""
+    camera, settings and tape are fixed for its life: after an edit make a new one. On the GPU
+    walker the sums stay on the GPU (``GpuWalker.path_accumulation``): ``add`` reads nothing
+    back, ``sums`` / ``mean`` / ``tile_stats`` read them, ``rgb8`` tonemaps there and reads the
+    picture; on the twin they are a float64 array, each ``add``'s float32 sums added in."""
 
     def __init__(self, walker, tape: Tape, camera: Camera | None, width: int, height: int,
                  settings: RenderSettings | None = None, path: PathSettings | None = None):
+        name = getattr(walker, "name", None)
+        if name not in ("cpu", "gpu"):
+            raise TaperayError(f"the path tracer runs on the cpu and gpu walkers, not on "
+                               f"{name or type(walker).__name__!r}")
+        if width < 1 or height < 1:
+            raise TaperayError(f"image size {width}x{height} must be at least 1x1")
         self.walker, self.tape = walker, tape
         self.camera = camera or auto_camera(tape.bounds)
         self.width, self.height = width, height
         self.settings = settings or RenderSettings()
         self.path = path or PathSettings()
         self.samples = 0
-        self.sums = np.zeros((height, width, 4), np.float64)
+        self._on_gpu = name == "gpu"
+        self._sums = walker.path_accumulation(width, height) if self._on_gpu else np.zeros((height, width, 4))
 
     def add(self, count: int) -> PathImage:
         """Trace ``count`` more samples per pixel (the next ones of the sequence)."""
-        self.sums += path_sums(self.walker, self.tape, self.camera, self.width, self.height, self.settings,
-                               self.path, self.samples, count)
+        first = self.samples
+        if count < 1 or first + count > 1 << 24:
+            raise TaperayError(f"path samples {first}..{first + count - 1} must lie in 0..2^24-1")
+        args = (self.tape, self.camera, self.width, self.height, self.settings, self.path, first, count)
+        if self._on_gpu:
+            self.walker.path_add(self._sums, *args)
+        else:
+            self._sums += _twin_sums(*args)
         self.samples += count
         return self
+
+    @property
+    def sums(self) -> np.ndarray:
+        """(H, W, 4) float64 sums over the samples: radiance rgb, and the samples' mean over rgb
+        squared (read back from the GPU there)."""
+        if self._on_gpu:
+            return self.walker.path_sums_read(self._sums, self.width, self.height).astype(np.float64)
+        return self._sums
 
     def mean(self) -> np.ndarray:
         """(H, W, 3) float32 mean radiance per pixel."""
@@ -895,7 +903,12 @@ class PathImage:
 
     def rgb8(self) -> np.ndarray:
         """(H, W, 3) uint8: the mean radiance clamped to [0, 1], gamma 1/2.2 (kernels_render.wgsl
-        view_colour's display curve), rounded."""
+        view_colour's display curve), rounded; on the GPU walker computed there (path.wgsl
+        path_tonemap, float32: a channel may round to the neighbouring level)."""
+        if self.samples == 0:
+            raise TaperayError("path image: no samples yet (call add)")
+        if self._on_gpu:
+            return self.walker.path_rgb8(self._sums, self.tape, self.width, self.height, self.samples)
         c = np.clip(self.mean().astype(np.float64), 0.0, 1.0) ** (1 / 2.2)
         return np.round(c * 255).astype(np.uint8)
 
@@ -906,10 +919,11 @@ class PathImage:
         if self.samples < 2:
             raise TaperayError("path image: a standard error needs at least 2 samples")
         s = self.samples
+        sums = self.sums
         th, tw = self.height // tile, self.width // tile
-        y_sum = self.sums[..., :3].sum(-1) / 3
+        y_sum = sums[..., :3].sum(-1) / 3
         m = y_sum / s
-        var = np.maximum(self.sums[..., 3] / s - m * m, 0.0) * s / (s - 1)
+        var = np.maximum(sums[..., 3] / s - m * m, 0.0) * s / (s - 1)
         crop = (slice(0, th * tile), slice(0, tw * tile))
         means = m[crop].reshape(th, tile, tw, tile).mean((1, 3))
         se = np.sqrt((var[crop] / s).reshape(th, tile, tw, tile).sum((1, 3))) / (tile * tile)

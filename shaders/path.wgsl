@@ -1,22 +1,23 @@
-// The path tracer's kernel (runtime/path_tracing.py: its module docstring states the integrator;
+// The path tracer's kernels (runtime/path_tracing.py: its module docstring states the integrator;
 // the twin's _path_kernel there runs it on the same random numbers, and each function below
 // mirrors the jitted function of the same name there). Concatenated after kernels_render.wgsl
-// (camera_dir, eye, slab, Trace, trace_step, ray_point, tetra). One invocation traces one sample
-// of pixel i: a jittered primary ray, sphere-traced through the tape (RenderSettings' march:
-// hit_eps, step_scale, max_steps, the march box; a ray inside a glass traces the negated field);
-// at a hit the material record's emission times the throughput is added, the normal taken by
-// the tetrahedron taps (normal_eps); glass reflects or refracts (Fresnel), other materials take
-// a light sample toward the environment or an emitter's cone (a shadow ray, MIS; the lights in
-// the points buffer, path_tracing.light_data) and a BSDF sample (GGX lobe or Lambertian base); a
-// ray that leaves the box or spends its steps sees the environment (constant, times a map's pixel).
-// Russian roulette from bounce U.extra.x on; at most U.rect.w bounces.
-// Uniforms: U.sample the sample's index; U.rect.xyz the environment's constant; U.extra.y the
-// first sample of this accumulation (it clears accum), U.extra.z the sequence's seed, U.extra.w
-// the PATH_FLAG_* bits.
-// accum[i] = (sum of the samples' radiance rgb, sum of the squares of their mean over rgb).
-// One field evaluation per loop iteration (phase 0 tracing, 1..4 the gradient's taps, 5 the
-// shadow ray), so the interpreter is inlined once. Not resumable: a path whose evaluations pass
-// U.iter_cap counts an overflow (the host refuses the image).
+// (camera_dir, eye, slab, Trace, trace_step, ray_point, tetra). One sample of a pixel: a jittered
+// primary ray, sphere-traced through the tape (RenderSettings' march: hit_eps, step_scale,
+// max_steps, the march box; a ray inside a glass traces the negated field); at a hit the material
+// record's emission times the throughput is added, the normal taken by the tetrahedron taps
+// (normal_eps); glass reflects or refracts (Fresnel), other materials take a light sample toward
+// the environment or an emitter's cone (a shadow ray, MIS; the lights in the points buffer,
+// path_tracing.light_data) and a BSDF sample (GGX lobe or Lambertian base); a ray that leaves
+// the box or spends its steps sees the environment (constant, times a map's pixel). Russian
+// roulette from bounce U.extra.x on; at most U.rect.w bounces.
+// A wavefront of fixed kernels (below: path_generate, path_extend, path_shade, path_occlude,
+// path_accumulate, path_tonemap), the paths' state in out_f / out_u between them; the marches
+// (extend, occlude) are resumable under U.iter_budget, so no path is refused for its length
+// (one field evaluation past U.iter_cap still is, as the march's).
+// Uniforms: U.n_items the wave's pixels, U.extra.y's bits its first pixel; U.sample the
+// sample's index (path_tonemap: the samples accumulated); U.rect.xyz the environment's
+// constant; U.extra.z the sequence's seed, U.extra.w the PATH_FLAG_* bits.
+// accum[pixel] = (sum of the samples' radiance rgb, sum of the squares of their mean over rgb).
 
 // PCG's output permutation of a 32-bit state (Jarzynski and Olano 2020, "pcg" hash)
 fn pcg_hash(v: u32) -> u32 {
@@ -372,69 +373,175 @@ fn seen_weight(prev_pdf: f32, prev_p: vec3<f32>, d: vec3<f32>) -> f32 {
     return 1.0;
 }
 
+// ---------------------------------------------------------------------------- the wavefront
+// A wave is U.n_items consecutive pixels from U.extra.y's bits (wave_base): slot s is pixel
+// wave_base() + s. Each slot's path state lives in out_f (PATH_F_WORDS floats) and out_u
+// (PATH_U_WORDS words) between the kernels, which each handle the slots in their stage and skip
+// the others: path_generate (every slot: the camera ray), then rounds of path_extend (the ray's
+// march and the normal's taps; resumable), path_shade (emission, the bounce, the light sample's
+// shadow ray, roulette), path_occlude (the shadow ray's march; resumable; counts the paths still
+// going in counters[COUNT_UNFINISHED]), each round followed by path_accumulate (adds the paths
+// that ended to accum, once), until none is left; path_tonemap makes the picture of accum.
+const PATH_F_WORDS: u32 = 36u;     // runtime/gpu.py PATH_F_WORDS
+const PATH_U_WORDS: u32 = 10u;     // runtime/gpu.py PATH_U_WORDS
+const PF_O: u32 = 0u;              // out_f: the ray's origin
+const PF_D: u32 = 3u;              // its direction
+const PF_T: u32 = 6u;              // its trace's t
+const PF_TFAR: u32 = 7u;           // ... and box exit
+const PF_THR: u32 = 8u;            // the throughput
+const PF_RAD: u32 = 11u;           // the radiance so far
+const PF_HP: u32 = 14u;            // the hit point
+const PF_G: u32 = 17u;             // the gradient's tap sum
+const PF_SIDE: u32 = 20u;          // +1 outside the surface, -1 inside a glass
+const PF_PREV_PDF: u32 = 21u;      // the BSDF pdf of the ray's direction at the hit it left (0: no MIS)
+const PF_PREV_P: u32 = 22u;        // that hit
+const PF_SO: u32 = 25u;            // the shadow ray's origin
+const PF_SD: u32 = 28u;            // its direction
+const PF_ST: u32 = 31u;            // its trace's t
+const PF_STFAR: u32 = 32u;         // ... and box exit
+const PF_SADD: u32 = 33u;          // the radiance it adds per unit of what it sees
+const PU_STAGE: u32 = 0u;          // out_u: PATH_STAGE_*
+const PU_PHASE: u32 = 1u;          // extend: 0 tracing, 1..4 the gradient's tap phase-1
+const PU_STEPS: u32 = 2u;          // the trace's steps, material, hit
+const PU_MAT: u32 = 3u;
+const PU_HIT: u32 = 4u;
+const PU_BOUNCE: u32 = 5u;         // hits so far
+const PU_SSTEPS: u32 = 6u;         // the shadow ray's steps, material, hit
+const PU_SMAT: u32 = 7u;
+const PU_SHIT: u32 = 8u;
+const PU_GOES_ON: u32 = 9u;        // whether the path continues after its shadow ray
+const PATH_STAGE_EXTEND: u32 = 0u;
+const PATH_STAGE_SHADE: u32 = 1u;
+const PATH_STAGE_OCCLUDE: u32 = 2u;
+const PATH_STAGE_DONE: u32 = 3u;       // ended; path_accumulate adds its radiance
+const PATH_STAGE_ADDED: u32 = 4u;      // ... and it was added
+const COUNT_PATH_PAUSES: u32 = 6u;     // counters: extend / occlude slots stopped by U.iter_budget
+
+fn wave_base() -> u32 {
+    return bitcast<u32>(U.extra.y);
+}
+
+fn pf3(s: u32, w: u32) -> vec3<f32> {
+    let b = PATH_F_WORDS * s + w;
+    return vec3<f32>(out_f[b], out_f[b + 1u], out_f[b + 2u]);
+}
+
+fn set_pf3(s: u32, w: u32, v: vec3<f32>) {
+    let b = PATH_F_WORDS * s + w;
+    out_f[b] = v.x;
+    out_f[b + 1u] = v.y;
+    out_f[b + 2u] = v.z;
+}
+
+fn pf(s: u32, w: u32) -> f32 {
+    return out_f[PATH_F_WORDS * s + w];
+}
+
+fn set_pf(s: u32, w: u32, v: f32) {
+    out_f[PATH_F_WORDS * s + w] = v;
+}
+
+fn pu(s: u32, w: u32) -> u32 {
+    return out_u[PATH_U_WORDS * s + w];
+}
+
+fn set_pu(s: u32, w: u32, v: u32) {
+    out_u[PATH_U_WORDS * s + w] = v;
+}
+
+// a fresh trace of the ray o + t d through the march box (the box's entry and exit)
+fn path_trace(se: vec2<f32>) -> Trace {
+    return Trace(se.x, se.y, 0u, u32(setting(SET_MAX_STEPS)), false, 0u, 1.0, 0.0, 0.0);
+}
+
+// a slot's extension ray: its trace from the state
+fn load_trace(s: u32) -> Trace {
+    var tr = path_trace(vec2<f32>(pf(s, PF_T), pf(s, PF_TFAR)));
+    tr.steps = pu(s, PU_STEPS);
+    tr.mat = pu(s, PU_MAT);
+    tr.hit = pu(s, PU_HIT) != 0u;
+    return tr;
+}
+
+fn save_trace(s: u32, tr: Trace) {
+    set_pf(s, PF_T, tr.t);
+    set_pf(s, PF_TFAR, tr.tfar);
+    set_pu(s, PU_STEPS, tr.steps);
+    set_pu(s, PU_MAT, tr.mat);
+    set_pu(s, PU_HIT, u32(tr.hit));
+}
+
+// the camera ray of slot s's pixel through a jittered point of it
 @compute @workgroup_size(WG)
-fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, lid, nwg);
-    if (i >= U.n_items) {
+fn path_generate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    let s = flat_index(wid, lid, nwg);
+    if (s >= U.n_items) {
         return;
     }
-    let max_bounces = u32(U.rect.w);
-    let rr_from = u32(U.extra.x);
-    let light_samples = (u32(U.extra.w) & PATH_FLAG_LIGHT) != 0u;
-    let eps4 = 4.0 * setting(SET_HIT_EPS);
-    let neps = setting(SET_NORMAL_EPS);
-    let max_steps = u32(setting(SET_MAX_STEPS));
-    let n_mat = arrayLength(&materials);
-    var o = eye();
-    var d = camera_dir(f32(i % U.width) + path_random(i, 0u, PATH_DIM_JITTER),
+    let i = wave_base() + s;
+    let o = eye();
+    let d = camera_dir(f32(i % U.width) + path_random(i, 0u, PATH_DIM_JITTER),
                        f32(i / U.width) + path_random(i, 0u, PATH_DIM_JITTER + 1u));
-    var se = slab(o, d);
-    var tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
-    var side = 1.0;            // +1 outside the surface, -1 inside a glass: the march's sign of f
-    var prev_pdf = 0.0;
-    var prev_p = vec3<f32>(0.0);   // the hit the ray left (the light samples' pdf from there)
-    var thr = vec3<f32>(1.0);
-    var rad = vec3<f32>(0.0);
-    var bounce = 0u;
-    var phase = 0u;
-    var hp = vec3<f32>(0.0);
-    var g = vec3<f32>(0.0);
-    // the shadow ray: origin, direction, its trace, the radiance it adds when unoccluded
-    var so = vec3<f32>(0.0);
-    var sd = vec3<f32>(0.0);
-    var ts = Trace(0.0, 0.0, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
-    var s_add = vec3<f32>(0.0);
-    var goes_on = false;       // (during phase 5) whether the path continues after its shadow ray
-    var alive = se.x <= se.y;
-    if (!alive) {
-        rad = env_radiance(d);
+    let se = slab(o, d);
+    set_pf3(s, PF_O, o);
+    set_pf3(s, PF_D, d);
+    save_trace(s, path_trace(se));
+    set_pf3(s, PF_THR, vec3<f32>(1.0));
+    set_pf3(s, PF_G, vec3<f32>(0.0));
+    set_pf(s, PF_SIDE, 1.0);
+    set_pf(s, PF_PREV_PDF, 0.0);
+    set_pf3(s, PF_PREV_P, vec3<f32>(0.0));
+    set_pu(s, PU_PHASE, 0u);
+    set_pu(s, PU_BOUNCE, 0u);
+    if (se.x <= se.y) {
+        set_pf3(s, PF_RAD, vec3<f32>(0.0));
+        set_pu(s, PU_STAGE, PATH_STAGE_EXTEND);
+    } else {
+        set_pf3(s, PF_RAD, env_radiance(d));
+        set_pu(s, PU_STAGE, PATH_STAGE_DONE);
     }
-    while (alive) {
+}
+
+// the extension ray's march to its hit, then the normal's four taps; one field evaluation per
+// loop iteration (the interpreter inlined once); stops where U.iter_budget would be passed (the
+// next round goes on from the state). A miss sees the environment and ends the path.
+@compute @workgroup_size(WG)
+fn path_extend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let s = flat_index(wid, lid, nwg);
+    if (s >= U.n_items || pu(s, PU_STAGE) != PATH_STAGE_EXTEND) {
+        return;
+    }
+    let o = pf3(s, PF_O);
+    let d = pf3(s, PF_D);
+    let side = pf(s, PF_SIDE);
+    let neps = setting(SET_NORMAL_EPS);
+    var tr = load_trace(s);
+    var phase = pu(s, PU_PHASE);
+    var hp = pf3(s, PF_HP);
+    var g = pf3(s, PF_G);
+    var rad = pf3(s, PF_RAD);
+    var stage = PATH_STAGE_EXTEND;
+    var cost = U.n_instrs;
+    while (stage == PATH_STAGE_EXTEND) {
+        if (!budget_allows(cost)) {
+            atomicAdd(&counters[COUNT_PATH_PAUSES], 1u);
+            break;
+        }
         var q = ray_point(o, d, tr.t);
-        if (phase == 5u) {
-            q = ray_point(so, sd, ts.t);
-        } else if (phase > 0u) {
+        if (phase > 0u) {
             let k = tetra(phase - 1u);
             q = vec3<f32>(hp.x + neps * k.x, hp.y + neps * k.y, hp.z + neps * k.z);
         }
+        let before = iters;
         var e = field(q);
+        cost = max(cost, iters - before);
         if (overflow) {
             note_overflow();
             rad = vec3<f32>(nan());
+            stage = PATH_STAGE_DONE;
             break;
-        }
-        if (phase == 5u) {
-            if (!trace_step(&ts, e)) {
-                if (!ts.hit) {
-                    rad += s_add * env_radiance(sd);
-                } else {
-                    rad += s_add * materials[min(ts.mat, n_mat - 1u)].emission;
-                }
-                phase = 0u;
-                alive = goes_on;
-            }
-            continue;
         }
         if (phase == 0u) {
             e.d = side * e.d;
@@ -444,8 +551,8 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     g = vec3<f32>(0.0);
                     phase = 1u;
                 } else {
-                    rad += thr * env_radiance(d) * seen_weight(prev_pdf, prev_p, d);
-                    alive = false;
+                    rad += pf3(s, PF_THR) * env_radiance(d) * seen_weight(pf(s, PF_PREV_PDF), pf3(s, PF_PREV_P), d);
+                    stage = PATH_STAGE_DONE;
                 }
             }
             continue;
@@ -453,115 +560,260 @@ fn path(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let k = tetra(phase - 1u);
         g = vec3<f32>(g.x + k.x * e.d, g.y + k.y * e.d, g.z + k.z * e.d);
         phase += 1u;
-        if (phase < 5u) {
-            continue;
+        if (phase == 5u) {
+            stage = PATH_STAGE_SHADE;
         }
-        // the hit: its emission, light sample and bounce (the gradient's direction is the normal;
-        // none: the path ends)
-        g = g / (4.0 * neps);
-        let gl = len3(g.x, g.y, g.z);
-        if (!(gl > 0.0)) {
-            break;
-        }
-        let n = g / gl;
-        let mt = materials[min(tr.mat, n_mat - 1u)];
-        if (mt.emission.x + mt.emission.y + mt.emission.z > 0.0) {
-            rad += thr * mt.emission * seen_weight(prev_pdf, prev_p, d);
-        }
-        bounce += 1u;
-        if (bounce >= max_bounces) {
-            break;
-        }
-        let wo = -d;
-        let u0 = path_random(i, bounce, PATH_DIM_LOBE);
-        let u1 = path_random(i, bounce, PATH_DIM_BSDF);
-        let u2 = path_random(i, bounce, PATH_DIM_BSDF + 1u);
-        var has_shadow = false;
-        if (mt.transmission == 1.0) {        // smooth glass
-            var c = n.x * wo.x + n.y * wo.y + n.z * wo.z;
-            let s = select(-1.0, 1.0, c > 0.0);
-            let eta = select(mt.ior, 1.0 / mt.ior, c > 0.0);
-            let m = vec3<f32>(s * n.x, s * n.y, s * n.z);
-            c = s * c;
-            let fr = fresnel_dielectric(c, eta);
-            var off = eps4;
-            if (u0 < fr.x) {
-                let c2 = 2.0 * c;
-                d = vec3<f32>(c2 * m.x - wo.x, c2 * m.y - wo.y, c2 * m.z - wo.z);
-                side = s;
-            } else {
-                let kt = eta * c - fr.y;
-                d = vec3<f32>(kt * m.x - eta * wo.x, kt * m.y - eta * wo.y, kt * m.z - eta * wo.z);
-                off = -eps4;
-                side = -s;
-                thr = thr * mt.color;
-            }
-            o = vec3<f32>(hp.x + off * m.x, hp.y + off * m.y, hp.z + off * m.z);
-            prev_pdf = 0.0;
+    }
+    save_trace(s, tr);
+    set_pu(s, PU_PHASE, phase);
+    set_pf3(s, PF_HP, hp);
+    set_pf3(s, PF_G, g);
+    set_pf3(s, PF_RAD, rad);
+    set_pu(s, PU_STAGE, stage);
+}
+
+// the hit: its emission, then (below the bounce limit) glass's reflection or refraction, or an
+// opaque material's light sample (the shadow ray for path_occlude) and BSDF sample; roulette;
+// the next extension ray. A normal of zero length ends the path.
+@compute @workgroup_size(WG)
+fn path_shade(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let s = flat_index(wid, lid, nwg);
+    if (s >= U.n_items || pu(s, PU_STAGE) != PATH_STAGE_SHADE) {
+        return;
+    }
+    let i = wave_base() + s;
+    let max_bounces = u32(U.rect.w);
+    let rr_from = u32(U.extra.x);
+    let light_samples = (u32(U.extra.w) & PATH_FLAG_LIGHT) != 0u;
+    let eps4 = 4.0 * setting(SET_HIT_EPS);
+    let neps = setting(SET_NORMAL_EPS);
+    let n_mat = arrayLength(&materials);
+    var o = pf3(s, PF_O);
+    var d = pf3(s, PF_D);
+    let hp = pf3(s, PF_HP);
+    var thr = pf3(s, PF_THR);
+    var rad = pf3(s, PF_RAD);
+    var side = pf(s, PF_SIDE);
+    var prev_pdf = pf(s, PF_PREV_PDF);
+    var prev_p = pf3(s, PF_PREV_P);
+    var bounce = pu(s, PU_BOUNCE);
+    let g = pf3(s, PF_G) / (4.0 * neps);
+    let gl = len3(g.x, g.y, g.z);
+    if (!(gl > 0.0)) {
+        set_pu(s, PU_STAGE, PATH_STAGE_DONE);
+        return;
+    }
+    let n = g / gl;
+    let mt = materials[min(pu(s, PU_MAT), n_mat - 1u)];
+    if (mt.emission.x + mt.emission.y + mt.emission.z > 0.0) {
+        rad += thr * mt.emission * seen_weight(prev_pdf, prev_p, d);
+    }
+    bounce += 1u;
+    set_pu(s, PU_BOUNCE, bounce);
+    if (bounce >= max_bounces) {
+        set_pf3(s, PF_RAD, rad);
+        set_pu(s, PU_STAGE, PATH_STAGE_DONE);
+        return;
+    }
+    let wo = -d;
+    let u0 = path_random(i, bounce, PATH_DIM_LOBE);
+    let u1 = path_random(i, bounce, PATH_DIM_BSDF);
+    let u2 = path_random(i, bounce, PATH_DIM_BSDF + 1u);
+    var has_shadow = false;
+    var goes_on = false;
+    var so = vec3<f32>(0.0);
+    var sd = vec3<f32>(0.0);
+    var ss = vec2<f32>(0.0);
+    var s_add = vec3<f32>(0.0);
+    if (mt.transmission == 1.0) {        // smooth glass
+        var c = n.x * wo.x + n.y * wo.y + n.z * wo.z;
+        let sg = select(-1.0, 1.0, c > 0.0);
+        let eta = select(mt.ior, 1.0 / mt.ior, c > 0.0);
+        let m = vec3<f32>(sg * n.x, sg * n.y, sg * n.z);
+        c = sg * c;
+        let fr = fresnel_dielectric(c, eta);
+        var off = eps4;
+        if (u0 < fr.x) {
+            let c2 = 2.0 * c;
+            d = vec3<f32>(c2 * m.x - wo.x, c2 * m.y - wo.y, c2 * m.z - wo.z);
+            side = sg;
         } else {
-            if (light_samples) {
-                let l = sample_light(hp, path_random(i, bounce, PATH_DIM_PICK), path_random(i, bounce, PATH_DIM_LIGHT),
-                                     path_random(i, bounce, PATH_DIM_LIGHT + 1u));
-                let fl = bsdf(mt, n, wo, l);
-                let pl = light_pdf(hp, l);
-                if (fl.w > 0.0 && pl > 0.0) {
-                    let w = power_weight(pl, fl.w) / pl;
-                    s_add = vec3<f32>(thr.x * fl.x * w, thr.y * fl.y * w, thr.z * fl.z * w);
-                    so = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
-                    sd = l;
-                    let ss = slab(so, sd);
-                    ts = Trace(ss.x, ss.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
-                    has_shadow = true;
-                }
-            }
-            d = sample_bsdf(mt, n, wo, u0, u1, u2);
-            let fb = bsdf(mt, n, wo, d);
-            goes_on = fb.w > 0.0;
-            if (goes_on) {
-                thr = vec3<f32>(thr.x * (fb.x / fb.w), thr.y * (fb.y / fb.w), thr.z * (fb.z / fb.w));
-                prev_pdf = select(0.0, fb.w, light_samples);
-                prev_p = hp;
-                side = 1.0;
-                o = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
-            }
+            let kt = eta * c - fr.y;
+            d = vec3<f32>(kt * m.x - eta * wo.x, kt * m.y - eta * wo.y, kt * m.z - eta * wo.z);
+            off = -eps4;
+            side = -sg;
+            thr = thr * mt.color;
         }
-        if (mt.transmission == 1.0) {
-            goes_on = true;
-        }
-        if (goes_on) {
-            var keep = pmax(thr.x, pmax(thr.y, thr.z));
-            goes_on = keep > 0.0;
-            if (goes_on && bounce >= rr_from) {
-                keep = pmin(keep, 0.95);
-                goes_on = path_random(i, bounce, PATH_DIM_ROULETTE) < keep;
-                if (goes_on) {
-                    thr = thr / keep;
-                }
-            }
-        }
-        if (goes_on) {
-            se = slab(o, d);
-            tr = Trace(se.x, se.y, 0u, max_steps, false, 0u, 1.0, 0.0, 0.0);
-            if (!(se.x <= se.y)) {         // (leaves the box at once: the environment)
-                rad += thr * env_radiance(d) * seen_weight(prev_pdf, prev_p, d);
-                goes_on = false;
-            }
-        }
-        if (has_shadow && ts.t <= ts.tfar) {
-            phase = 5u;                   // (then phase 0 if the path goes on)
-            continue;
-        }
-        if (has_shadow) {
-            rad += s_add * env_radiance(sd);   // (the shadow ray misses the box: unoccluded)
-        }
-        phase = 0u;
-        alive = goes_on;
-    }
-    let y = (rad.x + rad.y + rad.z) / 3.0;
-    let add = vec4<f32>(rad, y * y);
-    if (U.sample == u32(U.extra.y)) {
-        accum[i] = add;
+        o = vec3<f32>(hp.x + off * m.x, hp.y + off * m.y, hp.z + off * m.z);
+        prev_pdf = 0.0;
+        goes_on = true;
     } else {
-        accum[i] = accum[i] + add;
+        if (light_samples) {
+            let l = sample_light(hp, path_random(i, bounce, PATH_DIM_PICK), path_random(i, bounce, PATH_DIM_LIGHT),
+                                 path_random(i, bounce, PATH_DIM_LIGHT + 1u));
+            let fl = bsdf(mt, n, wo, l);
+            let pl = light_pdf(hp, l);
+            if (fl.w > 0.0 && pl > 0.0) {
+                let w = power_weight(pl, fl.w) / pl;
+                s_add = vec3<f32>(thr.x * fl.x * w, thr.y * fl.y * w, thr.z * fl.z * w);
+                so = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
+                sd = l;
+                ss = slab(so, sd);
+                has_shadow = true;
+            }
+        }
+        d = sample_bsdf(mt, n, wo, u0, u1, u2);
+        let fb = bsdf(mt, n, wo, d);
+        goes_on = fb.w > 0.0;
+        if (goes_on) {
+            thr = vec3<f32>(thr.x * (fb.x / fb.w), thr.y * (fb.y / fb.w), thr.z * (fb.z / fb.w));
+            prev_pdf = select(0.0, fb.w, light_samples);
+            prev_p = hp;
+            side = 1.0;
+            o = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
+        }
     }
+    if (goes_on) {
+        var keep = pmax(thr.x, pmax(thr.y, thr.z));
+        goes_on = keep > 0.0;
+        if (goes_on && bounce >= rr_from) {
+            keep = pmin(keep, 0.95);
+            goes_on = path_random(i, bounce, PATH_DIM_ROULETTE) < keep;
+            if (goes_on) {
+                thr = thr / keep;
+            }
+        }
+    }
+    if (goes_on) {
+        let se = slab(o, d);
+        save_trace(s, path_trace(se));
+        set_pu(s, PU_PHASE, 0u);
+        if (!(se.x <= se.y)) {         // (leaves the box at once: the environment)
+            rad += thr * env_radiance(d) * seen_weight(prev_pdf, prev_p, d);
+            goes_on = false;
+        }
+    }
+    var stage = select(PATH_STAGE_DONE, PATH_STAGE_EXTEND, goes_on);
+    if (has_shadow && ss.x <= ss.y) {
+        stage = PATH_STAGE_OCCLUDE;
+        set_pf3(s, PF_SO, so);
+        set_pf3(s, PF_SD, sd);
+        set_pf(s, PF_ST, ss.x);
+        set_pf(s, PF_STFAR, ss.y);
+        set_pf3(s, PF_SADD, s_add);
+        set_pu(s, PU_SSTEPS, 0u);
+        set_pu(s, PU_SMAT, 0u);
+        set_pu(s, PU_SHIT, 0u);
+        set_pu(s, PU_GOES_ON, u32(goes_on));
+    } else if (has_shadow) {
+        rad += s_add * env_radiance(sd);   // (the shadow ray misses the box: unoccluded)
+    }
+    set_pf3(s, PF_O, o);
+    set_pf3(s, PF_D, d);
+    set_pf3(s, PF_THR, thr);
+    set_pf3(s, PF_RAD, rad);
+    set_pf(s, PF_SIDE, side);
+    set_pf(s, PF_PREV_PDF, prev_pdf);
+    set_pf3(s, PF_PREV_P, prev_p);
+    set_pu(s, PU_STAGE, stage);
+}
+
+// the shadow ray's march through the same tape walk; where it ends it adds the environment (it
+// left the box or spent its steps) or the emission of the surface it hit; stops where
+// U.iter_budget would be passed. Every slot whose path goes on is counted in
+// counters[COUNT_UNFINISHED] (the round's last kernel: the host stops when none is).
+@compute @workgroup_size(WG)
+fn path_occlude(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let s = flat_index(wid, lid, nwg);
+    if (s >= U.n_items) {
+        return;
+    }
+    var stage = pu(s, PU_STAGE);
+    if (stage == PATH_STAGE_OCCLUDE) {
+        let so = pf3(s, PF_SO);
+        let sd = pf3(s, PF_SD);
+        var ts = path_trace(vec2<f32>(pf(s, PF_ST), pf(s, PF_STFAR)));
+        ts.steps = pu(s, PU_SSTEPS);
+        ts.mat = pu(s, PU_SMAT);
+        ts.hit = pu(s, PU_SHIT) != 0u;
+        var rad = pf3(s, PF_RAD);
+        var cost = U.n_instrs;
+        while (stage == PATH_STAGE_OCCLUDE) {
+            if (!budget_allows(cost)) {
+                atomicAdd(&counters[COUNT_PATH_PAUSES], 1u);
+                break;
+            }
+            let before = iters;
+            let e = field(ray_point(so, sd, ts.t));
+            cost = max(cost, iters - before);
+            if (overflow) {
+                note_overflow();
+                rad = vec3<f32>(nan());
+                stage = PATH_STAGE_DONE;
+                break;
+            }
+            if (!trace_step(&ts, e)) {
+                let s_add = pf3(s, PF_SADD);
+                if (!ts.hit) {
+                    rad += s_add * env_radiance(sd);
+                } else {
+                    rad += s_add * materials[min(ts.mat, arrayLength(&materials) - 1u)].emission;
+                }
+                stage = select(PATH_STAGE_DONE, PATH_STAGE_EXTEND, pu(s, PU_GOES_ON) != 0u);
+            }
+        }
+        set_pf(s, PF_ST, ts.t);
+        set_pu(s, PU_SSTEPS, ts.steps);
+        set_pu(s, PU_SMAT, ts.mat);
+        set_pu(s, PU_SHIT, u32(ts.hit));
+        set_pf3(s, PF_RAD, rad);
+        set_pu(s, PU_STAGE, stage);
+    }
+    if (stage < PATH_STAGE_DONE) {
+        atomicAdd(&counters[COUNT_UNFINISHED], 1u);
+    }
+}
+
+// the paths that ended since the last accumulation: accum[pixel] += (radiance rgb, the square
+// of its mean over rgb); each path once
+@compute @workgroup_size(WG)
+fn path_accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                   @builtin(num_workgroups) nwg: vec3<u32>) {
+    let s = flat_index(wid, lid, nwg);
+    if (s >= U.n_items || pu(s, PU_STAGE) != PATH_STAGE_DONE) {
+        return;
+    }
+    let rad = pf3(s, PF_RAD);
+    let y = (rad.x + rad.y + rad.z) / 3.0;
+    let i = wave_base() + s;
+    accum[i] = accum[i] + vec4<f32>(rad, y * y);
+    set_pu(s, PU_STAGE, PATH_STAGE_ADDED);
+}
+
+// the picture of accum over U.sample samples (U.n_items pixels): the mean radiance clamped to
+// [0, 1], gamma 1/2.2, rounded; packed RGB bytes four a word into out_u from word 0 (byte 3p + c:
+// pixel p, channel c), as resolve packs them
+@compute @workgroup_size(WG)
+fn path_tonemap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, lid, nwg);
+    let n_bytes = 3u * U.n_items;
+    if (4u * i >= n_bytes) {
+        return;
+    }
+    var word = 0u;
+    for (var b = 0u; b < 4u; b++) {
+        let q = 4u * i + b;
+        if (q >= n_bytes) {
+            break;
+        }
+        var v = accum[q / 3u][q % 3u] / f32(U.sample);
+        if (is_nan(v)) {
+            v = 0.0;
+        }
+        word = word | (u32(round(pow_pos(clamp(v, 0.0, 1.0), 1.0 / 2.2) * 255.0)) << (8u * b));
+    }
+    out_u[i] = word;
 }

@@ -1,7 +1,10 @@
 """The path tracer (runtime/path_tracing.py, shaders/path.wgsl): the white furnace on both
 walkers and a glass furnace, light sampling against BSDF sampling alone, GPU against twin within
 Monte-Carlo error on a scene of metal, glass and an emitter, the shared sample sequence,
-progressive accumulation, material edits, and no pipeline made by a second render or an edit."""
+progressive accumulation (the GPU's sums kept there), paths resumed past the GPU's iteration cap,
+material edits, and no pipeline made by a second render or an edit."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,7 @@ from taperay.scenegraph import Material, Param, box, difference, flatten, sphere
 from taperay.tools.bench_path import lamp_scene
 
 W, H = 48, 32
+DATA = Path(__file__).parent / "data"
 ROUNDING = 1e-5       # a tile of zero sample variance: its mean is env up to float32 sums' rounding
 
 
@@ -385,6 +389,53 @@ def test_progressive_accumulation_adds_the_next_samples(walker_cpu):
     assert a.samples == b.samples == 5
     np.testing.assert_allclose(a.sums, b.sums, rtol=1e-5, atol=1e-5)
     assert not np.allclose(PathImage(walker_cpu, tape, None, 24, 16).add(2).sums, b.sums)
+
+
+@pytest.mark.gpu
+def test_gpu_sums_stay_on_the_gpu_between_adds(walker_gpu, monkeypatch):
+    """On the GPU add(2) then add(3) is add(5) to the bit (the same samples summed in the same
+    order, on the GPU); an add reads back nothing but the counters; two images on one walker,
+    their adds interleaved with a render, each keep their own sums; rgb8, tonemapped on the
+    GPU, is the mean's picture (a channel at most one level off, float32 against float64)."""
+    tape = _coloured_scene()
+    read = []
+    real = walker_gpu._submit_and_read
+    monkeypatch.setattr(walker_gpu, "_submit_and_read",
+                        lambda commands, *reads: (read.extend(r[0] for r in reads), real(commands, *reads))[1])
+    a = PathImage(walker_gpu, tape, None, 24, 16).add(2).add(3)
+    assert read and all(buf is walker_gpu._counters for buf in read)
+    other = PathImage(walker_gpu, _furnace_scene(), None, 24, 16).add(2)
+    walker_gpu.render(tape, None, 24, 16)
+    b = PathImage(walker_gpu, tape, None, 24, 16).add(1)
+    other.add(1)
+    b.add(4)
+    assert a.samples == b.samples == 5
+    np.testing.assert_array_equal(a.sums, b.sums)
+    np.testing.assert_array_equal(other.sums, PathImage(walker_gpu, _furnace_scene(), None, 24, 16).add(3).sums)
+    assert not np.array_equal(PathImage(walker_gpu, tape, None, 24, 16).add(2).sums, b.sums)
+    picture = np.round(np.clip(b.mean().astype(np.float64), 0, 1) ** (1 / 2.2) * 255)
+    rgb = b.rgb8()
+    assert rgb.dtype == np.uint8 and rgb.shape == (16, 24, 3)
+    assert np.abs(rgb - picture).max() <= 1 and np.mean(rgb == picture) > 0.99
+
+
+@pytest.mark.gpu
+def test_gpu_paths_resume_past_the_iteration_cap(walker_gpu, walker_cpu):
+    """Prospero's slab (7,591 records, about as many interpreter steps an evaluation): a path's
+    tens of field evaluations pass a software adapter's per-invocation iteration cap (lavapipe:
+    60,000; this tape was refused there), so its marches stop at the budget and go on in the
+    next round; the same seed gives the twin's radiance on >= 99 % of pixels."""
+    from taperay.scenegraph.loading import load_tape
+    tape = load_tape(DATA / "prospero.vm")
+    w, h = 16, 9
+    pauses = walker_gpu.path_pauses
+    g = PathImage(walker_gpu, tape, None, w, h).add(1)
+    c = PathImage(walker_cpu, tape, None, w, h).add(1)
+    assert 0.2 < walker_cpu.march(tape, c.camera, w, h)["hit"].mean() < 1
+    if walker_gpu.info["software"]:
+        assert walker_gpu.path_pauses > pauses
+    same = np.all(np.abs(g.mean() - c.mean()) <= 1e-4, axis=-1)
+    assert same.mean() >= 0.99, same.mean()
 
 
 @pytest.mark.gpu
