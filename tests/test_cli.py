@@ -371,6 +371,18 @@ def test_console_entry_point_error_exit_status(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"taperay: error: {tmp_path / 'gone.vm'}: no such file"]
 
 
+@pytest.mark.slow
+def test_console_entry_point_leaves_with_its_output_flushed(tmp_path, scene_file):
+    """The console script exits without the interpreter's teardown (cli.run): status 0, every
+    line of the report on stdout and the image written."""
+    out = tmp_path / "x.png"
+    proc = subprocess.run([sys.executable, "-m", "taperay.tools.cli", "render", scene_file, "--walker", "cpu",
+                           "--size", "8x6", "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("           (the first run after an install")
+    assert "timings:" in proc.stdout and out.is_file()
+
+
 def test_keyboard_interrupt_exits_130_quietly(capsys, scene_file, monkeypatch):
     def interrupted(tape):
         raise KeyboardInterrupt
