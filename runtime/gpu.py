@@ -6,7 +6,8 @@ per-invocation iteration budget runs out, and run their interpreter without mate
 pipeline constants of ``gpu_device.KERNEL_CONSTANTS``; a ``surface`` pass evaluates the hit's
 material); a method that uses the device turns a device loss into ``GpuError``,
 runtime/gpu_guard.py; ``gpu_seconds`` / ``gpu_seconds_frame``, GPU time without host work or
-read-back). The device, the kernel table, the pipeline cache (each pipeline made when a pass
+read-back; the path tracer's wavefront, ``path_add`` into a path image's sums kept on the GPU
+(``path_accumulation``), ``path_sums_read`` / ``path_rgb8`` reading them). The device, the kernel table, the pipeline cache (each pipeline made when a pass
 first needs it) and its counters are runtime/gpu_device.py's; the walker's interval-pruned passes (pruned images, pruned point sets,
 march / light / render over pruned cells of the march box) are runtime/gpu_pruning.py's
 ``PrunedPasses``, which ``GpuWalker`` inherits and which run on this module's dispatch plumbing.

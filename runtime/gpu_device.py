@@ -71,7 +71,7 @@ HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET = 0xFFFFFFFF, 1 << 22
 UNIFORM_LEVEL_BYTE = 60
 
 # kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline. A file
-# "a+b" is a's text, then b's (the path kernel reuses the render kernels' march functions).
+# "a+b" is a's text, then b's (the path kernels reuse the render kernels' march functions).
 KERNELS: dict[str, tuple[str, bool]] = {
     "eval_points": ("kernels_points.wgsl", True),
     "gradient_points": ("kernels_points.wgsl", True),

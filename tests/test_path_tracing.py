@@ -431,7 +431,7 @@ def test_gpu_paths_resume_past_the_iteration_cap(walker_gpu, walker_cpu):
     pauses = walker_gpu.path_pauses
     g = PathImage(walker_gpu, tape, None, w, h).add(1)
     c = PathImage(walker_cpu, tape, None, w, h).add(1)
-    assert 0.2 < walker_cpu.march(tape, c.camera, w, h)["hit"].mean() < 1
+    assert 0.1 < walker_cpu.march(tape, c.camera, w, h)["hit"].mean() < 1
     if walker_gpu.info["software"]:
         assert walker_gpu.path_pauses > pauses
     same = np.all(np.abs(g.mean() - c.mean()) <= 1e-4, axis=-1)
@@ -560,7 +560,8 @@ def test_cli_path_environment_and_bounces(capsys, tmp_path, walker_cpu):
 @pytest.mark.gpu
 def test_path_samples_leave_other_gpu_work_alone(walker_gpu):
     """A render on pruned cells and an evaluation after a path sample equal those before it (the
-    path kernel writes only the accumulation buffer)."""
+    path kernels keep their paths' state where the render keeps its pruned cells, and their sums
+    in the image's own buffer: the render prunes its cells again)."""
     tape = _coloured_scene()
     pts = np.array([[0.0, 0.0, 0.7], [1.0, 1.0, 1.0]], np.float32)
     before = walker_gpu.render(tape, None, 24, 16, cells=(8, 2)), walker_gpu.evaluate(tape, pts)[0]

@@ -2,10 +2,12 @@
 on the showcase (scenes/machined_part.py), the bolt bin (scenes/bolt_bin.py, 100,000 instances)
 and prospero's slab (tests/data/prospero.vm, its 2D program extruded), on the walker asked for.
 
-Per scene: ``PathImage.add(1)`` once (the pipeline or the Numba compile, the upload), then
-``--repeat`` samples per pixel timed in one ``add``: Msamples/s (pixels x samples / s), seconds
-per sample per pixel and the time to 256 spp at that rate (measured when ``--repeat`` is 256,
-else the rate's product, said so in the row). Then the edits a user makes while it converges, each
+Per scene: ``PathImage.add(1)`` once (the pipelines or the Numba compile, the upload), then (on the
+GPU, once the background has built the kernel set's other pipelines) ``--repeat`` samples per pixel
+timed in one ``add``: Msamples/s (pixels x samples / s), seconds per sample per pixel and the time
+to 256 spp at that rate (measured when ``--repeat`` is 256, else the rate's product, said so in the
+row); on the GPU also the wavefront's rounds per sample (extend, shade, occlude, accumulate) and
+the marches the iteration budget paused. Then the edits a user makes while it converges, each
 followed by one more sample: every named material's colour, roughness and metallic, a named
 parameter, and a topology edit (the scene with one more sphere, a new tape of the same register
 variant): the pipelines they created, counted by the kernel set (the rule is none; the twin has no
@@ -56,16 +58,21 @@ def _measure(walker, tape, path: Path, w: int, h: int, spp: int, settings, row: 
     t0 = time.perf_counter()
     image = PathImage(walker, tape, None, w, h, path=settings).add(1)
     row["first sample s"] = time.perf_counter() - t0
+    gpu = walker.name == "gpu"
+    if gpu:
+        walker.kernels.settle()         # (the pipelines the background builds after the first request: not timed)
+    rounds, pauses = (walker.path_rounds_run, walker.path_pauses) if gpu else (0, 0)
     t0 = time.perf_counter()
     image.add(spp)
     seconds = time.perf_counter() - t0
+    if gpu:
+        row["rounds per spp"] = (walker.path_rounds_run - rounds) / spp
+        row["marches paused per spp"] = (walker.path_pauses - pauses) / spp
     row["Msamples/s"] = w * h * spp / seconds / 1e6
     row["s per spp"] = seconds / spp
     row[f"time to {TARGET_SPP} spp s"] = seconds / spp * TARGET_SPP
     row[f"{TARGET_SPP} spp"] = "measured" if spp == TARGET_SPP else "from the rate"
-    if walker.name == "gpu":
-        walker.kernels.settle()         # (the pipelines the background builds after the first request)
-    made = walker.kernels.stats.pipelines_created if walker.name == "gpu" else None
+    made = walker.kernels.stats.pipelines_created if gpu else None
     edits = _edits(walker, tape, path)
     regs = {tape.n_regs}
     for _, edit in edits:
@@ -100,8 +107,9 @@ def bench_path(opts) -> BenchResult:
             rows.append(row)
             tick()
     machine = {"gpu": walker.adapter_name} if walker.name == "gpu" else {}
-    notes += [f"first sample: the upload and the pipeline (GPU) or the Numba compile or cache load (twin) and "
-              f"one sample per pixel; then {spp} samples per pixel timed in one PathImage.add",
+    notes += [f"first sample: the upload and the pipelines (GPU) or the Numba compile or cache load (twin) and "
+              f"one sample per pixel; then (GPU: after the background built the other pipelines) {spp} samples "
+              f"per pixel timed in one PathImage.add",
               "edits: each named material's colour, roughness and metallic (a buffer write), the first named "
               "parameter, and for .py scenes the scene with one more sphere (a new tape), each followed by one "
               "sample per pixel; pipelines created: the kernel set's counter across them (a pipeline is made once per register "
