@@ -679,7 +679,8 @@ def cmd_view(args) -> int:
         raise UsageError("--edits and --topology-edits count edits: give numbers >= 0")
     if (args.edits or args.topology_edits or args.json or args.screenshot) and not args.offscreen:
         raise UsageError("--edits, --topology-edits, --json and --screenshot draw offscreen: add --offscreen")
-    from taperay.runtime.walkers import walker as choose_walker
+    from taperay.runtime.walkers import prepare, walker as choose_walker
+    prepare(args.walker)        # (the device opens while the viewer's modules import and the scene loads)
     from .view_window import offscreen_window, open_window, run_offscreen_edits
     from .viewer import Viewer
     con = console()
