@@ -23,7 +23,7 @@ from .camera import Camera, auto_camera
 from .gpu_device import (adapter_info, _Buffer, CELLS_KEEPING, COUNTERS_BYTES, current_context,
                          _drop_context, _get_adapter, _get_context, GpuError, HARDWARE_ITER_BUDGET,
                          HARDWARE_ITER_CAP, kernels, KERNELS, KernelSet, MAX_GROUPS_X, MIN_BUFFER,
-                         PATH_ACCUMULATE, PATH_GENERATE, PATH_ROUND, PATH_TONEMAP, READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
+                         PATH_COMPACT, PATH_GENERATE, PATH_ROUND, PATH_TONEMAP, READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
                          UNIFORM_BYTES, UNIFORM_LEVEL_BYTE, variant_for, WG, _wgpu, WORKGROUP_PER_ITEM)
 from .gpu_guard import _guarded
 from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, _march_cells_cached,
@@ -38,7 +38,8 @@ __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "KER
 _TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
 PATH_F_WORDS, PATH_U_WORDS = 36, 10     # path.wgsl: a path's state, floats in out_f and words in out_u
 PATH_FIRST_ROUNDS = 4                   # the path tracer's rounds in a walker's first submission
-COUNT_UNFINISHED, COUNT_PATH_PAUSES = 1, 6   # bindings.wgsl, path.wgsl: the counters' words
+COUNT_UNFINISHED, COUNT_PATH_PAUSES, COUNT_PATH_QUEUES = 1, 6, 7   # bindings.wgsl, path.wgsl: the counters'
+                                                                   # words (the queues': two from 7)
 
 
 # ------------------------------------------------------------------------------------ walker
@@ -644,9 +645,9 @@ class GpuWalker(PrunedPasses):
         """Add samples first .. first+count-1 of the path tracer (``path`` a
         runtime.path_tracing.PathSettings) to ``sums`` (``path_accumulation``'s), nothing read
         back: per wave of pixels (as many as out_f holds the state of) and sample, path_generate,
-        then rounds of path_extend, path_shade, path_occlude and path_accumulate until no path
-        is left (the counters read after each submission of rounds: as many rounds as the last
-        sample needed). On the tape's own records (no pruned cells); its light samples' data
+        then rounds of gpu_device.PATH_ROUND (queue, extend, shade, queue, occlude, accumulate)
+        until no path is left (the counters read after each submission of rounds: as many rounds
+        as the last sample needed). On the tape's own records (no pruned cells); its light samples' data
         (path_tracing.light_data) synced into the points buffer. A path is not refused for its
         length; one field evaluation past the adapter's iteration cap is a TaperayError."""
         from .path_tracing import light_data
@@ -657,9 +658,9 @@ class GpuWalker(PrunedPasses):
         n = width * height
         limit = self._ctx.limits["max_storage_buffer_binding_size"]
         wave = min(n, limit // (4 * PATH_F_WORDS))
-        self._prepare_outputs(PATH_F_WORDS * wave, max(PATH_U_WORDS * wave, (3 * n + 3) // 4))
+        self._prepare_outputs(PATH_F_WORDS * wave, max((PATH_U_WORDS + 2) * wave, (3 * n + 3) // 4))  # (+ queues)
         self._points.sync(light_data(tape, path))     # (the path kernels read their lights from there)
-        self._ctx.kernels.ensure([(k, variant) for k in (PATH_GENERATE, *PATH_ROUND, PATH_ACCUMULATE)])
+        self._ctx.kernels.ensure([(k, variant) for k in (PATH_GENERATE, *PATH_ROUND)])
         self._kept_cells = None                        # (the paths' state overwrites out_u)
         env = np.asarray(path.environment, np.float32)
         for s in range(first, first + count):
@@ -671,7 +672,7 @@ class GpuWalker(PrunedPasses):
                 u[13] = base                           # (U.extra.y's bits: the wave's first pixel)
                 first_rounds, rounds = [PATH_GENERATE], 0
                 while True:
-                    batch = first_rounds + list(PATH_ROUND) * self._path_rounds + [PATH_ACCUMULATE]
+                    batch = first_rounds + list(PATH_ROUND) * self._path_rounds
                     rounds += self._path_rounds
                     if self._path_submit(tape, batch, variant, u, sums) == 0:
                         break
@@ -683,7 +684,8 @@ class GpuWalker(PrunedPasses):
                      sums: _Buffer) -> int:
         """One submission of the path ``kernels`` on the wave of ``uniforms``, accum bound to
         ``sums``; waits, checks the counters (an overflow is a TaperayError) and returns the
-        paths left (counted by the last path_occlude, whose count alone is kept)."""
+        paths left (counted by the last path_accumulate: each one's count, and each
+        path_compact's queue lengths, start from zero)."""
         self._uniform.write(0, uniforms)
         self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
         bg = self._bind(sums)
@@ -693,6 +695,8 @@ class GpuWalker(PrunedPasses):
         for kernel in kernels:
             if kernel == PATH_ROUND[-1]:
                 enc.clear_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, 4)
+            elif kernel == PATH_COMPACT:
+                enc.clear_buffer(self._counters.buffer, 4 * COUNT_PATH_QUEUES, 8)
             cp = enc.begin_compute_pass()
             cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
             cp.set_bind_group(0, bg)

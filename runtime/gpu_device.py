@@ -46,19 +46,20 @@ MAX_GROUPS_X = 65535          # dispatches beyond this many workgroups go 2D
 UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Uniforms
 MIN_BUFFER = 256
 READ_STAGING_MIN = 1 << 16    # bytes of _read's first staging buffer
-COUNTERS_BYTES = 32           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, path.wgsl's
-                              # pauses, one unused)
+COUNTERS_BYTES = 64           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, path.wgsl's
+                              # three, seven unused)
 N_BINDINGS = 11
 CELLS_KEEPING = ("march_cells", "light_cells", "surface", "surface_cells", "shade", "resolve",  # passes that
                  "cells_image")                                        # leave the pruned cells in out_u alone
 WORKGROUP_PER_ITEM = ("prune_wave", "prune_wave_cells")   # kernels dispatched a workgroup per item (tile)
 RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
                                                                  # dispatched until done
-# the path tracer's wavefront (path.wgsl): a sample's first kernel, then rounds of the three after it
-# (extend and occlude save their state at U.iter_budget and go on in the next round) each followed
-# by accumulate, until no path is left; tonemap draws the picture of the sums
-PATH_GENERATE, PATH_ROUND, PATH_ACCUMULATE, PATH_TONEMAP = (
-    "path_generate", ("path_extend", "path_shade", "path_occlude"), "path_accumulate", "path_tonemap")
+# the path tracer's wavefront (path.wgsl): a sample's first kernel, then rounds of the kernels
+# after it (compact queues the paths that extend, then those that occlude; extend and occlude save
+# their state at U.iter_budget and go on in the next round; accumulate adds the ended paths and
+# counts the rest) until no path is left; tonemap draws the picture of the sums
+PATH_GENERATE, PATH_COMPACT, PATH_TONEMAP = "path_generate", "path_compact", "path_tonemap"
+PATH_ROUND = (PATH_COMPACT, "path_extend", "path_shade", PATH_COMPACT, "path_occlude", "path_accumulate")
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
 # (lavapipe / llvmpipe) stops every kernel's loops after 65535 iterations in all, so a software
 # adapter gets a cap below that (an evaluation needing more is refused as overflow) and a budget
@@ -94,6 +95,7 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "cells_image": ("prune.wgsl", True),
     "pruned_points": ("prune.wgsl", True),
     "path_generate": ("kernels_render.wgsl+path.wgsl", False),
+    "path_compact": ("kernels_render.wgsl+path.wgsl", False),
     "path_extend": ("kernels_render.wgsl+path.wgsl", True),
     "path_shade": ("kernels_render.wgsl+path.wgsl", False),
     "path_occlude": ("kernels_render.wgsl+path.wgsl", True),

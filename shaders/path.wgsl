@@ -10,8 +10,8 @@
 // path_tracing.light_data) and a BSDF sample (GGX lobe or Lambertian base); a ray that leaves
 // the box or spends its steps sees the environment (constant, times a map's pixel). Russian
 // roulette from bounce U.extra.x on; at most U.rect.w bounces.
-// A wavefront of fixed kernels (below: path_generate, path_extend, path_shade, path_occlude,
-// path_accumulate, path_tonemap), the paths' state in out_f / out_u between them; the marches
+// A wavefront of fixed kernels (below: path_generate, path_compact, path_extend, path_shade,
+// path_occlude, path_accumulate, path_tonemap), the paths' state in out_f / out_u between them; the marches
 // (extend, occlude) are resumable under U.iter_budget, so no path is refused for its length
 // (one field evaluation past U.iter_cap still is, as the march's).
 // Uniforms: U.n_items the wave's pixels, U.extra.y's bits its first pixel; U.sample the
@@ -376,12 +376,14 @@ fn seen_weight(prev_pdf: f32, prev_p: vec3<f32>, d: vec3<f32>) -> f32 {
 // ---------------------------------------------------------------------------- the wavefront
 // A wave is U.n_items consecutive pixels from U.extra.y's bits (wave_base): slot s is pixel
 // wave_base() + s. Each slot's path state lives in out_f (PATH_F_WORDS floats) and out_u
-// (PATH_U_WORDS words) between the kernels, which each handle the slots in their stage and skip
-// the others: path_generate (every slot: the camera ray), then rounds of path_extend (the ray's
-// march and the normal's taps; resumable), path_shade (emission, the bounce, the light sample's
-// shadow ray, roulette), path_occlude (the shadow ray's march; resumable; counts the paths still
-// going in counters[COUNT_UNFINISHED]), each round followed by path_accumulate (adds the paths
-// that ended to accum, once), until none is left; path_tonemap makes the picture of accum.
+// (PATH_U_WORDS words) between the kernels: path_generate (every slot: the camera ray), then
+// rounds of path_compact (queues the slots that extend and those that occlude, after the state
+// in out_u), path_extend (the queued rays' march and the normal's taps; resumable), path_shade
+// (the slots at a hit, the others skipped: emission, the bounce, the light sample's shadow ray,
+// roulette), path_compact again, path_occlude (the queued shadow rays' march; resumable) and
+// path_accumulate (adds the paths that ended to accum, once, and counts the others in
+// counters[COUNT_UNFINISHED]), until none is left; path_tonemap makes the picture of accum.
+// The queues keep a SIMD group's lanes on one kind of work: the marches' lanes all march.
 const PATH_F_WORDS: u32 = 36u;     // runtime/gpu.py PATH_F_WORDS
 const PATH_U_WORDS: u32 = 10u;     // runtime/gpu.py PATH_U_WORDS
 const PF_O: u32 = 0u;              // out_f: the ray's origin
@@ -416,6 +418,26 @@ const PATH_STAGE_OCCLUDE: u32 = 2u;
 const PATH_STAGE_DONE: u32 = 3u;       // ended; path_accumulate adds its radiance
 const PATH_STAGE_ADDED: u32 = 4u;      // ... and it was added
 const COUNT_PATH_PAUSES: u32 = 6u;     // counters: extend / occlude slots stopped by U.iter_budget
+const COUNT_PATH_EXTEND: u32 = 7u;     // ... the extend queue's length
+const COUNT_PATH_OCCLUDE: u32 = 8u;    // ... the occlude queue's length
+
+// the queue of stage PATH_STAGE_EXTEND or PATH_STAGE_OCCLUDE: its first word in out_u (after
+// the slots' state) and its length's counter
+fn queue_base(stage: u32) -> u32 {
+    return (PATH_U_WORDS + select(0u, 1u, stage == PATH_STAGE_OCCLUDE)) * U.n_items;
+}
+
+fn queue_counter(stage: u32) -> u32 {
+    return select(COUNT_PATH_EXTEND, COUNT_PATH_OCCLUDE, stage == PATH_STAGE_OCCLUDE);
+}
+
+// the slot of entry k of the queue of ``stage`` (U.n_items: none)
+fn queued_slot(k: u32, stage: u32) -> u32 {
+    if (k >= atomicLoad(&counters[queue_counter(stage)])) {
+        return U.n_items;
+    }
+    return out_u[queue_base(stage) + k];
+}
 
 fn wave_base() -> u32 {
     return bitcast<u32>(U.extra.y);
@@ -503,14 +525,29 @@ fn path_generate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     }
 }
 
-// the extension ray's march to its hit, then the normal's four taps; one field evaluation per
+// the queues of the slots that extend and of those that occlude (the host zeroes their lengths
+// first); their order is the atomics', which no result depends on
+@compute @workgroup_size(WG)
+fn path_compact(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let s = flat_index(wid, lid, nwg);
+    if (s >= U.n_items) {
+        return;
+    }
+    let stage = pu(s, PU_STAGE);
+    if (stage == PATH_STAGE_EXTEND || stage == PATH_STAGE_OCCLUDE) {
+        out_u[queue_base(stage) + atomicAdd(&counters[queue_counter(stage)], 1u)] = s;
+    }
+}
+
+// the queued extension rays' march to their hit, then the normal's four taps; one field evaluation per
 // loop iteration (the interpreter inlined once); stops where U.iter_budget would be passed (the
 // next round goes on from the state). A miss sees the environment and ends the path.
 @compute @workgroup_size(WG)
 fn path_extend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let s = flat_index(wid, lid, nwg);
-    if (s >= U.n_items || pu(s, PU_STAGE) != PATH_STAGE_EXTEND) {
+    let s = queued_slot(flat_index(wid, lid, nwg), PATH_STAGE_EXTEND);
+    if (s >= U.n_items) {
         return;
     }
     let o = pf3(s, PF_O);
@@ -719,70 +756,72 @@ fn path_shade(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     set_pu(s, PU_STAGE, stage);
 }
 
-// the shadow ray's march through the same tape walk; where it ends it adds the environment (it
-// left the box or spent its steps) or the emission of the surface it hit; stops where
-// U.iter_budget would be passed. Every slot whose path goes on is counted in
-// counters[COUNT_UNFINISHED] (the round's last kernel: the host stops when none is).
+// the queued shadow rays' march through the same tape walk; where one ends it adds the
+// environment (it left the box or spent its steps) or the emission of the surface it hit; stops
+// where U.iter_budget would be passed.
 @compute @workgroup_size(WG)
 fn path_occlude(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
-    let s = flat_index(wid, lid, nwg);
+    let s = queued_slot(flat_index(wid, lid, nwg), PATH_STAGE_OCCLUDE);
     if (s >= U.n_items) {
         return;
     }
-    var stage = pu(s, PU_STAGE);
-    if (stage == PATH_STAGE_OCCLUDE) {
-        let so = pf3(s, PF_SO);
-        let sd = pf3(s, PF_SD);
-        var ts = path_trace(vec2<f32>(pf(s, PF_ST), pf(s, PF_STFAR)));
-        ts.steps = pu(s, PU_SSTEPS);
-        ts.mat = pu(s, PU_SMAT);
-        ts.hit = pu(s, PU_SHIT) != 0u;
-        var rad = pf3(s, PF_RAD);
-        var cost = U.n_instrs;
-        while (stage == PATH_STAGE_OCCLUDE) {
-            if (!budget_allows(cost)) {
-                atomicAdd(&counters[COUNT_PATH_PAUSES], 1u);
-                break;
-            }
-            let before = iters;
-            let e = field(ray_point(so, sd, ts.t));
-            cost = max(cost, iters - before);
-            if (overflow) {
-                note_overflow();
-                rad = vec3<f32>(nan());
-                stage = PATH_STAGE_DONE;
-                break;
-            }
-            if (!trace_step(&ts, e)) {
-                let s_add = pf3(s, PF_SADD);
-                if (!ts.hit) {
-                    rad += s_add * env_radiance(sd);
-                } else {
-                    rad += s_add * materials[min(ts.mat, arrayLength(&materials) - 1u)].emission;
-                }
-                stage = select(PATH_STAGE_DONE, PATH_STAGE_EXTEND, pu(s, PU_GOES_ON) != 0u);
-            }
+    var stage = PATH_STAGE_OCCLUDE;
+    let so = pf3(s, PF_SO);
+    let sd = pf3(s, PF_SD);
+    var ts = path_trace(vec2<f32>(pf(s, PF_ST), pf(s, PF_STFAR)));
+    ts.steps = pu(s, PU_SSTEPS);
+    ts.mat = pu(s, PU_SMAT);
+    ts.hit = pu(s, PU_SHIT) != 0u;
+    var rad = pf3(s, PF_RAD);
+    var cost = U.n_instrs;
+    while (stage == PATH_STAGE_OCCLUDE) {
+        if (!budget_allows(cost)) {
+            atomicAdd(&counters[COUNT_PATH_PAUSES], 1u);
+            break;
         }
-        set_pf(s, PF_ST, ts.t);
-        set_pu(s, PU_SSTEPS, ts.steps);
-        set_pu(s, PU_SMAT, ts.mat);
-        set_pu(s, PU_SHIT, u32(ts.hit));
-        set_pf3(s, PF_RAD, rad);
-        set_pu(s, PU_STAGE, stage);
+        let before = iters;
+        let e = field(ray_point(so, sd, ts.t));
+        cost = max(cost, iters - before);
+        if (overflow) {
+            note_overflow();
+            rad = vec3<f32>(nan());
+            stage = PATH_STAGE_DONE;
+            break;
+        }
+        if (!trace_step(&ts, e)) {
+            let s_add = pf3(s, PF_SADD);
+            if (!ts.hit) {
+                rad += s_add * env_radiance(sd);
+            } else {
+                rad += s_add * materials[min(ts.mat, arrayLength(&materials) - 1u)].emission;
+            }
+            stage = select(PATH_STAGE_DONE, PATH_STAGE_EXTEND, pu(s, PU_GOES_ON) != 0u);
+        }
     }
-    if (stage < PATH_STAGE_DONE) {
-        atomicAdd(&counters[COUNT_UNFINISHED], 1u);
-    }
+    set_pf(s, PF_ST, ts.t);
+    set_pu(s, PU_SSTEPS, ts.steps);
+    set_pu(s, PU_SMAT, ts.mat);
+    set_pu(s, PU_SHIT, u32(ts.hit));
+    set_pf3(s, PF_RAD, rad);
+    set_pu(s, PU_STAGE, stage);
 }
 
 // the paths that ended since the last accumulation: accum[pixel] += (radiance rgb, the square
-// of its mean over rgb); each path once
+// of its mean over rgb), each path once; the paths still going are counted in
+// counters[COUNT_UNFINISHED] (the host zeroes it first, and stops when none is)
 @compute @workgroup_size(WG)
 fn path_accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                    @builtin(num_workgroups) nwg: vec3<u32>) {
     let s = flat_index(wid, lid, nwg);
-    if (s >= U.n_items || pu(s, PU_STAGE) != PATH_STAGE_DONE) {
+    if (s >= U.n_items) {
+        return;
+    }
+    let stage = pu(s, PU_STAGE);
+    if (stage < PATH_STAGE_DONE) {
+        atomicAdd(&counters[COUNT_UNFINISHED], 1u);
+    }
+    if (stage != PATH_STAGE_DONE) {
         return;
     }
     let rad = pf3(s, PF_RAD);
