@@ -337,9 +337,9 @@ def test_image_cells_are_kept_for_pans_zooms_and_sizes(walker_gpu, no_new_kernel
     tape, full = prospero_96
     n, whole = full.shape[0], grid_rect(full.shape[0])
     other = load_vm(DATA / "quarter.vm")
-    views = [(tape, 48, 40, whole, 0.0), (tape, 30, 64, (-0.6, 0.2, -0.9, 0.7), 0.0),
-             (tape, n, n, whole, 0.0), (tape, 32, 32, (-1.2, 0.0, -1.0, 1.0), 0.0),
-             (tape, 32, 32, (-1.0, -0.5, -0.2, 0.3), 0.25), (other, 40, 40, (-1.0, 0.0, -1.0, 0.0), 0.25)]
+    views = [(tape, 24, 20, whole, 0.0), (tape, 15, 32, (-0.6, 0.2, -0.9, 0.7), 0.0),
+             (tape, n, n, whole, 0.0), (tape, 16, 16, (-1.2, 0.0, -1.0, 1.0), 0.0),
+             (tape, 16, 16, (-1.0, -0.5, -0.2, 0.3), 0.25), (other, 20, 20, (-1.0, 0.0, -1.0, 0.0), 0.25)]
     refs = [full < 0 if t is tape and (w, h, r, z) == (n, n, whole, 0.0) else walker_gpu.field_image(t, w, h, r, z) < 0
             for t, w, h, r, z in views]
     walker_gpu.drop_kept_cells()
