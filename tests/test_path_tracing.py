@@ -420,6 +420,24 @@ def test_gpu_sums_stay_on_the_gpu_between_adds(walker_gpu, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_waves_of_part_of_the_image_give_the_same_sums(walker_gpu, monkeypatch):
+    """An image whose paths' state passes the binding limit is traced in waves of the pixels
+    that fit (here 4 waves of at most 100): the same sums to the bit as in one wave."""
+    from taperay.runtime.gpu import PATH_F_WORDS
+    tape = _coloured_scene()
+    whole = PathImage(walker_gpu, tape, None, 24, 16).add(2).sums
+    monkeypatch.setitem(walker_gpu._ctx.limits, "max_storage_buffer_binding_size", 4 * PATH_F_WORDS * 100)
+    bases = set()
+    submit = walker_gpu._path_submit
+    monkeypatch.setattr(walker_gpu, "_path_submit",
+                        lambda tape, kernels, variant, u, sums: (bases.add(int(u[13])), submit(tape, kernels, variant,
+                                                                                                u, sums))[1])
+    waves = PathImage(walker_gpu, tape, None, 24, 16).add(2)
+    assert bases == {0, 100, 200, 300}        # (U.extra.y's bits: each wave's first pixel)
+    np.testing.assert_array_equal(waves.sums, whole)
+
+
+@pytest.mark.gpu
 def test_gpu_paths_resume_past_the_iteration_cap(walker_gpu, walker_cpu):
     """Prospero's slab (7,591 records, about as many interpreter steps an evaluation): a path's
     tens of field evaluations pass a software adapter's per-invocation iteration cap (lavapipe:
