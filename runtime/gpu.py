@@ -38,6 +38,7 @@ __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "KER
 _TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
 PATH_F_WORDS, PATH_U_WORDS = 36, 10     # path.wgsl: a path's state, floats in out_f and words in out_u
 PATH_FIRST_ROUNDS = 4                   # the path tracer's rounds in a walker's first submission
+PATH_MAX_ROUNDS = 64                    # ... and the most in one
 COUNT_UNFINISHED, COUNT_PATH_PAUSES, COUNT_PATH_QUEUES = 1, 6, 7   # bindings.wgsl, path.wgsl: the counters'
                                                                    # words (the queues': two from 7)
 
@@ -58,7 +59,8 @@ class GpuWalker(PrunedPasses):
         self.resumed_dispatches = 0
         self.path_rounds_run = 0            # the path tracer's extend / shade / occlude rounds dispatched
         self.path_pauses = 0                # ... and its marches stopped by the iteration budget (to go on)
-        self._path_rounds = PATH_FIRST_ROUNDS   # rounds per submission: what the last sample needed
+        self._path_rounds = PATH_FIRST_ROUNDS   # rounds per submission: what the last sample needed, or
+                                                # one fewer than the last submission's
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
 
@@ -74,6 +76,7 @@ class GpuWalker(PrunedPasses):
         self._accum = _Buffer(dev, st, "accum", limit)
         self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms", limit)
         self._counters = _Buffer(dev, st, "counters", limit)
+        self._path_live = _Buffer(dev, wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST, "path live counts", limit)
         self._staging = None                 # _read's mappable buffer
         self._bind_group = None
         self._bind_key = None
@@ -190,13 +193,12 @@ class GpuWalker(PrunedPasses):
         bufs = [self._tape_bufs[n].buffer for n in _TAPE_ARRAYS] + [
             self._uniform.buffer, self._points.buffer, self._out_f.buffer, self._out_u.buffer,
             (accum or self._accum).buffer, self._counters.buffer]
-        key = tuple(id(b) for b in bufs)
-        if key != self._bind_key:
+        if self._bind_key is None or any(a is not b for a, b in zip(bufs, self._bind_key)):
             self._bind_group = self._ctx.device.create_bind_group(
                 layout=self._ctx.kernels.bind_group_layout,
                 entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
                          for i, b in enumerate(bufs)])
-            self._bind_key = key
+            self._bind_key = bufs         # (the buffers themselves, held: a freed one's id() may come again)
         return self._bind_group
 
     def _uniforms(self, tape: Tape, n_items: int, width=0, height=0, sample=0, rect=(0, 0, 0, 0),
@@ -643,13 +645,15 @@ class GpuWalker(PrunedPasses):
     def path_add(self, sums: _Buffer, tape: Tape, camera: Camera, width: int, height: int,
                  settings: RenderSettings | None, path, first: int, count: int) -> None:
         """Add samples first .. first+count-1 of the path tracer (``path`` a
-        runtime.path_tracing.PathSettings) to ``sums`` (``path_accumulation``'s), nothing read
-        back: per wave of pixels (as many as out_f holds the state of) and sample, path_generate,
+        runtime.path_tracing.PathSettings) to ``sums`` (``path_accumulation``'s); no image is read
+        back. Per wave of pixels (as many as out_f holds the state of) and sample: path_generate,
         then rounds of gpu_device.PATH_ROUND (queue, extend, shade, queue, occlude, accumulate)
-        until no path is left (the counters read after each submission of rounds: as many rounds
-        as the last sample needed). On the tape's own records (no pruned cells); its light samples' data
-        (path_tracing.light_data) synced into the points buffer. A path is not refused for its
-        length; one field evaluation past the adapter's iteration cap is a TaperayError."""
+        until no path is left; after each submission of rounds the counters and the paths left
+        after each round are read (a submission holds as many rounds as the last sample needed, or
+        one fewer than the last submission where it needed fewer; at most PATH_MAX_ROUNDS). On the
+        tape's own records (no pruned cells); its light samples' data (path_tracing.light_data)
+        synced into the points buffer. A path is not refused for its length; one field evaluation
+        past the adapter's iteration cap is a TaperayError."""
         from .path_tracing import light_data
         self._own(sums)
         settings = settings or RenderSettings()
@@ -672,26 +676,30 @@ class GpuWalker(PrunedPasses):
                 u[13] = base                           # (U.extra.y's bits: the wave's first pixel)
                 first_rounds, rounds = [PATH_GENERATE], 0
                 while True:
-                    batch = first_rounds + list(PATH_ROUND) * self._path_rounds
-                    rounds += self._path_rounds
-                    if self._path_submit(tape, batch, variant, u, sums) == 0:
+                    k = self._path_rounds
+                    live = self._path_submit(tape, first_rounds + list(PATH_ROUND) * k, variant, u, sums, k)
+                    self.path_rounds_run += k
+                    if live[-1] == 0:
                         break
+                    rounds += k
                     first_rounds = []
-                self.path_rounds_run += rounds
-                self._path_rounds = max(1, rounds)
+                needed = rounds + int(np.argmax(live == 0)) + 1
+                self._path_rounds = min(max(needed, self._path_rounds - 1), PATH_MAX_ROUNDS)
 
     def _path_submit(self, tape: Tape, kernels: list[str], variant: int, uniforms: np.ndarray,
-                     sums: _Buffer) -> int:
-        """One submission of the path ``kernels`` on the wave of ``uniforms``, accum bound to
-        ``sums``; waits, checks the counters (an overflow is a TaperayError) and returns the
-        paths left (counted by the last path_accumulate: each one's count, and each
-        path_compact's queue lengths, start from zero)."""
+                     sums: _Buffer, rounds: int) -> np.ndarray:
+        """One submission of the path ``kernels`` (``rounds`` rounds) on the wave of ``uniforms``,
+        accum bound to ``sums``; waits, checks the counters (an overflow is a TaperayError) and
+        returns the paths left after each round (path_accumulate's count, copied out of the
+        counters after each; it and path_compact's queue lengths start from zero)."""
         self._uniform.write(0, uniforms)
         self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
         bg = self._bind(sums)
         enc = self._ctx.device.create_command_encoder()
         groups = max(1, -(-int(uniforms[1]) // WG))
         gx = min(groups, MAX_GROUPS_X)
+        self._path_live.ensure(4 * rounds)
+        done = 0
         for kernel in kernels:
             if kernel == PATH_ROUND[-1]:
                 enc.clear_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, 4)
@@ -702,10 +710,15 @@ class GpuWalker(PrunedPasses):
             cp.set_bind_group(0, bg)
             cp.dispatch_workgroups(gx, -(-groups // gx), 1)
             cp.end()
-        counters = self._submit_and_read([enc.finish()], (self._counters, np.uint32, COUNTERS_BYTES // 4, 0))[0]
-        left = self._counters_checked(tape, counters)
+            if kernel == PATH_ROUND[-1]:
+                enc.copy_buffer_to_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, self._path_live.buffer,
+                                          4 * done, 4)
+                done += 1
+        counters, live = self._submit_and_read([enc.finish()], (self._counters, np.uint32, COUNTERS_BYTES // 4, 0),
+                                               (self._path_live, np.uint32, rounds, 0))
+        self._counters_checked(tape, counters)
         self.path_pauses += int(counters[COUNT_PATH_PAUSES])
-        return left
+        return live
 
     @_guarded
     def path_sums_read(self, sums: _Buffer, width: int, height: int) -> np.ndarray:

@@ -394,16 +394,17 @@ def test_progressive_accumulation_adds_the_next_samples(walker_cpu):
 @pytest.mark.gpu
 def test_gpu_sums_stay_on_the_gpu_between_adds(walker_gpu, monkeypatch):
     """On the GPU add(2) then add(3) is add(5) to the bit (the same samples summed in the same
-    order, on the GPU); an add reads back nothing but the counters; two images on one walker,
-    their adds interleaved with a render, each keep their own sums; rgb8, tonemapped on the
-    GPU, is the mean's picture (a channel at most one level off, float32 against float64)."""
+    order, on the GPU); an add reads back nothing but the counters (and the live paths per round);
+    two images on one walker, their adds interleaved with a render, each keep their own sums; rgb8,
+    tonemapped on the GPU, is the mean's picture (a channel at most one level off, float32 against
+    float64)."""
     tape = _coloured_scene()
     read = []
     real = walker_gpu._submit_and_read
     monkeypatch.setattr(walker_gpu, "_submit_and_read",
                         lambda commands, *reads: (read.extend(r[0] for r in reads), real(commands, *reads))[1])
     a = PathImage(walker_gpu, tape, None, 24, 16).add(2).add(3)
-    assert read and all(buf is walker_gpu._counters for buf in read)
+    assert read and all(buf is walker_gpu._counters or buf is walker_gpu._path_live for buf in read)
     other = PathImage(walker_gpu, _furnace_scene(), None, 24, 16).add(2)
     walker_gpu.render(tape, None, 24, 16)
     b = PathImage(walker_gpu, tape, None, 24, 16).add(1)
@@ -420,6 +421,18 @@ def test_gpu_sums_stay_on_the_gpu_between_adds(walker_gpu, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_images_made_one_after_another_each_draw_into_their_own_sums(walker_gpu):
+    """Path images made and dropped one after another: each one's adds land in its own sums (the
+    walker's bind group is kept by the buffers themselves, not their id(), which a new buffer may
+    take over from a dropped one: then samples went to the dropped image's buffer)."""
+    tape = _coloured_scene()
+    first = PathImage(walker_gpu, tape, None, 16, 8).add(1).sums
+    assert first[..., 3].sum() > 0
+    for _ in range(12):
+        np.testing.assert_array_equal(PathImage(walker_gpu, tape, None, 16, 8).add(1).sums, first)
+
+
+@pytest.mark.gpu
 def test_gpu_waves_of_part_of_the_image_give_the_same_sums(walker_gpu, monkeypatch):
     """An image whose paths' state passes the binding limit is traced in waves of the pixels
     that fit (here 4 waves of at most 100): the same sums to the bit as in one wave."""
@@ -430,8 +443,8 @@ def test_gpu_waves_of_part_of_the_image_give_the_same_sums(walker_gpu, monkeypat
     bases = set()
     submit = walker_gpu._path_submit
     monkeypatch.setattr(walker_gpu, "_path_submit",
-                        lambda tape, kernels, variant, u, sums: (bases.add(int(u[13])), submit(tape, kernels, variant,
-                                                                                                u, sums))[1])
+                        lambda tape, kernels, variant, u, *more: (bases.add(int(u[13])),
+                                                                  submit(tape, kernels, variant, u, *more))[1])
     waves = PathImage(walker_gpu, tape, None, 24, 16).add(2)
     assert bases == {0, 100, 200, 300}        # (U.extra.y's bits: each wave's first pixel)
     np.testing.assert_array_equal(waves.sums, whole)
