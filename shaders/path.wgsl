@@ -526,17 +526,40 @@ fn path_generate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
 }
 
 // the queues of the slots that extend and of those that occlude (the host zeroes their lengths
-// first); their order is the atomics', which no result depends on
+// first): each workgroup counts its own in workgroup memory and takes its places with one atomic
+// per queue (so 64 times fewer atomics on the two lengths); their order is the atomics', which no
+// result depends on
+var<workgroup> wg_queued: array<atomic<u32>, 2>;
+var<workgroup> wg_first: array<u32, 2>;
+
 @compute @workgroup_size(WG)
 fn path_compact(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
     let s = flat_index(wid, lid, nwg);
-    if (s >= U.n_items) {
-        return;
+    if (lid < 2u) {
+        atomicStore(&wg_queued[lid], 0u);
     }
-    let stage = pu(s, PU_STAGE);
-    if (stage == PATH_STAGE_EXTEND || stage == PATH_STAGE_OCCLUDE) {
-        out_u[queue_base(stage) + atomicAdd(&counters[queue_counter(stage)], 1u)] = s;
+    workgroupBarrier();
+    var stage = PATH_STAGE_DONE;
+    if (s < U.n_items) {
+        stage = pu(s, PU_STAGE);
+    }
+    let q = select(0u, 1u, stage == PATH_STAGE_OCCLUDE);
+    let queued = stage == PATH_STAGE_EXTEND || stage == PATH_STAGE_OCCLUDE;
+    var place = 0u;
+    if (queued) {
+        place = atomicAdd(&wg_queued[q], 1u);
+    }
+    workgroupBarrier();
+    if (lid < 2u) {
+        let count = atomicLoad(&wg_queued[lid]);
+        if (count > 0u) {
+            wg_first[lid] = atomicAdd(&counters[COUNT_PATH_EXTEND + lid], count);
+        }
+    }
+    workgroupBarrier();
+    if (queued) {
+        out_u[queue_base(stage) + wg_first[q] + place] = s;
     }
 }
 
