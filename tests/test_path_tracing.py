@@ -471,13 +471,15 @@ def test_gpu_paths_resume_past_the_iteration_cap(walker_gpu, walker_cpu):
 
 @pytest.mark.gpu
 def test_no_pipeline_made_by_a_second_render_or_an_edit(walker_gpu):
-    """A second add, a parameter edit, a material edit (a buffer write of the record's bytes)
-    and another scene of the same register variant make no pipeline."""
+    """A second add and picture, a parameter edit, a material edit (a buffer write of the
+    record's bytes) and another scene of the same register variant make no pipeline."""
     tape = _coloured_scene()
     im = PathImage(walker_gpu, tape, None, 16, 16).add(1)
+    im.rgb8()
     walker_gpu.kernels.settle()           # (the pipelines the background builds after a first request)
     made = walker_gpu.kernels.stats.pipelines_created
     im.add(1)
+    im.rgb8()
     walker_gpu.set_param(tape, "radius", 0.4)
     PathImage(walker_gpu, tape, None, 16, 16).add(1)
     written = walker_gpu.stats()["tape_bytes_written"]
