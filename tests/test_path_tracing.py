@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from taperay.runtime.camera import Camera, auto_camera
+from taperay.runtime.camera import Camera
 from taperay.runtime.environment import EnvironmentMap, read_environment, read_hdr, read_pfm, write_hdr, write_pfm
 from taperay.runtime.path_tracing import (PathImage, PathSettings, _env_pdf, _env_pixel, _laine_karras, _sample_env,
                                           emitter_spheres, hash_random, light_data, path_random, reverse_bits,
@@ -79,19 +79,29 @@ def test_white_furnace_gpu(walker_gpu):
     assert np.all(np.abs(means - env) <= 4 * se + ROUNDING), (means, se)
 
 
+def _assert_gpu_agrees_with_twin(walker_gpu, walker_cpu, tape, cam, same_seed: bool = True, **settings):
+    """Independent sequences (seed 1 on the GPU, seed 2 on the twin) at 16 spp: per-tile (4x4)
+    luminance means within 4 combined standard errors on >= 99 % of tiles, most tiles holding
+    noise; with ``same_seed``, seed 2 on both draws the same radiance on >= 99 % of pixels."""
+    g = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(seed=1, **settings)).add(16)
+    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(seed=2, **settings)).add(16)
+    (mg, sg), (mc, sc) = g.tile_stats(4), c.tile_stats(4)
+    assert np.mean(sg > 0) > 0.5           # (most tiles hold noise: the test is statistical)
+    ok = np.abs(mg - mc) <= 4 * np.hypot(sg, sc) + ROUNDING
+    assert ok.mean() >= 0.99, (ok.mean(), mg - mc, np.hypot(sg, sc))
+    if same_seed:
+        same = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(seed=2, **settings)).add(2).mean()
+        twin = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(seed=2, **settings)).add(2).mean()
+        assert np.mean(np.all(np.abs(same - twin) <= 1e-4 * np.maximum(1, np.abs(twin)), axis=-1)) >= 0.99
+
+
 @pytest.mark.gpu
 def test_gpu_agrees_with_twin_within_noise(walker_gpu, walker_cpu):
     """Independent sequences (seed 1 on the GPU, seed 2 on the twin) at the same spp on metal,
     glass, an emitter and the environment: per-tile luminance means within 4 combined standard
     errors on >= 99 % of 4x4 tiles."""
     tape, cam = _material_scene()
-    env = (0.5, 0.45, 0.4)
-    g = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(environment=env, seed=1)).add(16)
-    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=env, seed=2)).add(16)
-    (mg, sg), (mc, sc) = g.tile_stats(4), c.tile_stats(4)
-    assert np.mean(sg > 0) > 0.5           # (most tiles hold noise: the test is statistical)
-    ok = np.abs(mg - mc) <= 4 * np.hypot(sg, sc) + ROUNDING
-    assert ok.mean() >= 0.99, (ok.mean(), mg - mc, np.hypot(sg, sc))
+    _assert_gpu_agrees_with_twin(walker_gpu, walker_cpu, tape, cam, same_seed=False, environment=(0.5, 0.45, 0.4))
 
 
 @pytest.mark.gpu
@@ -185,16 +195,7 @@ def test_gpu_agrees_with_twin_on_a_lamp_in_the_dark(walker_gpu, walker_cpu):
     combined standard errors on >= 99 % of 4x4 tiles at 16 spp; and the same seed draws the same
     radiance on >= 99 % of pixels."""
     tape, cam = lamp_scene()
-    dark = (0.0, 0.0, 0.0)
-    g = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(environment=dark, seed=1)).add(16)
-    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=dark, seed=2)).add(16)
-    (mg, sg), (mc, sc) = g.tile_stats(4), c.tile_stats(4)
-    assert np.mean(sg > 0) > 0.5
-    ok = np.abs(mg - mc) <= 4 * np.hypot(sg, sc) + ROUNDING
-    assert ok.mean() >= 0.99, (ok.mean(), mg - mc, np.hypot(sg, sc))
-    same = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(environment=dark, seed=2)).add(2).mean()
-    twin = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment=dark, seed=2)).add(2).mean()
-    assert np.mean(np.all(np.abs(same - twin) <= 1e-4 * np.maximum(1, np.abs(twin)), axis=-1)) >= 0.99
+    _assert_gpu_agrees_with_twin(walker_gpu, walker_cpu, tape, cam, environment=(0.0, 0.0, 0.0))
 
 
 def _sky(width=32, height=16):
@@ -279,16 +280,7 @@ def test_gpu_agrees_with_twin_under_a_map(walker_gpu, walker_cpu):
     """The sky map: GPU (seed 1) and twin (seed 2) within 4 combined standard errors on >= 99 % of
     4x4 tiles at 16 spp; the same seed draws the same radiance on >= 99 % of pixels."""
     tape, cam = _material_scene()
-    sky = EnvironmentMap(_sky())
-    g = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(environment_map=sky, seed=1)).add(16)
-    c = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment_map=sky, seed=2)).add(16)
-    (mg, sg), (mc, sc) = g.tile_stats(4), c.tile_stats(4)
-    assert np.mean(sg > 0) > 0.5
-    ok = np.abs(mg - mc) <= 4 * np.hypot(sg, sc) + ROUNDING
-    assert ok.mean() >= 0.99, (ok.mean(), mg - mc, np.hypot(sg, sc))
-    same = PathImage(walker_gpu, tape, cam, W, H, path=PathSettings(environment_map=sky, seed=2)).add(2).mean()
-    twin = PathImage(walker_cpu, tape, cam, W, H, path=PathSettings(environment_map=sky, seed=2)).add(2).mean()
-    assert np.mean(np.all(np.abs(same - twin) <= 1e-4 * np.maximum(1, np.abs(twin)), axis=-1)) >= 0.99
+    _assert_gpu_agrees_with_twin(walker_gpu, walker_cpu, tape, cam, environment_map=EnvironmentMap(_sky()))
 
 
 def test_glass_furnace_twin(walker_cpu):
