@@ -461,17 +461,11 @@ fn slice(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     accumulate(i, c);
 }
 
-// mean over the samples -> 8-bit RGB by shading.to_rgb8 (round to nearest even, NaN -> 0)
-@compute @workgroup_size(WG)
-fn resolve(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-           @builtin(num_workgroups) nwg: vec3<u32>) {
-    // the image as packed RGB bytes (pixel-major, 3 bytes a pixel), four bytes a word: the host
-    // reads 3n bytes and reshapes them, with no per-pixel copy
-    let i = flat_index(wid, lid, nwg);
-    let n_bytes = 3u * U.n_items;
-    if (4u * i >= n_bytes) {
-        return;
-    }
+// word i of an image as packed RGB bytes (pixel-major, 3 bytes a pixel, four bytes a word: the
+// host reads 3n bytes and reshapes them, with no per-pixel copy): channel c of pixel p is
+// accum[p][c] / divisor (divisor <= 0: accum[p].w), NaN -> 0, clamped to [0, 1], raised to
+// `power` unless it is 1, rounded to nearest even (shading.to_rgb8)
+fn rgb8_word(i: u32, n_bytes: u32, divisor: f32, power: f32) -> u32 {
     var word = 0u;
     for (var b = 0u; b < 4u; b++) {
         let q = 4u * i + b;
@@ -479,11 +473,27 @@ fn resolve(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             break;
         }
         let a = accum[q / 3u];
-        var v = a[q % 3u] / a.w;
+        var v = a[q % 3u] / select(a.w, divisor, divisor > 0.0);
         if (is_nan(v)) {
             v = 0.0;
         }
-        word = word | (u32(round(clamp(v, 0.0, 1.0) * 255.0)) << (8u * b));
+        v = clamp(v, 0.0, 1.0);
+        if (power != 1.0) {
+            v = pow_pos(v, power);
+        }
+        word = word | (u32(round(v * 255.0)) << (8u * b));
     }
-    out_u[8u * U.n_items + i] = word;
+    return word;
+}
+
+// mean over the samples -> 8-bit RGB by shading.to_rgb8, after the march's words in out_u
+@compute @workgroup_size(WG)
+fn resolve(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+           @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, lid, nwg);
+    let n_bytes = 3u * U.n_items;
+    if (4u * i >= n_bytes) {
+        return;
+    }
+    out_u[8u * U.n_items + i] = rgb8_word(i, n_bytes, 0.0, 1.0);
 }

@@ -855,8 +855,7 @@ fn path_accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 }
 
 // the picture of accum over U.sample samples (U.n_items pixels): the mean radiance clamped to
-// [0, 1], gamma 1/2.2, rounded; packed RGB bytes four a word into out_u from word 0 (byte 3p + c:
-// pixel p, channel c), as resolve packs them
+// [0, 1], gamma 1/2.2, rounded (rgb8_word); packed RGB bytes four a word into out_u from word 0
 @compute @workgroup_size(WG)
 fn path_tonemap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -865,17 +864,5 @@ fn path_tonemap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     if (4u * i >= n_bytes) {
         return;
     }
-    var word = 0u;
-    for (var b = 0u; b < 4u; b++) {
-        let q = 4u * i + b;
-        if (q >= n_bytes) {
-            break;
-        }
-        var v = accum[q / 3u][q % 3u] / f32(U.sample);
-        if (is_nan(v)) {
-            v = 0.0;
-        }
-        word = word | (u32(round(pow_pos(clamp(v, 0.0, 1.0), 1.0 / 2.2) * 255.0)) << (8u * b));
-    }
-    out_u[i] = word;
+    out_u[i] = rgb8_word(i, n_bytes, f32(U.sample), 1.0 / 2.2);
 }
