@@ -49,8 +49,9 @@ def prepare(kind: str = "auto", progress: bool = False, build_rest: bool = True)
     (wgpu's import, the adapter, the device: about a second on a hardware driver, mostly inside
     the driver, outside the GIL), so that it overlaps the caller's imports and scene loading;
     ``walker(kind)`` then finds it open, or waits for it. Nothing for the twin, where ``auto``
-    would not probe a GPU, or under ``auto`` on a software adapter. The thread is not a daemon:
-    a command that fails early waits for it at exit rather than exiting inside the driver.
+    would not probe a GPU, or under ``auto`` on a software adapter. The thread is not a daemon: an
+    interpreter that exits the usual way waits for it rather than tearing down while it is inside
+    the driver (the console script, tools.cli.run, leaves without a teardown at all).
     ``build_rest``: gpu_device.build_in_background for the kernel set it makes (a one-shot
     command passes False)."""
     if kind not in ("gpu", "auto") or (kind == "auto" and _no_gpu_device() is not None):
