@@ -6,7 +6,7 @@ per-invocation iteration budget runs out, and run their interpreter without mate
 pipeline constants of ``gpu_device.KERNEL_CONSTANTS``; a ``surface`` pass evaluates the hit's
 material); a method that uses the device turns a device loss into ``GpuError``,
 runtime/gpu_guard.py; ``gpu_seconds`` / ``gpu_seconds_frame``, GPU time without host work or
-read-back; the path tracer's wavefront, ``path_add`` into a path image's sums kept on the GPU
+read-back; the path tracer's kernels, ``path_add`` into a path image's sums kept on the GPU
 (``path_accumulation``), ``path_sums_read`` / ``path_rgb8`` reading them). The device, the kernel table, the pipeline cache (each pipeline made when a pass
 first needs it) and its counters are runtime/gpu_device.py's; the walker's interval-pruned passes (pruned images, pruned point sets,
 march / light / render over pruned cells of the march box) are runtime/gpu_pruning.py's
@@ -23,11 +23,12 @@ from .camera import Camera, auto_camera
 from .gpu_device import (adapter_info, _Buffer, CELLS_KEEPING, COUNTERS_BYTES, current_context,
                          _drop_context, _get_adapter, _get_context, GpuError, HARDWARE_ITER_BUDGET,
                          HARDWARE_ITER_CAP, kernels, KERNELS, KernelSet, MAX_GROUPS_X, MIN_BUFFER,
-                         PATH_COMPACT, PATH_GENERATE, PATH_ROUND, PATH_TONEMAP, READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
+                         PATH_ACCUMULATE, PATH_F_WORDS, PATH_GENERATE, PATH_TONEMAP, PATH_TRACE, PATH_TRACE_CELLS,
+                         PATH_U_WORDS, READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
                          UNIFORM_BYTES, UNIFORM_LEVEL_BYTE, variant_for, WG, _wgpu, WORKGROUP_PER_ITEM)
 from .gpu_guard import _guarded
-from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, _march_cells_cached,
-                          image_cell_box)
+from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, _march_box_cells,
+                          _march_cells_cached, image_cell_box)
 from .pruning import PRUNE_MIN_RECORDS, cell_tape
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gradient_eps, point_array
@@ -36,11 +37,9 @@ __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "KER
 
 
 _TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
-PATH_F_WORDS, PATH_U_WORDS = 36, 10     # path.wgsl: a path's state, floats in out_f and words in out_u
 PATH_FIRST_ROUNDS = 4                   # the path tracer's rounds in a walker's first submission
 PATH_MAX_ROUNDS = 64                    # ... and the most in one
-COUNT_UNFINISHED, COUNT_PATH_PAUSES, COUNT_PATH_QUEUES = 1, 6, 7   # bindings.wgsl, path.wgsl: the counters'
-                                                                   # words (the queues': two from 7)
+COUNT_UNFINISHED, COUNT_PATH_PAUSES = 1, 6   # bindings.wgsl, path.wgsl: the counters' words
 
 
 # ------------------------------------------------------------------------------------ walker
@@ -57,8 +56,9 @@ class GpuWalker(PrunedPasses):
         self._ctx = _get_context(progress)
         self._validated = VALIDATED
         self.resumed_dispatches = 0
-        self.path_rounds_run = 0            # the path tracer's extend / shade / occlude rounds dispatched
-        self.path_pauses = 0                # ... and its marches stopped by the iteration budget (to go on)
+        self.path_rounds_run = 0            # the path tracer's trace / accumulate rounds dispatched
+        self.path_pauses = 0                # ... its traces stopped by the iteration budget (to go on)
+        self.path_cell_prunes = 0           # ... and its pruned cells (not kept from an earlier add)
         self._path_rounds = PATH_FIRST_ROUNDS   # rounds per submission: what the last sample needed, or
                                                 # one fewer than the last submission's
         self._uploaded: int | None = None    # id() of the tape the buffers hold
@@ -84,8 +84,8 @@ class GpuWalker(PrunedPasses):
         self._arena_words = 0                # pruned images: the arena grown to after an overflow
         self._point_arena_words = 0          # evaluate_pruned: the same
         self._cell_arena_words = 0           # pruned march cells: the same
-        self._kept_cells = None              # (key, descriptor word) of the cells out_u holds (_frame,
-                                             # _image_cells)
+        self._kept_cells = None              # (key, descriptor word, ...) of the cells out_u holds (_frame,
+                                             # _image_cells, _path_cells)
         self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
         self.register_refusals = 0           # pixel passes run again in the tape's own variant
         self._tile_counters = None           # the counters after the last pruned image's tile passes
@@ -620,7 +620,7 @@ class GpuWalker(PrunedPasses):
                     raise
                 self._cells_too_large.add((content_key(run), run_cells))
 
-    # -- the path tracer (shaders/path.wgsl's wavefront)
+    # -- the path tracer (shaders/path.wgsl)
     @_guarded
     def path_accumulation(self, width: int, height: int) -> _Buffer:
         """A path image's sums on the GPU, zeroed (WebGPU zeroes a new buffer): per pixel the
@@ -647,13 +647,16 @@ class GpuWalker(PrunedPasses):
         """Add samples first .. first+count-1 of the path tracer (``path`` a
         runtime.path_tracing.PathSettings) to ``sums`` (``path_accumulation``'s); no image is read
         back. Per wave of pixels (as many as out_f holds the state of) and sample: path_generate,
-        then rounds of gpu_device.PATH_ROUND (queue, extend, shade, queue, occlude, accumulate)
-        until no path is left; after each submission of rounds the counters and the paths left
-        after each round are read (a submission holds as many rounds as the last sample needed, or
-        one fewer than the last submission where it needed fewer; at most PATH_MAX_ROUNDS). On the
-        tape's own records (no pruned cells); its light samples' data (path_tracing.light_data)
-        synced into the points buffer. A path is not refused for its length; one field evaluation
-        past the adapter's iteration cap is a TaperayError."""
+        then rounds of path_trace and path_accumulate until no path is left; after each
+        submission of rounds the counters and the paths left after each round are read (a
+        submission holds as many rounds as the last sample needed, or one fewer than the last
+        submission where it needed fewer; at most PATH_MAX_ROUNDS). An arithmetic tape of at
+        least PRUNE_MIN_RECORDS records is traced on its pruned march cells' tapes
+        (path_trace_cells; the same field values, pruning is exact in a cell), pruned once and
+        kept while nothing else uses out_u; other tapes on their own records. The light
+        samples' data (path_tracing.light_data) is synced into the points buffer after the cells'
+        layout. A path is not refused for its length; one field evaluation past the adapter's
+        iteration cap is a TaperayError."""
         from .path_tracing import light_data
         self._own(sums)
         settings = settings or RenderSettings()
@@ -662,22 +665,25 @@ class GpuWalker(PrunedPasses):
         n = width * height
         limit = self._ctx.limits["max_storage_buffer_binding_size"]
         wave = min(n, limit // (4 * PATH_F_WORDS))
-        self._prepare_outputs(PATH_F_WORDS * wave, max((PATH_U_WORDS + 2) * wave, (3 * n + 3) // 4))  # (+ queues)
-        self._points.sync(light_data(tape, path))     # (the path kernels read their lights from there)
-        self._ctx.kernels.ensure([(k, variant) for k in (PATH_GENERATE, *PATH_ROUND)])
-        self._kept_cells = None                        # (the paths' state overwrites out_u)
+        desc, layout_words, u_base = self._path_cells(tape, packed, variant, wave)
+        lights = light_data(tape, path)
+        self._points.sync(np.concatenate([layout_words, lights]) if len(layout_words) else lights)
+        trace = PATH_TRACE if desc is None else PATH_TRACE_CELLS
+        self._ctx.kernels.ensure([(k, variant) for k in (PATH_GENERATE, trace, PATH_ACCUMULATE)])
         env = np.asarray(path.environment, np.float32)
+        cam = camera.pack()
+        cam[7] = path.roulette_from                  # U.camera[1].w; [2].w, [3].w: the bits of the paths' state's
+        cam[[11, 15]] = np.array([u_base, len(layout_words)], np.uint32).view(np.float32)   # and the lights' first words
         for s in range(first, first + count):
             for base in range(0, n, wave):
                 u = self._uniforms(tape, min(wave, n - base), width, height, sample=s,
-                                   rect=(*env, path.max_bounces),
-                                   extra=(path.roulette_from, 0, path.seed, path.flags()), camera=camera.pack(),
-                                   settings=packed)
-                u[13] = base                           # (U.extra.y's bits: the wave's first pixel)
+                                   rect=(*env, path.max_bounces), extra=(0, 0, path.seed, path.flags()),
+                                   camera=cam, settings=packed)
+                u[12:14] = desc or 0, base       # (U.extra.x, .y's bits: the cells' descriptor, the wave's first pixel)
                 first_rounds, rounds = [PATH_GENERATE], 0
                 while True:
                     k = self._path_rounds
-                    live = self._path_submit(tape, first_rounds + list(PATH_ROUND) * k, variant, u, sums, k)
+                    live = self._path_submit(tape, first_rounds + [trace, PATH_ACCUMULATE] * k, variant, u, sums, k)
                     self.path_rounds_run += k
                     if live[-1] == 0:
                         break
@@ -686,12 +692,42 @@ class GpuWalker(PrunedPasses):
                 needed = rounds + int(np.argmax(live == 0)) + 1
                 self._path_rounds = min(max(needed, self._path_rounds - 1), PATH_MAX_ROUNDS)
 
+    def _path_cells(self, tape: Tape, packed: np.ndarray, variant: int, wave: int) -> tuple:
+        """The path tracer's cells for ``wave`` paths: (the cells' descriptor word in points or
+        None, the cells' layout words for points' start, the first out_u word of the paths'
+        state); out_f / out_u sized for the state. An arithmetic tape of at least
+        PRUNE_MIN_RECORDS records is pruned over its march cells (MARCH_CELLS; _prune_cells,
+        into out_u from word 0, the state after the arena), or its cells kept from the last
+        path_add of the same tape bytes, settings and wave; other tapes, or cells past the
+        binding limit (remembered), run without."""
+        cells = self._march_cells_for(tape, "auto")
+        if cells is not None and (content_key(tape), cells) not in self._cells_too_large:
+            layout_words = _march_box_cells(packed, cells, 0)[1]
+
+            def key():   # what the kept cells depend on
+                return ("path", id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), packed.tobytes(),
+                        wave, id(self._out_u.buffer), id(self._points.buffer))
+            kept = self._kept_cells
+            if kept is not None and kept[0] == key():
+                return kept[1], layout_words, kept[2]
+            try:
+                desc, _, _, _, u_base = self._prune_cells(tape, packed, variant, 0, cells, paths=wave)
+            except CellsTooLarge:
+                self._cells_too_large.add((content_key(tape), cells))
+            else:
+                self.path_cell_prunes += 1
+                self._kept_cells = (key(), desc, u_base)
+                return desc, layout_words, u_base
+        self._prepare_outputs(PATH_F_WORDS * wave, PATH_U_WORDS * wave)
+        self._kept_cells = None                        # (the paths' state overwrites out_u)
+        return None, np.zeros(0, np.float32), 0
+
     def _path_submit(self, tape: Tape, kernels: list[str], variant: int, uniforms: np.ndarray,
                      sums: _Buffer, rounds: int) -> np.ndarray:
         """One submission of the path ``kernels`` (``rounds`` rounds) on the wave of ``uniforms``,
         accum bound to ``sums``; waits, checks the counters (an overflow is a TaperayError) and
         returns the paths left after each round (path_accumulate's count, copied out of the
-        counters after each; it and path_compact's queue lengths start from zero)."""
+        counters after each, from zero)."""
         self._uniform.write(0, uniforms)
         self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
         bg = self._bind(sums)
@@ -701,16 +737,14 @@ class GpuWalker(PrunedPasses):
         self._path_live.ensure(4 * rounds)
         done = 0
         for kernel in kernels:
-            if kernel == PATH_ROUND[-1]:
+            if kernel == PATH_ACCUMULATE:
                 enc.clear_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, 4)
-            elif kernel == PATH_COMPACT:
-                enc.clear_buffer(self._counters.buffer, 4 * COUNT_PATH_QUEUES, 8)
             cp = enc.begin_compute_pass()
             cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
             cp.set_bind_group(0, bg)
             cp.dispatch_workgroups(gx, -(-groups // gx), 1)
             cp.end()
-            if kernel == PATH_ROUND[-1]:
+            if kernel == PATH_ACCUMULATE:
                 enc.copy_buffer_to_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, self._path_live.buffer,
                                           4 * done, 4)
                 done += 1

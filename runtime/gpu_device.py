@@ -47,19 +47,20 @@ UNIFORM_BYTES = 32 + 16 + 16 + 64 + 4 * PACK_LEN   # bindings.wgsl: struct Unifo
 MIN_BUFFER = 256
 READ_STAGING_MIN = 1 << 16    # bytes of _read's first staging buffer
 COUNTERS_BYTES = 64           # bindings.wgsl: counters (overflow, unfinished, prune.wgsl's four, path.wgsl's
-                              # three, seven unused)
+                              # one, nine unused)
 N_BINDINGS = 11
 CELLS_KEEPING = ("march_cells", "light_cells", "surface", "surface_cells", "shade", "resolve",  # passes that
                  "cells_image")                                        # leave the pruned cells in out_u alone
 WORKGROUP_PER_ITEM = ("prune_wave", "prune_wave_cells")   # kernels dispatched a workgroup per item (tile)
 RESUMABLE = ("march", "light", "march_cells", "light_cells")   # kernels that save their state and are
                                                                  # dispatched until done
-# the path tracer's wavefront (path.wgsl): a sample's first kernel, then rounds of the kernels
-# after it (compact queues the paths that extend, then those that occlude; extend and occlude save
-# their state at U.iter_budget and go on in the next round; accumulate adds the ended paths and
-# counts the rest) until no path is left; tonemap draws the picture of the sums
-PATH_GENERATE, PATH_COMPACT, PATH_TONEMAP = "path_generate", "path_compact", "path_tonemap"
-PATH_ROUND = (PATH_COMPACT, "path_extend", "path_shade", PATH_COMPACT, "path_occlude", "path_accumulate")
+# the path tracer (path.wgsl): a sample's first kernel, then rounds of a trace kernel (each path
+# to its end, or to U.iter_budget where it saves its state and goes on in the next round; on the
+# tape's records or, _cells, on its pruned cells' tapes) and path_accumulate (adds the ended
+# paths and counts the rest) until no path is left; tonemap draws the picture of the sums
+PATH_GENERATE, PATH_ACCUMULATE, PATH_TONEMAP = "path_generate", "path_accumulate", "path_tonemap"
+PATH_TRACE, PATH_TRACE_CELLS = "path_trace", "path_trace_cells"
+PATH_F_WORDS, PATH_U_WORDS = 36, 6      # path.wgsl: a path's state, floats in out_f and words in out_u
 # Loop-iteration limits per invocation (bindings.wgsl: U.iter_cap, U.iter_budget). Mesa's gallivm
 # (lavapipe / llvmpipe) stops every kernel's loops after 65535 iterations in all, so a software
 # adapter gets a cap below that (an evaluation needing more is refused as overflow) and a budget
@@ -95,10 +96,8 @@ KERNELS: dict[str, tuple[str, bool]] = {
     "cells_image": ("prune.wgsl", True),
     "pruned_points": ("prune.wgsl", True),
     "path_generate": ("kernels_render.wgsl+path.wgsl", False),
-    "path_compact": ("kernels_render.wgsl+path.wgsl", False),
-    "path_extend": ("kernels_render.wgsl+path.wgsl", True),
-    "path_shade": ("kernels_render.wgsl+path.wgsl", False),
-    "path_occlude": ("kernels_render.wgsl+path.wgsl", True),
+    "path_trace": ("kernels_render.wgsl+path.wgsl", True),
+    "path_trace_cells": ("kernels_render.wgsl+path.wgsl", True),
     "path_accumulate": ("kernels_render.wgsl+path.wgsl", False),
     "path_tonemap": ("kernels_render.wgsl+path.wgsl", False),
 }
@@ -110,7 +109,7 @@ PRESENT_FILE = "present.wgsl"
 # material comes from the surface pass), so their interpreter is built without material ids; their
 # _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
 # tape's pruned cell tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_eval, with
-# material ids in surface_cells); prune_cells is prune_tiles folding constant operands into the
+# material ids in surface_cells and path_trace_cells, the path tracer's); prune_cells is prune_tiles folding constant operands into the
 # march cells' tapes (prune.wgsl FOLD_CONSTANTS) and taking the union rule on sub-cells
 # (UNION_BOUND), prune_image_cells the same for image cells without the rule (their kept images
 # run no faster for it, and their first image slower: H200, 16^2 x 3 cells, 1.61 -> 1.80 ms),
@@ -119,12 +118,12 @@ KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
     "march": {"WITH_MATERIALS": False}, "light": {"WITH_MATERIALS": False},
     "march_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
     "light_cells": {"WITH_MATERIALS": False, "FIELD_CELLS": True},
-    "surface_cells": {"FIELD_CELLS": True},
+    "surface_cells": {"FIELD_CELLS": True}, "path_trace_cells": {"FIELD_CELLS": True},
     "prune_cells": {"FOLD_CONSTANTS": True, "UNION_BOUND": True},
     "prune_image_cells": {"FOLD_CONSTANTS": True},
     "prune_wave_cells": {"FOLD_CONSTANTS": True}}
 KERNEL_ENTRY = {"march_cells": "march", "light_cells": "light",   # kernel -> entry point, where they differ
-                "surface_cells": "surface", "prune_cells": "prune_tiles",
+                "surface_cells": "surface", "path_trace_cells": "path_trace", "prune_cells": "prune_tiles",
                 "prune_image_cells": "prune_tiles", "prune_wave_cells": "prune_wave"}
 PRELUDE_BEFORE_REGCAP = (HEADER_NAME,)
 PRELUDE_AFTER_REGCAP = (RENDER_NAME, "bindings.wgsl", "interpreter.wgsl", "packed.wgsl")

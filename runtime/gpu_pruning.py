@@ -25,7 +25,8 @@ import threading
 
 import numpy as np
 
-from .gpu_device import BUILD_COMPANIONS, KERNEL_CONSTANTS, builds_in_background, variant_for
+from .gpu_device import (BUILD_COMPANIONS, KERNEL_CONSTANTS, PATH_F_WORDS, PATH_U_WORDS, builds_in_background,
+                         variant_for)
 from .gpu_guard import _guarded
 from .opcodes import OPS, WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
 from .pruning import (PRUNE_MIN_RECORDS, compact_records, grid_cell_boxes, grid_ijk, is_arithmetic,
@@ -257,6 +258,13 @@ def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool =
     words[desc + 8:desc + 9].view(np.uint32)[0] = base
     words.flags.writeable = False
     return counts, words, desc
+
+
+def _march_box_cells(packed: np.ndarray, cells: tuple[int, int], base: int):
+    """_march_cells_cached over the march box of the packed render settings (the same box each
+    frame: kept)."""
+    lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
+    return _march_cells_cached(tuple(lo), tuple(hi), *cells, base=base)
 
 
 def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
@@ -910,13 +918,18 @@ class PrunedPasses:
                                f"got {cells!r}")
         return int(cells[0]), int(cells[1])
 
-    def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]):
+    def _prune_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int],
+                     paths: int = 0):
         """Prunes ``tape`` over the cells (march_cells) of the march box in ``packed``
-        (_prune_cell_grid), the headers and arena in out_u after the n pixels' outputs (from
-        word 9n). Returns what _prune_cell_grid does: the cell descriptor's word in the points
-        buffer (U.extra.x of the _cells kernels) first."""
-        lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
-        layout = _march_cells_cached(tuple(lo), tuple(hi), *cells, base=9 * n)   # (the same box each frame)
+        (_prune_cell_grid): for a frame of n pixels the headers and arena in out_u after the
+        pixels' outputs (from word 9n); for the path tracer's ``paths`` (n 0) from word 0, with
+        their state's words free after the arena. Returns what _prune_cell_grid does: the cell
+        descriptor word in the points buffer (U.extra.x of the _cells kernels) first."""
+        layout = _march_box_cells(packed, cells, 9 * n)
+        if paths:
+            return self._prune_cell_grid(tape, variant, layout, (PATH_F_WORDS * paths, 0),
+                                         f"the march cells {cells} for {paths} paths", "prune_cells",
+                                         PATH_U_WORDS * paths)
         return self._prune_cell_grid(tape, variant, layout, (8 * n, n),
                                      f"the march cells {cells} at {n} pixels", "prune_cells")
 

@@ -6,7 +6,7 @@ sampler and its seed), the light samples' data (``emitter_spheres``, ``light_dat
 points buffer for the path kernels), the integrator's scalar pieces (the sampler, the material model, its sampling
 and the MIS weight: jitted, float32, each mirrored by a function of shaders/path.wgsl of the same
 name), the twin's path kernel (``_path_kernel``, Numba float32, the reference of path.wgsl: the
-same integrator drawing the same random numbers; the GPU's is path.wgsl's wavefront of kernels)
+same integrator drawing the same random numbers; the GPU's is path.wgsl's kernels)
 and ``PathImage`` (progressive accumulation on either walker: each ``add`` adds samples, the
 GPU's sums staying on the GPU; a camera, setting or scene edit needs a new one). The march's hit threshold, normals and march box are
 the walkers' own (RenderSettings, twin._field / _gradients, kernels_render.wgsl trace_step /

@@ -31,8 +31,8 @@ struct Uniforms {
 // that saved their state for another dispatch; words 2 to 5: the pruning passes' arena pointer
 // and refusals, the most registers a finest tile's pruned tape uses and the pixels refused for
 // a tape needing more registers than their pipeline holds (prune.wgsl COUNT_ARENA ...
-// COUNT_REGS_REFUSED); 6: the path tracer's marches stopped by U.iter_budget, 7 and 8 the
-// lengths of its extend and occlude queues (path.wgsl COUNT_PATH_PAUSES ...); 9 to 15 unused
+// COUNT_REGS_REFUSED); 6: the path tracer's traces stopped by U.iter_budget (path.wgsl
+// COUNT_PATH_PAUSES); 7 to 15 unused
 @group(0) @binding(10) var<storage, read_write> counters: array<atomic<u32>, 16>;
 
 const COUNT_OVERFLOW: u32 = 0u;

@@ -9,14 +9,15 @@
 // the environment or an emitter's cone (a shadow ray, MIS; the lights in the points buffer,
 // path_tracing.light_data) and a BSDF sample (GGX lobe or Lambertian base); a ray that leaves
 // the box or spends its steps sees the environment (constant, times a map's pixel). Russian
-// roulette from bounce U.extra.x on; at most U.rect.w bounces.
-// A wavefront of fixed kernels (below: path_generate, path_compact, path_extend, path_shade,
-// path_occlude, path_accumulate, path_tonemap), the paths' state in out_f / out_u between them; the marches
-// (extend, occlude) are resumable under U.iter_budget, so no path is refused for its length
-// (one field evaluation past U.iter_cap still is, as the march's).
+// roulette from bounce U.camera[1].w on; at most U.rect.w bounces.
+// Fixed kernels (below: path_generate, path_trace, path_accumulate, path_tonemap), the paths'
+// state in out_f / out_u between them; path_trace is resumable under U.iter_budget, so no path
+// is refused for its length (one field evaluation past U.iter_cap still is, as the march's).
 // Uniforms: U.n_items the wave's pixels, U.extra.y's bits its first pixel; U.sample the
 // sample's index (path_tonemap: the samples accumulated); U.rect.xyz the environment's
-// constant; U.extra.z the sequence's seed, U.extra.w the PATH_FLAG_* bits.
+// constant; U.extra.z the sequence's seed, U.extra.w the PATH_FLAG_* bits; U.camera[2].w's bits
+// the paths' state's first word in out_u; with FIELD_CELLS (path_trace_cells), U.extra.x's bits
+// the cells' descriptor word in points (packed.wgsl march_cells).
 // accum[pixel] = (sum of the samples' radiance rgb, sum of the squares of their mean over rgb).
 
 // PCG's output permutation of a 32-bit state (Jarzynski and Olano 2020, "pcg" hash)
@@ -214,7 +215,7 @@ const PATH_DIM_PICK: u32 = 6u;     // 6: the light sample's environment or emitt
 const PATH_FLAG_LIGHT: u32 = 1u;   // light samples (PathSettings.light_samples)
 const PATH_FLAG_HASH: u32 = 2u;    // the independent sampler (PathSettings.sampler "hash")
 
-// The light samples' data (path_tracing.light_data) in the points buffer: [0] the number of
+// The light samples' data (path_tracing.light_data) in the points buffer (light_word): [0] the number of
 // emitters, [1] the environment's share of the light samples, [2] the environment map's width
 // (0: none), [3] its height, [4] [5] [6] the offsets of its radiance (rgb rows), marginal CDF
 // and conditional CDFs, [7] 1 where the map is importance sampled; from PATH_LIGHTS_HEADER the
@@ -222,6 +223,12 @@ const PATH_FLAG_HASH: u32 = 2u;    // the independent sampler (PathSettings.samp
 // picking it, the sum of the probabilities up to it). The map's directions: runtime/environment.py.
 const PATH_LIGHTS_HEADER: u32 = 8u;
 const PATH_EMITTER_WORDS: u32 = 8u;
+
+// word k of the light data, which starts at U.camera[3].w's bits in points (after the cells'
+// layout where path_trace_cells runs)
+fn light_word(k: u32) -> f32 {
+    return points[bitcast<u32>(U.camera[3].w) + k];
+}
 const PATH_TWO_PI: f32 = 6.2831854820251465;     // float32(2 pi)
 
 struct Cone {
@@ -233,8 +240,8 @@ struct Cone {
 // the cone from x that emitter k's bounding sphere subtends (path_tracing._cone)
 fn cone(k: u32, x: vec3<f32>) -> Cone {
     let b = PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k;
-    let a = vec3<f32>(points[b] - x.x, points[b + 1u] - x.y, points[b + 2u] - x.z);
-    let r = points[b + 3u];
+    let a = vec3<f32>(light_word(b) - x.x, light_word(b + 1u) - x.y, light_word(b + 2u) - x.z);
+    let r = light_word(b + 3u);
     let d2 = a.x * a.x + a.y * a.y + a.z * a.z;
     if (!(d2 > r * r * 1.0001)) {
         return Cone(vec3<f32>(0.0, 0.0, 1.0), -2.0, 2.0);
@@ -247,8 +254,8 @@ fn cone(k: u32, x: vec3<f32>) -> Cone {
 
 // (row, column, sin theta) of the environment map's pixel in direction d (path_tracing._env_pixel)
 fn env_pixel(d: vec3<f32>) -> vec3<f32> {
-    let w = u32(points[2]);
-    let h = u32(points[3]);
+    let w = u32(light_word(2));
+    let h = u32(light_word(3));
     let z = pmin(pmax(d.z, -1.0), 1.0);
     let theta = acos(z);
     let phi = atan2(d.y, d.x);
@@ -260,40 +267,40 @@ fn env_pixel(d: vec3<f32>) -> vec3<f32> {
 // the environment's radiance in direction d: the constant U.rect.xyz, times the map's pixel
 fn env_radiance(d: vec3<f32>) -> vec3<f32> {
     let env = U.rect.xyz;
-    if (points[2] == 0.0) {
+    if (light_word(2) == 0.0) {
         return env;
     }
     let px = env_pixel(d);
-    let b = u32(points[4]) + 3u * (u32(px.x) * u32(points[2]) + u32(px.y));
-    return vec3<f32>(env.x * points[b], env.y * points[b + 1u], env.z * points[b + 2u]);
+    let b = u32(light_word(4)) + 3u * (u32(px.x) * u32(light_word(2)) + u32(px.y));
+    return vec3<f32>(env.x * light_word(b), env.y * light_word(b + 1u), env.z * light_word(b + 2u));
 }
 
 // the environment light sample's pdf of direction d (path_tracing._env_pdf)
 fn env_pdf(d: vec3<f32>) -> f32 {
-    if (points[7] == 0.0) {
+    if (light_word(7) == 0.0) {
         return PATH_INV_4PI;
     }
-    let w = u32(points[2]);
-    let h = u32(points[3]);
+    let w = u32(light_word(2));
+    let h = u32(light_word(3));
     let px = env_pixel(d);
     if (!(px.z > 0.0)) {
         return 0.0;
     }
     let row = u32(px.x);
     let col = u32(px.y);
-    let m = u32(points[5]);
-    let c = u32(points[6]) + row * (w + 1u);
-    let p = (points[m + row + 1u] - points[m + row]) * (points[c + col + 1u] - points[c + col]);
+    let m = u32(light_word(5));
+    let c = u32(light_word(6)) + row * (w + 1u);
+    let p = (light_word(m + row + 1u) - light_word(m + row)) * (light_word(c + col + 1u) - light_word(c + col));
     return p * f32(w * h) / (2.0 * PATH_PI * PATH_PI * px.z);
 }
 
-// the i in [0, n) with cdf[i] <= u < cdf[i + 1] of the CDF at points[base .. base + n]
+// the i in [0, n) with cdf[i] <= u < cdf[i + 1] of the CDF at light_word(base .. base + n)
 fn cdf_find(base: u32, n: u32, u: f32) -> u32 {
     var lo = 0u;
     var hi = n;
     while (hi - lo > 1u) {
         let mid = (lo + hi) / 2u;
-        if (points[base + mid] <= u) {
+        if (light_word(base + mid) <= u) {
             lo = mid;
         } else {
             hi = mid;
@@ -304,17 +311,17 @@ fn cdf_find(base: u32, n: u32, u: f32) -> u32 {
 
 // the environment light sample's direction (path_tracing._sample_env)
 fn sample_env(u1: f32, u2: f32) -> vec3<f32> {
-    if (points[7] == 0.0) {
+    if (light_word(7) == 0.0) {
         return uniform_dir(u1, u2);
     }
-    let w = u32(points[2]);
-    let h = u32(points[3]);
-    let m = u32(points[5]);
+    let w = u32(light_word(2));
+    let h = u32(light_word(3));
+    let m = u32(light_word(5));
     let row = cdf_find(m, h, u1);
-    let dv = (u1 - points[m + row]) / (points[m + row + 1u] - points[m + row]);
-    let c = u32(points[6]) + row * (w + 1u);
+    let dv = (u1 - light_word(m + row)) / (light_word(m + row + 1u) - light_word(m + row));
+    let c = u32(light_word(6)) + row * (w + 1u);
     let col = cdf_find(c, w, u2);
-    let du = (u2 - points[c + col]) / (points[c + col + 1u] - points[c + col]);
+    let du = (u2 - light_word(c + col)) / (light_word(c + col + 1u) - light_word(c + col));
     let theta = (f32(row) + dv) / f32(h) * PATH_PI;
     let phi = (f32(col) + du) / f32(w) * PATH_TWO_PI - PATH_PI;
     let st = sin(theta);
@@ -323,8 +330,8 @@ fn sample_env(u1: f32, u2: f32) -> vec3<f32> {
 
 // the light sample's pdf of direction d from x (path_tracing._light_pdf)
 fn light_pdf(x: vec3<f32>, d: vec3<f32>) -> f32 {
-    let n = u32(points[0]);
-    let pe = points[1];
+    let n = u32(light_word(0));
+    let pe = light_word(1);
     let pdf = pe * env_pdf(d);
     if (n == 0u) {
         return pdf;
@@ -332,7 +339,7 @@ fn light_pdf(x: vec3<f32>, d: vec3<f32>) -> f32 {
     var cones = 0.0;
     for (var k = 0u; k < n; k++) {
         let cn = cone(k, x);
-        let pk = points[PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k + 4u];
+        let pk = light_word(PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k + 4u);
         if (cn.c < -1.0) {
             cones += pk * PATH_INV_4PI;
         } else if (d.x * cn.axis.x + d.y * cn.axis.y + d.z * cn.axis.z >= cn.c) {
@@ -344,14 +351,14 @@ fn light_pdf(x: vec3<f32>, d: vec3<f32>) -> f32 {
 
 // a light sample's direction from x (path_tracing._sample_light)
 fn sample_light(x: vec3<f32>, u0: f32, u1: f32, u2: f32) -> vec3<f32> {
-    let n = u32(points[0]);
-    let pe = points[1];
+    let n = u32(light_word(0));
+    let pe = light_word(1);
     if (n == 0u || u0 < pe) {
         return sample_env(u1, u2);
     }
     let u = (u0 - pe) / (1.0 - pe);
     var k = 0u;
-    while (k < n - 1u && !(u < points[PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k + 5u])) {
+    while (k < n - 1u && !(u < light_word(PATH_LIGHTS_HEADER + PATH_EMITTER_WORDS * k + 5u))) {
         k += 1u;
     }
     let cn = cone(k, x);
@@ -373,19 +380,20 @@ fn seen_weight(prev_pdf: f32, prev_p: vec3<f32>, d: vec3<f32>) -> f32 {
     return 1.0;
 }
 
-// ---------------------------------------------------------------------------- the wavefront
+// ---------------------------------------------------------------------------- the kernels
 // A wave is U.n_items consecutive pixels from U.extra.y's bits (wave_base): slot s is pixel
-// wave_base() + s. Each slot's path state lives in out_f (PATH_F_WORDS floats) and out_u
-// (PATH_U_WORDS words) between the kernels: path_generate (every slot: the camera ray), then
-// rounds of path_compact (queues the slots that extend and those that occlude, after the state
-// in out_u), path_extend (the queued rays' march and the normal's taps; resumable), path_shade
-// (the slots at a hit, the others skipped: emission, the bounce, the light sample's shadow ray,
-// roulette), path_compact again, path_occlude (the queued shadow rays' march; resumable) and
-// path_accumulate (adds the paths that ended to accum, once, and counts the others in
-// counters[COUNT_UNFINISHED]), until none is left; path_tonemap makes the picture of accum.
-// The queues keep a SIMD group's lanes on one kind of work: the marches' lanes all march.
+// wave_base() + s. Each slot's path state (PathState) lives in out_f (PATH_F_WORDS floats from
+// word PATH_F_WORDS s) and out_u (PATH_U_WORDS words from path_u_base() + PATH_U_WORDS s; the
+// words before it hold the pruned cells' tapes where path_trace_cells marches on them) between
+// the kernels: path_generate (every slot: the camera ray), then rounds of path_trace (the whole
+// path: marches, taps, shading, shadow rays, until it ends or U.iter_budget would be passed; the
+// next round goes on from the state) and path_accumulate (adds the paths that ended to accum,
+// once, and counts the others in counters[COUNT_UNFINISHED]), until none is left; path_tonemap
+// makes the picture of accum. One loop evaluates the field once per iteration for every phase
+// of a path (its ray's march, the normal's taps, the shadow ray's march), so a SIMD group's
+// lanes evaluate together whatever phase each is in.
 const PATH_F_WORDS: u32 = 36u;     // runtime/gpu.py PATH_F_WORDS
-const PATH_U_WORDS: u32 = 10u;     // runtime/gpu.py PATH_U_WORDS
+const PATH_U_WORDS: u32 = 6u;      // runtime/gpu.py PATH_U_WORDS
 const PF_O: u32 = 0u;              // out_f: the ray's origin
 const PF_D: u32 = 3u;              // its direction
 const PF_T: u32 = 6u;              // its trace's t
@@ -402,45 +410,43 @@ const PF_SD: u32 = 28u;            // its direction
 const PF_ST: u32 = 31u;            // its trace's t
 const PF_STFAR: u32 = 32u;         // ... and box exit
 const PF_SADD: u32 = 33u;          // the radiance it adds per unit of what it sees
-const PU_STAGE: u32 = 0u;          // out_u: PATH_STAGE_*
-const PU_PHASE: u32 = 1u;          // extend: 0 tracing, 1..4 the gradient's tap phase-1
-const PU_STEPS: u32 = 2u;          // the trace's steps, material, hit
-const PU_MAT: u32 = 3u;
-const PU_HIT: u32 = 4u;
-const PU_BOUNCE: u32 = 5u;         // hits so far
-const PU_SSTEPS: u32 = 6u;         // the shadow ray's steps, material, hit
-const PU_SMAT: u32 = 7u;
-const PU_SHIT: u32 = 8u;
-const PU_GOES_ON: u32 = 9u;        // whether the path continues after its shadow ray
-const PATH_STAGE_EXTEND: u32 = 0u;
-const PATH_STAGE_SHADE: u32 = 1u;
-const PATH_STAGE_OCCLUDE: u32 = 2u;
-const PATH_STAGE_DONE: u32 = 3u;       // ended; path_accumulate adds its radiance
-const PATH_STAGE_ADDED: u32 = 4u;      // ... and it was added
-const COUNT_PATH_PAUSES: u32 = 6u;     // counters: extend / occlude slots stopped by U.iter_budget
-const COUNT_PATH_EXTEND: u32 = 7u;     // ... the extend queue's length
-const COUNT_PATH_OCCLUDE: u32 = 8u;    // ... the occlude queue's length
-
-// the queue of stage PATH_STAGE_EXTEND or PATH_STAGE_OCCLUDE: its first word in out_u (after
-// the slots' state) and its length's counter
-fn queue_base(stage: u32) -> u32 {
-    return (PATH_U_WORDS + select(0u, 1u, stage == PATH_STAGE_OCCLUDE)) * U.n_items;
-}
-
-fn queue_counter(stage: u32) -> u32 {
-    return select(COUNT_PATH_EXTEND, COUNT_PATH_OCCLUDE, stage == PATH_STAGE_OCCLUDE);
-}
-
-// the slot of entry k of the queue of ``stage`` (U.n_items: none)
-fn queued_slot(k: u32, stage: u32) -> u32 {
-    if (k >= atomicLoad(&counters[queue_counter(stage)])) {
-        return U.n_items;
-    }
-    return out_u[queue_base(stage) + k];
-}
+const PU_PHASE: u32 = 0u;          // out_u: PATH_* below
+const PU_STEPS: u32 = 1u;          // the trace's steps and material
+const PU_MAT: u32 = 2u;
+const PU_BOUNCE: u32 = 3u;         // hits so far
+const PU_SSTEPS: u32 = 4u;         // the shadow ray's steps
+const PU_GOES_ON: u32 = 5u;        // whether the path continues after its shadow ray
+const PATH_TRACING: u32 = 0u;      // phases: 0 the ray's march, 1..4 the normal's tap phase-1,
+const PATH_SHADOW: u32 = 5u;       // the shadow ray's march,
+const PATH_DONE: u32 = 6u;         // ended (path_accumulate adds its radiance)
+const PATH_ADDED: u32 = 7u;        // ... and added
+const COUNT_PATH_PAUSES: u32 = 6u; // counters: path_trace invocations stopped by U.iter_budget
 
 fn wave_base() -> u32 {
     return bitcast<u32>(U.extra.y);
+}
+
+// the first word of the paths' state in out_u (U.camera[2].w's bits)
+fn path_u_base() -> u32 {
+    return bitcast<u32>(U.camera[2].w);
+}
+
+struct PathState {
+    o: vec3<f32>,
+    d: vec3<f32>,
+    thr: vec3<f32>,
+    rad: vec3<f32>,
+    hp: vec3<f32>,
+    g: vec3<f32>,
+    side: f32,
+    prev_pdf: f32,
+    prev_p: vec3<f32>,
+    so: vec3<f32>,
+    sd: vec3<f32>,
+    s_add: vec3<f32>,
+    phase: u32,
+    bounce: u32,
+    goes_on: bool,
 }
 
 fn pf3(s: u32, w: u32) -> vec3<f32> {
@@ -455,42 +461,56 @@ fn set_pf3(s: u32, w: u32, v: vec3<f32>) {
     out_f[b + 2u] = v.z;
 }
 
-fn pf(s: u32, w: u32) -> f32 {
-    return out_f[PATH_F_WORDS * s + w];
-}
-
-fn set_pf(s: u32, w: u32, v: f32) {
-    out_f[PATH_F_WORDS * s + w] = v;
-}
-
 fn pu(s: u32, w: u32) -> u32 {
-    return out_u[PATH_U_WORDS * s + w];
+    return out_u[path_u_base() + PATH_U_WORDS * s + w];
 }
 
 fn set_pu(s: u32, w: u32, v: u32) {
-    out_u[PATH_U_WORDS * s + w] = v;
+    out_u[path_u_base() + PATH_U_WORDS * s + w] = v;
 }
 
-// a fresh trace of the ray o + t d through the march box (the box's entry and exit)
-fn path_trace(se: vec2<f32>) -> Trace {
+// a fresh trace of a ray through the march box (the box's entry and exit)
+fn path_trace_from(se: vec2<f32>) -> Trace {
     return Trace(se.x, se.y, 0u, u32(setting(SET_MAX_STEPS)), false, 0u, 1.0, 0.0, 0.0);
 }
 
-// a slot's extension ray: its trace from the state
-fn load_trace(s: u32) -> Trace {
-    var tr = path_trace(vec2<f32>(pf(s, PF_T), pf(s, PF_TFAR)));
-    tr.steps = pu(s, PU_STEPS);
-    tr.mat = pu(s, PU_MAT);
-    tr.hit = pu(s, PU_HIT) != 0u;
-    return tr;
+// slot s's state: the path, its ray's trace and its shadow ray's
+fn load_path(s: u32, st: ptr<function, PathState>, tr: ptr<function, Trace>, ts: ptr<function, Trace>) {
+    let b = PATH_F_WORDS * s;
+    *st = PathState(pf3(s, PF_O), pf3(s, PF_D), pf3(s, PF_THR), pf3(s, PF_RAD), pf3(s, PF_HP), pf3(s, PF_G),
+                    out_f[b + PF_SIDE], out_f[b + PF_PREV_PDF], pf3(s, PF_PREV_P), pf3(s, PF_SO), pf3(s, PF_SD),
+                    pf3(s, PF_SADD), pu(s, PU_PHASE), pu(s, PU_BOUNCE), pu(s, PU_GOES_ON) != 0u);
+    *tr = path_trace_from(vec2<f32>(out_f[b + PF_T], out_f[b + PF_TFAR]));
+    (*tr).steps = pu(s, PU_STEPS);
+    (*tr).mat = pu(s, PU_MAT);
+    *ts = path_trace_from(vec2<f32>(out_f[b + PF_ST], out_f[b + PF_STFAR]));
+    (*ts).steps = pu(s, PU_SSTEPS);
 }
 
-fn save_trace(s: u32, tr: Trace) {
-    set_pf(s, PF_T, tr.t);
-    set_pf(s, PF_TFAR, tr.tfar);
+fn save_path(s: u32, st: PathState, tr: Trace, ts: Trace) {
+    let b = PATH_F_WORDS * s;
+    set_pf3(s, PF_O, st.o);
+    set_pf3(s, PF_D, st.d);
+    set_pf3(s, PF_THR, st.thr);
+    set_pf3(s, PF_RAD, st.rad);
+    set_pf3(s, PF_HP, st.hp);
+    set_pf3(s, PF_G, st.g);
+    out_f[b + PF_SIDE] = st.side;
+    out_f[b + PF_PREV_PDF] = st.prev_pdf;
+    set_pf3(s, PF_PREV_P, st.prev_p);
+    set_pf3(s, PF_SO, st.so);
+    set_pf3(s, PF_SD, st.sd);
+    set_pf3(s, PF_SADD, st.s_add);
+    out_f[b + PF_T] = tr.t;
+    out_f[b + PF_TFAR] = tr.tfar;
+    out_f[b + PF_ST] = ts.t;
+    out_f[b + PF_STFAR] = ts.tfar;
+    set_pu(s, PU_PHASE, st.phase);
     set_pu(s, PU_STEPS, tr.steps);
     set_pu(s, PU_MAT, tr.mat);
-    set_pu(s, PU_HIT, u32(tr.hit));
+    set_pu(s, PU_BOUNCE, st.bounce);
+    set_pu(s, PU_SSTEPS, ts.steps);
+    set_pu(s, PU_GOES_ON, u32(st.goes_on));
 }
 
 // the camera ray of slot s's pixel through a jittered point of it
@@ -502,190 +522,53 @@ fn path_generate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         return;
     }
     let i = wave_base() + s;
+    let z = vec3<f32>(0.0);
     let o = eye();
     let d = camera_dir(f32(i % U.width) + path_random(i, 0u, PATH_DIM_JITTER),
                        f32(i / U.width) + path_random(i, 0u, PATH_DIM_JITTER + 1u));
     let se = slab(o, d);
-    set_pf3(s, PF_O, o);
-    set_pf3(s, PF_D, d);
-    save_trace(s, path_trace(se));
-    set_pf3(s, PF_THR, vec3<f32>(1.0));
-    set_pf3(s, PF_G, vec3<f32>(0.0));
-    set_pf(s, PF_SIDE, 1.0);
-    set_pf(s, PF_PREV_PDF, 0.0);
-    set_pf3(s, PF_PREV_P, vec3<f32>(0.0));
-    set_pu(s, PU_PHASE, 0u);
-    set_pu(s, PU_BOUNCE, 0u);
-    if (se.x <= se.y) {
-        set_pf3(s, PF_RAD, vec3<f32>(0.0));
-        set_pu(s, PU_STAGE, PATH_STAGE_EXTEND);
-    } else {
-        set_pf3(s, PF_RAD, env_radiance(d));
-        set_pu(s, PU_STAGE, PATH_STAGE_DONE);
+    var st = PathState(o, d, vec3<f32>(1.0), z, z, z, 1.0, 0.0, z, z, z, z, PATH_TRACING, 0u, false);
+    if (!(se.x <= se.y)) {
+        st.rad = env_radiance(d);
+        st.phase = PATH_DONE;
     }
+    save_path(s, st, path_trace_from(se), path_trace_from(vec2<f32>(0.0)));
 }
 
-// the queues of the slots that extend and of those that occlude (the host zeroes their lengths
-// first): each workgroup counts its own in workgroup memory and takes its places with one atomic
-// per queue (so 64 times fewer atomics on the two lengths); their order is the atomics', which no
-// result depends on
-var<workgroup> wg_queued: array<atomic<u32>, 2>;
-var<workgroup> wg_first: array<u32, 2>;
-
-@compute @workgroup_size(WG)
-fn path_compact(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let s = flat_index(wid, lid, nwg);
-    if (lid < 2u) {
-        atomicStore(&wg_queued[lid], 0u);
-    }
-    workgroupBarrier();
-    var stage = PATH_STAGE_DONE;
-    if (s < U.n_items) {
-        stage = pu(s, PU_STAGE);
-    }
-    let q = select(0u, 1u, stage == PATH_STAGE_OCCLUDE);
-    let queued = stage == PATH_STAGE_EXTEND || stage == PATH_STAGE_OCCLUDE;
-    var place = 0u;
-    if (queued) {
-        place = atomicAdd(&wg_queued[q], 1u);
-    }
-    workgroupBarrier();
-    if (lid < 2u) {
-        let count = atomicLoad(&wg_queued[lid]);
-        if (count > 0u) {
-            wg_first[lid] = atomicAdd(&counters[COUNT_PATH_EXTEND + lid], count);
-        }
-    }
-    workgroupBarrier();
-    if (queued) {
-        out_u[queue_base(stage) + wg_first[q] + place] = s;
-    }
-}
-
-// the queued extension rays' march to their hit, then the normal's four taps; one field evaluation per
-// loop iteration (the interpreter inlined once); stops where U.iter_budget would be passed (the
-// next round goes on from the state). A miss sees the environment and ends the path.
-@compute @workgroup_size(WG)
-fn path_extend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-               @builtin(num_workgroups) nwg: vec3<u32>) {
-    let s = queued_slot(flat_index(wid, lid, nwg), PATH_STAGE_EXTEND);
-    if (s >= U.n_items) {
-        return;
-    }
-    let o = pf3(s, PF_O);
-    let d = pf3(s, PF_D);
-    let side = pf(s, PF_SIDE);
-    let neps = setting(SET_NORMAL_EPS);
-    var tr = load_trace(s);
-    var phase = pu(s, PU_PHASE);
-    var hp = pf3(s, PF_HP);
-    var g = pf3(s, PF_G);
-    var rad = pf3(s, PF_RAD);
-    var stage = PATH_STAGE_EXTEND;
-    var cost = U.n_instrs;
-    while (stage == PATH_STAGE_EXTEND) {
-        if (!budget_allows(cost)) {
-            atomicAdd(&counters[COUNT_PATH_PAUSES], 1u);
-            break;
-        }
-        var q = ray_point(o, d, tr.t);
-        if (phase > 0u) {
-            let k = tetra(phase - 1u);
-            q = vec3<f32>(hp.x + neps * k.x, hp.y + neps * k.y, hp.z + neps * k.z);
-        }
-        let before = iters;
-        var e = field(q);
-        cost = max(cost, iters - before);
-        if (overflow) {
-            note_overflow();
-            rad = vec3<f32>(nan());
-            stage = PATH_STAGE_DONE;
-            break;
-        }
-        if (phase == 0u) {
-            e.d = side * e.d;
-            if (!trace_step(&tr, e)) {
-                if (tr.hit) {
-                    hp = ray_point(o, d, tr.t);
-                    g = vec3<f32>(0.0);
-                    phase = 1u;
-                } else {
-                    rad += pf3(s, PF_THR) * env_radiance(d) * seen_weight(pf(s, PF_PREV_PDF), pf3(s, PF_PREV_P), d);
-                    stage = PATH_STAGE_DONE;
-                }
-            }
-            continue;
-        }
-        let k = tetra(phase - 1u);
-        g = vec3<f32>(g.x + k.x * e.d, g.y + k.y * e.d, g.z + k.z * e.d);
-        phase += 1u;
-        if (phase == 5u) {
-            stage = PATH_STAGE_SHADE;
-        }
-    }
-    save_trace(s, tr);
-    set_pu(s, PU_PHASE, phase);
-    set_pf3(s, PF_HP, hp);
-    set_pf3(s, PF_G, g);
-    set_pf3(s, PF_RAD, rad);
-    set_pu(s, PU_STAGE, stage);
-}
-
-// the hit: its emission, then (below the bounce limit) glass's reflection or refraction, or an
-// opaque material's light sample (the shadow ray for path_occlude) and BSDF sample; roulette;
-// the next extension ray. A normal of zero length ends the path.
-@compute @workgroup_size(WG)
-fn path_shade(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-              @builtin(num_workgroups) nwg: vec3<u32>) {
-    let s = flat_index(wid, lid, nwg);
-    if (s >= U.n_items || pu(s, PU_STAGE) != PATH_STAGE_SHADE) {
-        return;
-    }
-    let i = wave_base() + s;
+// the hit whose normal's taps are summed in st.g: its emission, then (below the bounce limit)
+// glass's reflection or refraction, or an opaque material's light sample (the shadow ray, traced
+// next) and BSDF sample; roulette; the next ray (tr). A normal of zero length ends the path.
+fn shade_hit(st: ptr<function, PathState>, tr: ptr<function, Trace>, ts: ptr<function, Trace>, i: u32) {
     let max_bounces = u32(U.rect.w);
-    let rr_from = u32(U.extra.x);
+    let rr_from = u32(U.camera[1].w);
     let light_samples = (u32(U.extra.w) & PATH_FLAG_LIGHT) != 0u;
     let eps4 = 4.0 * setting(SET_HIT_EPS);
     let neps = setting(SET_NORMAL_EPS);
-    let n_mat = arrayLength(&materials);
-    var o = pf3(s, PF_O);
-    var d = pf3(s, PF_D);
-    let hp = pf3(s, PF_HP);
-    var thr = pf3(s, PF_THR);
-    var rad = pf3(s, PF_RAD);
-    var side = pf(s, PF_SIDE);
-    var prev_pdf = pf(s, PF_PREV_PDF);
-    var prev_p = pf3(s, PF_PREV_P);
-    var bounce = pu(s, PU_BOUNCE);
-    let g = pf3(s, PF_G) / (4.0 * neps);
+    let g = (*st).g / (4.0 * neps);
     let gl = len3(g.x, g.y, g.z);
+    (*st).phase = PATH_DONE;
     if (!(gl > 0.0)) {
-        set_pu(s, PU_STAGE, PATH_STAGE_DONE);
         return;
     }
     let n = g / gl;
-    let mt = materials[min(pu(s, PU_MAT), n_mat - 1u)];
+    let mt = materials[min((*tr).mat, arrayLength(&materials) - 1u)];
+    let hp = (*st).hp;
+    var thr = (*st).thr;
     if (mt.emission.x + mt.emission.y + mt.emission.z > 0.0) {
-        rad += thr * mt.emission * seen_weight(prev_pdf, prev_p, d);
+        (*st).rad += thr * mt.emission * seen_weight((*st).prev_pdf, (*st).prev_p, (*st).d);
     }
-    bounce += 1u;
-    set_pu(s, PU_BOUNCE, bounce);
+    let bounce = (*st).bounce + 1u;
+    (*st).bounce = bounce;
     if (bounce >= max_bounces) {
-        set_pf3(s, PF_RAD, rad);
-        set_pu(s, PU_STAGE, PATH_STAGE_DONE);
         return;
     }
-    let wo = -d;
+    let wo = -(*st).d;
     let u0 = path_random(i, bounce, PATH_DIM_LOBE);
     let u1 = path_random(i, bounce, PATH_DIM_BSDF);
     let u2 = path_random(i, bounce, PATH_DIM_BSDF + 1u);
     var has_shadow = false;
     var goes_on = false;
-    var so = vec3<f32>(0.0);
-    var sd = vec3<f32>(0.0);
-    var ss = vec2<f32>(0.0);
-    var s_add = vec3<f32>(0.0);
+    var d = (*st).d;
     if (mt.transmission == 1.0) {        // smooth glass
         var c = n.x * wo.x + n.y * wo.y + n.z * wo.z;
         let sg = select(-1.0, 1.0, c > 0.0);
@@ -697,16 +580,16 @@ fn path_shade(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         if (u0 < fr.x) {
             let c2 = 2.0 * c;
             d = vec3<f32>(c2 * m.x - wo.x, c2 * m.y - wo.y, c2 * m.z - wo.z);
-            side = sg;
+            (*st).side = sg;
         } else {
             let kt = eta * c - fr.y;
             d = vec3<f32>(kt * m.x - eta * wo.x, kt * m.y - eta * wo.y, kt * m.z - eta * wo.z);
             off = -eps4;
-            side = -sg;
+            (*st).side = -sg;
             thr = thr * mt.color;
         }
-        o = vec3<f32>(hp.x + off * m.x, hp.y + off * m.y, hp.z + off * m.z);
-        prev_pdf = 0.0;
+        (*st).o = vec3<f32>(hp.x + off * m.x, hp.y + off * m.y, hp.z + off * m.z);
+        (*st).prev_pdf = 0.0;
         goes_on = true;
     } else {
         if (light_samples) {
@@ -716,10 +599,10 @@ fn path_shade(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             let pl = light_pdf(hp, l);
             if (fl.w > 0.0 && pl > 0.0) {
                 let w = power_weight(pl, fl.w) / pl;
-                s_add = vec3<f32>(thr.x * fl.x * w, thr.y * fl.y * w, thr.z * fl.z * w);
-                so = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
-                sd = l;
-                ss = slab(so, sd);
+                (*st).s_add = vec3<f32>(thr.x * fl.x * w, thr.y * fl.y * w, thr.z * fl.z * w);
+                (*st).so = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
+                (*st).sd = l;
+                *ts = path_trace_from(slab((*st).so, l));
                 has_shadow = true;
             }
         }
@@ -728,10 +611,10 @@ fn path_shade(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         goes_on = fb.w > 0.0;
         if (goes_on) {
             thr = vec3<f32>(thr.x * (fb.x / fb.w), thr.y * (fb.y / fb.w), thr.z * (fb.z / fb.w));
-            prev_pdf = select(0.0, fb.w, light_samples);
-            prev_p = hp;
-            side = 1.0;
-            o = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
+            (*st).prev_pdf = select(0.0, fb.w, light_samples);
+            (*st).prev_p = hp;
+            (*st).side = 1.0;
+            (*st).o = vec3<f32>(hp.x + eps4 * n.x, hp.y + eps4 * n.y, hp.z + eps4 * n.z);
         }
     }
     if (goes_on) {
@@ -745,89 +628,99 @@ fn path_shade(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             }
         }
     }
+    (*st).d = d;
+    (*st).thr = thr;
     if (goes_on) {
-        let se = slab(o, d);
-        save_trace(s, path_trace(se));
-        set_pu(s, PU_PHASE, 0u);
+        let se = slab((*st).o, d);
+        *tr = path_trace_from(se);
         if (!(se.x <= se.y)) {         // (leaves the box at once: the environment)
-            rad += thr * env_radiance(d) * seen_weight(prev_pdf, prev_p, d);
+            (*st).rad += thr * env_radiance(d) * seen_weight((*st).prev_pdf, (*st).prev_p, d);
             goes_on = false;
         }
     }
-    var stage = select(PATH_STAGE_DONE, PATH_STAGE_EXTEND, goes_on);
-    if (has_shadow && ss.x <= ss.y) {
-        stage = PATH_STAGE_OCCLUDE;
-        set_pf3(s, PF_SO, so);
-        set_pf3(s, PF_SD, sd);
-        set_pf(s, PF_ST, ss.x);
-        set_pf(s, PF_STFAR, ss.y);
-        set_pf3(s, PF_SADD, s_add);
-        set_pu(s, PU_SSTEPS, 0u);
-        set_pu(s, PU_SMAT, 0u);
-        set_pu(s, PU_SHIT, 0u);
-        set_pu(s, PU_GOES_ON, u32(goes_on));
-    } else if (has_shadow) {
-        rad += s_add * env_radiance(sd);   // (the shadow ray misses the box: unoccluded)
-    }
-    set_pf3(s, PF_O, o);
-    set_pf3(s, PF_D, d);
-    set_pf3(s, PF_THR, thr);
-    set_pf3(s, PF_RAD, rad);
-    set_pf(s, PF_SIDE, side);
-    set_pf(s, PF_PREV_PDF, prev_pdf);
-    set_pf3(s, PF_PREV_P, prev_p);
-    set_pu(s, PU_STAGE, stage);
-}
-
-// the queued shadow rays' march through the same tape walk; where one ends it adds the
-// environment (it left the box or spent its steps) or the emission of the surface it hit; stops
-// where U.iter_budget would be passed.
-@compute @workgroup_size(WG)
-fn path_occlude(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let s = queued_slot(flat_index(wid, lid, nwg), PATH_STAGE_OCCLUDE);
-    if (s >= U.n_items) {
+    (*st).goes_on = goes_on;
+    if (has_shadow && (*ts).t <= (*ts).tfar) {
+        (*st).phase = PATH_SHADOW;     // (then PATH_TRACING if the path goes on)
         return;
     }
-    var stage = PATH_STAGE_OCCLUDE;
-    let so = pf3(s, PF_SO);
-    let sd = pf3(s, PF_SD);
-    var ts = path_trace(vec2<f32>(pf(s, PF_ST), pf(s, PF_STFAR)));
-    ts.steps = pu(s, PU_SSTEPS);
-    ts.mat = pu(s, PU_SMAT);
-    ts.hit = pu(s, PU_SHIT) != 0u;
-    var rad = pf3(s, PF_RAD);
+    if (has_shadow) {
+        (*st).rad += (*st).s_add * env_radiance((*st).sd);   // (the shadow ray misses the box: unoccluded)
+    }
+    (*st).phase = select(PATH_DONE, PATH_TRACING, goes_on);
+}
+
+// slot s's path from its state to its end: one field evaluation per loop iteration, whichever
+// phase (the interpreter inlined once); where the next would pass U.iter_budget the state is
+// saved and the next round goes on from it. A ray that leaves the box or spends its steps sees
+// the environment (and ends the path); a shadow ray adds the environment or the emission it hits.
+@compute @workgroup_size(WG)
+fn path_trace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let s = flat_index(wid, lid, nwg);
+    if (s >= U.n_items || pu(s, PU_PHASE) >= PATH_DONE) {
+        return;
+    }
+    let i = wave_base() + s;
+    let neps = setting(SET_NORMAL_EPS);
+    var st: PathState;
+    var tr: Trace;
+    var ts: Trace;
+    load_path(s, &st, &tr, &ts);
     var cost = U.n_instrs;
-    while (stage == PATH_STAGE_OCCLUDE) {
+    while (st.phase < PATH_DONE) {
         if (!budget_allows(cost)) {
             atomicAdd(&counters[COUNT_PATH_PAUSES], 1u);
             break;
         }
+        var q = ray_point(st.o, st.d, tr.t);
+        if (st.phase == PATH_SHADOW) {
+            q = ray_point(st.so, st.sd, ts.t);
+        } else if (st.phase > PATH_TRACING) {
+            let k = tetra(st.phase - 1u);
+            q = vec3<f32>(st.hp.x + neps * k.x, st.hp.y + neps * k.y, st.hp.z + neps * k.z);
+        }
         let before = iters;
-        let e = field(ray_point(so, sd, ts.t));
+        var e = field(q);
         cost = max(cost, iters - before);
         if (overflow) {
             note_overflow();
-            rad = vec3<f32>(nan());
-            stage = PATH_STAGE_DONE;
+            st.rad = vec3<f32>(nan());
+            st.phase = PATH_DONE;
             break;
         }
-        if (!trace_step(&ts, e)) {
-            let s_add = pf3(s, PF_SADD);
-            if (!ts.hit) {
-                rad += s_add * env_radiance(sd);
-            } else {
-                rad += s_add * materials[min(ts.mat, arrayLength(&materials) - 1u)].emission;
+        if (st.phase == PATH_SHADOW) {
+            if (!trace_step(&ts, e)) {
+                if (!ts.hit) {
+                    st.rad += st.s_add * env_radiance(st.sd);
+                } else {
+                    st.rad += st.s_add * materials[min(ts.mat, arrayLength(&materials) - 1u)].emission;
+                }
+                st.phase = select(PATH_DONE, PATH_TRACING, st.goes_on);
             }
-            stage = select(PATH_STAGE_DONE, PATH_STAGE_EXTEND, pu(s, PU_GOES_ON) != 0u);
+            continue;
+        }
+        if (st.phase == PATH_TRACING) {
+            e.d = st.side * e.d;
+            if (!trace_step(&tr, e)) {
+                if (tr.hit) {
+                    st.hp = ray_point(st.o, st.d, tr.t);
+                    st.g = vec3<f32>(0.0);
+                    st.phase = 1u;
+                } else {
+                    st.rad += st.thr * env_radiance(st.d) * seen_weight(st.prev_pdf, st.prev_p, st.d);
+                    st.phase = PATH_DONE;
+                }
+            }
+            continue;
+        }
+        let k = tetra(st.phase - 1u);
+        st.g = vec3<f32>(st.g.x + k.x * e.d, st.g.y + k.y * e.d, st.g.z + k.z * e.d);
+        st.phase += 1u;
+        if (st.phase == PATH_SHADOW) {
+            shade_hit(&st, &tr, &ts, i);
         }
     }
-    set_pf(s, PF_ST, ts.t);
-    set_pu(s, PU_SSTEPS, ts.steps);
-    set_pu(s, PU_SMAT, ts.mat);
-    set_pu(s, PU_SHIT, u32(ts.hit));
-    set_pf3(s, PF_RAD, rad);
-    set_pu(s, PU_STAGE, stage);
+    save_path(s, st, tr, ts);
 }
 
 // the paths that ended since the last accumulation: accum[pixel] += (radiance rgb, the square
@@ -840,18 +733,18 @@ fn path_accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     if (s >= U.n_items) {
         return;
     }
-    let stage = pu(s, PU_STAGE);
-    if (stage < PATH_STAGE_DONE) {
+    let phase = pu(s, PU_PHASE);
+    if (phase < PATH_DONE) {
         atomicAdd(&counters[COUNT_UNFINISHED], 1u);
     }
-    if (stage != PATH_STAGE_DONE) {
+    if (phase != PATH_DONE) {
         return;
     }
     let rad = pf3(s, PF_RAD);
     let y = (rad.x + rad.y + rad.z) / 3.0;
     let i = wave_base() + s;
     accum[i] = accum[i] + vec4<f32>(rad, y * y);
-    set_pu(s, PU_STAGE, PATH_STAGE_ADDED);
+    set_pu(s, PU_PHASE, PATH_ADDED);
 }
 
 // the picture of accum over U.sample samples (U.n_items pixels): the mean radiance clamped to

@@ -6,8 +6,9 @@ Per scene: ``PathImage.add(1)`` once (the pipelines or the Numba compile, the up
 GPU, once the background has built the kernel set's other pipelines) ``--repeat`` samples per pixel
 timed in one ``add``: Msamples/s (pixels x samples / s), seconds per sample per pixel and the time
 to 256 spp at that rate (measured when ``--repeat`` is 256, else the rate's product, said so in the
-row); on the GPU also the wavefront's rounds per sample (extend, shade, occlude, accumulate) and
-the marches the iteration budget paused. Then the edits a user makes while it converges, each
+row); on the GPU also the rounds per sample (path_trace and path_accumulate), the traces the
+iteration budget paused and whether the paths marched on pruned cells (an arithmetic tape's march
+cells, pruned once per image). Then the edits a user makes while it converges, each
 followed by one more sample: every named material's colour, roughness and metallic, a named
 parameter, and a topology edit (the scene with one more sphere, a new tape of the same register
 variant): the pipelines they created, counted by the kernel set (the rule is none; the twin has no
@@ -55,10 +56,11 @@ def _measure(walker, tape, path: Path, w: int, h: int, spp: int, settings, row: 
     from taperay.runtime.gpu_device import variant_for
     from taperay.runtime.path_tracing import PathImage
     row["records"] = len(tape.instrs)
+    gpu = walker.name == "gpu"
+    prunes = walker.path_cell_prunes if gpu else 0
     t0 = time.perf_counter()
     image = PathImage(walker, tape, None, w, h, path=settings).add(1)
     row["first sample s"] = time.perf_counter() - t0
-    gpu = walker.name == "gpu"
     if gpu:
         walker.kernels.settle()         # (the pipelines the background builds after the first request: not timed)
     rounds, pauses = (walker.path_rounds_run, walker.path_pauses) if gpu else (0, 0)
@@ -67,7 +69,8 @@ def _measure(walker, tape, path: Path, w: int, h: int, spp: int, settings, row: 
     seconds = time.perf_counter() - t0
     if gpu:
         row["rounds per spp"] = (walker.path_rounds_run - rounds) / spp
-        row["marches paused per spp"] = (walker.path_pauses - pauses) / spp
+        row["traces paused per spp"] = (walker.path_pauses - pauses) / spp
+        row["pruned cells"] = "yes" if walker.path_cell_prunes > prunes else "no"
     row["Msamples/s"] = w * h * spp / seconds / 1e6
     row["s per spp"] = seconds / spp
     row[f"time to {TARGET_SPP} spp s"] = seconds / spp * TARGET_SPP
