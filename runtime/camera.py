@@ -24,9 +24,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
 
-from . import jit_cache  # noqa: F401  (Numba's cache folder: set before the kernels below)
+from .jit_cache import njit, prange
 from .tape import TaperayError
 
 __all__ = ["Camera", "auto_camera", "CAMERA_PACK_LEN"]

@@ -28,6 +28,7 @@ import numpy as np
 from .gpu_device import (BUILD_COMPANIONS, KERNEL_CONSTANTS, PATH_F_WORDS, PATH_U_WORDS, builds_in_background,
                          variant_for)
 from .gpu_guard import _guarded
+from .jit_cache import load_numba
 from .opcodes import OPS, WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
 from .pruning import (PRUNE_MIN_RECORDS, compact_records, grid_cell_boxes, grid_ijk, is_arithmetic,
                       sub_cell_ijk)
@@ -508,9 +509,7 @@ WAVE_AFFINITY = 8
 
 def _load_wave_planner():
     global _wave_jit
-    from numba import njit
-
-    plan = njit(cache=True)(_wave_plan)
+    plan = load_numba().njit(cache=True)(_wave_plan)      # (Numba's cache folder set: jit_cache)
     plan(np.zeros((1, 5), np.int64), np.zeros(1, np.uint32), OP_READS, WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)   # (now)
     _wave_jit = plan
 

@@ -61,11 +61,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
 
 from . import twin
 from .camera import Camera, auto_camera, pixel_ray
 from .environment import EnvironmentMap
+from .jit_cache import njit
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, VALIDATED, content_key
 

@@ -72,10 +72,10 @@ prunes for a scene tape: itself, or its lowering (``runtime.lowering``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
 
 from . import twin
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
+from .jit_cache import njit, prange
 from .lowering import NotLowerable, lower
 from .opcodes import OPS, Family, Op, check_numba_constants
 from .shading import RenderSettings

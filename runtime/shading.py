@@ -51,9 +51,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
-from . import jit_cache  # noqa: F401  (Numba's cache folder: set before the kernels below)
+from .jit_cache import njit
 from .tape import Tape, TaperayError
 
 __all__ = ["RenderSettings", "VIEWS", "PACK_FIELDS", "PACK_LEN", "compose", "to_rgb8", "heat", "unpack"]

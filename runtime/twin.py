@@ -70,11 +70,9 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
-from numba import njit
 
-from . import jit_cache  # noqa: F401  (Numba's cache folder: set before the kernels below)
+from .jit_cache import load_numba, njit
 from .camera import Camera
 from .opcodes import OPS, Op, check_numba_constants
 from .shading import RenderSettings, unpack
@@ -1599,7 +1597,7 @@ _READS = np.array([[op in OPS and f in OPS[Op(op)].reads for f in "abc"] for op 
 
 def _thread_count() -> int:
     """Threads the twin's kernels run on: Numba's (NUMBA_NUM_THREADS, default every core)."""
-    return numba.get_num_threads()
+    return load_numba().get_num_threads()
 
 
 _POOL: dict = {}      # (pid, threads) -> ThreadPoolExecutor

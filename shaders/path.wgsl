@@ -215,21 +215,22 @@ const PATH_DIM_PICK: u32 = 6u;     // 6: the light sample's environment or emitt
 const PATH_FLAG_LIGHT: u32 = 1u;   // light samples (PathSettings.light_samples)
 const PATH_FLAG_HASH: u32 = 2u;    // the independent sampler (PathSettings.sampler "hash")
 
-// The light samples' data (path_tracing.light_data) in the points buffer (light_word): [0] the number of
-// emitters, [1] the environment's share of the light samples, [2] the environment map's width
-// (0: none), [3] its height, [4] [5] [6] the offsets of its radiance (rgb rows), marginal CDF
-// and conditional CDFs, [7] 1 where the map is importance sampled; from PATH_LIGHTS_HEADER the
-// emitters' records of PATH_EMITTER_WORDS (bounding sphere centre xyz, radius, the probability of
-// picking it, the sum of the probabilities up to it). The map's directions: runtime/environment.py.
+// The light samples' data (path_tracing.light_data) in the points buffer (light_word): [0] the
+// number of emitters, [1] the environment's share of the light samples, [2] the environment
+// map's width (0: none), [3] its height, [4] [5] [6] the offsets of its radiance (rgb rows),
+// marginal CDF and conditional CDFs, [7] 1 where the map is importance sampled; from
+// PATH_LIGHTS_HEADER the emitters' records of PATH_EMITTER_WORDS (bounding sphere centre xyz,
+// radius, the probability of picking it, the sum of the probabilities up to it). The map's
+// directions: runtime/environment.py.
 const PATH_LIGHTS_HEADER: u32 = 8u;
 const PATH_EMITTER_WORDS: u32 = 8u;
+const PATH_TWO_PI: f32 = 6.2831854820251465;     // float32(2 pi)
 
 // word k of the light data, which starts at U.camera[3].w's bits in points (after the cells'
 // layout where path_trace_cells runs)
 fn light_word(k: u32) -> f32 {
     return points[bitcast<u32>(U.camera[3].w) + k];
 }
-const PATH_TWO_PI: f32 = 6.2831854820251465;     // float32(2 pi)
 
 struct Cone {
     axis: vec3<f32>,
@@ -294,7 +295,7 @@ fn env_pdf(d: vec3<f32>) -> f32 {
     return p * f32(w * h) / (2.0 * PATH_PI * PATH_PI * px.z);
 }
 
-// the i in [0, n) with cdf[i] <= u < cdf[i + 1] of the CDF at light_word(base .. base + n)
+// the i in [0, n) with cdf[i] <= u < cdf[i + 1] of the CDF at light words base .. base + n
 fn cdf_find(base: u32, n: u32, u: f32) -> u32 {
     var lo = 0u;
     var hi = n;

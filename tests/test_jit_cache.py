@@ -57,3 +57,24 @@ def test_a_compile_shows_its_progress_and_a_cache_load_none(tmp_path):
     assert "compiling CPU kernels [" in first and "1/1" in first, first
     later = _python(code, **env).stderr
     assert "compiling CPU kernels" not in later, later
+
+
+def test_numba_is_loaded_when_a_kernel_first_runs():
+    """Importing the runtime, the scene graph and the GPU walker and loading a scene import no
+    Numba; the first twin evaluation loads it, and kernels calling kernels of other modules
+    compile as Numba kernels (the modules' names rebound to the dispatchers)."""
+    code = textwrap.dedent("""
+        import sys
+        import taperay.runtime.gpu, taperay.runtime.walkers, taperay.runtime.path_tracing
+        from taperay.runtime import jit_cache, pruning, twin
+        from taperay.scenegraph.loading import load_tape
+        tape = load_tape("scenes/machined_part.py")
+        print("numba" in sys.modules, jit_cache.numba_loaded(), type(twin._eval_kernel).__name__)
+        from taperay.runtime.cpu import CpuWalker
+        d = CpuWalker().evaluate(tape, [[0.0, 0.0, 0.0], [9.0, 9.0, 9.0]])[0]
+        print("numba" in sys.modules, jit_cache.numba_loaded(), type(twin._eval_kernel).__name__,
+              type(pruning._arith_block).__name__, bool(d[1] > d[0]))
+    """)
+    lines = _python(code).stdout.splitlines()
+    assert lines[0].split() == ["False", "False", "_Declared"], lines
+    assert lines[1].split() == ["True", "True", "CPUDispatcher", "CPUDispatcher", "True"], lines

@@ -132,3 +132,21 @@ def test_a_one_shot_command_does_not_start_the_wave_planner(monkeypatch):
     assert gpu_pruning.wave_schedule(tape) is None     # (a long-lived process starts it, and goes on)
     assert gpu_pruning._wave_loader is not None
     gpu_pruning._wave_loader.join()
+
+
+def test_a_gpu_render_process_loads_no_numba(tmp_path):
+    """`taperay render --walker gpu` of a scene and of a .vm program's 2D image runs no twin kernel,
+    so the process never imports Numba (runtime.jit_cache loads it on a kernel's first call)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys\nfrom taperay.runtime import jit_cache\nfrom taperay.tools import cli\n"
+            f"cli.main(['render', r'{root}/scenes/machined_part.py', '--walker', 'gpu', '--size', '32x24', "
+            f"'-o', r'{tmp_path}/a.png'])\n"
+            f"cli.main(['render', r'{root}/tests/data/prospero.vm', '--2d', '--walker', 'gpu', '--size', '64', "
+            f"'-o', r'{tmp_path}/b.png'])\n"
+            "print('numba' in sys.modules, jit_cache.numba_loaded())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    assert out.stdout.splitlines()[-1] == "False False", out.stdout + out.stderr
+    assert (tmp_path / "a.png").exists() and (tmp_path / "b.png").exists()
