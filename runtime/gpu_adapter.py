@@ -1,18 +1,22 @@
 """The GPU adapter: which one the walkers use (``_get_adapter``: wgpu's high-performance adapter,
-requested once per process) and ``adapter_info`` (name, vendor, backend, whether it is a software
-rasteriser such as Mesa lavapipe / llvmpipe). Imports only wgpu, and that when first asked, so that
-runtime.walkers.prepare can request the adapter, mostly driver work outside the GIL, before the
-process imports Numba and the device layer (runtime/gpu_device.py, which uses it).
+requested once per process), ``adapter_info`` (name, vendor, backend, whether it is a software
+rasteriser such as Mesa lavapipe / llvmpipe) and its device (``open_device``, ``take_device``).
+Imports only wgpu, and that when first asked, so that runtime.walkers.prepare can request the
+adapter and the device, driver work outside the GIL (on the H200 0.55-0.97 s and 0.35-0.47 s),
+while the process imports the device layer (runtime/gpu_device.py, which takes the device).
 """
 from __future__ import annotations
 
 import threading
 
-__all__ = ["adapter_info"]
+__all__ = ["adapter_info", "open_device", "take_device"]
+
+DEVICE_LIMITS = ("max_storage_buffer_binding_size", "max_buffer_size")   # asked for at the adapter's values
 
 _adapter_lock = threading.Lock()
 _adapter = None
 _adapter_tried = False
+_opened: list = []        # the device open_device opened and take_device has not taken
 
 
 def _wgpu():
@@ -43,3 +47,34 @@ def adapter_info() -> dict | None:
     return dict(name=name, vendor=info.get("vendor", ""), backend=info.get("backend_type", ""),
                 adapter_type=info.get("adapter_type", ""), driver=info.get("description", ""),
                 software=("llvmpipe" in text or "lavapipe" in text or info.get("adapter_type") == "CPU"))
+
+
+def open_device() -> None:
+    """Open the adapter's device now (once, thread-safe; with DEVICE_LIMITS at the adapter's
+    values), for ``take_device``; nothing without an adapter, or where opening fails (then
+    take_device opens it again and raises what went wrong)."""
+    with _adapter_lock:
+        if _opened:
+            return
+    adapter = _get_adapter()
+    if adapter is None:
+        return
+    try:
+        device = _request_device(adapter)
+    except Exception:
+        return
+    with _adapter_lock:
+        _opened.append(device)
+
+
+def take_device():
+    """The device open_device opened (handed out once), else a new one of the adapter."""
+    with _adapter_lock:
+        if _opened:
+            return _opened.pop()
+    return _request_device(_get_adapter())
+
+
+def _request_device(adapter):
+    limits = {k: adapter.limits[k.replace("_", "-")] for k in DEVICE_LIMITS}
+    return adapter.request_device_sync(label="taperay", required_limits=limits)

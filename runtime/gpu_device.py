@@ -37,7 +37,7 @@ import numpy as np
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN
 from .tape import TaperayError
-from .gpu_adapter import _get_adapter, _wgpu, adapter_info
+from .gpu_adapter import DEVICE_LIMITS, _get_adapter, _wgpu, adapter_info, take_device
 from .jit_cache import user_cache_dir
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
@@ -561,13 +561,11 @@ class _Context:
             raise GpuError("no GPU adapter found (no Vulkan / Metal / DX12 driver)")
         self.adapter = adapter
         self.info = adapter_info()
-        want = ("max_storage_buffer_binding_size", "max_buffer_size")
-        limits = {k: adapter.limits[k.replace("_", "-")] for k in want}
         try:
-            self.device = adapter.request_device_sync(label="taperay", required_limits=limits)
+            self.device = take_device()
         except Exception as e:
             raise GpuError(f"could not open the GPU device {self.info['name']}: {e}") from e
-        self.limits = {k: self.device.limits[k.replace("_", "-")] for k in want}
+        self.limits = {k: self.device.limits[k.replace("_", "-")] for k in DEVICE_LIMITS}
         warm = _warm_policy(self.info)
         key = f"{self.info['name']} | {self.info['driver']} | {self.info['backend']} | warm={warm}"
         # the jobs of BUILD_COMPANIONS (the wave planner's Numba compile) in threads of their own

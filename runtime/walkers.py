@@ -71,8 +71,11 @@ _opening_lock = threading.Lock()
 def _open_device(kind: str, progress: bool, build_rest: bool) -> None:
     try:
         from . import gpu_adapter
-        info = gpu_adapter.adapter_info()        # (the driver's part first: gpu_device imports Numba)
-        if info is not None and (kind == "gpu" or not info["software"]):
+        info = gpu_adapter.adapter_info()        # (the driver's part first, outside the GIL, while the
+        if info is not None and (kind == "gpu" or not info["software"]):   # main thread imports)
+            opened = sys.modules.get(f"{__package__}.gpu_device")
+            if opened is None or opened.current_context() is None:    # (a process's first device)
+                gpu_adapter.open_device()
             from . import gpu_device
             gpu_device.build_in_background(build_rest)
             gpu_device.kernels(progress)

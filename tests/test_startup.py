@@ -114,6 +114,23 @@ def test_prepare_opens_the_device_in_a_thread_and_the_walker_uses_it(walker_gpu,
     walkers._opening[0].join(timeout=120)
     assert not walkers._opening[0].is_alive()
     assert walkers.walker("gpu")._ctx is gpu_device.current_context() is walker_gpu._ctx
+    from taperay.runtime import gpu_adapter
+    assert gpu_adapter._opened == []                   # (a context was open: no second device)
+
+
+def test_the_device_opened_ahead_is_the_one_the_context_takes(monkeypatch):
+    """gpu_adapter.open_device (prepare's thread, before it imports the device layer) opens the
+    device once; take_device hands it out once, then opens new ones (after a device loss)."""
+    from taperay.runtime import gpu_adapter
+    monkeypatch.setattr(gpu_adapter, "_opened", [])
+    gpu_adapter.open_device()
+    gpu_adapter.open_device()
+    assert len(gpu_adapter._opened) == 1
+    ahead = gpu_adapter._opened[0]
+    assert gpu_adapter.take_device() is ahead and gpu_adapter._opened == []
+    other = gpu_adapter.take_device()
+    assert other is not ahead
+    assert other.limits["max-storage-buffer-binding-size"] == ahead.limits["max-storage-buffer-binding-size"]
 
 
 def test_a_one_shot_command_does_not_start_the_wave_planner(monkeypatch):
