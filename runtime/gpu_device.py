@@ -109,9 +109,9 @@ PRESENT_FILE = "present.wgsl"
 # material comes from the surface pass), so their interpreter is built without material ids; their
 # _cells pipelines and surface's (the same entry points, KERNEL_ENTRY) evaluate an arithmetic
 # tape's pruned cell tapes instead (interpreter.wgsl FIELD_CELLS, packed.wgsl cell_eval, with
-# material ids in surface_cells and path_trace_cells, the path tracer's); prune_cells is prune_tiles folding constant operands into the
-# march cells' tapes (prune.wgsl FOLD_CONSTANTS) and taking the union rule on sub-cells
-# (UNION_BOUND), prune_image_cells the same for image cells without the rule (their kept images
+# material ids in surface_cells and the path tracer's path_trace_cells); prune_cells is
+# prune_tiles folding constant operands into the march cells' tapes (prune.wgsl FOLD_CONSTANTS)
+# and taking the union rule on sub-cells (UNION_BOUND), prune_image_cells the same for image cells without the rule (their kept images
 # run no faster for it, and their first image slower: H200, 16^2 x 3 cells, 1.61 -> 1.80 ms),
 # prune_wave_cells prune_wave's level 0 of either
 KERNEL_CONSTANTS: dict[str, dict[str, bool]] = {
