@@ -22,14 +22,13 @@ A scene body is ``Node.to_dict()``.
 Loading trusts nothing: size limits are checked before reading, msgpack runs with limits derived
 from the file size (no allocation bombs, nesting bounded by msgpack's own stack), every field is
 type- and size-checked, and a tape goes through ``runtime.tape.validate``. Every defect raises
-``FileFormatError`` (a ``TaperayError``) naming the file and what is wrong. Saving writes a
-temporary file in the target's directory, fsyncs it and renames it over the target, so a reader
-never sees a partial file. Conventional extensions: ``.tape`` and ``.scene``.
+``FileFormatError`` (a ``TaperayError``) naming the file and what is wrong. Saving goes
+through ``runtime.outputs.write_bytes``: a reader never sees a partial file and a failed write
+leaves the old one. Conventional extensions: ``.tape`` and ``.scene``.
 """
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import zlib
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from taperay.runtime.outputs import write_bytes
 from taperay.runtime.tape import (BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE,
                                   MAX_INSTRS, MAX_MATERIALS, MAX_PARAMS, VALIDATED, Op, Tape,
                                   TaperayError, validate)
@@ -110,39 +110,6 @@ def _pack(kind: str, body: dict, path) -> bytes:
         raise TaperayError(f"{path}: cannot encode the {kind}: {e}") from None
 
 
-def _write_atomic(path, data: bytes) -> None:
-    path = Path(path)
-    directory = path.parent
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise TaperayError(f"{path}: cannot write: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError):
-            raise TaperayError(f"{path}: cannot write: {e.strerror or e}") from None
-        raise
-    try:   # make the rename itself durable (not possible on every platform / file system)
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
 def save_tape(tape: Tape, path) -> None:
     """Write ``tape`` to ``path`` (conventionally ``*.tape``) atomically; it is validated first."""
     validate(tape)
@@ -152,7 +119,7 @@ def save_tape(tape: Tape, path) -> None:
                 names={str(k): [int(i) for i in v] for k, v in tape.names.items()},
                 instance_count=int(tape.instance_count), opcodes={op.name: int(op) for op in Op},
                 material_names=list(tape.material_names))
-    _write_atomic(path, _pack("tape", body, path))
+    write_bytes(path, _pack("tape", body, path))
 
 
 def save_scene(node, path) -> None:
@@ -161,7 +128,7 @@ def save_scene(node, path) -> None:
         body = node.to_dict()
     except RecursionError:
         raise TaperayError(f"{path}: cannot encode the scene: nested too deeply") from None
-    _write_atomic(path, _pack("scene", body, path))
+    write_bytes(path, _pack("scene", body, path))
 
 
 # -- reading ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,8 @@ _COMBINE_OPS = {"union": (Op.UNION, None), "intersection": (Op.INTERSECT, None),
                 "difference": (Op.DIFFERENCE, None), "xor": (Op.XOR, None),
                 "smooth_union": (Op.SMOOTH_UNION, "k"), "smooth_intersection": (Op.SMOOTH_INTERSECT, "k"),
                 "smooth_difference": (Op.SMOOTH_DIFFERENCE, "k")}
+MAX_SCENE_DEPTH = 5000   # levels of nesting flatten takes (a chain of transforms, say)
+_FRAMES_PER_LEVEL = 8    # Python frames the emitter and the bounds spend per level, with room
 _LEAF_CULL_MIN = 3   # unions of fewer children are chained without cull records
 _CHEAP_PRIMITIVES = 2   # BVH groups of at most this many primitives get no cull record
 _EXPLICIT_PATTERN_MAX = 256   # overlapping patterns up to this count become explicit unions
@@ -473,6 +476,17 @@ def proven_inner_ball(n, samples: int = 12) -> tuple[np.ndarray, np.ndarray, flo
         return None
 
 
+@contextlib.contextmanager
+def _recursion_room(frames: int):
+    """Python's recursion limit raised to leave ``frames`` more frames, for the duration."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(old + frames)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
 def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, float] | None = None) -> Tape:
     """Flatten a scene node into a validated ``Tape`` (result in register 0).
 
@@ -483,8 +497,13 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
     """
     if not isinstance(scene, Node):
         raise TaperayError(f"{source or 'scene'}: expected a scene node, got {type(scene).__name__}")
+    depth = scene.depth()
+    if depth > MAX_SCENE_DEPTH:
+        raise TaperayError(f"{source or 'scene'}: the scene graph is {depth} levels deep; flatten takes at most "
+                           f"{MAX_SCENE_DEPTH} (nest fewer transforms or combine children in one union)")
     em = _Emitter(cull)
-    with param_values(params) if params is not None else contextlib.nullcontext():   # (nested: the caller's)
+    with param_values(params) if params is not None else contextlib.nullcontext(), \
+            _recursion_room(depth * _FRAMES_PER_LEVEL):   # (the emitter and the bounds recurse per level)
         instances = em.emit(scene, 0, 0)
         b = em.bounds(scene)
         if not np.all(np.isfinite(b)):   # unbounded (planes): frame the bounded leaves, else a unit box

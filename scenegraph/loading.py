@@ -5,6 +5,7 @@ Sources: a Python scene file exposing ``scene`` (a Node), a saved scene (``.scen
 """
 from __future__ import annotations
 
+import os
 import runpy
 from pathlib import Path
 
@@ -23,16 +24,32 @@ def scene_namespace(path: Path) -> tuple[Node, dict]:
     the names it defined (a ``study`` beside ``scene``, say)."""
     try:
         ns = runpy.run_path(str(path), run_name="taperay_scene")
+        node = ns.get("scene")
+        if callable(node) and not isinstance(node, Node):
+            node = node()
     except TaperayError as e:
         raise TaperayError(f"{path}: {e}") from None
+    except SystemExit as e:   # (sys.exit in a scene file ends the scene, not the command)
+        raise TaperayError(f"{path}: the scene file called sys.exit({e.code!r}) instead of defining `scene`") from None
     except Exception as e:  # a user's scene file may fail in any way; report it as theirs
-        raise TaperayError(f"{path}: the scene file raised {type(e).__name__}: {e}") from None
-    node = ns.get("scene")
-    if callable(node) and not isinstance(node, Node):
-        node = node()
+        where = f"{path}:{line}" if (line := _line_in(e, path)) else f"{path}"
+        raise TaperayError(f"{where}: the scene file raised {type(e).__name__}: {e}") from None
     if not isinstance(node, Node):
         raise TaperayError(f"{path}: defines no `scene` node (got {type(node).__name__})")
     return node, ns
+
+
+def _line_in(error: BaseException, path: Path) -> int | None:
+    """The last line of ``path`` that ``error``'s traceback passed through (a SyntaxError's own
+    line), or None."""
+    if isinstance(error, SyntaxError) and error.lineno:
+        return error.lineno
+    line, tb, name = None, error.__traceback__, os.path.realpath(path)
+    while tb is not None:
+        if os.path.realpath(tb.tb_frame.f_code.co_filename) == name:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
 
 
 def load_scene_module(path: Path) -> Node:

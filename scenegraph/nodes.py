@@ -316,10 +316,21 @@ class Node:
         return d
 
     def walk(self) -> Iterable["Node"]:
-        """This node and every node below it, depth first."""
-        yield self
-        for c in self.children:
-            yield from c.walk()
+        """This node and every node below it, depth first (pre-order; no recursion, so any depth)."""
+        stack = [self]
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(reversed(n.children))
+
+    def depth(self) -> int:
+        """Levels from this node to its deepest leaf (a leaf: 1)."""
+        deepest, stack = 0, [(self, 1)]
+        while stack:
+            n, d = stack.pop()
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in n.children)
+        return deepest
 
     def params(self) -> dict[str, float]:
         """The named ``Param``s anywhere in this tree: name -> value."""

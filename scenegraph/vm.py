@@ -28,6 +28,8 @@ enough, ``VmImportError`` says how many registers it needs. There is no spilling
 no memory beyond their register file. (prospero.vm: 189 registers as written; 54 with trees of up
 to 5 instructions recomputed, at 2.3x the instructions.)
 
+Programs longer than ``MAX_VM_LINES`` lines or ``MAX_VM_BYTES`` bytes are refused before parsing.
+
 The tape gets bounds [-1, 1]^3 (the ``.vm`` convention), one grey material and instance count 1.
 """
 from __future__ import annotations
@@ -47,6 +49,10 @@ __all__ = ["load_vm", "program_tape", "Program", "VmImportError", "VmSyntaxError
 # ``copy``, which the importer resolves to its argument
 VM_OPCODES: dict[str, tuple[Op | None, int]] = {
     **{spec.vm: (op, len(spec.reads)) for op, spec in OPS.items() if spec.vm}, "copy": (None, 1)}
+# the largest program the importer reads (prospero.vm: 7,867 lines, 149 kB): parsing takes about
+# 20 us and 1 kB of memory a line, so these bound an import to seconds and a few hundred MB
+MAX_VM_LINES = 1 << 18
+MAX_VM_BYTES = 1 << 24
 _LITERAL = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)", re.IGNORECASE)
 
 
@@ -126,9 +132,22 @@ def _undefined(source: str, lines: list[str], lineno: int, name: str) -> VmSynta
 
 
 def _read(path_or_text) -> tuple[str, str]:
+    """The program's text and its source name, refused past ``MAX_VM_BYTES`` / ``MAX_VM_LINES``
+    before it is parsed."""
+    text, source = _read_text(path_or_text)
+    lines = text.count("\n") + 1
+    if lines > MAX_VM_LINES:
+        raise VmImportError(source, f"{lines:,} lines exceed the importer's limit of {MAX_VM_LINES:,}")
+    return text, source
+
+
+def _read_text(path_or_text) -> tuple[str, str]:
     if isinstance(path_or_text, os.PathLike) or (isinstance(path_or_text, str) and "\n" not in path_or_text):
         source = str(path_or_text)
         try:
+            size = os.stat(path_or_text).st_size
+            if size > MAX_VM_BYTES:
+                raise VmImportError(source, f"{size:,} bytes exceed the importer's limit of {MAX_VM_BYTES:,}")
             return Path(path_or_text).read_text(encoding="utf-8-sig"), source
         except UnicodeDecodeError as e:
             raise VmImportError(source, f"not UTF-8 text ({e.reason} at byte {e.start})") from None

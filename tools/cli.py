@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
+from taperay.runtime.outputs import write_atomic, write_text
 from taperay.runtime.tape import TaperayError
 
 from .console import console, step
 
 MESH_SUFFIXES = (".stl", ".obj", ".ply", ".glb", ".off")
+# host memory an image takes while it is drawn, bytes a pixel (peak RSS of `render --walker cpu` at
+# two sizes, 2-core EPYC: 84 for the shaded view, 103 for the path tracer's), with a margin
+IMAGE_BYTES_PER_PIXEL = 120
 VIEWS = ("shade", "normals", "depth", "steps", "gradient", "slice", "section")
 WALKERS = ("auto", "cpu", "gpu")   # runtime.walkers.WALKER_KINDS (not imported here: --help stays fast)
 
@@ -104,19 +109,43 @@ def apply_sets(tape, sets: list[str] | None, watch: Stopwatch | None = None):
             number = float(value)
         except ValueError:
             number = None
-        if not eq or not name.strip() or number is None:
-            raise UsageError(f"--set {item!r}: expected NAME=VALUE with a number, e.g. --set radius=0.4")
+        if not eq or not name.strip() or number is None or not math.isfinite(number):
+            raise UsageError(f"--set {item!r}: expected NAME=VALUE with a finite number, e.g. --set radius=0.4")
         with watch.stage("set") if watch else contextlib.nullcontext():
-            tape.set_param(name.strip(), number)
+            try:
+                tape.set_param(name.strip(), number)
+            except TaperayError as e:
+                raise TaperayError(f"{tape.source or 'scene'}: --set {item}: {e}") from None
     return tape
 
 
-def _output_path(path: str) -> Path:
+# folders made for this command's outputs, removed again (when still empty) if it fails
+_made_folders: list[Path] = []
+
+
+def _output_path(path: str, *inputs) -> Path:
+    """An output named on the command line, checked before any work (``runtime.outputs.check_output``:
+    a regular file or nothing, none of ``inputs``), its folder made (and removed again should the
+    command fail)."""
+    from taperay.runtime.outputs import check_output
     out = Path(path)
-    if out.is_dir():
-        raise UsageError(f"{out}: is a directory; give a file name")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    folder = check_output(out, inputs).parent
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        made.mkdir(exist_ok=True)      # (exist_ok: the ranks of an MPI run make it together)
+        _made_folders.append(made)
     return out
+
+
+def _remove_made_folders() -> None:
+    while _made_folders:
+        try:
+            _made_folders.pop().rmdir()
+        except OSError:          # (not empty, or gone)
+            pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,9 +206,22 @@ def _path_settings(args):
     return PathSettings(**kw)
 
 
+def _environment_file(args) -> str | None:
+    """``--environment``'s file, when it names one (an input like the scene)."""
+    env = getattr(args, "environment", None)
+    return env if env is not None and Path(env).suffix.lower() in (".hdr", ".pic", ".pfm") else None
+
+
+def check_image_memory(w: int, h: int, what: str) -> None:
+    """Refuse an image whose host buffers (about ``IMAGE_BYTES_PER_PIXEL`` bytes a pixel on either
+    walker) outgrow the memory available now."""
+    from taperay.runtime.resources import check_memory
+    check_memory(w * h * IMAGE_BYTES_PER_PIXEL, f"{what} {w}x{h}", "give a smaller size")
+
+
 def cmd_render(args) -> int:
-    out = Path(args.output)
     w, h = parse_size(args.size)
+    out = _output_path(args.output, args.scene, _environment_file(args))
     if args.two_d and args.view != "shade":
         raise UsageError("--2d draws the field image; it takes no --view")
     if not 0 <= args.cone < 1000:
@@ -189,6 +231,7 @@ def cmd_render(args) -> int:
     if not 1 <= args.spp <= 1 << 16:
         raise UsageError(f"--spp {args.spp}: samples per pixel must lie in 1..65536")
     path_settings = _path_settings(args)
+    check_image_memory(w, h, "--size")
     from taperay.runtime.walkers import prepare, run_on, walker as choose_walker
     prepare(args.walker, progress=True, build_rest=False)    # (the device opens while the scene loads)
     watch = Stopwatch()
@@ -225,7 +268,7 @@ def cmd_render(args) -> int:
     _split_pipelines(watch, "frame", _pipeline_seconds(walker) - waited)
     with watch.stage("write"):
         from taperay.runtime.image import write_png
-        write_png(_output_path(str(out)), rgb)
+        write_png(out, rgb)
     con = console()
     for n in notes:
         con.print(n)
@@ -261,16 +304,22 @@ def inside_to_rgb(inside):
     return np.repeat((inside.astype(np.uint8) * 255)[:, :, None], 3, axis=2)
 
 
+# host memory a point takes through eval / grad: the float32 copy, the values, normals and
+# gradients written out, the walker's own arrays (bytes, with a margin)
+POINT_BYTES = 128
+
+
 def read_points(path: str):
-    """An (N, 3) real-valued .npy array as contiguous float32, or a one-line error."""
+    """An (N, 3) array of finite real numbers from a .npy file as contiguous float32, or a one-line
+    error (the header's shape checked against the file and the memory before anything is read)."""
     import numpy as np
     p = Path(path)
     if not p.is_file():
         raise TaperayError(f"{p}: no such file")
-    try:
-        pts = np.load(p, allow_pickle=False)
+    try:       # (mapped first: a header that declares more rows than the file holds fails here)
+        pts = np.load(p, allow_pickle=False, mmap_mode="r")
     except (ValueError, OSError, EOFError) as e:
-        raise TaperayError(f"{p}: not a readable .npy array ({e})") from None
+        raise TaperayError(f"{p}: not a readable .npy array ({_error_line(e)})") from None
     if not isinstance(pts, np.ndarray):
         raise TaperayError(f"{p}: holds an archive, not one (N, 3) array")
     if pts.ndim != 2 or pts.shape[1] != 3:
@@ -279,15 +328,24 @@ def read_points(path: str):
         raise TaperayError(f"{p}: points must be real numbers, got dtype {pts.dtype}")
     if len(pts) == 0:
         raise TaperayError(f"{p}: holds no points")
-    return np.ascontiguousarray(pts, np.float32)
+    from taperay.runtime.resources import check_memory
+    check_memory(len(pts) * POINT_BYTES, f"{p}: {len(pts):,} points", "split the file")
+    pts = np.ascontiguousarray(pts, np.float32)
+    bad = ~np.isfinite(pts).all(axis=1)
+    if bad.any():
+        n = int(bad.sum())
+        raise TaperayError(f"{p}: {n:,} point{' is' if n == 1 else 's are'} NaN or infinite (the first in row "
+                           f"{int(np.argmax(bad))}); give finite coordinates")
+    return pts
 
 
 def cmd_eval(args) -> int:
     import numpy as np
     from taperay.runtime.walkers import prepare, run_on, walker as choose_walker
+    out = _output_path(args.output, args.scene, args.points)
+    pts = read_points(args.points)
     prepare(args.walker, progress=True, build_rest=False)    # (the device opens while the scene loads)
     watch = Stopwatch()
-    pts = read_points(args.points)
     from taperay.runtime import gpu_device
     gpu_device.build_in_background(False)       # one evaluation: only its own pipelines
     tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
@@ -298,9 +356,9 @@ def cmd_eval(args) -> int:
     with step(f"evaluating {len(pts)} points"), watch.stage("evaluate"):
         walker, (dist, _) = run_on(walker, args.walker, lambda wk: wk.evaluate(tape, pts), log=notes.append)
     _split_pipelines(watch, "evaluate", _pipeline_seconds(walker) - waited)
-    out = _output_path(args.output)
-    with watch.stage("write"), open(out, "wb") as fh:   # a handle: np.save would append ".npy"
-        np.save(fh, np.asarray(dist, np.float32).reshape(len(pts)))
+    values = np.asarray(dist, np.float32).reshape(len(pts))
+    with watch.stage("write"):
+        write_atomic(out, lambda tmp: np.save(tmp, values))
     con = console()
     for n in notes:
         con.print(n)
@@ -311,12 +369,12 @@ def cmd_eval(args) -> int:
 
 def cmd_grad(args) -> int:
     import numpy as np
+    if Path(args.output).suffix.lower() != ".npz":
+        raise UsageError(f"{args.output}: the gradients are written as one .npz file")
+    out = _output_path(args.output, args.scene, args.points)
     watch = Stopwatch()
     pts = read_points(args.points)
     tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
-    out = _output_path(args.output)
-    if out.suffix.lower() != ".npz":
-        raise UsageError(f"{out}: the gradients are written as one .npz file")
     with step(f"differentiating at {len(pts)} points"), watch.stage("gradients"):
         if args.walker == "jax":
             from taperay.runtime.jax_walker import JaxWalker
@@ -333,7 +391,7 @@ def cmd_grad(args) -> int:
         raise TaperayError(f"{args.scene}: parameter names {clash} clash with the file's own arrays")
     arrays.update({name: np.asarray(v, np.float32) for name, v in per_name.items()})
     with watch.stage("write"):
-        np.savez(out, **arrays)
+        write_atomic(out, lambda tmp: np.savez(tmp, **arrays))
     con = console()
     con.print(f"{len(pts)} values, normals and d/d of {len(per_name)} named parameters "
               f"({', '.join(sorted(per_name)) or 'none'}) of {args.scene} -> {out} "
@@ -501,9 +559,9 @@ def _sim_walker(args, notes: list[str], watch: Stopwatch):
 def cmd_mesh(args) -> int:
     from taperay.solvers import mesh_surface
     watch = Stopwatch()
-    out = _output_path(args.output)
-    if out.suffix.lower() not in MESH_SUFFIXES:
-        raise UsageError(f"{out}: a surface mesh is written as one of {', '.join(MESH_SUFFIXES)}")
+    if Path(args.output).suffix.lower() not in MESH_SUFFIXES:
+        raise UsageError(f"{args.output}: a surface mesh is written as one of {', '.join(MESH_SUFFIXES)}")
+    out = _output_path(args.output, args.scene)
     tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
     notes: list[str] = []
     walker = _sim_walker(args, notes, watch)
@@ -532,6 +590,10 @@ def cmd_simulate(args) -> int:
     path = Path(args.scene)
     if path.suffix.lower() != ".py" or not path.is_file():
         raise UsageError(f"{path}: simulate needs a Python scene file that declares `study` beside `scene`")
+    section_plane = _section_plane(args.section_plane)
+    if args.section_plane and not args.section:
+        raise UsageError("--section-plane places the cut of --section: add --section CUT.png")
+    outputs = _simulate_outputs(args)
     with watch.stage("load"):
         node, ns = scene_namespace(path)
     if "study" not in ns:
@@ -549,7 +611,7 @@ def cmd_simulate(args) -> int:
             simulate_petsc(tape, study, order=args.order, resolution=args.resolution, surface=args.surface)
             return 0
     mesh = _given_mesh(args, watch)
-    out = _output_path(args.output)
+    out = outputs["output"]
     notes: list[str] = []
     walker = _sim_walker(args, notes, watch)
     con = console()
@@ -577,9 +639,9 @@ def cmd_simulate(args) -> int:
         result.save_vtu(out)
         summary = result.summary()
         if args.json:
-            _output_path(args.json).write_text(json.dumps(summary, indent=2, default=float) + "\n")
+            write_text(outputs["json"], json.dumps(summary, indent=2, default=float) + "\n")
         if args.section:
-            cut = result.save_section(_output_path(args.section), *_section_plane(args.section_plane))
+            cut = result.save_section(outputs["section"], *section_plane)
     ranks = f" on {summary['ranks']} MPI rank{'s' if summary.get('ranks') != 1 else ''}" if "ranks" in summary else ""
     con.print(f"mesh:      {summary['nodes']:,} nodes, {summary['elements']:,} TET{4 if summary['order'] == 1 else 10}, "
               f"{summary['dof']:,} DOF, solver {summary['solver']}{ranks} ({summary['iterations']} iterations)")
@@ -593,6 +655,26 @@ def cmd_simulate(args) -> int:
         con.print(f"section:   {'xyz'[cut.axis]} = {cut.offset:.4g}, {len(cut.values):,} triangles -> {args.section}")
     con.print(f"timings:   {watch.summary()}")
     return 0
+
+
+def _simulate_outputs(args) -> dict[str, Path]:
+    """``simulate``'s outputs checked before any work: the result in a format meshio writes, the
+    JSON summary and the section picture, none of them an input or another of them."""
+    import meshio
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in meshio.extension_to_filetypes:
+        raise UsageError(f"{args.output}: the result is written by meshio, which knows no {suffix or 'suffix-less'} "
+                         "files; give e.g. result.vtu (ParaView)")
+    if args.section and Path(args.section).suffix.lower() != ".png":
+        raise UsageError(f"{args.section}: the section picture is written as a .png file")
+    inputs = [args.scene, args.mesh]
+    named = {"output": args.output, "json": args.json, "section": args.section}
+    outputs = {}
+    for key, given in named.items():
+        if given:
+            outputs[key] = _output_path(given, *inputs)
+            inputs.append(given)      # (two outputs may not be one file)
+    return outputs
 
 
 def _given_mesh(args, watch):
@@ -631,7 +713,7 @@ def cmd_optimize(args) -> int:
     watch = Stopwatch()
     if args.objective not in OBJECTIVES:
         raise UsageError(f"--objective {args.objective!r}: choose from {', '.join(sorted(OBJECTIVES))}")
-    out = _output_path(args.output)
+    out = _output_path(args.output, args.scene)
     if out.suffix.lower() != ".scene":
         raise UsageError(f"{out}: the optimised design is written as a .scene file")
     con = console()
@@ -679,6 +761,8 @@ def cmd_view(args) -> int:
         raise UsageError("--edits and --topology-edits count edits: give numbers >= 0")
     if (args.edits or args.topology_edits or args.json or args.screenshot) and not args.offscreen:
         raise UsageError("--edits, --topology-edits, --json and --screenshot draw offscreen: add --offscreen")
+    screenshot = _output_path(args.screenshot, args.scene) if args.screenshot else None
+    report_json = _output_path(args.json, args.scene, args.screenshot) if args.json else None
     from taperay.runtime.walkers import prepare, walker as choose_walker
     prepare(args.walker)        # (the device opens while the viewer's modules import and the scene loads)
     from .view_window import offscreen_window, open_window, run_offscreen_edits
@@ -709,11 +793,11 @@ def cmd_view(args) -> int:
     if args.screenshot:
         import numpy as np
         from taperay.runtime.image import write_png
-        write_png(_output_path(args.screenshot), np.asarray(window.canvas.draw())[..., :3])
+        write_png(screenshot, np.asarray(window.canvas.draw())[..., :3])
         con.print(f"screenshot: {args.screenshot}")
     if args.json:
         import json
-        _output_path(args.json).write_text(json.dumps(report, indent=1))
+        write_text(report_json, json.dumps(report, indent=1))
         con.print(f"json:      {args.json}")
     con.print(_view_summary(report))
     return 0
@@ -898,11 +982,19 @@ def _error_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 a check failed, 2 a user error,
     130 interrupted)."""
+    _made_folders.clear()
+    code = 2
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        return code
     except KeyboardInterrupt:
-        return 130
+        code = 130
+        return code
+    except BrokenPipeError:      # (the reader left early: `taperay info --json | head`); as SIGPIPE would
+        _silence_stdout()
+        code = 141
+        return code
     except (TaperayError, OSError) as e:
         print(f"taperay: error: {_error_line(e)}", file=sys.stderr)
         return 2
@@ -912,6 +1004,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"taperay: error: internal error: {type(e).__name__}: {_error_line(e)} "
               "(set TAPERAY_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2
+    finally:
+        if code != 0:
+            _remove_made_folders()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing what is left of it fails no more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def run() -> None:
