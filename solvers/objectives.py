@@ -14,6 +14,7 @@ div V integrand (the volume form of int_boundary V . n dA).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -254,6 +255,15 @@ class Constraint:
     def __post_init__(self):
         if self.op not in ("<=", ">=", "=="):
             raise TaperayError(f"constraint operator {self.op!r}: use <=, >= or ==")
+        b = self.bound
+        if not (isinstance(b, str) and b.strip().lower() == "initial"):
+            number = b.strip().removesuffix("%") if isinstance(b, str) else b
+            try:
+                finite = math.isfinite(float(number))
+            except (TypeError, ValueError):
+                finite = False
+            if not finite:
+                raise TaperayError(f"bad constraint bound {b!r}: a finite number, 'initial' or 'NN%'")
 
     def resolve(self, initial: float) -> float:
         b = self.bound
@@ -297,10 +307,4 @@ def constraint_from(spec, **options) -> Constraint:
     if not m:
         raise TaperayError(f"bad constraint {spec!r}: expected NAME<=VALUE (e.g. 'volume<=initial', 'mass<=0.2')")
     name, op, bound = m.groups()
-    op = "==" if op == "=" else op
-    try:
-        float(bound)
-    except ValueError:
-        if not (bound.lower() == "initial" or bound.endswith("%")):
-            raise TaperayError(f"bad constraint bound {bound!r}: a number, 'initial' or 'NN%'") from None
-    return Constraint(objective_from(name, **options), op, bound)
+    return Constraint(objective_from(name, **options), "==" if op == "=" else op, bound)

@@ -243,6 +243,7 @@ def test_run_optimize_writes_the_scene_history_and_plot(tmp_path):
                        plot_png=tmp_path / "h.png", resolution=32)   # (24: TetGen's child died, SIGSEGV)
     h = json.loads((tmp_path / "h.json").read_text())
     assert h["objective"] == "max_temperature" and len(h["history"]) == len(res.history) >= 2
+    assert h["status"] == "finished" and h["best"] == res.best
     assert (tmp_path / "h.png").stat().st_size > 1000      # (matplotlib is in the test extra)
     scene = load_file(tmp_path / "best.scene")
     assert scene.params()["fin_height"] == pytest.approx(res.best["fin_height"])
@@ -267,3 +268,143 @@ def test_bench_optimize_times_each_step_by_stage(tmp_path, monkeypatch):
         assert 0 < parts <= r["step s"] + rounding and r["jax compiles"] >= 0 and r["constraint"] > 0
     assert res.rows[-1]["objective"] < res.rows[0]["objective"]
     assert (tmp_path / "out" / "optimize-history.png").stat().st_size > 1000
+
+
+# ---------------------------------------------------------------- run_optimize: checks, files, interruption
+
+SLAB = ("from taperay.scenegraph import Param, box, intersection, plane\n"
+        "scene = intersection(box(0.6, 0.4, Param('h', 0.6)), plane((0, 0, -1), -0.3))\n"
+        "study = None\n")
+
+
+def _slab(tmp_path):
+    """A scene .py, no study: the slab 0.3 <= z <= h of a box (its flattened bounds keep the whole box,
+    -h <= z <= h: the part lies in their top quarter); volume 0.96 (h - 0.3), 0.275 meshed at h = 0.6."""
+    path = tmp_path / "slab.py"
+    path.write_text(SLAB)
+    return path
+
+
+def test_an_interrupted_run_keeps_the_history_and_the_best_design(tmp_path):
+    """Ctrl-C (a KeyboardInterrupt from the progress callback) after the second design: the history
+    holds both designs, status "interrupted", the best design is saved and the plot drawn; while
+    the run went on, the history was rewritten after each design (status "running")."""
+    from taperay.scenegraph.files import load_scene_file
+    files = {"out_scene": tmp_path / "best.scene", "history_json": tmp_path / "h.json", "plot_png": tmp_path / "h.png"}
+    running = []
+
+    def progress(rec):
+        running.append(json.loads(files["history_json"].read_text()))
+        if rec["step"] == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_optimize(_slab(tmp_path), "volume", "volume>=0.25", ["h=0.45:0.75"], max_steps=10,
+                     progress=progress, resolution=16, **files)
+    assert [(h["status"], len(h["history"])) for h in running] == [("running", 1), ("running", 2)]
+    h = json.loads(files["history_json"].read_text())
+    assert h["status"] == "interrupted" and len(h["history"]) == 2 and h["best_feasible"]
+    assert h["best"] == h["history"][h["best_step"]]["params"]
+    assert load_scene_file(files["out_scene"]).params()["h"] == pytest.approx(h["best"]["h"])
+    assert files["plot_png"].stat().st_size > 1000
+
+
+def test_infeasible_designs_are_marked_as_they_happen(tmp_path):
+    """The first design violates volume >= 0.4 (0.275): its record says so when progress gets it, and
+    with no feasible design yet the saved best is the least infeasible, marked in the history."""
+    files = {"out_scene": tmp_path / "best.scene", "history_json": tmp_path / "h.json"}
+    seen = []
+
+    def progress(rec):
+        seen.append((rec["feasible"], rec["constraints"][0]["violation"]))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_optimize(_slab(tmp_path), "volume", "volume>=0.4", ["h=0.45:0.75"], progress=progress,
+                     resolution=16, **files)
+    assert len(seen) == 1 and seen[0][0] is False and seen[0][1] > 0.2
+    h = json.loads(files["history_json"].read_text())
+    assert h["status"] == "interrupted" and h["best_feasible"] is False and h["history"][0]["feasible"] is False
+    assert files["out_scene"].exists()
+
+
+def test_a_failed_run_keeps_the_last_finished_design_and_names_the_error(tmp_path):
+    files = {"out_scene": tmp_path / "best.scene", "history_json": tmp_path / "h.json"}
+
+    def progress(rec):
+        raise TaperayError("tetgen: the child process died")
+
+    with pytest.raises(TaperayError, match="child process died"):
+        run_optimize(_slab(tmp_path), "volume", "volume>=0.25", ["h=0.45:0.75"], progress=progress,
+                     resolution=16, **files)
+    h = json.loads(files["history_json"].read_text())
+    assert (h["status"], h["message"], len(h["history"])) == ("failed", "tetgen: the child process died", 1)
+    assert files["out_scene"].exists()
+
+
+@pytest.fixture
+def no_designs(monkeypatch):
+    """Makes any design evaluation fail the test: what is refused must be refused before work."""
+    def evaluate(*args, **kwargs):
+        raise AssertionError("a design was evaluated")
+    monkeypatch.setattr("taperay.solvers.optimize.evaluate_design", evaluate)
+
+
+def test_a_tape_is_refused_before_any_design(tmp_path, no_designs):
+    from taperay.scenegraph.files import save_tape
+    path = tmp_path / "ball.tape"
+    save_tape(flatten(sphere(Param("r", 0.8))), path)
+    with pytest.raises(TaperayError, match="ball.tape: is a tape"):
+        run_optimize(path, "volume", out_scene=tmp_path / "best.scene", history_json=tmp_path / "h.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ball.tape"]
+
+
+@pytest.mark.parametrize("steps", [0, -1])
+def test_max_steps_below_one_is_refused_before_any_design(tmp_path, no_designs, steps):
+    with pytest.raises(TaperayError, match="max_steps"):
+        run_optimize(_slab(tmp_path), "volume", max_steps=steps, out_scene=tmp_path / "best.scene")
+    with pytest.raises(TaperayError, match="max_steps"):
+        optimize(flatten(sphere(Param("r", 0.8))), "volume", max_steps=steps)
+
+
+def test_the_command_line_refuses_max_steps_zero(tmp_path, capsys, no_designs):
+    from taperay.tools.cli import main
+    out = tmp_path / "best.scene"
+    assert main(["optimize", str(_slab(tmp_path)), "--objective", "volume", "--max-steps", "0",
+                 "-o", str(out)]) == 2
+    assert "--max-steps 0" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"bounds": ["height=0.45:0.75"]}, "slab.py: no parameter named 'height'"),
+    ({"bounds": ["h=0.75:0.45"]}, "lo < hi"),
+    ({"constraint": "volume<=abc%"}, "bad constraint bound"),
+    ({"constraint": "volume<<1"}, "bad constraint"),
+    ({"objective": "max_temperature"}, "slab.py: max_temperature needs a heat study"),
+])
+def test_bad_arguments_are_refused_before_any_design(tmp_path, no_designs, options, message):
+    args = {"objective": "volume", "out_scene": tmp_path / "best.scene", **options}
+    with pytest.raises(TaperayError, match=message):
+        run_optimize(_slab(tmp_path), **args)
+
+
+def test_images_frame_the_part_in_the_centre(tmp_path, walker_cpu):
+    """The slab lies in the top quarter of its scene's bounds (framed on those, its pixels' centroid
+    was at 0.30 of the height); the images frame its meshed extent, centred as a picture: the
+    part's pixels span rows and columns centred on the picture's (to a pixel), their centroid near
+    it (0.46 of the height: a box seen from above shows more of its near, lower side)."""
+    from PIL import Image
+    from taperay.scenegraph.loading import scene_namespace
+    from taperay.solvers.optimize import render_designs
+    path = _slab(tmp_path)
+    res = run_optimize(path, "volume", "volume>=0.25", ["h=0.45:0.75"], max_steps=1, resolution=16)
+    assert res.status == "finished"
+    paths = {"first": tmp_path / "first.png", "best": tmp_path / "best.png"}
+    render_designs(scene_namespace(path)[0], res, paths, walker_cpu, size=(64, 48))
+    for p in paths.values():
+        rgb = np.asarray(Image.open(p).convert("RGB"), float)
+        part = np.abs(rgb - rgb[0, 0]).sum(-1) > 6
+        rows, cols = np.nonzero(part)
+        assert part.mean() > 0.1
+        assert abs(rows.min() + rows.max() + 1 - 48) <= 2 and abs(cols.min() + cols.max() + 1 - 64) <= 2, p
+        assert abs(rows.mean() / 48 - 0.5) < 0.08 and abs(cols.mean() / 64 - 0.5) < 0.08, (p, rows.mean(), cols.mean())

@@ -706,48 +706,49 @@ def _section_plane(text: str | None) -> tuple[str | None, float | None]:
 
 
 def cmd_optimize(args) -> int:
-    from taperay.scenegraph import flatten
-    from taperay.scenegraph.files import load_scene_file
-    from taperay.solvers import run_optimize
+    from taperay.solvers.optimize import render_designs, run_optimize
     from taperay.solvers.objectives import OBJECTIVES
     watch = Stopwatch()
     if args.objective not in OBJECTIVES:
         raise UsageError(f"--objective {args.objective!r}: choose from {', '.join(sorted(OBJECTIVES))}")
+    if args.max_steps < 1:
+        raise UsageError(f"--max-steps {args.max_steps}: give 1 or more optimiser iterations")
     out = _output_path(args.output, args.scene)
     if out.suffix.lower() != ".scene":
         raise UsageError(f"{out}: the optimised design is written as a .scene file")
+    image_paths = {label: out.with_name(f"{out.stem}-{label}.png") for label in ("first", "best")} if args.images else {}
+    for path in image_paths.values():
+        _output_path(str(path), args.scene, args.json, args.plot)
     con = console()
+    finished = []
 
     def progress(record):
-        cons = "; ".join(f"{c['name']} {c['value']:.4g} {c['op']} " + ("initial" if c["bound"] is None else f"{c['bound']:.4g}")
-                         for c in record.get("constraints", []))
+        finished.append(record["step"])
+        cons = "; ".join(f"{c['name']} {c['value']:.4g} {c['op']} {c['bound']:.4g}" for c in record["constraints"])
         con.print(f"  design {record['step']:>2}: {args.objective} {record['objective']:.6g}"
                   + (f", {cons}" if cons else "") + f", |gradient| {record['gradient_norm']:.3g}, "
-                  f"{record['seconds']:.1f} s" + ("" if record.get("feasible", True) else " (infeasible)"))
+                  f"{record['seconds']:.1f} s" + ("" if record["feasible"] else " (infeasible)"))
 
-    with watch.stage("optimize"):
-        res = run_optimize(args.scene, objective=args.objective, constraint=args.constraint, bounds=args.bounds,
-                           max_steps=args.max_steps, out_scene=out, history_json=args.json, plot_png=args.plot,
-                           progress=progress, resolution=args.resolution, order=args.order, surface=args.surface)
+    try:
+        with watch.stage("optimize"):
+            res = run_optimize(args.scene, objective=args.objective, constraint=args.constraint, bounds=args.bounds,
+                               max_steps=args.max_steps, out_scene=out, history_json=args.json, plot_png=args.plot,
+                               progress=progress, resolution=args.resolution, order=args.order, surface=args.surface)
+    except KeyboardInterrupt:
+        if finished:
+            kept = ", ".join(str(p) for p in (out, args.json, args.plot) if p)
+            con.print(f"interrupted after {len(finished)} designs: kept the best so far and the history ({kept})")
+        raise
     images = []
-    if args.images:
-        from taperay.runtime.camera import auto_camera
-        from taperay.runtime.image import write_png
-        first = flatten(load_scene_file(out), source=str(out))
-        for name, value in res.initial.items():
-            first.set_param(name, value)
-        last = flatten(load_scene_file(out), source=str(out))
-        cam = auto_camera(last.bounds)
+    if image_paths:
+        from taperay.runtime.walkers import walker as choose_walker
+        from taperay.scenegraph.files import load_scene_file
         with watch.stage("images"):
-            from taperay.runtime.walkers import walker as choose_walker
-            wk = choose_walker("auto")
-            for label, tape in (("first", first), ("best", last)):
-                path = out.with_name(f"{out.stem}-{label}.png")
-                write_png(path, wk.render(tape, cam, 640, 480))
-                images.append(str(path))
+            images = render_designs(load_scene_file(out), res, image_paths, choose_walker("auto"))
     con.print(f"{args.objective}: {res.initial_value:.6g} -> {res.best_value:.6g} in {len(res.history)} designs "
               f"({res.method}, {'converged' if res.success else res.message})")
-    con.print("best:      " + ", ".join(f"{k} = {v:.6g}" for k, v in res.best.items()) + f" -> {out}")
+    con.print("best:      " + ", ".join(f"{k} = {v:.6g}" for k, v in res.best.items()) + f" -> {out}"
+              + ("" if res.best_feasible else " (infeasible: no design met the constraints; the least violating)"))
     for extra in [args.json, args.plot, *images]:
         if extra:
             con.print(f"wrote:     {extra}")
@@ -945,7 +946,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_view)
 
     p = sub.add_parser("optimize", help="optimise a scene's named parameters for its study")
-    p.add_argument("scene", metavar="SCENE", help="a Python scene declaring `study` (or a .scene with --study)")
+    p.add_argument("scene", metavar="SCENE", help="a Python scene declaring `study` (a .scene for the volume and mass objectives)")
     p.add_argument("--objective", required=True, help="max_temperature, mean_temperature, compliance, "
                    "max_von_mises, volume or mass")
     p.add_argument("--constraint", action="append", metavar="EXPR",
