@@ -1,12 +1,14 @@
 """The live viewer (tools/viewer.py, tools/view_window.py, tools/scene_runner.py): offscreen
 frames through the same present pipeline and panel as the window, slider and topology edits with
-no pipeline created, undo / redo, save as, watch mode in a child process, the command line, and
-a screenshot of the real glfw window under Xvfb."""
+no pipeline created, undo / redo, save as, slider ranges fixed at load (a real imgui drag past
+the end among them), the panel on the first frame, watch mode in a child process, the command
+line (no display: one line of error), and a screenshot of the real glfw window under Xvfb."""
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -16,8 +18,8 @@ from taperay.runtime.tape import TaperayError
 from taperay.scenegraph import Material, Param, box, sphere, union
 from taperay.scenegraph.files import load_file
 from taperay.tools.cli import main
-from taperay.tools.view_window import PANEL_WIDTH, offscreen_window
-from taperay.tools.viewer import PATTERN_COUNTS, Orbit, Viewer, edit_script
+from taperay.tools.view_window import PANEL_MARGIN, offscreen_window, panel_width
+from taperay.tools.viewer import PATTERN_COUNTS, Orbit, Viewer, default_range, edit_script
 
 SIZE = (64, 48)
 FAST = RenderSettings(shadows="off", ao_strength=0.0)
@@ -91,6 +93,142 @@ def test_slider_drag_is_one_undo_step_and_undo_redo_restore_values(walker_cpu):
     assert v.params["radius"] == pytest.approx(0.38)
     v.set_param("width", 1.1)
     assert not v.redo_stack      # a new edit drops what was undone
+
+
+def _press_and_drag(window, points) -> list:
+    """Press the left button at the first of ``points``, move through the rest and let go, one
+    frame drawn after each event (as rendercanvas delivers a window's pointer events); returns each
+    frame's {name: (value, range)}."""
+    seen = []
+
+    def event(kind, x, y):
+        window.canvas.submit_event(dict(event_type=kind, x=float(x), y=float(y), button=1, buttons=(1,),
+                                        modifiers=()))
+        window.canvas._process_events()
+        window.canvas.draw()
+        v = window.viewer
+        seen.append({name: (value, v.param_range(name)) for name, value in v.params.items()})
+
+    event("pointer_move", *points[0])
+    event("pointer_down", *points[0])
+    for x, y in points[1:]:
+        event("pointer_move", x, y)
+    event("pointer_up", *points[-1])
+    return seen
+
+
+@pytest.mark.slow
+def test_slider_drag_past_the_end_stays_in_the_range_fixed_at_load(walker_cpu, monkeypatch):
+    """A real imgui drag of heat_sink's fin_height slider (pointer events through the offscreen
+    canvas, one frame each) from its middle far past its right end and back past its left end:
+    every frame's value lies in the range fixed when the scene loaded, the range never moves, the
+    drag reaches both ends, the other sliders stay put, and the drag is one undo step."""
+    from imgui_bundle import imgui
+    rects = {}
+    real_slider = imgui.slider_float
+
+    def slider(label, *args):
+        result = real_slider(label, *args)
+        rects[label.lstrip("#")] = (imgui.get_item_rect_min(), imgui.get_item_rect_max())
+        return result
+
+    monkeypatch.setattr(imgui, "slider_float", slider)
+    v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST)
+    loaded = {name: v.param_range(name) for name in v.params}
+    assert loaded["fin_height"] == pytest.approx((0.25 * 0.03, 2.5 * 0.03))
+    window = offscreen_window(v)
+    window.canvas.draw()
+    lo_xy, hi_xy = rects["fin_height"]
+    y = (lo_xy.y + hi_xy.y) / 2
+    right = [((lo_xy.x + hi_xy.x) / 2 + 6 * i, y) for i in range(60)]         # to 200+ px past the end
+    left = [(right[-1][0] - 8 * i, y) for i in range(1, 80)]                  # back to 300+ px before it
+    seen = _press_and_drag(window, right + left)
+    for frame in seen:
+        assert {name: r for name, (_, r) in frame.items()} == loaded
+        for name, (value, (lo, hi)) in frame.items():
+            assert lo <= value <= hi, (name, value, lo, hi)
+    heights = [frame["fin_height"][0] for frame in seen]
+    lo, hi = loaded["fin_height"]
+    assert max(heights) == pytest.approx(hi) and min(heights) == pytest.approx(lo)
+    assert v.params["base_thickness"] == pytest.approx(0.006)
+    assert len(v.undo_stack) == 1 and v.undo() and v.params["fin_height"] == pytest.approx(0.03)
+    assert v.param_range("fin_height") == loaded["fin_height"]
+    # a slider value past the end (typed in, say) is clamped into the range as well
+    window.set_param("fin_height", 10.0)
+    assert v.params["fin_height"] == pytest.approx(hi)
+
+
+def test_slider_ranges_are_fixed_at_load_through_edits_undo_and_scene_edits(walker_cpu):
+    """Ranges come from the values the scene loaded with and stay through slider moves (even past
+    the range), undo and redo; a scene edit keeps the ranges of the names it shares, gives its new
+    names ranges of their own values (0 and negative ones too), and its undo / redo bring back the
+    ranges of the scene they restore."""
+    v = _viewer(walker_cpu)
+    radius = v.param_range("radius")
+    assert radius == pytest.approx((0.0875, 0.875)) and v.param_range("width") == pytest.approx((0.3, 3.0))
+    for value in (0.8, 5.0, 0.01):
+        v.set_param("radius", value)
+        assert v.param_range("radius") == radius
+    v.undo()
+    assert v.params["radius"] == pytest.approx(5.0) and v.param_range("radius") == radius
+    v.undo()
+    v.redo()
+    assert v.param_range("radius") == radius
+    bumps = union(_scene(), sphere(Param("bump", 0.2)).translate(Param("shift", 0.0), 0.0, Param("drop", -0.4)))
+    v.set_scene(bumps)
+    assert v.param_range("radius") == radius and v.params["radius"] == pytest.approx(5.0)
+    assert v.param_range("bump") == pytest.approx((0.05, 0.5))
+    assert v.param_range("drop") == pytest.approx((-1.0, -0.1))
+    lo, hi = v.param_range("shift")
+    assert lo == -hi and 0.1 < hi < 10
+    assert default_range(0.0, [[0, 0, 0], [0, 0, 0]]) == (-1e-3, 1e-3)
+    edited = dict(bump=v.param_range("bump"), shift=(lo, hi))
+    v.set_param("bump", 0.45)
+    assert v.param_range("bump") == edited["bump"]
+    v.undo()
+    v.undo()                                                    # the scene edit
+    with pytest.raises(TaperayError, match="no parameter named 'bump'"):
+        v.param_range("bump")
+    assert v.param_range("radius") == radius
+    v.redo()
+    assert v.param_range("bump") == edited["bump"] and v.param_range("shift") == edited["shift"]
+
+
+def test_panel_is_drawn_on_the_first_frame_and_sized_to_the_window(walker_cpu):
+    """The first offscreen frame of a window with the panel shows the panel (imgui measures a new
+    window in a frame it hides: the window spends that frame before its first); in a 320-pixel
+    window it takes about half the width at most (120 px, widened to fit heat_sink's longest name
+    on one line), and right of it the frame is the walker's."""
+    v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 200), settings=FAST)
+    first = np.asarray(offscreen_window(v).canvas.draw())[..., :3].astype(int)
+    plain = v.frame().astype(int)
+    differs = np.nonzero((first != plain).any(axis=(0, 2)))[0]
+    assert differs.size > 0 and differs.min() <= PANEL_MARGIN + 2
+    assert differs.max() < 0.55 * 320
+    panel = first[20:60, 15:100]
+    assert panel.mean() < plain[20:60, 15:100].mean() - 40 and (panel > 200).any()
+    assert (panel_width(320), panel_width(960), panel_width(4000)) == (120, 320, 360)
+    assert panel_width(320, 150.0) == 150 and panel_width(100) == 100 - 2 * PANEL_MARGIN
+
+
+def test_view_without_a_display_is_one_line_of_error(monkeypatch):
+    """``taperay view`` with no display (none set, or one that does not answer) exits 2 with one
+    line naming the scene and --offscreen, before any window is made (no glfw abort)."""
+    pytest.importorskip("glfw")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("DISPLAY / WAYLAND_DISPLAY are Linux's")
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    for display, reason in ((None, "(DISPLAY is not set)"), (":1234", ":1234")):
+        if display is None:
+            monkeypatch.delenv("DISPLAY", raising=False)
+        else:
+            monkeypatch.setenv("DISPLAY", display)
+        run = subprocess.run([sys.executable, "-m", "taperay.tools.cli", "view", "scenes/heat_sink.py",
+                              "--walker", "cpu"], capture_output=True, text=True, timeout=120)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1, run.stderr[-2000:]
+        assert lines[0].startswith("taperay: error: heat_sink.py: no display to open a window on")
+        assert reason in lines[0] and "--offscreen" in lines[0]
 
 
 def test_frames_are_the_walkers_render(walker_cpu):
@@ -199,10 +337,71 @@ def test_bad_input_is_a_clear_error(walker_cpu, tmp_path):
         Viewer(bad, walker=walker_cpu, size=SIZE)
 
 
+_RANGED = "from taperay.scenegraph import sphere, Param\nscene = sphere(Param('r', {r}))\nranges = {ranges}\n"
+
+
 def test_scene_file_ranges_drive_the_sliders(walker_cpu, tmp_path):
+    """A scene file's ``ranges`` are its sliders' ranges, through moves past them and undo; one
+    naming no parameter or not holding the file's value is an error naming the file."""
     path = tmp_path / "ranged.py"
-    path.write_text("from taperay.scenegraph import sphere, Param\nscene = sphere(Param('r', 1))\nranges = {'r': (0.5, 3)}\n")
-    assert Viewer(path, walker=walker_cpu, size=SIZE).param_range("r") == (0.5, 3.0)
+    path.write_text(_RANGED.format(r=1, ranges="{'r': (0.5, 3)}"))
+    v = Viewer(path, walker=walker_cpu, size=SIZE)
+    assert v.param_range("r") == (0.5, 3.0)
+    v.set_param("r", 2.9)
+    v.set_param("r", 7.0)
+    v.undo()
+    assert v.param_range("r") == (0.5, 3.0)
+    path.write_text(_RANGED.format(r=0.03, ranges="{'r': (0.03, 0.06)}"))     # (0.03 is a float32 in the pool)
+    assert Viewer(path, walker=walker_cpu, size=SIZE).param_range("r") == (0.03, 0.06)
+    path.write_text(_RANGED.format(r=1, ranges="{'radius': (0.5, 3)}"))
+    with pytest.raises(TaperayError, match=r"ranged.py: ranges\['radius'\] names no parameter.*its parameters: r"):
+        Viewer(path, walker=walker_cpu, size=SIZE)
+    path.write_text(_RANGED.format(r=4, ranges="{'r': (0.5, 3)}"))
+    with pytest.raises(TaperayError, match=r"ranged.py: ranges\['r'\] = \(0.5, 3\) does not hold the parameter's value 4"):
+        Viewer(path, walker=walker_cpu, size=SIZE)
+
+
+def _save(path, text):
+    """Write the scene file with a modification time a second later (the watcher compares them)."""
+    path.write_text(text)
+    os.utime(path, ns=(path.stat().st_mtime_ns + 1_000_000_000,) * 2)
+
+
+def _draw_until_run_done(window):
+    """Draw frames (the window polls its watcher in each) until the file's run has been taken in."""
+    window.canvas.draw()                   # notices the save, starts the child
+    while window.watcher.running:
+        time.sleep(0.05)
+        window.canvas.draw()
+
+
+@pytest.mark.slow
+def test_watch_reload_ranges_and_errors_on_stderr(walker_cpu, tmp_path, capsys):
+    """A saved file's run (in its child process) brings its declared ranges, keeps the range of a
+    name it shares and makes one for a new name; an error in a later save is printed on stderr as
+    one line naming the file, shown in the panel, and leaves the scene and its ranges."""
+    path = tmp_path / "live.py"
+    path.write_text("from taperay.scenegraph import sphere, Param\nscene = sphere(Param('r', 1))\n")
+    window = offscreen_window(Viewer(path, walker=walker_cpu, size=SIZE, settings=FAST), watch=True)
+    v = window.viewer
+    assert v.param_range("r") == (0.25, 2.5)
+    _save(path, "from taperay.scenegraph import box, Param\n"
+                "scene = box(Param('r', 1), Param('w', 0.5), Param('h', 0.2))\nranges = {'h': (0.1, 0.9)}\n")
+    _draw_until_run_done(window)
+    assert window.message == "" and set(v.params) == {"r", "w", "h"}
+    assert (v.param_range("r"), v.param_range("w"), v.param_range("h")) == ((0.25, 2.5), (0.125, 1.25), (0.1, 0.9))
+    records = len(v.tape.instrs)
+    capsys.readouterr()
+    _save(path, "raise ValueError('the fillet is too big\\nfor the fin')\n")
+    _draw_until_run_done(window)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"taperay: watch: {path}") and "the fillet is too big" in err[0]
+    assert window.message == err[0].removeprefix("taperay: watch: ")
+    assert len(v.tape.instrs) == records and v.param_range("h") == (0.1, 0.9)
+    _save(path, "from taperay.scenegraph import sphere, Param\nscene = sphere(Param('r', 1))\nranges = {'q': (0, 1)}\n")
+    _draw_until_run_done(window)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: ranges['q'] names no parameter" in err[0]
 
 
 _GOOD = "from taperay.scenegraph import sphere, box, union\nscene = {body}\n"
@@ -349,9 +548,9 @@ def test_window_screenshot_under_xvfb(tmp_path):
     assert img.shape == render.shape == (320, 480, 3)
     # right of the panel the window shows the walker's frame pixel for pixel, and there the
     # frame has the heat sink's fins (not just background)
-    right = slice(PANEL_WIDTH + 40, None)
+    right = slice(PANEL_MARGIN + int(panel_width(480)) + 40, None)
     assert np.array_equal(img[:, right], render[:, right])
     assert render[:, right].std() > 10
     # the panel: imgui's dark window with the overlay's light text, over the frame
-    panel = img[15:60, 15:PANEL_WIDTH - 15]
-    assert panel.mean() < render[15:60, 15:PANEL_WIDTH - 15].mean() - 40 and (panel > 200).any()
+    panel = img[15:60, 15:int(panel_width(480)) - 15]
+    assert panel.mean() < render[15:60, 15:int(panel_width(480)) - 15].mean() - 40 and (panel > 200).any()

@@ -3,7 +3,9 @@ raises, hangs or builds an invalid tape cannot take the viewer down), polled wit
 
 ``SceneWatcher(path).poll()`` notices a newer modification time, starts ``python -m
 taperay.tools.scene_runner PATH OUT.tape`` and, when the child ends, returns a ``RunResult``: the
-validated tape, or the error (the scene's own message, a timeout, an invalid tape).
+validated tape and the slider ranges the file declares (``ranges``, checked by
+viewer.declared_ranges), or the error as one line naming the file (the scene's own message, a
+timeout, an invalid tape).
 """
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["RunResult", "SceneWatcher"]
+__all__ = ["RunResult", "SceneWatcher", "one_line"]
 
 
 @dataclass
@@ -26,6 +28,7 @@ class RunResult:
     tape: Tape | None = None
     error: str = ""
     run_ms: float = 0.0        # the child's run of the scene file and flatten, on its own clock
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)   # the file's `ranges`
 
 
 class SceneWatcher:
@@ -92,31 +95,46 @@ class SceneWatcher:
         try:
             if code != 0:
                 lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-                reason = lines[-1] if lines else f"exit status {code}"
+                reason = lines[-1].strip() if lines else f"exit status {code}"
+                if not reason.startswith(str(self.path)):
+                    reason = f"{self.path}: {reason}"
                 return RunResult(error=f"{reason} (the last good scene stays on screen)")
             try:
                 tape = load_tape_file(self._out)
             except TaperayError as e:
-                return RunResult(error=f"{self.path}: the scene's tape is invalid: {e}")
-            return RunResult(tape=tape, run_ms=float(json.loads(stdout or "{}").get("run_ms", 0.0)))
+                return RunResult(error=f"{self.path}: the scene's tape is invalid: {one_line(str(e))}")
+            report = json.loads(stdout or "{}")
+            return RunResult(tape=tape, run_ms=float(report.get("run_ms", 0.0)),
+                             ranges={name: (lo, hi) for name, (lo, hi) in report.get("ranges", {}).items()})
         finally:
             self._out.unlink(missing_ok=True)
 
 
+def one_line(text: str) -> str:
+    """A message of several lines as one ("; " between them)."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def main(argv=None) -> int:
-    """The child: run the scene file, flatten it, write the tape; errors on stderr, exit 1."""
+    """The child: run the scene file, flatten it, check its ``ranges``, write the tape; on stdout
+    the run's time and the ranges (JSON), an error on stderr as one line, exit 1."""
     from taperay.scenegraph.files import save_tape
-    from taperay.scenegraph.loading import load_tape
-    path, out = (argv if argv is not None else sys.argv[1:])[:2]
+    from taperay.scenegraph.flatten import flatten
+    from taperay.scenegraph.loading import scene_namespace
+
+    from .viewer import declared_ranges
+    path, out = (Path(a) for a in (argv if argv is not None else sys.argv[1:])[:2])
     t0 = time.perf_counter()
     try:
-        tape = load_tape(path)
+        node, namespace = scene_namespace(path)
+        tape = flatten(node, source=str(path))
+        ranges = declared_ranges(path, namespace.get("ranges", {}), tape)
         run_ms = 1e3 * (time.perf_counter() - t0)
         save_tape(tape, out)
     except TaperayError as e:
-        print(str(e), file=sys.stderr)
+        print(one_line(str(e)), file=sys.stderr)
         return 1
-    print(json.dumps({"run_ms": run_ms}))
+    print(json.dumps({"run_ms": run_ms, "ranges": ranges}))
     return 0
 
 

@@ -1,7 +1,12 @@
 """``taperay view``: a ``Viewer`` (tools/viewer.py) presented on a rendercanvas canvas — a desktop
 window (glfw), a Jupyter widget (jupyter-rfb) or offscreen — with an imgui panel (imgui-bundle
 through wgpu-py's ImguiRenderer): sliders for the named parameters, the view menu, undo / redo /
-save, and the overlay.
+save, and the overlay. The panel is a third of the window's width (``panel_width``: between
+``PANEL_MIN_WIDTH`` and ``PANEL_MAX_WIDTH``, or as wide as the longest parameter name needs, never
+wider than the window), as tall as its contents up to the window's height (then it scrolls),
+folds away by its title bar's arrow and is drawn from the first frame. Each slider has its
+parameter's full name on the line above it and the range the viewer fixed when the scene loaded;
+a slider move is clamped into that range.
 
 With the GPU walker the frame never leaves the GPU: the walker's resolve writes the image's bytes
 into its own buffer and the present pipeline (shaders/present.wgsl, the kernel set's one render
@@ -9,11 +14,16 @@ pipeline: ``KernelSet.present_pipeline``) draws them onto the window's texture. 
 image is uploaded into the viewer's buffer and drawn by the same pipeline, on the process's
 device. While the camera or a slider moves, frames are drafts (half size, no shadows); once
 still for ``SETTLE_S`` the full frame follows. ``--watch`` polls the scene file and re-runs it in
-a child process (tools/scene_runner.py); a failure leaves the last good scene on screen and shows
-the error in the panel.
+a child process (tools/scene_runner.py); a failure leaves the last good scene on screen, shows
+the error in the panel (wrapped to its width) and prints it on stderr as one line.
+
+``open_window`` checks for a display before it makes the glfw window: without one it raises
+TaperayError (the command line prints it as one line).
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import numpy as np
@@ -21,15 +31,27 @@ import numpy as np
 from taperay.runtime import gpu_device
 from taperay.runtime.tape import TaperayError
 
-from .scene_runner import SceneWatcher
+from .scene_runner import SceneWatcher, one_line
 from .viewer import VIEWER_VIEWS, Viewer
 
-__all__ = ["ViewWindow", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "run_offscreen_edits"]
+__all__ = ["ViewWindow", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "panel_width",
+           "run_offscreen_edits"]
 
-PANEL_WIDTH = 260        # the panel's width on opening, pixels
+PANEL_FRACTION = 1 / 3   # the panel's width, of the window's
+PANEL_MIN_WIDTH = 120    # pixels, unless the window is narrower
+PANEL_MAX_WIDTH = 360
+PANEL_MARGIN = 8         # between the panel and the window's edges
 SETTLE_S = 0.15          # still this long after the last move: draw the full frame
 # the image's bytes are display-ready (sRGB-encoded): an 8-bit format without conversion
 PRESENT_FORMATS = ("bgra8unorm", "rgba8unorm")
+
+
+def panel_width(window_width: float, names_width: float = 0.0) -> float:
+    """The panel's width in a window ``window_width`` logical pixels wide: PANEL_FRACTION of it,
+    within PANEL_MIN_WIDTH .. PANEL_MAX_WIDTH, widened to ``names_width`` (what the longest
+    parameter name needs on one line), never wider than the window less its margins."""
+    width = max(min(max(PANEL_FRACTION * window_width, PANEL_MIN_WIDTH), PANEL_MAX_WIDTH), names_width)
+    return max(min(width, window_width - 2 * PANEL_MARGIN), 1.0)
 
 
 def _configure(context, device) -> str:
@@ -70,10 +92,13 @@ class ViewWindow:
         self.watcher = SceneWatcher(viewer.path, timeout=watch_timeout) if watch else None
         self.message = ""                # the last error or note, shown in the panel
         self.imgui = None
+        self._panel_content = 0.0        # the panel's contents' height in the last frame
+        self._panel_resized = False      # ... differed from the frame before: draw one more to fit it
         if panel:
             from wgpu.utils.imgui import ImguiRenderer
             self.imgui = ImguiRenderer(self.device, canvas, render_target_format=self.format)
             self.imgui.set_gui(self._panel)
+            self._measure_panel()
         canvas.add_event_handler(self._on_pointer, "pointer_down", "pointer_up", "pointer_move")
         canvas.add_event_handler(self._on_wheel, "wheel")
         canvas.add_event_handler(self._on_key, "key_down")
@@ -128,7 +153,9 @@ class ViewWindow:
             self._dirty = True
 
     def set_param(self, name: str, value: float, merge: bool = True) -> None:
-        self.viewer.set_param(name, value, merge=merge)
+        """A slider move: ``value`` clamped into the parameter's range (Viewer.param_range)."""
+        lo, hi = self.viewer.param_range(name)
+        self.viewer.set_param(name, min(max(float(value), lo), hi), merge=merge)
         self.moved()
 
     def set_view(self, view: str) -> None:
@@ -149,7 +176,8 @@ class ViewWindow:
         if self.imgui is not None:
             self.imgui.render()
         self.viewer.presented()
-        if moving or self._image_is_draft or self.watcher is not None or self.viewer.refining:
+        if (moving or self._image_is_draft or self.watcher is not None or self.viewer.refining
+                or self._panel_resized):
             self.canvas.request_draw()
 
     @property
@@ -208,34 +236,75 @@ class ViewWindow:
         if result is None:
             return
         if result.error:
-            self.message = result.error
+            self._watch_error(result.error)
             return
         try:
-            self.viewer.set_scene(result.tape, label=f"{self.viewer.path.name} saved", flatten_ms=result.run_ms)
+            self.viewer.set_scene(result.tape, label=f"{self.viewer.path.name} saved", flatten_ms=result.run_ms,
+                                  ranges=result.ranges)
         except TaperayError as e:
-            self.message = str(e)
+            self._watch_error(str(e))
             return
         self.message = ""
         self._dirty = True
 
+    def _watch_error(self, error: str) -> None:
+        """A failed re-run of the watched file: in the panel, and on stderr as one line naming the file."""
+        line = one_line(error)
+        if str(self.viewer.path) not in line:
+            line = f"{self.viewer.path}: {line}"
+        self.message = line
+        print(f"taperay: watch: {line}", file=sys.stderr, flush=True)
+
     # -- the panel
+    def _measure_panel(self) -> None:
+        """One imgui frame of the panel, not drawn: imgui hides a new window sized to its contents
+        for the frame that measures them, and this is that frame, so the first drawn frame shows
+        the panel."""
+        from imgui_bundle import imgui
+        imgui.set_current_context(self.imgui.imgui_context)
+        imgui.get_io().display_size = self.canvas.get_logical_size()
+        imgui.new_frame()
+        try:
+            self._panel()
+        finally:
+            imgui.end_frame()
+
     def _panel(self) -> None:
         from imgui_bundle import imgui
         v = self.viewer
-        imgui.set_next_window_pos((8, 8), imgui.Cond_.first_use_ever)
-        imgui.set_next_window_size((PANEL_WIDTH, 0), imgui.Cond_.first_use_ever)
+        window_w, window_h = self.canvas.get_logical_size()
+        style = imgui.get_style()
+        names = max((imgui.calc_text_size(name).x for name in v.params), default=0.0)
+        width = panel_width(window_w, names + 2 * style.window_padding.x + style.scrollbar_size)
+        imgui.set_next_window_pos((PANEL_MARGIN, PANEL_MARGIN), imgui.Cond_.first_use_ever)
+        imgui.set_next_window_size((width, 0), imgui.Cond_.always)     # (height 0: fit the contents)
+        imgui.set_next_window_size_constraints((width, 0), (width, max(window_h - 2 * PANEL_MARGIN, 1)))
         imgui.set_next_window_bg_alpha(0.8)
-        imgui.begin("taperay")
+        expanded, _ = imgui.begin("taperay")
+        if expanded:
+            self._panel_contents()
+        # (imgui fits a window to its contents of the frame before)
+        content = imgui.get_cursor_pos_y() if expanded else 0.0
+        self._panel_resized, self._panel_content = content != self._panel_content, content
+        imgui.end()
+
+    def _panel_contents(self) -> None:
+        from imgui_bundle import imgui
+        v = self.viewer
         for line in v.overlay_lines():
-            imgui.text(line)
+            imgui.text_wrapped(line)
         imgui.separator()
+        imgui.text("view")
+        imgui.set_next_item_width(-1)
         current = VIEWER_VIEWS.index(v.view)
-        changed, chosen = imgui.combo("view", current, list(VIEWER_VIEWS))
+        changed, chosen = imgui.combo("##view", current, list(VIEWER_VIEWS))
         if changed and chosen != current:
             self.set_view(VIEWER_VIEWS[chosen])
         for name, value in v.params.items():
             lo, hi = v.param_range(name)
-            changed, new = imgui.slider_float(name, value, lo, hi, "%.5g")
+            imgui.text_wrapped(name)
+            imgui.set_next_item_width(-1)
+            changed, new = imgui.slider_float(f"##{name}", value, lo, hi, "%.5g", imgui.SliderFlags_.always_clamp)
             if changed:
                 self.set_param(name, new, merge=imgui.is_mouse_dragging(0) or not imgui.is_item_activated())
         if imgui.button("undo"):
@@ -243,15 +312,14 @@ class ViewWindow:
         imgui.same_line()
         if imgui.button("redo"):
             self.redo()
-        if v.path is not None:
-            imgui.same_line()
-            if imgui.button("save as .scene" if v.node is not None else "save as .tape"):
-                self._save_next_to_source()
+        if v.path is not None and imgui.button("save as .scene" if v.node is not None else "save as .tape"):
+            self._save_next_to_source()
         if self.watcher is not None:
-            imgui.text(f"watching {v.path.name}" + (" (running)" if self.watcher.running else ""))
+            imgui.text_wrapped(f"watching {v.path.name}" + (" (running)" if self.watcher.running else ""))
         if self.message:
-            imgui.text_colored((1.0, 0.45, 0.35, 1.0), self.message)
-        imgui.end()
+            imgui.push_style_color(imgui.Col_.text, imgui.ImVec4(1.0, 0.45, 0.35, 1.0))
+            imgui.text_wrapped(self.message)
+            imgui.pop_style_color()
 
     def _save_next_to_source(self) -> None:
         v = self.viewer
@@ -300,8 +368,10 @@ def open_window(make_viewer, title: str, size: tuple[int, int], watch: bool = Fa
     loading the scene) and the first frame, which creates the kernels it needs, run in a thread
     while the window stays responsive and its title shows the time spent; an error there closes
     the window and is raised here. ``on_ready(window)`` is called with the ViewWindow once it
-    exists (scripts, tests)."""
+    exists (scripts, tests). Without a display to open it on, raises TaperayError before any
+    window is made."""
     import threading
+    _check_display(title)
     from rendercanvas.glfw import RenderCanvas, loop
     canvas = RenderCanvas(size=size, title=f"taperay - {title}", update_mode="ondemand")
     state: dict = {}
@@ -334,6 +404,24 @@ def open_window(make_viewer, title: str, size: tuple[int, int], watch: bool = Fa
     loop.run()
     if "error" in state:
         raise state["error"]
+
+
+def _check_display(title: str) -> None:
+    """Raise TaperayError unless glfw can open a window: on Linux neither DISPLAY nor
+    WAYLAND_DISPLAY set, or glfw failing to start (a display that does not answer)."""
+    import warnings
+
+    import glfw
+    advice = "use --offscreen to draw without a window (with --screenshot OUT.png for a picture), or run under xvfb-run"
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        raise TaperayError(f"{title}: no display to open a window on (DISPLAY is not set); {advice}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", glfw.GLFWError)     # (the reason is read below)
+        started = glfw.init()
+    if not started:
+        _, description = glfw.get_error()
+        reason = description.decode(errors="replace") if description else "glfw could not start"
+        raise TaperayError(f"{title}: no display to open a window on ({one_line(reason)}); {advice}")
 
 
 def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: int, progress=None,

@@ -10,8 +10,13 @@ The "path" view is progressive: each full frame adds ``PATH_SPP_PER_FRAME`` path
 per pixel to the picture (runtime.path_tracing.PathImage) up to ``PATH_MAX_SPP``; any edit, camera
 move or resize starts it again, and while something moves the drafts are shaded frames.
 
+Each named parameter's slider range is fixed when its scene loads: the scene file's ``ranges``
+entry, else made once from the value it loaded with (``default_range``). A slider move, undo and
+redo leave the ranges alone; a scene edit keeps the ranges of the names it shares with the scene
+before and makes ranges for its new names (a scene edit's undo brings back the ranges before).
+
     >>> v = Viewer("scenes/heat_sink.py", walker="cpu", size=(320, 180))
-    >>> v.set_param("fin_height", 1.2); image = v.frame()
+    >>> v.set_param("fin_height", 0.04); image = v.frame()
     >>> v.undo(); v.save_as("heat_sink_edited.scene")
 """
 from __future__ import annotations
@@ -33,7 +38,7 @@ from taperay.scenegraph.loading import SOURCE_SUFFIXES, load_tape, scene_namespa
 from taperay.scenegraph.nodes import Node, with_params
 
 __all__ = ["Orbit", "Viewer", "FrameStats", "DRAFT_SCALE", "edit_script", "PATTERN_COUNTS", "VIEWER_VIEWS",
-           "PATH_SPP_PER_FRAME", "PATH_MAX_SPP"]
+           "PATH_SPP_PER_FRAME", "PATH_MAX_SPP", "declared_ranges", "default_range"]
 
 PATTERN_COUNTS = (10, 100, 1_000, 10_000, 100_000)    # edit_script's pattern counts, in turn
 DRAFT_SCALE = 2          # a draft frame (while the camera or a slider moves) is this much smaller each way
@@ -88,7 +93,7 @@ class Orbit:
 
 @dataclass
 class _Edit:
-    """One undoable step: a parameter's value, or the whole scene (tape and node)."""
+    """One undoable step: a parameter's value, or the whole scene (tape, node and slider ranges)."""
     label: str
     param: str | None = None
     before: object = None
@@ -116,7 +121,8 @@ class Viewer:
     """A scene on a walker with a camera, a view and undoable edits (see the module docstring).
 
     ``source``: a scene path (.py, .scene, .tape, .vm), a scene ``Node`` or a ``Tape``. A .py
-    file may define ``ranges = {"name": (lo, hi)}`` beside ``scene`` for its sliders.
+    file may define ``ranges = {"name": (lo, hi)}`` beside ``scene`` for its sliders (each
+    holding the parameter's value in the file).
     ``walker``: "auto" | "cpu" | "gpu" or a walker object."""
 
     def __init__(self, source, walker="auto", size: tuple[int, int] = (960, 540), view: str = "shade",
@@ -128,8 +134,8 @@ class Viewer:
         self.set_view(view)
         self.path: Path | None = None
         self.node: Node | None = None
-        self._ranges: dict[str, tuple[float, float]] = {}
-        self.tape = self._open(source)
+        self.tape, declared = self._open(source)
+        self._ranges = _slider_ranges(self.tape, declared, {})
         self.orbit = Orbit.framing(self.tape.bounds)
         self.undo_stack: list[_Edit] = []
         self.redo_stack: list[_Edit] = []
@@ -140,42 +146,37 @@ class Viewer:
         self._start_counts = self._kernel_counts()
 
     # -- the scene
-    def _open(self, source) -> Tape:
+    def _open(self, source) -> tuple[Tape, dict[str, tuple[float, float]]]:
+        """The source's tape and the slider ranges its scene file declares."""
         if isinstance(source, Tape):
-            return source
+            return source, {}
         if isinstance(source, Node):
             self.node = source
-            return flatten(source, source="viewer")
+            return flatten(source, source="viewer"), {}
         path = Path(source)
         self.path = path
         if path.suffix.lower() == ".py" and path.exists():
             self.node, ns = scene_namespace(path)
-            self._ranges = _checked_ranges(path, ns.get("ranges", {}))
-            return flatten(self.node, source=str(path))
+            tape = flatten(self.node, source=str(path))
+            return tape, declared_ranges(path, ns.get("ranges", {}), tape)
         if path.suffix.lower() == ".scene" and path.exists():
             from taperay.scenegraph.files import load_scene_file
             self.node = load_scene_file(path)
-            return flatten(self.node, source=str(path))
+            return flatten(self.node, source=str(path)), {}
         if path.suffix.lower() not in SOURCE_SUFFIXES:
             raise TaperayError(f"{path}: unknown scene type (expected one of {', '.join(SOURCE_SUFFIXES)})")
-        return load_tape(path)
+        return load_tape(path), {}
 
     @property
     def params(self) -> dict[str, float]:
         """The named parameters and their current values."""
-        return {name: float(self.tape.params[slots[0]]) for name, slots in sorted(self.tape.names.items()) if slots}
+        return _param_values(self.tape)
 
     def param_range(self, name: str) -> tuple[float, float]:
-        """A slider's range: the scene's ``ranges`` entry, else a quarter to two and a half
-        times the value (± 10 % of the scene's diagonal about 0)."""
-        if name in self._ranges:
-            return self._ranges[name]
-        value = self.params[name]
-        if value != 0:
-            return tuple(sorted((0.25 * value, 2.5 * value)))
-        b = np.asarray(self.tape.bounds, float).reshape(2, 3)
-        reach = max(0.1 * float(np.linalg.norm(b[1] - b[0])), 1e-3)
-        return -reach, reach
+        """A slider's (lo, hi), fixed when the parameter's scene loaded (see the module docstring)."""
+        if name not in self._ranges:
+            raise TaperayError(f"viewer: no parameter named {name!r} (have: {', '.join(self._ranges) or 'none'})")
+        return self._ranges[name]
 
     # -- edits
     def set_param(self, name: str, value: float, merge: bool = False) -> None:
@@ -201,11 +202,14 @@ class Viewer:
         self._pending = (label, t0)
         self.stats.flatten_ms = None
 
-    def set_scene(self, scene, label: str = "scene edit", flatten_ms: float | None = None) -> None:
+    def set_scene(self, scene, label: str = "scene edit", flatten_ms: float | None = None,
+                  ranges: dict[str, tuple[float, float]] | None = None) -> None:
         """A topology edit: a new scene ``Node`` (flattened here) or ``Tape`` (flattened already,
         e.g. by the scene file's child process; ``flatten_ms`` its cost, reported apart). Named
-        parameters the new scene shares with the current one keep their current (slider)
-        values. The walker uploads the spans that changed on the next frame."""
+        parameters the new scene shares with the current one keep their current (slider) values
+        and slider ranges; ``ranges`` (checked by ``declared_ranges``, e.g. the saved file's)
+        replace those they name, and the other new names get a ``default_range`` of the value
+        the new scene gives them. The walker uploads the spans that changed on the next frame."""
         t0 = time.perf_counter()
         kept = self.params
         if isinstance(scene, Node):
@@ -218,11 +222,13 @@ class Viewer:
                 tape.set_param(name, kept[name])
         else:
             raise TaperayError(f"viewer: a scene edit takes a Node or a Tape, got {type(scene).__name__}")
-        self._push(_Edit(label, None, (self.tape, self.node), (tape, node)))
-        self._apply_scene(tape, node, label, t0, flatten_ms)
+        new_ranges = _slider_ranges(tape, ranges or {}, self._ranges)
+        self._push(_Edit(label, None, (self.tape, self.node, self._ranges), (tape, node, new_ranges)))
+        self._apply_scene(tape, node, new_ranges, label, t0, flatten_ms)
 
-    def _apply_scene(self, tape: Tape, node: Node | None, label: str, t0: float, flatten_ms: float | None) -> None:
-        self.tape, self.node = tape, node
+    def _apply_scene(self, tape: Tape, node: Node | None, ranges: dict[str, tuple[float, float]], label: str,
+                     t0: float, flatten_ms: float | None) -> None:
+        self.tape, self.node, self._ranges = tape, node, ranges
         self._generation += 1
         self._pending = (label, t0)
         self.stats.flatten_ms = flatten_ms
@@ -248,8 +254,8 @@ class Viewer:
         if edit.param is not None:
             self._apply_param(edit.param, getattr(edit, which), label)
         else:
-            tape, node = getattr(edit, which)
-            self._apply_scene(tape, node, label, time.perf_counter(), None)
+            tape, node, ranges = getattr(edit, which)
+            self._apply_scene(tape, node, ranges, label, time.perf_counter(), None)
         return True
 
     def set_view(self, view: str) -> None:
@@ -387,10 +393,16 @@ def _checked_size(size) -> tuple[int, int]:
     return w, h
 
 
-def _checked_ranges(path: Path, ranges) -> dict[str, tuple[float, float]]:
-    """A scene file's ``ranges`` ({name: (lo, hi)}), each checked."""
+def _param_values(tape: Tape) -> dict[str, float]:
+    return {name: float(tape.params[slots[0]]) for name, slots in sorted(tape.names.items()) if slots}
+
+
+def declared_ranges(path, ranges, tape: Tape) -> dict[str, tuple[float, float]]:
+    """A scene file's ``ranges`` ({name: (lo, hi)}) checked against its ``tape``: each a finite
+    lo < hi holding the value the file gives a parameter of that name."""
     if not isinstance(ranges, dict):
         raise TaperayError(f"{path}: `ranges` must be a dict {{name: (lo, hi)}}, got {type(ranges).__name__}")
+    values = _param_values(tape)
     out = {}
     for name, r in ranges.items():
         try:
@@ -399,8 +411,33 @@ def _checked_ranges(path: Path, ranges) -> dict[str, tuple[float, float]]:
             raise TaperayError(f"{path}: ranges[{name!r}] must be (lo, hi), got {r!r}") from None
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise TaperayError(f"{path}: ranges[{name!r}] = ({lo}, {hi}) needs finite lo < hi")
-        out[str(name)] = (lo, hi)
+        if name not in values:
+            raise TaperayError(f"{path}: ranges[{name!r}] names no parameter of the scene "
+                               f"(its parameters: {', '.join(values) or 'none'})")
+        if not np.float32(lo) <= values[name] <= np.float32(hi):      # (the pool holds float32)
+            raise TaperayError(f"{path}: ranges[{name!r}] = ({lo:g}, {hi:g}) does not hold the parameter's "
+                               f"value {values[name]:g}")
+        out[name] = (lo, hi)
     return out
+
+
+def default_range(value: float, bounds) -> tuple[float, float]:
+    """A slider's range made from a parameter's value: a quarter to two and a half times it
+    (either sign), or, for 0, ± a tenth of the diagonal of the scene's ``bounds`` (at least 1e-3)."""
+    if value != 0:
+        lo, hi = sorted((0.25 * value, 2.5 * value))
+        return lo, hi
+    b = np.asarray(bounds, float).reshape(2, 3)
+    reach = max(0.1 * float(np.linalg.norm(b[1] - b[0])), 1e-3)
+    return -reach, reach
+
+
+def _slider_ranges(tape: Tape, declared: dict, kept: dict) -> dict[str, tuple[float, float]]:
+    """The slider range of each named parameter of ``tape``: ``declared`` (by its scene file),
+    else ``kept`` (the scene before's, for a name it shares), else the default_range of the
+    value the tape gives it."""
+    return {name: declared.get(name) or kept.get(name) or default_range(value, tape.bounds)
+            for name, value in _param_values(tape).items()}
 
 
 def edit_script(viewer: Viewer, slider_moves: int, topology_edits: int):
