@@ -777,10 +777,11 @@ def cmd_view(args) -> int:
         for n in notes:
             con.print(n)
         con.print(f"viewer:    {args.scene} on the {_walker_label(viewer.walker)} walker")
+        if not args.offscreen:
+            con.print("viewer:    drag to orbit, shift-drag to pan, wheel to zoom, ctrl-z / ctrl-y to undo / redo")
         return viewer
 
     if not args.offscreen:
-        con.print("viewer:    drag to orbit, shift-drag to pan, wheel to zoom, ctrl-z / ctrl-y to undo / redo")
         open_window(make_viewer, Path(args.scene).name, (w, h), watch=args.watch)
         return 0
     window = offscreen_window(make_viewer(), watch=args.watch)
