@@ -1,7 +1,8 @@
 """The JAX walker: the tape evaluated in JAX, differentiable w.r.t. the parameter pool and the point.
 
 Owns ``JaxWalker`` (evaluate / value_and_grad / vjp / jvp / sensitivities), the two forms of the
-evaluator, the XLA compile counter (``compile_stats``) and the persistent compilation cache setting.
+evaluator, the XLA compile counter (``compile_stats``), the persistent compilation cache setting and
+the CPU compiler options (``CPU_COMPILER_OPTIONS``, passed only where the installed jaxlib takes them).
 
 Forms (``JaxWalker(form=...)``; "auto" picks per tape, docs/JAX.md gives the measurements):
   * "trace": a structure-specialised trace. A Python pass over the records at trace time emits the
@@ -37,6 +38,7 @@ NaN from an inside box or a point at a shape's centre).
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass, field as dc_field
@@ -671,11 +673,30 @@ class Gradients:
     per_point: dict
 
 
+# On the CPU, the older loop emitters instead of the new fusion emitters: measured on 2 cores, the
+# gradient program of a 105-record tape compiled in 18 s instead of 82 s and ran 4x faster
+# (docs/JAX.md). A jaxlib whose CPU compiler has no such option (jax 0.11's: "No such compile
+# option") gets none.
+CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+@functools.cache
+def _cpu_options_accepted() -> bool:
+    """Whether this jaxlib's CPU compiler takes CPU_COMPILER_OPTIONS: one tiny program compiled
+    with them, once per process (an option it does not know is an INVALID_ARGUMENT error)."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(np.float32(0)).compile()
+    except Exception:        # (jax's runtime error class has moved between versions)
+        return False
+    return True
+
+
 def _compiler_options() -> dict | None:
-    """XLA options of the walker's programs. On the CPU, the older loop emitters instead of the
-    new fusion emitters: measured on 2 cores, the gradient program of a 105-record tape compiled
-    in 18 s instead of 82 s and ran 4x faster (docs/JAX.md)."""
-    return {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
+    """XLA options of the walker's programs: CPU_COMPILER_OPTIONS on the CPU where the compiler
+    takes them, else none."""
+    if jax.default_backend() == "cpu" and _cpu_options_accepted():
+        return CPU_COMPILER_OPTIONS
+    return None
 
 
 class _Program:

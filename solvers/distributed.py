@@ -23,7 +23,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .surface import DEFAULT_RESOLUTION, default_walker
+from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker
 
 __all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
 
@@ -173,13 +173,14 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
                    progress: Callable[[str, float], None] | None = None, mesh=None, surface: str = "mc",
                    **tet_options):
     """``study.simulate`` with PETSc as the solver, called on every rank of MPI's world (the same
-    arguments on each): rank 0 returns the Result, the others None. Stage timings are rank 0's."""
+    arguments on each): rank 0 returns the Result, the others None. Stage timings are rank 0's. The
+    study is checked against the scene on every rank, the resolution on rank 0, before meshing."""
     from . import fem
     from .shape import assemble
-    from .study import Result, study_from
+    from .study import Result, check_study
     from .tetmesh import mesh_part
 
-    study = study_from(study)
+    study = check_study(tape, study)
     order = order or (1 if study.kind == "heat" else 2)
     if study.kind == "elasticity" and study.free_body:
         raise TaperayError("the PETSc solver does not take free_body=True studies; use --solver auto")
@@ -193,7 +194,8 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
     if rank == 0:
         try:
             walker = default_walker(walker)
-            if mesh is None:
+            if mesh is None:      # (memory is rank 0's to check: it alone meshes)
+                check_resolution(resolution, tape, method=surface, study=study, order=order)
                 mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, progress, **tet_options)
                 timings.update(made)
             t0 = time.perf_counter()

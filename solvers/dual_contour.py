@@ -37,7 +37,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .zero_set import default_walker, project_to_zero_set, vertex_distances
+from .zero_set import default_walker, no_inside_message, project_to_zero_set, vertex_distances
 
 __all__ = ["dual_contour", "BLOCK", "LIPSCHITZ_MARGIN", "QEF_TRUNCATION"]
 
@@ -105,8 +105,6 @@ class _Grid:
         lo, hi = np.asarray(tape.bounds, np.float64)
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi > lo)):
             raise TaperayError(f"the tape's bounds {tape.bounds.tolist()} do not frame a volume")
-        if int(resolution) < 2:
-            raise TaperayError(f"resolution must be at least 2 cells, got {resolution}")
         self.h = h = float((hi - lo).max()) / int(resolution)
         cells = np.ceil((hi - lo) / h).astype(np.int64) + 2 * pad
         cells = -(-cells // BLOCK) * BLOCK
@@ -359,10 +357,11 @@ def _triangulate_quads(verts, quads, axis_dir):
 def dual_contour(tape: Tape, resolution: int, walker=None, pad: int = 2) -> tuple[np.ndarray, np.ndarray, dict]:
     """The tape's zero set as a closed, manifold, outward-oriented triangle mesh by dual contouring
     on an adaptive band (see the module docstring): (vertices (V, 3) float64, faces (F, 3) int64,
-    stats). ``resolution``: cells along the longest side of ``tape.bounds``; ``pad``: cells of
-    margin at least. ``stats`` records the grid (nodes per axis, spacing, origin), the nodes
-    evaluated (coarse and band) against the full grid's, each stage's seconds, the vertices added
-    on crowded faces and the largest ``surface.vertex_distances`` of a vertex."""
+    stats). ``resolution``: cells along the longest side of ``tape.bounds`` (``mesh_surface``
+    checks it first: ``surface.check_resolution``); ``pad``: cells of margin at least. ``stats``
+    records the grid (nodes per axis, spacing, origin), the nodes evaluated (coarse and band)
+    against the full grid's, each stage's seconds, the vertices added on crowded faces and the
+    largest ``surface.vertex_distances`` of a vertex."""
     walker = default_walker(walker)
     t0 = time.perf_counter()
     grid = _Grid(tape, resolution, pad)
@@ -371,9 +370,9 @@ def dual_contour(tape: Tape, resolution: int, walker=None, pad: int = 2) -> tupl
     t_band = time.perf_counter()
     if not len(cells):
         if not (field.values < 0).any():
-            raise TaperayError("the tape has no inside on the grid (every sample is outside): nothing to mesh; "
-                               "raise the resolution or check the scene")
-        raise TaperayError("dual contouring found no surface")
+            raise TaperayError(no_inside_message(resolution, field.evaluated, grid.h))
+        raise TaperayError(f"dual contouring found no surface at resolution {resolution}: the part's inside is "
+                           f"smaller than a grid cell ({grid.h:.3g}); raise the resolution")
 
     # Hermite data on the sign-change edges
     ci, le, cell_keys = _cell_edges(grid, cells, cfg)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from functools import lru_cache
 
 import numpy as np
@@ -22,9 +23,10 @@ from taperay.runtime.tape import TaperayError
 
 __all__ = ["tet_rule", "tri_rule", "shape_functions", "shape_derivatives", "tri_shape_functions",
            "heat_system", "elasticity_system", "face_load", "face_mass", "solve_linear", "rigid_body_modes",
-           "nodal_stress", "von_mises", "DIRECT_MAX_DOF"]
+           "nodal_stress", "von_mises", "DIRECT_MAX_DOF", "SOLVER_METHODS"]
 
 DIRECT_MAX_DOF = 20_000     # above: conjugate gradients preconditioned by pyamg smoothed aggregation
+SOLVER_METHODS = ("auto", "direct", "amg")
 ELEMENT_BLOCK = 20_000      # elements per vectorised assembly block (bounds the temporaries)
 
 
@@ -353,6 +355,8 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
     ``near_null`` (an elastic part with no supports: its rigid-body modes) and u is the solution
     orthogonal to them; f must be orthogonal to them too (the loads balance), else TaperayError.
     Returns (u, info: method, dofs, iterations, residual, seconds)."""
+    if method not in SOLVER_METHODS:
+        raise TaperayError(f"unknown solver method {method!r} ({', '.join(SOLVER_METHODS)})")
     if free_body:
         return _solve_free_body(K, f, near_null, method, rtol)
     t0 = time.perf_counter()
@@ -371,24 +375,27 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
     if method == "auto":
         method = "direct" if nfree <= DIRECT_MAX_DOF else "amg"
     info = {"method": method, "dofs": ndof, "free": nfree, "iterations": 0}
-    if method == "direct":
-        from scipy.sparse.linalg import spsolve
-        u[free] = spsolve(Kff.tocsc(), rhs)
-    elif method == "amg":
-        try:
-            import pyamg
-        except ImportError:
-            raise TaperayError("the AMG solver needs pyamg: pip install 'taperay[sim]'") from None
-        B = None if near_null is None else np.ascontiguousarray(near_null[free])
-        ml = pyamg.smoothed_aggregation_solver(Kff, B=B, symmetry="hermitian", max_coarse=500)
-        res = []
-        x = ml.solve(rhs, tol=rtol, accel="cg", maxiter=1000, residuals=res)
-        u[free] = x
-        info["iterations"] = len(res) - 1
-    else:
-        raise TaperayError(f"unknown solver method {method!r} (direct, amg, auto)")
-    r = Kff @ u[free] - rhs
-    info["residual"] = float(np.linalg.norm(r) / max(np.linalg.norm(rhs), 1e-300))
+    # a singular or indefinite system makes spsolve and pyamg warn (and numpy, on the NaN that
+    # follows); the residual check below reports it as one error instead. The warnings are recorded
+    # and dropped: pyamg's CG switches its own warnings to "always" on every call
+    with warnings.catch_warnings(record=True), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        if method == "direct":
+            from scipy.sparse.linalg import spsolve
+            u[free] = spsolve(Kff.tocsc(), rhs)
+        else:
+            try:
+                import pyamg
+            except ImportError:
+                raise TaperayError("the AMG solver needs pyamg: pip install 'taperay[sim]'") from None
+            B = None if near_null is None else np.ascontiguousarray(near_null[free])
+            ml = pyamg.smoothed_aggregation_solver(Kff, B=B, symmetry="hermitian", max_coarse=500)
+            res = []
+            x = ml.solve(rhs, tol=rtol, accel="cg", maxiter=1000, residuals=res)
+            u[free] = x
+            info["iterations"] = len(res) - 1
+        r = Kff @ u[free] - rhs
+        info["residual"] = float(np.linalg.norm(r) / max(np.linalg.norm(rhs), 1e-300))
     info["seconds"] = time.perf_counter() - t0
     if not np.all(np.isfinite(u)) or info["residual"] > 1e-6:
         raise TaperayError(f"the linear solve failed ({method}: relative residual {info['residual']:.3g}); "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from taperay.runtime.outputs import write_atomic
 from taperay.runtime.tape import TaperayError
 
 __all__ = ["Section", "section", "plot_section", "AXES"]
@@ -111,8 +112,9 @@ def section(nodes, elements, field, axis: int | str | None = None, offset: float
 
 
 def plot_section(cut: Section, path, label: str = "value", title: str | None = None, cmap: str = "inferno") -> Path:
-    """Draw ``cut`` into the PNG ``path``: triangles shaded by the field (Gouraud), a colour bar
-    named ``label``, the in-plane axes labelled. Needs matplotlib."""
+    """Draw ``cut`` into the PNG ``path`` (another format matplotlib writes by its suffix): triangles
+    shaded by the field (Gouraud), a colour bar named ``label``, the in-plane axes labelled; written
+    as one ``runtime.outputs.write_atomic`` (the old file survives a failure). Needs matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -135,7 +137,7 @@ def plot_section(cut: Section, path, label: str = "value", title: str | None = N
         fig.colorbar(mesh, ax=ax, label=label, shrink=0.9)
         fig.tight_layout()
         path = Path(path)
-        fig.savefig(path)
+        write_atomic(path, fig.savefig)
     finally:
         plt.close(fig)
     return path

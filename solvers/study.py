@@ -1,14 +1,22 @@
 """Studies on scenes: ``Heat`` and ``Elasticity`` declarations whose boundary conditions name the
 scene's materials, and ``simulate(tape, study)``: surface -> tetrahedra -> assembly -> solve.
 
+A study checks its own values when it is made and again in ``study_from`` (finite numbers,
+E > 0, -1 < nu < 0.5, conductivity > 0, convection coefficients >= 0, vectors of three);
+``check_study(tape, study)`` checks it against a scene (every material it names exists; an
+elasticity study has supports or is a free body). ``simulate`` runs both and
+``surface.check_resolution`` before any meshing.
+
 A boundary face belongs to the material the tape reports at the face's centroid (the leaf nearest
 to it); an element to the material at its centroid. Names come from ``surface.material_names``.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -16,21 +24,76 @@ import scipy.sparse as sp
 from taperay.runtime.tape import Tape, TaperayError
 
 from . import fem
-from .surface import DEFAULT_RESOLUTION, default_walker, material_names
+from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker, material_names
 from .tetmesh import TetMesh, mesh_part
 
-__all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "face_materials", "element_materials",
-           "mesh_materials"]
+__all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "check_study", "face_materials",
+           "element_materials", "mesh_materials"]
+
+
+# ---------------------------------------------------------------- checking a study's values
+
+def _number(value, where: str) -> float:
+    """``value`` as a float; a TaperayError naming ``where`` unless it is a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TaperayError(f"{where} = {value!r}: must be a number")
+    if not math.isfinite(float(value)):
+        raise TaperayError(f"{where} = {value!r}: must be a finite number")
+    return float(value)
+
+
+def _triple(value, where: str, free: bool = False) -> list[float | None]:
+    """Three finite numbers (``free``: None allowed for a component)."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or len(value) != 3:
+        raise TaperayError(f"{where} = {value!r}: must be three numbers (x, y, z)"
+                           + (", None for a free component" if free else ""))
+    return [None if free and v is None else _number(v, where) for v in value]
+
+
+def _named(mapping, where: str) -> Iterator[tuple[str, object]]:
+    """(``where['name']``, value) for each entry of a dict keyed by material name."""
+    if not isinstance(mapping, dict):
+        raise TaperayError(f"{where} = {mapping!r}: must be a dict {{material name: value}}")
+    for name, value in mapping.items():
+        if not isinstance(name, str):
+            raise TaperayError(f"{where}: the key {name!r} is not a material name (a str)")
+        yield f"{where}[{name!r}]", value
+
+
+def _per_material_entries(value, where: str) -> Iterator[tuple[str, object]]:
+    """A number for every material, or a dict of them by name (``"*"``: the default)."""
+    return _named(value, where) if isinstance(value, dict) else iter([(where, value)])
+
+
+def _positive(value, where: str, what: str) -> None:
+    if not _number(value, where) > 0:
+        raise TaperayError(f"{where} = {value!r}: {what} must be > 0")
+
+
+class _Study:
+    """What Heat and Elasticity share: checking their values when made, and the materials they name."""
+
+    def __post_init__(self):
+        self.check()     # (each study's own: one TaperayError naming the first bad field and its value)
+
+    def material_references(self) -> list[tuple[str, str]]:
+        """(field, material name) for every material the study names (the ``"*"`` default aside)."""
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                out += [(f.name, name) for name in value if name != "*"]
+        return out
 
 
 @dataclass
-class Heat:
+class Heat(_Study):
     """Steady heat conduction, -div(k grad T) = s. Every dict is keyed by material name; a plain
     number for ``conductivity`` / ``source`` applies to every material.
 
-    conductivity  W/(m K) per material;  source  W/m^3 per material (volumetric);
+    conductivity  W/(m K) per material, > 0;  source  W/m^3 per material (volumetric);
     fixed_temperature  {name: T};  heat_flux  {name: q} W/m^2 flowing INTO the part;
-    convection  {name: (h W/(m^2 K), T_inf)}."""
+    convection  {name: (h W/(m^2 K) >= 0, T_inf)}."""
     conductivity: float | dict = 1.0
     source: float | dict = 0.0
     fixed_temperature: dict = field(default_factory=dict)
@@ -38,11 +101,27 @@ class Heat:
     convection: dict = field(default_factory=dict)
     kind = "heat"
 
+    def check(self) -> "Heat":
+        for where, k in _per_material_entries(self.conductivity, "Heat conductivity"):
+            _positive(k, where, "the conductivity")
+        for where, s in _per_material_entries(self.source, "Heat source"):
+            _number(s, where)
+        for name in ("fixed_temperature", "heat_flux"):
+            for where, v in _named(getattr(self, name), f"Heat {name}"):
+                _number(v, where)
+        for where, pair in _named(self.convection, "Heat convection"):
+            if isinstance(pair, (str, bytes, dict)) or not hasattr(pair, "__len__") or len(pair) != 2:
+                raise TaperayError(f"{where} = {pair!r}: must be (h, T_inf)")
+            if _number(pair[0], where) < 0:
+                raise TaperayError(f"{where} = {pair!r}: the coefficient h must be >= 0")
+            _number(pair[1], where)
+        return self
+
 
 @dataclass
-class Elasticity:
-    """Linear isotropic elasticity. ``E`` (Pa) and ``nu`` per material (or one number);
-    fixed  {name: None (all components 0) | (ux, uy, uz) with None for a free component};
+class Elasticity(_Study):
+    """Linear isotropic elasticity. ``E`` (Pa, > 0) and ``nu`` (-1 < nu < 0.5) per material (or one
+    number); fixed  {name: None (all components 0) | (ux, uy, uz) with None for a free component};
     traction  {name: (tx, ty, tz)} force per area;  pressure  {name: p} (acts along -normal);
     body_force  (fx, fy, fz) force per volume;  free_body  True for a part held by no support
     whose loads balance (a vessel under internal pressure): the displacement is the one with no
@@ -56,15 +135,35 @@ class Elasticity:
     free_body: bool = False
     kind = "elasticity"
 
+    def check(self) -> "Elasticity":
+        for where, e in _per_material_entries(self.E, "Elasticity E"):
+            _positive(e, where, "Young's modulus")
+        for where, nu in _per_material_entries(self.nu, "Elasticity nu"):
+            if not -1.0 < _number(nu, where) < 0.5:
+                raise TaperayError(f"{where} = {nu!r}: Poisson's ratio must lie in -1 < nu < 0.5 (0.5, "
+                                   "incompressible, has no solution in displacements)")
+        for where, comp in _named(self.fixed, "Elasticity fixed"):
+            if comp is not None and comp is not True and all(c is None for c in _triple(comp, where, free=True)):
+                raise TaperayError(f"{where} = {comp!r}: fixes no component (None for all, or a value for some)")
+        for where, t in _named(self.traction, "Elasticity traction"):
+            _triple(t, where)
+        for where, p in _named(self.pressure, "Elasticity pressure"):
+            _number(p, where)
+        if self.body_force is not None:
+            _triple(self.body_force, "Elasticity body_force")
+        if not isinstance(self.free_body, bool):
+            raise TaperayError(f"Elasticity free_body = {self.free_body!r}: must be True or False")
+        return self
+
 
 STUDIES = {"heat": Heat, "elasticity": Elasticity}
 
 
 def study_from(obj) -> Heat | Elasticity:
     """A study from a Heat / Elasticity, or from a plain dict ``{"type": "heat" | "elasticity", ...}``
-    (what a scene file declares: scene files import no solvers)."""
+    (what a scene file declares: scene files import no solvers); its values checked (``check``)."""
     if isinstance(obj, (Heat, Elasticity)):
-        return obj
+        return obj.check()
     if isinstance(obj, dict):
         d = dict(obj)
         kind = str(d.pop("type", d.pop("kind", ""))).lower()
@@ -77,6 +176,30 @@ def study_from(obj) -> Heat | Elasticity:
             raise TaperayError(f"{kind} study: unknown keys {sorted(bad)} (known: {sorted(known)})")
         return cls(**d)
     raise TaperayError(f"not a study: {type(obj).__name__}")
+
+
+def check_study(tape: Tape, study) -> Heat | Elasticity:
+    """``study_from(study)`` checked against the scene ``tape`` before any meshing: every material
+    it names is one of the tape's (``material_names``; the error lists them), a heat study fixes
+    a temperature or has convection, and an elasticity study has supports (``fixed``) or says
+    ``free_body=True``, not both. Returns the study."""
+    study = study_from(study)
+    names = material_names(tape)
+    missing = [f"the study's {what}: the scene has no material named {name!r}"
+               for what, name in study.material_references() if name not in names]
+    if missing:
+        raise TaperayError(f"{'; '.join(missing)} (its materials: {', '.join(sorted(set(names)))})")
+    if study.kind == "heat" and not study.fixed_temperature and not any(h > 0 for h, _ in study.convection.values()):
+        raise TaperayError("heat study: no fixed_temperature and no convection with h > 0; the temperature "
+                           "would be set only up to a constant (and no steady state exists unless the heat "
+                           "in balances the heat out)")
+    if study.kind == "elasticity":
+        if study.free_body and study.fixed:
+            raise TaperayError("elasticity study: free_body=True means no supports, but `fixed` names some")
+        if not study.free_body and not study.fixed:
+            raise TaperayError("elasticity study: no fixed support; the part would float "
+                               "(a part whose loads balance may say free_body=True)")
+    return study
 
 
 # ---------------------------------------------------------------- materials of faces and elements
@@ -111,11 +234,12 @@ def mesh_materials(tape: Tape, mesh: TetMesh, walker=None):
 def _ids(names: list[str], name: str, present: set[int], what: str) -> np.ndarray:
     ids = [i for i, n in enumerate(names) if n == name]
     if not ids:
-        raise TaperayError(f"{what}: the scene has no material named {name!r} (materials: "
+        raise TaperayError(f"the study's {what}: the scene has no material named {name!r} (its materials: "
                            f"{', '.join(sorted(set(names)))})")
     if not present & set(ids):
-        raise TaperayError(f"{what}: no boundary face of the mesh carries material {name!r}; "
-                           "is that part exposed, or finer than the grid?")
+        raise TaperayError(f"the study's {what} on material {name!r}: no boundary face of the mesh carries that "
+                           "material; is that part inside another (not on the outside), or thinner than a grid cell "
+                           "(raise the resolution)?")
     return np.array(ids)
 
 
@@ -131,16 +255,9 @@ def _per_material(value, names: list[str], mats: np.ndarray, what: str) -> np.nd
             out[mats == i] = float(value["*"])
     if np.isnan(out).any():
         missing = sorted({names[i] for i in np.unique(mats[np.isnan(out)])})
-        raise TaperayError(f"{what}: no value for material(s) {missing} (give them, or a '*' default)")
+        raise TaperayError(f"the study's {what} has no value for the part's material(s) {missing} (give them, "
+                           "or a '*' default)")
     return out
-
-
-def _check_supports(study: Elasticity, fixed: list) -> None:
-    if study.free_body and fixed:
-        raise TaperayError("elasticity study: free_body=True means no supports, but `fixed` names some")
-    if not study.free_body and not fixed:
-        raise TaperayError("elasticity study: no fixed support; the part would float "
-                           "(a part whose loads balance may say free_body=True)")
 
 
 # ---------------------------------------------------------------- result
@@ -174,14 +291,13 @@ class Result:
         return s
 
     def save_vtu(self, path) -> None:
-        """The mesh and its fields as VTU (ParaView), through meshio."""
-        from .tetmesh import _need
-        meshio = _need("meshio")
-        cell = "tetra" if self.mesh.order == 1 else "tetra10"
+        """The mesh and its fields as VTU (ParaView; or any format meshio writes, by the suffix),
+        through meshio, as one ``runtime.outputs.write_atomic``: the old file survives a failure."""
+        from .tetmesh import write_mesh
         data = {"temperature": self.field} if self.kind == "heat" else {"displacement": self.field}
         if self.stress is not None:
             data["von_mises"] = self.stress
-        meshio.write(str(path), meshio.Mesh(self.mesh.nodes, [(cell, self.mesh.elements)], point_data=data))
+        write_mesh(path, self.mesh, data)
 
     def save_section(self, path, axis=None, offset: float | None = None):
         """A PNG of the temperature (heat) or von Mises stress (elasticity) on a planar cut of the
@@ -213,9 +329,14 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
     default 1 for heat, 2 for elasticity, which locks in shear on TET4; ``tet_options`` go to
     tet_mesh), assembly, solve (``solver``: "auto", "direct", "amg"; PETSc over MPI ranks is
     ``solvers.distributed.simulate_petsc``). A ready ``mesh`` skips the first two stages.
-    ``progress(stage, seconds)`` is called after each stage."""
-    study = study_from(study)
+    ``progress(stage, seconds)`` is called after each stage. Before any of them: ``check_study``
+    and (without ``mesh``) ``surface.check_resolution``, memory of the tetrahedra included."""
+    study = check_study(tape, study)
+    if solver not in fem.SOLVER_METHODS:
+        raise TaperayError(f"unknown solver method {solver!r} ({', '.join(fem.SOLVER_METHODS)})")
     order = order or (1 if study.kind == "heat" else 2)
+    if mesh is None:
+        check_resolution(resolution, tape, method=surface, study=study, order=order)
     walker = default_walker(walker)
     timings: dict[str, float] = {}
     surf_stats: dict = {}
@@ -266,8 +387,6 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
                     vals.append(np.full(len(nd), float(c)))
         near_null = fem.rigid_body_modes(mesh.nodes)
     free_body = study.kind == "elasticity" and study.free_body
-    if study.kind == "elasticity":
-        _check_supports(study, fixed)
     fixed_dofs = np.concatenate(fixed) if fixed else np.zeros(0, np.int64)
     fixed_vals = np.concatenate(vals) if vals else np.zeros(0)
     if len(fixed_dofs):   # a node in two fixed sets: the last one wins

@@ -10,24 +10,31 @@ Node order of a TET10 here is VTK's (meshio "tetra10"): corners 0-3, then mid-ed
 edges (0,1), (1,2), (0,2), (0,3), (1,3), (2,3). TetGen's ``order=2`` columns 4-9 are the edges
 (2,3), (0,3), (0,1), (1,2), (1,3), (0,2); ``tet_mesh`` does not trust that list: it finds each
 column's edge from the coordinates and permutes.
+
+Mesh files go through meshio: ``write_mesh`` (``TetMesh.save``, ``Result.save_vtu``) writes one
+atomically (runtime.outputs), ``TetMesh.load`` reads one with meshio's own printing held back.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from taperay.runtime.outputs import write_atomic
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["TetMesh", "tet_mesh", "mesh_part", "PART_SURFACES", "box_mesh", "to_order2", "TET10_EDGES", "TETGEN_ORDER2_EDGES",
-           "project_boundary_nodes"]
+__all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "PART_SURFACES", "box_mesh", "to_order2", "TET10_EDGES",
+           "TETGEN_ORDER2_EDGES", "project_boundary_nodes"]
 
 TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK)
 TETGEN_ORDER2_EDGES = ((2, 3), (0, 3), (0, 1), (1, 2), (1, 3), (0, 2))  # TetGen's columns 4..9
@@ -58,18 +65,28 @@ class TetMesh:
         return np.einsum("ij,ij->i", x[:, 1] - x[:, 0], np.cross(x[:, 2] - x[:, 0], x[:, 3] - x[:, 0])) / 6.0
 
     def save(self, path) -> None:
-        meshio = _need("meshio")
-        meshio.write(str(path), meshio.Mesh(self.nodes, [("tetra" if self.order == 1 else "tetra10", self.elements)]))
+        """The mesh through meshio (VTU, Gmsh, ...: by the suffix; ``write_mesh``)."""
+        write_mesh(path, self)
 
     @classmethod
     def load(cls, path) -> "TetMesh":
         """A tetrahedral mesh from any file meshio reads (``save``'s VTU, Gmsh, ...): its tetra or
-        tetra10 cells (VTK node order), oriented positively; other cells are ignored."""
+        tetra10 cells (VTK node order), oriented positively; other cells are ignored. A file meshio
+        cannot read is one TaperayError with meshio's reason (meshio prints nothing)."""
         meshio = _need("meshio")
-        try:
-            m = meshio.read(str(path))
-        except (Exception, SystemExit) as e:   # meshio raises ReadError, KeyError ..., or exits on a bad VTU
-            raise TaperayError(f"{path}: not a mesh meshio can read ({type(e).__name__}: {e})") from None
+        with _quiet() as said:
+            try:
+                m = meshio.read(str(path))
+            # meshio raises ReadError, or parsers' own errors, or prints its readers' errors and
+            # calls sys.exit(1) when no reader for the suffix could read the file
+            except (Exception, SystemExit) as e:
+                if isinstance(e, SystemExit):
+                    why = " ".join(said()) or "no reader for its suffix could read it"
+                elif isinstance(e, meshio.ReadError):
+                    why = str(e)
+                else:
+                    why = f"{type(e).__name__}: {e}"
+                raise TaperayError(f"{path}: not a tetrahedral mesh meshio can read ({why})") from None
         blocks = {c.type: c.data for c in m.cells if c.type in ("tetra", "tetra10")}
         if len(blocks) != 1:
             raise TaperayError(f"{path}: needs tetra or tetra10 cells (one kind), found "
@@ -90,6 +107,42 @@ def _need(module: str):
         return __import__(module, fromlist=["_"])
     except ImportError:
         raise TaperayError(f"simulation needs the optional package {module!r}: pip install 'taperay[sim]'") from None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """meshio's printing (its readers' errors on stdout, rich's "Error:" / "Warning:" lines on
+    stderr) and Python warnings held back; yields a function that returns the lines it printed,
+    "Error:" / "Warning:" prefixes dropped."""
+    out, err = io.StringIO(), io.StringIO()
+
+    def said() -> list[str]:
+        lines = (out.getvalue() + err.getvalue()).splitlines()
+        return [ln.strip().removeprefix("Error:").removeprefix("Warning:").strip() for ln in lines if ln.strip()]
+
+    with warnings.catch_warnings(record=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        warnings.simplefilter("ignore")
+        yield said
+
+
+def write_mesh(path, mesh: TetMesh, point_data: dict | None = None) -> None:
+    """``mesh`` (tetra or tetra10 cells) and its ``point_data`` through meshio, in the format the
+    suffix of ``path`` names, as one ``runtime.outputs.write_atomic`` (the old file survives a
+    failure). A format meshio cannot write is one TaperayError."""
+    meshio = _need("meshio")
+    cells = [("tetra" if mesh.order == 1 else "tetra10", mesh.elements)]
+    data = meshio.Mesh(mesh.nodes, cells, point_data=point_data or {})
+
+    def write(tmp: Path) -> None:
+        with _quiet():
+            try:
+                meshio.write(str(tmp), data)
+            except meshio.ReadError:                 # (meshio's error for a suffix it knows no format of)
+                raise TaperayError(f"{path}: meshio knows no mesh format with the suffix "
+                                   f"{Path(path).suffix or '(none)'!r}") from None
+            except meshio.WriteError as e:
+                raise TaperayError(f"{path}: meshio cannot write this mesh ({e})") from None
+    write_atomic(path, write)
 
 
 def boundary_faces(elements: np.ndarray) -> np.ndarray:

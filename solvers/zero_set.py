@@ -1,13 +1,13 @@
 """Walker-side helpers on a tape's zero set, shared by the surface methods and the tet mesher:
-the default walker (the CPU twin), Newton projection of points onto the zero set, and the
-first-order distance of points to it."""
+the default walker (the CPU twin), Newton projection of points onto the zero set, the first-order
+distance of points to it, and the error of a grid on which the part has no inside."""
 from __future__ import annotations
 
 import numpy as np
 
 from taperay.runtime.tape import Tape
 
-__all__ = ["default_walker", "project_to_zero_set", "vertex_distances"]
+__all__ = ["default_walker", "project_to_zero_set", "vertex_distances", "no_inside_message"]
 
 
 def default_walker(walker=None):
@@ -50,3 +50,10 @@ def vertex_distances(tape: Tape, points, walker=None) -> np.ndarray:
     d, _ = walker.evaluate(tape, pts)
     g = np.linalg.norm(np.asarray(walker.gradient(tape, pts), np.float64), axis=1)
     return np.abs(np.asarray(d, np.float64)) / np.maximum(g, 1.0)
+
+
+def no_inside_message(resolution: int, nodes: int, spacing: float) -> str:
+    """The error of a grid on which the part has no inside (both surface methods raise it)."""
+    return (f"nothing to mesh: the part has no inside on the grid (all {nodes:,} points sampled at resolution "
+            f"{resolution}, spacing {spacing:.3g}, lie outside it); the scene is empty (a difference or "
+            "intersection that removes everything?) or thinner than a grid cell (raise the resolution)")
