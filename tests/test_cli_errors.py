@@ -37,8 +37,9 @@ scene = node
 HEAT = """
 import taperay as tr
 from taperay.solvers import Heat
-scene = tr.box(1, 0.2, 0.2, material="steel") | tr.box(0.05, 0.2, 0.2, material="hot").translate(1, 0, 0)
-study = Heat(conductivity=1.0, temperature={"hot": 100.0}, convection={"steel": (5.0, 20.0)})
+scene = (tr.box(1, 0.2, 0.2).material(tr.Material("steel", (0.6, 0.6, 0.6)))
+         | tr.box(0.05, 0.2, 0.2).material(tr.Material("hot", (0.9, 0.2, 0.1))).translate(1, 0, 0))
+study = Heat(conductivity=1.0, fixed_temperature={"hot": 100.0}, convection={"steel": (5.0, 20.0)})
 """
 
 
@@ -51,6 +52,11 @@ def work(tmp_path, monkeypatch):
     Path("exits.py").write_text("import sys\nsys.exit(0)\n")
     Path("deep.py").write_text(DEEP)
     Path("heat.py").write_text(HEAT)
+    Path("nu.py").write_text(HEAT.replace("from taperay.solvers import Heat", "from taperay.solvers import Elasticity")
+                             .replace("study = Heat(", "study = Elasticity(E=1.0, nu=0.7, fixed={'hot': None}) #"))
+    Path("lid.py").write_text(HEAT.replace("fixed_temperature={\"hot\"", "fixed_temperature={\"lid\""))
+    import taperay as tr
+    tr.save_tape(tr.flatten(tr.sphere(tr.Param("r", 0.5))), "ball.tape")
     np.save("points.npy", np.array([[0, 0, 0], [1, 0, 0]], np.float32))
     np.save("nan.npy", np.array([[0, 0, 0], [np.nan, 0, 0], [np.inf, 0, 0]], np.float32))
     with open("huge.npy", "wb") as fh:           # a header declaring 10^11 rows over 48 bytes
@@ -141,6 +147,18 @@ CASES = [
     Case("simulate heat.py -o x.py", 2, r"x\.py: the result is written by meshio, which knows no \.py files",
          id="simulate output format before the solve"),
     Case("simulate heat.py -o r.vtu --json r.vtu", 2, r"r\.vtu: is an input", id="two outputs in one file"),
+    Case("simulate heat.py -o r.vtu --resolution 0", 2, r"--resolution 0: ", _absent("r.vtu"), id="resolution 0"),
+    Case("mesh scene.py -o s.stl --resolution 100000", 2, r"--resolution 100000: .* needs? about .* of memory",
+         id="resolution past memory"),
+    Case("simulate nu.py -o r.vtu", 2, r"nu\.py: .*nu = 0\.7: Poisson's ratio must lie in -1 < nu < 0\.5",
+         id="Poisson's ratio 0.7"),
+    Case("simulate lid.py -o r.vtu", 2, r"lid\.py: study: .*no material named 'lid'.*steel", _absent("r.vtu"),
+         id="study names a missing material"),
+    Case("optimize heat.py --objective max_temperature --max-steps 0 -o best.scene", 2,
+         r"--max-steps 0: give 1 or more", _absent("best.scene"), id="max-steps 0"),
+    Case("optimize ball.tape --objective volume -o best.scene", 2, r"ball\.tape: is a tape", id="optimize a tape"),
+    Case("view scene.py", 2, r"scene\.py: no display to open a window on", patch=lambda mp: [
+        mp.delenv("DISPLAY", raising=False), mp.delenv("WAYLAND_DISPLAY", raising=False)], id="view without a display"),
 ]
 
 

@@ -557,15 +557,18 @@ def _sim_walker(args, notes: list[str], watch: Stopwatch):
 
 
 def cmd_mesh(args) -> int:
-    from taperay.solvers import mesh_surface
+    from taperay.solvers import check_resolution, mesh_surface
     watch = Stopwatch()
     if Path(args.output).suffix.lower() not in MESH_SUFFIXES:
         raise UsageError(f"{args.output}: a surface mesh is written as one of {', '.join(MESH_SUFFIXES)}")
     out = _output_path(args.output, args.scene)
+    check_resolution(args.resolution, what="--resolution")
     tape = apply_sets(load_scene(args.scene, watch), args.set, watch)
+    check_resolution(args.resolution, tape, method=args.method, what="--resolution")
     notes: list[str] = []
     walker = _sim_walker(args, notes, watch)
-    with step(f"surface at resolution {args.resolution} ({args.method})"), watch.stage("surface"):
+    with step(f"surface at resolution {args.resolution} ({args.method})"), watch.stage("surface"), \
+            _errors_of(Path(args.scene)):
         surface = mesh_surface(tape, args.resolution, walker, method=args.method)
     with watch.stage("write"):
         surface.save(out)
@@ -585,7 +588,7 @@ def cmd_simulate(args) -> int:
     import json
     from taperay.scenegraph import flatten
     from taperay.scenegraph.loading import scene_namespace
-    from taperay.solvers import simulate, simulate_petsc, study_from
+    from taperay.solvers import check_resolution, check_study, simulate, simulate_petsc
     watch = Stopwatch()
     path = Path(args.scene)
     if path.suffix.lower() != ".py" or not path.is_file():
@@ -593,18 +596,22 @@ def cmd_simulate(args) -> int:
     section_plane = _section_plane(args.section_plane)
     if args.section_plane and not args.section:
         raise UsageError("--section-plane places the cut of --section: add --section CUT.png")
+    if not args.mesh:
+        check_resolution(args.resolution, what="--resolution")      # (the bounds and the memory once loaded)
     outputs = _simulate_outputs(args)
     with watch.stage("load"):
         node, ns = scene_namespace(path)
     if "study" not in ns:
         raise TaperayError(f"{path}: declares no `study` (e.g. study = Heat(conductivity=..., convection={{...}}))")
-    try:
-        study = study_from(ns["study"])
-    except TaperayError as e:
-        raise TaperayError(f"{path}: study: {e}") from None
     with watch.stage("flatten/validate"):
         tape = flatten(node, source=str(path))
     apply_sets(tape, args.set, watch)
+    try:
+        study = check_study(tape, ns["study"])
+    except TaperayError as e:
+        raise TaperayError(f"{path}: study: {e}") from None
+    if not args.mesh:
+        check_resolution(args.resolution, tape, method=args.surface, study=study, order=args.order, what="--resolution")
     if args.solver == "petsc":
         from taperay.solvers.distributed import mpi_rank
         if mpi_rank() != 0:   # a helper rank of mpiexec: it assembles and solves its rows, rank 0 reports
@@ -628,7 +635,7 @@ def cmd_simulate(args) -> int:
             following = stages[stages.index(stage) + 1:] if stage in stages else []
             bar.update(task, description=f"{study.kind}: {following[0] if following else 'done'}")
 
-        with watch.stage("simulate"):
+        with watch.stage("simulate"), _errors_of(path):
             if args.solver == "petsc":
                 result = simulate_petsc(tape, study, order=args.order, resolution=args.resolution, walker=walker,
                                         progress=progress, mesh=mesh, surface=args.surface)
@@ -677,6 +684,17 @@ def _simulate_outputs(args) -> dict[str, Path]:
     return outputs
 
 
+@contextlib.contextmanager
+def _errors_of(path: Path):
+    """A user error raised inside names ``path`` first (the scene it came from)."""
+    try:
+        yield
+    except TaperayError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise TaperayError(f"{path}: {e}") from None
+
+
 def _given_mesh(args, watch):
     """``--mesh``: the tetrahedral mesh to solve on (its order must agree with ``--order``), else None."""
     if not args.mesh:
@@ -713,6 +731,8 @@ def cmd_optimize(args) -> int:
         raise UsageError(f"--objective {args.objective!r}: choose from {', '.join(sorted(OBJECTIVES))}")
     if args.max_steps < 1:
         raise UsageError(f"--max-steps {args.max_steps}: give 1 or more optimiser iterations")
+    from taperay.solvers import check_resolution
+    check_resolution(args.resolution, what="--resolution")   # (each design's simulate checks its memory)
     out = _output_path(args.output, args.scene)
     if out.suffix.lower() != ".scene":
         raise UsageError(f"{out}: the optimised design is written as a .scene file")
