@@ -24,6 +24,7 @@ import numpy as np
 from taperay.runtime.tape import Tape, TaperayError
 
 from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker
+from .tetmesh import DEFAULT_PART_SURFACE, TetMesh, mesh_part
 
 __all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
 
@@ -91,7 +92,6 @@ def _owned_rows(terms: dict, lo: int, hi: int):
     """(CSR matrix of the rows, load) of the dofs of nodes lo..hi-1, assembled from the elements and
     faces that touch those nodes only."""
     from .shape import System
-    from .tetmesh import TetMesh
 
     def touching(items):
         return np.any((items >= lo) & (items < hi), axis=1)
@@ -170,7 +170,7 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL) -> tuple[np.ndarray | Non
 
 
 def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int = DEFAULT_RESOLUTION, walker=None,
-                   progress: Callable[[str, float], None] | None = None, mesh=None, surface: str = "mc",
+                   progress: Callable[[str, float], None] | None = None, mesh=None, surface: str = DEFAULT_PART_SURFACE,
                    **tet_options):
     """``study.simulate`` with PETSc as the solver, called on every rank of MPI's world (the same
     arguments on each): rank 0 returns the Result, the others None. Stage timings are rank 0's. The
@@ -178,7 +178,6 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
     from . import fem
     from .shape import assemble
     from .study import Result, check_study
-    from .tetmesh import mesh_part
 
     study = check_study(tape, study)
     order = order or (1 if study.kind == "heat" else 2)

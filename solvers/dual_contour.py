@@ -25,6 +25,11 @@ Owns the band, the Hermite data, the cell vertices and the faces:
   face twice and its neighbour's patch does too, the two quads' shared mesh edge would carry four
   triangles: there a vertex is added on that face for each of the two crossings, and those quads
   become fans around their edge's crossing point, so every mesh edge has exactly two triangles.
+- Cleanup: edges shorter than ``COLLAPSE_CELLS`` of a cell (two patches' vertices pressed onto
+  one cell corner) are collapsed (``surface_cleanup``), keeping the surface a closed manifold;
+  then every vertex farther than ``SNAP_CELLS`` of a cell from the zero set (a QEF point where the
+  patch curves) takes up to three Newton steps onto it, each at most a quarter cell, kept where
+  it ends closer.
 
 Everything is vectorised over cells and edges (numpy); the tables (256 sign configurations) are
 built once at import.
@@ -37,6 +42,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
+from .surface_cleanup import collapse_short_edges
 from .zero_set import default_walker, no_inside_message, project_to_zero_set, vertex_distances
 
 __all__ = ["dual_contour", "BLOCK", "LIPSCHITZ_MARGIN", "QEF_TRUNCATION"]
@@ -48,6 +54,8 @@ QEF_TRUNCATION = 0.1      # singular values below this fraction of the largest a
 CROSSING_STEPS = 8        # false-position steps per sign-change edge
 CROSSING_MARGIN = 1e-4    # crossings are kept this fraction of an edge away from its ends
 GRADIENT_EPS = 0.01       # central-difference step of the normals, in cells
+COLLAPSE_CELLS = 0.05     # edges shorter than this (in cells) are collapsed (surface_cleanup)
+SNAP_CELLS = 1e-3         # vertices farther than this (in cells) from the zero set are moved onto it
 KINK_ANGLE = 0.01         # radians: a normal turning more than this at a tenth of the step is at a crease
 
 # corner c of a cell sits at offset (c & 1, c >> 1 & 1, c >> 2 & 1); edge e runs from corner
@@ -435,13 +443,22 @@ def dual_contour(tape: Tape, resolution: int, walker=None, pad: int = 2) -> tupl
     else:
         verts = np.concatenate([verts, extra_pts])
     faces = np.concatenate(tris).astype(np.int64)
+    # vertices of two patches pressed onto one cell corner can lie 1e-15 cells apart: merged
+    verts, faces, collapsed = collapse_short_edges(verts, faces, COLLAPSE_CELLS * grid.h)
+    dist = vertex_distances(tape, verts, walker)
+    off = np.flatnonzero(dist > SNAP_CELLS * grid.h)     # (a QEF point on a curved patch lies off it)
+    if len(off):
+        moved, _ = project_to_zero_set(tape, verts[off], walker, steps=3, max_step=0.25 * grid.h)
+        closer = vertex_distances(tape, moved, walker) < dist[off]
+        verts[off[closer]] = moved[closer]
+        dist = vertex_distances(tape, verts, walker)
     t_mesh = time.perf_counter()
 
-    dist = vertex_distances(tape, verts, walker)
     full = int(np.prod(grid.n))
     stats = {"method": "dc", "grid": grid.n.tolist(), "spacing": grid.h, "origin": grid.origin.tolist(),
              "band_blocks": n_blocks, "evaluated_nodes": field.evaluated, "full_grid_nodes": full,
              "seconds": time.perf_counter() - t0, "band_seconds": t_band - t0,
              "hermite_seconds": t_hermite - t_band, "extract_seconds": t_mesh - t_hermite,
-             "face_vertices": int(len(extra_pts)), "max_vertex_distance": float(dist.max())}
+             "face_vertices": int(len(extra_pts)), "collapsed_edges": collapsed,
+             "max_vertex_distance": float(dist.max())}
     return verts, faces, stats

@@ -25,7 +25,7 @@ from taperay.runtime.tape import Tape, TaperayError
 
 from . import fem
 from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker, material_names
-from .tetmesh import TetMesh, mesh_part
+from .tetmesh import DEFAULT_PART_SURFACE, TetMesh, mesh_part
 
 __all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "check_study", "face_materials",
            "element_materials", "mesh_materials"]
@@ -321,11 +321,12 @@ def _volume_mean(mesh: TetMesh, T: np.ndarray) -> float:
 
 def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFAULT_RESOLUTION, walker=None,
              progress: Callable[[str, float], None] | None = None, solver: str = "auto", mesh: TetMesh | None = None,
-             surface: str = "mc", **tet_options) -> Result:
+             surface: str = DEFAULT_PART_SURFACE, **tet_options) -> Result:
     """Solve ``study`` (Heat, Elasticity, or a study dict) on the part ``tape`` describes.
 
-    Stages: surface and tets (``tetmesh.mesh_part`` at ``resolution``; ``surface`` "mc" (marching
-    cubes), "dc" (dual contouring) or "auto" (dual contouring, marching cubes where TetGen fails); ``order`` 1 or 2,
+    Stages: surface and tets (``tetmesh.mesh_part`` at ``resolution``; ``surface`` "auto" (the
+    default: dual contouring with its triangles kept as the boundary, marching cubes where TetGen
+    fails on it), "dc" or "mc" alone; ``order`` 1 or 2,
     default 1 for heat, 2 for elasticity, which locks in shear on TET4; ``tet_options`` go to
     tet_mesh), assembly, solve (``solver``: "auto", "direct", "amg"; PETSc over MPI ranks is
     ``solvers.distributed.simulate_petsc``). A ready ``mesh`` skips the first two stages.

@@ -33,7 +33,7 @@ import numpy as np
 from taperay.runtime.outputs import write_atomic
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "PART_SURFACES", "box_mesh", "to_order2", "TET10_EDGES",
+__all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "PART_SURFACES", "DEFAULT_PART_SURFACE", "box_mesh", "to_order2", "TET10_EDGES",
            "TETGEN_ORDER2_EDGES", "project_boundary_nodes"]
 
 TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK)
@@ -308,14 +308,16 @@ def _reorder_tetgen_order2(nodes: np.ndarray, elems: np.ndarray) -> np.ndarray:
 
 def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.0, mindihedral: float = 0.0,
              maxvolume: float | None = None, fixedvolume: bool | None = None, tape: Tape | None = None,
-             walker=None, timeout: float = 300.0, repair: bool = True) -> TetMesh:
+             walker=None, timeout: float = 300.0, repair: bool = True, keep_boundary: bool = False) -> TetMesh:
     """Tetrahedra filling a closed surface (``surface.vertices``, ``surface.faces``; a Surface or
     anything with those two arrays).
 
     ``order``: 1 (TET4) or 2 (TET10). ``quality``, ``minratio`` (radius-edge bound), ``mindihedral``
     (degrees) are TetGen's quality switches; ``maxvolume`` bounds each tetrahedron's volume
     (TetGen reads it only with ``fixedvolume``, which is switched on when a ``maxvolume`` is given
-    and ``fixedvolume`` is not said). With ``tape``, boundary nodes (TET10 mid-edge nodes, TetGen's points on
+    and ``fixedvolume`` is not said). ``keep_boundary``: TetGen's ``-Y``, the surface's triangles
+    are the mesh's boundary faces as they are (no points added on them, so no refinement runs away
+    along a finely cut surface and no boundary point needs moving). With ``tape``, boundary nodes (TET10 mid-edge nodes, TetGen's points on
     facets) are moved onto the tape's zero set (``project_boundary_nodes``). TetGen runs in a child process;
     when it fails on a surface that carries ``unprojected`` vertices (marching cubes' own), those are
     meshed instead; otherwise, or failing that too, the surface is repaired (pymeshfix) and retried
@@ -328,7 +330,7 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
         fixedvolume = maxvolume is not None
     holes = hole_points(v, f)
     opts = {"holes": holes, "order": 1, "quality": bool(quality), "minratio": float(minratio), "mindihedral": float(mindihedral),
-            "fixedvolume": bool(fixedvolume), "quiet": True, "nowarning": True}
+            "fixedvolume": bool(fixedvolume), "quiet": True, "nowarning": True, "nobisect": bool(keep_boundary)}
     if maxvolume is not None:
         opts["maxvolume"] = float(maxvolume)
     # TetGen meshes order 1; mid-edge nodes are made here (TetGen's order=2 gives the same nodes; its
@@ -381,15 +383,18 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
 
 
 PART_SURFACES = ("auto", "dc", "mc")
+DEFAULT_PART_SURFACE = "auto"
 
 
-def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = "mc", progress=None,
-              **tet_options) -> tuple[TetMesh, dict, dict]:
+def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = DEFAULT_PART_SURFACE,
+              progress=None, **tet_options) -> tuple[TetMesh, dict, dict]:
     """The part ``tape`` describes as tetrahedra: its surface (``mesh_surface`` at ``resolution``),
     then ``tet_mesh`` (``tet_options``; boundary nodes projected onto the zero set). ``surface``:
-    "mc" marching cubes (default; when TetGen fails on it, its own grid vertices), "dc" dual
-    contouring (sharp edges kept), or "auto": dual contouring, and marching cubes when TetGen
-    cannot mesh that (a dual-contoured surface can cross itself near thin walls). ``progress(stage,
+    "auto" (the default): dual contouring (sharp edges kept, vertices on the zero set) meshed by
+    TetGen with its triangles kept as the boundary faces (``keep_boundary``), and marching cubes
+    where TetGen cannot mesh that (a dual-contoured surface can cross itself near walls thinner
+    than a cell; ``stats["fallback"]`` says why); "dc" the first alone; "mc" marching cubes alone
+    (when TetGen fails on it, its own grid vertices). ``progress(stage,
     seconds)`` is called once the mesh is made, for "surface" and "tets". Returns (mesh, the
     surface's stats (method, triangles, volume, ...), timings {"surface", "tets"} in seconds)."""
     from .surface import mesh_surface
@@ -403,7 +408,7 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
         timings["surface"] = timings.get("surface", 0.0) + time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, **tet_options)
+            mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, keep_boundary=method == "dc", **tet_options)
         except TaperayError as e:
             failures.append(f"{method}: {e}")
             continue

@@ -860,9 +860,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "adapter (Mesa lavapipe)")
 
     def surface_arg(p, what):
-        p.add_argument("--surface", choices=("mc", "dc", "auto"), default="mc",
-                       help=f"the surface TetGen fills for {what}: mc marching cubes (default), dc dual contouring "
-                            "(sharp edges kept), auto: dc, and mc where TetGen fails on it")
+        p.add_argument("--surface", choices=("auto", "dc", "mc"), default="auto",
+                       help=f"the surface TetGen fills for {what}: auto (default): dual contouring (sharp edges kept, "
+                            "its triangles kept as the boundary), and marching cubes where TetGen fails on it; "
+                            "dc: dual contouring alone; mc: marching cubes alone")
 
     def set_arg(p):
         p.add_argument("--set", action="append", metavar="NAME=VALUE",
