@@ -49,6 +49,9 @@ BENCHMARKS: dict[str, Benchmark] = {
                           "velocity, adjoint, shape gradient), objective history; --repeat N: optimiser steps"),
     "sim": Benchmark("taperay.tools.bench_sim:bench_sim",
                      "solvers: the heat sink end to end (surface, tets, assembly, solve), TET4 and TET10, first and novel designs"),
+    "verify": Benchmark("taperay.tools.bench_verify:bench_verify",
+                        "solvers: simulate's defaults against analytic answers (hollow sphere, Lame sphere, "
+                        "Timoshenko beam, exact volumes, shape derivatives vs remeshed differences), error vs cell size"),
     "surface": Benchmark("taperay.tools.bench_surface:bench_surface",
                          "solvers: dual contouring vs marching cubes at resolution 96 (sphere, boxes, two scenes): "
                          "closed manifold, volume error, vertex distance, box corners, band size, time"),
