@@ -422,7 +422,10 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
             if progress:
                 progress(stage, seconds)
         return mesh, stats, timings
-    raise TaperayError("; ".join(failures) if len(failures) > 1 else failures[0])
+    spacing = surf.stats.get("spacing")
+    hint = (f"; a wall thinner than about two grid cells ({2 * spacing:.3g} at resolution {resolution}) makes the "
+            f"surface cross itself: raise the resolution (e.g. to {2 * resolution})" if spacing else "")
+    raise TaperayError(("; ".join(failures) if len(failures) > 1 else failures[0]) + hint)
 
 
 def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
@@ -435,30 +438,90 @@ def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
     return np.linalg.det(J).min(0)
 
 
-def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 3) -> int:
-    """Move the nodes of boundary faces onto the tape's zero set (Newton steps with the walker's
-    gradient, each at most a quarter of an edge): TET10 mid-edge nodes, and the points TetGen
-    inserted on the surface's facets (the surface's own vertices are on it already); the nodes of
-    an element whose smallest Jacobian would drop below a quarter of its own stay where they were. Returns how many nodes moved."""
-    from .surface import project_to_zero_set
+BOUNDARY_TOLERANCE_CELLS = 1e-3   # a boundary node farther than this from the zero set (in cells) is off it
+
+
+def _node_normals(nodes: np.ndarray, faces: np.ndarray) -> np.ndarray:
+    """(N, 3) unit normals of the nodes of boundary ``faces`` (outward; the area-weighted mean of
+    the normals of the straight-sided faces that hold the node, corners and mid-edge nodes alike);
+    zero for nodes on no face."""
+    x = nodes[faces[:, :3]]
+    n = np.cross(x[:, 1] - x[:, 0], x[:, 2] - x[:, 0])
+    out = np.zeros((len(nodes), 3))
+    for col in range(faces.shape[1]):
+        np.add.at(out, faces[:, col], n)
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-300)
+
+
+def _material_agrees(tape: Tape, walker, points, which, node_of_pair, material_of_pair) -> np.ndarray:
+    """For the boundary nodes ``which`` (placed at ``points``): is the tape's material there one of
+    the materials of the node's faces (pairs of node index and face material)?"""
+    mat = np.full(int(node_of_pair.max()) + 1, -1, np.int64)
+    mat[which] = np.asarray(walker.evaluate(tape, np.asarray(points, np.float32))[1], np.int64)
+    agree = np.zeros(len(mat), bool)
+    np.logical_or.at(agree, node_of_pair, mat[node_of_pair] == material_of_pair)
+    return agree[which]
+
+
+def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 3, cell: float | None = None) -> int:
+    """Move the nodes of boundary faces onto the tape's zero set: TET10 mid-edge nodes, the points
+    TetGen inserted on the surface's facets, and any surface vertex that is still off it. Returns
+    how many nodes moved; ``mesh.stats["boundary_projection"]`` says what happened to the others.
+
+    ``cell``: the length "a cell" means here (default: the median length of the boundary faces'
+    edges). Each node goes by ``zero_set.project_to_zero_set``: Newton steps of at most a quarter
+    cell that must lower |f|, and a node they leave more than ``BOUNDARY_TOLERANCE_CELLS`` off the
+    zero set takes the nearest zero along its own sheet's normal (the faces' around it), within a
+    cell. A node that ends where the tape's material (the nearest leaf's) is none of its faces'
+    (read at their straight-sided centroids: what its neighbours say) has landed on another
+    piece's sheet: it takes the nearest zero along its normal from where it started instead, and
+    where that is not its faces' material either it goes back to its start (``wrong_sheet_left``).
+    Then the nodes of an element whose smallest Jacobian would drop below a quarter of its own go
+    back to where they were, repeatedly, as putting one back can spoil another (``reverted``: those
+    left farther off the zero set than the tolerance)."""
+    from .zero_set import default_walker, project_to_zero_set, search_line
+    walker = default_walker(walker)
     faces = mesh.boundary_faces()
-    mids = np.unique(faces)
-    # edge length of each mid node's edge: |corner a - corner b|; bound the step by a quarter of the shortest
+    bnodes = np.unique(faces)
     la = np.linalg.norm(mesh.nodes[faces[:, 0]] - mesh.nodes[faces[:, 1]], axis=1)
-    h = float(np.median(la)) if len(la) else 1.0
-    new, _ = project_to_zero_set(tape, mesh.nodes[mids], walker, steps=steps, max_step=0.25 * h)
-    old = mesh.nodes[mids].copy()
-    check = np.nonzero(np.isin(mesh.elements, mids).any(1))[0]
+    cell = cell or (float(np.median(la)) if len(la) else 1.0)
+    tol = BOUNDARY_TOLERANCE_CELLS * cell
+    old = mesh.nodes[bnodes].copy()
+    normals = _node_normals(mesh.nodes, faces)[bnodes]
+    centroids = mesh.nodes[faces[:, :3]].mean(1)
+    face_mat = np.asarray(walker.evaluate(tape, centroids.astype(np.float32))[1], np.int64)
+    node_of_pair = np.searchsorted(bnodes, faces.ravel())
+    mat_of_pair = np.repeat(face_mat, faces.shape[1])
+    new, _ = project_to_zero_set(tape, old, walker, steps=steps, max_step=0.25 * cell, tol=tol, directions=normals,
+                                 reach=cell)
+    every = np.arange(len(bnodes))
+    stray = left = np.flatnonzero(~_material_agrees(tape, walker, new, every, node_of_pair, mat_of_pair))
+    if len(stray):               # the nearer zero along the normal, out or in, whose material agrees
+        found, dist = [], []
+        for way in (1.0, -1.0):
+            pts, f = search_line(tape, old[stray], way * normals[stray], cell, walker, 1e-3 * tol, both_ways=False)
+            fits = _material_agrees(tape, walker, pts, stray, node_of_pair, mat_of_pair) & (np.abs(f) <= tol)
+            found.append(pts)
+            dist.append(np.where(fits, np.linalg.norm(pts - old[stray], axis=1), np.inf))
+        out = dist[0] <= dist[1]
+        fixed = np.isfinite(np.minimum(dist[0], dist[1]))
+        new[stray] = np.where(fixed[:, None], np.where(out[:, None], found[0], found[1]), old[stray])
+        left = stray[~fixed]
+    check = np.nonzero(np.isin(mesh.elements, bnodes).any(1))[0]
     before = np.zeros(len(mesh.elements))
     before[check] = _min_detj(mesh.nodes, mesh.elements[check])
-    mesh.nodes[mids] = new
-    moved = np.ones(len(mids), bool)
+    mesh.nodes[bnodes] = new
+    step = np.linalg.norm(new - old, axis=1)
+    moved = step > 0
     while len(check):   # an element that would lose 3/4 of its smallest Jacobian keeps its nodes
         bad = check[_min_detj(mesh.nodes, mesh.elements[check]) <= 0.25 * before[check]]
-        back = np.isin(mids, mesh.elements[bad]) & moved
+        back = np.isin(bnodes, mesh.elements[bad]) & moved
         if not back.any():   # (putting a node back can spoil a neighbour that kept its own: the
             break            # elements around the nodes put back are checked again; each round puts
-        mesh.nodes[mids[back]] = old[back]   # back at least one node, and an element with none moved is as before)
+        mesh.nodes[bnodes[back]] = old[back]   # back at least one node, and an element with none moved is as before)
         moved &= ~back
-        check = np.nonzero(np.isin(mesh.elements, mids[back]).any(1))[0]
-    return int(np.count_nonzero(np.linalg.norm(mesh.nodes[mids] - old, axis=1) > 0))
+        check = np.nonzero(np.isin(mesh.elements, bnodes[back]).any(1))[0]
+    mesh.stats["boundary_projection"] = {
+        "nodes": int(len(bnodes)), "moved": int(moved.sum()), "reverted": int(np.count_nonzero(~moved & (step > tol))),
+        "wrong_sheet_fixed": int(len(stray) - len(left)), "wrong_sheet_left": int(len(left)), "cell": cell}
+    return int(moved.sum())

@@ -52,6 +52,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "verify": Benchmark("taperay.tools.bench_verify:bench_verify",
                         "solvers: simulate's defaults against analytic answers (hollow sphere, Lame sphere, "
                         "Timoshenko beam, exact volumes, shape derivatives vs remeshed differences), error vs cell size"),
+    "random-scenes": Benchmark("taperay.tools.bench_random_scenes:bench_random_scenes",
+                               "solvers: 200 random CSG scenes through mesh and a heat simulate on the defaults: "
+                               "closed, simulated or one clear error, crashes counted"),
     "surface": Benchmark("taperay.tools.bench_surface:bench_surface",
                          "solvers: dual contouring vs marching cubes at resolution 96 (sphere, boxes, two scenes): "
                          "closed manifold, volume error, vertex distance, box corners, band size, time"),
