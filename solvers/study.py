@@ -9,6 +9,9 @@ elasticity study has supports or is a free body). ``simulate`` runs both and
 
 A boundary face belongs to the material the tape reports at the face's centroid (the leaf nearest
 to it); an element to the material at its centroid. Names come from ``surface.material_names``.
+``simulate`` checks the mesh against the scene (``boundary_check``: every boundary node's distance
+to the zero set, the faces per name, those that include a node off it; ``mesh_quality``: dihedral
+angles) and the Result's summary reports both, with a warning when a node is off the zero set.
 """
 from __future__ import annotations
 
@@ -24,11 +27,12 @@ import scipy.sparse as sp
 from taperay.runtime.tape import Tape, TaperayError
 
 from . import fem
-from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker, material_names
-from .tetmesh import DEFAULT_PART_SURFACE, TetMesh, mesh_part
+from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker, material_names, vertex_distances
+from .tetmesh import BOUNDARY_TOLERANCE_CELLS, DEFAULT_PART_SURFACE, TET_FACES, TetMesh, mesh_part
 
 __all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "check_study", "face_materials",
-           "element_materials", "mesh_materials"]
+           "element_materials", "mesh_materials", "boundary_check", "boundary_warnings", "dihedral_angles",
+           "mesh_quality"]
 
 
 # ---------------------------------------------------------------- checking a study's values
@@ -231,6 +235,95 @@ def mesh_materials(tape: Tape, mesh: TetMesh, walker=None):
     return names, faces, emat, faces_of
 
 
+# ---------------------------------------------------------------- the mesh checked against the scene
+
+SLIVER_DEGREES = 5.0    # an element with a dihedral angle below this is counted (``mesh_quality``)
+
+
+def _name(names: list[str], i: int) -> str:
+    return names[i] if i < len(names) else f"material{i}"
+
+
+def boundary_check(tape: Tape, mesh: TetMesh, faces=None, walker=None, cell: float | None = None) -> dict:
+    """Every boundary node (corners and TET10 mid-edge nodes) measured against the tape: its
+    distance to the zero set (``vertex_distances``, |f| / max(|grad f|, 1), through ``walker``) in
+    model units and in ``cell``s (default: the median edge of the boundary faces); a node farther
+    than ``tetmesh.BOUNDARY_TOLERANCE_CELLS`` cells is off the zero set. Each boundary face's
+    material is read from the tape at the face (``face_materials``). Returns the counts of faces per
+    material name, the nodes off the zero set, the worst node, the faces per name that include a
+    node off it, and what ``project_boundary_nodes`` did (``mesh.stats``, where it ran);
+    ``boundary_warnings`` words it."""
+    walker = default_walker(walker)
+    names = material_names(tape)
+    faces = mesh.boundary_faces() if faces is None else faces
+    bnodes = np.unique(faces)
+    if cell is None:
+        cell = float(np.median(np.linalg.norm(mesh.nodes[faces[:, 0]] - mesh.nodes[faces[:, 1]], axis=1)))
+    dist = vertex_distances(tape, mesh.nodes[bnodes], walker)
+    off = dist > BOUNDARY_TOLERANCE_CELLS * cell
+    off_node = np.zeros(len(mesh.nodes), bool)
+    off_node[bnodes[off]] = True
+    fmat = face_materials(tape, mesh.nodes, faces, walker)
+    touched = off_node[faces].any(1)
+    per_name: dict[str, int] = {}
+    with_off: dict[str, int] = {}
+    for i in np.unique(fmat):
+        nm = _name(names, int(i))
+        per_name[nm] = per_name.get(nm, 0) + int(np.count_nonzero(fmat == i))
+        if touched[fmat == i].any():
+            with_off[nm] = with_off.get(nm, 0) + int(np.count_nonzero(touched[fmat == i]))
+    w = int(np.argmax(dist))
+    worst_mat = int(walker.evaluate(tape, mesh.nodes[bnodes[w]][None].astype(np.float32))[1][0])
+    report = {"nodes": int(len(bnodes)), "cell": cell, "tolerance_cells": BOUNDARY_TOLERANCE_CELLS,
+              "max_distance": float(dist[w]), "max_distance_cells": float(dist[w] / cell),
+              "off_zero_set": int(off.sum()),
+              "worst_node": {"node": int(bnodes[w]), "position": mesh.nodes[bnodes[w]].tolist(),
+                             "distance": float(dist[w]), "cells": float(dist[w] / cell),
+                             "material": _name(names, worst_mat)},
+              "faces": per_name, "faces_with_nodes_off": with_off,
+              "projection": dict(mesh.stats.get("boundary_projection") or {})}
+    return report
+
+
+def boundary_warnings(report: dict) -> list[str]:
+    """``boundary_check``'s findings as warning lines: none when every boundary node is on the zero
+    set; else one naming how many are off, the farthest, the faces per material name that include
+    them and what the meshing said (nodes the element-quality guard held back, nodes with no zero
+    of their faces' material near them)."""
+    if not report.get("off_zero_set"):
+        return []
+    proj, worst = report["projection"], report["worst_node"]
+    said = [f"the element-quality guard held {proj['held_back']:,} boundary nodes back from the zero set"] \
+        if proj.get("held_back") else []
+    said += [f"{proj['wrong_sheet_left']:,} boundary nodes found no zero of their faces' material near them"] \
+        if proj.get("wrong_sheet_left") else []
+    at = ", ".join(f"{c:.4g}" for c in worst["position"])
+    faces = ", ".join(f"{nm!r} {k:,} of {report['faces'][nm]:,}"
+                      for nm, k in sorted(report["faces_with_nodes_off"].items()))
+    return [f"{report['off_zero_set']:,} of {report['nodes']:,} boundary nodes lie off the zero set (more than "
+            f"{report['tolerance_cells']:g} cell; the farthest {worst['distance']:.3g} = {worst['cells']:.3g} cells, "
+            f"node {worst['node']} at ({at}), {worst['material']!r}); faces that include them: {faces}"
+            + "".join(f"; {s}" for s in said)]
+
+
+def dihedral_angles(nodes, elements) -> np.ndarray:
+    """(E, 6) dihedral angles in degrees of each element's straight-sided corner tetrahedron."""
+    x = np.asarray(nodes)[np.asarray(elements)[:, :4]]
+    n = np.stack([np.cross(x[:, b] - x[:, a], x[:, c] - x[:, a]) for a, b, c in TET_FACES], 1)
+    n /= np.maximum(np.linalg.norm(n, axis=2, keepdims=True), 1e-300)
+    pairs = [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    cos = np.stack([np.einsum("ij,ij->i", n[:, i], n[:, j]) for i, j in pairs], 1)
+    return 180.0 - np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))    # (outward normals)
+
+
+def mesh_quality(mesh: TetMesh) -> dict:
+    """The smallest and largest dihedral angle of the elements (degrees) and how many elements have
+    one below ``SLIVER_DEGREES``."""
+    a = dihedral_angles(mesh.nodes, mesh.elements)
+    return {"min_dihedral": float(a.min()), "max_dihedral": float(a.max()),
+            "below_5_degrees": int(np.count_nonzero(a.min(1) < SLIVER_DEGREES))}
+
+
 def _ids(names: list[str], name: str, present: set[int], what: str) -> np.ndarray:
     ids = [i for i, n in enumerate(names) if n == name]
     if not ids:
@@ -265,7 +358,8 @@ def _per_material(value, names: list[str], mats: np.ndarray, what: str) -> np.nd
 @dataclass
 class Result:
     """A solved study: the mesh, the field (temperature (N,) or displacement (N, 3)), von Mises
-    stress at the nodes (elasticity), stage timings (seconds) and solver information."""
+    stress at the nodes (elasticity), stage timings (seconds), solver information and the boundary
+    checked against the scene (``boundary_check``; empty where nothing checked it)."""
     kind: str
     mesh: TetMesh
     field: np.ndarray
@@ -273,6 +367,7 @@ class Result:
     solver: dict
     stress: np.ndarray | None = None
     surface_stats: dict = field(default_factory=dict)
+    boundary: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         s = {"study": self.kind, "order": self.mesh.order, "nodes": int(len(self.mesh.nodes)),
@@ -288,6 +383,8 @@ class Result:
             mag = np.linalg.norm(self.field, axis=1)
             s.update(max_displacement=float(mag.max()),
                      max_von_mises=float(self.stress.max()) if self.stress is not None else None)
+        s.update(boundary=self.boundary or None, quality=mesh_quality(self.mesh),
+                 warnings=boundary_warnings(self.boundary))
         return s
 
     def save_vtu(self, path) -> None:
@@ -352,6 +449,7 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
         timings.update(made)
     t0 = time.perf_counter()
     names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
+    boundary = boundary_check(tape, mesh, faces, walker, surf_stats.get("spacing"))
 
     N = len(mesh.nodes)
     if study.kind == "heat":
@@ -401,4 +499,4 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
         u = u.reshape(-1, 3)
         stress = fem.von_mises(fem.nodal_stress(mesh.nodes, mesh.elements, u, Ev, nuv))
     done("solve", t0)
-    return Result(study.kind, mesh, u, timings, info, stress, surf_stats)
+    return Result(study.kind, mesh, u, timings, info, stress, surf_stats, boundary)

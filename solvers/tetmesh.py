@@ -439,6 +439,7 @@ def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
 
 
 BOUNDARY_TOLERANCE_CELLS = 1e-3   # a boundary node farther than this from the zero set (in cells) is off it
+MIN_STEP_SHARE = 1.0 / 8.0         # a boundary node held back takes half its step, a quarter, an eighth, or none
 
 
 def _node_normals(nodes: np.ndarray, faces: np.ndarray) -> np.ndarray:
@@ -476,9 +477,9 @@ def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 
     (read at their straight-sided centroids: what its neighbours say) has landed on another
     piece's sheet: it takes the nearest zero along its normal from where it started instead, and
     where that is not its faces' material either it goes back to its start (``wrong_sheet_left``).
-    Then the nodes of an element whose smallest Jacobian would drop below a quarter of its own go
-    back to where they were, repeatedly, as putting one back can spoil another (``reverted``: those
-    left farther off the zero set than the tolerance)."""
+    Then the nodes of an element whose smallest Jacobian would drop below a quarter of its own take
+    half their steps, then a quarter, an eighth, none, repeatedly, as holding one back can spoil
+    another (``held_back``: those left farther off the zero set than the tolerance)."""
     from .zero_set import default_walker, project_to_zero_set, search_line
     walker = default_walker(walker)
     faces = mesh.boundary_faces()
@@ -511,17 +512,23 @@ def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 
     before = np.zeros(len(mesh.elements))
     before[check] = _min_detj(mesh.nodes, mesh.elements[check])
     mesh.nodes[bnodes] = new
-    step = np.linalg.norm(new - old, axis=1)
-    moved = step > 0
-    while len(check):   # an element that would lose 3/4 of its smallest Jacobian keeps its nodes
+    step = new - old
+    share = (np.linalg.norm(step, axis=1) > 0).astype(float)     # of its step each node takes
+    # an element that would lose 3/4 of its smallest Jacobian: its nodes halve their steps. A node
+    # held back can spoil a neighbour that kept its step, so the elements around the nodes held back
+    # are checked again; each round halves at least one step, down to none, and an element whose
+    # nodes take no step is as it was
+    while len(check):
         bad = check[_min_detj(mesh.nodes, mesh.elements[check]) <= 0.25 * before[check]]
-        back = np.isin(bnodes, mesh.elements[bad]) & moved
-        if not back.any():   # (putting a node back can spoil a neighbour that kept its own: the
-            break            # elements around the nodes put back are checked again; each round puts
-        mesh.nodes[bnodes[back]] = old[back]   # back at least one node, and an element with none moved is as before)
-        moved &= ~back
+        back = np.flatnonzero(np.isin(bnodes, mesh.elements[bad]) & (share > 0))
+        if not len(back):
+            break
+        share[back] = np.where(share[back] > MIN_STEP_SHARE, 0.5 * share[back], 0.0)
+        mesh.nodes[bnodes[back]] = old[back] + share[back, None] * step[back]
         check = np.nonzero(np.isin(mesh.elements, bnodes[back]).any(1))[0]
+    moved = share > 0
+    short = (1.0 - share) * np.linalg.norm(step, axis=1) > tol
     mesh.stats["boundary_projection"] = {
-        "nodes": int(len(bnodes)), "moved": int(moved.sum()), "reverted": int(np.count_nonzero(~moved & (step > tol))),
+        "nodes": int(len(bnodes)), "moved": int(moved.sum()), "held_back": int(np.count_nonzero(short)),
         "wrong_sheet_fixed": int(len(stray) - len(left)), "wrong_sheet_left": int(len(left)), "cell": cell}
     return int(moved.sum())

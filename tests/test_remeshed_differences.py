@@ -1,8 +1,8 @@
 """Shape derivatives against central differences of the whole pipeline, remeshed (surface, TetGen,
-assembly, solve at theta +- h): on dual-contoured surfaces, whose fins and edges follow the
-parameters, the two examples' derivatives agree within 5 % (issue acceptance). On marching cubes'
-surfaces the same differences are noise (fins cut by up to a cell, the cut changing with theta):
-the contrast is measured in docs/OPTIMIZATION.md, not asserted here."""
+assembly, solve at theta +- h) on the defaults (dual-contoured surfaces, whose fins and edges follow
+the parameters, kept as TetGen's boundary): the two examples' derivatives agree within 5 %. On
+marching cubes' surfaces the same differences are noise (fins cut by up to a cell, the cut changing
+with theta): the contrast is measured in docs/OPTIMIZATION.md, not asserted here."""
 from pathlib import Path
 
 import pytest
@@ -20,12 +20,12 @@ STEP = 0.05          # central differences at theta (1 +- 5 %)
 
 def _remeshed(scene: str, functions, order: int, resolution: int):
     tape, study = _scene_inputs(ROOT / "scenes" / f"{scene}.py", None)[:2]
-    at = evaluate_design(tape, study, functions, order=order, resolution=resolution, surface="dc")
+    at = evaluate_design(tape, study, functions, order=order, resolution=resolution)
     for name in sorted(tape.names):
         v0 = float(tape.params[tape.names[name][0]])
         h = STEP * abs(v0)
         plus, minus = (evaluate_design(_tape_at(tape, {name: v0 + s * h}), study, functions, order=order,
-                                       resolution=resolution, surface="dc").values for s in (1, -1))
+                                       resolution=resolution).values for s in (1, -1))
         for k, f in enumerate(functions):
             yield name, f.name, at.gradients[k][name], (plus[k] - minus[k]) / (2 * h)
 

@@ -658,6 +658,18 @@ def cmd_simulate(args) -> int:
     else:
         con.print(f"result:    max displacement {summary['max_displacement']:.4g}, max von Mises "
                   f"{summary['max_von_mises']:.4g} -> {out}")
+    b, q = summary["boundary"], summary["quality"]
+    if b is None:
+        con.print("boundary:  not measured against the scene")
+    else:
+        worst = f", the farthest node {b['worst_node']['node']}" if b["off_zero_set"] else ""
+        faces = ", ".join(f"{name} {n:,}" for name, n in sorted(b["faces"].items()))
+        con.print(f"boundary:  {b['nodes']:,} nodes, at most {b['max_distance']:.3g} ({b['max_distance_cells']:.3g} cells) "
+                  f"from the zero set, {b['off_zero_set']:,} off it{worst}; faces: {faces}", markup=False)
+    con.print(f"quality:   dihedral angles {q['min_dihedral']:.3g} to {q['max_dihedral']:.4g} degrees, "
+              f"{q['below_5_degrees']:,} elements below 5")
+    for line in summary["warnings"]:
+        con.print(f"warning:   {line}", markup=False)
     if args.section:
         con.print(f"section:   {'xyz'[cut.axis]} = {cut.offset:.4g}, {len(cut.values):,} triangles -> {args.section}")
     con.print(f"timings:   {watch.summary()}")
