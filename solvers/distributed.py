@@ -177,7 +177,7 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
     study is checked against the scene on every rank, the resolution on rank 0, before meshing."""
     from . import fem
     from .shape import assemble
-    from .study import Result, check_study
+    from .study import Result, boundary_check, check_study
 
     study = check_study(tape, study)
     order = order or (1 if study.kind == "heat" else 2)
@@ -198,6 +198,7 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
                 mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, progress, **tet_options)
                 timings.update(made)
             t0 = time.perf_counter()
+            boundary = boundary_check(tape, mesh, walker=walker, cell=surf_stats.get("spacing"))
             system = assemble(tape, study, mesh, walker, build=False)
             perm = slab_order(mesh.nodes)
             terms = _renumber(system, perm)
@@ -225,4 +226,4 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
     timings["solve"] = info["seconds"] - info["assembly_seconds"] + time.perf_counter() - t1
     if progress:
         progress("solve", timings["solve"])
-    return Result(study.kind, mesh, field, timings, info, stress, surf_stats)
+    return Result(study.kind, mesh, field, timings, info, stress, surf_stats, boundary)

@@ -378,7 +378,7 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     mesh = TetMesh(nodes, elems, {"tetgen_seconds": time.perf_counter() - t0, "repaired": repaired, "unprojected": unprojected,
                                   "elements": int(len(elems)), "nodes": int(len(nodes))})
     if tape is not None:
-        mesh.stats["projected_nodes"] = project_boundary_nodes(mesh, tape, walker)
+        mesh.stats["projected_nodes"] = project_boundary_nodes(mesh, tape, walker, cell=getattr(surface, "stats", {}).get("spacing"))
     return mesh
 
 

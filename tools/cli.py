@@ -652,6 +652,12 @@ def cmd_simulate(args) -> int:
     ranks = f" on {summary['ranks']} MPI rank{'s' if summary.get('ranks') != 1 else ''}" if "ranks" in summary else ""
     con.print(f"mesh:      {summary['nodes']:,} nodes, {summary['elements']:,} TET{4 if summary['order'] == 1 else 10}, "
               f"{summary['dof']:,} DOF, solver {summary['solver']}{ranks} ({summary['iterations']} iterations)")
+    surf = result.surface_stats
+    if surf:
+        how = {"dc": "dual contouring", "mc": "marching cubes"}.get(surf.get("method"), str(surf.get("method")))
+        con.print(f"surface:   {how}, {surf['triangles']:,} triangles, volume {surf['volume']:.6g}"
+                  + (f" (TetGen could not mesh dual contouring's: {surf['fallback']})" if "fallback" in surf else ""),
+                  markup=False)
     if study.kind == "heat":
         con.print(f"result:    temperature max {summary['max_temperature']:.4g}, mean {summary['mean_temperature']:.4g}, "
                   f"min {summary['min_temperature']:.4g} -> {out}")
