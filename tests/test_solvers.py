@@ -569,20 +569,35 @@ def test_a_saved_mesh_loads_back_oriented_and_simulate_solves_on_it(order, tmp_p
 
 @pytest.mark.slow
 def test_mesh_part_auto_falls_back_to_marching_cubes_where_tetgen_fails_on_dual_contouring():
-    """machined_part at resolution 48: TetGen dies on the dual-contoured surface; "auto" says so
+    """A random scene with shells thinner than two cells (tools/bench_random_scenes.py, seed 4) at
+    resolution 24: its dual-contoured surface crosses itself and TetGen refuses it; "auto" says so
     and meshes the marching-cubes one; "dc" alone raises the clear error. (TetGen without its
-    quality refinement, passed through mesh_part's options: it dies on the crossing sheets all
-    the same, and the fallback's mesh takes 3 s instead of a minute on 2 cores.)"""
+    quality refinement, passed through mesh_part's options.)"""
     from taperay.solvers.tetmesh import mesh_part
-    import runpy
-    tape = flatten(runpy.run_path(str(ROOT / "scenes" / "machined_part.py"))["scene"])
-    mesh, stats, timings = mesh_part(tape, 48, 1, surface="auto", quality=False)
+    from taperay.tools.bench_random_scenes import random_scene
+    tape = flatten(random_scene(np.random.default_rng(4))[0])
+    mesh, stats, timings = mesh_part(tape, 24, 1, surface="auto", quality=False)
     assert stats["method"] == "mc" and stats["fallback"].startswith("dc: TetGen could not mesh")
     assert set(timings) == {"surface", "tets"} and np.all(mesh.volumes() > 0)
     with pytest.raises(TaperayError, match="TetGen could not mesh"):
-        mesh_part(tape, 48, 1, surface="dc", quality=False)
+        mesh_part(tape, 24, 1, surface="dc", quality=False)
     with pytest.raises(TaperayError, match="unknown surface"):
-        mesh_part(tape, 48, 1, surface="marching")
+        mesh_part(tape, 24, 1, surface="marching")
+
+
+@pytest.mark.slow
+def test_machined_part_meshes_on_the_default_path():
+    """machined_part at resolution 48: dual contouring's near-duplicate vertices (1e-15 of a cell
+    apart) are collapsed, so TetGen keeps its triangles as the boundary and the mesh needs no
+    fallback; every boundary node lies on the zero set."""
+    from taperay.solvers.study import boundary_check
+    from taperay.solvers.tetmesh import mesh_part
+    import runpy
+    tape = flatten(runpy.run_path(str(ROOT / "scenes" / "machined_part.py"))["scene"])
+    mesh, stats, _ = mesh_part(tape, 48, 1)
+    assert stats["method"] == "dc" and "fallback" not in stats and stats["collapsed_edges"] > 0
+    assert np.all(mesh.volumes() > 0)
+    assert boundary_check(tape, mesh, cell=stats["spacing"])["off_zero_set"] == 0
 
 
 def test_simulate_on_a_dual_contoured_surface_keeps_the_box_edges():
