@@ -460,9 +460,15 @@ def test_invalid_tape_is_not_saved(tmp_path):
 
 
 def test_unwritable_directory(tmp_path):
-    p = tmp_path / "no" / "such" / "dir.tape"
-    with pytest.raises(TaperayError, match="cannot write"):
+    """A folder that cannot be made (a file stands in its place) is refused, naming the output;
+    missing folders are made (as for every output: runtime.outputs)."""
+    (tmp_path / "a file").write_text("x")
+    p = tmp_path / "a file" / "dir.tape"
+    with pytest.raises(TaperayError, match="dir.tape: cannot write"):
         save_tape(load_vm(DATA / "hi.vm"), p)
+    made = tmp_path / "no" / "such" / "dir.tape"
+    save_tape(load_vm(DATA / "hi.vm"), made)
+    assert made.is_file()
 
 
 def test_file_layout_is_documented_msgpack(good_tape_file):
