@@ -96,7 +96,7 @@ class System:
             method = "direct" if nfree <= fem.DIRECT_MAX_DOF * 4 else "amg"
         if method == "direct":
             if self._factor is None:
-                self._factor = _symmetric_lu(self.K[free][:, free])
+                self._factor = fem.symmetric_lu(self.K[free][:, free])
             x = self._factor.solve(rhs)
             if not np.all(np.isfinite(x)):
                 raise TaperayError("the linear solve failed (direct); is the problem constrained?")
@@ -153,13 +153,6 @@ class System:
 
     def load_dot(self, c) -> float:
         return float(np.dot(np.asarray(c, float).ravel(), self.f))
-
-
-def _symmetric_lu(A):
-    """SuperLU of a symmetric positive definite matrix, ordered for A + A^T (minimum degree) with
-    diagonal pivots: on the heat sink's TET10 stiffness 40 % less fill than the default COLAMD."""
-    from scipy.sparse.linalg import splu
-    return splu(sp.csc_matrix(A), permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
 
 
 def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto", build: bool = True) -> System:
@@ -600,7 +593,7 @@ def _harmonic_extension(nodes, elements, bnodes, fields: dict) -> None:
     if inner.any():
         K, _ = fem.heat_system(nodes, corners, 1.0)
         B = np.concatenate([fields[nm][fixed] for nm in names], 1)          # (boundary corners, 3 * names)
-        X = _symmetric_lu(K[inner][:, inner]).solve(-(K[inner][:, fixed] @ B))
+        X = fem.symmetric_lu(K[inner][:, inner]).solve(-(K[inner][:, fixed] @ B))
         for k, nm in enumerate(names):
             fields[nm][inner] = X[:, 3 * k:3 * k + 3]
     if elements.shape[1] == 10:

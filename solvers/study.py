@@ -376,6 +376,8 @@ class Result:
              "residual": self.solver.get("residual"), "timings": dict(self.timings)}
         if "ranks" in self.solver:
             s["ranks"] = int(self.solver["ranks"])
+        if "note" in self.solver:       # why the solver named is not the one asked for ("amg → direct")
+            s["solver_note"] = self.solver["note"]
         if self.kind == "heat":
             s.update(max_temperature=float(self.field.max()), min_temperature=float(self.field.min()),
                      mean_temperature=float(_volume_mean(self.mesh, self.field)))

@@ -652,6 +652,8 @@ def cmd_simulate(args) -> int:
     ranks = f" on {summary['ranks']} MPI rank{'s' if summary.get('ranks') != 1 else ''}" if "ranks" in summary else ""
     con.print(f"mesh:      {summary['nodes']:,} nodes, {summary['elements']:,} TET{4 if summary['order'] == 1 else 10}, "
               f"{summary['dof']:,} DOF, solver {summary['solver']}{ranks} ({summary['iterations']} iterations)")
+    if summary.get("solver_note"):
+        con.print(f"solver:    {summary['solver_note']}", markup=False)
     surf = result.surface_stats
     if surf:
         how = {"dc": "dual contouring", "mc": "marching cubes"}.get(surf.get("method"), str(surf.get("method")))

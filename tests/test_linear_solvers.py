@@ -1,0 +1,145 @@
+"""The sparse solve (solvers.fem.solve_linear): AMG-CG on TET10 elasticity against the direct
+solver, its stopping test on the true residual, the fallback to the direct solver with its reason,
+the error when that would not fit in memory, and the solver's report in a simulation's summary."""
+import numpy as np
+import pytest
+
+from taperay.runtime.tape import TaperayError
+from taperay.scenegraph import Material, box, flatten, intersection, plane
+from taperay.solvers import Elasticity, fem, simulate
+from taperay.solvers.tetmesh import box_mesh
+
+
+def _beam(n=(48, 4, 4), roller=False):
+    """A TET10 beam 10 x 1 x 1 (E 1000, nu 0.3) of n cubes, clamped at x = 0, a uniform shear
+    traction on its end x = 10; ``roller``: its side y = -0.5 also held in y only (nodes with some
+    dofs fixed). Returns (K, f, fixed dofs, rigid-body modes)."""
+    L = 10.0
+    m = box_mesh(n, (0, -0.5, -0.5), (L, 0.5, 0.5), order=2)
+    K, f = fem.elasticity_system(m.nodes, m.elements, 1000.0, 0.3)
+    faces = m.boundary_faces()
+    x = m.nodes[faces]
+    f += fem.face_load(m.nodes, faces[np.all(np.isclose(x[:, :, 0], L), 1)], (0.0, 0.0, -1.0), 3, len(m.nodes))
+    wall = np.unique(faces[np.all(np.isclose(x[:, :, 0], 0), 1)])
+    fixed = (3 * wall[:, None] + np.arange(3)).ravel()
+    if roller:
+        side = np.setdiff1d(np.unique(faces[np.all(np.isclose(x[:, :, 1], -0.5), 1)]), wall)
+        fixed = np.concatenate([fixed, 3 * side + 1])
+    return K, f, fixed, fem.rigid_body_modes(m.nodes)
+
+
+def _true_residual(K, f, u, fixed):
+    free = np.ones(len(f), bool)
+    free[fixed] = False
+    r = f[free] - K[free] @ u
+    return np.linalg.norm(r) / np.linalg.norm(f[free] - K[free][:, ~free] @ u[~free])
+
+
+def test_auto_takes_amg_above_the_direct_limit_and_agrees_with_the_direct_solve():
+    """23,328 free dofs: AMG-CG (whole nodes aggregated, the rigid-body modes as B) to the true
+    relative residual the direct solve reaches (about 1e-10: round-off), within 1e-8 of its
+    solution, in a bounded number of iterations (measured: 44)."""
+    K, f, fixed, B = _beam()
+    zeros = np.zeros(len(fixed))
+    ua, info = fem.solve_linear(K, f, fixed, zeros, "auto", B)
+    assert info["free"] > fem.DIRECT_MAX_DOF and info["method"] == "amg" and "note" not in info
+    assert 0 < info["iterations"] < 60
+    assert info["residual"] == pytest.approx(_true_residual(K, f, ua, fixed), rel=1e-6)
+    ud, dinfo = fem.solve_linear(K, f, fixed, zeros, "direct")
+    assert dinfo["method"] == "direct" and dinfo["residual"] == pytest.approx(_true_residual(K, f, ud, fixed), rel=1e-6)
+    assert info["residual"] < 10 * max(dinfo["residual"], fem.AMG_RTOL)
+    assert np.linalg.norm(ua - ud) / np.linalg.norm(ud) < 1e-8
+
+
+def test_amg_with_nodes_partly_fixed_agrees_with_the_direct_solve():
+    """A roller side (y held, x and z free) splits nodes: the aggregation is by dof, still converging."""
+    K, f, fixed, B = _beam((24, 3, 3), roller=True)
+    zeros = np.zeros(len(fixed))
+    ua, info = fem.solve_linear(K, f, fixed, zeros, "amg", B)
+    ud, dinfo = fem.solve_linear(K, f, fixed, zeros, "direct")
+    assert info["method"] == "amg" and 0 < info["iterations"] < 100
+    assert info["residual"] < 10 * max(dinfo["residual"], fem.AMG_RTOL)
+    assert np.linalg.norm(ua - ud) / np.linalg.norm(ud) < 1e-8
+
+
+def test_amg_stopped_early_falls_back_to_the_direct_solver_and_says_why():
+    K, f, fixed, B = _beam((24, 3, 3))
+    zeros = np.zeros(len(fixed))
+    u, info = fem.solve_linear(K, f, fixed, zeros, "amg", B, maxiter=2)
+    assert info["method"] == "amg → direct" and info["iterations"] == 2
+    assert info["note"].startswith("AMG-CG reached its 2-iteration limit at relative residual ")
+    assert info["note"].endswith("after 2 iterations; solved by the direct solver instead")
+    ud, dinfo = fem.solve_linear(K, f, fixed, zeros, "direct")
+    assert np.array_equal(u, ud) and info["residual"] == dinfo["residual"]
+    assert info["residual"] == pytest.approx(_true_residual(K, f, u, fixed), rel=1e-6)
+
+
+def test_a_matrix_cg_cannot_solve_falls_back_to_the_direct_solver():
+    """A symmetric indefinite matrix (a heat stiffness less twice its smallest eigenvalue): CG's
+    p.Ap turns negative (or it stalls); the direct solver solves it."""
+    from scipy.sparse.linalg import eigsh
+    m = box_mesh((6, 6, 6))
+    K, _ = fem.heat_system(m.nodes, m.elements, 1.0)
+    fixed = np.unique(m.boundary_faces())
+    free = np.setdiff1d(np.arange(len(m.nodes)), fixed)
+    lowest = eigsh(K[free][:, free], 1, sigma=0, which="LM", return_eigenvectors=False)[0]
+    A = (K - 2 * lowest * fem.sp.eye(K.shape[0])).tocsr()
+    f = np.random.default_rng(0).standard_normal(len(m.nodes))
+    u, info = fem.solve_linear(A, f, fixed, np.zeros(len(fixed)), "amg")
+    assert info["method"] == "amg → direct", info
+    assert info["note"].startswith(("AMG-CG broke down", "AMG-CG stalled", "AMG-CG diverged"))
+    assert info["residual"] < 1e-10
+
+
+def test_round_off_ends_cg_short_of_an_unreachable_tolerance_and_its_best_iterate_is_kept():
+    """rtol 1e-30: CG's own residual passes it, the true one stops at round-off (about 1e-10 here,
+    as the direct solve's); the best iterate is kept, no fallback."""
+    K, f, fixed, B = _beam((12, 2, 2))
+    u, info = fem.solve_linear(K, f, fixed, np.zeros(len(fixed)), "amg", B, rtol=1e-30)
+    _, dinfo = fem.solve_linear(K, f, fixed, np.zeros(len(fixed)), "direct")
+    assert info["method"] == "amg" and "note" not in info
+    assert info["iterations"] < fem.AMG_MAXITER
+    assert 0 < info["residual"] < 10 * dinfo["residual"] < fem.AMG_RESIDUAL_LIMIT
+
+
+def test_a_fallback_that_would_not_fit_in_memory_is_one_error_naming_the_other_solvers(monkeypatch):
+    monkeypatch.setattr(fem, "available_memory", lambda: 1000)
+    K, f, fixed, B = _beam((12, 2, 2))
+    with pytest.raises(TaperayError) as e:
+        fem.solve_linear(K, f, fixed, np.zeros(len(fixed)), "amg", B, maxiter=2)
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("the linear solve failed (amg: AMG-CG reached its 2-iteration limit at relative residual")
+    assert "the direct solver would need about" in message and "1 kB available" in message
+    assert "--solver petsc" in message and "--solver direct" in message
+
+
+def test_direct_memory_is_in_the_measured_range():
+    """The estimate against SuperLU's own fill on a 12 x 2 x 2 TET10 beam: 0.3 nnz(A) n^(1/3)
+    entries of LU_BYTES bounds the factors' entries (8 bytes of value, 4 of index) from above,
+    within a factor of 3."""
+    K, f, fixed, B = _beam((12, 2, 2))
+    free = np.setdiff1d(np.arange(K.shape[0]), fixed)
+    A = K[free][:, free]
+    lu = fem.symmetric_lu(A)
+    factors = 12 * (lu.L.nnz + lu.U.nnz)
+    assert factors < fem.direct_memory(A) < 3 * fem.LU_BYTES / 12 * factors
+
+
+WALL, TIP = Material("wall"), Material("tip")
+
+
+def test_the_summary_carries_the_true_residual_and_the_fallback(monkeypatch):
+    """simulate on a given TET10 box mesh, AMG-CG allowed 2 iterations: the summary names the
+    solvers used, why, and the final solution's true residual."""
+    scene = flatten(intersection(box(5.5, 0.5, 0.5).translate(5.0, 0, 0).material(Material("beam")),
+                                 plane((-1, 0, 0), 0.0).material(WALL), plane((1, 0, 0), 10.0).material(TIP)))
+    study = Elasticity(E=1000.0, nu=0.3, fixed={"wall": None}, traction={"tip": (0.0, 0.0, -1.0)})
+    mesh = box_mesh((12, 2, 2), (0, -0.5, -0.5), (10.0, 0.5, 0.5), order=2)
+    s = simulate(scene, study, mesh=mesh, solver="amg").summary()
+    assert s["solver"] == "amg" and s["iterations"] > 0 and s["residual"] < 1e-9 and "solver_note" not in s
+    monkeypatch.setattr(fem, "AMG_MAXITER", 2)
+    s = simulate(scene, study, mesh=mesh, solver="amg").summary()
+    assert s["solver"] == "amg → direct" and s["iterations"] == 2
+    assert s["solver_note"].startswith("AMG-CG reached its 2-iteration limit")
+    assert isinstance(s["residual"], float) and 0 < s["residual"] < 1e-9
