@@ -273,6 +273,19 @@ def rigid_body_modes(nodes) -> np.ndarray:
     return B.reshape(3 * N, 6)
 
 
+def mass_weighted_modes(nodes, elements) -> np.ndarray:
+    """(3N, 6): M B for ``rigid_body_modes``' B and the consistent mass matrix M, column j holding
+    ∫ N_a b_j dV (b_j the mode's displacement field), by quadrature exact for the elements."""
+    nodes = np.asarray(nodes, float)
+    centre = nodes.mean(0)
+
+    def mode(j):
+        if j < 3:
+            return lambda x: np.broadcast_to(np.eye(3)[j], x.shape)
+        return lambda x: np.cross(np.eye(3)[j - 3], x - centre)
+    return np.stack([_volume_load(nodes, elements, mode(j), 3).ravel() for j in range(6)], 1)
+
+
 def nodal_stress(nodes, elements, u, E, nu) -> np.ndarray:
     """(N, 6) stress (xx, yy, zz, yz, xz, xy) at the nodes: each element's stress at its own nodes,
     averaged over the elements that share a node."""
@@ -357,7 +370,8 @@ def face_mass(nodes, faces, coefficient, n_nodes: int) -> sp.csr_matrix:
 
 def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = None, values: np.ndarray | None = None,
                  method: str = "auto", near_null: np.ndarray | None = None, rtol: float = AMG_RTOL,
-                 free_body: bool = False, maxiter: int | None = None) -> tuple[np.ndarray, dict]:
+                 free_body: bool = False, maxiter: int | None = None,
+                 mass_modes: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """Solve K u = f with u[fixed] = values (eliminated); K symmetric, positive definite on the
     free dofs. ``method``: "direct" (``symmetric_lu``), "amg" (``amg_cg``: CG preconditioned by
     pyamg smoothed aggregation, ``near_null`` its B; when it fails, the direct solver if
@@ -365,13 +379,16 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
     DIRECT_MAX_DOF free dofs, else amg). ``free_body``: K is singular by exactly the columns of
     ``near_null`` (an elastic part with no supports: its rigid-body modes) and u is the solution
     orthogonal to them; f must be orthogonal to them too (the loads balance), else TaperayError.
+    ``mass_modes`` (``mass_weighted_modes``): the free body's rigid motion is then the one that
+    keeps its centre of mass and mean rotation (M-orthogonal: ∫ b·u dV = 0 for each mode b), a
+    property of the part rather than of where the mesh's nodes happen to lie.
     ``rtol`` and ``maxiter`` (None: AMG_MAXITER) are AMG-CG's. Returns (u, info: method ("amg →
     direct" after a fallback, with ``note`` saying why), dofs, free, iterations, residual (the
     true |f - K u| / |f| on the free dofs), seconds)."""
     if method not in SOLVER_METHODS:
         raise TaperayError(f"unknown solver method {method!r} ({', '.join(SOLVER_METHODS)})")
     if free_body:
-        return _solve_free_body(K, f, near_null, method, rtol, maxiter)
+        return _solve_free_body(K, f, near_null, method, rtol, maxiter, mass_modes)
     t0 = time.perf_counter()
     ndof = K.shape[0]
     u = np.zeros(ndof)
@@ -531,10 +548,11 @@ def amg_cg(A: sp.csr_matrix, b: np.ndarray, B: np.ndarray | None = None, rtol: f
 
 
 def _solve_free_body(K: sp.csr_matrix, f: np.ndarray, B: np.ndarray | None, method: str, rtol: float,
-                     maxiter: int | None):
-    """K u = f, B^T u = 0 for a K whose null space is spanned by B's columns (no fixed dofs): the
-    dofs where B's rows are most independent (QR with column pivoting on B^T, one per column of B)
-    are held at 0, which makes the system regular; that solution, less its projection on B, is u."""
+                     maxiter: int | None, W: np.ndarray | None):
+    """K u = f, W^T u = 0 (W: the mass-weighted modes, else B) for a K whose null space is spanned by
+    B's columns (no fixed dofs): the dofs where B's rows are most independent (QR with column
+    pivoting on B^T, one per column of B) are held at 0, which makes the system regular; that
+    solution, less its rigid motion (B c with W^T (u - B c) = 0), is u."""
     from scipy.linalg import qr
     if B is None:
         raise TaperayError("a free body's solve needs its rigid-body modes (near_null)")
@@ -545,7 +563,10 @@ def _solve_free_body(K: sp.csr_matrix, f: np.ndarray, B: np.ndarray | None, meth
                            f"{unbalanced / np.linalg.norm(f):.3g} of the load is net force or moment")
     held = np.sort(qr(Q.T, mode="r", pivoting=True)[1][:Q.shape[1]])
     u, info = solve_linear(K, f, held, np.zeros(len(held)), method, B, rtol, maxiter=maxiter)
-    u = u - Q @ (Q.T @ u)
+    if W is None:
+        u = u - Q @ (Q.T @ u)
+    else:
+        u = u - B @ np.linalg.solve(W.T @ B, W.T @ u)
     info["residual"] = _relative_residual(K, u, f)
     if not info["residual"] <= RESIDUAL_LIMIT:
         raise TaperayError(f"the linear solve failed ({info['method']}: relative residual {info['residual']:.3g})")

@@ -495,7 +495,8 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
         fixed_vals = fixed_vals[::-1][idx]
     done("assembly", t0)
     t0 = time.perf_counter()
-    u, info = fem.solve_linear(sp.csr_matrix(K), f, fixed_dofs, fixed_vals, solver, near_null, free_body=free_body)
+    u, info = fem.solve_linear(sp.csr_matrix(K), f, fixed_dofs, fixed_vals, solver, near_null, free_body=free_body,
+                               mass_modes=fem.mass_weighted_modes(mesh.nodes, mesh.elements) if free_body else None)
     stress = None
     if study.kind == "elasticity":
         u = u.reshape(-1, 3)
