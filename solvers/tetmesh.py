@@ -120,9 +120,17 @@ def _quiet():
         lines = (out.getvalue() + err.getvalue()).splitlines()
         return [ln.strip().removeprefix("Error:").removeprefix("Warning:").strip() for ln in lines if ln.strip()]
 
-    with warnings.catch_warnings(record=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        warnings.simplefilter("ignore")
-        yield said
+    width = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100000"         # (rich wraps meshio's lines at the console's width)
+    try:
+        with warnings.catch_warnings(record=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.simplefilter("ignore")
+            yield said
+    finally:
+        if width is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = width
 
 
 def write_mesh(path, mesh: TetMesh, point_data: dict | None = None) -> None:

@@ -105,7 +105,7 @@ def _volume_rows() -> list[dict]:
     from taperay.solvers.tetmesh import mesh_part
     q = (math.cos(math.radians(13.5)), *(math.sin(math.radians(13.5)) * np.array([1, 2, 3]) / math.sqrt(14)))
     cases = [("box 2 x 1.2 x 0.8", tr.flatten(box(1, 0.6, 0.4).translate(0.013, 0.021, 0.007)), 1.92),
-             ("the box rotated 27 degrees", tr.flatten(box(1, 0.6, 0.4).rotate_quat(q)), 1.92),
+             ("the box rotated 27 degrees", tr.flatten(box(1, 0.6, 0.4).rotate_quat(*q)), 1.92),
              ("sphere r = 1", tr.flatten(sphere(1.0)), 4 / 3 * math.pi),
              ("scenes/heat_sink.py", load_tape(ROOT / "scenes" / "heat_sink.py"), HEAT_SINK_VOLUME)]
     rows = []
