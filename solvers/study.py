@@ -28,7 +28,7 @@ from taperay.runtime.tape import Tape, TaperayError
 
 from . import fem
 from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker, material_names, vertex_distances
-from .tetmesh import BOUNDARY_TOLERANCE_CELLS, DEFAULT_PART_SURFACE, TET_FACES, TetMesh, mesh_part
+from .tetmesh import BOUNDARY_TOLERANCE_CELLS, DEFAULT_PART_SURFACE, TetMesh, dihedral_angles, mesh_part
 
 __all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "check_study", "face_materials",
            "element_materials", "mesh_materials", "boundary_check", "boundary_warnings", "dihedral_angles",
@@ -304,16 +304,6 @@ def boundary_warnings(report: dict) -> list[str]:
             f"{report['tolerance_cells']:g} cell; the farthest {worst['distance']:.3g} = {worst['cells']:.3g} cells, "
             f"node {worst['node']} at ({at}), {worst['material']!r}); faces that include them: {faces}"
             + "".join(f"; {s}" for s in said)]
-
-
-def dihedral_angles(nodes, elements) -> np.ndarray:
-    """(E, 6) dihedral angles in degrees of each element's straight-sided corner tetrahedron."""
-    x = np.asarray(nodes)[np.asarray(elements)[:, :4]]
-    n = np.stack([np.cross(x[:, b] - x[:, a], x[:, c] - x[:, a]) for a, b, c in TET_FACES], 1)
-    n /= np.maximum(np.linalg.norm(n, axis=2, keepdims=True), 1e-300)
-    pairs = [(i, j) for i in range(4) for j in range(i + 1, 4)]
-    cos = np.stack([np.einsum("ij,ij->i", n[:, i], n[:, j]) for i, j in pairs], 1)
-    return 180.0 - np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))    # (outward normals)
 
 
 def mesh_quality(mesh: TetMesh) -> dict:

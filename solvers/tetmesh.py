@@ -33,7 +33,7 @@ import numpy as np
 from taperay.runtime.outputs import write_atomic
 from taperay.runtime.tape import Tape, TaperayError
 
-__all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "PART_SURFACES", "DEFAULT_PART_SURFACE", "box_mesh", "to_order2", "TET10_EDGES",
+__all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "dihedral_angles", "PART_SURFACES", "DEFAULT_PART_SURFACE", "box_mesh", "to_order2", "TET10_EDGES",
            "TETGEN_ORDER2_EDGES", "project_boundary_nodes"]
 
 TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK)
@@ -392,6 +392,7 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
 
 PART_SURFACES = ("auto", "dc", "mc")
 DEFAULT_PART_SURFACE = "auto"
+FLAT_DEGREES = 1e-3     # a dual-contoured part's mesh with a dihedral angle below this is refused
 
 
 def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = DEFAULT_PART_SURFACE,
@@ -401,7 +402,8 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
     "auto" (the default): dual contouring (sharp edges kept, vertices on the zero set) meshed by
     TetGen with its triangles kept as the boundary faces (``keep_boundary``), and marching cubes
     where TetGen cannot mesh that (a dual-contoured surface can cross itself near walls thinner
-    than a cell; ``stats["fallback"]`` says why); "dc" the first alone; "mc" marching cubes alone
+    than a cell, or TetGen leaves flat tetrahedra across one: ``FLAT_DEGREES``; ``stats["fallback"]``
+    says why); "dc" the first alone; "mc" marching cubes alone
     (when TetGen fails on it, its own grid vertices). ``progress(stage,
     seconds)`` is called once the mesh is made, for "surface" and "tets". Returns (mesh, the
     surface's stats (method, triangles, volume, ...), timings {"surface", "tets"} in seconds)."""
@@ -417,6 +419,10 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
         t0 = time.perf_counter()
         try:
             mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, keep_boundary=method == "dc", **tet_options)
+            flat = int(np.count_nonzero(dihedral_angles(mesh.nodes, mesh.elements).min(1) < FLAT_DEGREES))
+            if method == "dc" and flat:     # (the surface's points nearly coplanar across a wall a cell thin)
+                raise TaperayError(f"TetGen left {flat} flat tetrahedra (a dihedral angle below {FLAT_DEGREES} "
+                                   "degrees), whose system cannot be solved")
         except TaperayError as e:
             failures.append(f"{method}: {e}")
             continue
@@ -434,6 +440,16 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
     hint = (f"; a wall thinner than about two grid cells ({2 * spacing:.3g} at resolution {resolution}) makes the "
             f"surface cross itself: raise the resolution (e.g. to {2 * resolution})" if spacing else "")
     raise TaperayError(("; ".join(failures) if len(failures) > 1 else failures[0]) + hint)
+
+
+def dihedral_angles(nodes, elements) -> np.ndarray:
+    """(E, 6) dihedral angles in degrees of each element's straight-sided corner tetrahedron."""
+    x = np.asarray(nodes)[np.asarray(elements)[:, :4]]
+    n = np.stack([np.cross(x[:, b] - x[:, a], x[:, c] - x[:, a]) for a, b, c in TET_FACES], 1)
+    n /= np.maximum(np.linalg.norm(n, axis=2, keepdims=True), 1e-300)
+    pairs = [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    cos = np.stack([np.einsum("ij,ij->i", n[:, i], n[:, j]) for i, j in pairs], 1)
+    return 180.0 - np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))    # (outward normals)
 
 
 def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:

@@ -616,3 +616,16 @@ def test_simulate_on_a_dual_contoured_surface_keeps_the_box_edges():
     for corner in ([-0.9, -0.3, -0.2], [1.0, 0.3, 0.2]):    # half-sizes 1 x 0.3 x 0.2, cut at x = -0.9
         assert np.linalg.norm(pts - corner, axis=1).min() < 1e-4, corner
     assert s["max_temperature"] > 10.0
+
+
+def test_a_dual_contoured_mesh_with_flat_tetrahedra_falls_back_to_marching_cubes():
+    """The heat sink at resolution 20: its 3 mm fins are about a cell thick and TetGen, keeping
+    the dual-contoured triangles, leaves 4 flat tetrahedra across them (a singular system);
+    "auto" refuses that mesh, says so and meshes marching cubes' surface."""
+    from taperay.solvers.tetmesh import FLAT_DEGREES, dihedral_angles, mesh_part
+    import runpy
+    tape = flatten(runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))["scene"])
+    mesh, stats, _ = mesh_part(tape, 20, 1)
+    assert stats["method"] == "mc" and "flat tetrahedra" in stats["fallback"]
+    assert dihedral_angles(mesh.nodes, mesh.elements).min() >= 0 and np.all(mesh.volumes() > 0)
+    assert FLAT_DEGREES < 0.01      # (the Lame sphere's 0.011-degree slivers solve: they stay)
