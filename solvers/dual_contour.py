@@ -449,9 +449,10 @@ def dual_contour(tape: Tape, resolution: int, walker=None, pad: int = 2) -> tupl
     off = np.flatnonzero(dist > SNAP_CELLS * grid.h)     # (a QEF point on a curved patch lies off it)
     if len(off):
         moved, _ = project_to_zero_set(tape, verts[off], walker, steps=3, max_step=0.25 * grid.h)
-        closer = vertex_distances(tape, moved, walker) < dist[off]
+        moved_dist = vertex_distances(tape, moved, walker)
+        closer = moved_dist < dist[off]
         verts[off[closer]] = moved[closer]
-        dist = vertex_distances(tape, verts, walker)
+        dist[off[closer]] = moved_dist[closer]
     t_mesh = time.perf_counter()
 
     full = int(np.prod(grid.n))
