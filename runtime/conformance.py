@@ -29,7 +29,8 @@ from .twin import _packed, _slab
 
 __all__ = ["Tolerance", "TOLERANCES", "ConformanceReport", "OpResult", "SceneResult", "conform_tape",
            "conform_random", "tape_tolerance", "scene_tolerance", "within_tolerance", "op_tape", "random_tape", "wide_tape", "reference_tape", "available_walkers",
-           "compare_images", "ulp_distance", "ULP_BINS", "grazing_pixels", "SelfCheck", "gpu_self_check"]
+           "compare_images", "ulp_distance", "ULP_BINS", "grazing_pixels", "SelfCheck", "gpu_self_check",
+           "sample_points", "random_materials", "TapeBuilder"]
 
 
 # ----------------------------------------------------------------------------------- tolerances
@@ -248,7 +249,9 @@ WALKERS = {"gpu": _gpu_walker, "jax": _jax_walker}
 
 
 # ----------------------------------------------------------------------------------- grading
-def _points(tape: Tape, rng: np.random.Generator, n: int) -> tuple[np.ndarray, float]:
+def sample_points(tape: Tape, rng: np.random.Generator, n: int) -> tuple[np.ndarray, float]:
+    """``n`` uniform random points in the tape's bounds grown by a quarter and 0.1 each side, and
+    the largest coordinate magnitude there (at least 1: the scale of the tolerances)."""
     b = tape.bounds.astype(np.float64)
     lo, hi = b[0] - 0.25 * (b[1] - b[0]) - 0.1, b[1] + 0.25 * (b[1] - b[0]) + 0.1
     pts = rng.uniform(lo, hi, (n, 3)).astype(np.float32)
@@ -324,7 +327,7 @@ def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_
     ws = available_walkers(walkers) if graded is None else graded
     report = report or ConformanceReport(walkers=list(ws))
     rng = np.random.default_rng(seed)
-    pts, scale = _points(tape, rng, n_points)
+    pts, scale = sample_points(tape, rng, n_points)
     tol = scene_tolerance(tape)
     ref = cpu.evaluate(tape, pts)
     cam = auto_camera(tape.bounds)
@@ -343,7 +346,7 @@ def conform_tape(tape: Tape, walkers: list[str] | None = None, seed: int = 0, n_
         res = grade_points(label, wname, pts, scale, ref, got, tol)
         if res.first_point is not None:
             res.first_record = first_differing_record(tape, pts[res.first_point], cpu, walker, tol, scale)
-        if not hasattr(walker, "march"):          # (a walker of points only, e.g. jax: no image)
+        if "render" not in walker.capabilities:   # (a walker of points only, e.g. jax: no image)
             report.scenes.append(SceneResult(res, 0, 0.0, 0.0, depth_tol, None))
             continue
         got_m, err = _run(walker, "march", tape, cam, w, h, settings)
@@ -380,7 +383,7 @@ def conform_random(n: int, walkers: list[str] | None = None, seed: int = 0, n_po
     rng = np.random.default_rng(seed)
     for op in Op:
         tape = op_tape(op, rng)
-        pts, scale = _points(tape, rng, n_points)
+        pts, scale = sample_points(tape, rng, n_points)
         ref = cpu.evaluate(tape, pts)
         tol = tape_tolerance(tape)
         for wname, walker in ws.items():
@@ -462,7 +465,8 @@ class TapeBuilder:
                              source=source, instances=inst, bvh=bvh))
 
 
-def _materials(rng: np.random.Generator, n: int = 4) -> np.ndarray:
+def random_materials(rng: np.random.Generator, n: int = 4) -> np.ndarray:
+    """``n`` materials of random colour and roughness (the random tapes')."""
     m = np.zeros(n, MATERIAL_DTYPE)
     m["color"] = rng.uniform(0.1, 0.9, (n, 3))
     m["roughness"] = rng.uniform(0.1, 0.9, n)
@@ -629,7 +633,7 @@ def random_tape(rng: np.random.Generator, depth: int = 4) -> Tape:
     """A random valid scene over the shape, point, combine, pattern, cull and material ops."""
     b = TapeBuilder()
     _node(b, rng, 0, depth, 2, 1.0)
-    return b.tape(_materials(rng), [[-2.0, -2.0, -2.0], [2.0, 2.0, 2.0]], "random")
+    return b.tape(random_materials(rng), [[-2.0, -2.0, -2.0], [2.0, 2.0, 2.0]], "random")
 
 
 def wide_tape(rng: np.random.Generator, n_regs: int) -> Tape:
@@ -643,7 +647,7 @@ def wide_tape(rng: np.random.Generator, n_regs: int) -> Tape:
         b.row(Op.POP)
     for r in range(n_regs - 1, 0, -1):
         b.row(Op.UNION, r - 1, a=r - 1, b=r)
-    return b.tape(_materials(rng), [[-1.6] * 3, [1.6] * 3], f"wide {n_regs}")
+    return b.tape(random_materials(rng), [[-1.6] * 3, [1.6] * 3], f"wide {n_regs}")
 
 
 
@@ -710,7 +714,7 @@ def op_tape(op: Op, rng: np.random.Generator) -> Tape:
     else:   # FIELD_RESULT
         _shape(b, rng, Op.TORUS, 1, 1, 1.0)
         b.row(Op.FIELD_RESULT, 0, a=1, aux=3)
-    return b.tape(_materials(rng), bounds, f"op {op.name}")
+    return b.tape(random_materials(rng), bounds, f"op {op.name}")
 
 
 def reference_tape() -> Tape:
@@ -741,7 +745,7 @@ def reference_tape() -> Tape:
     _shape(b, rng, Op.CAPPED_CONE, 2, 2, 0.3)
     b.rows[begin][7] = b.row(Op.REPEAT_END, 1, a=2, jump=begin)
     b.row(Op.UNION, 0, a=0, b=1)
-    return b.tape(_materials(rng), [[-1.8] * 3, [1.8] * 3], "self-check scene")
+    return b.tape(random_materials(rng), [[-1.8] * 3, [1.8] * 3], "self-check scene")
 
 
 # ----------------------------------------------------------------------------------- GPU self-check

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import compile_progress, pruning, twin
+from . import compile_progress, jit_cache, pruning, twin
 from .camera import Camera, auto_camera
 from .shading import RenderSettings, compose, to_rgb8
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
@@ -25,12 +25,19 @@ class CpuWalker:
     """
 
     name = "cpu"
+    capabilities = frozenset({"evaluate", "gradient", "render"})   # (runtime.walkers.CAPABILITIES)
 
     def __init__(self, progress: bool = False):
         """``progress``: show the kernels' first compile on stderr by the clock, for the whole
         process (runtime.compile_progress); a load from the disk cache shows nothing."""
         if progress:
             compile_progress.show_compile_progress()
+        self._counts = {"points_evaluated": 0, "images_rendered": 0}
+
+    def stats(self) -> dict:
+        """``points_evaluated`` (by ``evaluate``), ``images_rendered`` (by ``render``) and
+        ``numba_loaded`` (whether this process has loaded Numba for the twin's kernels)."""
+        return dict(self._counts, numba_loaded=jit_cache.numba_loaded())
 
     @staticmethod
     def available() -> bool:
@@ -49,7 +56,9 @@ class CpuWalker:
 
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
-        return twin.evaluate_field(tape, point_array(points, "evaluate"))
+        pts = point_array(points, "evaluate")
+        self._counts["points_evaluated"] += len(pts)
+        return twin.evaluate_field(tape, pts)
 
     def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
         """(N, 3) float32 central differences; eps defaults to 1e-3 of the bounds diagonal."""
@@ -91,6 +100,7 @@ class CpuWalker:
         settings = settings or RenderSettings()
         packed = settings.pack(tape, view)       # rejects unknown views
         camera = camera or auto_camera(tape.bounds)
+        self._counts["images_rendered"] += 1
         if view == "slice":
             eye, dirs = camera.rays(width, height)
             pts, valid = _plane_points(eye, dirs, packed)

@@ -51,10 +51,12 @@ class GpuWalker(PrunedPasses):
     """
 
     name = "gpu"
+    capabilities = frozenset({"evaluate", "gradient", "render", "upload"})   # (runtime.walkers.CAPABILITIES)
 
     def __init__(self, progress: bool = False):
         self._ctx = _get_context(progress)
         self._validated = VALIDATED
+        self._counts = {"points_evaluated": 0, "images_rendered": 0}
         self.resumed_dispatches = 0
         self.path_rounds_run = 0            # the path tracer's trace / accumulate rounds dispatched
         self.path_pauses = 0                # ... its traces stopped by the iteration budget (to go on)
@@ -132,8 +134,10 @@ class GpuWalker(PrunedPasses):
         return self._ctx.kernels
 
     def stats(self) -> dict:
-        """Kernel-cache counters plus the bytes this walker has written to tape buffers."""
-        out = self._ctx.kernels.stats.as_dict()
+        """Kernel-cache counters plus the bytes this walker has written to tape buffers, and its
+        ``points_evaluated`` (by ``evaluate``) and ``images_rendered`` (by ``render`` and
+        ``render_on_device``)."""
+        out = dict(self._counts, **self._ctx.kernels.stats.as_dict())
         out["pipelines"] = len(self._ctx.kernels)
         out["tape_bytes_written"] = sum(b.bytes_written for b in self._tape_bufs.values())
         return out
@@ -384,6 +388,7 @@ class GpuWalker(PrunedPasses):
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
         pts = point_array(points, "evaluate")
+        self._counts["points_evaluated"] += len(pts)
         if len(pts) == 0:
             self.upload(tape)
             return np.zeros(0, np.float32), np.zeros(0, np.uint32)
@@ -606,6 +611,7 @@ class GpuWalker(PrunedPasses):
         """The passes of ``render``; the packed RGB words read back when ``read``."""
         if samples < 1:
             raise TaperayError(f"render: samples must be >= 1, got {samples}")
+        self._counts["images_rendered"] += 1
         run = self.render_tape(tape, view, cells)
         if run is not tape and isinstance(cells, str) and not self._rendered_before(tape):
             run = tape

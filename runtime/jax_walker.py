@@ -971,6 +971,7 @@ class JaxWalker:
     unless TAPERAY_JAX_CACHE=0; False: off)."""
 
     name = "jax"
+    capabilities = frozenset({"evaluate", "gradient", "derivatives"})   # (runtime.walkers.CAPABILITIES)
     FORMS = ("auto", "trace", "generic")
     GENERIC_FROM = 200      # "auto": records from which values take the generic form (docs/JAX.md)
 
@@ -980,6 +981,7 @@ class JaxWalker:
         self.form = form
         self.cache = _enable_persistent_cache(cache)
         self._programs: dict = {}
+        self._points_evaluated = 0
 
     @staticmethod
     def available() -> bool:
@@ -989,6 +991,23 @@ class JaxWalker:
     def compiles() -> dict:
         """compile_stats(): process-wide XLA compile counts (see there)."""
         return compile_stats()
+
+    def stats(self) -> dict:
+        """``points_evaluated`` (by ``evaluate``), ``programs`` (the programs this walker holds:
+        one per tape structure traced, one per capacity bucket of the generic form) and the
+        process-wide ``compile_stats()``."""
+        return dict(compile_stats(), points_evaluated=self._points_evaluated, programs=len(self._programs))
+
+    def set_param(self, tape: Tape, name: str, value) -> None:
+        """Set a named parameter on ``tape`` (``Tape.set_param``); the pool is an argument of the
+        programs, so the next call sees the edit and compiles nothing."""
+        tape.set_param(name, value)
+
+    def render(self, tape: Tape, camera, width: int, height: int, view: str = "shade", settings=None,
+               cells="auto"):
+        """Not a capability of this walker: a TaperayError naming the walkers that render."""
+        raise TaperayError("the jax walker evaluates points and their derivatives; it does not render "
+                           "(render with the cpu or gpu walker)")
 
     # ------------------------------------------------------------------ preparation
     def form_for(self, tape: Tape, derivatives: bool = False) -> str:
@@ -1044,6 +1063,7 @@ class JaxWalker:
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
         prog, args, pts, n = self._points(tape, points, "evaluate")
+        self._points_evaluated += n
         if n == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.uint32)
         d, m = prog.values(args, pts)

@@ -8,6 +8,10 @@ GPU path, the CPU twin, with the reason logged. On Linux, where no GPU device no
 Vulkan driver list is given in the environment, ``auto`` takes the twin without importing wgpu
 (a software adapter is all it could find). ``gpu`` without a working GPU is a user error
 (``TaperayError``).
+
+Owns the walker contract too: ``Walker``, the protocol the CPU twin (runtime/cpu.py), the GPU
+walker (runtime/gpu.py) and the JAX walker (runtime/jax_walker.py) implement, and the names of
+``CAPABILITIES`` a walker may declare (what it can do beyond the protocol's methods).
 """
 from __future__ import annotations
 
@@ -16,11 +20,43 @@ import glob
 import os
 import sys
 import threading
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
-from .tape import TaperayError
+import numpy as np
 
-__all__ = ["WALKER_KINDS", "walker", "prepare", "run_on"]
+from .tape import Tape, TaperayError
+
+__all__ = ["WALKER_KINDS", "CAPABILITIES", "Walker", "walker", "prepare", "run_on"]
+
+# what a walker can do, declared in its ``capabilities`` (a frozenset of these names)
+CAPABILITIES = {
+    "evaluate": "evaluate(tape, points): float32 values and uint32 material ids at (N, 3) points",
+    "gradient": "gradient(tape, points, eps): (N, 3) float32 gradients of the field",
+    "render": "render, march, light, field_image and sign_image: images by the camera's pixel convention",
+    "derivatives": "value_and_grad, vjp, jvp and sensitivities: exact derivatives w.r.t. the pool",
+    "upload": "the tape held in device buffers: upload(tape), edits written as the changed bytes",
+}
+
+
+@runtime_checkable
+class Walker(Protocol):
+    """The contract every walker keeps. ``name`` says which it is (cpu, gpu, jax);
+    ``capabilities`` which of ``CAPABILITIES`` it has; a method outside them (``render`` on a
+    walker without "render") raises ``TaperayError`` saying so. ``stats()`` is a dict of counters
+    (each walker's own, ``points_evaluated`` in all); ``set_param`` edits the tape (and whatever
+    copy of it the walker holds) so that the next call sees the edit, compiling nothing."""
+
+    name: str
+    capabilities: frozenset[str]
+
+    def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def render(self, tape: Tape, camera, width: int, height: int, view: str = "shade",
+               settings=None, cells="auto") -> np.ndarray: ...
+
+    def set_param(self, tape: Tape, name: str, value) -> None: ...
+
+    def stats(self) -> dict: ...
 
 WALKER_KINDS = ("auto", "cpu", "gpu")
 # the device nodes a hardware GPU's driver opens on Linux (Mesa's render nodes, NVIDIA's, WSL's)

@@ -1,6 +1,11 @@
-"""Shared pytest fixtures: the walkers (``walker_cpu``, ``walker_gpu`` and ``walkers_all``, which
-parametrises a test over every walker), and ``evaluate_one_by_one``. The GPU walker skips where
-no adapter exists, except when CI sets TAPERAY_REQUIRE_GPU=1: then its absence is a failure."""
+"""Shared pytest fixtures: the walkers (``walker_cpu``, ``walker_gpu``, ``walker_jax``;
+``walkers_all``, which parametrises a test over every walker that has the capabilities it asks
+for, and ``walkers_graded``, the same without the twin, for tests that grade a walker against the
+twin), and ``evaluate_one_by_one``. A test asks for capabilities (runtime.walkers.CAPABILITIES)
+with ``@pytest.mark.needs("evaluate", ...)``; without the mark it needs "render" (the CPU and GPU
+walkers). The GPU walker skips where no adapter exists, except when CI sets
+TAPERAY_REQUIRE_GPU=1: then its absence is a failure; the JAX walker skips where jax is not
+installed."""
 import os
 
 import numpy as np
@@ -8,7 +13,31 @@ import pytest
 
 from taperay.runtime.cpu import CpuWalker
 
-WALKER_NAMES = ("cpu", "gpu")
+WALKER_NAMES = ("cpu", "gpu", "jax")
+# each walker's capabilities, without importing wgpu or jax to parametrise
+# (tests/test_walker_protocol.py checks them against the walkers' own)
+WALKER_CAPABILITIES = {"cpu": frozenset({"evaluate", "gradient", "render"}),
+                       "gpu": frozenset({"evaluate", "gradient", "render", "upload"}),
+                       "jax": frozenset({"evaluate", "gradient", "derivatives"})}
+DEFAULT_NEEDS = ("render",)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs(*capabilities): the walker capabilities a test over walkers_all / "
+                                       "walkers_graded uses (runtime.walkers.CAPABILITIES; default: render)")
+
+
+def walkers_with(needs, graded: bool = False) -> list[str]:
+    """The walkers' names having every capability in ``needs`` (without the twin: ``graded``)."""
+    return [n for n in WALKER_NAMES if set(needs) <= WALKER_CAPABILITIES[n] and not (graded and n == "cpu")]
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("needs")
+    needs = marker.args if marker else DEFAULT_NEEDS
+    for fixture, graded in (("walkers_all", False), ("walkers_graded", True)):
+        if fixture in metafunc.fixturenames:
+            metafunc.parametrize(fixture, walkers_with(needs, graded), indirect=True)
 
 
 def pytest_addoption(parser):
@@ -58,9 +87,16 @@ def walker_jax():
     return JaxWalker()
 
 
-@pytest.fixture(params=WALKER_NAMES)
+@pytest.fixture
 def walkers_all(request):
-    """Each walker in turn (tests using it run once per walker)."""
+    """Each walker having the test's capabilities in turn (tests using it run once per walker)."""
+    return request.getfixturevalue(f"walker_{request.param}")
+
+
+@pytest.fixture
+def walkers_graded(request):
+    """Each walker but the twin having the test's capabilities, in turn: graded against the twin
+    (``walker_cpu``), a test cannot compare the twin with itself."""
     return request.getfixturevalue(f"walker_{request.param}")
 
 

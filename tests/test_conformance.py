@@ -53,6 +53,7 @@ class _Skewed:
     """The twin with one op answering wrong (by ``delta``) and every march miss-shifted: a walker
     conformance must catch, naming the op, the first point and the first record."""
     name = "skewed"
+    capabilities = frozenset({"evaluate", "render"})
 
     def __init__(self, cpu, op: Op, delta: float):
         self.cpu, self.op, self.delta = cpu, op, delta
@@ -77,7 +78,7 @@ def test_a_wrong_walker_fails_with_its_first_point_record_and_pixel(walker_cpu):
                             image=(12, 10))
     assert not report.passed
     (scene,) = report.scenes
-    pts, _ = C._points(tape, np.random.default_rng(0), 64)
+    pts, _ = C.sample_points(tape, np.random.default_rng(0), 64)
     assert scene.field.first_point == int(np.flatnonzero(pts[:, 0] > 0)[0])
     assert scene.field.first_record == 0            # the torus record
     assert scene.hit_mismatch > C.HIT_MASK_MAX and scene.first_pixel[0] == 0
@@ -103,11 +104,15 @@ def test_gpu_conforms_on_random_tapes(walker_gpu):
     assert report.passed, report.failures()
 
 
-@pytest.mark.gpu
-def test_gpu_conforms_on_the_reference_scene(walker_gpu):
-    report = C.conform_tape(C.reference_tape(), n_points=96, image=(20, 15), graded={"gpu": walker_gpu})
+@pytest.mark.needs("evaluate")
+def test_walkers_conform_on_the_reference_scene(walkers_graded):
+    """Points on every walker graded; the march image on those that render."""
+    report = C.conform_tape(C.reference_tape(), n_points=96, image=(20, 15),
+                            graded={walkers_graded.name: walkers_graded})
     assert report.passed, report.failures()
-    assert report.scenes[0].hit_mismatch <= C.HIT_MASK_MAX
+    (scene,) = report.scenes
+    assert scene.pixels == (20 * 15 if "render" in walkers_graded.capabilities else 0)
+    assert scene.hit_mismatch <= C.HIT_MASK_MAX
 
 
 def test_a_grazing_ray_is_told_from_hits_and_misses(walker_cpu):

@@ -73,7 +73,7 @@ def _named_pattern_tape(rng):
     slot = len(b.params)
     b.row(Op.SPHERE, 1, params=[0.2])
     b.rows[begin][7] = b.row(Op.REPEAT_END, 0, a=1, jump=begin)
-    tape = b.tape(C._materials(rng), [[-1.0] * 3, [2.0] * 3], "named")
+    tape = b.tape(C.random_materials(rng), [[-1.0] * 3, [2.0] * 3], "named")
     tape.names = {"r": [slot]}
     return tape
 

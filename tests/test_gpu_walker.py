@@ -167,7 +167,7 @@ def _long_tape(n_spheres):
         b.row(Op.SPHERE, 1, params=[rng.uniform(0.05, 0.3)])
         b.row(Op.POP)
         b.row(Op.UNION, 0, a=0, b=1)
-    return b.tape(C._materials(rng), [[-1.6] * 3, [1.6] * 3], "long tape")
+    return b.tape(C.random_materials(rng), [[-1.6] * 3, [1.6] * 3], "long tape")
 
 
 @pytest.mark.slow
@@ -194,7 +194,7 @@ def test_an_evaluation_past_the_iteration_cap_is_refused(walker_gpu):
     b.row(Op.CONST, 1, params=[1.0])
     for _ in range(gpu_device.SOFTWARE_ITER_CAP):
         b.row(Op.ADD, 0, a=0, b=1)
-    tape = b.tape(C._materials(np.random.default_rng(0)), [[-1] * 3, [1] * 3], "too long")
+    tape = b.tape(C.random_materials(np.random.default_rng(0)), [[-1] * 3, [1] * 3], "too long")
     with pytest.raises(TaperayError, match="too long: one evaluation of this tape needs more than"):
         walker_gpu.evaluate(tape, np.zeros((2, 3)))
 

@@ -30,7 +30,7 @@ def walker_trace():
 
 
 def _agree(cpu, walker, tape, propagation=1.0, n=256, seed=0):
-    pts, scale = C._points(tape, np.random.default_rng(seed), n)
+    pts, scale = C.sample_points(tape, np.random.default_rng(seed), n)
     rd, rm = cpu.evaluate(tape, pts)
     gd, gm = walker.evaluate(tape, pts)
     assert gd.dtype == np.float32 and gm.dtype == np.uint32 and gd.shape == rd.shape

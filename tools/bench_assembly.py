@@ -106,9 +106,9 @@ def upload(walker, tape) -> None:
 
 def kernels_created(walker) -> int | None:
     """Shader modules + pipelines the walker has created so far (None: it has no kernels)."""
-    if not hasattr(walker, "stats"):
-        return None
     st = walker.stats()
+    if "pipelines_created" not in st:
+        return None
     return st["shader_modules_created"] + st["pipelines_created"]
 
 

@@ -362,8 +362,6 @@ class Viewer:
                             records=s.records, instances=s.instances, pipelines_created=s.pipelines_created))
 
     def _kernel_counts(self) -> tuple[int, int]:
-        if not hasattr(self.walker, "stats"):
-            return 0, 0
         st = self.walker.stats()
         return int(st.get("pipelines_created", 0)), int(st.get("shader_modules_created", 0))
 
