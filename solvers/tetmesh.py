@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -391,8 +392,18 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
 
 
 PART_SURFACES = ("auto", "dc", "mc")
+SURFACE_NAMES = {"dc": "dual contouring", "mc": "marching cubes"}
 DEFAULT_PART_SURFACE = "auto"
 FLAT_DEGREES = 1e-3     # a dual-contoured part's mesh with a dihedral angle below this is refused
+REFINE_FACTORS = (1.25, 1.5)   # "auto": finer grids dual contouring is tried on before marching cubes
+
+
+def _fits(tape: Tape, resolution: int, order: int) -> bool:
+    """Whether a part meshed at ``resolution`` and an elasticity system on it (the larger kind)
+    fit in the memory available now (``surface.resolution_memory``'s estimate)."""
+    from taperay.runtime.resources import available_memory
+    from .surface import resolution_memory
+    return resolution_memory(resolution, tape, "dc", order, 3) <= available_memory()
 
 
 def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = DEFAULT_PART_SURFACE,
@@ -400,21 +411,28 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
     """The part ``tape`` describes as tetrahedra: its surface (``mesh_surface`` at ``resolution``),
     then ``tet_mesh`` (``tet_options``; boundary nodes projected onto the zero set). ``surface``:
     "auto" (the default): dual contouring (sharp edges kept, vertices on the zero set) meshed by
-    TetGen with its triangles kept as the boundary faces (``keep_boundary``), and marching cubes
-    where TetGen cannot mesh that (a dual-contoured surface can cross itself near walls thinner
-    than a cell, or TetGen leaves flat tetrahedra across one: ``FLAT_DEGREES``; ``stats["fallback"]``
-    says why); "dc" the first alone; "mc" marching cubes alone
-    (when TetGen fails on it, its own grid vertices). ``progress(stage,
-    seconds)`` is called once the mesh is made, for "surface" and "tets". Returns (mesh, the
-    surface's stats (method, triangles, volume, ...), timings {"surface", "tets"} in seconds)."""
+    TetGen with its triangles kept as the boundary faces (``keep_boundary``); where TetGen cannot
+    mesh that (a dual-contoured surface can cross itself near walls thinner than about two cells,
+    or TetGen leaves flat tetrahedra across one: ``FLAT_DEGREES``), dual contouring on finer grids
+    (``REFINE_FACTORS`` times the resolution, while they fit in memory), then marching cubes at the
+    resolution; ``stats["fallback"]`` says why and ``stats["resolution"]`` which grid made the
+    surface. "dc": dual contouring alone; "mc": marching cubes alone (when TetGen fails on it, its
+    own grid vertices). ``progress(stage, seconds)`` is called once the mesh is made, for "surface"
+    and "tets". Returns (mesh, the surface's stats (method, resolution, triangles, volume, ...),
+    timings {"surface", "tets"} in seconds)."""
     from .surface import mesh_surface
     if surface not in PART_SURFACES:
         raise TaperayError(f"unknown surface {surface!r} (choose from {', '.join(PART_SURFACES)})")
     timings: dict[str, float] = {}
     failures = []
-    for method in (("dc", "mc") if surface == "auto" else (surface,)):
+    attempts = [(surface, resolution)]
+    if surface == "auto":
+        finer = [math.ceil(resolution * k) for k in REFINE_FACTORS]
+        attempts = ([("dc", resolution)] + [("dc", r) for r in finer if _fits(tape, r, order)]
+                    + [("mc", resolution)])
+    for method, grid in attempts:
         t0 = time.perf_counter()
-        surf = mesh_surface(tape, resolution, walker, method=method)
+        surf = mesh_surface(tape, grid, walker, method=method)
         timings["surface"] = timings.get("surface", 0.0) + time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
@@ -424,12 +442,12 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
                 raise TaperayError(f"TetGen left {flat} flat tetrahedra (a dihedral angle below {FLAT_DEGREES} "
                                    "degrees), whose system cannot be solved")
         except TaperayError as e:
-            failures.append(f"{method}: {e}")
+            failures.append(f"{SURFACE_NAMES[method]} at resolution {grid}: {e}")
             continue
         finally:
             timings["tets"] = timings.get("tets", 0.0) + time.perf_counter() - t0
         stats = {k: v for k, v in surf.stats.items() if not k.endswith("seconds")}
-        stats.update(triangles=int(len(surf.faces)), volume=surf.volume)
+        stats.update(triangles=int(len(surf.faces)), volume=surf.volume, resolution=grid)
         if failures:
             stats["fallback"] = failures[0]
         for stage, seconds in timings.items():

@@ -568,21 +568,42 @@ def test_a_saved_mesh_loads_back_oriented_and_simulate_solves_on_it(order, tmp_p
 
 
 @pytest.mark.slow
-def test_mesh_part_auto_falls_back_to_marching_cubes_where_tetgen_fails_on_dual_contouring():
+def test_mesh_part_auto_tries_finer_dual_contouring_then_marching_cubes_where_tetgen_fails(monkeypatch):
     """A random scene with shells thinner than two cells (tools/bench_random_scenes.py, seed 4) at
     resolution 24: its dual-contoured surface crosses itself and TetGen refuses it; "auto" says so
-    and meshes the marching-cubes one; "dc" alone raises the clear error. (TetGen without its
-    quality refinement, passed through mesh_part's options.)"""
+    and meshes dual contouring at 1.25 x the resolution (30), which resolves the shells; with no
+    finer grid to try, the marching-cubes surface; "dc" alone raises the clear error. (TetGen
+    without its quality refinement, passed through mesh_part's options.)"""
+    from taperay.solvers import tetmesh
     from taperay.solvers.tetmesh import mesh_part
     from taperay.tools.bench_random_scenes import random_scene
     tape = flatten(random_scene(np.random.default_rng(4))[0])
     mesh, stats, timings = mesh_part(tape, 24, 1, surface="auto", quality=False)
-    assert stats["method"] == "mc" and stats["fallback"].startswith("dc: TetGen could not mesh")
+    assert stats["method"] == "dc" and stats["resolution"] == 30
+    assert stats["fallback"].startswith("dual contouring at resolution 24: TetGen could not mesh")
     assert set(timings) == {"surface", "tets"} and np.all(mesh.volumes() > 0)
+    monkeypatch.setattr(tetmesh, "REFINE_FACTORS", ())
+    mesh, stats, _ = mesh_part(tape, 24, 1, surface="auto", quality=False)
+    assert stats["method"] == "mc" and stats["resolution"] == 24 and np.all(mesh.volumes() > 0)
+    assert stats["fallback"].startswith("dual contouring at resolution 24: TetGen could not mesh")
     with pytest.raises(TaperayError, match="TetGen could not mesh"):
         mesh_part(tape, 24, 1, surface="dc", quality=False)
     with pytest.raises(TaperayError, match="unknown surface"):
         mesh_part(tape, 24, 1, surface="marching")
+
+
+@pytest.mark.slow
+def test_a_wall_one_cell_thick_is_meshed_in_its_true_shape_on_a_finer_grid():
+    """The heat sink at resolution 20: its 3 mm fins are one 3 mm cell thick, where TetGen leaves
+    flat tetrahedra on the dual-contoured surface; "auto" meshes dual contouring at resolution 25
+    instead, and the part keeps its exact volume (plate and six fins: 3.168e-5 m^3) to 0.01 %."""
+    from taperay.scenegraph.loading import load_tape
+    from taperay.solvers.tetmesh import mesh_part
+    from taperay.tools.bench_verify import heat_sink_volume
+    mesh, stats, _ = mesh_part(load_tape(ROOT / "scenes" / "heat_sink.py"), 20, 2)
+    assert stats["method"] == "dc" and stats["resolution"] == 25
+    assert stats["fallback"].startswith("dual contouring at resolution 20: TetGen left")
+    assert mesh.volumes().sum() == pytest.approx(heat_sink_volume(0.006, 0.0015, 0.03), rel=1e-4)
 
 
 @pytest.mark.slow

@@ -589,6 +589,7 @@ def cmd_simulate(args) -> int:
     from taperay.scenegraph import flatten
     from taperay.scenegraph.loading import scene_namespace
     from taperay.solvers import check_resolution, check_study, simulate, simulate_petsc
+    from taperay.solvers.tetmesh import SURFACE_NAMES
     watch = Stopwatch()
     path = Path(args.scene)
     if path.suffix.lower() != ".py" or not path.is_file():
@@ -656,9 +657,10 @@ def cmd_simulate(args) -> int:
         con.print(f"solver:    {summary['solver_note']}", markup=False)
     surf = result.surface_stats
     if surf:
-        how = {"dc": "dual contouring", "mc": "marching cubes"}.get(surf.get("method"), str(surf.get("method")))
-        con.print(f"surface:   {how}, {surf['triangles']:,} triangles, volume {surf['volume']:.6g}"
-                  + (f" (TetGen could not mesh dual contouring's: {surf['fallback']})" if "fallback" in surf else ""),
+        how = SURFACE_NAMES.get(surf.get("method"), str(surf.get("method")))
+        grid = f" at resolution {surf['resolution']}" if surf.get("resolution") not in (None, args.resolution) else ""
+        con.print(f"surface:   {how}{grid}, {surf['triangles']:,} triangles, volume {surf['volume']:.6g}"
+                  + (f" (tried first: {surf['fallback']})" if "fallback" in surf else ""),
                   markup=False)
     if study.kind == "heat":
         con.print(f"result:    temperature max {summary['max_temperature']:.4g}, mean {summary['mean_temperature']:.4g}, "
