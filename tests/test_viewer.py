@@ -118,6 +118,37 @@ def _press_and_drag(window, points) -> list:
 
 
 @pytest.mark.slow
+def test_a_press_the_panel_takes_still_asks_for_a_frame(walker_cpu, monkeypatch):
+    """With the pointer over a slider, imgui takes the pointer's events (stops their propagation);
+    the press must still ask the on-demand canvas for a frame, or imgui never sees it and, holding
+    the pointer, takes every later event: the window's last frame stays on screen for good."""
+    from imgui_bundle import imgui
+    rects = {}
+    real_slider = imgui.slider_float
+
+    def slider(label, *args):
+        result = real_slider(label, *args)
+        rects[label.lstrip("#")] = (imgui.get_item_rect_min(), imgui.get_item_rect_max())
+        return result
+
+    monkeypatch.setattr(imgui, "slider_float", slider)
+    window = offscreen_window(Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST))
+    window.canvas.draw()
+    lo_xy, hi_xy = rects["fin_height"]
+    x, y = (lo_xy.x + hi_xy.x) / 2, (lo_xy.y + hi_xy.y) / 2
+    asked = []
+    monkeypatch.setattr(window.canvas, "request_draw", lambda *a: asked.append(a))
+    for kind in ("pointer_move", "pointer_down", "pointer_move", "pointer_up"):
+        if kind == "pointer_down":
+            window.canvas.draw()        # (the hover's frame: imgui now wants the pointer)
+        before = len(asked)
+        window.canvas.submit_event(dict(event_type=kind, x=x, y=y, button=1, buttons=(1,), modifiers=()))
+        window.canvas._process_events()
+        assert len(asked) > before, kind
+        x += 10
+
+
+@pytest.mark.slow
 def test_slider_drag_past_the_end_stays_in_the_range_fixed_at_load(walker_cpu, monkeypatch):
     """A real imgui drag of heat_sink's fin_height slider (pointer events through the offscreen
     canvas, one frame each) from its middle far past its right end and back past its left end:

@@ -42,6 +42,7 @@ PANEL_MIN_WIDTH = 120    # pixels, unless the window is narrower
 PANEL_MAX_WIDTH = 360
 PANEL_MARGIN = 8         # between the panel and the window's edges
 SETTLE_S = 0.15          # still this long after the last move: draw the full frame
+INPUT_DRAW_ORDER = -100  # the handler asking for a frame on input runs before imgui's (-99)
 # the image's bytes are display-ready (sRGB-encoded): an 8-bit format without conversion
 PRESENT_FORMATS = ("bgra8unorm", "rgba8unorm")
 
@@ -102,9 +103,12 @@ class ViewWindow:
         canvas.add_event_handler(self._on_pointer, "pointer_down", "pointer_up", "pointer_move")
         canvas.add_event_handler(self._on_wheel, "wheel")
         canvas.add_event_handler(self._on_key, "key_down")
-        # (an on-demand canvas draws when asked: every input may change the panel or the view)
+        # (an on-demand canvas draws when asked: every input may change the panel or the view. This
+        # handler runs before the panel's (order -99), which stops the events it takes: imgui reads
+        # them in the next frame, so a press on a slider that asked for no frame was never seen, and
+        # the panel, still holding the pointer, took every event after it)
         canvas.add_event_handler(lambda event: canvas.request_draw(), "pointer_down", "pointer_up", "pointer_move",
-                                 "wheel", "key_down", "key_up", "char", "resize")
+                                 "wheel", "key_down", "key_up", "char", "resize", order=INPUT_DRAW_ORDER)
         canvas.request_draw(self.draw)
 
     # -- input
