@@ -373,10 +373,11 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
                  free_body: bool = False, maxiter: int | None = None,
                  mass_modes: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """Solve K u = f with u[fixed] = values (eliminated); K symmetric, positive definite on the
-    free dofs. ``method``: "direct" (``symmetric_lu``), "amg" (``amg_cg``: CG preconditioned by
-    pyamg smoothed aggregation, ``near_null`` its B; when it fails, the direct solver if
-    ``direct_memory`` fits the memory available, else one TaperayError), "auto" (direct up to
-    DIRECT_MAX_DOF free dofs, else amg). ``free_body``: K is singular by exactly the columns of
+    free dofs. ``method``: "direct" (``symmetric_lu``; refused with one TaperayError before the
+    factorisation where ``direct_memory`` exceeds the memory available), "amg" (``amg_cg``: CG
+    preconditioned by pyamg smoothed aggregation, ``near_null`` its B; when it fails, the direct
+    solver if ``direct_memory`` fits the memory available, else one TaperayError), "auto" (direct
+    up to DIRECT_MAX_DOF free dofs, else amg). ``free_body``: K is singular by exactly the columns of
     ``near_null`` (an elastic part with no supports: its rigid-body modes) and u is the solution
     orthogonal to them; f must be orthogonal to them too (the loads balance), else TaperayError.
     ``mass_modes`` (``mass_weighted_modes``): the free body's rigid motion is then the one that
@@ -418,11 +419,15 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
                 if need > have:
                     raise TaperayError(f"the linear solve failed (amg: {failure}), and the direct solver would need "
                                        f"about {format_bytes(need)} of memory (an estimate), {format_bytes(have)} "
-                                       "available; use --solver petsc (CG + GAMG over MPI ranks), or --solver "
-                                       "direct to try anyway")
+                                       "available; use --solver petsc (CG + GAMG over MPI ranks)")
                 x, residual = _direct(Kff, rhs, f"amg: {failure}; direct")
                 info.update(method="amg → direct", note=f"{failure}; solved by the direct solver instead")
         else:
+            need, have = direct_memory(Kff), available_memory()
+            if need > have:
+                raise TaperayError(f"the direct solver would need about {format_bytes(need)} of memory for "
+                                   f"{nfree:,} free DOF (an estimate), {format_bytes(have)} available; use "
+                                   "--solver amg (CG + pyamg) or --solver petsc (CG + GAMG over MPI ranks)")
             x, residual = _direct(Kff, rhs, "direct")
     u[free] = x
     info["residual"] = residual

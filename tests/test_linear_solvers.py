@@ -111,7 +111,49 @@ def test_a_fallback_that_would_not_fit_in_memory_is_one_error_naming_the_other_s
     assert "\n" not in message
     assert message.startswith("the linear solve failed (amg: AMG-CG reached its 2-iteration limit at relative residual")
     assert "the direct solver would need about" in message and "1 kB available" in message
-    assert "--solver petsc" in message and "--solver direct" in message
+    assert "--solver petsc" in message and "--solver direct" not in message
+
+
+def test_a_direct_solve_that_would_not_fit_in_memory_is_refused_before_the_factorisation(monkeypatch):
+    """--solver direct (and auto's direct below DIRECT_MAX_DOF) with too little memory for
+    ``direct_memory``'s estimate: one error naming both figures and the other solvers, SuperLU never
+    called; with the memory there, the same solve runs."""
+    K, f, fixed, B = _beam((12, 2, 2))
+    zeros = np.zeros(len(fixed))
+    free = np.setdiff1d(np.arange(K.shape[0]), fixed)
+    need = fem.direct_memory(K[free][:, free])
+    factorised = []
+    real_lu = fem.symmetric_lu
+    monkeypatch.setattr(fem, "symmetric_lu", lambda A: factorised.append(A.shape) or real_lu(A))
+    monkeypatch.setattr(fem, "available_memory", lambda: need - 1)
+    for method in ("direct", "auto"):
+        with pytest.raises(TaperayError) as e:
+            fem.solve_linear(K, f, fixed, zeros, method, B)
+        message = str(e.value)
+        assert "\n" not in message and message.startswith("the direct solver would need about ")
+        assert f"for {len(free):,} free DOF (an estimate)" in message and "--solver amg" in message
+    assert factorised == []
+    monkeypatch.setattr(fem, "available_memory", lambda: need)
+    u, info = fem.solve_linear(K, f, fixed, zeros, "direct", B)
+    assert info["method"] == "direct" and factorised == [(len(free), len(free))] and info["residual"] < 1e-9
+
+
+def test_simulate_solver_direct_that_would_not_fit_exits_2_with_one_line(monkeypatch, tmp_path, capsys):
+    from taperay.tools.cli import main
+    scene = tmp_path / "shell.py"
+    scene.write_text("from taperay.scenegraph import Material, difference, sphere, union\n"
+                     "outer, inner = Material('outer'), Material('inner')\n"
+                     "scene = union(difference(sphere(1.0).material(outer), sphere(0.51)),\n"
+                     "              difference(sphere(0.52).material(inner), sphere(0.5)))\n"
+                     "study = {'type': 'heat', 'conductivity': 1.0, 'fixed_temperature': {'inner': 1.0},\n"
+                     "         'convection': {'outer': (10.0, 0.0)}}\n")
+    monkeypatch.setattr(fem, "available_memory", lambda: 1000)
+    out = tmp_path / "out.vtu"
+    code = main(["simulate", str(scene), "--resolution", "10", "--walker", "cpu", "--solver", "direct", "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not out.exists()
+    assert len(err) == 1 and err[0].startswith(f"taperay: error: {scene}: the direct solver would need about "), err
+    assert err[0].endswith("1 kB available; use --solver amg (CG + pyamg) or --solver petsc (CG + GAMG over MPI ranks)")
 
 
 def test_direct_memory_is_in_the_measured_range():
