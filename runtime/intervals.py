@@ -1,8 +1,10 @@
 """Interval arithmetic for the arithmetic ops: the canonical float64 numpy reference.
 
 ``INTERVAL_OPS[op](a, b, c)`` maps input intervals (pairs of numpy arrays ``(lo, hi)``) to the
-output interval: the rules written here, and for every op the table marks ``increasing``,
-[reference(lo), reference(hi)] from its ``OpSpec.reference``. An interval with NaN bounds means "may be NaN" (it contains everything and
+output interval: for an op whose ``OpSpec.interval`` is monotone, [reference(lo), reference(hi)]
+(decreasing: swapped) from its ``OpSpec.reference``, NaN where the interval leaves its domain;
+for any other op the named rule written here (``NAMED_RULES``: an op of neither fails at import).
+An interval with NaN bounds means "may be NaN" (it contains everything and
 propagates). Together with ``choice``, which says where MIN / MAX / AND / OR take one operand on
 a whole interval, this is what the walkers' interval evaluators and per-tile pruning implement
 (in float32, with transcendental bounds widened outward by ``WIDEN_ULPS``); tests grade them
@@ -14,7 +16,7 @@ import numpy as np
 
 from .opcodes import OPS, Op, _rem_euclid
 
-__all__ = ["INTERVAL_OPS", "WIDEN_ULPS", "choice", "CHOICE_BOTH", "CHOICE_A", "CHOICE_B"]
+__all__ = ["INTERVAL_OPS", "NAMED_RULES", "monotone_rule", "WIDEN_ULPS", "choice", "CHOICE_BOTH", "CHOICE_A", "CHOICE_B"]
 
 WIDEN_ULPS = 2          # outward widening of sin/cos/tan/asin/acos/atan/atan2/exp/ln/sqrt bounds
 CHOICE_BOTH, CHOICE_A, CHOICE_B = 0, 1, 2
@@ -33,8 +35,20 @@ def _out(lo, hi, nan):
     return np.where(nan, np.nan, lo), np.where(nan, np.nan, hi)
 
 
-def _mono_up(f):
-    return lambda a, *_: _out(f(a[0]), f(a[1]), _nanmask(a))
+def monotone_rule(spec):
+    """The interval of a monotone op from its reference, NaN where [lo, hi] leaves the domain
+    (the reference evaluated at the bounds clipped into it)."""
+    f, (d0, d1) = spec.reference, spec.interval.domain
+    decreasing = spec.interval.monotone == "decreasing"
+
+    def rule(a, *_):
+        lo, hi = a
+        with np.errstate(all="ignore"):
+            f_lo, f_hi = f(np.clip(lo, d0, d1)), f(np.clip(hi, d0, d1))
+        if decreasing:
+            f_lo, f_hi = f_hi, f_lo
+        return _out(f_lo, f_hi, _nanmask(a) | (lo < d0) | (hi > d1))
+    return rule
 
 
 def _neg(a, *_):
@@ -65,22 +79,6 @@ def _recip(a, *_):
 def _sqrt(a, *_):
     lo, hi = a
     return _out(np.sqrt(np.maximum(lo, 0)), np.sqrt(np.maximum(hi, 0)), _nanmask(a) | (lo < 0))
-
-
-def _ln(a, *_):
-    lo, hi = a
-    with np.errstate(divide="ignore"):
-        return _out(np.log(np.maximum(lo, 0)), np.log(np.maximum(hi, 0)), _nanmask(a) | (lo < 0))
-
-
-def _asin(a, *_):
-    return _out(np.arcsin(np.clip(a[0], -1, 1)), np.arcsin(np.clip(a[1], -1, 1)),
-                _nanmask(a) | (a[0] < -1) | (a[1] > 1))
-
-
-def _acos(a, *_):
-    return _out(np.arccos(np.clip(a[1], -1, 1)), np.arccos(np.clip(a[0], -1, 1)),
-                _nanmask(a) | (a[0] < -1) | (a[1] > 1))
 
 
 def _sin_shifted(lo, hi, shift, f):
@@ -217,18 +215,32 @@ def _rand(a, b, *_):
     return _out(np.zeros_like(a[0]), np.ones_like(a[0]), False)
 
 
-def _copy(a, *_):
-    return _out(a[0], a[1], _nanmask(a))
-
-
-INTERVAL_OPS = {
-    **{op: _mono_up(spec.reference) for op, spec in OPS.items() if spec.increasing},
-    Op.COPY: _copy, Op.NEG: _neg, Op.ABS: _abs, Op.RECIP: _recip, Op.SQRT: _sqrt, Op.SQUARE: _square,
-    Op.SIN: _sin, Op.COS: _cos, Op.TAN: _tan, Op.ASIN: _asin, Op.ACOS: _acos, Op.LN: _ln, Op.NOT: _not,
+# the hand-written float64 rules of the ops whose OpSpec.interval is a named rule
+NAMED_RULES = {
+    Op.ABS: _abs, Op.RECIP: _recip, Op.SQRT: _sqrt, Op.SQUARE: _square,
+    Op.SIN: _sin, Op.COS: _cos, Op.TAN: _tan, Op.NOT: _not,
     Op.ADD: _add, Op.SUB: _sub, Op.MUL: _mul, Op.DIV: _div, Op.MIN: _min, Op.MAX: _max,
     Op.ATAN2: _atan2, Op.COMPARE: _compare, Op.MOD: _mod, Op.AND: _and, Op.OR: _or,
     Op.MIX: _mix, Op.RAND: _rand,
 }
+
+
+def _rules() -> dict:
+    rules = {}
+    for op, spec in OPS.items():
+        if spec.interval is None:
+            continue
+        if spec.interval.monotone is not None:
+            rules[op] = monotone_rule(spec)
+        elif op in NAMED_RULES:
+            rules[op] = NAMED_RULES[op]
+        else:
+            raise ImportError(f"runtime.intervals: {op.name} has a named interval rule in runtime.opcodes "
+                              "but none here (NAMED_RULES)")
+    return rules
+
+
+INTERVAL_OPS = _rules()
 
 
 def choice(op: Op, a, b):

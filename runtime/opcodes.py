@@ -2,11 +2,13 @@
 
 Every walker (the Numba twin, the WGSL kernels, the JAX walker) implements exactly the ops listed
 here, with the field usage and semantics written in each ``OpSpec``, which also holds the per-op
-data of the tools (interval monotonicity, conformance tolerance, the written-out WGSL, the field
-function, the ``.vm`` name). Ops are numbered in declaration order, grouped by ``OpClass``; the
-numbers and class ranges are generated into ``shaders/generated_tape.wgsl`` and into the Numba
-modules' source (``runtime.wgsl_header``), and tests fail when a generated file, a kernel or the
-twin drift from the table (tests/test_op_table.py lists each place an op is missing).
+data of the tools (conformance tolerance, the field function, the ``.vm`` name) and, for the
+arithmetic ops reading registers, their rules per target (the twin's ``numba``, the GPU's
+``wgsl``, the ``Interval`` rule, the dispatch ``rank``) from which ``runtime.op_codegen``
+generates every walker's cases. Ops are numbered in declaration order, grouped by ``OpClass``;
+the numbers and class ranges are generated into ``shaders/generated_tape.wgsl`` and
+``runtime/op_numbers.py`` (``runtime.wgsl_header``), and tests fail when a generated file, a
+kernel or the twin drift from the table (tests/test_op_table.py lists each place an op is missing).
 
 Interpreter state (per evaluated point):
   * ``reg[]``  float32 registers, ``mat[]`` a material id per register (u32);
@@ -182,6 +184,38 @@ _POLAR = Tolerance(4096, 2.0 ** -9, "polar copies rotated by WGSL sin / cos / at
 
 
 @dataclass(frozen=True)
+class Interval:
+    """An arithmetic op's interval rule, from which ``runtime.op_codegen`` generates the twin's
+    float32 interval case (runtime/pruning.py ``_iv``), the GPU's (shaders/prune.wgsl ``iv_unary`` /
+    ``iv_binary``) and ``runtime.intervals`` takes the float64 reference.
+
+    ``monotone`` "increasing" / "decreasing": the interval of [lo, hi] is [f(lo), f(hi)] (or
+    [f(hi), f(lo)]), f the op's scalar rule (``OpSpec.numba`` / ``OpSpec.wgsl``, ``reference`` in
+    float64); NaN where the interval leaves ``domain`` (closed; also NaN operands). ``exact``: f is
+    exact in float32 (floor, neg): the bounds are the scalar rule's own, unwidened; otherwise the
+    twin computes f in float64 and rounds outward by ``WIDEN_ULPS``, the GPU widens f's float32
+    value by its wide margin (prune.wgsl ``wide``) and clamps it into ``wgsl_range`` (WGSL constant
+    expressions; None: no clamp).
+
+    Otherwise the op keeps a hand-written named rule: ``numba`` and ``wgsl`` call it with the
+    operand bounds ``{alo} {ahi} {blo} {bhi} {clo} {chi}`` (the twin's gives (lo, hi), or (lo, hi,
+    choice) where ``chooses``; the GPU's an ``Iv``), and ``runtime.intervals`` holds its float64
+    rule by op. ``takes_nan``: the rule itself handles NaN operands (AND / OR ignore a NaN operand
+    they never select); the GPU's binary case of any other op answers NaN for a NaN operand first."""
+    monotone: str | None = None
+    exact: bool = False
+    domain: tuple[float, float] = (-np.inf, np.inf)
+    wgsl_range: tuple[str | None, str | None] = (None, None)
+    numba: str | None = None
+    wgsl: str | None = None
+    chooses: bool = False
+    takes_nan: bool = False
+
+
+INCREASING_EXACT = Interval("increasing", exact=True)
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """One op: what its record means, and the per-op data every walker and tool reads from here."""
     op: Op
@@ -191,11 +225,24 @@ class OpSpec:
     n_params: int               # fixed parameter count (-1: variable, see ``doc``)
     doc: str
     reference: Callable | None = None   # canonical float64 numpy reference (arith / combine)
-    # increasing: the float64 interval of [lo, hi] is [reference(lo), reference(hi)] (runtime.intervals)
-    increasing: bool = False
     tolerance: Tolerance = EXACT        # walker vs twin (runtime.conformance); WGSL's accuracy
     scale: float = 1.0                  # conformance's op tapes feed it the point times this
-    wgsl: str | None = None             # the op written out in WGSL, {a} {b} {c} its operands
+    # The arithmetic ops reading registers carry their rules per target; runtime.op_codegen
+    # generates the walkers' cases from them (docs/ARCHITECTURE.md, "Adding an op"):
+    # wgsl: the op in WGSL, {a} {b} {c} its float32 operands: the interpreter's unary() / binary()
+    # case (unless ``wgsl_walk``) and the written-out WGSL of tools/baseline_wgsl.py
+    wgsl: str | None = None
+    # numba: the twin's float32 rule in Numba, {a} {b} {c} its float32 operands
+    numba: str | None = None
+    # numba_loop: where the twin's loop over a block is: "inline" (in _arith_block), "libm" (in
+    # the generated _libm_block: a small function whose loop LLVM unswitches, for libm calls), or
+    # the name of a hand-written block function called as name(regs, d, a, b, n) (MOD's fast block)
+    numba_loop: str = "inline"
+    # wgsl_walk: the WGSL tape walks (run_tape, packed.wgsl) run the op themselves (MIN / MAX:
+    # materials; MOD: sub-steps), so unary() / binary() have no case for it
+    wgsl_walk: bool = False
+    interval: Interval | None = None    # its interval rule (Interval)
+    rank: int = 0                       # dispatch order in the generated cases: hottest first
     field: str | None = None            # its function in scenegraph.fields (x, y, z expressions)
     vm: str | None = None               # its name in Fidget's .vm programs (scenegraph.vm)
 
@@ -249,58 +296,105 @@ _spec(Op.VAR_Z, F.ARITH, (), True, 0, "reg[dst] = p.z", vm="var-z")
 _spec(Op.CONST, F.ARITH, (), True, 1, "reg[dst] = param[0]", vm="const")
 _spec(Op.INSTANCE_INDEX, F.ARITH, (), True, 0,
       "reg[dst] = index of the instance the innermost pattern loop is evaluating (0 outside loops)")
-_spec(Op.COPY, F.ARITH, A, True, 0, "reg[dst] = reg[a]; mat[dst] = mat[a]", lambda a: a, wgsl="{a}")
-_spec(Op.NEG, F.ARITH, A, True, 0, "-a", lambda a: -a, wgsl="-{a}", vm="neg")
-_spec(Op.ABS, F.ARITH, A, True, 0, "|a|", np.abs, wgsl="abs({a})", field="abs_", vm="abs")
-_spec(Op.RECIP, F.ARITH, A, True, 0, "1/a", lambda a: 1.0 / a, tolerance=_DIV, wgsl="1.0 / {a}", vm="recip")
+# The arithmetic ops reading registers: their rules per target (OpSpec.wgsl / numba / interval),
+# ranked hottest first (rank: the order of the generated dispatches; SDF tapes are mostly MAX, SUB,
+# ADD, MIN, COPY, NEG, SQUARE, SQRT, MUL). A named interval rule is a hand-written function of
+# each target: runtime/pruning.py _iv_*, shaders/prune.wgsl iv_*, runtime/intervals.py.
+def _named(numba, wgsl, **kw):
+    return Interval(numba=numba, wgsl=wgsl, **kw)
+
+
+_spec(Op.COPY, F.ARITH, A, True, 0, "reg[dst] = reg[a]; mat[dst] = mat[a]", lambda a: a, wgsl="{a}", numba="{a}",
+      interval=INCREASING_EXACT, rank=5)
+_spec(Op.NEG, F.ARITH, A, True, 0, "-a", lambda a: -a, wgsl="-{a}", numba="-{a}",
+      interval=Interval("decreasing", exact=True), rank=6, vm="neg")
+_spec(Op.ABS, F.ARITH, A, True, 0, "|a|", np.abs, wgsl="abs({a})", numba="abs({a})",
+      interval=_named("_iv_abs({alo}, {ahi})", "iv(max(max({alo}, -{ahi}), 0.0), max(-{alo}, {ahi}))"), rank=10,
+      field="abs_", vm="abs")
+_spec(Op.RECIP, F.ARITH, A, True, 0, "1/a", lambda a: 1.0 / a, tolerance=_DIV, wgsl="1.0 / {a}", numba="F1 / {a}",
+      interval=_named("_iv_recip({alo}, {ahi})", "iv_recip({alo}, {ahi})"), rank=11, vm="recip")
 _spec(Op.SQRT, F.ARITH, A, True, 0, "sqrt(a) (NaN below 0)", np.sqrt, tolerance=_SQRT, wgsl="sqrt({a})",
+      numba="np.sqrt({a})", interval=_named("_iv_sqrt({alo}, {ahi})", "iv_sqrt({alo}, {ahi})"), rank=8,
       field="sqrt", vm="sqrt")
-_spec(Op.SQUARE, F.ARITH, A, True, 0, "a*a", np.square, wgsl="{a} * {a}", field="square", vm="square")
-_spec(Op.FLOOR, F.ARITH, A, True, 0, "floor(a)", np.floor, increasing=True, wgsl="floor({a})", field="floor",
-      vm="floor")
-_spec(Op.CEIL, F.ARITH, A, True, 0, "ceil(a)", np.ceil, increasing=True, wgsl="ceil({a})", field="ceil", vm="ceil")
+_spec(Op.SQUARE, F.ARITH, A, True, 0, "a*a", np.square, wgsl="{a} * {a}", numba="{a} * {a}",
+      interval=_named("_iv_square({alo}, {ahi})", "iv_square({alo}, {ahi})"), rank=7, field="square", vm="square")
+_spec(Op.FLOOR, F.ARITH, A, True, 0, "floor(a)", np.floor, wgsl="floor({a})", numba="np.floor({a})",
+      interval=INCREASING_EXACT, rank=13, field="floor", vm="floor")
+_spec(Op.CEIL, F.ARITH, A, True, 0, "ceil(a)", np.ceil, wgsl="ceil({a})", numba="np.ceil({a})",
+      interval=INCREASING_EXACT, rank=14, field="ceil", vm="ceil")
 _spec(Op.ROUND, F.ARITH, A, True, 0, "round half away from zero", lambda a: np.sign(a) * np.floor(np.abs(a) + 0.5),
-      increasing=True, wgsl="round_away({a})", field="round_", vm="round")
+      wgsl="round_away({a})", numba="_round({a})", interval=INCREASING_EXACT, rank=15, field="round_", vm="round")
 _spec(Op.SIN, F.ARITH, A, True, 0, "sin(a)", np.sin, tolerance=_TRIG, scale=6.0, wgsl="sin(reduce_angle({a}))",
-      field="sin", vm="sin")
+      numba="np.sin({a})", numba_loop="libm", interval=_named("_iv_sincos({alo}, {ahi}, 0.0)", "iv_sincos({alo}, {ahi})"),
+      rank=16, field="sin", vm="sin")
 _spec(Op.COS, F.ARITH, A, True, 0, "cos(a)", np.cos, tolerance=_TRIG, scale=6.0, wgsl="cos(reduce_angle({a}))",
-      field="cos", vm="cos")
-_spec(Op.TAN, F.ARITH, A, True, 0, "tan(a)", np.tan, scale=0.5, wgsl="tan(reduce_angle({a}))", field="tan", vm="tan",
+      numba="np.cos({a})", numba_loop="libm",
+      interval=_named("_iv_sincos({alo}, {ahi}, PI64 / 2)", "iv_sincos({alo}, {ahi})"), rank=17, field="cos", vm="cos")
+_spec(Op.TAN, F.ARITH, A, True, 0, "tan(a)", np.tan, scale=0.5, wgsl="tan(reduce_angle({a}))", numba="np.tan({a})",
+      numba_loop="libm", interval=_named("_iv_tan({alo}, {ahi})", "iv_tan({alo}, {ahi})"), rank=18, field="tan", vm="tan",
       tolerance=Tolerance(64, 2.0 ** -10, "WGSL: tan inherits sin / cos (2^-11 absolute each) and a division"))
 _spec(Op.ASIN, F.ARITH, A, True, 0, "asin(a) (NaN outside [-1,1])", np.arcsin, tolerance=_ATAN, scale=0.45,
-      wgsl="asin({a})", field="asin", vm="asin")
+      wgsl="asin({a})", numba="np.arcsin({a})", numba_loop="libm", interval=Interval("increasing", domain=(-1.0, 1.0)),
+      rank=19, field="asin", vm="asin")
 _spec(Op.ACOS, F.ARITH, A, True, 0, "acos(a) (NaN outside [-1,1])", np.arccos, tolerance=_ATAN, scale=0.45,
-      wgsl="acos({a})", field="acos", vm="acos")
-_spec(Op.ATAN, F.ARITH, A, True, 0, "atan(a)", np.arctan, increasing=True, tolerance=_ATAN, wgsl="atan({a})",
+      wgsl="acos({a})", numba="np.arccos({a})", numba_loop="libm", interval=Interval("decreasing", domain=(-1.0, 1.0)),
+      rank=20, field="acos", vm="acos")
+_spec(Op.ATAN, F.ARITH, A, True, 0, "atan(a)", np.arctan, tolerance=_ATAN, wgsl="atan({a})", numba="np.arctan({a})",
+      numba_loop="libm", interval=Interval("increasing", wgsl_range=("-HALF_PI_UP", "HALF_PI_UP")), rank=21,
       field="atan", vm="atan")
-_spec(Op.EXP, F.ARITH, A, True, 0, "exp(a)", np.exp, increasing=True, wgsl="exp({a})", field="exp", vm="exp",
+_spec(Op.EXP, F.ARITH, A, True, 0, "exp(a)", np.exp, wgsl="exp({a})", numba="np.exp({a})", numba_loop="libm",
+      interval=Interval("increasing", wgsl_range=("0.0", None)), rank=22, field="exp", vm="exp",
       tolerance=Tolerance(16, 2.0 ** -22, "WGSL: exp within 3 + 2|x| ULP (|x| <= 3.1 here)"))
-_spec(Op.LN, F.ARITH, A, True, 0, "ln(a) (NaN below 0, -inf at 0)", np.log, wgsl="log({a})", field="ln", vm="ln",
+_spec(Op.LN, F.ARITH, A, True, 0, "ln(a) (NaN below 0, -inf at 0)", np.log, wgsl="log({a})", numba="np.log({a})",
+      numba_loop="libm", interval=Interval("increasing", domain=(0.0, np.inf)), rank=23, field="ln", vm="ln",
       tolerance=Tolerance(4, 2.0 ** -21, "WGSL: log absolute 2^-21 on [0.5, 2], 3 ULP elsewhere"))
 _spec(Op.NOT, F.ARITH, A, True, 0, "1 if a == 0 else 0", lambda a: (a == 0).astype(np.float64),
-      wgsl="select(0.0, 1.0, {a} == 0.0)", field="logical_not", vm="not")
-_spec(Op.ADD, F.ARITH, AB, True, 0, "a + b", np.add, wgsl="{a} + {b}", vm="add")
-_spec(Op.SUB, F.ARITH, AB, True, 0, "a - b", np.subtract, wgsl="{a} - {b}", vm="sub")
-_spec(Op.MUL, F.ARITH, AB, True, 0, "a * b", np.multiply, wgsl="{a} * {b}", vm="mul")
-_spec(Op.DIV, F.ARITH, AB, True, 0, "a / b", np.divide, tolerance=_DIV, wgsl="{a} / {b}", vm="div")
+      wgsl="select(0.0, 1.0, {a} == 0.0)", numba="F1 if {a} == F0 else F0",
+      interval=_named("_iv_not({alo}, {ahi})",
+                   "iv(select(0.0, 1.0, {alo} == 0.0 && {ahi} == 0.0), select(0.0, 1.0, has0({alo}, {ahi})))"),
+      rank=24, field="logical_not", vm="not")
+_spec(Op.ADD, F.ARITH, AB, True, 0, "a + b", np.add, wgsl="{a} + {b}", numba="{a} + {b}",
+      interval=_named("_iv_add({alo}, {ahi}, {blo}, {bhi})", "iv_add({alo}, {ahi}, {blo}, {bhi})"), rank=3, vm="add")
+_spec(Op.SUB, F.ARITH, AB, True, 0, "a - b", np.subtract, wgsl="{a} - {b}", numba="{a} - {b}",
+      interval=_named("_iv_add({alo}, {ahi}, -{bhi}, -{blo})", "iv_add({alo}, {ahi}, -{bhi}, -{blo})"), rank=2, vm="sub")
+_spec(Op.MUL, F.ARITH, AB, True, 0, "a * b", np.multiply, wgsl="{a} * {b}", numba="{a} * {b}",
+      interval=_named("_iv_mul({alo}, {ahi}, {blo}, {bhi})", "iv_mul({alo}, {ahi}, {blo}, {bhi})"), rank=9, vm="mul")
+_spec(Op.DIV, F.ARITH, AB, True, 0, "a / b", np.divide, tolerance=_DIV, wgsl="{a} / {b}", numba="{a} / {b}",
+      interval=_named("_iv_div({alo}, {ahi}, {blo}, {bhi})", "iv_div({alo}, {ahi}, {blo}, {bhi})"), rank=12, vm="div")
 _spec(Op.MIN, F.ARITH, AB, True, 0, "min(a, b); mat of the smaller (a on ties)", np.minimum, wgsl="nmin({a}, {b})",
-      field="minimum", vm="min")
+      numba="_fmin({a}, {b})", wgsl_walk=True, rank=4, field="minimum", vm="min",
+      interval=_named("_iv_minmax(MIN, {alo}, {ahi}, {blo}, {bhi})", "iv_minmax(true, {alo}, {ahi}, {blo}, {bhi})",
+                   chooses=True))
 _spec(Op.MAX, F.ARITH, AB, True, 0, "max(a, b); mat of the larger (a on ties)", np.maximum, wgsl="nmax({a}, {b})",
-      field="maximum", vm="max")
+      numba="_fmax({a}, {b})", wgsl_walk=True, rank=1, field="maximum", vm="max",
+      interval=_named("_iv_minmax(MAX, {alo}, {ahi}, {blo}, {bhi})", "iv_minmax(false, {alo}, {ahi}, {blo}, {bhi})",
+                   chooses=True))
 _spec(Op.ATAN2, F.ARITH, AB, True, 0, "atan2(a, b) (a is y, b is x)", np.arctan2, tolerance=_ATAN,
-      wgsl="atan2_full({a}, {b})", field="atan2", vm="atan2")
+      wgsl="atan2_full({a}, {b})", numba="np.arctan2({a}, {b})", rank=25, field="atan2", vm="atan2",
+      interval=_named("_iv_atan2({alo}, {ahi}, {blo}, {bhi})", "iv_atan2({alo}, {ahi}, {blo}, {bhi})"))
 _spec(Op.COMPARE, F.ARITH, AB, True, 0, "-1 if a<b, 0 if equal, 1 if a>b, NaN if either is NaN", _compare,
-      wgsl="bl_compare({a}, {b})", field="compare", vm="compare")
+      wgsl="compare_values({a}, {b})", numba="_compare({a}, {b})", rank=26, field="compare", vm="compare",
+      interval=_named("_iv_compare({alo}, {ahi}, {blo}, {bhi})", "iv_compare({alo}, {ahi}, {blo}, {bhi})"))
 _spec(Op.MOD, F.ARITH, AB, True, 0, "Euclidean remainder: r = fmod(a,b); r<0 ? r+|b| : r", _rem_euclid,
-      wgsl="bl_mod({a}, {b})", field="mod", vm="mod")
+      wgsl="bl_mod({a}, {b})", numba="_rem32({a}, {b})", numba_loop="_mod_block", wgsl_walk=True, rank=27,
+      field="mod", vm="mod",
+      interval=_named("_iv_mod({alo}, {ahi}, {blo}, {bhi})", "iv_mod({alo}, {ahi}, {blo}, {bhi})"))
 _spec(Op.AND, F.ARITH, AB, True, 0, "a == 0 ? a : b", lambda a, b: np.where(a == 0, a, b),
-      wgsl="select({b}, {a}, {a} == 0.0)", field="select_and", vm="and")
+      wgsl="select({b}, {a}, {a} == 0.0)", numba="{a} if {a} == F0 else {b}", rank=28, field="select_and", vm="and",
+      interval=_named("_iv_logic(AND, {alo}, {ahi}, {blo}, {bhi})", "iv_logic(true, {alo}, {ahi}, {blo}, {bhi})",
+                   chooses=True, takes_nan=True))
 _spec(Op.OR, F.ARITH, AB, True, 0, "a != 0 ? a : b", lambda a, b: np.where(a != 0, a, b),
-      wgsl="select({b}, {a}, {a} != 0.0)", field="select_or", vm="or")
+      wgsl="select({b}, {a}, {a} != 0.0)", numba="{a} if {a} != F0 else {b}", rank=29, field="select_or", vm="or",
+      interval=_named("_iv_logic(OR, {alo}, {ahi}, {blo}, {bhi})", "iv_logic(false, {alo}, {ahi}, {blo}, {bhi})",
+                   chooses=True, takes_nan=True))
 _spec(Op.RAND, F.ARITH, AB, True, 0, "deterministic integer hash of the bits of a and b, in [0,1)", _rand,
-      wgsl="rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))", vm="rand")
+      wgsl="rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))",
+      numba="_rand(np.float32({a}).view(np.uint32), np.float32({b}).view(np.uint32))", rank=31,
+      interval=_named("(F0, F1)", "iv(0.0, 1.0)"), vm="rand")
 _spec(Op.MIX, F.ARITH, ABC, True, 0, "a + (b - a) * c", lambda a, b, c: a + (b - a) * c,
-      wgsl="{a} + ({b} - {a}) * {c}", field="mix", vm="mix")
+      wgsl="{a} + ({b} - {a}) * {c}", numba="{a} + ({b} - {a}) * {c}", rank=30, field="mix", vm="mix",
+      interval=_named("_iv_mix({alo}, {ahi}, {blo}, {bhi}, {clo}, {chi})",
+                   "iv_mix({alo}, {ahi}, {blo}, {bhi}, {clo}, {chi})"))
 
 _spec(Op.SPHERE, F.SHAPE, (), True, 1, "[r]: |p| - r")
 _spec(Op.BOX, F.SHAPE, (), True, 3, "[hx hy hz] half extents, exact")
@@ -429,7 +523,8 @@ CLASS_RANGES: dict[OpClass, tuple[Op, Op]] = _class_ranges()
 
 
 def numba_constants() -> dict[str, object]:
-    """The constants of the Numba modules' generated block (``runtime.wgsl_header``), by name."""
+    """The constants of ``runtime/op_numbers.py``, which the Numba modules import (generated by
+    ``runtime.wgsl_header``), by name."""
     out: dict[str, object] = {op.name: int(op) for op in Op}
     for cls, (first, last) in CLASS_RANGES.items():
         out[f"{cls.name}_FIRST"], out[f"{cls.name}_LAST"] = int(first), int(last)
@@ -439,11 +534,11 @@ def numba_constants() -> dict[str, object]:
 
 
 def check_numba_constants(module_globals: dict, module: str) -> None:
-    """Raises ImportError naming the constants where a module's generated block differs from the
-    table (the block was not regenerated after an edit of this file)."""
+    """Raises ImportError naming the constants where a module's numbers (from runtime/op_numbers.py)
+    differ from the table (it was not regenerated after an edit of this file)."""
     stale = sorted(k for k, v in numba_constants().items() if module_globals.get(k) != v)
     if stale:
-        raise ImportError(f"{module}: its generated opcode block differs from runtime.opcodes at {stale[:8]}: "
+        raise ImportError(f"{module}: its generated op numbers differ from runtime.opcodes at {stale[:8]}: "
                           "run `python -m taperay.runtime.wgsl_header`")
 
 # the field of REPEAT_* / CULL_BOX / REPEAT_END that holds the jump target

@@ -225,14 +225,25 @@ fn shape(op: u32, p: vec4<f32>, k: u32) -> f32 {
 
 // ---- arithmetic -------------------------------------------------------------------------------
 
+// COMPARE: by comparisons (compare(inf, inf) is 0), NaN if either is NaN
+fn compare_values(va: f32, vb: f32) -> f32 {
+    if (va < vb) { return -1.0; }
+    if (va > vb) { return 1.0; }
+    if (is_nan(va) || is_nan(vb)) { return va + vb; }
+    return 0.0;
+}
+
+// ---- BEGIN GENERATED arith by taperay.runtime.op_codegen from runtime/opcodes.py: do not edit ----
+// the arithmetic ops' cases (OpSpec.wgsl), range branches by number, hottest first inside;
+// ops of OpSpec.wgsl_walk (MIN, MAX: materials; MOD: sub-steps) are run_tape's and packed.wgsl's
 fn unary(op: u32, va: f32) -> f32 {
     if (op <= OP_SQUARE) {
         if (op == OP_COPY) { return va; }
         if (op == OP_NEG) { return -va; }
+        if (op == OP_SQUARE) { return va * va; }
+        if (op == OP_SQRT) { return sqrt(va); }
         if (op == OP_ABS) { return abs(va); }
         if (op == OP_RECIP) { return 1.0 / va; }
-        if (op == OP_SQRT) { return sqrt(va); }
-        if (op == OP_SQUARE) { return va * va; }
     } else if (op <= OP_TAN) {
         if (op == OP_FLOOR) { return floor(va); }
         if (op == OP_CEIL) { return ceil(va); }
@@ -252,25 +263,22 @@ fn unary(op: u32, va: f32) -> f32 {
 }
 
 fn binary(op: u32, va: f32, vb: f32, vc: f32) -> f32 {
-    if (op <= OP_DIV) {
-        if (op == OP_ADD) { return va + vb; }
+    if (op <= OP_COMPARE) {
         if (op == OP_SUB) { return va - vb; }
+        if (op == OP_ADD) { return va + vb; }
         if (op == OP_MUL) { return va * vb; }
         if (op == OP_DIV) { return va / vb; }
+        if (op == OP_ATAN2) { return atan2_full(va, vb); }
+        if (op == OP_COMPARE) { return compare_values(va, vb); }
+    } else {
+        if (op == OP_AND) { return select(vb, va, va == 0.0); }
+        if (op == OP_OR) { return select(vb, va, va != 0.0); }
+        if (op == OP_MIX) { return va + (vb - va) * vc; }
+        if (op == OP_RAND) { return rand_bits(bitcast<u32>(va), bitcast<u32>(vb)); }
     }
-    if (op == OP_ATAN2) { return atan2_full(va, vb); }
-    if (op == OP_COMPARE) {
-        if (va < vb) { return -1.0; }
-        if (va > vb) { return 1.0; }
-        if (is_nan(va) || is_nan(vb)) { return va + vb; }
-        return 0.0;
-    }
-    if (op == OP_AND) { return select(vb, va, va == 0.0); }
-    if (op == OP_OR) { return select(vb, va, va != 0.0); }
-    if (op == OP_MIX) { return va + (vb - va) * vc; }
-    if (op == OP_RAND) { return rand_bits(bitcast<u32>(va), bitcast<u32>(vb)); }
-    return unknown_op();   // (MOD is a sub-step of run_tape)
+    return unknown_op();
 }
+// ---- END GENERATED arith ----
 
 // ---- patterns ---------------------------------------------------------------------------------
 

@@ -176,49 +176,129 @@ fn wide(lo: f32, hi: f32) -> Iv {
     return iv(below(lo, REL_WIDE, ABS_WIDE), above(hi, REL_WIDE, ABS_WIDE));
 }
 
+// the named interval rules of the arithmetic ops that are not monotone (OpSpec.interval.wgsl)
+fn iv_recip(lo: f32, hi: f32) -> Iv {
+    if (lo == 0.0 && hi == 0.0) {
+        return iv_nan();
+    }
+    return iv_div(1.0, 1.0, lo, hi);
+}
+
+fn iv_sqrt(lo: f32, hi: f32) -> Iv {
+    if (lo < 0.0) {
+        return iv_nan();
+    }
+    return iv(max(below(sqrt(lo), REL_LOOSE, TINY), 0.0), above(sqrt(hi), REL_LOOSE, TINY));
+}
+
+fn iv_sincos(lo: f32, hi: f32) -> Iv {
+    if (lo == -inf() || hi == inf()) { return iv_nan(); }
+    return iv(-TRIG_UP, TRIG_UP);
+}
+
+fn iv_tan(lo: f32, hi: f32) -> Iv {
+    if (lo == -inf() || hi == inf()) { return iv_nan(); }
+    return iv(-inf(), inf());
+}
+
+// AND (is_and) / OR with the choice; a NaN b matters only where b may be chosen
+fn iv_logic(is_and: bool, alo: f32, ahi: f32, blo: f32, bhi: f32) -> Iv {
+    if (is_nan(alo)) { return iv_nan(); }
+    let bnan = is_nan(blo);
+    let nonzero = alo > 0.0 || ahi < 0.0;
+    let zero_only = alo == 0.0 && ahi == 0.0;
+    if (is_and) {
+        let ch = select(select(CH_BOTH, CH_A, zero_only), CH_B, nonzero);
+        if (zero_only) { return Iv(0.0, 0.0, ch); }
+        if (bnan) { return Iv(nan(), nan(), ch); }
+        if (nonzero) { return Iv(blo, bhi, ch); }
+        return Iv(min(0.0, blo), max(0.0, bhi), ch);
+    }
+    let ch = select(select(CH_BOTH, CH_B, zero_only), CH_A, nonzero);
+    if (nonzero) { return Iv(alo, ahi, ch); }
+    if (bnan) { return Iv(nan(), nan(), ch); }
+    if (zero_only) { return Iv(blo, bhi, ch); }
+    return Iv(min(alo, blo), max(ahi, bhi), ch);
+}
+
+// MIN (is_min) / MAX with the choice (operands not NaN)
+fn iv_minmax(is_min: bool, alo: f32, ahi: f32, blo: f32, bhi: f32) -> Iv {
+    var pick_a = alo >= bhi;
+    var pick_b = blo > ahi;
+    var r = iv(max(alo, blo), max(ahi, bhi));
+    if (is_min) {
+        pick_a = ahi <= blo;
+        pick_b = bhi < alo;
+        r = iv(min(alo, blo), min(ahi, bhi));
+    }
+    r.ch = select(select(CH_BOTH, CH_B, pick_b), CH_A, pick_a);
+    return r;
+}
+
+fn iv_compare(alo: f32, ahi: f32, blo: f32, bhi: f32) -> Iv {
+    let lt = ahi < blo;
+    let gt = alo > bhi;
+    let eq = alo == ahi && blo == bhi && alo == blo;
+    var lo = select(select(-1.0, 0.0, eq), 1.0, gt);
+    var hi = select(select(1.0, 0.0, eq), -1.0, lt);
+    if (!lt && !gt && !eq) {
+        if (alo >= bhi) { lo = 0.0; }
+        if (ahi <= blo) { hi = 0.0; }
+    }
+    return iv(lo, hi);
+}
+
+// the Euclidean remainder lies in [0, |b|]
+fn iv_mod(alo: f32, ahi: f32, blo: f32, bhi: f32) -> Iv {
+    if (has0(blo, bhi) || alo == -inf() || ahi == inf()) { return iv_nan(); }
+    return iv(0.0, up(max(abs(blo), abs(bhi))));
+}
+
+fn iv_atan2(alo: f32, ahi: f32, blo: f32, bhi: f32) -> Iv {
+    if ((has0(alo, ahi) && has0(blo, bhi)) || alo == -inf() || ahi == inf() || blo == -inf() || bhi == inf()) {
+        return iv_nan();
+    }
+    return iv(-PI_UP, PI_UP);
+}
+
+fn iv_mix(alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32) -> Iv {
+    if (is_nan(clo)) { return iv_nan(); }
+    let d = iv_add(blo, bhi, -ahi, -alo);
+    if (is_nan(d.lo)) { return iv_nan(); }
+    let m = iv_mul(d.lo, d.hi, clo, chi);
+    if (is_nan(m.lo)) { return iv_nan(); }
+    return iv_add(alo, ahi, m.lo, m.hi);
+}
+
+// ---- BEGIN GENERATED intervals by taperay.runtime.op_codegen from runtime/opcodes.py: do not edit ----
+// the arithmetic ops' intervals (OpSpec.interval), hottest first
 fn iv_unary(op: u32, lo: f32, hi: f32) -> Iv {
     if (is_nan(lo)) {
         return iv_nan();   // (WGSL's min / max of a NaN are unspecified: never reached with one)
     }
     if (op == OP_COPY) { return iv(lo, hi); }
     if (op == OP_NEG) { return iv(-hi, -lo); }
-    if (op == OP_ABS) { return iv(max(max(lo, -hi), 0.0), max(-lo, hi)); }
     if (op == OP_SQUARE) { return iv_square(lo, hi); }
-    if (op == OP_RECIP) {
-        if (lo == 0.0 && hi == 0.0) {
-            return iv_nan();
-        }
-        return iv_div(1.0, 1.0, lo, hi);
-    }
-    if (op == OP_SQRT) {
-        if (lo < 0.0) {
-            return iv_nan();
-        }
-        return iv(max(below(sqrt(lo), REL_LOOSE, TINY), 0.0), above(sqrt(hi), REL_LOOSE, TINY));
-    }
+    if (op == OP_SQRT) { return iv_sqrt(lo, hi); }
+    if (op == OP_ABS) { return iv(max(max(lo, -hi), 0.0), max(-lo, hi)); }
+    if (op == OP_RECIP) { return iv_recip(lo, hi); }
     if (op == OP_FLOOR) { return iv(floor(lo), floor(hi)); }
     if (op == OP_CEIL) { return iv(ceil(lo), ceil(hi)); }
     if (op == OP_ROUND) { return iv(round_away(lo), round_away(hi)); }
-    if (op == OP_NOT) {
-        return iv(select(0.0, 1.0, lo == 0.0 && hi == 0.0), select(0.0, 1.0, has0(lo, hi)));
+    if (op == OP_SIN) { return iv_sincos(lo, hi); }
+    if (op == OP_COS) { return iv_sincos(lo, hi); }
+    if (op == OP_TAN) { return iv_tan(lo, hi); }
+    if (op == OP_ASIN) {
+        if (lo < -1.0 || hi > 1.0) { return iv_nan(); }
+        return wide(asin(lo), asin(hi));
     }
-    let finite = lo != -inf() && hi != inf();
-    if (op == OP_SIN || op == OP_COS) {
-        if (!finite) { return iv_nan(); }
-        return iv(-TRIG_UP, TRIG_UP);
-    }
-    if (op == OP_TAN) {
-        if (!finite) { return iv_nan(); }
-        return iv(-inf(), inf());
+    if (op == OP_ACOS) {
+        if (lo < -1.0 || hi > 1.0) { return iv_nan(); }
+        return wide(acos(hi), acos(lo));
     }
     if (op == OP_ATAN) {
         let w = wide(atan(lo), atan(hi));
         return iv(max(w.lo, -HALF_PI_UP), min(w.hi, HALF_PI_UP));
-    }
-    if (op == OP_ASIN || op == OP_ACOS) {
-        if (lo < -1.0 || hi > 1.0) { return iv_nan(); }
-        if (op == OP_ASIN) { return wide(asin(lo), asin(hi)); }
-        return wide(acos(hi), acos(lo));
     }
     if (op == OP_EXP) {
         let w = wide(exp(lo), exp(hi));
@@ -228,79 +308,30 @@ fn iv_unary(op: u32, lo: f32, hi: f32) -> Iv {
         if (lo < 0.0) { return iv_nan(); }
         return wide(log(lo), log(hi));
     }
+    if (op == OP_NOT) { return iv(select(0.0, 1.0, lo == 0.0 && hi == 0.0), select(0.0, 1.0, has0(lo, hi))); }
     return iv_nan();
 }
 
 fn iv_binary(op: u32, alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32) -> Iv {
-    let anan = is_nan(alo);
-    let bnan = is_nan(blo);
-    if (op == OP_AND || op == OP_OR) {
-        if (anan) { return iv_nan(); }
-        let nonzero = alo > 0.0 || ahi < 0.0;
-        let zero_only = alo == 0.0 && ahi == 0.0;
-        if (op == OP_AND) {
-            let ch = select(select(CH_BOTH, CH_A, zero_only), CH_B, nonzero);
-            if (zero_only) { return Iv(0.0, 0.0, ch); }
-            if (bnan) { return Iv(nan(), nan(), ch); }
-            if (nonzero) { return Iv(blo, bhi, ch); }
-            return Iv(min(0.0, blo), max(0.0, bhi), ch);
-        }
-        let ch = select(select(CH_BOTH, CH_B, zero_only), CH_A, nonzero);
-        if (nonzero) { return Iv(alo, ahi, ch); }
-        if (bnan) { return Iv(nan(), nan(), ch); }
-        if (zero_only) { return Iv(blo, bhi, ch); }
-        return Iv(min(alo, blo), max(ahi, bhi), ch);
+    if (op == OP_AND) { return iv_logic(true, alo, ahi, blo, bhi); }
+    if (op == OP_OR) { return iv_logic(false, alo, ahi, blo, bhi); }
+    if (is_nan(alo) || is_nan(blo)) {
+        return iv_nan();
     }
-    if (anan || bnan) { return iv_nan(); }
-    if (op == OP_MIN || op == OP_MAX) {
-        var pick_a = alo >= bhi;
-        var pick_b = blo > ahi;
-        var r = iv(max(alo, blo), max(ahi, bhi));
-        if (op == OP_MIN) {
-            pick_a = ahi <= blo;
-            pick_b = bhi < alo;
-            r = iv(min(alo, blo), min(ahi, bhi));
-        }
-        r.ch = select(select(CH_BOTH, CH_B, pick_b), CH_A, pick_a);
-        return r;
-    }
-    if (op == OP_ADD) { return iv_add(alo, ahi, blo, bhi); }
+    if (op == OP_MAX) { return iv_minmax(false, alo, ahi, blo, bhi); }
     if (op == OP_SUB) { return iv_add(alo, ahi, -bhi, -blo); }
+    if (op == OP_ADD) { return iv_add(alo, ahi, blo, bhi); }
+    if (op == OP_MIN) { return iv_minmax(true, alo, ahi, blo, bhi); }
     if (op == OP_MUL) { return iv_mul(alo, ahi, blo, bhi); }
     if (op == OP_DIV) { return iv_div(alo, ahi, blo, bhi); }
-    if (op == OP_COMPARE) {
-        let lt = ahi < blo;
-        let gt = alo > bhi;
-        let eq = alo == ahi && blo == bhi && alo == blo;
-        var lo = select(select(-1.0, 0.0, eq), 1.0, gt);
-        var hi = select(select(1.0, 0.0, eq), -1.0, lt);
-        if (!lt && !gt && !eq) {
-            if (alo >= bhi) { lo = 0.0; }
-            if (ahi <= blo) { hi = 0.0; }
-        }
-        return iv(lo, hi);
-    }
-    if (op == OP_MOD) {   // the Euclidean remainder lies in [0, |b|]
-        if (has0(blo, bhi) || alo == -inf() || ahi == inf()) { return iv_nan(); }
-        return iv(0.0, up(max(abs(blo), abs(bhi))));
-    }
-    if (op == OP_ATAN2) {
-        if ((has0(alo, ahi) && has0(blo, bhi)) || alo == -inf() || ahi == inf() || blo == -inf() || bhi == inf()) {
-            return iv_nan();
-        }
-        return iv(-PI_UP, PI_UP);
-    }
-    if (op == OP_MIX) {
-        if (is_nan(clo)) { return iv_nan(); }
-        let d = iv_add(blo, bhi, -ahi, -alo);
-        if (is_nan(d.lo)) { return iv_nan(); }
-        let m = iv_mul(d.lo, d.hi, clo, chi);
-        if (is_nan(m.lo)) { return iv_nan(); }
-        return iv_add(alo, ahi, m.lo, m.hi);
-    }
+    if (op == OP_ATAN2) { return iv_atan2(alo, ahi, blo, bhi); }
+    if (op == OP_COMPARE) { return iv_compare(alo, ahi, blo, bhi); }
+    if (op == OP_MOD) { return iv_mod(alo, ahi, blo, bhi); }
+    if (op == OP_MIX) { return iv_mix(alo, ahi, blo, bhi, clo, chi); }
     if (op == OP_RAND) { return iv(0.0, 1.0); }
     return iv_nan();
 }
+// ---- END GENERATED intervals ----
 
 
 const COUNT_ARENA: u32 = 2u;        // counters' words 2 and 3 (bindings.wgsl): arena words handed out

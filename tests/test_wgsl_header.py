@@ -40,15 +40,24 @@ def test_header_numbers_equal_the_opcode_table():
 
 
 def test_numba_blocks_equal_the_table_and_drift_is_found(tmp_path):
-    """twin.py and pruning.py carry the table's numbers as a generated block (Numba's cache sees
-    an edit of their own source only); a stale block is drift, and the module refuses to import."""
+    """twin.py and pruning.py import the table's numbers from the generated runtime/op_numbers.py
+    and carry its hash as a generated block (Numba's cache sees an edit of their own source only);
+    a stale module or block is drift, and a module with stale numbers refuses to import."""
+    for name in (*wgsl_header.NUMBA_MODULES, wgsl_header.NUMBERS_NAME):
+        (tmp_path / name).write_text((wgsl_header.RUNTIME_DIR / name).read_text())
+    assert wgsl_header.drifted(runtime_dir=tmp_path) == []
+    numbers = tmp_path / wgsl_header.NUMBERS_NAME
+    assert numbers.read_text() == wgsl_header.generate_numbers_module()
+    numbers.write_text(numbers.read_text().replace(f"\nADD = {int(Op.ADD)}\n", f"\nADD = {int(Op.ADD) + 1}\n"))
+    assert wgsl_header.drifted(runtime_dir=tmp_path) == [f"runtime/{wgsl_header.NUMBERS_NAME}"]
     for name in wgsl_header.NUMBA_MODULES:
-        text = (wgsl_header.RUNTIME_DIR / name).read_text()
+        text = (tmp_path / name).read_text()
         assert wgsl_header.generate_numba_block() in text
-        (tmp_path / name).write_text(text.replace(f"\nADD = {int(Op.ADD)}\n", f"\nADD = {int(Op.ADD) + 1}\n"))
-    assert wgsl_header.drifted(runtime_dir=tmp_path) == [f"runtime/{n}" for n in wgsl_header.NUMBA_MODULES]
+        (tmp_path / name).write_text(text.replace("# op numbers ", "# op numbers 0"))
+    assert wgsl_header.drifted(runtime_dir=tmp_path) == [f"runtime/{n}" for n in
+                                                         (wgsl_header.NUMBERS_NAME, *wgsl_header.NUMBA_MODULES)]
     stale = {}
-    exec(compile(wgsl_header.generate_numba_block().replace(f"\nADD = {int(Op.ADD)}\n", "\nADD = 0\n"),
+    exec(compile(wgsl_header.generate_numbers_module().replace(f"\nADD = {int(Op.ADD)}\n", "\nADD = 0\n"),
                  "block", "exec"), stale)
     with pytest.raises(ImportError, match="ADD"):
         check_numba_constants(stale, "stale")
@@ -121,3 +130,27 @@ def test_every_record_of_a_step_has_an_invocation():
     from taperay.runtime.opcodes import WAVE_WIDTH
     assert f"const WG: u32 = {WG}u;" in (SHADERS / "bindings.wgsl").read_text()
     assert 0 < WAVE_WIDTH <= WG
+
+
+def test_stale_op_blocks_are_drift(tmp_path):
+    """The arithmetic ops' generated cases (runtime.op_codegen) are part of the check: a block edited
+    by hand, or a table edited without regenerating, is drift; write() restores the block."""
+    from taperay.runtime import op_codegen
+    shaders, runtime = tmp_path / "shaders", tmp_path / "runtime"
+    shaders.mkdir()
+    runtime.mkdir()
+    wgsl_header.write(shaders, runtime_dir=wgsl_header.RUNTIME_DIR)   # (the generated files only)
+    for rel in {rel for rel, _ in op_codegen.BLOCKS}:
+        folder, name = rel.split("/")
+        src = (wgsl_header.SHADER_DIR if folder == "shaders" else wgsl_header.RUNTIME_DIR) / name
+        (tmp_path / folder / name).write_text(src.read_text())
+    (runtime / wgsl_header.NUMBERS_NAME).write_text(wgsl_header.generate_numbers_module())
+    assert wgsl_header.drifted(shaders, runtime) == []
+    interp = shaders / "interpreter.wgsl"
+    good = interp.read_text()
+    interp.write_text(good.replace("if (op == OP_SQRT) { return sqrt(va); }", "if (op == OP_SQRT) { return va; }"))
+    twin_py = runtime / "twin.py"
+    twin_py.write_text(twin_py.read_text().replace("regs[d, j] = np.sqrt(regs[a, j])", "regs[d, j] = regs[a, j]"))
+    assert wgsl_header.drifted(shaders, runtime) == ["runtime/twin.py", "shaders/interpreter.wgsl"]
+    wgsl_header.write(shaders, runtime)
+    assert interp.read_text() == good and wgsl_header.drifted(shaders, runtime) == []

@@ -56,19 +56,6 @@ fn bl_mod(a: f32, b: f32) -> f32 {
     return st.value;
 }
 
-fn bl_compare(a: f32, b: f32) -> f32 {
-    if (a < b) {
-        return -1.0;
-    }
-    if (a > b) {
-        return 1.0;
-    }
-    if (is_nan(a) || is_nan(b)) {
-        return a + b;
-    }
-    return 0.0;
-}
-
 fn bl_capsule(x: f32, y: f32, z: f32, ax: f32, ay: f32, az: f32, bx: f32, by: f32, bz: f32, r: f32) -> f32 {
     let pax = x - ax;
     let pay = y - ay;
