@@ -190,3 +190,32 @@ def test_a_new_op_is_one_table_entry():
         assert l32 <= r_lo[0] <= r_hi[0] <= h32
     l32, h32, _ = iv["_iv"](number, np.float32(np.nan), np.float32(np.nan), 0, 0, 0, 0)
     assert np.isnan(l32) and np.isnan(h32)
+
+
+def test_a_new_ops_wgsl_compiles(walker_gpu):
+    """The GPU's generated cases of a stand-in TANH (one table entry) compile: the interval module
+    (prelude, interpreter and prune.wgsl) with the op's constant and both generated blocks is
+    valid WGSL on the adapter; a block naming an unknown function is not (the check can fail)."""
+    from taperay.runtime import gpu_device
+    from taperay.runtime.gpu_adapter import get_adapter
+    from taperay.runtime.opcodes import REG_CAPS
+    tanh_op = enum.IntEnum("Extra", {"TANH": len(Op)}).TANH
+    spec = OpSpec(tanh_op, Family.ARITH, ("a",), True, 0, "tanh(a)", np.tanh, wgsl="tanh({a})",
+                  numba="np.tanh({a})", numba_loop="libm", rank=max(s.rank for s in OPS.values()) + 1,
+                  interval=Interval("increasing", wgsl_range=("-1.0", "1.0")))
+    blocks = op_codegen.generated_blocks({**OPS, tanh_op: spec})
+    names = (*gpu_device.PRELUDE_BEFORE_REGCAP, wgsl_header.regcap_name(REG_CAPS[0]),
+             *gpu_device.PRELUDE_AFTER_REGCAP, "prune.wgsl")
+    texts = []
+    for name in names:
+        text = (wgsl_header.SHADER_DIR / name).read_text()
+        for (path, block), body in blocks.items():
+            if path == f"shaders/{name}":
+                text = op_codegen.with_block(text, path, block, body)
+        texts.append(text)
+    source = "\n".join(texts) + f"\nconst OP_TANH: u32 = {len(Op)}u;\n"
+    assert "return tanh(va);" in source and "wide(tanh(lo), tanh(hi))" in source
+    device = get_adapter().request_device_sync()
+    device.create_shader_module(code=source)
+    with pytest.raises(Exception):
+        device.create_shader_module(code=source.replace("return tanh(va);", "return tanhh(va);"))
