@@ -20,7 +20,7 @@ from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.pruning import interval_eval
 from taperay.runtime.tape import INSTR_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
 
-from .instancing import build_bvh, instance_boxes, instance_params, shape_capsule
+from .instancing import placed_bounds, placed_bvh, placed_params, shape_capsule
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
 
 __all__ = ["flatten", "node_bounds"]
@@ -142,8 +142,7 @@ def _bounds(n: Node, cache) -> np.ndarray:
     if k == "instances":
         if not np.all(np.isfinite(kid[0])):
             return kid[0]
-        boxes = instance_boxes(kid[0], n.array)
-        return _box(boxes[:, 0].min(0), boxes[:, 1].max(0))
+        return placed_bounds(kid[0], n.array)
     raise AssertionError(k)
 
 
@@ -321,14 +320,14 @@ class _Emitter:
             raise TaperayError("instances: the instanced shape is unbounded (a plane?); instances need bounded shapes")
         first_node = sum(len(a) for a in self.bvh)
         first_inst = sum(len(a) for a in self.instances)
-        bvh = build_bvh(instance_boxes(b, n.array), first_node, first_inst)
+        bvh = placed_bvh(b, n.array, first_node, first_inst)
         if not self.cull:   # inner boxes never reject: every leaf box is tested (O(N) a point)
             inner = bvh["instance"] < 0
             bvh["lo"][inner], bvh["hi"][inner] = -3e38, 3e38
         self.instances.append(n.array)
         self.bvh.append(bvh)
         # (unculled: no representatives' bound either, so that culled == unculled tests the bound)
-        prm = self.pool(instance_params(b, inner_capsule(child) if self.cull else None, n.array, first_inst))
+        prm = self.pool(placed_params(b, inner_capsule(child) if self.cull else None, n.array, first_inst))
         begin = self.row(Op.INSTANCES, a=len(bvh), aux=first_node, param=prm)
         inner = self.emit(child, dst + 1, mat)
         end = self.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)

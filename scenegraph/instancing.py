@@ -4,9 +4,16 @@ capsule inside the body (``inner_capsule``) and a grid naming a representative i
 (``instance_params``). The capsule comes from the body's shapes (``shape_capsule``) or, where
 no shape rule gives one, is proven numerically on its tape (scenegraph.flatten.inner_capsule).
 
-Everything here is numpy over whole arrays: 10^5 or 10^6 instances cost no Python loop.
+Everything here is numpy over whole arrays: 10^5 or 10^6 instances cost no Python loop. The
+BVH and the representatives' grid of a list are remembered by content (``placed_bounds``,
+``placed_bvh``, ``placed_params``: a digest of the placements, the body's box and capsule; ``BUILT_CACHE_BYTES``
+in all, least recently used first out), so a topology edit elsewhere in a scene re-flattens a
+100,000-part list without building them again; ``built_cache_stats()`` counts hits and builds.
 """
 from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
 
 import numpy as np
 
@@ -14,7 +21,12 @@ from taperay.runtime.tape import BVH_DTYPE, OPS, Op, quat_matrices
 
 from .nodes import placements
 
-__all__ = ["placements", "instance_boxes", "build_bvh", "shape_capsule", "instance_params", "quat_matrices"]
+__all__ = ["placements", "instance_boxes", "build_bvh", "shape_capsule", "instance_params", "quat_matrices",
+           "placed_bounds", "placed_bvh", "placed_params", "built_cache_stats"]
+
+BUILT_CACHE_BYTES = 256 << 20   # remembered BVHs and representatives' grids, at most
+_built: OrderedDict = OrderedDict()
+_built_counts = {"hits": 0, "builds": 0}
 
 
 def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
@@ -179,3 +191,66 @@ def instance_params(child_box: np.ndarray, capsule, inst: np.ndarray, first_inst
                 grid = np.where(grid < 0, moved, grid)
     head[13:16], head[16], head[17:20] = lo, edge, dims
     return np.concatenate([head, grid.ravel() + first_instance])
+
+
+def _digest(*parts) -> bytes:
+    """A digest of arrays (dtype, shape and bytes) and plain values."""
+    h = hashlib.blake2b(digest_size=20)
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            h.update(f"{part.dtype.str}{part.dtype.descr}{part.shape}".encode())
+            h.update(np.ascontiguousarray(part).tobytes())
+        else:
+            h.update(repr(part).encode())
+    return h.digest()
+
+
+def _remembered(key: bytes, build) -> np.ndarray:
+    """``build()``'s array, from the cache when ``key`` was built before (a read-only array)."""
+    if key in _built:
+        _built.move_to_end(key)
+        _built_counts["hits"] += 1
+        return _built[key]
+    value = build()
+    value.flags.writeable = False
+    _built_counts["builds"] += 1
+    _built[key] = value
+    while sum(v.nbytes for v in _built.values()) > BUILT_CACHE_BYTES and len(_built) > 1:
+        _built.popitem(last=False)
+    return value
+
+
+def built_cache_stats() -> dict:
+    """{"hits", "builds", "entries", "bytes"} of the remembered BVHs and grids."""
+    return {**_built_counts, "entries": len(_built), "bytes": int(sum(v.nbytes for v in _built.values()))}
+
+
+def placed_bounds(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
+    """The (2, 3) box of every placed copy (``instance_boxes``' union), built once per content."""
+    child_box = np.asarray(child_box, np.float64)
+
+    def build():
+        boxes = instance_boxes(child_box, inst)
+        return np.stack([boxes[:, 0].min(0), boxes[:, 1].max(0)])
+    return _remembered(_digest("bounds", child_box, inst), build).copy()
+
+
+def placed_bvh(child_box: np.ndarray, inst: np.ndarray, first_node: int = 0, first_instance: int = 0) -> np.ndarray:
+    """``build_bvh(instance_boxes(child_box, inst), first_node, first_instance)``, built once per
+    content: the offsets are added to a remembered tree (a new array each call)."""
+    child_box = np.asarray(child_box, np.float64)
+    base = _remembered(_digest("bvh", child_box, inst), lambda: build_bvh(instance_boxes(child_box, inst)))
+    out = base.copy()
+    out["skip"] += np.uint32(first_node)
+    out["instance"][out["instance"] >= 0] += np.int32(first_instance)
+    return out
+
+
+def placed_params(child_box: np.ndarray, capsule, inst: np.ndarray, first_instance: int = 0) -> np.ndarray:
+    """``instance_params(child_box, capsule, inst, first_instance)``, built once per content."""
+    child_box = np.asarray(child_box, np.float64)
+    key = _digest("params", child_box, None if capsule is None else [np.asarray(c, np.float64) for c in capsule], inst)
+    base = _remembered(key, lambda: instance_params(child_box, capsule, inst))
+    out = base.copy()
+    out[OPS[Op.INSTANCES].n_params:] += first_instance
+    return out

@@ -368,3 +368,36 @@ def test_the_twins_hinted_walk_keeps_the_first_of_tied_leaves(walker_cpu):
         twin._field(tp, np.int64(len(pts)), ws, ws1, np.zeros(5, np.float32))
         assert np.array_equal(ws[twin.WS_OUT_D][:len(pts)], d0)
         assert np.array_equal(ws[twin.WS_OUT_M][:len(pts)], m0), f"hinted at leaf {leaf}"
+
+
+def test_an_instance_list_is_built_once_per_content_and_flattens_as_if_built_anew(monkeypatch):
+    """Topology edits elsewhere in a scene re-flatten an instance list from its remembered bounds,
+    BVH and grid (``built_cache_stats`` counts hits, no builds); each tape equals the one flattened
+    with nothing remembered, with the offsets of where the list lands (here also twice in one tape),
+    and a list whose placements changed is built again."""
+    from taperay.scenegraph import instancing
+    rng = np.random.default_rng(3)
+    n = 400
+    t, q, s = rng.uniform(-5, 5, (n, 3)), random_quats(rng, n), rng.uniform(0.8, 1.2, n)
+    parts = bolt().instances(t, q, s)
+    moved = t.copy()
+    moved[17] += 0.01
+    edits = [union(parts, sphere(1.0)),
+             union(parts, sphere(1.0).translate(0, 0, 3), parts.translate(20, 0, 0)),
+             union(bolt().instances(t, q, s), box(1.0)),                 # the same content, new arrays
+             union(bolt().instances(moved, q, s), box(1.0))]
+    counts = []
+    tapes = []
+    for scene in edits:
+        before = instancing.built_cache_stats()
+        tapes.append(flatten(scene))
+        after = instancing.built_cache_stats()
+        counts.append((after["hits"] - before["hits"], after["builds"] - before["builds"]))
+    # (bounds, BVH and grid of a list: three builds or hits; the first list's bounds serve its copy)
+    assert counts[0] == (0, 3) and counts[1][1] == 0 and counts[1][0] >= 3, counts
+    assert counts[2] == (3, 0) and counts[3] == (0, 3), counts
+    monkeypatch.setattr(instancing, "_remembered", lambda key, build: build())
+    for scene, tape in zip(edits, tapes):
+        fresh = flatten(scene)
+        for name in ("instrs", "params", "bvh", "instances"):
+            np.testing.assert_array_equal(getattr(tape, name), getattr(fresh, name), err_msg=name)
