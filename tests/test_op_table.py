@@ -65,15 +65,19 @@ def places(op: Op) -> dict[str, bool]:
     """Each place ``op`` must appear -> whether it does."""
     spec, name = OPS[op], op.name
     reading = spec.op_class in READING
-    found = {"shaders/interpreter.wgsl: its case (unary() / binary() / run_tape)": _has(f"OP_{name}", INTERPRETER)}
+    found = {"shaders/interpreter.wgsl: its case (generated unary() / binary(), or run_tape)":
+             _has(f"OP_{name}", INTERPRETER)}
     if reading:
-        found["runtime/twin.py: its case in _arith_block"] = _has(name, TWIN_ARITH)
-        found["runtime/pruning.py: its interval case (_iv / _iv_transcendental ...)"] = _has(name, PRUNING_IV)
+        found["runtime/opcodes.py: OpSpec.numba and OpSpec.interval (the generated cases' rules)"] = \
+            spec.numba is not None and spec.interval is not None
+        found["runtime/twin.py: its generated case in _arith_block (regenerate)"] = _has(name, TWIN_ARITH)
+        found["runtime/pruning.py: its generated interval case in _iv (regenerate)"] = _has(name, PRUNING_IV)
         prune_fn = "iv_unary" if spec.op_class is OpClass.UNARY else "iv_binary"
-        found[f"shaders/prune.wgsl: its interval case in {prune_fn}"] = _has(
+        found[f"shaders/prune.wgsl: its generated interval case in {prune_fn} (regenerate)"] = _has(
             f"OP_{name}", IV_UNARY if spec.op_class is OpClass.UNARY else IV_BINARY)
         found["runtime/opcodes.py: OpSpec.reference (float64 semantics)"] = spec.reference is not None
-        found["runtime/intervals.py: a float64 interval rule (or OpSpec.increasing)"] = op in INTERVAL_OPS
+        found["runtime/intervals.py: a float64 interval rule (a monotone OpSpec.interval, or NAMED_RULES)"] = \
+            op in INTERVAL_OPS
         found["runtime/opcodes.py: OpSpec.wgsl (tools/baseline_wgsl.py writes it out)"] = spec.wgsl is not None
         found["runtime/jax_walker.py: a value rule in _ARITH (or a numpy ufunc as reference)"] = \
             op in jax_walker._ARITH
