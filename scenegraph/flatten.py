@@ -51,6 +51,7 @@ def _corners(b):
 
 
 def _quat_rotate(q, v):
+    """Vectors v (..., 3) rotated by the unit quaternion q (w, x, y, z)."""
     w, x, y, z = q
     u = np.array([x, y, z])
     v = np.asarray(v, float)
@@ -60,7 +61,7 @@ def _quat_rotate(q, v):
 def _transform_box(b, t, q, s):
     if not np.all(np.isfinite(b)):
         return _box([-INF] * 3, [INF] * 3)
-    c = np.array([_quat_rotate(q, p * s) for p in _corners(b)]) + t
+    c = _quat_rotate(q, _corners(b) * s) + t
     return _box(c.min(0), c.max(0))
 
 
