@@ -20,7 +20,6 @@ raises ``OpRuleError`` here, at generation: no generated dispatch has a silent l
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from .opcodes import OPS, Family, Interval, Op, OpClass, OpSpec
 
@@ -73,7 +72,7 @@ def _fill(template: str, names: dict[str, str]) -> str:
     return template.format(**names)
 
 
-def _operands(spec: OpSpec, fmt: str) -> dict[str, str]:
+def _operands(fmt: str) -> dict[str, str]:
     return {r: fmt.format(r) for r in "abc"}
 
 
@@ -136,7 +135,7 @@ def numba_arith(ops: dict[Op, OpSpec] | None = None) -> str:
         else:
             cond = f"op == {s.op.name}"
             if s.numba_loop == "inline":
-                expr = _fill(s.numba, _operands(s, "regs[{}, j]"))
+                expr = _fill(s.numba, _operands("regs[{}, j]"))
                 body = ["        for j in range(n):", f"            regs[d, j] = {expr}"]
             else:
                 body = [f"        {s.numba_loop}(regs, d, a, b, n)"]
@@ -306,7 +305,6 @@ def wgsl_intervals(ops: dict[Op, OpSpec] | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------- the blocks
-ROOT = Path(__file__).resolve().parent.parent
 # (path from the repository root, block name) -> its generator
 BLOCKS = {("runtime/twin.py", "arith"): numba_arith,
           ("runtime/pruning.py", "intervals"): numba_intervals,
