@@ -15,18 +15,20 @@ import time
 
 from numba.core import event
 
-from .gpu_device import _ProgressLine       # (the GPU build's line; gpu_device imports no wgpu)
+from .gpu_device import ProgressLine       # (the GPU build's line; gpu_device imports no wgpu)
 
 __all__ = ["show_compile_progress", "PROGRESS_AFTER_SECONDS", "COLD_COMPILE_SECONDS"]
 
 PROGRESS_AFTER_SECONDS = 1.0    # a compile shorter than this shows no line
 # seconds of a cold compile of each top-level kernel, measured (2-core EPYC, docs/PERFORMANCE.md
-# "Cold compile"); the progress line's prediction, the default for a kernel not listed
-COLD_COMPILE_SECONDS = {"_march_kernel": 40.0, "_light_kernel": 10.0, "_eval_kernel": 15.0, "_cull_saves": 8.0}
+# "Cold compile"; _run_block: the wait for the helper process compiling it, after the kernels);
+# the progress line's prediction, the default for a kernel not listed
+COLD_COMPILE_SECONDS = {"_run_block": 15.0, "_march_kernel": 8.0, "_light_kernel": 5.0, "_eval_kernel": 3.0,
+                        "_cull_saves": 5.0}
 COLD_COMPILE_DEFAULT = 3.0
 
 
-class _CompileLine(_ProgressLine):
+class _CompileLine(ProgressLine):
     """The GPU build's line, labelled for Numba's compile."""
 
     def _write(self, frac: float, done: int, tail: str):

@@ -23,9 +23,9 @@ import numpy as np
 from .camera import auto_camera
 from .cpu import CpuWalker
 from .opcodes import OPS, REG_CAPS, Family, Op, Tolerance
-from .shading import RenderSettings
+from .pruning import ray_slabs
+from .shading import RenderSettings, unpack
 from .tape import BVH_DTYPE, INSTANCE_DTYPE, INSTR_DTYPE, MATERIAL_DTYPE, Tape, TapeError, TaperayError, validate
-from .twin import _packed, _slab
 
 __all__ = ["Tolerance", "TOLERANCES", "ConformanceReport", "OpResult", "SceneResult", "conform_tape",
            "conform_random", "tape_tolerance", "scene_tolerance", "within_tolerance", "op_tape", "random_tape", "wide_tape", "reference_tape", "available_walkers",
@@ -413,8 +413,8 @@ def grazing_pixels(tape: Tape, cam, width: int, height: int, settings, pixels, b
     between the march's samples: walkers whose samples differ by rounding may decide it either
     way. A ray that clearly meets the surface, or clearly passes it by, is not grazing."""
     packed = settings.pack(tape)
-    eps = float(_packed(packed, "hit_eps"))
-    box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
+    eps = float(unpack(packed, "hit_eps")[0])
+    box = np.asarray(unpack(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
     eye, dirs = cam.rays(width, height)
     eye = np.asarray(eye, np.float32)
     dirs = np.asarray(dirs, np.float32).reshape(height, width, 3)
@@ -422,7 +422,7 @@ def grazing_pixels(tape: Tape, cam, width: int, height: int, settings, pixels, b
     cpu = CpuWalker()
     out = np.zeros(len(pixels), bool)
     for k, (r, c) in enumerate(np.asarray(pixels).reshape(-1, 2)):
-        t0, t1 = _slab(eye, dirs[r, c], box)
+        t0, t1 = (float(v[0]) for v in ray_slabs(eye[None], dirs[r, c][None], box))
         if not t0 <= t1:
             continue
         t = np.linspace(t0, t1, int(np.ceil((t1 - t0) / spacing)) + 2).astype(np.float32)

@@ -10,9 +10,8 @@ import numpy as np
 
 from . import compile_progress, jit_cache, pruning, twin
 from .camera import Camera, auto_camera
-from .shading import RenderSettings, compose, to_rgb8
+from .shading import RenderSettings, compose, to_rgb8, unpack
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
-from .twin import _packed
 
 __all__ = ["CpuWalker"]
 
@@ -144,8 +143,8 @@ class CpuWalker:
 
 def _plane_points(eye, dirs, packed):
     """Where each pixel's ray meets the slice plane, and whether that lies in the march box."""
-    n, d = _packed(packed, "plane_n"), _packed(packed, "plane_d")
-    box = _packed(packed, "box_lo", "box_hi").reshape(2, 3)
+    n, d = unpack(packed, "plane_n"), unpack(packed, "plane_d")[0]
+    box = unpack(packed, "box_lo", "box_hi").reshape(2, 3)
     denom = dirs @ n
     with np.errstate(divide="ignore", invalid="ignore"):
         t = (d - eye @ n) / denom

@@ -20,15 +20,15 @@ import time
 import numpy as np
 
 from .camera import Camera, auto_camera
-from .gpu_device import (adapter_info, _Buffer, CELLS_KEEPING, COUNTERS_BYTES, current_context,
-                         _drop_context, _get_adapter, _get_context, GpuError, HARDWARE_ITER_BUDGET,
+from .gpu_device import (adapter_info, Buffer, CELLS_KEEPING, COUNTERS_BYTES, GpuContext,
+                         drop_context, get_adapter, get_context, GpuError, HARDWARE_ITER_BUDGET,
                          HARDWARE_ITER_CAP, kernels, KERNELS, KernelSet, MAX_GROUPS_X, MIN_BUFFER,
                          PATH_ACCUMULATE, PATH_F_WORDS, PATH_GENERATE, PATH_TONEMAP, PATH_TRACE, PATH_TRACE_CELLS,
                          PATH_U_WORDS, READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
-                         UNIFORM_BYTES, UNIFORM_LEVEL_BYTE, variant_for, WG, _wgpu, WORKGROUP_PER_ITEM)
-from .gpu_guard import _guarded
-from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, _march_box_cells,
-                          _march_cells_cached, image_cell_box)
+                         UNIFORM_BYTES, UNIFORM_LEVEL_BYTE, variant_for, WG, load_wgpu, WORKGROUP_PER_ITEM)
+from .gpu_guard import guarded
+from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, march_box_cells,
+                          march_cells_cached, image_cell_box)
 from .pruning import PRUNE_MIN_RECORDS, cell_tape
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gradient_eps, point_array
@@ -36,7 +36,7 @@ from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gra
 __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "KERNELS", "IMAGE_CELLS"]
 
 
-_TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
+TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
 PATH_FIRST_ROUNDS = 4                   # the path tracer's rounds in a walker's first submission
 PATH_MAX_ROUNDS = 64                    # ... and the most in one
 COUNT_UNFINISHED, COUNT_PATH_PAUSES = 1, 6   # bindings.wgsl, path.wgsl: the counters' words
@@ -53,10 +53,16 @@ class GpuWalker(PrunedPasses):
     name = "gpu"
     capabilities = frozenset({"evaluate", "gradient", "render", "upload"})   # (runtime.walkers.CAPABILITIES)
 
-    def __init__(self, progress: bool = False):
-        self._ctx = _get_context(progress)
+    def __init__(self, progress: bool = False, context: GpuContext | None = None):
+        """``progress``: show the kernels' build on stderr when a request waits long for it.
+        ``context``: the device context to run on (a ``gpu_device.GpuContext``; None: the
+        process's, ``gpu_device.get_context``); after a device loss the walker moves to the
+        process's new one."""
+        self.context = context or get_context(progress)
         self._validated = VALIDATED
-        self._counts = {"points_evaluated": 0, "images_rendered": 0}
+        self._counts = {"points_evaluated": 0, "images_rendered": 0, "waits": 0}
+        self._bytes_read: dict[str, int] = {}   # by buffer label (_submit_and_read)
+        self._dispatched: dict[str, int] = {}   # by kernel (_encode)
         self.resumed_dispatches = 0
         self.path_rounds_run = 0            # the path tracer's trace / accumulate rounds dispatched
         self.path_pauses = 0                # ... its traces stopped by the iteration budget (to go on)
@@ -67,35 +73,40 @@ class GpuWalker(PrunedPasses):
         self._init_buffers()
 
     def _init_buffers(self):
-        wgpu = _wgpu()
-        dev = self._ctx.device
+        wgpu = load_wgpu()
+        dev = self.context.device
         st = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-        limit = self._ctx.limits["max_storage_buffer_binding_size"]
-        self._tape_bufs = {n: _Buffer(dev, st, n, limit) for n in _TAPE_ARRAYS}
-        self._points = _Buffer(dev, st, "points", limit)
-        self._out_f = _Buffer(dev, st, "out_f", limit)
-        self._out_u = _Buffer(dev, st, "out_u", limit)
-        self._accum = _Buffer(dev, st, "accum", limit)
-        self._uniform = _Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms", limit)
-        self._counters = _Buffer(dev, st, "counters", limit)
-        self._path_live = _Buffer(dev, wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST, "path live counts", limit)
+        limit = self.context.limits["max_storage_buffer_binding_size"]
+        self._tape_bufs = {n: Buffer(dev, st, n, limit) for n in TAPE_ARRAYS}
+        self._points = Buffer(dev, st, "points", limit)
+        self._out_f = Buffer(dev, st, "out_f", limit)
+        self._out_u = Buffer(dev, st, "out_u", limit)
+        self._accum = Buffer(dev, st, "accum", limit)
+        self._uniform = Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms", limit)
+        self._counters = Buffer(dev, st, "counters", limit)
+        self._path_live = Buffer(dev, wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST, "path live counts", limit)
         self._staging = None                 # _read's mappable buffer
         self._bind_group = None
         self._bind_key = None
         self._uploaded = None
-        self._arena_words = 0                # pruned images: the arena grown to after an overflow
-        self._point_arena_words = 0          # evaluate_pruned: the same
-        self._cell_arena_words = 0           # pruned march cells: the same
+        self.arena_words = 0                # pruned images: the arena grown to after an overflow
+        self.point_arena_words = 0          # evaluate_pruned: the same
+        self.cell_arena_words = 0           # pruned march cells: the same
         self._kept_cells = None              # (key, descriptor word, ...) of the cells out_u holds (_frame,
                                              # _image_cells, _path_cells)
         self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
+        self.march_cell_builds = 0           # march cells pruned (frames, march_cell_levels, timings, paths)
         self.register_refusals = 0           # pixel passes run again in the tape's own variant
+        # the most registers a pruned image's pixel pass runs with (None: what its finest tapes
+        # need); lower, the pixels whose tapes need more are refused and the pass runs again in
+        # the tape's own variant (register_refusals): the fallback, testable on any tape
+        self.pixel_variant_cap: int | None = None
         self._tile_counters = None           # the counters after the last pruned image's tile passes
         self._counters_read = np.zeros(COUNTERS_BYTES // 4, np.uint32)   # the last _check_counters read
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
-        self._cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
-        software = self._ctx.info["software"]
-        self._iter_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
+        self.cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
+        software = self.context.info["software"]
+        self.iteration_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
         # prune_wave for a level 0 of at most this many tiles; none on a software rasteriser, whose
         # barriers cost more than the serial walks (lavapipe: level 0 at 4 tiles 29 ms, against 6)
@@ -103,8 +114,8 @@ class GpuWalker(PrunedPasses):
 
     def _ensure_context(self):
         """After a device loss the process's context is rebuilt: pick it up, with new buffers."""
-        if self._ctx is not current_context():
-            self._ctx = _get_context()
+        if self.context.dropped:
+            self.context = get_context()
             self._init_buffers()
 
     # -- facts
@@ -112,59 +123,84 @@ class GpuWalker(PrunedPasses):
     def available() -> bool:
         """Whether a GPU adapter exists (lavapipe counts); building kernels is not attempted."""
         try:
-            return _get_adapter() is not None
+            return get_adapter() is not None
         except ImportError:
             return False
 
     @property
     def adapter_name(self) -> str:
-        return self._ctx.info["name"] + (" (software)" if self._ctx.info["software"] else "")
+        return self.context.info["name"] + (" (software)" if self.context.info["software"] else "")
 
     @property
     def info(self) -> dict:
-        return dict(self._ctx.info, limits=dict(self._ctx.limits))
+        return dict(self.context.info, limits=dict(self.context.limits))
 
     @property
     def device(self):
         """The wgpu device the walker's buffers and kernels live on (a viewer presents from it)."""
-        return self._ctx.device
+        return self.context.device
 
     @property
     def kernels(self) -> KernelSet:
-        return self._ctx.kernels
+        return self.context.kernels
 
     def stats(self) -> dict:
         """Kernel-cache counters plus the bytes this walker has written to tape buffers, and its
-        ``points_evaluated`` (by ``evaluate``) and ``images_rendered`` (by ``render`` and
-        ``render_on_device``)."""
-        out = dict(self._counts, **self._ctx.kernels.stats.as_dict())
-        out["pipelines"] = len(self._ctx.kernels)
+        ``points_evaluated`` (by ``evaluate``), ``images_rendered`` (by ``render`` and
+        ``render_on_device``), ``waits`` (submissions waited for: each a round trip to the GPU),
+        ``dispatches`` (the passes encoded, by pipeline: "kernel@variant", or "kernel" for the
+        kernels of one pipeline),
+        ``bytes_read`` (read back, by buffer: the tape arrays' names, "points", "out_f", "out_u",
+        "counters", "path live counts", a path image's "path sums"), ``bytes_compared`` (by
+        buffer, each of the walker's: compared with its host copy to find the bytes to write; a
+        frozen tape's array the buffer holds already is not), ``tape_buffer_bytes`` (each tape array's buffer
+        size) and ``kept_cells`` (the pruned cells kept in out_u for the next frame or image:
+        None, or their "kind" (frame, image, path) and, for an image's, its pixel pass's
+        "variant")."""
+        out = dict(self._counts, **self.context.kernels.stats.as_dict())
+        out["pipelines"] = len(self.context.kernels)
         out["tape_bytes_written"] = sum(b.bytes_written for b in self._tape_bufs.values())
+        out["bytes_read"] = dict(self._bytes_read)
+        out["dispatches"] = dict(self._dispatched)
+        out["bytes_compared"] = {b.label: b.bytes_compared for b in self._buffers()}
+        out["tape_buffer_bytes"] = {n: b.capacity for n, b in self._tape_bufs.items()}
+        out["kept_cells"] = self._kept_cells_facts()
         return out
+
+    def _buffers(self) -> list[Buffer]:
+        return [*self._tape_bufs.values(), self._points, self._out_f, self._out_u, self._accum, self._uniform,
+                self._counters, self._path_live]
+
+    def _kept_cells_facts(self) -> dict | None:
+        kept = self._kept_cells        # (frame: (key, desc); path: (key, desc, u); image: ((key, box), desc, variant, tail))
+        if kept is None:
+            return None
+        kind = {2: "frame", 3: "path", 4: "image"}[len(kept)]
+        return {"kind": kind, "variant": int(kept[2])} if kind == "image" else {"kind": kind}
 
     # -- tapes
     def _check(self, tape: Tape):
         self._validated.check(tape)
         variant = variant_for(tape.n_regs)
-        limit = self._ctx.limits["max_storage_buffer_binding_size"]
-        for name in _TAPE_ARRAYS:
+        limit = self.context.limits["max_storage_buffer_binding_size"]
+        for name in TAPE_ARRAYS:
             nbytes = getattr(tape, name).nbytes
             if nbytes > limit:
                 raise TaperayError(f"{tape.source or 'tape'}: {name} take {nbytes} bytes; the GPU binds at "
                                    f"most {limit} bytes per buffer")
         return variant
 
-    @_guarded
+    @guarded
     def upload(self, tape: Tape) -> int:
         """Validate ``tape`` and make the GPU buffers hold it (writing only changed bytes).
         Returns the register variant its kernels use."""
         variant = self._check(tape)
-        for name in _TAPE_ARRAYS:
+        for name in TAPE_ARRAYS:
             self._tape_bufs[name].sync(getattr(tape, name))
         self._uploaded = id(tape)
         return variant
 
-    @_guarded
+    @guarded
     def set_param(self, tape: Tape, name: str, value) -> None:
         """Set a named parameter on ``tape`` (``Tape.set_param``: refitting its bounds when it came
         from a scene); when ``tape`` is the one on the GPU, write just the 4 bytes of each slot
@@ -182,7 +218,7 @@ class GpuWalker(PrunedPasses):
             buf.write(4 * slot, chunk)
             buf.mirror[4 * slot: 4 * slot + 4] = chunk
 
-    @_guarded
+    @guarded
     def set_material(self, tape: Tape, name: str, **fields) -> None:
         """Set fields of the material ``name`` on ``tape`` (``Tape.set_material``); when ``tape`` is
         the one on the GPU, write the bytes of the records that changed (else the next use
@@ -192,14 +228,14 @@ class GpuWalker(PrunedPasses):
             self._tape_bufs["materials"].sync(tape.materials)
 
     # -- dispatch plumbing
-    def _bind(self, accum: _Buffer | None = None):
+    def _bind(self, accum: Buffer | None = None):
         """The bind group of the walker's buffers (accum: ``accum`` where given, a path image's sums)."""
-        bufs = [self._tape_bufs[n].buffer for n in _TAPE_ARRAYS] + [
+        bufs = [self._tape_bufs[n].buffer for n in TAPE_ARRAYS] + [
             self._uniform.buffer, self._points.buffer, self._out_f.buffer, self._out_u.buffer,
             (accum or self._accum).buffer, self._counters.buffer]
         if self._bind_key is None or any(a is not b for a, b in zip(bufs, self._bind_key)):
-            self._bind_group = self._ctx.device.create_bind_group(
-                layout=self._ctx.kernels.bind_group_layout,
+            self._bind_group = self.context.device.create_bind_group(
+                layout=self.context.kernels.bind_group_layout,
                 entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
                          for i, b in enumerate(bufs)])
             self._bind_key = bufs         # (the buffers themselves, held: a freed one's id() may come again)
@@ -209,7 +245,7 @@ class GpuWalker(PrunedPasses):
                   extra=(0, 0, 0, 0), camera=None, settings=None) -> np.ndarray:
         """The Uniforms struct (bindings.wgsl) as uint32 words; word 7 (resume) set per dispatch."""
         u = np.zeros(UNIFORM_BYTES // 4, np.uint32)
-        u[:7] = (len(tape.instrs), n_items, width, height, sample, *self._iter_limits)
+        u[:7] = (len(tape.instrs), n_items, width, height, sample, *self.iteration_limits)
         f = u.view(np.float32)
         f[8:12] = rect
         f[12:16] = extra
@@ -220,7 +256,7 @@ class GpuWalker(PrunedPasses):
         return u
 
     def _prepare_outputs(self, n_f: int, n_u: int, n_accum: int = 0):
-        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        limit = self.context.limits["max_storage_buffer_binding_size"]
         need = max(4 * n_f, 4 * n_u, 16 * n_accum)
         if need > limit:
             raise TaperayError(f"this request needs a {need >> 20} MiB GPU buffer; the adapter binds at most "
@@ -241,8 +277,8 @@ class GpuWalker(PrunedPasses):
         frame's on cells may overwrite the pruned cells _frame keeps: they are forgotten."""
         if any(k not in CELLS_KEEPING for k, *_ in passes):
             self._kept_cells = None
-        self._ctx.kernels.ensure([(kernel, (more + [None, None])[1] or variant) for kernel, _, *more in passes])
-        dev = self._ctx.device
+        self.context.kernels.ensure([(kernel, (more + [None, None])[1] or variant) for kernel, _, *more in passes])
+        dev = self.context.device
         uniforms[7] = resume
         self._uniform.write(0, uniforms)
         self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
@@ -253,20 +289,25 @@ class GpuWalker(PrunedPasses):
                 enc.clear_buffer(self._counters.buffer, 0, COUNTERS_BYTES)
             for kernel, n, *more in passes:
                 level, pass_variant = (more + [None, None])[:2]
+                self._count_dispatch(kernel, pass_variant or variant)
                 if level is not None:
                     enc.copy_buffer_to_buffer(self._points.buffer, 4 * level, self._uniform.buffer,
                                               UNIFORM_LEVEL_BYTE, 4)
                 groups = max(1, n if kernel in WORKGROUP_PER_ITEM else -(-n // WG))
                 gx = min(groups, MAX_GROUPS_X)
                 cp = enc.begin_compute_pass()
-                cp.set_pipeline(self._ctx.kernels.pipeline(kernel, pass_variant or variant))
+                cp.set_pipeline(self.context.kernels.pipeline(kernel, pass_variant or variant))
                 cp.set_bind_group(0, bg)
                 cp.dispatch_workgroups(gx, -(-groups // gx), 1)
                 cp.end()
         return enc.finish()
 
+    def _count_dispatch(self, kernel: str, variant: int | None):
+        label = f"{kernel}@{variant}" if KERNELS[kernel][1] else kernel
+        self._dispatched[label] = self._dispatched.get(label, 0) + 1
+
     def _submit(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int):
-        self._ctx.device.queue.submit([self._encode(passes, variant, uniforms, resume)])
+        self.context.device.queue.submit([self._encode(passes, variant, uniforms, resume)])
 
     def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray,
                   read: tuple | None = None) -> np.ndarray | None:
@@ -275,7 +316,7 @@ class GpuWalker(PrunedPasses):
         unfinished; a wait after each submission. ``read`` (as _submit_and_read's) is read back
         with the last submission, and returned. An evaluation that hit the iteration cap is a
         TaperayError naming the tape. The pipelines of every pass are made first, in parallel."""
-        self._ctx.kernels.ensure([(kernel, variant) for kernel, _ in passes])
+        self.context.kernels.ensure([(kernel, variant) for kernel, _ in passes])
         batch: list[tuple[str, int]] = []
         for kernel, n in passes:
             batch.append((kernel, n))
@@ -306,12 +347,12 @@ class GpuWalker(PrunedPasses):
         self._counters_read = c
         if c[0]:
             raise TaperayError(
-                f"{tape.source or 'tape'}: one evaluation of this tape needs more than {self._iter_limits[0]} "
-                f"interpreter steps, the most this GPU adapter ({self._ctx.info['name']}) runs per "
+                f"{tape.source or 'tape'}: one evaluation of this tape needs more than {self.iteration_limits[0]} "
+                f"interpreter steps, the most this GPU adapter ({self.context.info['name']}) runs per "
                 f"invocation ({int(c[0])} evaluations stopped); use the CPU walker")
         return int(c[1])
 
-    def _read(self, buf: _Buffer, dtype, count: int, offset_items: int = 0) -> np.ndarray:
+    def _read(self, buf: Buffer, dtype, count: int, offset_items: int = 0) -> np.ndarray:
         """``count`` items of ``dtype`` (4-byte) from ``buf``, waiting for the GPU: copied into a
         mappable staging buffer kept by the walker (grown by doubling; wgpu's queue.read_buffer
         creates and destroys one per call), mapped and copied out."""
@@ -319,13 +360,27 @@ class GpuWalker(PrunedPasses):
             return np.zeros(0, dtype)
         return self._submit_and_read([], (buf, dtype, count, offset_items))[0]
 
+    @guarded
+    def read_output(self, which: str, count: int, offset: int = 0) -> np.ndarray:
+        """``count`` words of an output buffer from word ``offset``, as the last pass left them:
+        "f" (out_f, float32: point values, march results, an image's values) or "u" (out_u,
+        uint32: march results, pruned tiles' and cells' headers and tapes, a sign image's bits).
+        For diagnostics of the passes (tests read the pruned headers and arenas)."""
+        if which not in ("f", "u"):
+            raise TaperayError(f"read_output: which is 'f' or 'u', got {which!r}")
+        return self._read(self._out_f if which == "f" else self._out_u,
+                          np.float32 if which == "f" else np.uint32, count, offset)
+
     def _submit_and_read(self, commands: list, *reads: tuple) -> list[np.ndarray]:
         """Submit the command buffers ``commands``, then copy each read (buffer, dtype, count,
         offset in items; 4-byte items) into the staging buffer and wait for it, once: the arrays
         read, in order."""
-        wgpu = _wgpu()
-        dev = self._ctx.device
+        wgpu = load_wgpu()
+        dev = self.context.device
         sizes = [count * np.dtype(dtype).itemsize for _, dtype, count, _ in reads]
+        self._counts["waits"] += 1
+        for (buf, *_), size in zip(reads, sizes):
+            self._bytes_read[buf.label] = self._bytes_read.get(buf.label, 0) + size
         nbytes = sum(sizes)
         if self._staging is None or self._staging.size < nbytes:
             size = max(READ_STAGING_MIN, self._staging.size if self._staging is not None else 0)
@@ -361,8 +416,8 @@ class GpuWalker(PrunedPasses):
         return data
 
     def _lost(self, e: Exception):
-        _drop_context(self._ctx)
-        raise GpuError(f"the GPU failed ({self._ctx.info['name']}): {e}") from e
+        drop_context(self.context)
+        raise GpuError(f"the GPU failed ({self.context.info['name']}): {e}") from e
 
     def _run_points(self, tape: Tape, points: np.ndarray, kernel: str, per_point: int,
                     out_dtypes: tuple, extra=(0, 0, 0, 0)) -> list[np.ndarray]:
@@ -370,7 +425,7 @@ class GpuWalker(PrunedPasses):
         limit; returns, per dtype in ``out_dtypes`` (out_f, out_u), the concatenated outputs."""
         variant = self.upload(tape)
         pts = np.ascontiguousarray(np.asarray(points, np.float32).reshape(-1, 3))
-        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        limit = self.context.limits["max_storage_buffer_binding_size"]
         chunk = max(1, min(limit // 12, limit // (4 * per_point)))
         outs: list[list[np.ndarray]] = [[] for _ in out_dtypes]
         for s in range(0, len(pts), chunk):
@@ -384,7 +439,7 @@ class GpuWalker(PrunedPasses):
         return [np.concatenate(o) for o in outs]
 
     # -- the CpuWalker API
-    @_guarded
+    @guarded
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
         pts = point_array(points, "evaluate")
@@ -395,7 +450,7 @@ class GpuWalker(PrunedPasses):
         d, m = self._run_points(tape, pts, "eval_points", 1, (np.float32, np.uint32))
         return d, m
 
-    @_guarded
+    @guarded
     def gradient(self, tape: Tape, points, eps: float | None = None) -> np.ndarray:
         """(N, 3) float32 central differences; eps defaults to 1e-3 of the bounds diagonal."""
         pts = point_array(points, "gradient", np.float32)
@@ -408,7 +463,7 @@ class GpuWalker(PrunedPasses):
         d = d.reshape(n, 6)
         return ((d[:, :3] - d[:, 3:]) / (np.float32(2) * e)).astype(np.float32)
 
-    @_guarded
+    @guarded
     def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                     z: float = 0.0) -> np.ndarray:
         """(H, W) float32 field on the plane z = const; rect = (x0, x1, y0, y1); pixel centres;
@@ -430,7 +485,7 @@ class GpuWalker(PrunedPasses):
         def run(k: int) -> float:
             cb = self._encode(passes, variant, uniforms, 0, repeat=k)
             t0 = time.perf_counter()
-            self._ctx.device.queue.submit([cb])
+            self.context.device.queue.submit([cb])
             self._check_counters(tape)
             return time.perf_counter() - t0
 
@@ -438,7 +493,7 @@ class GpuWalker(PrunedPasses):
         t1 = run(1)
         return max(run(repeat) - t1, 0.0) / (repeat - 1)
 
-    @_guarded
+    @guarded
     def gpu_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
                     tiles=None, sign: bool = False, repeat: int = 8, tile_passes_only: bool = False,
                     levels: int | None = None, cells=None) -> float:
@@ -454,7 +509,7 @@ class GpuWalker(PrunedPasses):
         if cells is not None:
             variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
             if tile_passes_only:
-                layout = _march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
+                layout = march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
                 variant = self.upload(tape)     # (the pruning's, not the pixel pass's)
                 passes, u = self._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells",
                                                   "prune_image_cells")[2]
@@ -469,7 +524,7 @@ class GpuWalker(PrunedPasses):
                                                            tile_passes_only, levels)
         return self._time_passes(tape, passes, variant, u, repeat)
 
-    @_guarded
+    @guarded
     def gpu_seconds_frame(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                           cells="auto", repeat: int = 8, settings: RenderSettings | None = None) -> dict:
         """GPU time of one sample of render(``view``, ``settings``) (of its render_tape, on the
@@ -488,7 +543,7 @@ class GpuWalker(PrunedPasses):
         frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
         u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
         out = {"cells": 0.0}
-        cells = self._march_cells_for(tape, cells) if view != "slice" else None
+        cells = self.march_cells_for(tape, cells) if view != "slice" else None
         if cells is not None:
             desc, _, (passes, cu), _, _ = self._prune_cells(tape, packed, variant, n, cells)
             out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
@@ -518,13 +573,13 @@ class GpuWalker(PrunedPasses):
                final: tuple[str, ...] = (), read: tuple | None = None) -> tuple[Camera, np.ndarray | None]:
         """Dispatches ``passes`` (kernel names, n pixels each) for each of ``samples`` jittered
         samples (the first the pixel centre, as the twin renders), then the ``final`` passes; on
-        the pruned cell tapes when _march_cells_for(tape, cells) says so (pruned before the first
+        the pruned cell tapes when march_cells_for(tape, cells) says so (pruned before the first
         sample, or kept from the last frame of the same tape bytes, settings and size while no
         other pass has run: a camera that moves re-uses them). Returns the camera used and
         ``read`` (as _submit_and_read's) read back with the last submission (None without)."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         frame = [(k, n) for k in passes]
-        cells = self._march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
+        cells = self.march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
         desc = None
         if cells is not None:
             def key():   # what the kept cells depend on: the tape's bytes, the settings, the size, the buffers
@@ -547,7 +602,7 @@ class GpuWalker(PrunedPasses):
                                   read if last else None)
         return camera, data
 
-    @_guarded
+    @guarded
     def march(self, tape: Tape, camera: Camera, width: int, height: int,
               settings: RenderSettings | None = None, view: str = "shade", cells="auto") -> dict:
         """Primary rays by the camera's pixel convention: t (H,W) f32 (inf = miss), hit, steps int32,
@@ -569,7 +624,7 @@ class GpuWalker(PrunedPasses):
                     normal=np.where(norm > 0, g / np.where(norm > 0, norm, 1), 0).astype(np.float32),
                     dirs=dirs, eye=eye)
 
-    @_guarded
+    @guarded
     def light(self, tape: Tape, camera: Camera, width: int, height: int,
               settings: RenderSettings | None = None, view: str = "shade", cells="auto") -> dict:
         """March, then the key light's visibility and ambient occlusion: the march dict plus
@@ -581,7 +636,7 @@ class GpuWalker(PrunedPasses):
         out["shadow"], out["ao"] = np.ascontiguousarray(sa[..., 0]), np.ascontiguousarray(sa[..., 1])
         return out
 
-    @_guarded
+    @guarded
     def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                settings: RenderSettings | None = None, samples: int = 1, cells="auto") -> np.ndarray:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``samples`` > 1 accumulates
@@ -596,7 +651,7 @@ class GpuWalker(PrunedPasses):
         n = width * height
         return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
 
-    @_guarded
+    @guarded
     def render_on_device(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                          settings: RenderSettings | None = None, samples: int = 1, cells="auto"):
         """``render`` without the read-back: the image stays on the GPU, as its RGB bytes packed
@@ -624,31 +679,31 @@ class GpuWalker(PrunedPasses):
             except CellsTooLarge:
                 if run is tape:
                     raise
-                self._cells_too_large.add((content_key(run), run_cells))
+                self.cells_too_large.add((content_key(run), run_cells))
 
     # -- the path tracer (shaders/path.wgsl)
-    @_guarded
-    def path_accumulation(self, width: int, height: int) -> _Buffer:
+    @guarded
+    def path_accumulation(self, width: int, height: int) -> Buffer:
         """A path image's sums on the GPU, zeroed (WebGPU zeroes a new buffer): per pixel the
         radiance rgb and the square of each sample's mean over rgb, summed over the samples that
         ``path_add`` adds; ``path_sums_read`` / ``path_rgb8`` read it."""
-        wgpu = _wgpu()
+        wgpu = load_wgpu()
         n = width * height
-        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        limit = self.context.limits["max_storage_buffer_binding_size"]
         if 16 * n > limit:
             raise TaperayError(f"a {width}x{height} path image needs {16 * n >> 20} MiB of sums; the adapter binds "
                                f"at most {limit >> 20} MiB (draw a smaller image or use the CPU walker)")
-        buf = _Buffer(self._ctx.device, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC, "path sums", limit)
+        buf = Buffer(self.context.device, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC, "path sums", limit)
         buf.ensure(16 * n)
         return buf
 
-    def _own(self, sums: _Buffer) -> _Buffer:
-        if sums.device is not self._ctx.device:
+    def _own(self, sums: Buffer) -> Buffer:
+        if sums.device is not self.context.device:
             raise GpuError("this path image's sums were on a GPU device that is gone: make a new PathImage")
         return sums
 
-    @_guarded
-    def path_add(self, sums: _Buffer, tape: Tape, camera: Camera, width: int, height: int,
+    @guarded
+    def path_add(self, sums: Buffer, tape: Tape, camera: Camera, width: int, height: int,
                  settings: RenderSettings | None, path, first: int, count: int) -> None:
         """Add samples first .. first+count-1 of the path tracer (``path`` a
         runtime.path_tracing.PathSettings) to ``sums`` (``path_accumulation``'s); no image is read
@@ -669,13 +724,13 @@ class GpuWalker(PrunedPasses):
         packed = settings.pack(tape, "shade")
         variant = self.upload(tape)
         n = width * height
-        limit = self._ctx.limits["max_storage_buffer_binding_size"]
+        limit = self.context.limits["max_storage_buffer_binding_size"]
         wave = min(n, limit // (4 * PATH_F_WORDS))
         desc, layout_words, u_base = self._path_cells(tape, packed, variant, wave)
         lights = light_data(tape, path)
         self._points.sync(np.concatenate([layout_words, lights]) if len(layout_words) else lights)
         trace = PATH_TRACE if desc is None else PATH_TRACE_CELLS
-        self._ctx.kernels.ensure([(k, variant) for k in (PATH_GENERATE, trace, PATH_ACCUMULATE)])
+        self.context.kernels.ensure([(k, variant) for k in (PATH_GENERATE, trace, PATH_ACCUMULATE)])
         env = np.asarray(path.environment, np.float32)
         cam = camera.pack()
         cam[7] = path.roulette_from                  # U.camera[1].w; [2].w, [3].w: the bits of the paths' state's
@@ -706,9 +761,9 @@ class GpuWalker(PrunedPasses):
         into out_u from word 0, the state after the arena), or its cells kept from the last
         path_add of the same tape bytes, settings and wave; other tapes, or cells past the
         binding limit (remembered), run without."""
-        cells = self._march_cells_for(tape, "auto")
-        if cells is not None and (content_key(tape), cells) not in self._cells_too_large:
-            layout_words = _march_box_cells(packed, cells, 0)[1]
+        cells = self.march_cells_for(tape, "auto")
+        if cells is not None and (content_key(tape), cells) not in self.cells_too_large:
+            layout_words = march_box_cells(packed, cells, 0)[1]
 
             def key():   # what the kept cells depend on
                 return ("path", id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), packed.tobytes(),
@@ -719,7 +774,7 @@ class GpuWalker(PrunedPasses):
             try:
                 desc, _, _, _, u_base = self._prune_cells(tape, packed, variant, 0, cells, paths=wave)
             except CellsTooLarge:
-                self._cells_too_large.add((content_key(tape), cells))
+                self.cells_too_large.add((content_key(tape), cells))
             else:
                 self.path_cell_prunes += 1
                 self._kept_cells = (key(), desc, u_base)
@@ -729,7 +784,7 @@ class GpuWalker(PrunedPasses):
         return None, np.zeros(0, np.float32), 0
 
     def _path_submit(self, tape: Tape, kernels: list[str], variant: int, uniforms: np.ndarray,
-                     sums: _Buffer, rounds: int) -> np.ndarray:
+                     sums: Buffer, rounds: int) -> np.ndarray:
         """One submission of the path ``kernels`` (``rounds`` rounds) on the wave of ``uniforms``,
         accum bound to ``sums``; waits, checks the counters (an overflow is a TaperayError) and
         returns the paths left after each round (path_accumulate's count, copied out of the
@@ -737,7 +792,7 @@ class GpuWalker(PrunedPasses):
         self._uniform.write(0, uniforms)
         self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
         bg = self._bind(sums)
-        enc = self._ctx.device.create_command_encoder()
+        enc = self.context.device.create_command_encoder()
         groups = max(1, -(-int(uniforms[1]) // WG))
         gx = min(groups, MAX_GROUPS_X)
         self._path_live.ensure(4 * rounds)
@@ -745,8 +800,9 @@ class GpuWalker(PrunedPasses):
         for kernel in kernels:
             if kernel == PATH_ACCUMULATE:
                 enc.clear_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, 4)
+            self._count_dispatch(kernel, variant)
             cp = enc.begin_compute_pass()
-            cp.set_pipeline(self._ctx.kernels.pipeline(kernel, variant))
+            cp.set_pipeline(self.context.kernels.pipeline(kernel, variant))
             cp.set_bind_group(0, bg)
             cp.dispatch_workgroups(gx, -(-groups // gx), 1)
             cp.end()
@@ -760,26 +816,27 @@ class GpuWalker(PrunedPasses):
         self.path_pauses += int(counters[COUNT_PATH_PAUSES])
         return live
 
-    @_guarded
-    def path_sums_read(self, sums: _Buffer, width: int, height: int) -> np.ndarray:
+    @guarded
+    def path_sums_read(self, sums: Buffer, width: int, height: int) -> np.ndarray:
         """(H, W, 4) float32: ``sums`` read back."""
         return self._read(self._own(sums), np.float32, 4 * width * height).reshape(height, width, 4)
 
-    @_guarded
-    def path_rgb8(self, sums: _Buffer, tape: Tape, width: int, height: int, samples: int) -> np.ndarray:
+    @guarded
+    def path_rgb8(self, sums: Buffer, tape: Tape, width: int, height: int, samples: int) -> np.ndarray:
         """(H, W, 3) uint8: the picture of ``sums`` over ``samples`` samples, tonemapped on the GPU
         (path_tonemap: the mean clamped to [0, 1], gamma 1/2.2, rounded) and read back."""
         n = width * height
         self._prepare_outputs(1, (3 * n + 3) // 4)
         self._kept_cells = None
-        self._ctx.kernels.ensure([(PATH_TONEMAP, None)])
+        self.context.kernels.ensure([(PATH_TONEMAP, None)])
         u = self._uniforms(tape, n, width, height, sample=samples)
         self._uniform.write(0, u)
-        enc = self._ctx.device.create_command_encoder()
+        enc = self.context.device.create_command_encoder()
         groups = max(1, -(-n // WG))
         gx = min(groups, MAX_GROUPS_X)
+        self._count_dispatch(PATH_TONEMAP, None)
         cp = enc.begin_compute_pass()
-        cp.set_pipeline(self._ctx.kernels.pipeline(PATH_TONEMAP, None))
+        cp.set_pipeline(self.context.kernels.pipeline(PATH_TONEMAP, None))
         cp.set_bind_group(0, self._bind(self._own(sums)))
         cp.dispatch_workgroups(gx, -(-groups // gx), 1)
         cp.end()
@@ -794,7 +851,7 @@ class GpuWalker(PrunedPasses):
             return [(tape, cells)]
         tries = [LOWERED_CELLS, MARCH_CELLS] if isinstance(cells, str) else [cells]
         key = content_key(run)
-        return [(run, c) for c in tries if (key, c) not in self._cells_too_large] + [(tape, cells)]
+        return [(run, c) for c in tries if (key, c) not in self.cells_too_large] + [(tape, cells)]
 
     def _rendered_before(self, tape: Tape) -> bool:
         """Whether a tape of this content was rendered before by this walker (and note it)."""

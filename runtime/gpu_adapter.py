@@ -1,4 +1,4 @@
-"""The GPU adapter: which one the walkers use (``_get_adapter``: wgpu's high-performance adapter,
+"""The GPU adapter: which one the walkers use (``get_adapter``: wgpu's high-performance adapter,
 requested once per process), ``adapter_info`` (name, vendor, backend, whether it is a software
 rasteriser such as Mesa lavapipe / llvmpipe) and its device (``open_device``, ``take_device``).
 Imports only wgpu, and that when first asked, so that runtime.walkers.prepare can request the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["adapter_info", "open_device", "take_device"]
+__all__ = ["adapter_info", "get_adapter", "load_wgpu", "open_device", "opened_ahead", "take_device"]
 
 DEVICE_LIMITS = ("max_storage_buffer_binding_size", "max_buffer_size")   # asked for at the adapter's values
 
@@ -19,18 +19,20 @@ _adapter_tried = False
 _opened: list = []        # the device open_device opened and take_device has not taken
 
 
-def _wgpu():
+def load_wgpu():
+    """The wgpu module, imported on the first call."""
     import wgpu
     return wgpu
 
 
-def _get_adapter():
+def get_adapter():
+    """wgpu's high-performance adapter, requested once per process (None: no GPU driver)."""
     global _adapter, _adapter_tried
     with _adapter_lock:
         if not _adapter_tried:
             _adapter_tried = True
             try:
-                _adapter = _wgpu().gpu.request_adapter_sync(power_preference="high-performance")
+                _adapter = load_wgpu().gpu.request_adapter_sync(power_preference="high-performance")
             except Exception:   # no Vulkan / Metal / DX12 driver at all: the walker is absent
                 _adapter = None
         return _adapter
@@ -38,7 +40,7 @@ def _get_adapter():
 
 def adapter_info() -> dict | None:
     """The adapter the walker uses (None without one): name, vendor, backend, type, software."""
-    a = _get_adapter()
+    a = get_adapter()
     if a is None:
         return None
     info = dict(a.info)
@@ -49,22 +51,30 @@ def adapter_info() -> dict | None:
                 software=("llvmpipe" in text or "lavapipe" in text or info.get("adapter_type") == "CPU"))
 
 
-def open_device() -> None:
+def open_device():
     """Open the adapter's device now (once, thread-safe; with DEVICE_LIMITS at the adapter's
-    values), for ``take_device``; nothing without an adapter, or where opening fails (then
-    take_device opens it again and raises what went wrong)."""
+    values), for ``take_device``, and return it; nothing (None) without an adapter, or where
+    opening fails (then take_device opens it again and raises what went wrong)."""
     with _adapter_lock:
         if _opened:
-            return
-    adapter = _get_adapter()
+            return _opened[0]
+    adapter = get_adapter()
     if adapter is None:
-        return
+        return None
     try:
         device = _request_device(adapter)
     except Exception:
-        return
+        return None
     with _adapter_lock:
-        _opened.append(device)
+        if not _opened:
+            _opened.append(device)
+        return _opened[0]
+
+
+def opened_ahead() -> int:
+    """How many devices open_device opened that take_device has not handed out (0 or 1)."""
+    with _adapter_lock:
+        return len(_opened)
 
 
 def take_device():
@@ -72,7 +82,7 @@ def take_device():
     with _adapter_lock:
         if _opened:
             return _opened.pop()
-    return _request_device(_get_adapter())
+    return _request_device(get_adapter())
 
 
 def _request_device(adapter):

@@ -9,8 +9,8 @@ in those threads, see ``_warm_policy``; after the first request the rest are que
 background unless ``build_in_background(False)``; hit / miss / creation counters; a progress
 line for a long wait moves by the clock, predicted from the kernels' sizes and a per-thread
 compile rate, a default per adapter kind, then learnt per machine in
-``~/.cache/taperay/compile_rate.json``), the process's one device context (``_get_context``,
-``current_context``) and the storage buffers written by the bytes that changed (``_Buffer``).
+``~/.cache/taperay/compile_rate.json``), the process's one device context (``get_context``,
+``current_context``) and the storage buffers written by the bytes that changed (``Buffer``).
 wgpu-py exposes no pipeline cache to persist across processes (wgpu-native's header has the
 feature flag but no call to make one); drivers keep their own shader caches.
 
@@ -37,7 +37,7 @@ import numpy as np
 from .opcodes import REG_CAPS
 from .shading import PACK_LEN
 from .tape import TaperayError
-from .gpu_adapter import DEVICE_LIMITS, _get_adapter, _wgpu, adapter_info, take_device
+from .gpu_adapter import DEVICE_LIMITS, get_adapter, load_wgpu, adapter_info, take_device
 from .jit_cache import user_cache_dir
 from .wgsl_header import HEADER_NAME, RENDER_NAME, SHADER_DIR, regcap_name
 
@@ -193,7 +193,7 @@ class KernelSet:
 
     def __init__(self, device, adapter_key: str, software: bool = False, progress: bool = False,
                  warm: bool = True, background: bool = True, companions: list | None = None):
-        wgpu = _wgpu()
+        wgpu = load_wgpu()
         self.device = device
         self.adapter_key = adapter_key
         self.software = software
@@ -261,7 +261,8 @@ class KernelSet:
                 self.stats.shader_modules_created += 1
             return self._modules[mkey]
 
-    def _weight(self, key: Key) -> float:
+    def weight(self, key: Key) -> float:
+        """The predicted compile cost of the pipeline ``key`` (_compile_weight of its module's text)."""
         return _compile_weight(self._source(self._module_key(*key)), key[1])
 
     def _create(self, kernel: str, variant: int | None):
@@ -289,7 +290,7 @@ class KernelSet:
 
     def _warm_bindings(self):
         """A bind group of small zeroed buffers (uniform n_items = 0: every invocation returns)."""
-        wgpu = _wgpu()
+        wgpu = load_wgpu()
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
         bufs = [self.device.create_buffer(size=MIN_BUFFER, usage=usage) for _ in range(5)]
         bufs.append(self.device.create_buffer(size=max(MIN_BUFFER, UNIFORM_BYTES), usage=wgpu.BufferUsage.UNIFORM))
@@ -375,12 +376,12 @@ class KernelSet:
             self.stats.cache_misses += len(fresh)
             self.stats.background_waits += sum(k in self._queued_in_background for k in missing)
             learn = bool(fresh) and not self._background_queued and len(fresh) == len(missing)
-            futures = [self._schedule(k, 0) for k in sorted(missing, key=lambda k: -self._weight(k))]
+            futures = [self._schedule(k, 0) for k in sorted(missing, key=lambda k: -self.weight(k))]
         t0 = time.perf_counter()
-        predicted = _predict_seconds([self._weight(k) for k in missing], self._n_workers,
-                                     _load_rate(self.adapter_key, self.software))
+        predicted = predict_seconds([self.weight(k) for k in missing], self._n_workers,
+                                     load_rate(self.adapter_key, self.software))
         show = self.progress and predicted >= PROGRESS_MIN_SECONDS and sys.stderr is sys.__stderr__
-        line = _ProgressLine(len(missing), predicted) if show else None
+        line = ProgressLine(len(missing), predicted) if show else None
         while True:
             done, pending = wait(futures, timeout=0.05)
             if line:
@@ -395,7 +396,7 @@ class KernelSet:
         for f in futures:
             f.result()                  # (raises the GpuError of a kernel that failed)
         if learn:
-            _store_rate(self.adapter_key, _measured_rate([self._weight(k) for k in fresh], self._n_workers, seconds))
+            store_rate(self.adapter_key, measured_rate([self.weight(k) for k in fresh], self._n_workers, seconds))
         self._after_first_request(keys)
 
     def _after_first_request(self, keys: list[Key]):
@@ -413,7 +414,7 @@ class KernelSet:
         with self._lock:
             self._background_queued = True
             rest = sorted((k for k in self.keys() if k not in self._futures),
-                          key=lambda k: (k[1] not in variants, -self._weight(k)))
+                          key=lambda k: (k[1] not in variants, -self.weight(k)))
             for k in rest:
                 self._queued_in_background.add(k)
                 self._schedule(k, 1)
@@ -483,7 +484,7 @@ def _close_open_sets():
 threading._register_atexit(_close_open_sets)
 
 
-class _ProgressLine:
+class ProgressLine:
     """``building GPU kernels [#####-----] 3/5  0.4 s of ~1 s`` on stderr, moving by the clock."""
 
     def __init__(self, total: int, predicted: float):
@@ -509,7 +510,7 @@ def _compile_weight(source: str, variant: int | None) -> float:
     return len(source) * (1.0 + (variant or 0) / 128.0)
 
 
-def _predict_seconds(weights: list[float], workers: int, rate: float) -> float:
+def predict_seconds(weights: list[float], workers: int, rate: float) -> float:
     """Seconds to create pipelines of these weights on ``workers`` threads, each compiling
     ``rate`` weight per second: the largest alone, or the whole shared out, whichever is longer."""
     if not weights:
@@ -517,12 +518,12 @@ def _predict_seconds(weights: list[float], workers: int, rate: float) -> float:
     return max(max(weights), sum(weights) / min(workers, len(weights))) / rate
 
 
-def _measured_rate(weights: list[float], workers: int, seconds: float) -> float:
-    """The per-thread rate that _predict_seconds would have needed to predict ``seconds``."""
-    return _predict_seconds(weights, workers, 1.0) / max(seconds, 1e-3)
+def measured_rate(weights: list[float], workers: int, seconds: float) -> float:
+    """The per-thread rate that predict_seconds would have needed to predict ``seconds``."""
+    return predict_seconds(weights, workers, 1.0) / max(seconds, 1e-3)
 
 
-def _load_rate(key: str, software: bool = False) -> float:
+def load_rate(key: str, software: bool = False) -> float:
     """The compile rate learnt on this machine for the adapter ``key``, else the default of its
     kind (DEFAULT_RATE_SOFTWARE for a software rasteriser, DEFAULT_RATE_HARDWARE for a GPU)."""
     default = DEFAULT_RATE_SOFTWARE if software else DEFAULT_RATE_HARDWARE
@@ -533,7 +534,7 @@ def _load_rate(key: str, software: bool = False) -> float:
         return default
 
 
-def _store_rate(key: str, rate: float):
+def store_rate(key: str, rate: float):
     """Learn ``rate`` for the adapter ``key``: the first measurement as it is, later ones averaged
     (geometric mean) with what was learnt, so that one slow or fast build moves the prediction
     half way."""
@@ -552,11 +553,12 @@ def _store_rate(key: str, rate: float):
 
 
 # ------------------------------------------------------------------------------------ context
-class _Context:
+class GpuContext:
     """The process's device and kernel set (one per process; rebuilt only after a device loss)."""
 
     def __init__(self, progress: bool):
-        adapter = _get_adapter()
+        self.dropped = False            # (drop_context: after a device loss; walkers move to a new one)
+        adapter = get_adapter()
         if adapter is None:
             raise GpuError("no GPU adapter found (no Vulkan / Metal / DX12 driver)")
         self.adapter = adapter
@@ -589,7 +591,7 @@ def _warm_policy(info: dict) -> bool:
     return not info["software"]
 
 
-_context: _Context | None = None
+_context: GpuContext | None = None
 _context_lock = threading.Lock()
 _background_build = True
 
@@ -609,16 +611,19 @@ def builds_in_background() -> bool:
     return _background_build
 
 
-def _get_context(progress: bool = False) -> _Context:
+def get_context(progress: bool = False) -> GpuContext:
+    """The process's device context, made on the first call (one device, one kernel set)."""
     global _context
     with _context_lock:
         if _context is None:
-            _context = _Context(progress)
+            _context = GpuContext(progress)
         return _context
 
 
-def _drop_context(ctx: _Context):
+def drop_context(ctx: GpuContext):
+    """Forget ``ctx`` after a device loss: the walkers on it move to a new context on their next call."""
     global _context
+    ctx.dropped = True
     with _context_lock:
         if _context is ctx:
             _context = None
@@ -627,11 +632,11 @@ def _drop_context(ctx: _Context):
 
 def kernels(progress: bool = False) -> KernelSet:
     """The process's kernel set (its pipelines made as requests need them)."""
-    return _get_context(progress).kernels
+    return get_context(progress).kernels
 
 
 # ------------------------------------------------------------------------------------ buffers
-class _Buffer:
+class Buffer:
     """A storage buffer grown by doubling, but never past ``limit`` bytes (the adapter's binding
     limit: the whole buffer is bound), with a host mirror so uploads write only changed bytes."""
 
@@ -641,6 +646,7 @@ class _Buffer:
         self.buffer = None
         self.mirror = np.zeros(0, np.uint8)
         self.bytes_written = 0
+        self.bytes_compared = 0             # bytes sync compared with the mirror (to find what to write)
         self.held: list[np.ndarray] = []    # read-only arrays the buffer holds from its start
 
     def ensure(self, nbytes: int) -> bool:
@@ -673,6 +679,7 @@ class _Buffer:
             return
         old = self.mirror
         m = min(old.size, n)
+        self.bytes_compared += m
         span = _differing_span(old[:m], raw[:m])
         if span is None and n <= old.size:
             if not data.flags.writeable:
@@ -716,6 +723,6 @@ def _differing_span(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
     return first, last + int(np.flatnonzero(a[last:last + 8] != b[last:last + 8])[-1]) + 1
 
 
-def current_context() -> _Context | None:
+def current_context() -> GpuContext | None:
     """The process's device context now (a device loss replaces it)."""
     return _context

@@ -8,7 +8,7 @@ import functools
 from .tape import TaperayError
 
 
-def _guarded(method):
+def guarded(method):
     """A GpuWalker method that uses the device: picks up a rebuilt context after a device loss and
     turns every driver / wgpu failure into GpuError (a TaperayError the CLI falls back on)."""
     @functools.wraps(method)

@@ -27,14 +27,13 @@ import numpy as np
 
 from .gpu_device import (BUILD_COMPANIONS, KERNEL_CONSTANTS, PATH_F_WORDS, PATH_U_WORDS, builds_in_background,
                          variant_for)
-from .gpu_guard import _guarded
+from .gpu_guard import guarded
 from .jit_cache import load_numba
 from .opcodes import OPS, WAVE_RECORDS, WAVE_SLOTS, WAVE_WIDTH, Op
 from .pruning import (PRUNE_MIN_RECORDS, compact_records, grid_cell_boxes, grid_ijk, is_arithmetic,
                       sub_cell_ijk)
-from .shading import RenderSettings
+from .shading import RenderSettings, unpack
 from .tape import INSTR_DTYPE, CellsTooLarge, Tape, TaperayError, content_key, point_array
-from .twin import _packed
 
 # Pruned images (shaders/prune.wgsl): default tile levels, coarse to fine (pixels); at most
 # MAX_TILE_LEVELS (their sizes fill one vec4 of the uniforms); header words per tile (packed.wgsl
@@ -251,21 +250,21 @@ CELL_DESCRIPTOR_WORDS = 10
 
 
 @functools.lru_cache(maxsize=8)
-def _march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool = False, base: int = 0):
+def march_cells_cached(lo: tuple, hi: tuple, g0: int, levels: int, flat: bool = False, base: int = 0):
     """march_cells with ``base`` as the headers' first word in out_u, read-only and kept: the
     points buffer, once synced to the words, does not compare them again when the same cells are
-    pruned again (gpu._Buffer.held)."""
+    pruned again (gpu.Buffer.held)."""
     counts, words, desc = march_cells(lo, hi, g0, levels, flat)
     words[desc + 8:desc + 9].view(np.uint32)[0] = base
     words.flags.writeable = False
     return counts, words, desc
 
 
-def _march_box_cells(packed: np.ndarray, cells: tuple[int, int], base: int):
-    """_march_cells_cached over the march box of the packed render settings (the same box each
+def march_box_cells(packed: np.ndarray, cells: tuple[int, int], base: int):
+    """march_cells_cached over the march box of the packed render settings (the same box each
     frame: kept)."""
-    lo, hi = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
-    return _march_cells_cached(tuple(lo), tuple(hi), *cells, base=base)
+    lo, hi = np.asarray(unpack(packed, "box_lo", "box_hi"), np.float64).reshape(2, 3)
+    return march_cells_cached(tuple(lo), tuple(hi), *cells, base=base)
 
 
 def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
@@ -302,7 +301,7 @@ def march_cells(lo, hi, g0: int, levels: int, flat: bool = False):
     words[4:desc] = np.concatenate(boxes).ravel()
     words[desc:desc + 3] = lo
     words[desc + 3:desc + 6] = size0 / 4.0 ** (levels - 1)
-    words[desc + 6:].view(np.uint32)[:] = g0, levels, 0, flat   # (the header base: set by _march_cells_cached)
+    words[desc + 6:].view(np.uint32)[:] = g0, levels, 0, flat   # (the header base: set by march_cells_cached)
     return [len(b) for b in boxes], words, desc
 
 
@@ -493,9 +492,6 @@ def _wave_plan(code, leaf_bits, reads, max_slots, width, affinity):
 
 
 OP_READS = np.array([len(OPS[op].reads) for op in Op], np.int64)   # registers each op reads (_wave_plan)
-_wave_jit = None     # _wave_plan through Numba, once _load_wave_planner has compiled (or loaded) it
-_wave_loader: threading.Thread | None = None
-_WAVES: dict[int, np.ndarray | None] = {}
 WAVE_KERNELS = {"prune_tiles": "prune_wave", "prune_cells": "prune_wave_cells", "prune_image_cells": "prune_wave_cells"}
 if WAVE_RECORDS > 1 << 13 or WAVE_SLOTS > 1 << 9:   # (a schedule row's fields: prune.wgsl wave_entry)
     raise ImportError("runtime.gpu_pruning: WAVE_RECORDS or WAVE_SLOTS exceed the schedule rows' fields")
@@ -507,23 +503,38 @@ WAVE_MAX_TILES = 1024
 WAVE_AFFINITY = 8
 
 
-def _load_wave_planner():
-    global _wave_jit
-    plan = load_numba().njit(cache=True)(_wave_plan)      # (Numba's cache folder set: jit_cache)
-    plan(np.zeros((1, 5), np.int64), np.zeros(1, np.uint32), OP_READS, WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)   # (now)
-    _wave_jit = plan
+class WavePlanner:
+    """The process's planner of level 0 in dependency steps: ``jit``, ``_wave_plan`` through Numba
+    once compiled (or loaded from its disk cache); ``loader``, the thread compiling it (None: not
+    started); ``schedules``, wave_schedule's rows kept per tape content."""
+
+    def __init__(self):
+        self.jit = None
+        self.loader: threading.Thread | None = None
+        self.schedules: dict[int, np.ndarray | None] = {}
+
+    def _load(self):
+        plan = load_numba().njit(cache=True)(_wave_plan)      # (Numba's cache folder set: jit_cache)
+        plan(np.zeros((1, 5), np.int64), np.zeros(1, np.uint32), OP_READS, WAVE_SLOTS, WAVE_WIDTH, WAVE_AFFINITY)
+        self.jit = plan
+
+    def start(self) -> threading.Thread:
+        """Compiles the planner (Numba: about 0.4-1 s to load from its disk cache, 4 s to compile
+        on a fresh machine) in a thread of its own, once; returns the thread."""
+        if self.loader is None:
+            self.loader = threading.Thread(target=self._load, name="taperay wave planner")
+            self.loader.start()
+        return self.loader
+
+
+WAVE_PLANNER = WavePlanner()
 
 
 def start_wave_planner() -> threading.Thread:
-    """Compiles the schedule's planner (Numba: about 0.4-1 s to load from its disk cache, 4 s to
-    compile on a fresh machine) in a thread of its own, once; returns the thread. The GPU context
-    of a hardware adapter runs it while its kernels build, and waits for it before the first frame: running on, it
-    took the GIL from the first frames (on a fresh H200 host, a 69 ms frame read 400 ms)."""
-    global _wave_loader
-    if _wave_loader is None:
-        _wave_loader = threading.Thread(target=_load_wave_planner, name="taperay wave planner")
-        _wave_loader.start()
-    return _wave_loader
+    """WAVE_PLANNER.start(). The GPU context of a hardware adapter runs it while its kernels
+    build, and waits for it before the first frame: running on, it took the GIL from the first
+    frames (on a fresh H200 host, a 69 ms frame read 400 ms)."""
+    return WAVE_PLANNER.start()
 
 
 BUILD_COMPANIONS.append(start_wave_planner)
@@ -534,28 +545,29 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
     of their dependency-step schedule (INSTR_DTYPE; ``_wave_plan``); None when level 0 is pruned
     by prune_tiles' serial walks instead: a tape of non-arithmetic ops, longer than WAVE_RECORDS
     or keeping more than WAVE_SLOTS values alive at once, or while the planner is still being
-    compiled (start_wave_planner; ``wait``: until it is). Kept per tape content."""
+    compiled (WAVE_PLANNER.start; ``wait``: until it is). Kept per tape content."""
     key = content_key(tape)
-    if key not in _WAVES:
+    planner = WAVE_PLANNER
+    if key not in planner.schedules:
         rows = None
         if 0 < len(tape.instrs) <= WAVE_RECORDS and is_arithmetic(tape, fields=True):
-            if _wave_jit is None:
+            if planner.jit is None:
                 if not wait and not builds_in_background():
                     return None     # (a one-shot command: serial walks, no planner compile to wait for)
-                start_wave_planner()
+                planner.start()
                 if not wait:
                     return None     # (not kept: a later call may find the planner ready)
-                _wave_loader.join()
+                planner.loader.join()
             code, imm = compact_records(tape)
-            plan, _ = _wave_jit(code.astype(np.int64), imm.view(np.uint32), OP_READS, WAVE_SLOTS, WAVE_WIDTH,
+            plan, _ = planner.jit(code.astype(np.int64), imm.view(np.uint32), OP_READS, WAVE_SLOTS, WAVE_WIDTH,
                                 WAVE_AFFINITY)
             if len(plan):
                 rows = np.concatenate([tape.instrs, plan.view(INSTR_DTYPE).reshape(-1)])
                 rows.flags.writeable = False    # (kept: a buffer synced to it is not compared again)
-        if len(_WAVES) > 64:
-            _WAVES.clear()
-        _WAVES[key] = rows
-    return _WAVES[key]
+        if len(planner.schedules) > 64:
+            planner.schedules.clear()
+        planner.schedules[key] = rows
+    return planner.schedules[key]
 
 
 class PrunedPasses:
@@ -563,13 +575,13 @@ class PrunedPasses:
     uses it (runtime/gpu.py GpuWalker):
 
     - ``upload``, ``evaluate``, ``field_image`` (the unpruned fallbacks of non-arithmetic tapes);
-    - ``_ctx`` (``limits``: the binding limit), the buffers ``_points``, ``_out_f``, ``_out_u``,
-      ``_counters``, and the arena sizes grown to after an overflow, ``_arena_words``,
-      ``_point_arena_words``, ``_cell_arena_words``;
+    - ``context`` (``limits``: the binding limit), the buffers ``_points``, ``_out_f``, ``_out_u``,
+      ``_counters``, and the arena sizes grown to after an overflow, ``arena_words``,
+      ``point_arena_words``, ``cell_arena_words``;
     - the dispatch plumbing ``_uniforms``, ``_prepare_outputs``, ``_submit``, ``_check_counters``,
       ``_read``, ``_time_passes`` (a pass (kernel, n, level) has ``level`` copied into U.extra.w
       first, ``_encode``);
-    - ``_ensure_context`` and ``_lost``, which ``_guarded`` calls.
+    - ``_ensure_context`` and ``_lost``, which ``guarded`` calls.
     """
 
     def _tile_passes(self, tape: Tape, kernel: str, counts: list[int], outside: int = 0) -> list[tuple]:
@@ -588,7 +600,7 @@ class PrunedPasses:
     def _pruned_setup(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool):
         """(variant, passes, uniforms, arena words) of a pruned image: prune_tiles once per tile
         level, coarse to fine, then pruned_image over 8 x 8 pixel blocks; out_u holds the tile
-        headers, an arena of ``self._arena_words`` (shaders/prune.wgsl), then a sign image's
+        headers, an arena of ``self.arena_words`` (shaders/prune.wgsl), then a sign image's
         bits."""
         if width < 1 or height < 1:
             raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
@@ -596,14 +608,14 @@ class PrunedPasses:
         variant = self.upload(tape)
         counts = level_tile_counts(sizes, width, height)
         header = PRUNE_HEADER_WORDS * sum(counts)
-        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
         if header + len(tape.instrs) + (sign_bit_words(width, height) if sign else 0) > limit:
             raise TaperayError(f"pruned image: tiles {sizes} at {width}x{height} make {sum(counts)} tiles, whose "
                                f"headers alone exceed the adapter's {limit >> 18} MiB binding limit; use larger tiles")
         # the arena grown to after an overflow, else a guess per image (arena_guess)
         guess = arena_guess(tape, counts[0], sum(counts), "prune_tiles")
         bits = sign_bit_words(width, height) if sign else 0
-        arena = min(self._arena_words or guess, limit - header - bits)
+        arena = min(self.arena_words or guess, limit - header - bits)
         n = width * height
         self._prepare_outputs(n, header + arena + bits)
         camera = np.zeros(16, np.float32)
@@ -634,13 +646,13 @@ class PrunedPasses:
             c = self._counters_read
             if not c[PRUNE_ARENA_FULL]:
                 break
-            limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+            limit = self.context.limits["max_storage_buffer_binding_size"] // 4
             header = PRUNE_HEADER_WORDS * sum(level_tile_counts(tile_levels(tiles), width, height))
             if header + arena + (sign_bit_words(width, height) if sign else 0) >= limit:
                 raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of tiles {tile_levels(tiles)} at "
                                    f"{width}x{height} need more than the adapter's {limit >> 18} MiB binding "
                                    "limit; use larger tiles or the CPU walker")
-            self._arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+            self.arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
         self._tile_counters = c
         return self._pixel_pass(tape, passes[-1:], self._pixel_variant(variant, c[PRUNE_REGS]), variant, u,
                                 self._image_read(width, height, sign, int(u[23])))
@@ -672,14 +684,14 @@ class PrunedPasses:
         rows = words.view(np.uint8).reshape(by, bx, 8).transpose(0, 2, 1).reshape(8 * by, bx)   # a byte a block row
         return np.unpackbits(rows, axis=1, count=width, bitorder="little")[:height].view(bool)
 
-    @staticmethod
-    def _pixel_variant(variant: int, regs: int) -> int:
+    def _pixel_variant(self, variant: int, regs: int) -> int:
         """The register variant of a pixel pass over pruned tapes: the smallest holding ``regs``,
         the most registers a finest tile's renumbered tape uses (counted by the pruning), at
-        most the tape's own ``variant``."""
-        return min(variant, variant_for(max(int(regs), 1)))
+        most the tape's own ``variant`` and ``pixel_variant_cap``."""
+        chosen = min(variant, variant_for(max(int(regs), 1)))
+        return chosen if self.pixel_variant_cap is None else min(chosen, self.pixel_variant_cap)
 
-    @_guarded
+    @guarded
     def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                    z: float = 0.0, tiles=PRUNE_TILES, cells=None) -> np.ndarray:
         """(H, W) bool: True where the field is < 0, with field_image's pixel centres. Arithmetic
@@ -698,7 +710,7 @@ class PrunedPasses:
             words = self._pruned_image(tape, width, height, rect, z, tiles, True)
         return self._image_result(width, height, True, words)
 
-    @_guarded
+    @guarded
     def field_image_pruned(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                            z: float = 0.0, tiles=PRUNE_TILES, cells=None) -> np.ndarray:
         """(H, W) float32 field, every pixel evaluated with its finest tile's pruned tape (tile
@@ -747,7 +759,7 @@ class PrunedPasses:
         return self._pixel_pass(tape, passes, pixel_variant, self.upload(tape), u,
                                 self._image_read(width, height, sign, int(u[23])))
 
-    @_guarded
+    @guarded
     def prune_levels(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                      z: float = 0.0, tiles=PRUNE_TILES, sign: bool = False) -> list[dict]:
         """Runs the pruned image of an arithmetic tape and reads back its tile headers: per level,
@@ -775,7 +787,7 @@ class PrunedPasses:
         """Points per evaluate_pruned dispatch: their words, their cells' boxes and headers (finer
         levels: at most 4 cells a point, 16/3 over the levels, plus level 0's) fit the binding
         limit, the index fits a float."""
-        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
         return max(1, min(POINT_CHUNK, limit // (POINT_WORDS + 6 * 6 + 3 * 6)))
 
     def _points_setup(self, tape: Tape, pts: np.ndarray, cells, levels: int):
@@ -788,7 +800,7 @@ class PrunedPasses:
             cells = min(POINT_CELLS, max(1, n // POINT_MIN_PER_CELL))
         counts, words, first = point_cells(pts, levels, cells)
         header = PRUNE_HEADER_WORDS * sum(counts)
-        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
         if header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
             raise TaperayError(f"evaluate_pruned: {sum(counts)} cells for {n} points exceed the adapter's "
                                f"{limit >> 18} MiB binding limit; use fewer cells")
@@ -799,7 +811,7 @@ class PrunedPasses:
         filled = int((~(boxes[:, 0] > boxes[:, 3])).sum())
         filled0 = int((~(boxes[:counts[0], 0] > boxes[:counts[0], 3])).sum())
         guess = arena_guess(tape, filled0, filled, "prune_tiles")
-        arena = min(self._point_arena_words or guess, limit - header)
+        arena = min(self.point_arena_words or guess, limit - header)
         self._prepare_outputs(n, header + arena)
         camera = np.zeros(16, np.float32)
         camera[:len(counts)] = counts       # points mode: the cells of each level
@@ -819,12 +831,12 @@ class PrunedPasses:
             c = self._counters_read
             if not c[PRUNE_ARENA_FULL]:
                 return self._read(self._out_f, np.float32, len(pts))
-            limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+            limit = self.context.limits["max_storage_buffer_binding_size"] // 4
             if header + arena >= limit:
                 raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of {len(pts)} points' cells need "
                                    f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells "
                                    "or GpuWalker.evaluate")
-            self._point_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+            self.point_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
 
     @staticmethod
     def _point_args(cells, levels):
@@ -833,7 +845,7 @@ class PrunedPasses:
         if not (isinstance(levels, (int, np.integer)) and 1 <= levels <= MAX_TILE_LEVELS):
             raise TaperayError(f"evaluate_pruned: levels must be 1..{MAX_TILE_LEVELS}, got {levels!r}")
 
-    @_guarded
+    @guarded
     def evaluate_pruned(self, tape: Tape, points, cells: int | None = None,
                         levels: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 values and (N,) uint32 material ids at the (N, 3) points, as evaluate, bit
@@ -854,7 +866,7 @@ class PrunedPasses:
                             for s in range(0, len(pts), chunk)])
         return d, np.zeros(len(pts), np.uint32)
 
-    @_guarded
+    @guarded
     def prune_levels_points(self, tape: Tape, points, cells: int | None = None, levels: int = 1) -> list[dict]:
         """evaluate_pruned of an arithmetic tape (one chunk of points), then its cells' headers read
         back: per level, the cells, cells with points, decided inside / outside, the mean pruned
@@ -884,14 +896,30 @@ class PrunedPasses:
             out.append((h, h[:, 2] <= 2, used))   # prune.wgsl: 0 ambiguous, 1 inside, 2 outside, 3 failed, 4 empty
         return out
 
-    @_guarded
+    @guarded
+    def image_cell_levels(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
+                          z: float = 0.0, cells=IMAGE_CELLS, sign: bool = False) -> list[dict]:
+        """Runs the image of an arithmetic tape on flat cells (sign_image / field_image_pruned with
+        ``cells``) and reads the cells' headers back: per level, the cells, those decided inside /
+        outside, those with a pruned tape, their mean length in records and the most registers one
+        uses, plus the arena words used."""
+        if not is_arithmetic(tape):
+            raise TaperayError(f"{tape.source or 'tape'}: image cells are for arithmetic tapes only")
+        self._cells_image(tape, width, height, rect, z, cells, sign)
+        counts = march_cells(*image_cell_box(rect, z), *cells, flat=True)[0]
+        return [dict(cells=len(h), inside=int((h[:, 2] == 1).sum()), outside=int((h[:, 2] == 2).sum()),
+                     with_tape=int(taped.sum()), mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0,
+                     registers=int(h[taped, 3].max()) if taped.any() else 0, arena_words=used)
+                for h, taped, used in self._cell_headers(counts, 0)]
+
+    @guarded
     def march_cell_levels(self, tape: Tape, settings: RenderSettings | None = None, view: str = "shade",
                           cells=MARCH_CELLS) -> list[dict]:
         """Prunes an arithmetic tape over the cells of its march box (as march does) and reads
         their headers back: per level, the cells, those with a pruned tape (the outside cell's
         empty sub-cells have none), their mean length in records and the most registers one uses,
         plus the arena words used."""
-        cells = self._march_cells_for(tape, cells)
+        cells = self.march_cells_for(tape, cells)
         if cells is None:
             raise TaperayError(f"{tape.source or 'tape'}: march cells are for arithmetic tapes only")
         variant = self.upload(tape)
@@ -902,7 +930,7 @@ class PrunedPasses:
                 for h, taped, used in self._cell_headers(counts, 0)]
 
     @staticmethod
-    def _march_cells_for(tape: Tape, cells) -> tuple[int, int] | None:
+    def march_cells_for(tape: Tape, cells) -> tuple[int, int] | None:
         """The (g0, levels) of a pruned march of ``tape``, or None: ``cells`` None (off), "auto"
         (MARCH_CELLS for arithmetic tapes, scene fields allowed (pruning.FIELD_OPS), of at least
         PRUNE_MIN_RECORDS records) or (g0, levels) (any such tape)."""
@@ -924,7 +952,8 @@ class PrunedPasses:
         pixels' outputs (from word 9n); for the path tracer's ``paths`` (n 0) from word 0, with
         their state's words free after the arena. Returns what _prune_cell_grid does: the cell
         descriptor word in the points buffer (U.extra.x of the _cells kernels) first."""
-        layout = _march_box_cells(packed, cells, 9 * n)
+        self.march_cell_builds += 1
+        layout = march_box_cells(packed, cells, 9 * n)
         if paths:
             return self._prune_cell_grid(tape, variant, layout, (PATH_F_WORDS * paths, 0),
                                          f"the march cells {cells} for {paths} paths", "prune_cells",
@@ -934,7 +963,7 @@ class PrunedPasses:
 
     def _prune_cell_grid(self, tape: Tape, variant: int, layout, outputs: tuple[int, int], what: str,
                          kernel: str, tail: int = 0):
-        """Prunes ``tape`` over the cells of ``layout`` (_march_cells_cached's (counts, words,
+        """Prunes ``tape`` over the cells of ``layout`` (march_cells_cached's (counts, words,
         descriptor word), the words naming ``base``, the headers' first word): ``kernel``
         (prune_cells / prune_image_cells: prune_tiles folding constant operands) once per level
         (points mode) in a submission of its own, the headers and arena in out_u from word
@@ -947,7 +976,7 @@ class PrunedPasses:
         levels = len(counts)
         base = int(words[desc + 8:desc + 9].view(np.uint32)[0])
         header = PRUNE_HEADER_WORDS * sum(counts)
-        limit = self._ctx.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
         if base + header + tail + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
             raise CellsTooLarge(f"{what}: {sum(counts)} cells exceed the adapter's {limit >> 18} MiB binding limit; "
                                 "use fewer cells or levels")
@@ -962,7 +991,7 @@ class PrunedPasses:
         passes = self._tile_passes(tape, kernel, counts, outside=1)
         while True:
             guess = arena_guess(tape, counts[0], filled, kernel)
-            arena = min(self._cell_arena_words or guess, limit - base - header - tail)
+            arena = min(self.cell_arena_words or guess, limit - base - header - tail)
             self._prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words
             self._submit(passes, variant, u, 0)
@@ -973,7 +1002,7 @@ class PrunedPasses:
             if base + header + arena + tail >= limit:
                 raise CellsTooLarge(f"{tape.source or 'tape'}: the pruned tapes of {what} need more than the "
                                     f"adapter's {limit >> 18} MiB binding limit; use fewer cells")
-            self._cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
+            self.cell_arena_words = max(2 * arena, int(c[PRUNE_ARENA]))
 
     def _image_cells(self, tape: Tape, variant: int, n: int, rect, z: float, cells,
                      bits: int) -> tuple[int, int, int]:
@@ -997,7 +1026,7 @@ class PrunedPasses:
             if inside and 4 * (kept[3] + bits) <= self._out_u.capacity:
                 self._prepare_outputs(n, 1)
                 return kept[1], kept[2], kept[3]
-        layout = _march_cells_cached(lo, hi, *cells, flat=True)
+        layout = march_cells_cached(lo, hi, *cells, flat=True)
         desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, (n, 0), f"the image cells {cells}",
                                                           "prune_image_cells", max(bits, IMAGE_BITS_WORDS))
         self.image_cell_builds += 1
@@ -1025,7 +1054,7 @@ class PrunedPasses:
             passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
         return variant, passes, u
 
-    @_guarded
+    @guarded
     def gpu_seconds_points(self, tape: Tape, points, pruned: bool = True, cells: int | None = None,
                            levels: int = 1, repeat: int = 8) -> float:
         """GPU time of one evaluation of (at most one chunk of) points, as gpu_seconds: the passes

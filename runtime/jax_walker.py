@@ -57,7 +57,8 @@ from jax import lax  # noqa: E402
 from .opcodes import OPS, POLY_OPS, Family, Op
 from .tape import VALIDATED, Tape, TaperayError, point_array, pool_tangents
 
-__all__ = ["JaxWalker", "Gradients", "compile_stats", "LADDER_MIN", "CHUNK", "LEAF_BLOCK", "cache_dir"]
+__all__ = ["JaxWalker", "Gradients", "compile_stats", "LADDER_MIN", "CHUNK", "LEAF_BLOCK", "cache_dir",
+           "generic_unsupported", "compiler_options", "cpu_options_accepted"]
 
 LADDER_MIN = 4096     # the smallest padded point count; above it, powers of two
 CHUNK = 16384         # points a chunk of the trace form (the program maps over chunks)
@@ -681,7 +682,7 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
 @functools.cache
-def _cpu_options_accepted() -> bool:
+def cpu_options_accepted() -> bool:
     """Whether this jaxlib's CPU compiler takes CPU_COMPILER_OPTIONS: one tiny program compiled
     with them, once per process (an option it does not know is an INVALID_ARGUMENT error)."""
     try:
@@ -691,10 +692,10 @@ def _cpu_options_accepted() -> bool:
     return True
 
 
-def _compiler_options() -> dict | None:
+def compiler_options() -> dict | None:
     """XLA options of the walker's programs: CPU_COMPILER_OPTIONS on the CPU where the compiler
     takes them, else none."""
-    if jax.default_backend() == "cpu" and _cpu_options_accepted():
+    if jax.default_backend() == "cpu" and cpu_options_accepted():
         return CPU_COMPILER_OPTIONS
     return None
 
@@ -704,7 +705,7 @@ class _Program:
 
     def __init__(self, field, chunk: int, field_jvp=None):
         self.field, self.chunk, self.field_jvp = field, chunk, field_jvp
-        opts = _compiler_options()
+        opts = compiler_options()
         self.values = jax.jit(self._values, compiler_options=opts)
         self.grads = jax.jit(self._grads, compiler_options=opts)
         self.vjp = jax.jit(self._vjp, compiler_options=opts)
@@ -775,7 +776,7 @@ _BRANCH = {op: k for k, op in enumerate(_GENERIC_OPS)}
 _GENERIC_SKIP = (Op.PUSH, Op.POP)          # renamings: no step of their own
 
 
-def _generic_unsupported(tape: Tape) -> str | None:
+def generic_unsupported(tape: Tape) -> str | None:
     """Why the generic form cannot run ``tape`` (the first record it does not support), or None."""
     for i, op in enumerate(tape.instrs["op"]):
         o = Op(int(op))
@@ -831,7 +832,7 @@ class _GenericTape:
     ``bucket`` (steps, rows, pool size) rounds each up a power-of-two ladder."""
 
     def __init__(self, tape: Tape):
-        why = _generic_unsupported(tape)
+        why = generic_unsupported(tape)
         if why:
             raise TaperayError(why)
         regs, point, stack, rows, steps = {}, (0, 1, 2, 3), [], 4, []
@@ -1017,7 +1018,7 @@ class JaxWalker:
         and is long for reverse mode; its steady values are the fastest on small tapes.)"""
         if self.form != "auto":
             return self.form
-        if (derivatives or len(tape) >= self.GENERIC_FROM) and _generic_unsupported(tape) is None:
+        if (derivatives or len(tape) >= self.GENERIC_FROM) and generic_unsupported(tape) is None:
             return "generic"
         return "trace"
 

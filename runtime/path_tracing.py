@@ -151,7 +151,7 @@ def reverse_bits(x):
 
 
 @njit(cache=True)
-def _laine_karras(x, seed):
+def laine_karras(x, seed):
     """Burley's (2020) Laine-Karras permutation of a bit-reversed word: each bit flipped by a hash
     of the bits below it and the seed (path.wgsl laine_karras); products wrap mod 2^64 first,
     whose low 32 bits are the u32 product's."""
@@ -181,7 +181,7 @@ def sobol_owen(index, dim, seed):
     """Sobol dimension ``dim`` (0 or 1) of point ``index`` under Burley's hash-based nested
     uniform (Owen) scrambling with ``seed``, as a 32-bit word (path.wgsl sobol_owen)."""
     z = _sobol1_reversed(index) if dim == 1 else index
-    return reverse_bits(_laine_karras(z, seed))
+    return reverse_bits(laine_karras(z, seed))
 
 
 @njit(cache=True)
@@ -200,7 +200,7 @@ def path_random(seed, pixel, sample, bounce, dim):
     samples, the pair's seed a PCG hash of (seed, bounce, pair, pixel) that shuffles the sample
     index (nested uniform scrambling of its bit-reversal) and scrambles each dimension; 24 bits."""
     pair = pcg_hash((pcg_hash((pcg_hash(seed) + 8 * bounce + (dim >> 1)) & _MASK) + pixel) & _MASK)
-    index = reverse_bits(_laine_karras(reverse_bits(sample), pair))
+    index = reverse_bits(laine_karras(reverse_bits(sample), pair))
     x = sobol_owen(index, dim & 1, pcg_hash((pair + 1 + (dim & 1)) & _MASK))
     return F32(x >> 8) * F32(5.9604644775390625e-08)
 
@@ -361,7 +361,7 @@ def _cone(lights, k, x0, x1, x2):
 
 
 @njit(**_JIT)
-def _env_pixel(lights, d0, d1, d2):
+def env_pixel(lights, d0, d1, d2):
     """(row, column, sin theta) of the environment map's pixel in direction d (environment.py's
     mapping; path.wgsl env_pixel)."""
     w, h = np.int64(lights[2]), np.int64(lights[3])
@@ -379,20 +379,20 @@ def _env_radiance(lights, env, d0, d1, d2):
     where there is a map (path.wgsl env_radiance)."""
     if lights[2] == F32(0):
         return env[0], env[1], env[2]
-    row, col, _ = _env_pixel(lights, d0, d1, d2)
+    row, col, _ = env_pixel(lights, d0, d1, d2)
     b = np.int64(lights[4]) + 3 * (row * np.int64(lights[2]) + col)
     return env[0] * lights[b], env[1] * lights[b + 1], env[2] * lights[b + 2]
 
 
 @njit(**_JIT)
-def _env_pdf(lights, d0, d1, d2):
+def env_pdf(lights, d0, d1, d2):
     """The environment light sample's pdf of direction d: uniform on the sphere, or the map's
     importance sampling (its pixel's probability over the pixel's solid angle; path.wgsl
     env_pdf)."""
     if lights[7] == F32(0):
         return _INV_4PI
     w, h = np.int64(lights[2]), np.int64(lights[3])
-    row, col, st = _env_pixel(lights, d0, d1, d2)
+    row, col, st = env_pixel(lights, d0, d1, d2)
     if not st > F32(0):
         return F32(0)
     m, c = np.int64(lights[5]), np.int64(lights[6]) + row * (w + 1)
@@ -415,7 +415,7 @@ def _cdf_find(lights, base, n, u):
 
 
 @njit(**_JIT)
-def _sample_env(lights, u1, u2):
+def sample_env(lights, u1, u2):
     """The environment light sample's direction: uniform on the sphere, or a pixel drawn by
     the marginal and conditional CDFs and a uniform point in it (path.wgsl sample_env)."""
     if lights[7] == F32(0):
@@ -439,7 +439,7 @@ def _light_pdf(lights, x0, x1, x2, d0, d1, d2):
     (lights[1]) times its pdf, and the emitters' share spread over them by their probabilities,
     each the uniform pdf of its cone where d lies in it (path.wgsl light_pdf)."""
     n = np.int64(lights[0])
-    pdf = lights[1] * _env_pdf(lights, d0, d1, d2)
+    pdf = lights[1] * env_pdf(lights, d0, d1, d2)
     if n == 0:
         return pdf
     cones = F32(0)
@@ -455,13 +455,13 @@ def _light_pdf(lights, x0, x1, x2, d0, d1, d2):
 
 @njit(**_JIT)
 def _sample_light(lights, x0, x1, x2, u0, u1, u2):
-    """A light sample's direction from x: the environment's (_sample_env) with probability
+    """A light sample's direction from x: the environment's (sample_env) with probability
     lights[1], else a uniform direction in the cone of an emitter picked by u0 from their
     probabilities (path.wgsl sample_light)."""
     n = np.int64(lights[0])
     pe = lights[1]
     if n == 0 or u0 < pe:
-        return _sample_env(lights, u1, u2)
+        return sample_env(lights, u1, u2)
     u = (u0 - pe) / (F32(1) - pe)
     k = np.int64(0)
     while k < n - 1 and not u < lights[LIGHTS_HEADER + EMITTER_WORDS * k + 5]:

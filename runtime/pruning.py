@@ -1370,10 +1370,10 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
         ro = np.asarray(mr["eye"], np.float32) + th[:, None] * dirs + lift * nrm
         if shadow_mode > 0:
             rd = np.broadcast_to(key_dir, ro.shape)
-            tfar = _slabs(ro, rd, box)[1]
+            tfar = ray_slabs(ro, rd, box)[1]
             t = np.zeros(len(at), np.float32)
             hard = shadow_mode == 1                          # (0 off, 1 hard, 2 soft: shading.SHADOW_MODES)
-            skip = _march_cells(tape, packed, grid, levels) if hard and _packed(packed, "cell_skip") else None
+            skip = march_cell_tapes(tape, packed, grid, levels) if hard and _packed(packed, "cell_skip") else None
             _, hit, res = _wavefront(field, ro, rd, t, tfar, eps, shadow_steps, step_scale,
                                      soft_k if shadow_mode == 2 else np.float32(0), skip)
             one = np.where(np.float32(1) < res, np.float32(1), res)
@@ -1393,7 +1393,7 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
     return dict(shadow=shadow.reshape(h, w), ao=ao.reshape(h, w))
 
 
-class _CellTapes:
+class CellTapes:
     """An arithmetic tape pruned for every cell of a grid^3 grid over a box (each cell's box grown
     by a rounding margin) and, with ``levels`` 2, again for each of a cell's 4 x 4 x 4 sub-cells
     (from the cell's pruned tape), plus the whole tape (an all-undecided column) for points
@@ -1416,10 +1416,10 @@ class _CellTapes:
         self.choices = np.ascontiguousarray(np.concatenate([choices, np.zeros((n, 1), np.uint8)], 1))
         sides = np.ascontiguousarray(np.concatenate([sides, np.full((n, 3, 1), NAN, np.float32)], 2))
         n_cells = self.choices.shape[1]
-        if n_cells * n * 24 > _CELL_TAPES_MAX_BYTES:
+        if n_cells * n * 24 > CELL_TAPES_MAX_BYTES:
             raise CellsTooLarge(f"march_pruned: {n_cells - 1} cells of a {n}-record tape need "
                                f"{n_cells * n * 24 / 2**20:.0f} MB of pruned tapes "
-                               f"(at most {_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid")
+                               f"(at most {CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid")
         tcodes = np.empty((n_cells, n, 5), np.int32)
         timms = np.empty((n_cells, n), np.float32)
         starts = np.empty(n_cells, np.int64)
@@ -1438,10 +1438,10 @@ class _CellTapes:
                             sub_lengths, s_lower)
             levels_lower.append((s_lo.astype(np.float32), s_hi.astype(np.float32), s_lower))
             lengths = np.append(sub_lengths, n - starts[-1])
-            if int(lengths.sum()) * 24 > _CELL_TAPES_MAX_BYTES:
+            if int(lengths.sum()) * 24 > CELL_TAPES_MAX_BYTES:
                 raise CellsTooLarge(f"march_pruned: the {len(sub_lengths)} sub-cells' tapes need "
                                    f"{int(lengths.sum()) * 24 / 2**20:.0f} MB (at most "
-                                   f"{_CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid or one level")
+                                   f"{CELL_TAPES_MAX_BYTES >> 20} MB): use a smaller grid or one level")
             offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
             self.fcode = np.empty((int(lengths.sum()), 5), np.int32)
             self.fimm = np.empty(len(self.fcode), np.float32)
@@ -1493,7 +1493,7 @@ class _CellTapes:
 
 @njit(**_JIT)
 def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_hi, lower, eps, scale, cone, out):
-    """_CellTapes.skip_to for every point: out[q] for the step of ray live[q] at pts[q]; the
+    """CellTapes.skip_to for every point: out[q] for the step of ray live[q] at pts[q]; the
     boxes and lower bounds of level 0 (grid^3 cells) then, with levels 2, of the sub-cells (64 a
     cell, sub-cell k of cell c at grid^3 + 64 c + k)."""
     one_origin = o.shape[0] == 1
@@ -1546,26 +1546,26 @@ def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_h
 
 
 _TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
-_CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells together
-_CELL_CACHE: dict[tuple, _CellTapes] = {}   # march_pruned: the last (tape content, box, grid, levels)'s cells
+CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells together
+CELL_CACHE: dict[tuple, CellTapes] = {}   # march_pruned: the last (tape content, box, grid, levels)'s cells
 
 
-def _march_cells(tape: Tape, packed: np.ndarray, grid: int, levels: int) -> _CellTapes:
+def march_cell_tapes(tape: Tape, packed: np.ndarray, grid: int, levels: int) -> CellTapes:
     """march_pruned's cells of ``tape`` over the march box of ``packed`` (kept per tape content,
     box, grid and levels)."""
     box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
     key = (content_key(tape), box.tobytes(), grid, levels)
-    if key not in _CELL_CACHE:
-        _CELL_CACHE.clear()          # (one: the cells of a big tape take up to _CELL_TAPES_MAX_BYTES)
-        _CELL_CACHE[key] = _CellTapes(tape, box[0], box[1], grid, levels)
-    return _CELL_CACHE[key]
+    if key not in CELL_CACHE:
+        CELL_CACHE.clear()          # (one: the cells of a big tape take up to CELL_TAPES_MAX_BYTES)
+        CELL_CACHE[key] = CellTapes(tape, box[0], box[1], grid, levels)
+    return CELL_CACHE[key]
 
 
 def cells_shorten(tape: Tape, packed: np.ndarray, grid: int = 4, levels: int = 2) -> float:
     """The mean length of march_pruned's finest cell tapes (the grid's, not the outside cell's)
     over the length of ``tape``: what a step on cells runs, as a share of the whole tape. The
     cells are built (and kept) to find out; CellsTooLarge past their memory cap."""
-    cells = _march_cells(tape, packed, grid, levels)
+    cells = march_cell_tapes(tape, packed, grid, levels)
     return float(np.mean((cells.end - cells.first)[:-1])) / max(len(tape.instrs), 1)
 
 
@@ -1574,7 +1574,7 @@ def _pruned_field(tape: Tape, packed: np.ndarray, grid: int, levels: int):
     march box of ``packed`` (kept per tape content and box), capped by the section half-space as
     the twin's _field: a function of (N, 3) float32 points."""
     sec = _section(packed)
-    cells = _march_cells(tape, packed, grid, levels)
+    cells = march_cell_tapes(tape, packed, grid, levels)
 
     def field(p):
         d = cells.evaluate(p)
@@ -1585,7 +1585,7 @@ def _pruned_field(tape: Tape, packed: np.ndarray, grid: int, levels: int):
     return field
 
 
-def _slabs(ro: np.ndarray, rd: np.ndarray, box: np.ndarray):
+def ray_slabs(ro: np.ndarray, rd: np.ndarray, box: np.ndarray):
     """The twin's _slab for every ray (N, 3) at once: entry max(t0, 0) and exit t1 (inf, -inf
     where a ray parallel to a slab lies outside it)."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -1639,13 +1639,13 @@ def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, cone, max_steps, 
     return m
 
 
-def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, cells: _CellTapes | None = None,
+def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, cells: CellTapes | None = None,
                cone=0.0):
     """The twin's _trace for every ray at once, a step at a time (``cone``: _trace's): ``t`` advanced in place;
     returns steps, hit and the soft-shadow penumbra res (iq's min(1, k f / t) where soft_k > 0).
     ``ro`` is (3,) or (N, 3). The steps' bookkeeping is Numba (_wavefront_points / _advance).
     With ``cells`` (empty-space skipping, RenderSettings.cell_skip; hard shadows and primary rays
-    only), a step whose point lies in a cell proven empty moves on to _CellTapes.skip_to without
+    only), a step whose point lies in a cell proven empty moves on to CellTapes.skip_to without
     a field value, and counts as a step, as the GPU's march on cells does (kernels_render.wgsl
     skip_step)."""
     steps = np.zeros(len(rd), np.int32)
@@ -1701,11 +1701,11 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
     max_steps = int(_packed(packed, "max_steps"))
     sec = _section(packed)
     field = _pruned_field(tape, packed, grid, levels)
-    skip = _march_cells(tape, packed, grid, levels) if _packed(packed, "cell_skip") else None
+    skip = march_cell_tapes(tape, packed, grid, levels) if _packed(packed, "cell_skip") else None
     eye_out, dirs = camera.rays(width, height)
     eye = np.asarray(eye_out, np.float32)
     rd = np.ascontiguousarray(dirs, np.float32).reshape(-1, 3)
-    t, tfar = _slabs(np.broadcast_to(eye, rd.shape), rd, box)
+    t, tfar = ray_slabs(np.broadcast_to(eye, rd.shape), rd, box)
     steps, hit, _ = _wavefront(field, eye, rd, t, tfar, eps, max_steps, step_scale, np.float32(0), skip,
                                np.float32(_packed(packed, "hit_cone")))
     grad = np.zeros((len(rd), 3), np.float32)

@@ -26,7 +26,7 @@ import numpy as np
 
 from .tape import Tape, TaperayError
 
-__all__ = ["WALKER_KINDS", "CAPABILITIES", "Walker", "walker", "prepare", "run_on"]
+__all__ = ["WALKER_KINDS", "CAPABILITIES", "Walker", "walker", "prepare", "run_on", "no_gpu_device"]
 
 # what a walker can do, declared in its ``capabilities`` (a frozenset of these names)
 CAPABILITIES = {
@@ -64,7 +64,7 @@ GPU_DEVICE_NODES = ("/dev/dri/renderD*", "/dev/nvidiactl", "/dev/nvidia[0-9]*", 
 VULKAN_DRIVER_VARIABLES = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "VK_ADD_DRIVER_FILES")
 
 
-def _no_gpu_device() -> str | None:
+def no_gpu_device() -> str | None:
     """Why ``auto`` need not open wgpu at all (about half a second of imports and adapter
     probing): on Linux, with no Vulkan driver list given in the environment, no GPU device node
     exists, so the only adapter wgpu could find is a software one. None: probe as usual."""
@@ -80,7 +80,7 @@ def _quiet(message: str) -> None:
     pass
 
 
-def prepare(kind: str = "auto", progress: bool = False, build_rest: bool = True) -> None:
+def prepare(kind: str = "auto", progress: bool = False, build_rest: bool = True) -> threading.Thread | None:
     """Start opening the GPU device that ``walker(kind)`` will ask for in a thread of its own
     (wgpu's import, the adapter, the device: about a second on a hardware driver, mostly inside
     the driver, outside the GIL), so that it overlaps the caller's imports and scene loading;
@@ -89,15 +89,17 @@ def prepare(kind: str = "auto", progress: bool = False, build_rest: bool = True)
     interpreter that exits the usual way waits for it rather than tearing down while it is inside
     the driver (the console script, tools.cli.run, leaves without a teardown at all).
     ``build_rest``: gpu_device.build_in_background for the kernel set it makes (a one-shot
-    command passes False)."""
-    if kind not in ("gpu", "auto") or (kind == "auto" and _no_gpu_device() is not None):
-        return
+    command passes False). Returns the thread (the process's one: a later call returns it
+    again), or None where nothing is opened."""
+    if kind not in ("gpu", "auto") or (kind == "auto" and no_gpu_device() is not None):
+        return None
     with _opening_lock:
         if _opening:
-            return
+            return _opening[0]
         _opening.append(threading.Thread(target=_open_device, args=(kind, progress, build_rest),
                                          name="taperay-open-device"))
     _opening[0].start()
+    return _opening[0]
 
 
 _opening: list[threading.Thread] = []      # prepare's one thread
@@ -140,7 +142,7 @@ def walker(kind: str = "auto", *, log: Callable[[str], None] | None = None, prog
     step = step or (lambda text: contextlib.nullcontext())
     if kind == "cpu":
         return _twin(progress)
-    no_device = _no_gpu_device() if kind == "auto" else None
+    no_device = no_gpu_device() if kind == "auto" else None
     if no_device is not None:
         log(f"walker:    cpu, because {no_device}")
         return _twin(progress)

@@ -84,18 +84,18 @@ class FileFormatError(TaperayError):
         super().__init__(f"{path}: {reason}")
 
 
-def _layout(dt: np.dtype) -> list:
+def layout_of(dt: np.dtype) -> list:
     """A record dtype as msgpack-friendly data: [[field, base format, shape], ...] ("" for a scalar)."""
     if dt.names is None:
         return [["", dt.str, []]]
     return [[name, dt.fields[name][0].base.str, list(dt.fields[name][0].shape)] for name in dt.names]
 
 
-_LAYOUTS = {key: _layout(dt) for key, (dt, _) in RECORDS.items()}
+LAYOUTS = {key: layout_of(dt) for key, (dt, _) in RECORDS.items()}
 # the material record of files written before it held the path tracer's fields (frozen: read by
 # field name, the fields it lacks take MATERIAL_DEFAULTS)
 MATERIAL_DTYPE_1 = np.dtype([("color", "<f4", (3,)), ("roughness", "<f4")])
-_OLDER_LAYOUTS = {"materials": {str(_layout(MATERIAL_DTYPE_1)): MATERIAL_DTYPE_1}}
+_OLDER_LAYOUTS = {"materials": {str(layout_of(MATERIAL_DTYPE_1)): MATERIAL_DTYPE_1}}
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def save_tape(tape: Tape, path) -> None:
     """Write ``tape`` to ``path`` (conventionally ``*.tape``) atomically; it is validated first."""
     validate(tape)
     body = {key: np.ascontiguousarray(getattr(tape, key), dt).tobytes() for key, (dt, _) in RECORDS.items()}
-    body.update(layouts=_LAYOUTS, n_regs=int(tape.n_regs),
+    body.update(layouts=LAYOUTS, n_regs=int(tape.n_regs),
                 bounds=[float(v) for v in np.asarray(tape.bounds, np.float32).ravel()],
                 names={str(k): [int(i) for i in v] for k, v in tape.names.items()},
                 instance_count=int(tape.instance_count), opcodes={op.name: int(op) for op in Op},
@@ -132,9 +132,9 @@ def save_scene(node, path) -> None:
 
 
 # -- reading ------------------------------------------------------------------------------------
-def _read_container(path, kinds: tuple[str, ...]) -> tuple[str, dict, "_Checksum"]:
+def _read_container(path, kinds: tuple[str, ...]) -> tuple[str, dict, "Checksum"]:
     """Read, decode and check the container of ``path``; return its kind, its body and the body's
-    checksum check, running (``_Checksum``: the caller verifies it)."""
+    checksum check, running (``Checksum``: the caller verifies it)."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -167,10 +167,10 @@ def _read_container(path, kinds: tuple[str, ...]) -> tuple[str, dict, "_Checksum
     crc = root.get("crc32")
     if not isinstance(crc, int) or isinstance(crc, bool):
         raise FileFormatError(path, "missing or malformed crc32")
-    return kind, body, _Checksum(path, crc, body, body_bytes)
+    return kind, body, Checksum(path, crc, body, body_bytes)
 
 
-class _Checksum:
+class Checksum:
     """The CRC-32 check of a container's body. Over a large body (the 100,000-bolt bin's 9.4 MB:
     3.5 ms) it runs in a thread, since zlib releases the GIL, while the caller builds and
     validates what the body holds. ``verify`` waits for it and raises on a mismatch. A loader
@@ -289,12 +289,12 @@ def _tape_from_body(path, body: dict) -> Tape:
         raise FileFormatError(path, f"tape body fields: missing {sorted(missing)}, unexpected "
                                     f"{sorted(map(str, extra))}")
     theirs = body["layouts"] if isinstance(body["layouts"], dict) else {}
-    dtypes = {key: dt if theirs.get(key) == _LAYOUTS[key] else _OLDER_LAYOUTS.get(key, {}).get(str(theirs.get(key)))
+    dtypes = {key: dt if theirs.get(key) == LAYOUTS[key] else _OLDER_LAYOUTS.get(key, {}).get(str(theirs.get(key)))
               for key, (dt, _) in RECORDS.items()}
-    if set(theirs) != set(_LAYOUTS) or None in dtypes.values():
-        differ = sorted(k for k in _LAYOUTS if dtypes[k] is None)
+    if set(theirs) != set(LAYOUTS) or None in dtypes.values():
+        differ = sorted(k for k in LAYOUTS if dtypes[k] is None)
         raise FileFormatError(path, f"record layouts differ from this taperay's ({', '.join(differ) or 'extra entries'}): "
-                                    f"file {body['layouts']!r:.200}, expected {_LAYOUTS!r:.200}")
+                                    f"file {body['layouts']!r:.200}, expected {LAYOUTS!r:.200}")
     arrays = {key: _records(path, body, key, dtypes[key], limit) for key, (_, limit) in RECORDS.items()}
     arrays["instrs"] = _renumbered(path, arrays["instrs"], body.get("opcodes", OPCODES_1))
     bounds = body["bounds"]

@@ -37,7 +37,7 @@ _COMBINE_OPS = {"union": (Op.UNION, None), "intersection": (Op.INTERSECT, None),
 MAX_SCENE_DEPTH = 5000   # levels of nesting flatten takes (a chain of transforms, say)
 _FRAMES_PER_LEVEL = 8    # Python frames the emitter and the bounds spend per level, with room
 _LEAF_CULL_MIN = 3   # unions of fewer children are chained without cull records
-_CHEAP_PRIMITIVES = 2   # BVH groups of at most this many primitives get no cull record
+CHEAP_PRIMITIVES = 2   # BVH groups of at most this many primitives get no cull record
 _EXPLICIT_PATTERN_MAX = 256   # overlapping patterns up to this count become explicit unions
 
 
@@ -337,7 +337,7 @@ class _Emitter:
 
     def emit_cull_wrapped(self, child: Node, run: int, mat: int, margin: float, op, kparam) -> int:
         """``run = op(run, child)`` with the child skipped where its box cannot change ``run``.
-        A child of at most ``_CHEAP_PRIMITIVES`` primitives (under point transforms) is not
+        A child of at most ``CHEAP_PRIMITIVES`` primitives (under point transforms) is not
         wrapped: it costs about what the cull's own box test and intersection cost, and the twin's
         blocks that split at a cull pay more (docs/PERFORMANCE.md, assembly)."""
         box = self.bounds_of(child)
@@ -400,7 +400,7 @@ def _explicit_copies(n: Node) -> Node:
 
 
 def _too_cheap_to_cull(item) -> bool:
-    """True for a BVH group or node of at most ``_CHEAP_PRIMITIVES`` leaves, each one shape
+    """True for a BVH group or node of at most ``CHEAP_PRIMITIVES`` leaves, each one shape
     record under point transforms (depth first, stopping at the first leaf too many)."""
     stack, leaves = [item], 0
     while stack:
@@ -411,7 +411,7 @@ def _too_cheap_to_cull(item) -> bool:
         while isinstance(item, Node) and item.kind in _POINT_KINDS:
             item = item.children[0]
         leaves += 1
-        if leaves > _CHEAP_PRIMITIVES or not (isinstance(item, Node) and item.kind in _SHAPE_OPS):
+        if leaves > CHEAP_PRIMITIVES or not (isinstance(item, Node) and item.kind in _SHAPE_OPS):
             return False
     return True
 

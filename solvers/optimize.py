@@ -56,7 +56,9 @@ class Design:
     field: np.ndarray | None = field(default=None, repr=False)
 
 
-def _tape_at(tape: Tape, params: dict) -> Tape:
+def tape_at(tape: Tape, params: dict) -> Tape:
+    """A copy of ``tape`` with the named parameters ``params`` (name -> value) set; ``tape`` is
+    left as it is."""
     t = copy.copy(tape)
     for k, v in params.items():
         if not np.isclose(float(np.float32(v)), float(t.params[t.names[k]][0]), rtol=0, atol=0):
@@ -165,7 +167,7 @@ def _default_bounds(tape: Tape, names) -> dict:
     return out
 
 
-def _scene_inputs(tape_or_scene, study):
+def scene_inputs(tape_or_scene, study):
     """(tape, study, scene Node or None, the source's name for messages) from a Tape, a scene Node
     or a scene file path."""
     from taperay.scenegraph.flatten import flatten
@@ -246,7 +248,7 @@ def optimize(tape_or_scene, objective, constraints=(), bounds: dict | None = Non
     max_steps = _check_max_steps(max_steps)
     obj = objective_from(objective)
     cons = [constraint_from(c) for c in constraints]
-    tape, study, _, source = _scene_inputs(tape_or_scene, study)
+    tape, study, _, source = scene_inputs(tape_or_scene, study)
     bounds = _check_problem(tape, study, obj, cons, bounds, source)
     names = sorted(bounds)
     lo = np.array([float(bounds[k][0]) for k in names])
@@ -275,7 +277,7 @@ def optimize(tape_or_scene, objective, constraints=(), bounds: dict | None = Non
         d = cache.get(key)
         if d is None:
             theta = lo + np.clip(np.asarray(x, float), 0, 1) * (hi - lo)
-            t = _tape_at(tape, dict(zip(names, theta)))
+            t = tape_at(tape, dict(zip(names, theta)))
             d = evaluate_design(t, study, functions, names, order=order, resolution=resolution, walker=walker,
                                 **tet_options)
             cache[key] = d
@@ -520,7 +522,7 @@ def run_optimize(scene_path, objective: str = "max_temperature", constraint=None
     for i, t in enumerate(targets):
         if t in targets[:i]:
             raise TaperayError(f"{outputs[i]}: given as two outputs; give each its own file")
-    tape, study, scene, source = _scene_inputs(scene_path, options.pop("study", None))
+    tape, study, scene, source = scene_inputs(scene_path, options.pop("study", None))
     if out_scene is not None and scene is None:
         raise TaperayError(f"{source}: is a tape, with no scene tree to write the optimised design into; "
                            "optimize a scene .py (declaring `scene` and `study`) or a .scene file")

@@ -223,7 +223,9 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _run_child(mode: str, vertices, faces, options: dict | None, timeout: float) -> tuple[dict | None, str]:
+def run_child(mode: str, vertices, faces, options: dict | None, timeout: float) -> tuple[dict | None, str]:
+    """TetGen's ``mode`` ("tet" or "repair") on the surface in a child process (_tetgen_child):
+    (its arrays, "") or (None, why it failed, timed out or died)."""
     with tempfile.TemporaryDirectory(prefix="taperay-tetgen-") as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         np.savez(src, vertices=np.asarray(vertices, np.float64), faces=np.asarray(faces, np.int64), mode=mode,
@@ -344,20 +346,20 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
         opts["maxvolume"] = float(maxvolume)
     # TetGen meshes order 1; mid-edge nodes are made here (TetGen's order=2 gives the same nodes; its
     # column order is checked by tests/test_solvers.py against TETGEN_ORDER2_EDGES)
-    out, why = _run_child("tet", v, f, opts, timeout)
+    out, why = run_child("tet", v, f, opts, timeout)
     repaired = unprojected = False
     fallback = getattr(surface, "unprojected", None)
     if out is None and fallback is not None:
         # thin walls: the projection can make two sheets cross, which kills TetGen; the grid-edge
         # surface cannot cross itself, and the boundary projection below moves its nodes afterwards
         # as far as no element spoils
-        out, why_grid = _run_child("tet", np.asarray(fallback, np.float64), f, opts, timeout)
+        out, why_grid = run_child("tet", np.asarray(fallback, np.float64), f, opts, timeout)
         if out is not None:
             unprojected = True
         else:
             why = f"{why}; unprojected surface: {why_grid}"
     if out is None and repair:
-        fixed, why_fix = _run_child("repair", v, f, None, timeout)
+        fixed, why_fix = run_child("repair", v, f, None, timeout)
         if fixed is None:
             raise TaperayError(f"TetGen could not mesh the surface ({why}); repairing it failed too ({why_fix})")
         repaired = True
@@ -367,7 +369,7 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
             raise TaperayError(f"TetGen could not mesh the surface ({why}); pymeshfix's repair changed the "
                                f"enclosed volume from {v0:.6g} to {v1:.6g}, so it is not trusted "
                                "(is the surface self-intersecting?)")
-        out, why2 = _run_child("tet", fixed["vertices"], fixed["faces"], opts, timeout)
+        out, why2 = run_child("tet", fixed["vertices"], fixed["faces"], opts, timeout)
         if out is None:
             raise TaperayError(f"TetGen could not mesh the surface ({why}), nor the surface repaired by "
                                f"pymeshfix ({why2}); is the surface self-intersecting or open?")
@@ -470,7 +472,7 @@ def dihedral_angles(nodes, elements) -> np.ndarray:
     return 180.0 - np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))    # (outward normals)
 
 
-def _min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
+def min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
     """Smallest Jacobian determinant of each element over its corners and mid-edge nodes."""
     from .fem import shape_derivatives
     pts = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1],
@@ -552,7 +554,7 @@ def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 
         left = stray[~fixed]
     check = np.nonzero(np.isin(mesh.elements, bnodes).any(1))[0]
     before = np.zeros(len(mesh.elements))
-    before[check] = _min_detj(mesh.nodes, mesh.elements[check])
+    before[check] = min_detj(mesh.nodes, mesh.elements[check])
     mesh.nodes[bnodes] = new
     step = new - old
     share = (np.linalg.norm(step, axis=1) > 0).astype(float)     # of its step each node takes
@@ -561,7 +563,7 @@ def project_boundary_nodes(mesh: TetMesh, tape: Tape, walker=None, steps: int = 
     # are checked again; each round halves at least one step, down to none, and an element whose
     # nodes take no step is as it was
     while len(check):
-        bad = check[_min_detj(mesh.nodes, mesh.elements[check]) <= 0.25 * before[check]]
+        bad = check[min_detj(mesh.nodes, mesh.elements[check]) <= 0.25 * before[check]]
         back = np.flatnonzero(np.isin(bnodes, mesh.elements[bad]) & (share > 0))
         if not len(back):
             break

@@ -203,5 +203,5 @@ def test_written_out_frames_run_the_tapes_own_records_not_its_lowering(walker_gp
         walker_gpu.render(tape, None, 32, 18, view="normals")             # (seen: lowered from now on)
     walker_gpu.drop_kept_cells()
     image = kernel.render(None, 32, 18, "normals")
-    assert walker_gpu._kept_cells is None                                 # no cells were built or used
+    assert walker_gpu.stats()["kept_cells"] is None                                 # no cells were built or used
     np.testing.assert_array_equal(image, walker_gpu.render(tape, None, 32, 18, view="normals", cells=None))

@@ -224,7 +224,7 @@ def _split_cull_tapes():
 def _culled_cell():
     """A union of three clusters of three spheres: the flattener wraps the last two clusters and
     the last one in culls (nested), the spheres of a cluster in none (scenegraph.flatten,
-    _CHEAP_PRIMITIVES)."""
+    CHEAP_PRIMITIVES)."""
     from taperay.scenegraph import sphere, union
     clusters = [union(*(sphere(0.12).translate((0.3 * k - 0.3 + i * 0.05, 0.25 * i - 0.25, 0.0)) for k in range(3)))
                 for i in range(3)]
@@ -248,12 +248,18 @@ def _live_after_target_tapes():
     return after, back
 
 
+def _cull_saves(tape):
+    """runtime.twin's analysis of the tape's culls: (per record, -1 or where its saves start;
+    the saved registers; ...) (a unit of the interpreter, not a walker's observable)."""
+    from taperay.runtime import twin
+    return twin._cull_saves(tape.as_columns(), tape.n_regs, twin._READS, twin._WRITES)
+
+
 def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(walker_cpu):
     """A block whose points disagree at a cull runs its subtree for all of them and gives the
     points that cull their registers back at the target; values and materials must be those of
     each point evaluated alone, bit for bit, and the culls that cannot be ridden through fall
     back to point-by-point evaluation."""
-    from taperay.runtime.twin import _READS, _WRITES, _cull_saves
     rng = np.random.default_rng(11)
     tapes = _split_cull_tapes()
     ridden = 0
@@ -264,13 +270,12 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
         d1, m1 = evaluate_one_by_one(walker_cpu, tape, pts)
         assert np.array_equal(d, d1, equal_nan=True), tape.source
         assert np.array_equal(m, m1), tape.source
-        cols = tape.as_columns()
-        idx = _cull_saves(cols, tape.n_regs, _READS, _WRITES)[0]
+        idx = _cull_saves(tape)[0]
         ridden += int((idx >= 0).sum())
     assert ridden >= 10                                         # culls the blocks ride through
     for tape in tapes[-2:]:                                     # ... and the fallback was needed
         cols = tape.as_columns()
-        idx = _cull_saves(cols, tape.n_regs, _READS, _WRITES)[0]
+        idx = _cull_saves(tape)[0]
         assert idx[int(np.flatnonzero(cols[:, 0] == Op.CULL_BOX)[0])] == -1
 
 
@@ -279,12 +284,11 @@ def test_a_split_cull_saves_the_registers_live_at_its_target():
     target (runtime.twin._live_in): register 3 in both tapes of _live_after_target_tapes, only
     the cull's own register in a grid pattern of _culled_cell (its other registers are written
     again before any read, also across the pattern's copies)."""
-    from taperay.runtime.twin import _READS, _WRITES, _cull_saves
     from taperay.scenegraph import flatten
 
     def saved(tape):
         cols = tape.as_columns()
-        idx, saves, _ = _cull_saves(cols, tape.n_regs, _READS, _WRITES)
+        idx, saves, _ = _cull_saves(tape)
         return [sorted(saves[k + 1:k + 1 + saves[k]].tolist()) for k in idx[cols[:, 0] == Op.CULL_BOX] if k >= 0]
 
     after, back = _live_after_target_tapes()

@@ -140,7 +140,7 @@ def test_path_tracer_materials_round_trip(tmp_path):
     from taperay.scenegraph.nodes import node_from_dict
     assert node_from_dict(d).mat == Material("old", (0.1, 0.2, 0.3), 0.4)
     body = _body(tmp_path / "m.tape")
-    body["layouts"]["materials"] = files._layout(files.MATERIAL_DTYPE_1)
+    body["layouts"]["materials"] = files.layout_of(files.MATERIAL_DTYPE_1)
     body["materials"] = np.array([((0.1, 0.2, 0.3), 0.4)] * len(back.materials), files.MATERIAL_DTYPE_1).tobytes()
     (tmp_path / "old.tape").write_bytes(_container(body))
     old = load_tape_file(tmp_path / "old.tape").materials
@@ -199,7 +199,7 @@ def test_checksum_mismatch_is_named(tmp_path, good_tape_file):
 
 
 def test_a_large_corrupted_file_is_reported_as_corrupted(tmp_path):
-    """A body past _Checksum.THREAD_BYTES is checked in a thread while the tape is built and
+    """A body past Checksum.THREAD_BYTES is checked in a thread while the tape is built and
     validated; a flipped byte is still reported as a checksum mismatch, also where it breaks
     the tape (a BVH node skipping backwards) before the checksum is known."""
     rng = np.random.default_rng(3)
@@ -207,7 +207,7 @@ def test_a_large_corrupted_file_is_reported_as_corrupted(tmp_path):
     p = tmp_path / "big.tape"
     save_tape(flatten(sphere(0.1).instances(rng.uniform(-5, 5, (n, 3)))), p)
     data = p.read_bytes()
-    assert len(data) > files._Checksum.THREAD_BYTES
+    assert len(data) > files.Checksum.THREAD_BYTES
     assert len(load_tape_file(p).instances) == n
     tape = load_tape_file(p)
     skip_at = data.find(tape.bvh[10:11].tobytes()) + 12      # node 10's skip, in the file
@@ -292,8 +292,8 @@ def _mutated(good_tape_file, **changes):
     ({"instrs": b"\x00" * 33}, "not a multiple of the 32-byte record"),
     ({"params": b"\x00" * 3}, "not a multiple of the 4-byte record"),
     ({"materials": b"\x00" * 17}, f"not a multiple of the {MATERIAL_DTYPE.itemsize}-byte record"),
-    ({"layouts": {**files._LAYOUTS, "instrs": [["op", "<u4", []]]}}, "layouts differ from this taperay's (instrs)"),
-    ({"layouts": {**files._LAYOUTS, "materials": [["color", "<f8", [3]], ["roughness", "<f4", []]]}},
+    ({"layouts": {**files.LAYOUTS, "instrs": [["op", "<u4", []]]}}, "layouts differ from this taperay's (instrs)"),
+    ({"layouts": {**files.LAYOUTS, "materials": [["color", "<f8", [3]], ["roughness", "<f4", []]]}},
      "(materials)"),
     ({"layouts": "v1"}, "layouts differ"),
     ({"instances": b"\x00" * 31}, "not a multiple of the 32-byte record"),

@@ -109,36 +109,34 @@ def test_wide_tapes_switch_variants_without_compiling(walker_gpu):
 
 def test_compile_rate_starts_from_the_adapter_kind_and_is_learnt_per_machine(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_device, "RATE_FILE", tmp_path / "taperay" / "compile_rate.json")
-    assert gpu_device._load_rate("machine A") == gpu_device.DEFAULT_RATE_HARDWARE
-    assert gpu_device._load_rate("machine A", software=True) == gpu_device.DEFAULT_RATE_SOFTWARE
-    gpu_device._store_rate("machine A", 1234.5)
-    gpu_device._store_rate("machine B", 99.0)
-    assert gpu_device._load_rate("machine A") == 1234.5 and gpu_device._load_rate("machine B") == 99.0
-    gpu_device._store_rate("machine A", 4 * 1234.5)         # a later build moves it half way (geometric)
-    assert gpu_device._load_rate("machine A") == pytest.approx(2 * 1234.5)
+    assert gpu_device.load_rate("machine A") == gpu_device.DEFAULT_RATE_HARDWARE
+    assert gpu_device.load_rate("machine A", software=True) == gpu_device.DEFAULT_RATE_SOFTWARE
+    gpu_device.store_rate("machine A", 1234.5)
+    gpu_device.store_rate("machine B", 99.0)
+    assert gpu_device.load_rate("machine A") == 1234.5 and gpu_device.load_rate("machine B") == 99.0
+    gpu_device.store_rate("machine A", 4 * 1234.5)         # a later build moves it half way (geometric)
+    assert gpu_device.load_rate("machine A") == pytest.approx(2 * 1234.5)
     (tmp_path / "taperay" / "compile_rate.json").write_text("not json")
-    assert gpu_device._load_rate("machine A") == gpu_device.DEFAULT_RATE_HARDWARE
+    assert gpu_device.load_rate("machine A") == gpu_device.DEFAULT_RATE_HARDWARE
 
 
-def test_a_new_machine_predicts_its_build_from_the_adapter_kind():
+def test_a_new_machine_predicts_its_build_from_the_adapter_kind(walker_gpu):
     """Every pipeline's build as a new machine predicts it, against what was measured: an H200 (16
     threads) built all 56 in 3.0-6.3 s, lavapipe here (2 threads) in 4.7-7 s. (The H200 once
     predicted 168.6 s from one rate for every adapter.)"""
-    ks = gpu_device.KernelSet.__new__(gpu_device.KernelSet)
-    ks._sources = {}
-    weights = [ks._weight(k) for k in gpu_device.KernelSet.keys()]
-    hardware = gpu_device._predict_seconds(weights, 16, gpu_device.DEFAULT_RATE_HARDWARE)
-    software = gpu_device._predict_seconds(weights, 2, gpu_device.DEFAULT_RATE_SOFTWARE)
+    weights = [walker_gpu.kernels.weight(k) for k in gpu_device.KernelSet.keys()]
+    hardware = gpu_device.predict_seconds(weights, 16, gpu_device.DEFAULT_RATE_HARDWARE)
+    software = gpu_device.predict_seconds(weights, 2, gpu_device.DEFAULT_RATE_SOFTWARE)
     assert 3.0 / 2 <= hardware <= 6.3 * 2 and 4.7 / 2 <= software <= 7 * 2, (hardware, software)
     # the rate learnt from a build predicts that build again
-    rate = gpu_device._measured_rate(weights[:5], 16, 0.8)
-    assert gpu_device._predict_seconds(weights[:5], 16, rate) == pytest.approx(0.8)
+    rate = gpu_device.measured_rate(weights[:5], 16, 0.8)
+    assert gpu_device.predict_seconds(weights[:5], 16, rate) == pytest.approx(0.8)
 
 
 def test_progress_line_moves_by_the_clock(capsys, monkeypatch):
     now = [100.0]
     monkeypatch.setattr(gpu_device.time, "perf_counter", lambda: now[0])
-    line = gpu_device._ProgressLine(total=20, predicted=10.0)
+    line = gpu_device.ProgressLine(total=20, predicted=10.0)
     line.update(0)
     now[0] += 5.0
     line.update(0)            # nothing finished yet, but half the predicted time has passed

@@ -198,9 +198,7 @@ def test_march_cells_take_the_union_rule_on_sub_cells(walker_gpu, no_new_kernels
     assert [(lv["mean_length"], lv["with_tape"]) for lv in levels] == [(8, 2), (6, 64)]
     assert [lv["mean_length"] for lv in walker_gpu.prune_levels(tape, 16, 16, tiles=(16, 8))] == [len(tape)] * 2
     walker_gpu.drop_kept_cells()
-    walker_gpu.sign_image(tape, 16, 16, cells=(1, 2))
-    counts = march_cells(*image_cell_box((-1.0, 1.0, -1.0, 1.0), 0.0), 1, 2, flat=True)[0]
-    assert [h[taped, 1].mean() for h, taped, _ in walker_gpu._cell_headers(counts, 0)] == [8, 8]
+    assert [lv["mean_length"] for lv in walker_gpu.image_cell_levels(tape, 16, 16, cells=(1, 2), sign=True)] == [8, 8]
     cam = Camera(eye=(0.3, -2.5, 1.5), target=(0, 0, 0), fov_deg=50)
     full = walker_gpu.march(tape, cam, 32, 24, settings=EXACT, cells=None)
     assert full["hit"].mean() > 0.1
@@ -211,17 +209,17 @@ def test_march_cells_take_the_union_rule_on_sub_cells(walker_gpu, no_new_kernels
 def test_a_small_arena_is_grown_and_the_image_run_again(walker_gpu, no_new_kernels, prospero_96, monkeypatch):
     tape, full = prospero_96
     n = full.shape[0]
-    monkeypatch.setattr(walker_gpu, "_arena_words", 1000)
+    monkeypatch.setattr(walker_gpu, "arena_words", 1000)
     pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), tiles=(32, 8))
     np.testing.assert_array_equal(bits(pruned), bits(full))
-    assert walker_gpu._arena_words > 1000
+    assert walker_gpu.arena_words > 1000
 
 
 def test_an_arena_beyond_the_binding_limit_is_a_taperay_error(walker_gpu, no_new_kernels, monkeypatch):
     """A tape of 7,591 records pruned per 4 px of a 64^2 image does not fit in 256 KiB."""
     tape = load_vm(DATA / "prospero.vm")
-    monkeypatch.setattr(walker_gpu, "_arena_words", 1000)
-    monkeypatch.setitem(walker_gpu._ctx.limits, "max_storage_buffer_binding_size", 1 << 18)
+    monkeypatch.setattr(walker_gpu, "arena_words", 1000)
+    monkeypatch.setitem(walker_gpu.context.limits, "max_storage_buffer_binding_size", 1 << 18)
     with pytest.raises(TaperayError, match="binding limit"):
         walker_gpu.field_image_pruned(tape, 64, 64, tiles=(16, 4))
 
@@ -258,7 +256,7 @@ def _chain_tape(n):
 
 
 def test_tapes_beyond_the_iteration_cap_are_refused(walker_gpu, no_new_kernels):
-    cap = walker_gpu._iter_limits[0]
+    cap = walker_gpu.iteration_limits[0]
     if cap >= 1 << 31:
         pytest.skip("a hardware adapter has no loop-iteration cap")
     ok = _chain_tape(cap // 6)      # (the field image always runs every walk: interval, liveness,
@@ -302,8 +300,8 @@ def test_prospero_image_cells_are_bit_identical(walker_gpu, no_new_kernels, pros
     pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=cells)
     np.testing.assert_array_equal(bits(pruned), bits(full))
     np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), cells=cells), full < 0)
-    walker_gpu._cells_image(tape, n, n, grid_rect(n), 0.0, cells, True)
-    raw = walker_gpu._read(walker_gpu._out_f, np.float32, n * n).reshape(n, n)
+    walker_gpu.sign_image(tape, n, n, grid_rect(n), cells=cells)
+    raw = walker_gpu.read_output("f", n * n).reshape(n, n)     # (the pixel pass's values)
     np.testing.assert_array_equal(raw < 0, full < 0)
     filled = (np.abs(raw) == 1.0) & (raw != full)
     assert filled.mean() >= decided, filled.mean()
@@ -362,7 +360,7 @@ def test_image_cells_are_kept_for_pans_zooms_and_sizes(walker_gpu, no_new_kernel
 
 @pytest.mark.slow
 def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walker_gpu, no_new_kernels,
-                                                                           prospero_96):
+                                                                           prospero_96, monkeypatch):
     """Pruning renumbers the finest level's tapes' registers (values die where last read):
     prospero's 189 became 138 at 32 px tiles, 24 at 2 px, when written (coarser levels keep the
     full tape's numbering: their header says REG_CAP). Its image cells' finest tapes (16^2 x 3)
@@ -379,16 +377,16 @@ def test_pruned_tapes_need_few_registers_and_the_pixel_pass_a_small_variant(walk
     walker_gpu.drop_kept_cells()
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(16, 3))),
                                   bits(full))
-    assert walker_gpu._kept_cells[2] == 16 < walker_gpu.upload(tape)
+    assert walker_gpu.stats()["kept_cells"] == {"kind": "image", "variant": 16} and 16 < walker_gpu.upload(tape)
     refused = walker_gpu.register_refusals
     walker_gpu.drop_kept_cells()
     walker_gpu.sign_image(tape, 8, 8, grid_rect(n), cells=(1, 1))
-    key, desc, variant, bits_at = walker_gpu._kept_cells
-    assert variant == walker_gpu.upload(tape)
-    walker_gpu._kept_cells = (key, desc, 16, bits_at)   # (kept: the next image runs in the 16 variant)
+    assert walker_gpu.stats()["kept_cells"]["variant"] == walker_gpu.upload(tape)
+    walker_gpu.drop_kept_cells()
+    monkeypatch.setattr(walker_gpu, "pixel_variant_cap", 16)   # (the cells' pixel pass in the 16 variant)
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(1, 1))),
                                   bits(full))
-    assert walker_gpu._kept_cells[2] == 16 and walker_gpu.register_refusals == refused + 1
+    assert walker_gpu.stats()["kept_cells"]["variant"] == 16 and walker_gpu.register_refusals == refused + 1
 
 
 @pytest.mark.slow
@@ -399,15 +397,16 @@ def test_the_pruned_images_pixel_pass_runs_in_the_variant_its_finest_tapes_need(
     the pass runs again in the tape's own variant, bit for bit."""
     tape, full = prospero_96
     n = full.shape[0]
-    pixel_variant = type(walker_gpu)._pixel_variant
-    chosen = []
-    monkeypatch.setattr(type(walker_gpu), "_pixel_variant",
-                        staticmethod(lambda v, regs: chosen.append(pixel_variant(v, regs)) or chosen[-1]))
+    def pixel_passes():
+        return {k: v for k, v in walker_gpu.stats()["dispatches"].items() if k.startswith("pruned_image@")}
+    before = pixel_passes()
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), tiles=(32, 8, 2))),
                                   bits(full))
-    assert chosen == [64] < [walker_gpu.upload(tape)]
+    after = pixel_passes()
+    assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {"pruned_image@64": 1}
+    assert 64 < walker_gpu.upload(tape)
     refused = walker_gpu.register_refusals
-    monkeypatch.setattr(type(walker_gpu), "_pixel_variant", staticmethod(lambda v, regs: 16))
+    monkeypatch.setattr(walker_gpu, "pixel_variant_cap", 16)
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), tiles=(32, 8, 2))),
                                   bits(full))
     np.testing.assert_array_equal(walker_gpu.sign_image(tape, n, n, grid_rect(n), tiles=(32, 8, 2)), full < 0)
@@ -420,14 +419,14 @@ def test_image_cells_grow_a_small_arena_and_check_their_arguments(walker_gpu, no
     tape, full = prospero_96
     n = full.shape[0]
     walker_gpu.drop_kept_cells()
-    monkeypatch.setattr(walker_gpu, "_cell_arena_words", 1000)
+    monkeypatch.setattr(walker_gpu, "cell_arena_words", 1000)
     pruned = walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(4, 2))
     np.testing.assert_array_equal(bits(pruned), bits(full))
-    assert walker_gpu._cell_arena_words > 1000
-    grown = walker_gpu._cell_arena_words          # timing the cells prunes them as the image did
+    assert walker_gpu.cell_arena_words > 1000
+    grown = walker_gpu.cell_arena_words          # timing the cells prunes them as the image did
     assert walker_gpu.gpu_seconds(tape, n, n, grid_rect(n), cells=(4, 2), tile_passes_only=True, repeat=2) >= 0
     assert walker_gpu.gpu_seconds(tape, n, n, grid_rect(n), cells=(4, 2), repeat=2) >= 0
-    assert walker_gpu._cell_arena_words == grown
+    assert walker_gpu.cell_arena_words == grown
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(4, 2))),
                                   bits(full))
     for cells in ((0, 2), (4, 0), (4, 5), (2000, 1), (4,), "auto", (4.0, 2)):
@@ -512,9 +511,9 @@ def test_evaluate_pruned_prunes_and_finer_levels_prune_further(walker_gpu, no_ne
 def test_evaluate_pruned_grows_a_small_arena(walker_gpu, no_new_kernels, monkeypatch):
     tape = load_vm(DATA / "prospero.vm")
     pts = _points(np.random.default_rng(3), 500, plane=True)
-    monkeypatch.setattr(walker_gpu, "_point_arena_words", 1000)
+    monkeypatch.setattr(walker_gpu, "point_arena_words", 1000)
     dp, _ = walker_gpu.evaluate_pruned(tape, pts, cells=64, levels=2)
-    assert walker_gpu._point_arena_words > 1000
+    assert walker_gpu.point_arena_words > 1000
     assert _same(dp, walker_gpu.evaluate(tape, pts)[0]).all()
 
 
@@ -617,18 +616,18 @@ def test_march_cells_grow_a_small_arena(walker_gpu, no_new_kernels, spheres_60, 
     from taperay.runtime.camera import auto_camera
     cam = auto_camera(spheres_60.bounds)
     full = walker_gpu.march(spheres_60, cam, 24, 20, settings=EXACT, cells=None)
-    monkeypatch.setattr(walker_gpu, "_cell_arena_words", 500)
+    monkeypatch.setattr(walker_gpu, "cell_arena_words", 500)
     assert _same_bits(walker_gpu.march(spheres_60, cam, 24, 20, settings=EXACT, cells=(4, 2)), full)
-    assert walker_gpu._cell_arena_words > 500
+    assert walker_gpu.cell_arena_words > 500
 
 
 def test_march_cells_choice_and_bad_cells(walker_gpu, spheres_60):
     from taperay.runtime.gpu import GpuWalker
     from taperay.runtime.gpu_pruning import MARCH_CELLS
-    assert GpuWalker._march_cells_for(spheres_60, "auto") == MARCH_CELLS
-    assert GpuWalker._march_cells_for(load_vm(DATA / "sphere.vm"), "auto") is None      # short: not worth it
-    assert GpuWalker._march_cells_for(load_vm(DATA / "sphere.vm"), (2, 1)) == (2, 1)
-    assert GpuWalker._march_cells_for(spheres_60, None) is None
+    assert GpuWalker.march_cells_for(spheres_60, "auto") == MARCH_CELLS
+    assert GpuWalker.march_cells_for(load_vm(DATA / "sphere.vm"), "auto") is None      # short: not worth it
+    assert GpuWalker.march_cells_for(load_vm(DATA / "sphere.vm"), (2, 1)) == (2, 1)
+    assert GpuWalker.march_cells_for(spheres_60, None) is None
     for bad in ((0, 1), (4, 5), (4,), "yes", (2.5, 1)):
         with pytest.raises(TaperayError):
             walker_gpu.march(spheres_60, None, 8, 8, cells=bad)
@@ -653,7 +652,7 @@ def test_fields_with_materials_march_on_cells_bit_identical(walker_gpu, no_new_k
                  name="ball").material(Material("glass", (0.3, 0.5, 0.9), 0.2))
     tape = flatten(build(level=3) | ball)
     assert not is_arithmetic(tape) and is_arithmetic(tape, fields=True)
-    assert GpuWalker._march_cells_for(tape, "auto") is not None
+    assert GpuWalker.march_cells_for(tape, "auto") is not None
     full = walker_gpu.light(tape, None, 40, 30, view=view, settings=EXACT, cells=None)
     assert len(np.unique(full["mat"][full["hit"]])) == 2
     assert _same_bits(walker_gpu.light(tape, None, 40, 30, view=view, settings=EXACT, cells=(3, 2)), full)
@@ -670,16 +669,15 @@ def test_frames_keep_their_cells_until_something_else_runs(walker_gpu, no_new_ke
     again; every frame equals its unpruned render."""
     from taperay.runtime.camera import Camera
     from taperay.tools.bench_prune import spheres_program
-    pruned, frames = [], []
-    real = type(walker_gpu)._prune_cells
-    monkeypatch.setattr(type(walker_gpu), "_prune_cells", lambda self, *a: pruned.append(1) or real(self, *a))
+    frames = []
     walker_gpu.drop_kept_cells()
+    builds = walker_gpu.march_cell_builds
     cams = [Camera(eye=(3, -2.5, 2), target=(0, 0, 0)), Camera(eye=(-2, -3, 1.5), target=(0.1, 0, 0))]
     other = load_vm(spheres_program(50, seed=5))
 
     def frame(cam, size=(24, 18), tape=spheres_60):
         frames.append((walker_gpu.render(tape, cam, *size, settings=EXACT), tape, cam, size))
-        return len(pruned)
+        return walker_gpu.march_cell_builds - builds
 
     assert frame(cams[0]) == 1 and frame(cams[1]) == 1          # kept: another camera, no pruning
     assert frame(cams[0], (16, 12)) == 2                        # another size
@@ -699,9 +697,9 @@ def _pruned_tapes(walker, counts):
     tape words) from out_u word 0 (headers,
     then the arena, as a pruned image or image cells leave them)."""
     n_hdr = PRUNE_HEADER_WORDS * sum(counts)
-    hdr = walker._read(walker._out_u, np.uint32, n_hdr).reshape(-1, PRUNE_HEADER_WORDS).astype(np.int64)
+    hdr = walker.read_output("u", n_hdr).reshape(-1, PRUNE_HEADER_WORDS).astype(np.int64)
     taped = (hdr[:, 2] <= 2) & (hdr[:, 1] > 0)
-    words = walker._read(walker._out_u, np.uint32, int((hdr[taped, 0] + 2 * hdr[taped, 1]).max(initial=n_hdr)))
+    words = walker.read_output("u", int((hdr[taped, 0] + 2 * hdr[taped, 1]).max(initial=n_hdr)))
     return [(int(c), int(n), int(r), int(lower), words[at:at + 2 * n].tobytes() if ok else b"")
             for (at, n, c, r, lower), ok in zip(hdr, taped)]
 
@@ -743,16 +741,15 @@ def test_level0_in_dependency_steps_gives_the_serial_walks_tapes(walker_gpu, wal
     assert wave_schedule(tape, wait=True) is not None
     tiles = [(24,), (24, 6), (32, 8, 2), 12][case % 4]
     sign = case % 2 == 1
+    image = walker_gpu.sign_image if sign else walker_gpu.field_image_pruned
     if case % 3 == 2:   # image cells: prune_image_cells' level 0 folds constants (prune_wave_cells)
         cells = ((2, 2), (3, 1), (4, 2))[case % 3 - 2 + case // 6]
         lo, hi = image_cell_box(rect, 0.25)
         counts = march_cells(lo, hi, *cells, flat=True)[0]
-        run = lambda: (walker_gpu._cells_image(tape, 40, 36, rect, 0.25, cells, sign),
-                       _pruned_tapes(walker_gpu, counts))[1]
+        run = lambda: (image(tape, 40, 36, rect, 0.25, cells=cells), _pruned_tapes(walker_gpu, counts))[1]
     else:
         counts = level_tile_counts(tile_levels(tiles), 40, 36)
-        run = lambda: (walker_gpu._pruned_image(tape, 40, 36, rect, 0.25, tiles, sign),
-                       _pruned_tapes(walker_gpu, counts))[1]
+        run = lambda: (image(tape, 40, 36, rect, 0.25, tiles=tiles), _pruned_tapes(walker_gpu, counts))[1]
     steps, serial = _steps_and_serial(walker_gpu, run)
     assert len(steps) == sum(counts)
     assert steps == serial
@@ -779,20 +776,25 @@ def test_march_cells_level0_in_dependency_steps_gives_the_serial_walks_tapes(wal
 
 def test_the_outside_cell_does_not_count_against_the_steps_tile_limit(walker_gpu, no_new_kernels, monkeypatch):
     """32^2 image cells are 1,025 with the outside cell: level 0 takes the steps as 1,024 tiles
-    would (the image's own passes, as sign_image makes them); 1,025 tiles do not."""
+    would (the image's own passes, as sign_image makes them), not as 1,025; 1,024 tiles of an
+    image (2 px on 64^2) take them, not past a limit of 1,023."""
     tape = load_vm(DATA / "sphere.vm")
     assert wave_schedule(tape, wait=True) is not None
-    monkeypatch.setattr(walker_gpu, "wave_max_tiles", 1024)
-    made = []
-    real = walker_gpu._tile_passes
-    monkeypatch.setattr(walker_gpu, "_tile_passes", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
-    walker_gpu.drop_kept_cells()
-    walker_gpu.sign_image(tape, 64, 64, cells=(32, 2))
-    assert [p[0][0] for p in made] == ["prune_wave_cells"]
-    walker_gpu.upload(tape)
-    assert real(tape, "prune_cells", [1026], outside=1)[0][0] == "prune_cells"
-    assert real(tape, "prune_tiles", [1025])[0][0] == "prune_tiles"
-    assert real(tape, "prune_tiles", [1024])[0][0] == "prune_wave"
+
+    def level0_in_steps(limit, image):       # (prune_wave*: level 0 in dependency steps)
+        monkeypatch.setattr(walker_gpu, "wave_max_tiles", limit)
+        walker_gpu.drop_kept_cells()
+        before = walker_gpu.stats()["dispatches"]
+        image()
+        after = walker_gpu.stats()["dispatches"]
+        return sorted({k.split("@")[0] for k in after if after[k] != before.get(k, 0) and k.startswith("prune_")})
+
+    cells = lambda: walker_gpu.sign_image(tape, 64, 64, cells=(32, 2))
+    tiles = lambda: walker_gpu.sign_image(tape, 64, 64, tiles=(2,))
+    assert level0_in_steps(1024, cells) == ["prune_image_cells", "prune_wave_cells"]
+    assert level0_in_steps(1023, cells) == ["prune_image_cells"]
+    assert level0_in_steps(1024, tiles) == ["prune_wave"]
+    assert level0_in_steps(1023, tiles) == ["prune_tiles"]
 
 
 @pytest.mark.slow
@@ -831,21 +833,21 @@ def test_level0_takes_the_serial_walks_while_the_planner_is_not_ready(walker_gpu
     assert wave_schedule(tape, wait=True) is not None
     monkeypatch.setattr(walker_gpu, "wave_max_tiles", 1 << 30)
     gate = threading.Event()
-    monkeypatch.setattr(gpu_pruning, "_wave_jit", None)
-    monkeypatch.setattr(gpu_pruning, "_wave_loader", threading.Thread(target=gate.wait))
-    monkeypatch.setattr(gpu_pruning, "_WAVES", {})
-    assert wave_schedule(tape) is None and gpu_pruning._WAVES == {}
+    planner = gpu_pruning.WavePlanner()                 # (not compiled yet, its compile never ending)
+    planner.loader = threading.Thread(target=gate.wait)
+    monkeypatch.setattr(gpu_pruning, "WAVE_PLANNER", planner)
+    assert wave_schedule(tape) is None and planner.schedules == {}
     full = walker_gpu.field_image(tape, 24, 20)
     pruned = walker_gpu.field_image_pruned(tape, 24, 20, tiles=(8, 3))
     assert ((bits(pruned) == bits(full)) | (np.isnan(pruned) & np.isnan(full))).all()
-    assert gpu_pruning._WAVES == {}
+    assert planner.schedules == {}
     gate.set()
 
 
 def test_image_cells_pruned_again_compare_no_buffer(walker_gpu, no_new_kernels, monkeypatch):
     """Pruning a tape's image cells again (after an edit elsewhere, or as the benchmark's first
     images) syncs the instrs buffer to the tape and to its schedule in turn, and the points buffer
-    to the cells' layout: read-only arrays a buffer holds already (gpu_device._Buffer.held), so none is
+    to the cells' layout: read-only arrays a buffer holds already (gpu_device.Buffer.held), so none is
     compared again, and the image is the same."""
     from taperay.runtime import gpu_device
     tape = load_vm(DATA / "prospero.vm")
@@ -853,12 +855,10 @@ def test_image_cells_pruned_again_compare_no_buffer(walker_gpu, no_new_kernels, 
     monkeypatch.setattr(walker_gpu, "wave_max_tiles", 1 << 30)
     walker_gpu.drop_kept_cells()
     first = walker_gpu.sign_image(tape, 48, 40, cells=(2, 2))
-    compared = []
-    real = gpu_device._differing_span
-    monkeypatch.setattr(gpu_device, "_differing_span", lambda a, b: compared.append(a.size) or real(a, b))
+    compared = walker_gpu.stats()["bytes_compared"]
     walker_gpu.drop_kept_cells()
     again = walker_gpu.sign_image(tape, 48, 40, cells=(2, 2))
-    assert walker_gpu.image_cell_builds >= 2 and compared == []
+    assert walker_gpu.image_cell_builds >= 2 and walker_gpu.stats()["bytes_compared"] == compared
     np.testing.assert_array_equal(again, first)
 
 
@@ -913,14 +913,14 @@ def test_march_cells_headers_hold_their_intervals_lower_bounds(walker_gpu, no_ne
     of its interval, as the twin's cells compute it (level 0 on the whole tape, level 1 on the
     parent's pruned tape)."""
     from taperay.runtime.camera import auto_camera
-    from taperay.runtime.pruning import _march_cells
+    from taperay.runtime.pruning import march_cell_tapes
     text = (Path(__file__).resolve().parents[1] / "shaders" / "packed.wgsl").read_text()
     assert f"const HEADER_WORDS: u32 = {PRUNE_HEADER_WORDS}u;" in text
     walker_gpu.march(spheres_60, auto_camera(spheres_60.bounds), 16, 12, cells=(4, 2))
-    hdr = walker_gpu._read(walker_gpu._out_u, np.uint32, PRUNE_HEADER_WORDS * 65 * 65,   # (from word 9n)
-                           9 * 16 * 12).reshape(-1, PRUNE_HEADER_WORDS)
+    hdr = walker_gpu.read_output("u", PRUNE_HEADER_WORDS * 65 * 65,   # (from word 9n)
+                                 9 * 16 * 12).reshape(-1, PRUNE_HEADER_WORDS)
     lower = hdr[:, 4].view(np.float32)
-    cells = _march_cells(spheres_60, RenderSettings().pack(spheres_60), 4, 2)
+    cells = march_cell_tapes(spheres_60, RenderSettings().pack(spheres_60), 4, 2)
     twin = cells.skip_lower                         # (level 0, then the sub-cells)
     gpu = np.concatenate([lower[:64], lower[65:65 + 64 * 64]])
     assert np.isnan(lower[64])                     # the outside cell: nothing decided

@@ -203,8 +203,8 @@ def test_an_evaluation_past_the_iteration_cap_is_refused(walker_gpu):
 def test_tapes_beyond_the_kernels_are_refused_before_dispatch(walker_gpu, scene, monkeypatch):
     with pytest.raises(TaperayError, match="registers"):
         gpu_device.variant_for(257)
-    small = dict(walker_gpu._ctx.limits, max_storage_buffer_binding_size=64)
-    monkeypatch.setattr(walker_gpu._ctx, "limits", small)
+    small = dict(walker_gpu.context.limits, max_storage_buffer_binding_size=64)
+    monkeypatch.setattr(walker_gpu.context, "limits", small)
     written = walker_gpu.stats()["tape_bytes_written"]
     with pytest.raises(TaperayError, match="binds at most 64 bytes"):
         walker_gpu.evaluate(scene, np.zeros((1, 3)))
@@ -213,7 +213,7 @@ def test_tapes_beyond_the_kernels_are_refused_before_dispatch(walker_gpu, scene,
 
 def test_point_sets_beyond_the_binding_limit_run_in_chunks(walker_gpu, walker_cpu, monkeypatch):
     tape = C.op_tape(Op.CAPSULE, np.random.default_rng(4))
-    monkeypatch.setattr(walker_gpu._ctx, "limits", dict(walker_gpu._ctx.limits, max_storage_buffer_binding_size=2048))
+    monkeypatch.setattr(walker_gpu.context, "limits", dict(walker_gpu.context.limits, max_storage_buffer_binding_size=2048))
     pts = _points(1000, seed=4)
     (dc, mc), (dg, mg) = walker_cpu.evaluate(tape, pts), walker_gpu.evaluate(tape, pts)
     assert _agree(tape, dc, dg) and _materials_agree(mc, mg)
@@ -260,30 +260,29 @@ def test_set_param_writes_only_the_changed_bytes(walker_gpu, walker_cpu, scene):
 def test_a_frozen_tape_is_compared_once_and_its_edits_still_reach_the_gpu(walker_gpu, walker_cpu, scene,
                                                                           monkeypatch):
     """Every frame syncs the tape's buffers; a frozen tape's arrays that a buffer holds already are
-    not compared again (gpu_device._Buffer.held), while a set_param edit (a new params array) and a
+    not compared again (gpu_device.Buffer.held), while a set_param edit (a new params array) and a
     tape with new arrays are."""
     tape = replace(scene, refit=None)
     pts = _points(32, seed=6)
     walker_gpu.evaluate(tape, pts)
     assert not tape.instrs.flags.writeable                 # (validated: frozen)
-    compared = []                                          # (the tape arrays compared to a mirror)
-    real = gpu_device._differing_span
 
-    def spy(a, b):
-        compared.extend(n for n in gpu._TAPE_ARRAYS if np.shares_memory(b, getattr(tape, n)))
-        return real(a, b)
-    monkeypatch.setattr(gpu_device, "_differing_span", spy)
+    def compared():                                        # (bytes of each tape array compared to a mirror)
+        return {n: walker_gpu.stats()["bytes_compared"][n] for n in gpu.TAPE_ARRAYS}
+    before = compared()
     walker_gpu.evaluate(tape, pts)
     walker_gpu.render(tape, None, 8, 6)
-    assert compared == []
+    assert compared() == before
     walker_gpu.set_param(tape, "radius", 0.35)
     d_gpu = walker_gpu.evaluate(tape, pts)[0]
     assert _agree(tape, walker_cpu.evaluate(tape, pts)[0], d_gpu)
     other = replace(tape, params=tape.params.copy())
     other.params[tape.names["radius"]] = 0.3
-    tape = other
+    before = compared()
     walker_gpu.evaluate(other, pts)
-    assert "params" in compared                            # (new arrays: compared, the changed span written)
+    after = compared()                                     # (new arrays: compared, the changed span written)
+    assert after["params"] >= before["params"] + other.params.nbytes
+    assert after["instrs"] == before["instrs"]             # (the same frozen instructions: not compared again)
     assert _agree(other, walker_cpu.evaluate(other, pts)[0], walker_gpu.evaluate(other, pts)[0])
 
 
@@ -310,7 +309,7 @@ def test_uploads_write_differences_and_grow_buffers_by_doubling(walker_gpu, scen
     assert walker_gpu.stats()["tape_bytes_written"] == before   # nothing changed, nothing written
     big = C.wide_tape(np.random.default_rng(9), 200)
     walker_gpu.upload(big)
-    cap = walker_gpu._tape_bufs["instrs"].capacity
+    cap = walker_gpu.stats()["tape_buffer_bytes"]["instrs"]
     assert cap >= big.instrs.nbytes and cap & (cap - 1) == 0 and cap >= gpu_device.MIN_BUFFER
 
 
@@ -356,16 +355,14 @@ def test_frames_and_kept_cell_images_wait_for_the_gpu_once_a_submission(walker_g
     from taperay.scenegraph.vm import load_vm
     tape = flatten(sphere(0.5) | sphere(0.3).translate(0.6, 0, 0))
     prog = load_vm(Path(__file__).parent / "data" / "sphere.vm")
-    waits = []
-    real = walker_gpu._submit_and_read
-    monkeypatch.setattr(walker_gpu, "_submit_and_read", lambda *a: waits.append(1) or real(*a))
+    def waits():
+        return walker_gpu.stats()["waits"]
     walker_gpu.render(tape, None, 24, 18, cells=None)
-    waits.clear()
-    resumed = walker_gpu.resumed_dispatches
+    before, resumed = waits(), walker_gpu.resumed_dispatches
     frame = walker_gpu.render(tape, None, 24, 18, cells=None)
-    assert walker_gpu.resumed_dispatches == resumed and len(waits) == 3
+    assert walker_gpu.resumed_dispatches == resumed and waits() - before == 3
     walker_gpu.sign_image(prog, 32, 32, cells=(2, 2))       # (prunes the cells: a wait more)
-    waits.clear()
+    before = waits()
     kept = walker_gpu.sign_image(prog, 32, 32, cells=(2, 2))
-    assert len(waits) == 1
+    assert waits() - before == 1
     assert kept.any() and not kept.all() and frame.shape == (18, 24, 3)

@@ -13,7 +13,7 @@ pytest.importorskip("jax")
 
 from taperay.runtime import conformance as C                      # noqa: E402
 from taperay.runtime.jax_walker import (JaxWalker, compile_stats,  # noqa: E402
-                                        _generic_unsupported)
+                                        generic_unsupported)
 from taperay.runtime.opcodes import OPS, POLY_OPS, Family, Op      # noqa: E402
 from taperay.runtime.tape import Tape, TaperayError                # noqa: E402
 from taperay.scenegraph import Param, box, cylinder, flatten, smooth_union, sphere, torus  # noqa: E402
@@ -54,7 +54,7 @@ def test_trace_form_agrees_with_twin_per_op(walker_cpu, walker_trace, op):
 def test_generic_form_agrees_with_twin_per_op(walker_cpu, walker_generic):
     for op in GENERIC_OPS:
         tape = C.op_tape(op, np.random.default_rng(int(op)))
-        assert _generic_unsupported(tape) is None, op.name
+        assert generic_unsupported(tape) is None, op.name
         _agree(walker_cpu, walker_generic, tape)
 
 

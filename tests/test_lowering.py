@@ -183,7 +183,7 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
     cam = auto_camera(tape.bounds)
     # the first render of a tape's content is on its own records, the next ones on cells
     first = walker_gpu.render(tape, cam, 40, 30, view="normals", settings=EXACT)
-    assert walker_gpu._kept_cells is None                      # (no cells were built for it)
+    assert walker_gpu.stats()["kept_cells"] is None                      # (no cells were built for it)
     np.testing.assert_array_equal(first, walker_gpu.render(tape, cam, 40, 30, view="normals", cells=None,
                                                            settings=EXACT))
     for view in ("shade", "normals"):
@@ -195,7 +195,7 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
         cmp = compare_images(walker_cpu.render(low, cam, 40, 30, view=view, settings=EXACT), on_cells, levels=2)
         assert cmp["mismatch_fraction"] <= 0.02, cmp
         walker_gpu.render(tape, cam, 40, 30, view=view, settings=EXACT)
-        assert walker_gpu._kept_cells is not None              # (on the lowered tape's cells)
+        assert walker_gpu.stats()["kept_cells"] is not None              # (on the lowered tape's cells)
     after = walker_gpu.stats()
     for k in ("shader_modules_created", "pipelines_created", "cache_misses"):
         assert after[k] == before[k], k
@@ -220,16 +220,16 @@ def test_gpu_render_falls_back_when_the_lowered_cells_do_not_fit(walker_gpu, mon
     low = cell_tape(tape)
     cam = auto_camera(tape.bounds)
     walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)          # (the first render: own records)
-    walker_gpu._cells_too_large.clear()
+    walker_gpu.cells_too_large.clear()
     monkeypatch.setattr(gpu, "LOWERED_CELLS", (64, 2))             # 64^3 * 65 cells: past any limit
     on_march_cells = walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)
-    assert walker_gpu._cells_too_large == {(content_key(low), (64, 2))}
+    assert walker_gpu.cells_too_large == {(content_key(low), (64, 2))}
     np.testing.assert_array_equal(on_march_cells, walker_gpu.render(low, cam, 32, 24, view="normals", cells=None,
                                                                     settings=EXACT))
     monkeypatch.setattr(gpu, "MARCH_CELLS", (64, 2))
-    walker_gpu._cells_too_large.clear()
+    walker_gpu.cells_too_large.clear()
     own = walker_gpu.render(tape, cam, 32, 24, view="normals", settings=EXACT)
-    assert walker_gpu._cells_too_large == {(content_key(low), (64, 2))}   # (both tries were (64, 2))
+    assert walker_gpu.cells_too_large == {(content_key(low), (64, 2))}   # (both tries were (64, 2))
     np.testing.assert_array_equal(own, walker_gpu.render(tape, cam, 32, 24, view="normals", cells=None, settings=EXACT))
 
 
@@ -247,8 +247,8 @@ def test_twin_render_falls_back_to_the_tapes_own_records_past_the_cells_memory_c
     from taperay.runtime.tape import CellsTooLarge
     tape = flatten(_material_scene())
     cam = auto_camera(tape.bounds)
-    monkeypatch.setattr(pruning, "_CELL_TAPES_MAX_BYTES", 1 << 10)
-    pruning._CELL_CACHE.clear()
+    monkeypatch.setattr(pruning, "CELL_TAPES_MAX_BYTES", 1 << 10)
+    pruning.CELL_CACHE.clear()
     np.testing.assert_array_equal(walker_cpu.render(tape, cam, 24, 18, settings=EXACT),
                                   walker_cpu.render(tape, cam, 24, 18, cells=None, settings=EXACT))
     with pytest.raises(CellsTooLarge, match="march_pruned"):

@@ -145,8 +145,8 @@ def test_shell_derivative_converges_and_agrees_with_remeshed_differences():
 
 
 def _scene(name):
-    from taperay.solvers.optimize import _scene_inputs
-    return _scene_inputs(f"scenes/{name}.py", None)[:2]
+    from taperay.solvers.optimize import scene_inputs
+    return scene_inputs(f"scenes/{name}.py", None)[:2]
 
 
 @pytest.mark.slow
@@ -172,13 +172,13 @@ def test_a_design_with_another_mesh_size_compiles_nothing():
     one velocity call takes) builds no XLA program and traces nothing: JAX's own monitoring events,
     counted by runtime.jax_walker.compile_stats."""
     from taperay.runtime.jax_walker import compile_stats
-    from taperay.solvers.optimize import _tape_at
+    from taperay.solvers.optimize import tape_at
     from taperay.solvers.shape import VELOCITY_CHUNK
     tape, study = _scene("heat_sink")
     functions = [MaxTemperature(), Volume()]
     first = evaluate_design(tape, study, functions, resolution=24, keep=True)
     before = compile_stats()
-    second = evaluate_design(_tape_at(tape, {"fin_height": 0.035}), study, functions, resolution=56, keep=True)
+    second = evaluate_design(tape_at(tape, {"fin_height": 0.035}), study, functions, resolution=56, keep=True)
     after = compile_stats()
     sizes = [len(d.mesh.boundary_faces()) for d in (first, second)]
     assert sizes[0] < VELOCITY_CHUNK < sizes[1] and second.nodes > 2 * first.nodes, sizes

@@ -10,7 +10,7 @@ import pytest
 
 from taperay.runtime.camera import Camera
 from taperay.runtime.environment import EnvironmentMap, read_environment, read_hdr, read_pfm, write_hdr, write_pfm
-from taperay.runtime.path_tracing import (PathImage, PathSettings, _env_pdf, _env_pixel, _laine_karras, _sample_env,
+from taperay.runtime.path_tracing import (PathImage, PathSettings, env_pdf, env_pixel, laine_karras, sample_env,
                                           emitter_spheres, hash_random, light_data, path_random, reverse_bits,
                                           sobol_owen)
 from taperay.runtime.tape import TaperayError
@@ -238,11 +238,11 @@ def test_environment_map_sampling_pdf_integrates_to_one():
     data = light_data(flatten(sphere(1.0)), PathSettings(environment_map=EnvironmentMap(_sky())))
     rng = np.random.default_rng(0)
     u = rng.random((20000, 2), dtype=np.float32)
-    dirs = np.array([_sample_env(data, np.float32(a), np.float32(b)) for a, b in u])
-    pdf = np.array([_env_pdf(data, *d) for d in dirs])
+    dirs = np.array([sample_env(data, np.float32(a), np.float32(b)) for a, b in u])
+    pdf = np.array([env_pdf(data, *d) for d in dirs])
     assert np.all(pdf > 0)
     assert abs(np.mean(1 / pdf) / (4 * np.pi) - 1) < 0.03
-    rows = np.array([_env_pixel(data, *d)[0] for d in dirs])
+    rows = np.array([env_pixel(data, *d)[0] for d in dirs])
     assert np.mean(rows == 4) > 0.3
 
 
@@ -340,7 +340,7 @@ def test_sobol_second_dimension_is_the_direction_numbers():
         for k in range(32):
             if i >> k & 1:
                 direct ^= v[k]
-        assert sobol_owen(i, 1, 0) == reverse_bits(_laine_karras(reverse_bits(direct), 0))
+        assert sobol_owen(i, 1, 0) == reverse_bits(laine_karras(reverse_bits(direct), 0))
 
 
 def test_sobol_pairs_are_stratified_per_pixel():
@@ -391,12 +391,11 @@ def test_gpu_sums_stay_on_the_gpu_between_adds(walker_gpu, monkeypatch):
     tonemapped on the GPU, is the mean's picture (a channel at most one level off, float32 against
     float64)."""
     tape = _coloured_scene()
-    read = []
-    real = walker_gpu._submit_and_read
-    monkeypatch.setattr(walker_gpu, "_submit_and_read",
-                        lambda commands, *reads: (read.extend(r[0] for r in reads), real(commands, *reads))[1])
+    before = walker_gpu.stats()["bytes_read"]
     a = PathImage(walker_gpu, tape, None, 24, 16).add(2).add(3)
-    assert read and all(buf is walker_gpu._counters or buf is walker_gpu._path_live for buf in read)
+    after = walker_gpu.stats()["bytes_read"]
+    read = {label for label in after if after[label] != before.get(label, 0)}
+    assert read and read <= {"counters", "path live counts"}
     other = PathImage(walker_gpu, _furnace_scene(), None, 24, 16).add(2)
     walker_gpu.render(tape, None, 24, 16)
     b = PathImage(walker_gpu, tape, None, 24, 16).add(1)
@@ -431,14 +430,10 @@ def test_gpu_waves_of_part_of_the_image_give_the_same_sums(walker_gpu, monkeypat
     from taperay.runtime.gpu import PATH_F_WORDS
     tape = _coloured_scene()
     whole = PathImage(walker_gpu, tape, None, 24, 16).add(2).sums
-    monkeypatch.setitem(walker_gpu._ctx.limits, "max_storage_buffer_binding_size", 4 * PATH_F_WORDS * 100)
-    bases = set()
-    submit = walker_gpu._path_submit
-    monkeypatch.setattr(walker_gpu, "_path_submit",
-                        lambda tape, kernels, variant, u, *more: (bases.add(int(u[13])),
-                                                                  submit(tape, kernels, variant, u, *more))[1])
+    monkeypatch.setitem(walker_gpu.context.limits, "max_storage_buffer_binding_size", 4 * PATH_F_WORDS * 100)
+    generated = walker_gpu.stats()["dispatches"].get("path_generate", 0)
     waves = PathImage(walker_gpu, tape, None, 24, 16).add(2)
-    assert bases == {0, 100, 200, 300}        # (U.extra.y's bits: each wave's first pixel)
+    assert walker_gpu.stats()["dispatches"]["path_generate"] - generated == 2 * 4    # (2 samples x 4 waves)
     np.testing.assert_array_equal(waves.sums, whole)
 
 
@@ -475,7 +470,7 @@ def test_gpu_paths_march_on_pruned_cells_kept_between_adds(walker_gpu, monkeypat
     from taperay.scenegraph.loading import load_tape
     tape = load_tape(DATA / "prospero.vm")
     w, h = 16, 9
-    monkeypatch.setattr(GpuWalker, "_march_cells_for", staticmethod(lambda tape, cells: (4, 2)))
+    monkeypatch.setattr(GpuWalker, "march_cells_for", staticmethod(lambda tape, cells: (4, 2)))
     prunes = walker_gpu.path_cell_prunes
     im = PathImage(walker_gpu, tape, None, w, h).add(1)
     im.add(1)
@@ -483,7 +478,7 @@ def test_gpu_paths_march_on_pruned_cells_kept_between_adds(walker_gpu, monkeypat
     walker_gpu.render(tape, im.camera, w, h)
     im.add(1)
     assert walker_gpu.path_cell_prunes == prunes + 2
-    monkeypatch.setattr(GpuWalker, "_march_cells_for", staticmethod(lambda tape, cells: None))
+    monkeypatch.setattr(GpuWalker, "march_cells_for", staticmethod(lambda tape, cells: None))
     plain = PathImage(walker_gpu, tape, None, w, h).add(3)
     assert walker_gpu.path_cell_prunes == prunes + 2
     same = np.all(np.abs(plain.mean() - im.mean()) <= 1e-5, axis=-1)

@@ -385,7 +385,7 @@ def test_march_pruned_is_the_twins_march_bit_for_bit(walker_cpu, model, view, le
 
 def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
     from taperay.runtime.camera import auto_camera
-    from taperay.runtime.pruning import _CellTapes, march_pruned
+    from taperay.runtime.pruning import CellTapes, march_pruned
     from taperay.tools.bench_prune import spheres_program
     tape = load_vm(spheres_program(60, seed=2))
     cam = auto_camera(tape.bounds)
@@ -393,11 +393,11 @@ def test_march_pruned_of_a_long_program_prunes_and_stays_exact(walker_cpu):
     assert a["hit"].mean() > 0.05
     assert _same_march(a, march_pruned(tape, cam, 48, 36, EXACT, levels=1))
     assert _same_march(a, march_pruned(tape, cam, 48, 36, EXACT))
-    cells = _CellTapes(tape, tape.bounds[0], tape.bounds[1], 4)
+    cells = CellTapes(tape, tape.bounds[0], tape.bounds[1], 4)
     mins = tape.instrs["op"] == Op.MIN
     assert (cells.choices[mins, :-1] != 0).mean() > 0.5   # most MIN records decided in most cells
     assert not cells.choices[:, -1].any()                  # outside the grid: the whole tape
-    fine = _CellTapes(tape, tape.bounds[0], tape.bounds[1], 4, levels=2)
+    fine = CellTapes(tape, tape.bounds[0], tape.bounds[1], 4, levels=2)
     lengths, fine_lengths = cells.end - cells.first, fine.end - fine.first
     assert len(fine_lengths) == 4 ** 3 * 64 + 1 and fine_lengths[-1] == lengths[-1]
     assert fine_lengths[:-1].mean() < 0.5 * lengths[:-1].mean()   # sub-cells prune further
@@ -429,10 +429,10 @@ def test_unary_intervals_do_not_read_the_b_register(op):
 
 def test_sub_cell_tapes_are_deterministic():
     """The sub-cells are pruned in a lengths pass and a writing pass that must agree."""
-    from taperay.runtime.pruning import _CellTapes
+    from taperay.runtime.pruning import CellTapes
     tape = random_tape(3)
     lo, hi = tape.bounds[0] - 1.3, tape.bounds[1] + 1.3
-    a, b = _CellTapes(tape, lo, hi, 3, levels=2), _CellTapes(tape, lo, hi, 3, levels=2)
+    a, b = CellTapes(tape, lo, hi, 3, levels=2), CellTapes(tape, lo, hi, 3, levels=2)
     assert np.array_equal(a.first, b.first) and np.array_equal(a.fcode, b.fcode)
 
 
@@ -485,7 +485,7 @@ def _skipping_march(tape, cam, w, h, monkeypatch, **kw):
     values the cells computed."""
     from taperay.runtime import pruning
     skips, values = [], [0]
-    real_skip, real_eval = pruning._CellTapes.skip_to, pruning._CellTapes.evaluate
+    real_skip, real_eval = pruning.CellTapes.skip_to, pruning.CellTapes.evaluate
 
     def skip_to(self, o, d, t, live, pts, eps, scale, cone=0.0):
         to = real_skip(self, o, d, t, live, pts, eps, scale, cone)
@@ -497,8 +497,8 @@ def _skipping_march(tape, cam, w, h, monkeypatch, **kw):
     def evaluate(self, pts):
         values[0] += len(pts)
         return real_eval(self, pts)
-    monkeypatch.setattr(pruning._CellTapes, "skip_to", skip_to)
-    monkeypatch.setattr(pruning._CellTapes, "evaluate", evaluate)
+    monkeypatch.setattr(pruning.CellTapes, "skip_to", skip_to)
+    monkeypatch.setattr(pruning.CellTapes, "evaluate", evaluate)
     settings = RenderSettings(cell_skip=kw.pop("skip", True), hit_cone=kw.pop("cone", 0.0))
     out = pruning.march_pruned(tape, cam, w, h, settings, **kw)
     return out, skips, values[0]
@@ -538,8 +538,8 @@ def test_a_skip_over_cells_that_hold_the_surface_is_caught(walker_cpu, monkeypat
     tape = load_vm(spheres_program(60, seed=2))
     cam = auto_camera(tape.bounds)
     eps = float(RenderSettings().pack(tape)[1])
-    real = pruning._CellTapes.skip_to
-    monkeypatch.setattr(pruning._CellTapes, "skip_to",
+    real = pruning.CellTapes.skip_to
+    monkeypatch.setattr(pruning.CellTapes, "skip_to",
                         lambda self, o, d, t, live, p, e, s, c=0.0: real(self, o, d, t, live, p, np.float32(-np.inf), s, c))
     _, skips, _ = _skipping_march(tape, cam, 48, 36, monkeypatch)
     o, d, t, to = (np.concatenate(x) for x in zip(*skips))
@@ -559,14 +559,14 @@ def test_cell_skipping_steps_do_not_hang_on_the_entrys_last_bits(monkeypatch):
     tape = load_vm(spheres_program(60, seed=2))
     cam = auto_camera(tape.bounds)
     base = pruning.march_pruned(tape, cam, 48, 36, RenderSettings())
-    real, rng = pruning._slabs, np.random.default_rng(1)
+    real, rng = pruning.ray_slabs, np.random.default_rng(1)
 
     def moved_slabs(ro, rd, box):
         t, tfar = real(ro, rd, box)
         bits = t.view(np.int32).copy()
         bits[t > 0] += rng.integers(-4, 5, int((t > 0).sum())).astype(np.int32)
         return bits.view(np.float32), tfar
-    monkeypatch.setattr(pruning, "_slabs", moved_slabs)
+    monkeypatch.setattr(pruning, "ray_slabs", moved_slabs)
     moved = pruning.march_pruned(tape, cam, 48, 36, RenderSettings())
     assert (base["t"] > 0).any()
     assert (moved["steps"] == base["steps"]).mean() >= 0.999

@@ -66,12 +66,12 @@ def test_auto_skips_the_gpu_probe_where_no_gpu_device_exists(monkeypatch, tmp_pa
         monkeypatch.delenv(name, raising=False)
     said = []
     assert tr.walker("auto", log=said.append).name == "cpu"
-    assert said == [f"walker:    cpu, because {walkers._no_gpu_device()}"] and "no GPU device" in said[0]
+    assert said == [f"walker:    cpu, because {walkers.no_gpu_device()}"] and "no GPU device" in said[0]
     monkeypatch.setenv("VK_DRIVER_FILES", "/somewhere/icd.json")
-    assert walkers._no_gpu_device() is None
+    assert walkers.no_gpu_device() is None
     monkeypatch.delenv("VK_DRIVER_FILES")
     (tmp_path / "renderD128").touch()
-    assert walkers._no_gpu_device() is None
+    assert walkers.no_gpu_device() is None
     said.clear()
     chosen = tr.walker("auto", log=said.append)                # the probe: a GPU, or the twin with its reason
     assert chosen.name == "gpu" or "no GPU device" not in said[0]

@@ -12,19 +12,19 @@ pytest.importorskip("tetgen")
 pytest.importorskip("skimage")
 
 from taperay.solvers.objectives import Compliance, Mass, MaxTemperature, Volume  # noqa: E402
-from taperay.solvers.optimize import _scene_inputs, _tape_at, evaluate_design  # noqa: E402
+from taperay.solvers.optimize import scene_inputs, tape_at, evaluate_design  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP = 0.05          # central differences at theta (1 +- 5 %)
 
 
 def _remeshed(scene: str, functions, order: int, resolution: int):
-    tape, study = _scene_inputs(ROOT / "scenes" / f"{scene}.py", None)[:2]
+    tape, study = scene_inputs(ROOT / "scenes" / f"{scene}.py", None)[:2]
     at = evaluate_design(tape, study, functions, order=order, resolution=resolution)
     for name in sorted(tape.names):
         v0 = float(tape.params[tape.names[name][0]])
         h = STEP * abs(v0)
-        plus, minus = (evaluate_design(_tape_at(tape, {name: v0 + s * h}), study, functions, order=order,
+        plus, minus = (evaluate_design(tape_at(tape, {name: v0 + s * h}), study, functions, order=order,
                                        resolution=resolution).values for s in (1, -1))
         for k, f in enumerate(functions):
             yield name, f.name, at.gradients[k][name], (plus[k] - minus[k]) / (2 * h)

@@ -40,8 +40,8 @@ def test_culls_wrap_groups_of_more_than_two_primitives_and_any_costlier_child():
     """A union of three capsules (the strut lattice's cell) is chained without culls; a union of
     three parts that are not single primitives (a difference each) keeps its culls; six spheres
     split into two halves of three, and only the second half is wrapped."""
-    from taperay.scenegraph.flatten import _CHEAP_PRIMITIVES
-    assert _CHEAP_PRIMITIVES == 2
+    from taperay.scenegraph.flatten import CHEAP_PRIMITIVES
+    assert CHEAP_PRIMITIVES == 2
     struts = union(capsule((0, 0, 0), (1, 0, 0), 0.1), capsule((0, 0, 0), (0, 1, 0), 0.1),
                    capsule((0, 0, 0), (0, 0, 1), 0.1))
     assert "CULL_BOX" not in flatten(struts).op_counts()

@@ -361,12 +361,12 @@ def test_the_jax_walker_runs_where_jaxlib_does_not_know_its_cpu_options(monkeypa
         pytest.skip("the options are the CPU's")
     from taperay.runtime.cpu import CpuWalker
     monkeypatch.setattr(jw, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option_in_any_jaxlib": False})
-    jw._cpu_options_accepted.cache_clear()
+    jw.cpu_options_accepted.cache_clear()
     try:
         tape = flatten(sphere(0.75).translate(0.1, 0, 0))
         pts = np.random.default_rng(3).uniform(-1, 1, (50, 3)).astype(np.float32)
         d, m = jw.JaxWalker(cache=False).evaluate(tape, pts)
         assert np.allclose(d, CpuWalker().evaluate(tape, pts)[0], atol=1e-5)
-        assert jw._cpu_options_accepted() is False and jw._compiler_options() is None
+        assert jw.cpu_options_accepted() is False and jw.compiler_options() is None
     finally:
-        jw._cpu_options_accepted.cache_clear()
+        jw.cpu_options_accepted.cache_clear()

@@ -16,7 +16,7 @@ from taperay.scenegraph import Material, box, difference, flatten, sphere, union
 from taperay.solvers import Elasticity, Heat, mesh_surface, simulate, study_from, tet_mesh  # noqa: E402
 from taperay.solvers import fem  # noqa: E402
 from taperay.solvers.surface import Surface, material_names  # noqa: E402
-from taperay.solvers.tetmesh import (TETGEN_ORDER2_EDGES, TET10_EDGES, _run_child, box_mesh,  # noqa: E402
+from taperay.solvers.tetmesh import (TETGEN_ORDER2_EDGES, TET10_EDGES, run_child, box_mesh,  # noqa: E402
                                      hole_points)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -299,7 +299,7 @@ def test_the_heat_sink_at_a_resolution_whose_projected_surface_kills_tetgen_is_m
 
 def test_a_crashing_child_is_reported_not_fatal():
     v, f = _cube_surface()
-    out, why = _run_child("abort", v, f, None, 60)
+    out, why = run_child("abort", v, f, None, 60)
     assert out is None and "signal" in why
 
 
@@ -523,15 +523,15 @@ def test_boundary_projection_never_leaves_an_element_spoilt():
     straight-sided Jacobian, while most nodes reach the surface (measured: 190 of 218 moved,
     26 left off it, smallest Jacobian ratio 0.26)."""
     from taperay.runtime.cpu import CpuWalker
-    from taperay.solvers.tetmesh import _min_detj, project_boundary_nodes
+    from taperay.solvers.tetmesh import min_detj, project_boundary_nodes
     m = box_mesh((3, 3, 3), (-1, -1, -1), (1, 1, 1), order=2)
-    before = _min_detj(m.nodes, m.elements)
+    before = min_detj(m.nodes, m.elements)
     tape = flatten(box(1.0, 1.0, 1.0).rotate((1, 1, 0), 10))
     moved = project_boundary_nodes(m, tape)
     b = np.unique(m.boundary_faces())
     off = np.abs(CpuWalker().evaluate(tape, m.nodes[b].astype(np.float32))[0]) > 1e-4
     assert moved > 150 and off.any()                           # most moved; some were put back
-    assert np.all(_min_detj(m.nodes, m.elements) > 0.25 * before)
+    assert np.all(min_detj(m.nodes, m.elements) > 0.25 * before)
 
 
 @pytest.mark.parametrize("order", [1, 2])

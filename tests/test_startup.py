@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 def fresh_kernels(walker_gpu, monkeypatch):
     """A function giving a GpuWalker on a new, empty kernel set (as a new process has) over the
     suite's device; the suite's own set is put back afterwards."""
-    ctx = walker_gpu._ctx
+    ctx = walker_gpu.context
     made = []
 
     def make(background: bool):
@@ -67,7 +67,7 @@ def test_a_render_makes_only_its_passes_pipelines_and_edits_make_none(fresh_kern
     walker.evaluate(tape, np.ones((3, 3)))
     assert ks.created_keys() == passes | {("eval_points", variant)}
     # what the wait took taught this machine's rate
-    assert gpu_device._load_rate(ks.adapter_key, ks.software) not in (gpu_device.DEFAULT_RATE_HARDWARE,
+    assert gpu_device.load_rate(ks.adapter_key, ks.software) not in (gpu_device.DEFAULT_RATE_HARDWARE,
                                                                       gpu_device.DEFAULT_RATE_SOFTWARE)
 
 
@@ -103,31 +103,26 @@ def test_stage_timings_are_read_from_the_command_line():
          "write": 0.0247})
 
 
-def test_prepare_opens_the_device_in_a_thread_and_the_walker_uses_it(walker_gpu, monkeypatch):
+def test_prepare_opens_the_device_in_a_thread_and_the_walker_uses_it(walker_gpu):
     from taperay.runtime import walkers
-    monkeypatch.setattr(walkers, "_opening", [])
-    walkers.prepare("cpu")
-    assert walkers._opening == []                      # the twin needs no device
-    walkers.prepare("gpu", build_rest=True)
-    walkers.prepare("gpu", build_rest=True)            # (a second call starts nothing more)
-    assert len(walkers._opening) == 1
-    walkers._opening[0].join(timeout=120)
-    assert not walkers._opening[0].is_alive()
-    assert walkers.walker("gpu")._ctx is gpu_device.current_context() is walker_gpu._ctx
+    assert walkers.prepare("cpu") is None              # the twin needs no device
+    opening = walkers.prepare("gpu", build_rest=True)
+    assert walkers.prepare("gpu", build_rest=True) is opening     # (a second call starts nothing more)
+    opening.join(timeout=120)
+    assert not opening.is_alive()
+    assert walkers.walker("gpu").context is gpu_device.current_context() is walker_gpu.context
     from taperay.runtime import gpu_adapter
-    assert gpu_adapter._opened == []                   # (a context was open: no second device)
+    assert gpu_adapter.opened_ahead() == 0             # (a context was open: no second device)
 
 
-def test_the_device_opened_ahead_is_the_one_the_context_takes(monkeypatch):
+def test_the_device_opened_ahead_is_the_one_the_context_takes():
     """gpu_adapter.open_device (prepare's thread, before it imports the device layer) opens the
     device once; take_device hands it out once, then opens new ones (after a device loss)."""
     from taperay.runtime import gpu_adapter
-    monkeypatch.setattr(gpu_adapter, "_opened", [])
-    gpu_adapter.open_device()
-    gpu_adapter.open_device()
-    assert len(gpu_adapter._opened) == 1
-    ahead = gpu_adapter._opened[0]
-    assert gpu_adapter.take_device() is ahead and gpu_adapter._opened == []
+    assert gpu_adapter.opened_ahead() == 0
+    ahead = gpu_adapter.open_device()
+    assert ahead is not None and gpu_adapter.open_device() is ahead and gpu_adapter.opened_ahead() == 1
+    assert gpu_adapter.take_device() is ahead and gpu_adapter.opened_ahead() == 0
     other = gpu_adapter.take_device()
     assert other is not ahead
     assert other.limits["max-storage-buffer-binding-size"] == ahead.limits["max-storage-buffer-binding-size"]
@@ -139,16 +134,19 @@ def test_a_one_shot_command_does_not_start_the_wave_planner(monkeypatch):
     from taperay.runtime import gpu_pruning
     from taperay.scenegraph.vm import load_vm
     tape = load_vm(Path(__file__).parent / "data" / "prospero.vm")     # (a tape prune_wave takes)
-    monkeypatch.setattr(gpu_pruning, "_wave_jit", None)
-    monkeypatch.setattr(gpu_pruning, "_wave_loader", None)
-    monkeypatch.setattr(gpu_pruning, "_WAVES", {})
-    monkeypatch.setattr(gpu_device, "_background_build", False)
-    assert gpu_pruning.wave_schedule(tape) is None
-    assert gpu_pruning._wave_loader is None            # no compile started, none to wait for at exit
-    monkeypatch.setattr(gpu_device, "_background_build", True)
-    assert gpu_pruning.wave_schedule(tape) is None     # (a long-lived process starts it, and goes on)
-    assert gpu_pruning._wave_loader is not None
-    gpu_pruning._wave_loader.join()
+    planner = gpu_pruning.WavePlanner()                # (as a fresh process has it: not compiled)
+    monkeypatch.setattr(gpu_pruning, "WAVE_PLANNER", planner)
+    background = gpu_device.builds_in_background()
+    try:
+        gpu_device.build_in_background(False)
+        assert gpu_pruning.wave_schedule(tape) is None
+        assert planner.loader is None                  # no compile started, none to wait for at exit
+        gpu_device.build_in_background(True)
+        assert gpu_pruning.wave_schedule(tape) is None     # (a long-lived process starts it, and goes on)
+        assert planner.loader is not None
+        planner.loader.join()
+    finally:
+        gpu_device.build_in_background(background)
 
 
 def test_a_gpu_render_process_loads_no_numba(tmp_path):

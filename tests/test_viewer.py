@@ -35,7 +35,7 @@ def _viewer(walker, **kw) -> Viewer:
 
 
 def _draw(window) -> np.ndarray:
-    window._dirty = True
+    window.changed()
     return np.asarray(window.canvas.draw())[..., :3].copy()
 
 

@@ -79,7 +79,7 @@ def bench_jax(opts) -> BenchResult:
     cache = tempfile.mkdtemp(prefix="taperay-bench-jax-")
     os.environ["TAPERAY_JAX_CACHE"] = cache        # (before the walker module sets JAX's cache up)
     from taperay.runtime.cpu import CpuWalker
-    from taperay.runtime.jax_walker import JaxWalker, _generic_unsupported, compile_stats
+    from taperay.runtime.jax_walker import JaxWalker, generic_unsupported, compile_stats
     from taperay.scenegraph import flatten
     rng = np.random.default_rng(opts.seed)
     rows = []
@@ -94,7 +94,7 @@ def bench_jax(opts) -> BenchResult:
         rows.append({"records": len(tape), "params": len(tape.params), "form": "twin (cpu, values)",
                      "value steady ms": twin})
         for form in ("trace", "generic"):
-            if (form == "generic" and _generic_unsupported(tape)) or (form == "trace" and len(tape) > TRACE_MAX_RECORDS):
+            if (form == "generic" and generic_unsupported(tape)) or (form == "trace" and len(tape) > TRACE_MAX_RECORDS):
                 continue
             walker = JaxWalker(form=form)
             t0 = time.perf_counter()

@@ -126,16 +126,16 @@ def _volume_rows() -> list[dict]:
 
 def _derivative_rows() -> list[dict]:
     from taperay.solvers.objectives import Compliance, Mass, MaxTemperature, Volume
-    from taperay.solvers.optimize import _scene_inputs, _tape_at, evaluate_design
+    from taperay.solvers.optimize import scene_inputs, tape_at, evaluate_design
     rows = []
     for scene, functions, order, resolution in (("heat_sink", [MaxTemperature(), Volume()], 1, 48),
                                                 ("cantilever", [Compliance(), Mass()], 2, 32)):
-        tape, study = _scene_inputs(ROOT / "scenes" / f"{scene}.py", None)[:2]
+        tape, study = scene_inputs(ROOT / "scenes" / f"{scene}.py", None)[:2]
         at = evaluate_design(tape, study, functions, order=order, resolution=resolution)
         for name in sorted(tape.names):
             v0 = float(tape.params[tape.names[name][0]])
             h = 0.05 * abs(v0)
-            plus, minus = (evaluate_design(_tape_at(tape, {name: v0 + s * h}), study, functions, order=order,
+            plus, minus = (evaluate_design(tape_at(tape, {name: v0 + s * h}), study, functions, order=order,
                                            resolution=resolution).values for s in (1, -1))
             for k, f in enumerate(functions):
                 fd = (plus[k] - minus[k]) / (2 * h)

@@ -112,6 +112,10 @@ class ViewWindow:
         canvas.request_draw(self.draw)
 
     # -- input
+    def changed(self) -> None:
+        """The scene, view or camera changed: the next frame is drawn in full (not a draft)."""
+        self._dirty = True
+
     def moved(self) -> None:
         """Something moved (camera, slider): drafts until still, then the full frame."""
         self._moved_at = time.perf_counter()
