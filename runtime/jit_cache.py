@@ -9,26 +9,45 @@ of any of them (or a look at a Numba attribute of one, ``.py_func``, ``_cache``)
 as Numba kernels. Functions declared after that are handed to Numba at once. A process that
 draws on the GPU alone never imports Numba (about 0.8 s on a 2-core EPYC).
 
-**Cached on disk.** Numba keeps compiled kernels beside their sources (``__pycache__``) unless
-told otherwise, which a non-editable install into a read-only ``site-packages`` cannot write.
-``load_numba`` sets Numba's cache folder to ``$NUMBA_CACHE_DIR`` where the user set it, else to
-``user_cache_dir("numba")`` (``~/.cache/taperay/numba``), before any dispatcher is made. Numba
-names each entry by the source file's path and checks its stamp, so installs and checkouts side
-by side do not mix, and a cold compile happens once per user and source version.
+**Cached on disk, keyed on the sources.** Numba keeps compiled kernels beside their sources
+(``__pycache__``) unless told otherwise, which a non-editable install into a read-only
+``site-packages`` cannot write. ``load_numba`` sets Numba's cache folder, before any dispatcher
+is made, to ``<base>/<key>``: base ``$NUMBA_CACHE_DIR`` where the user set it, else
+``user_cache_dir("numba")`` (``~/.cache/taperay/numba``); key a hash of every module of the
+runtime that declares jitted functions and of the package's modules those import (the op table,
+the opcode numbers: ``keyed_sources``). Numba checks only the stamp of the file that holds a cached
+function, while a cached kernel has the functions it calls from other files (``pruning`` inlines
+``twin``'s arithmetic) and the constants it read compiled in: a change to any of those sources
+is a new key, so nothing stale is loaded and no ``__pycache__`` needs clearing. Numba names each
+entry by the source file's path too, so installs and checkouts side by side do not mix; a cold
+compile happens once per user and source version. The ``KEEP_KEYS`` most recently used key
+folders are kept, older ones removed.
+
+**Compiled once, in parallel.** A jitted function calling another links the callee and everything
+below it into its own code, which LLVM optimises and turns into machine code again for every
+caller. ``function_value`` hands kernels a big callee (the twin's interpreter) as a first-class
+function value instead: compiled once, called through its address, and on a cold cache compiled
+by a helper process while this one compiles the kernels that call it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import shutil
 import sys
 import threading
 from pathlib import Path
 
-__all__ = ["user_cache_dir", "numba_cache_dir", "njit", "prange", "load_numba", "numba_loaded"]
+__all__ = ["user_cache_dir", "numba_cache_dir", "keyed_sources", "source_key", "njit", "prange", "load_numba",
+           "numba_loaded", "function_value", "KEEP_KEYS"]
 
 _PACKAGE = __name__.rsplit(".", 2)[0] + "."      # the runtime's modules: their globals are rebound
 _LOCK = threading.RLock()
 _DECLARED: list[_Declared] = []                  # declared before Numba was loaded, in order
 _NUMBA: list = []                                # [the numba module] once loaded
+_VALUES: dict = {}                               # (function, argument types) -> function_value's value
+KEEP_KEYS = 4                                    # source keys' cache folders kept (the most recently used)
 
 
 def user_cache_dir(name: str) -> Path:
@@ -40,6 +59,46 @@ def user_cache_dir(name: str) -> Path:
 def numba_cache_dir() -> Path:
     """The folder Numba caches the runtime's kernels in (loads Numba)."""
     return Path(load_numba().config.CACHE_DIR)
+
+
+def keyed_sources() -> list[Path]:
+    """The sources ``source_key`` hashes: every module of the runtime package that declares jitted
+    functions and the package's modules those import (the op table, the opcode numbers, the
+    tape's constants), in name order."""
+    folder = Path(__file__).parent
+    texts = {p.name: p.read_bytes() for p in folder.glob("*.py")}
+    names = set()
+    for name, text in texts.items():
+        if b"njit" in text:
+            names.add(name)
+            names.update(f"{m.decode()}.py" for m in re.findall(rb"^\s*from \.(\w+) import", text, re.M))
+            for group in re.findall(rb"^\s*from \. import ([\w, ]+)", text, re.M):
+                names.update(f"{m.strip().decode()}.py" for m in group.split(b","))
+    return [folder / name for name in sorted(names & texts.keys())]
+
+
+def source_key() -> str:
+    """A hash of the sources a cached kernel depends on (``keyed_sources``, read whole)."""
+    h = hashlib.blake2b(digest_size=8)
+    for path in keyed_sources():
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _cache_folder(base: Path) -> Path:
+    """``base/<source_key>``, marked as used now; the other key folders under base but the
+    KEEP_KEYS - 1 most recently used removed."""
+    folder = base / source_key()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.utime(folder)
+        older = sorted((p for p in base.iterdir() if p.is_dir() and p != folder and len(p.name) == 16),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+        for stale in older[KEEP_KEYS - 1:]:
+            shutil.rmtree(stale, ignore_errors=True)
+    except OSError:
+        pass            # (an unwritable base: Numba says so when it first writes)
+    return folder
 
 
 def numba_loaded() -> bool:
@@ -100,17 +159,17 @@ def prange(*args):
 
 
 def load_numba():
-    """Import Numba (once per process, thread-safe), set its cache folder, make every declared
-    function's dispatcher and rebind the runtime's modules' globals that name a declared function
-    or ``prange``. Returns the numba module."""
+    """Import Numba (once per process, thread-safe), set its cache folder (keyed on the sources),
+    make every declared function's dispatcher and rebind the runtime's modules' globals that name
+    a declared function or ``prange``. Returns the numba module."""
     if _NUMBA:
         return _NUMBA[0]
     with _LOCK:
         if _NUMBA:
             return _NUMBA[0]
         import numba
-        if not numba.config.CACHE_DIR:          # ($NUMBA_CACHE_DIR, where set, wins)
-            numba.config.CACHE_DIR = str(user_cache_dir("numba"))
+        base = numba.config.CACHE_DIR or user_cache_dir("numba")     # ($NUMBA_CACHE_DIR, where set, wins)
+        numba.config.CACHE_DIR = str(_cache_folder(Path(base)))
         for declared in _DECLARED:
             declared.dispatcher = numba.njit(**declared.options)(declared.py_func)
         placeholder = prange
@@ -126,3 +185,126 @@ def load_numba():
         _DECLARED.clear()
         _NUMBA.append(numba)
         return numba
+
+
+def function_value(func, returns: str, *examples):
+    """``func`` (declared with ``njit``; its Numba return type named by ``returns``, e.g.
+    "boolean") for the Numba types of the example arguments, as a first-class function value
+    (Numba's ``FunctionType``, through its wrapper address protocol): a jitted function handed
+    this value calls ``func`` through its address. A call of ``func`` itself would link it and
+    everything below it into the caller's code, which LLVM optimises and generates again for every
+    caller; this way ``func`` is compiled once, on its own.
+
+    Typing a caller needs only the value's signature, so ``func`` is compiled (or loaded from the
+    disk cache) when a caller first runs with the value. Where the disk cache lacks it and more
+    than one core is free, a helper process starts compiling it at once (``python -m
+    taperay.runtime.jit_cache``), in parallel with what this process compiles meanwhile (the
+    callers), and the first run waits for the helper and loads its result. Made once per process
+    and argument types."""
+    numba = load_numba()
+    dispatcher = func.dispatcher if isinstance(func, _Declared) else func
+    argtypes = tuple(numba.typeof(a) for a in examples)
+    key = (id(dispatcher), argtypes)
+    value = _VALUES.get(key)
+    if value is None:
+        with _LOCK:
+            value = _VALUES.get(key)
+            if value is None:
+                signature = numba.core.typing.signature(getattr(numba.types, returns), *argtypes)
+                value = _VALUES[key] = _compiled_function_class()(dispatcher, signature)
+    return value
+
+
+_CLASS: list = []
+
+
+def _compiled_function_class():
+    """The class of function_value's values (a subclass of Numba's WrapperAddressProtocol, made
+    once Numba is loaded)."""
+    if not _CLASS:
+        from numba.core import event
+        from numba.core.types import WrapperAddressProtocol
+
+        class CompiledFunction(WrapperAddressProtocol):
+            """A jitted function's compiled entry for one signature, compiled on first use."""
+
+            def __init__(self, dispatcher, signature):
+                self.dispatcher, self._signature = dispatcher, signature
+                self._address: int | None = None
+                self._helper = None if _is_cached(dispatcher, signature.args) else _compile_ahead(dispatcher, signature)
+
+            def __wrapper_address__(self) -> int:
+                if self._address is None:
+                    with _LOCK:
+                        if self._address is None:
+                            self._address = self._compile()
+                return self._address
+
+            def signature(self):
+                return self._signature
+
+            def _compile(self) -> int:
+                if self._helper is not None:       # (shown as a compile: compile_progress's line)
+                    with event.trigger_event("numba:compile", data=dict(
+                            dispatcher=self.dispatcher, args=self._signature.args, return_type=None)):
+                        self._helper.wait()
+                    self._helper = None
+                args = self._signature.args
+                self.dispatcher.compile(args)      # (the helper's result from the disk cache)
+                compiled = self.dispatcher.overloads[args]
+                if compiled.signature.return_type != self._signature.return_type:
+                    raise TypeError(f"{self!r}: {self.dispatcher.__qualname__} returns "
+                                    f"{compiled.signature.return_type}")
+                return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_cfunc_wrapper_name)
+
+            def __repr__(self) -> str:
+                return f"<compiled {self.dispatcher.__qualname__}{self._signature}>"
+
+        _CLASS.append(CompiledFunction)
+    return _CLASS[0]
+
+
+def _is_cached(dispatcher, argtypes: tuple) -> bool:
+    """Whether Numba's disk cache holds ``dispatcher`` for ``argtypes`` (or it is compiled here
+    already); True where that cannot be told."""
+    if argtypes in dispatcher.overloads:
+        return True
+    try:
+        cache = dispatcher._cache
+        key = cache._index_key(argtypes, dispatcher.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:       # (Numba's cache internals changed: no helper, as before)
+        return True
+
+
+def _compile_ahead(dispatcher, signature):
+    """A helper process compiling ``dispatcher`` for ``signature`` into the disk cache (None on
+    one core: nothing would run alongside it)."""
+    if len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) < 2:
+        return None
+    import pickle
+    import subprocess
+    request = pickle.dumps((dispatcher.py_func.__module__, dispatcher.py_func.__qualname__, signature.args))
+    try:
+        helper = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        helper.stdin.write(request)
+        helper.stdin.close()
+    except OSError:
+        return None
+    return helper
+
+
+def serve_compile_request() -> None:
+    """The helper process of ``function_value``: compile the function named on stdin (module,
+    qualified name, argument types; pickled) into the disk cache."""
+    import importlib
+    import pickle
+    module, name, argtypes = pickle.loads(sys.stdin.buffer.read())
+    load_numba()
+    getattr(importlib.import_module(module), name).compile(argtypes)
+
+
+if __name__ == "__main__":
+    from taperay.runtime import jit_cache       # (the package's module, not this __main__ copy)
+    jit_cache.serve_compile_request()

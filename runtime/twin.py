@@ -72,7 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .jit_cache import load_numba, njit
+from .jit_cache import function_value, load_numba, njit
 from .camera import Camera
 from .opcodes import OPS, Op, check_numba_constants
 from .shading import RenderSettings, unpack
@@ -1250,15 +1250,16 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
 # ----------------------------------------------------------------------------- drivers
 @njit(inline="always", **_JIT)
 def _field(tp, n, ws, ws1, sec):
-    """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0)."""
-    cols, params, bvhf, bvhi, inst, csidx, csregs, _ = tp
+    """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0), by the
+    interpreter that tp carries (_kernel_tape)."""
+    cols, params, bvhf, bvhi, inst, csidx, csregs, _, run_block = tp
     pin, out_d, out_m, hint = ws[WS_PIN], ws[WS_OUT_D], ws[WS_OUT_M], ws[WS_HINT]
-    if not _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
+    if not run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
         pin1, hint1 = ws1[WS_PIN], ws1[WS_HINT]
         for j in range(n):
             pin1[0, 0], pin1[1, 0], pin1[2, 0] = pin[0, j], pin[1, j], pin[2, j]
             hint1[0, 0], hint1[1, 0] = hint[0, j], hint[1, j]
-            _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, np.int64(1), ws1)
+            run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, np.int64(1), ws1)
             out_d[j], out_m[j] = ws1[WS_OUT_D][0], ws1[WS_OUT_M][0]
             hint[0, j], hint[1, j] = hint1[0, 0], hint1[1, 0]
     if sec[0] != F0:
@@ -1584,11 +1585,20 @@ def _kept(tape: Tape, name: str, source: np.ndarray, make):
 
 def _kernel_tape(tape: Tape):
     """The tape as the kernels' arguments: (instr columns, params, the BVH as _walk_nodes gives
-    it, instances, and _cull_saves' index, saves and width)."""
+    it, instances, _cull_saves' index, saves and width, and _run_block as a function value). The
+    kernels call the interpreter through that value (jit_cache.function_value): called by name, it
+    would be linked into each kernel and optimised and generated again for each (a third of a
+    cold compile); this way it is compiled once, on a cold cache by a helper process while this
+    one compiles the kernels. The value is made before _cull_saves runs, so that the helper
+    starts first."""
     inst = np.ascontiguousarray(tape.instances)
     cols = np.ascontiguousarray(tape.as_columns())
-    return (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape),
-            inst.view(np.float32).reshape(-1, 8), *_split_culls(tape, cols))
+    head = (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape),
+            inst.view(np.float32).reshape(-1, 8))
+    no_saves = np.empty(0, np.int64)           # (_cull_saves' index and saves: int64 arrays)
+    run_block = function_value(_run_block, "boolean", *head, no_saves, no_saves, np.int64(0),
+                               _workspace.py_func(1, 1, 1))
+    return (*head, *_split_culls(tape, cols), run_block)
 
 
 _NO_SECTION = np.zeros(5, np.float32)

@@ -1,11 +1,15 @@
 """The runtime's Numba kernels are cached in a per-user folder (runtime.jit_cache), which a
-non-editable install into a read-only site-packages can use, and $NUMBA_CACHE_DIR still wins;
-a compile longer than compile_progress.PROGRESS_AFTER_SECONDS shows a line moving by the clock,
-a load from the disk cache none."""
+non-editable install into a read-only site-packages can use, and $NUMBA_CACHE_DIR still wins,
+under a key of the sources they depend on; the twin's interpreter is compiled once, by a helper
+process on an empty cache, and called by its address; a compile longer than
+compile_progress.PROGRESS_AFTER_SECONDS shows a line moving by the clock, a load from the disk
+cache none."""
 import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 CACHE_PATH = ("import taperay.runtime.twin as t, taperay.runtime.shading as s\n"
               "print(t._eval_kernel._cache._cache_path); print(s._shade._cache._cache_path)")
@@ -78,3 +82,42 @@ def test_numba_is_loaded_when_a_kernel_first_runs():
     lines = _python(code).stdout.splitlines()
     assert lines[0].split() == ["False", "False", "_Declared"], lines
     assert lines[1].split() == ["True", "True", "CPUDispatcher", "CPUDispatcher", "True"], lines
+
+
+def test_the_cache_folder_is_keyed_on_the_sources_and_old_keys_are_removed(tmp_path):
+    """Numba's cache folder is <base>/<source_key>: a hash of the jitted modules and the modules
+    they import (the op table and numbers among them), so an edit of any of them loads nothing
+    stale; only the KEEP_KEYS most recently used key folders stay."""
+    base = tmp_path / "numba"
+    for i in range(6):          # key folders of earlier sources, oldest first
+        old = base / f"{i:016x}"
+        old.mkdir(parents=True)
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
+    code = ("from taperay.runtime import jit_cache as j\n"
+            "print(j.numba_cache_dir()); print(j.source_key()); print(j.KEEP_KEYS)\n"
+            "print(' '.join(p.name for p in j.keyed_sources()))")
+    folder, key, keep, sources = _python(code, NUMBA_CACHE_DIR=str(base)).stdout.splitlines()
+    assert folder == str(base / key)
+    assert {"twin.py", "pruning.py", "opcodes.py", "tape.py", "shading.py", "camera.py"} <= set(sources.split())
+    assert sorted(p.name for p in base.iterdir()) == sorted([key] + [f"{i:016x}" for i in range(6 - int(keep) + 1, 6)])
+
+
+@pytest.mark.slow
+def test_the_interpreter_is_compiled_once_by_a_helper_process(tmp_path):
+    """On an empty cache the kernels call the interpreter through its address (no copy of it
+    linked into them), and a helper process compiles it while this one compiles the kernels: this
+    process loads it from the disk cache."""
+    code = textwrap.dedent("""
+        from taperay.runtime import twin
+        from taperay.runtime.cpu import CpuWalker
+        from taperay.scenegraph.loading import load_tape
+        tape = load_tape("scenes/machined_part.py")
+        d, m = CpuWalker().evaluate(tape, [[0.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+        print(bool(d[1] > d[0]))
+        print(sum(twin._run_block.stats.cache_hits.values()), sum(twin._run_block.stats.cache_misses.values()))
+        (sig,) = twin._eval_kernel.signatures
+        print(sum(ln.startswith("define") and "_run_block" in ln
+                  for ln in twin._eval_kernel.inspect_llvm(sig).splitlines()))
+    """)
+    lines = _python(code, XDG_CACHE_HOME=str(tmp_path)).stdout.splitlines()
+    assert lines == ["True", "1 0", "0"], lines
