@@ -23,12 +23,15 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
+from .fem import AMG_CHECK, AMG_RESIDUAL_LIMIT, AMG_RTOL, AMG_STALL
 from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker
 from .tetmesh import DEFAULT_PART_SURFACE, TetMesh, mesh_part
 
 __all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
 
-PETSC_RTOL = 1e-10          # CG's relative residual |b - A x| / |b| at which the solve stops
+PETSC_RTOL = AMG_RTOL       # CG's true relative residual |b - A x| / |b| at which the solve stops
+PETSC_MAXITER = 2000
+FLOOR_FACTOR = 10           # a stall within this factor of the rounding floor's estimate is "at" the floor
 _INSTALL = ("the PETSc solver needs petsc4py and mpi4py built against a PETSc: "
             "apt-get install libpetsc-real-dev, then "
             "PETSC_DIR=/usr/lib/petscdir/petsc3.18/x86_64-linux-gnu-real pip install --no-build-isolation "
@@ -110,19 +113,97 @@ def _owned_rows(terms: dict, lo: int, hi: int):
     return rows, part.f[bs * lo:bs * hi]
 
 
-def solve_petsc(terms: dict, rtol: float = PETSC_RTOL) -> tuple[np.ndarray | None, dict]:
+def _agree(comm, failure: tuple[str, str] | None) -> None:
+    """Raise on every rank the first rank's failure ((exception type, message) or None on each rank),
+    so that no rank enters a collective step that another has left: a failure in one rank's own
+    work reaches the user once, from rank 0, as the reason itself."""
+    failures = comm.allgather(failure)
+    for rank, failed in enumerate(failures):
+        if failed is not None:
+            kind, message = failed
+            if kind == "TaperayError":
+                raise TaperayError(message)
+            where = f" on rank {rank}" if len(failures) > 1 else ""
+            raise TaperayError(f"internal error{where}: {kind}: {message}")
+
+
+def _local(comm, work: Callable):
+    """``work()`` on this rank, its failure (any exception) agreed on by all ranks (``_agree``)."""
+    try:
+        value, failure = work(), None
+    except TaperayError as e:
+        value, failure = None, ("TaperayError", str(e))
+    except Exception as e:        # (MemoryError, a bug): every rank stops, none waits in a collective
+        value, failure = None, (type(e).__name__, str(e))
+    _agree(comm, failure)
+    return value
+
+
+class _TrueResidualTest:
+    """KSP's convergence test on the true residual |b - A x| / |b_free| (b_free: b on the dofs that
+    are not fixed), as ``fem.amg_cg``'s: computed every AMG_CHECK iterations, when CG's own
+    (updated) residual passes ``rtol`` and at the iteration limit. Converged at ``rtol``; stalled
+    when its best value has not halved in AMG_STALL iterations, or when CG's own residual passed
+    ``rtol`` and the true one did not (round-off: the two have parted at the mesh's rounding
+    floor). The iterate of least true residual is kept in ``best_x``. Every rank takes the same
+    decision (the norms are global)."""
+
+    def __init__(self, PETSc, A, b, x, nb: float, rtol: float, maxiter: int):
+        self.PETSc, self.A, self.b, self.nb, self.rtol, self.maxiter = PETSc, A, b, nb, rtol, maxiter
+        self.r, self.best_x = x.duplicate(), x.copy()
+        self.best, self.last, self.halved, self.halved_at = 1.0, 1.0, 1.0, 0
+        self.why: str | None = None
+
+    def __call__(self, ksp, its: int, rnorm: float) -> int:
+        Reason = self.PETSc.KSP.ConvergedReason
+        if its == 0:
+            return Reason.ITERATING
+        updated_converged = rnorm <= self.rtol * self.nb
+        if not (updated_converged or its % AMG_CHECK == 0 or its >= self.maxiter):
+            return Reason.ITERATING
+        x = ksp.getSolution()
+        self.A.mult(x, self.r)                # (KSP's buildResidual gives CG's updated residual)
+        self.r.aypx(-1.0, self.b)
+        self.last = self.r.norm() / self.nb
+        if not np.isfinite(self.last):
+            self.why = "broke down (a value is not finite)"
+            return Reason.DIVERGED_NANORINF
+        if self.last < self.best:
+            self.best = self.last
+            x.copy(self.best_x)
+        if self.best <= self.rtol:
+            return Reason.CONVERGED_RTOL
+        if self.best <= self.halved / 2:
+            self.halved_at, self.halved = its, self.best
+        if updated_converged or its - self.halved_at >= AMG_STALL:
+            self.why = "stalled"
+            return Reason.CONVERGED_ITS       # (stopped by this test; the result is judged after the solve)
+        return Reason.ITERATING
+
+    def destroy(self):
+        self.r.destroy()
+        self.best_x.destroy()
+
+
+def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXITER) -> tuple[np.ndarray | None, dict]:
     """Assemble this rank's rows of ``terms`` (``_renumber``'s dict, the same on every rank), solve
-    across all ranks, gather the field on rank 0. Returns (u in the terms' node order on rank 0 and
-    None elsewhere, info: method, dofs, ranks, iterations, residual, seconds, assembly_seconds)."""
+    across all ranks by CG + GAMG, gather the field on rank 0. The stopping test is the true
+    relative residual (``_TrueResidualTest``); the iterate of least true residual is the result
+    when it is at most ``fem.AMG_RESIDUAL_LIMIT`` (below ``rtol``: converged; above it CG stopped
+    short, and ``info["note"]`` says why and where the residual stands against the rounding floor,
+    ``_rounding_floor``), else every rank raises one TaperayError with the reason. A failure in one rank's own assembly is raised on every rank (``_agree``). Returns
+    (u in the terms' node order on rank 0 and None elsewhere, info: method, dofs, free, ranks,
+    iterations, residual, seconds, assembly_seconds[, note])."""
     PETSc = _petsc()
     comm = PETSc.COMM_WORLD
+    mpi = comm.tompi4py()
     rank, size = comm.getRank(), comm.getSize()
     t0 = time.perf_counter()
     bs, nodes = terms["bs"], terms["nodes"]
     n_nodes = len(nodes)
     bounds = _ranges(n_nodes, size)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-    rows, f_local = _owned_rows(terms, lo, hi)
+    rows, f_local = _local(mpi, lambda: _owned_rows(terms, lo, hi))
     nloc, ndof = bs * (hi - lo), bs * n_nodes
     A = PETSc.Mat().createAIJ(size=((nloc, ndof), (nloc, ndof)), bsize=bs,
                               csr=(rows.indptr.astype(PETSc.IntType), rows.indices.astype(PETSc.IntType),
@@ -131,42 +212,81 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL) -> tuple[np.ndarray | Non
     x, b = A.createVecs()
     b.setArray(f_local)
     fixed, values = terms["fixed"], terms["values"]
-    own = (fixed >= bs * lo) & (fixed < bs * hi)
+    own = fixed[(fixed >= bs * lo) & (fixed < bs * hi)]
+    own_values = values[(fixed >= bs * lo) & (fixed < bs * hi)]
     x.set(0.0)
-    x.setValues(fixed[own].astype(PETSc.IntType), values[own])
+    x.setValues(own.astype(PETSc.IntType), own_values)
     x.assemble()
-    A.zeroRowsColumns(fixed[own].astype(PETSc.IntType), diag=1.0, x=x, b=b)
+    A.zeroRowsColumns(own.astype(PETSc.IntType), diag=1.0, x=x, b=b)
     if bs == 3:
         coords = PETSc.Vec().createWithArray(np.ascontiguousarray(nodes[lo:hi]).ravel(), size=(nloc, ndof),
                                              bsize=3, comm=comm)
         A.setNearNullSpace(PETSc.NullSpace().createRigidBody(coords))
+    b_free = b.copy()
+    b_free.setValues(own.astype(PETSc.IntType), np.zeros(len(own)))
+    b_free.assemble()
+    nb = b_free.norm()
     assembly_seconds = time.perf_counter() - t0
     ksp = PETSc.KSP().create(comm)
     ksp.setOperators(A)
     ksp.setType("cg")
     ksp.getPC().setType("gamg")
-    ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)      # rtol bounds the true residual
-    ksp.setTolerances(rtol=rtol, atol=0.0, max_it=2000)
+    ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)      # the updated residual, compared with the true one
+    ksp.setTolerances(rtol=0.0, atol=0.0, max_it=maxiter)
     ksp.setInitialGuessNonzero(True)
     ksp.setFromOptions()
-    ksp.solve(b, x)
-    reason = ksp.getConvergedReason()
-    r = b.duplicate()
-    A.mult(x, r)
-    r.aypx(-1.0, b)
-    residual = r.norm() / max(b.norm(), 1e-300)
-    scatter, whole = PETSc.Scatter.toZero(x)
+    test = _TrueResidualTest(PETSc, A, b, x, nb, rtol, maxiter)
+    iterations, reason = 0, 0
+    if nb > 0:
+        ksp.setConvergenceTest(test)
+        ksp.solve(b, x)
+        reason, iterations = ksp.getConvergedReason(), ksp.getIterationNumber()
+        test.best_x.copy(x)
+    best = test.best if nb > 0 else 0.0
+    scatter, whole = PETSc.Scatter.toAll(x)
     scatter.scatter(x, whole)
-    u = whole.getArray().copy() if rank == 0 else None
+    u_all = whole.getArray().copy()
+    u = u_all if rank == 0 else None
+    floor = _rounding_floor(mpi, rows, f_local, u_all, own - bs * lo, nb) if best > rtol else 0.0
     info = {"method": "petsc", "dofs": int(ndof), "free": int(ndof - len(fixed)), "ranks": int(size),
-            "iterations": int(ksp.getIterationNumber()), "residual": float(residual),
+            "iterations": int(iterations), "residual": float(best),
             "seconds": time.perf_counter() - t0, "assembly_seconds": assembly_seconds}
-    for obj in (scatter, whole, r, x, b, A, ksp):
+    why = test.why
+    for obj in (test, scatter, whole, b_free, x, b, A, ksp):
         obj.destroy()
-    if reason < 0 or not np.isfinite(residual) or residual > 1e-6:
-        raise TaperayError(f"the PETSc solve failed (KSP reason {reason}, relative residual {residual:.3g}); "
-                           "is the problem constrained (a fixed temperature or convection, enough supports)?")
-    return u, info
+    if best <= rtol:
+        return u, info
+    Reason = PETSc.KSP.ConvergedReason
+    if why is None:
+        why = (f"reached its {maxiter}-iteration limit" if reason == Reason.DIVERGED_MAX_IT
+               else f"stopped ({_reason_name(PETSc, reason)})")
+    elif why == "stalled" and test.last > 1:
+        why = "diverged"
+    where = "at" if best <= FLOOR_FACTOR * floor else "above"
+    what = (f"CG + GAMG {why} at relative residual {best:.2g} after {iterations} iteration{'s' if iterations != 1 else ''}, "
+            f"{where} this system's rounding floor (about {floor:.2g}: float64's epsilon times |A| |x| against |b|)")
+    if best <= AMG_RESIDUAL_LIMIT:
+        info["note"] = f"{what}; its best iterate is kept (the target was {rtol:g})"
+        return u, info
+    constrained = reason in (Reason.DIVERGED_INDEFINITE_MAT, Reason.DIVERGED_BREAKDOWN) or why == "diverged"
+    raise TaperayError(f"the PETSc solve failed ({what})" + ("; is the problem constrained (a fixed temperature or "
+                                                             "convection, enough supports)?" if constrained else ""))
+
+
+def _rounding_floor(mpi, rows, f_local: np.ndarray, x: np.ndarray, fixed_local: np.ndarray,
+                    nb: float) -> float:
+    """An estimate of the least true relative residual float64 allows at ``x``: epsilon times
+    |(|A| |x| + |b|)| / |b_free| over the free rows (each row's sum loses about epsilon times the sum
+    of its terms' magnitudes); ``rows`` this rank's CSR rows (columns global), ``x`` the whole field."""
+    bound = abs(rows) @ np.abs(x) + np.abs(f_local)
+    bound[fixed_local] = 0.0
+    total = mpi.allreduce(float(bound @ bound))
+    return float(np.finfo(float).eps * np.sqrt(total) / nb)
+
+
+def _reason_name(PETSc, reason: int) -> str:
+    names = {getattr(PETSc.KSP.ConvergedReason, n): n for n in dir(PETSc.KSP.ConvergedReason) if n.isupper()}
+    return names.get(reason, str(reason))
 
 
 def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int = DEFAULT_RESOLUTION, walker=None,

@@ -94,6 +94,77 @@ def test_two_mpi_ranks_give_the_direct_solution_from_the_command_line(petsc, kin
     assert _relative(b.point_data[field], a.point_data[field]) < 1e-8
 
 
+def _shell_terms(kind="heat", resolution=10):
+    """The shell's study on its mesh as solve_petsc's terms (slab-ordered), with the direct solve's field
+    in the same node order and its true relative residual."""
+    from taperay.solvers.distributed import _renumber, slab_order
+    from taperay.solvers.shape import assemble
+    study, _ = STUDIES[kind]
+    tape = _shell()
+    direct = simulate(tape, study, order=1 if kind == "heat" else 2, resolution=resolution, solver="direct")
+    perm = slab_order(direct.mesh.nodes)
+    terms = _renumber(assemble(tape, study, direct.mesh, build=False), perm)
+    return terms, np.asarray(direct.field).reshape(len(perm), -1)[perm].ravel(), direct.solver["residual"]
+
+
+def test_cg_at_the_rounding_floor_keeps_its_best_iterate_and_says_so(petsc):
+    """rtol 1e-30, under any system's rounding floor: the true residual stops falling, the test calls
+    it a stall (not the iteration limit) at the rounding floor's estimate, the best iterate (about the
+    direct solve's residual) is the result and the note says why the target was not met."""
+    from taperay.solvers.distributed import PETSC_MAXITER, solve_petsc
+    terms, direct, direct_residual = _shell_terms()
+    u, info = solve_petsc(terms, rtol=1e-30)
+    assert 0 < info["iterations"] < PETSC_MAXITER
+    assert info["note"].startswith("CG + GAMG stalled at relative residual ")
+    assert ", at this system's rounding floor (about " in info["note"]
+    assert info["note"].endswith("its best iterate is kept (the target was 1e-30)")
+    assert 0 < info["residual"] < 100 * max(direct_residual, 1e-14) and info["residual"] < 1e-8
+    assert _relative(u, direct) < 1e-8
+
+
+def test_cg_stopped_short_of_the_floor_is_one_error_with_its_residual(petsc):
+    from taperay.solvers.distributed import solve_petsc
+    terms, _, _ = _shell_terms()
+    with pytest.raises(TaperayError) as e:
+        solve_petsc(terms, maxiter=2)
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("the PETSc solve failed (CG + GAMG reached its 2-iteration limit at relative residual ")
+
+
+def test_a_failure_in_one_ranks_assembly_is_one_line_from_rank_0_and_no_rank_hangs(petsc, tmp_path):
+    """An element of rank 1's slab turned inside out (a mid-edge node moved across it): rank 1's
+    assembly fails, both ranks stop (no rank left waiting in a collective), and the command prints
+    the reason once, from rank 0, exit 2; the same file through scipy gives the same reason."""
+    from taperay.solvers.distributed import slab_order
+    from taperay.solvers.tetmesh import TetMesh, mesh_part
+    mesh, _, _ = mesh_part(_shell(), 10, 2, surface="mc")
+    perm = slab_order(mesh.nodes)
+    rank1 = np.zeros(len(perm), bool)
+    rank1[perm[3 * len(perm) // 4:]] = True        # the upper quarter of the slab order: rank 1's nodes only
+    e = int(np.flatnonzero(rank1[mesh.elements].all(1))[0])
+    a, b, mid = mesh.elements[e, 0], mesh.elements[e, 1], mesh.elements[e, 4]      # mid-edge node of (0, 1)
+    nodes = mesh.nodes.copy()
+    other = mesh.nodes[mesh.elements[e, 2:4]].mean(0)
+    nodes[mid] = 0.5 * (nodes[a] + nodes[b]) + 3.0 * (0.5 * (nodes[a] + nodes[b]) - other)
+    TetMesh(nodes, mesh.elements).save(tmp_path / "bad.vtu")
+    study, _ = STUDIES["heat"]
+    scene = tmp_path / "shell.py"
+    scene.write_text(SHELL + f"study = {study!r}\n")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    cli = [sys.executable, "-m", "taperay.tools.cli", "simulate", str(scene), "--mesh", str(tmp_path / "bad.vtu"),
+           "--order", "2", "--walker", "cpu", "-o", str(tmp_path / "out.vtu")]
+    serial = subprocess.run(cli + ["--solver", "direct"], env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert serial.returncode == 2 and "inverted or flat" in serial.stderr, serial.stderr
+    done = subprocess.run([_mpiexec(), "-n", "2"] + cli + ["--solver", "petsc"], env=env, capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("taperay: error:")]
+    assert done.returncode != 0 and len(errors) == 1, done.stdout + done.stderr
+    assert errors[0].startswith(f"taperay: error: {scene}: ") and "inverted or flat" in errors[0]
+    from taperay.tools.bench_sim import failure_line
+    assert failure_line(done.stderr) == errors[0].removeprefix("taperay: error: ")
+
+
 def test_a_free_body_is_refused_by_the_petsc_solver(petsc):
     with pytest.raises(TaperayError, match="free_body"):
         simulate_petsc(_shell(), Elasticity(pressure={"inner": 1.0}, free_body=True), resolution=8)

@@ -51,6 +51,16 @@ def _design_row(label: str, surface: str, design: str, result, seconds: float) -
     return row
 
 
+def failure_line(output: str) -> str:
+    """The reason a `taperay` process gave (its "taperay: error:" line), not the banner mpiexec
+    prints after it; the last line when the process gave none (a crash)."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("taperay: error:")]
+    if errors:
+        return errors[0].removeprefix("taperay: error:").strip()
+    return lines[-1] if lines else "no output"
+
+
 def _solver_rows(mesh_path: Path, settings: dict) -> tuple[list[dict], list[str]]:
     """The saved mesh solved by scipy's AMG in one process and by PETSc on 1 and 2 MPI ranks."""
     rows, notes = [], []
@@ -74,7 +84,7 @@ def _solver_rows(mesh_path: Path, settings: dict) -> tuple[list[dict], list[str]
                                                     "--json", str(summary_path)], env=env, capture_output=True, text=True)
             wall = time.perf_counter() - t0
             if done.returncode != 0:
-                notes.append(f"{label} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+                notes.append(f"{label} failed: {failure_line(done.stderr or done.stdout)}")
                 continue
             s = json.loads(summary_path.read_text())
             t = s["timings"]

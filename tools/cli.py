@@ -616,7 +616,10 @@ def cmd_simulate(args) -> int:
     if args.solver == "petsc":
         from taperay.solvers.distributed import mpi_rank
         if mpi_rank() != 0:   # a helper rank of mpiexec: it assembles and solves its rows, rank 0 reports
-            simulate_petsc(tape, study, order=args.order, resolution=args.resolution, surface=args.surface)
+            try:
+                simulate_petsc(tape, study, order=args.order, resolution=args.resolution, surface=args.surface)
+            except TaperayError:      # raised on every rank alike (distributed._agree): rank 0 prints it
+                return 2
             return 0
     mesh = _given_mesh(args, watch)
     out = outputs["output"]
