@@ -243,6 +243,12 @@ def _compiled_function_class():
             def signature(self):
                 return self._signature
 
+            def compiling_elsewhere(self) -> bool:
+                """Whether a helper process is compiling it now (a caller may compile other
+                kernels meanwhile, rather than wait)."""
+                helper = self._helper
+                return helper is not None and helper.poll() is None
+
             def _compile(self) -> int:
                 if self._helper is not None:       # (shown as a compile: compile_progress's line)
                     with event.trigger_event("numba:compile", data=dict(
@@ -280,7 +286,8 @@ def _is_cached(dispatcher, argtypes: tuple) -> bool:
 def _compile_ahead(dispatcher, signature):
     """A helper process compiling ``dispatcher`` for ``signature`` into the disk cache (None on
     one core: nothing would run alongside it)."""
-    if len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) < 2:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores < 2:
         return None
     import pickle
     import subprocess

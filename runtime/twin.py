@@ -288,8 +288,8 @@ def _mod_block(regs, d, a, b, n):
 
 # The arithmetic ops' loops, generated from the table's rules (OpSpec.numba, numba_loop, rank)
 # by runtime.op_codegen; MOD's _mod_block and the scalar helpers above are the named rules.
-# Numba caches per source file (content hash): an edit here does not recompile runtime.pruning's
-# cached callers; clear runtime/__pycache__ after one.
+# The disk cache is keyed on the sources of every jitted module (runtime.jit_cache.source_key), so
+# an edit here recompiles runtime.pruning's cached callers too.
 # ---- BEGIN GENERATED arith by taperay.runtime.op_codegen from runtime/opcodes.py: do not edit ----
 @njit(**_JIT)
 def _libm_block(op, regs, d, a, n):
@@ -1627,6 +1627,9 @@ def march(tape: Tape, camera: Camera, width: int, height: int, settings: RenderS
     out = dict(t=np.empty((height, width), np.float32), hit=np.empty((height, width), bool),
                steps=np.empty((height, width), np.int32), mat=np.empty((height, width), np.uint32),
                grad=np.empty((height, width, 3), np.float32), normal=np.empty((height, width, 3), np.float32))
+    if tp[-1].compiling_elsewhere():    # (an empty cache: the light pass's kernel too, while the
+        _compile(_light_kernel, *_light_args(tp, tape.n_regs, packed, eye, dirs, out["t"], out["grad"],
+                                             out["t"], out["t"]))    # helper compiles the interpreter)
     _on_threads(_march_kernel, tp, tape.n_regs, _section(packed), eye, dirs, box, _packed(packed, "hit_eps"),
                 _packed(packed, "hit_cone"), _packed(packed, "normal_eps"), int(_packed(packed, "max_steps")),
                 _packed(packed, "step_scale"), out["t"], out["hit"], out["steps"], out["mat"], out["grad"],
@@ -1643,13 +1646,24 @@ def light_pass(tape: Tape, packed: np.ndarray, mr: dict) -> dict:
     h, w = mr["t"].shape
     shadow = np.empty((h, w), np.float32)
     ao = np.empty((h, w), np.float32)
-    _on_threads(_light_kernel, tp, tape.n_regs, _section(packed), mr["eye"], mr["dirs"],
-                _packed(packed, "box_lo", "box_hi").reshape(2, 3), _packed(packed, "hit_eps"),
-                int(_packed(packed, "shadow_steps")), _packed(packed, "step_scale"),
-                int(_packed(packed, "shadow_mode")), _packed(packed, "soft_k"),
-                _packed(packed, "key_dir"), _packed(packed, "ao_strength"),
-                _packed(packed, "ao_dist"), mr["t"], mr["grad"], shadow, ao)
+    _on_threads(_light_kernel, *_light_args(tp, tape.n_regs, packed, mr["eye"], mr["dirs"], mr["t"], mr["grad"],
+                                            shadow, ao))
     return dict(shadow=shadow, ao=ao)
+
+
+def _light_args(tp, n_regs, packed, eye, dirs, t, grad, shadow, ao) -> tuple:
+    """_light_kernel's arguments but the thread's."""
+    return (tp, n_regs, _section(packed), eye, dirs, _packed(packed, "box_lo", "box_hi").reshape(2, 3),
+            _packed(packed, "hit_eps"), int(_packed(packed, "shadow_steps")), _packed(packed, "step_scale"),
+            int(_packed(packed, "shadow_mode")), _packed(packed, "soft_k"), _packed(packed, "key_dir"),
+            _packed(packed, "ao_strength"), _packed(packed, "ao_dist"), t, grad, shadow, ao)
+
+
+def _compile(kernel, *args) -> None:
+    """Compile (or load from the disk cache) ``kernel`` for these arguments and _on_threads' two
+    thread numbers, without running it."""
+    numba = load_numba()
+    kernel.compile(tuple(numba.typeof(a) for a in args) + (numba.types.int64, numba.types.int64))
 
 
 def field_image(tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0) -> np.ndarray:
