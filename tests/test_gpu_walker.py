@@ -76,6 +76,18 @@ def test_adapter_info_names_the_adapter(walker_gpu):
     assert walker_gpu.adapter_name.startswith(info["name"])
 
 
+def test_a_walker_runs_on_the_device_context_it_is_given(walker_gpu, scene):
+    """GpuWalker(context=...): the device, its limits and kernel set of that context, its own
+    buffers; nothing is built for it."""
+    made = walker_gpu.stats()["pipelines_created"]
+    other = gpu.GpuWalker(context=walker_gpu.context)
+    assert other.context is walker_gpu.context and other.kernels is walker_gpu.kernels
+    assert other.device is walker_gpu.device and other.info == walker_gpu.info
+    pts = _points(50, seed=12)
+    np.testing.assert_array_equal(other.evaluate(scene, pts)[0], walker_gpu.evaluate(scene, pts)[0])
+    assert other.stats()["points_evaluated"] == 50 and walker_gpu.stats()["pipelines_created"] == made
+
+
 # ---------------------------------------------------------------------------------- agreement
 def test_evaluate_matches_the_twin(walker_gpu, walker_cpu, scene):
     pts = _points(500)

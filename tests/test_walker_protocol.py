@@ -82,3 +82,20 @@ def test_render_is_an_image_or_a_taperay_error_by_capability(walkers_all):
     else:
         with pytest.raises(TaperayError, match="does not render"):
             walkers_all.render(tape, None, 16, 12)
+
+
+@pytest.mark.needs("evaluate")
+def test_every_walker_evaluates_a_scene_as_the_twin_does(walkers_graded, walker_cpu):
+    """Shapes, point ops, a smooth union, culled unions and patterns: each walker's values within
+    the conformance tolerance of the scene's ops, its materials as conformance allows."""
+    from taperay.runtime import conformance as C
+    from taperay.scenegraph import box, smooth_union, torus, union
+    tape = flatten(union(smooth_union(sphere(0.45).translate(0.3, 0, 0), box(0.3, 0.2, 0.4).rotate((0, 0, 1), 30),
+                                      k=0.1),
+                         torus(0.5, 0.1).translate(0, 0, 0.5),
+                         sphere(0.1).linear_pattern((0.3, 0, 0), 5).translate(0, -0.8, 0)), source="shared scene")
+    pts = np.random.default_rng(5).uniform(-1.5, 1.5, (400, 3)).astype(np.float32)
+    (d, m), (dw, mw) = walker_cpu.evaluate(tape, pts), walkers_graded.evaluate(tape, pts)
+    assert dw.dtype == np.float32 and mw.dtype == np.uint32 and dw.shape == (400,)
+    assert C.within_tolerance(d, dw, C.scene_tolerance(tape), 1.5).all()
+    assert np.mean(m != mw) <= C.MATERIAL_MAX
