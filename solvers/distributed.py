@@ -31,7 +31,11 @@ __all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTO
 
 PETSC_RTOL = AMG_RTOL       # CG's true relative residual |b - A x| / |b| at which the solve stops
 PETSC_MAXITER = 2000
-FLOOR_FACTOR = 10           # a stall within this factor of the rounding floor's estimate is "at" the floor
+FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol)
+# GAMG's smoother on every level: symmetric SOR (PCSOR's default, local to each rank) in one
+# Richardson step. GAMG's own default, Chebyshev on eigenvalue estimates, made the preconditioner
+# indefinite on the heat sink's 1 M-DOF TET10 system (KSP DIVERGED_INDEFINITE_PC after 15 iterations)
+GAMG_SMOOTHER = {"mg_levels_ksp_type": "richardson", "mg_levels_pc_type": "sor"}
 _INSTALL = ("the PETSc solver needs petsc4py and mpi4py built against a PETSc: "
             "apt-get install libpetsc-real-dev, then "
             "PETSC_DIR=/usr/lib/petscdir/petsc3.18/x86_64-linux-gnu-real pip install --no-build-isolation "
@@ -139,26 +143,57 @@ def _local(comm, work: Callable):
     return value
 
 
+class _RoundingFloor:
+    """An estimate of the least true relative residual float64 allows at x: epsilon times
+    |(|A| |x| + |b|)| / |b_free| over the free rows (each row's sum loses about epsilon times the sum
+    of its terms' magnitudes: the normwise backward error's measure). Built from this rank's CSR rows
+    (global columns) and load; x's entries in those columns come through one scatter."""
+
+    def __init__(self, PETSc, rows, f_local: np.ndarray, fixed_local: np.ndarray, x, nb: float):
+        columns, compact = np.unique(rows.indices, return_inverse=True)
+        self.rows = type(rows)((np.abs(rows.data), compact, rows.indptr), shape=(rows.shape[0], len(columns)))
+        self.load = np.abs(f_local)
+        self.free = np.ones(len(f_local), bool)
+        self.free[fixed_local] = False
+        self.nb, self.mpi = nb, PETSc.COMM_WORLD.tompi4py()
+        self.local = PETSc.Vec().createSeq(len(columns), comm=PETSc.COMM_SELF)
+        index = PETSc.IS().createGeneral(columns.astype(PETSc.IntType), comm=PETSc.COMM_SELF)
+        self.scatter = PETSc.Scatter().create(x, index, self.local, None)
+        index.destroy()
+
+    def __call__(self, x) -> float:
+        self.scatter.scatter(x, self.local)
+        bound = (self.rows @ np.abs(self.local.getArray()) + self.load)[self.free]
+        return float(np.finfo(float).eps * np.sqrt(self.mpi.allreduce(float(bound @ bound))) / self.nb)
+
+    def destroy(self):
+        self.scatter.destroy()
+        self.local.destroy()
+
+
 class _TrueResidualTest:
     """KSP's convergence test on the true residual |b - A x| / |b_free| (b_free: b on the dofs that
     are not fixed), as ``fem.amg_cg``'s: computed every AMG_CHECK iterations, when CG's own
-    (updated) residual passes ``rtol`` and at the iteration limit. Converged at ``rtol``; stalled
-    when its best value has not halved in AMG_STALL iterations, or when CG's own residual passed
-    ``rtol`` and the true one did not (round-off: the two have parted at the mesh's rounding
-    floor). The iterate of least true residual is kept in ``best_x``. Every rank takes the same
-    decision (the norms are global)."""
+    (updated) residual passes the target and at the iteration limit. Converged at ``rtol``, or at
+    the rounding floor (``_RoundingFloor``, estimated at each check) where that is above ``rtol``:
+    within FLOOR_FACTOR of it, and at most AMG_RESIDUAL_LIMIT; stalled when its best value has not
+    halved in AMG_STALL iterations, or when CG's own residual passed the target and the true one did
+    not (round-off: the two have parted). The iterate of least true residual is kept in
+    ``best_x``. Every rank takes the same decision (the norms are global)."""
 
-    def __init__(self, PETSc, A, b, x, nb: float, rtol: float, maxiter: int):
+    def __init__(self, PETSc, A, b, x, nb: float, rtol: float, maxiter: int, floor: _RoundingFloor):
         self.PETSc, self.A, self.b, self.nb, self.rtol, self.maxiter = PETSc, A, b, nb, rtol, maxiter
+        self.floor_of = floor
         self.r, self.best_x = x.duplicate(), x.copy()
-        self.best, self.last, self.halved, self.halved_at = 1.0, 1.0, 1.0, 0
+        self.best, self.last, self.halved, self.halved_at, self.floor = 1.0, 1.0, 1.0, 0, 0.0
+        self.target = rtol
         self.why: str | None = None
 
     def __call__(self, ksp, its: int, rnorm: float) -> int:
         Reason = self.PETSc.KSP.ConvergedReason
         if its == 0:
             return Reason.ITERATING
-        updated_converged = rnorm <= self.rtol * self.nb
+        updated_converged = rnorm <= self.target * self.nb
         if not (updated_converged or its % AMG_CHECK == 0 or its >= self.maxiter):
             return Reason.ITERATING
         x = ksp.getSolution()
@@ -171,7 +206,9 @@ class _TrueResidualTest:
         if self.last < self.best:
             self.best = self.last
             x.copy(self.best_x)
-        if self.best <= self.rtol:
+            self.floor = self.floor_of(x)
+            self.target = max(self.rtol, min(FLOOR_FACTOR * self.floor, AMG_RESIDUAL_LIMIT))
+        if self.best <= self.target:
             return Reason.CONVERGED_RTOL
         if self.best <= self.halved / 2:
             self.halved_at, self.halved = its, self.best
@@ -234,8 +271,13 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
     ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)      # the updated residual, compared with the true one
     ksp.setTolerances(rtol=0.0, atol=0.0, max_it=maxiter)
     ksp.setInitialGuessNonzero(True)
+    options = PETSc.Options()
+    for key, value in GAMG_SMOOTHER.items():      # (PETSC_OPTIONS may choose others)
+        if not options.hasName(key):
+            options.setValue(key, value)
     ksp.setFromOptions()
-    test = _TrueResidualTest(PETSc, A, b, x, nb, rtol, maxiter)
+    floor_of = _RoundingFloor(PETSc, rows, f_local, own - bs * lo, x, nb)
+    test = _TrueResidualTest(PETSc, A, b, x, nb, rtol, maxiter, floor_of)
     iterations, reason = 0, 0
     if nb > 0:
         ksp.setConvergenceTest(test)
@@ -243,45 +285,35 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
         reason, iterations = ksp.getConvergedReason(), ksp.getIterationNumber()
         test.best_x.copy(x)
     best = test.best if nb > 0 else 0.0
-    scatter, whole = PETSc.Scatter.toAll(x)
+    floor = (test.floor or floor_of(x)) if best > rtol else 0.0
+    scatter, whole = PETSc.Scatter.toZero(x)
     scatter.scatter(x, whole)
-    u_all = whole.getArray().copy()
-    u = u_all if rank == 0 else None
-    floor = _rounding_floor(mpi, rows, f_local, u_all, own - bs * lo, nb) if best > rtol else 0.0
+    u = whole.getArray().copy() if rank == 0 else None
     info = {"method": "petsc", "dofs": int(ndof), "free": int(ndof - len(fixed)), "ranks": int(size),
             "iterations": int(iterations), "residual": float(best),
             "seconds": time.perf_counter() - t0, "assembly_seconds": assembly_seconds}
     why = test.why
-    for obj in (test, scatter, whole, b_free, x, b, A, ksp):
+    for obj in (test, floor_of, scatter, whole, b_free, x, b, A, ksp):
         obj.destroy()
     if best <= rtol:
         return u, info
     Reason = PETSc.KSP.ConvergedReason
-    if why is None:
+    if why is None and reason == Reason.CONVERGED_RTOL:
+        why = "reached the rounding floor"
+    elif why is None:
         why = (f"reached its {maxiter}-iteration limit" if reason == Reason.DIVERGED_MAX_IT
                else f"stopped ({_reason_name(PETSc, reason)})")
     elif why == "stalled" and test.last > 1:
         why = "diverged"
-    where = "at" if best <= FLOOR_FACTOR * floor else "above"
+    where = f"within {FLOOR_FACTOR} times" if best <= FLOOR_FACTOR * floor else "above"
     what = (f"CG + GAMG {why} at relative residual {best:.2g} after {iterations} iteration{'s' if iterations != 1 else ''}, "
             f"{where} this system's rounding floor (about {floor:.2g}: float64's epsilon times |A| |x| against |b|)")
     if best <= AMG_RESIDUAL_LIMIT:
-        info["note"] = f"{what}; its best iterate is kept (the target was {rtol:g})"
+        info["note"] = f"{what}; the target {rtol:g} is not reached"
         return u, info
     constrained = reason in (Reason.DIVERGED_INDEFINITE_MAT, Reason.DIVERGED_BREAKDOWN) or why == "diverged"
     raise TaperayError(f"the PETSc solve failed ({what})" + ("; is the problem constrained (a fixed temperature or "
                                                              "convection, enough supports)?" if constrained else ""))
-
-
-def _rounding_floor(mpi, rows, f_local: np.ndarray, x: np.ndarray, fixed_local: np.ndarray,
-                    nb: float) -> float:
-    """An estimate of the least true relative residual float64 allows at ``x``: epsilon times
-    |(|A| |x| + |b|)| / |b_free| over the free rows (each row's sum loses about epsilon times the sum
-    of its terms' magnitudes); ``rows`` this rank's CSR rows (columns global), ``x`` the whole field."""
-    bound = abs(rows) @ np.abs(x) + np.abs(f_local)
-    bound[fixed_local] = 0.0
-    total = mpi.allreduce(float(bound @ bound))
-    return float(np.finfo(float).eps * np.sqrt(total) / nb)
 
 
 def _reason_name(PETSc, reason: int) -> str:
