@@ -240,7 +240,7 @@ def write(shader_dir: Path = SHADER_DIR, runtime_dir: Path = RUNTIME_DIR) -> lis
         if new != text:
             path.write_text(new)
             changed.append(str(path))
-    return changed
+    return list(dict.fromkeys(changed))     # (a module may take an op block and its numbers' line)
 
 
 def main(argv: list[str] | None = None) -> int:
