@@ -51,8 +51,6 @@ _LEFT = {
     ("solvers.objectives", "solvers.study"): "_per_material",
     ("solvers.shape", "solvers.study"): "_per_material",
     ("tools.baseline_wgsl", "runtime.gpu_device"): "_shader_text",
-    **{(f"tools.{m}", "tools.bench"): "_progress"
-       for m in ("bench_gpu", "bench_path", "bench_prune_gpu", "bench_random_scenes", "bench_startup", "bench_verify")},
 }
 UNDERSCORE_IMPORTS_LEFT = {(f"taperay.{m}", f"taperay.{o}", n) for (m, o), names in _LEFT.items() for n in names.split()}
 

@@ -152,7 +152,7 @@ def bench_cpu_points(opts) -> BenchResult:
     rng = np.random.default_rng(opts.seed)
     pts = rng.uniform(tape.bounds[0], tape.bounds[1], (opts.n, 3)).astype(np.float32)
     walker = CpuWalker()
-    with _progress(f"cpu-points: {opts.n} points x {opts.repeat}", opts.repeat + 1) as tick:
+    with BenchProgress(f"cpu-points: {opts.n} points x {opts.repeat}", opts.repeat + 1) as tick:
         t0 = time.perf_counter()
         walker.evaluate(tape, pts)             # first call: includes the JIT compile
         first = time.perf_counter() - t0
@@ -182,7 +182,7 @@ def bench_flatten(opts) -> BenchResult:
     q /= np.linalg.norm(q, axis=1)[:, None]
     t = rng.uniform(-20, 20, (100_000, 3))
     cases.append(("instance list of 100000 bolts", lambda: (cylinder(0.02, 0.1) | box(0.04, 0.04, 0.02)).instances(t, q)))
-    with _progress(f"flatten: {len(cases)} scenes x {opts.repeat}", len(cases)) as tick:
+    with BenchProgress(f"flatten: {len(cases)} scenes x {opts.repeat}", len(cases)) as tick:
         for name, build in cases:
             node = build()
             tape = flatten(node)
@@ -198,7 +198,7 @@ def bench_flatten(opts) -> BenchResult:
 # ---------------------------------------------------------------------------------------------
 # the harness
 
-class _progress:
+class BenchProgress:
     """A rich progress bar with an ETA on stderr; yields a tick() function."""
 
     def __init__(self, text: str, total: int):

@@ -27,7 +27,7 @@ import numpy as np
 
 from taperay.runtime.tape import TaperayError
 
-from .bench import BenchResult, _progress, summarize, time_calls
+from .bench import BenchResult, BenchProgress, summarize, time_calls
 
 HARDWARE_SIZES = (100, 1000)   # 3000 primitives: a 71 s baseline compile (docs/PERFORMANCE.md)
 # a software adapter (lavapipe) compiles each pipeline at its first dispatch, the written-out ones
@@ -152,7 +152,7 @@ def bench_gpu(opts) -> BenchResult:
         scenes.append(("prospero.vm", lambda: load_tape(PROSPERO)))
     rows = []
     rng = np.random.default_rng(opts.seed)
-    with _progress(f"bench gpu: {len(scenes)} scenes x {opts.repeat} repeats x 2", len(scenes) * 2) as tick:
+    with BenchProgress(f"bench gpu: {len(scenes)} scenes x {opts.repeat} repeats x 2", len(scenes) * 2) as tick:
         for name, make in scenes:
             tape = make()
             started = time.perf_counter()

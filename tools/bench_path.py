@@ -22,7 +22,7 @@ from pathlib import Path
 
 from taperay.runtime.tape import TaperayError
 
-from .bench import BenchResult, _progress
+from .bench import BenchResult, BenchProgress
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENES = (("showcase", ROOT / "scenes" / "machined_part.py"), ("bolt bin", ROOT / "scenes" / "bolt_bin.py"),
@@ -99,7 +99,7 @@ def bench_path(opts) -> BenchResult:
     spp = opts.repeat
     rows, notes = [], []
     settings = PathSettings()
-    with _progress(f"path: {len(SCENES)} scenes at {w}x{h}, {spp} spp", len(SCENES)) as tick:
+    with BenchProgress(f"path: {len(SCENES)} scenes at {w}x{h}, {spp} spp", len(SCENES)) as tick:
         for label, path in SCENES:
             row = {"scene": label, "walker": walker.name, "size": f"{w}x{h}", "spp": spp}
             try:

@@ -62,7 +62,7 @@ import numpy as np
 
 from taperay.runtime.tape import TaperayError
 
-from .bench import BenchResult, _progress, summarize, time_calls
+from .bench import BenchResult, BenchProgress, summarize, time_calls
 
 PROSPERO = Path(__file__).resolve().parent.parent / "tests" / "data" / "prospero.vm"
 HARDWARE = {"sizes": (1024, 4096), "tiles": ((32,), (32, 8), (64, 16, 4), (128, 32, 8), (128, 32, 8, 2)),
@@ -143,7 +143,7 @@ def bench_prune_gpu(opts) -> BenchResult:
     rows = []
     unpruned = {}
     _warm_up(walker, tape, plan["sizes"][0])
-    with _progress(f"prune-gpu: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
+    with BenchProgress(f"prune-gpu: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
         for size, what, tiles, sign in cases:
             rect = _rect(size)
             if tiles is None:
@@ -218,7 +218,7 @@ def _image_cell_rows(walker, tape, plan, opts, notes, unpruned) -> list[dict]:
     cases = [(size, cells, what, sign) for size in plan["sizes"] for cells in plan["image_cells"]
              for what, sign in (("sign image", True), ("field image", False))]
     rows = []
-    with _progress(f"prune-gpu image cells: {len(cases)} cases x {opts.repeat}",
+    with BenchProgress(f"prune-gpu image cells: {len(cases)} cases x {opts.repeat}",
                    len(cases) * (2 * opts.repeat + 2)) as tick:
         for size, cells, what, sign in cases:
             rect = _rect(size)
@@ -275,7 +275,7 @@ def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
     base = None
     exact = True
     ref = None
-    with _progress(f"prune-gpu points: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
+    with BenchProgress(f"prune-gpu points: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
         for case in reversed(cases):   # the unpruned one first (the speed-ups' base, the reference)
             if case is None:
                 def fn():
@@ -346,7 +346,7 @@ def _frame_rows(walker, prospero, plan, opts, notes) -> list[dict]:
     programs = (("prospero", prospero), (f"{SPHERES} spheres", load_vm(spheres_program(SPHERES, seed=opts.seed))))
     cases = [(name, tape, c) for name, tape in programs for c in [None, *plan["march_cells"]]]
     exact = True
-    with _progress(f"prune-gpu frames: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
+    with BenchProgress(f"prune-gpu frames: {len(cases)} cases x {opts.repeat}", len(cases) * (opts.repeat + 2)) as tick:
         ref = base = None
         for name, tape, cells in cases:
             def fn(t=tape, c=cells):

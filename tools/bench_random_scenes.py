@@ -16,7 +16,7 @@ import numpy as np
 
 from taperay.runtime.tape import TaperayError
 
-from .bench import BenchResult, _progress
+from .bench import BenchResult, BenchProgress
 
 SCENES = 200
 MESH_RESOLUTION = 32
@@ -101,7 +101,7 @@ def run_scene(seed: int) -> dict:
 
 def bench_random_scenes(opts) -> BenchResult:
     rows = []
-    with _progress(f"random-scenes: {SCENES} scenes", SCENES) as tick:
+    with BenchProgress(f"random-scenes: {SCENES} scenes", SCENES) as tick:
         for seed in range(opts.seed, opts.seed + SCENES):
             rows.append(run_scene(seed))
             tick()

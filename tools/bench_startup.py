@@ -24,7 +24,7 @@ from pathlib import Path
 
 from taperay.runtime.tape import TaperayError
 
-from .bench import BenchResult, _progress
+from .bench import BenchResult, BenchProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWCASE = ROOT / "scenes" / "machined_part.py"
@@ -108,7 +108,7 @@ def bench_startup(opts) -> BenchResult:
         tmp = Path(tmp)
         cases = [("showcase", size, ["render", str(SHOWCASE), "--size", size]),
                  ("prospero.vm --2d", "1024", ["render", str(PROSPERO), "--2d", "--size", "1024"])]
-        with _progress(f"startup: {len(cases)} cases x {1 + later} processes", len(cases) * (1 + later)) as tick:
+        with BenchProgress(f"startup: {len(cases)} cases x {1 + later} processes", len(cases) * (1 + later)) as tick:
             for i, (case, case_size, args) in enumerate(cases):
                 cache = tmp / f"cache-{i}"          # a new machine's empty cache folder
                 cache.mkdir()

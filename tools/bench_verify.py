@@ -193,14 +193,14 @@ def _plot(path: Path, rows: list[dict]) -> None:
 
 
 def bench_verify(opts) -> BenchResult:
-    from .bench import _progress
+    from .bench import BenchProgress
     rows: list[dict] = []
     series = ([("hollow sphere T = A + B/r, TET4", lambda r: _shell_case(r, 1), SHELL_RESOLUTIONS),
                ("hollow sphere T = A + B/r, TET10", lambda r: _shell_case(r, 2), SHELL_RESOLUTIONS),
                ("Lame thick sphere u_r, TET10", _lame_case, LAME_RESOLUTIONS),
                ("cantilever tip vs Timoshenko 4.024, TET10", _beam_case, BEAM_RESOLUTIONS)])
     total = sum(len(r) for *_, r in series) + 3
-    with _progress("bench verify", total) as tick:
+    with BenchProgress("bench verify", total) as tick:
         for case, run, resolutions in series:
             for resolution in resolutions:
                 t0 = time.perf_counter()
