@@ -23,7 +23,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .fem import AMG_CHECK, AMG_RESIDUAL_LIMIT, AMG_RTOL, AMG_STALL
+from .fem import AMG_CHECK, AMG_RESIDUAL_LIMIT, AMG_RTOL, AMG_STALL, RESIDUAL_LIMIT
 from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker
 from .tetmesh import DEFAULT_PART_SURFACE, TetMesh, mesh_part
 
@@ -31,7 +31,8 @@ __all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTO
 
 PETSC_RTOL = AMG_RTOL       # CG's true relative residual |b - A x| / |b| at which the solve stops
 PETSC_MAXITER = 2000
-FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol)
+FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol):
+                            # a normwise backward error of about 10 epsilon
 # GAMG's smoother on every level: symmetric SOR (PCSOR's default, local to each rank) in one
 # Richardson step. GAMG's own default, Chebyshev on eigenvalue estimates, made the preconditioner
 # indefinite on the heat sink's 1 M-DOF TET10 system (KSP DIVERGED_INDEFINITE_PC after 15 iterations)
@@ -176,7 +177,7 @@ class _TrueResidualTest:
     are not fixed), as ``fem.amg_cg``'s: computed every AMG_CHECK iterations, when CG's own
     (updated) residual passes the target and at the iteration limit. Converged at ``rtol``, or at
     the rounding floor (``_RoundingFloor``, estimated at each check) where that is above ``rtol``:
-    within FLOOR_FACTOR of it, and at most AMG_RESIDUAL_LIMIT; stalled when its best value has not
+    within FLOOR_FACTOR of it (never above RESIDUAL_LIMIT); stalled when its best value has not
     halved in AMG_STALL iterations, or when CG's own residual passed the target and the true one did
     not (round-off: the two have parted). The iterate of least true residual is kept in
     ``best_x``. Every rank takes the same decision (the norms are global)."""
@@ -207,7 +208,7 @@ class _TrueResidualTest:
             self.best = self.last
             x.copy(self.best_x)
             self.floor = self.floor_of(x)
-            self.target = max(self.rtol, min(FLOOR_FACTOR * self.floor, AMG_RESIDUAL_LIMIT))
+            self.target = max(self.rtol, min(FLOOR_FACTOR * self.floor, RESIDUAL_LIMIT))
         if self.best <= self.target:
             return Reason.CONVERGED_RTOL
         if self.best <= self.halved / 2:
@@ -225,10 +226,12 @@ class _TrueResidualTest:
 def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXITER) -> tuple[np.ndarray | None, dict]:
     """Assemble this rank's rows of ``terms`` (``_renumber``'s dict, the same on every rank), solve
     across all ranks by CG + GAMG, gather the field on rank 0. The stopping test is the true
-    relative residual (``_TrueResidualTest``); the iterate of least true residual is the result
-    when it is at most ``fem.AMG_RESIDUAL_LIMIT`` (below ``rtol``: converged; above it CG stopped
-    short, and ``info["note"]`` says why and where the residual stands against the rounding floor,
-    ``_rounding_floor``), else every rank raises one TaperayError with the reason. A failure in one rank's own assembly is raised on every rank (``_agree``). Returns
+    relative residual (``_TrueResidualTest``). The iterate of least true residual is the result
+    when that residual is at most ``rtol`` (converged), ``fem.AMG_RESIDUAL_LIMIT`` or FLOOR_FACTOR
+    times the rounding floor's estimate (``_RoundingFloor``; never above ``fem.RESIDUAL_LIMIT``, the
+    direct solver's limit); above ``rtol``, ``info["note"]`` says why CG stopped and where the
+    residual stands against the floor. Otherwise every rank raises one TaperayError with the
+    reason; so does every rank when one rank's own assembly fails (``_agree``). Returns
     (u in the terms' node order on rank 0 and None elsewhere, info: method, dofs, free, ranks,
     iterations, residual, seconds, assembly_seconds[, note])."""
     PETSc = _petsc()
@@ -308,7 +311,7 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
     where = f"within {FLOOR_FACTOR} times" if best <= FLOOR_FACTOR * floor else "above"
     what = (f"CG + GAMG {why} at relative residual {best:.2g} after {iterations} iteration{'s' if iterations != 1 else ''}, "
             f"{where} this system's rounding floor (about {floor:.2g}: float64's epsilon times |A| |x| against |b|)")
-    if best <= AMG_RESIDUAL_LIMIT:
+    if best <= AMG_RESIDUAL_LIMIT or best <= min(FLOOR_FACTOR * floor, RESIDUAL_LIMIT):
         info["note"] = f"{what}; the target {rtol:g} is not reached"
         return u, info
     constrained = reason in (Reason.DIVERGED_INDEFINITE_MAT, Reason.DIVERGED_BREAKDOWN) or why == "diverged"
