@@ -639,12 +639,15 @@ def test_simulate_on_a_dual_contoured_surface_keeps_the_box_edges():
     assert s["max_temperature"] > 10.0
 
 
-def test_a_dual_contoured_mesh_with_flat_tetrahedra_falls_back_to_marching_cubes():
+def test_a_dual_contoured_mesh_with_flat_tetrahedra_falls_back_to_marching_cubes(monkeypatch):
     """The heat sink at resolution 20: its 3 mm fins are about a cell thick and TetGen, keeping
     the dual-contoured triangles, leaves 4 flat tetrahedra across them (a singular system);
-    "auto" refuses that mesh, says so and meshes marching cubes' surface."""
+    "auto" refuses that mesh, says so and, with no finer grid to try, meshes marching cubes'
+    surface."""
+    from taperay.solvers import tetmesh
     from taperay.solvers.tetmesh import FLAT_DEGREES, dihedral_angles, mesh_part
     import runpy
+    monkeypatch.setattr(tetmesh, "REFINE_FACTORS", ())
     tape = flatten(runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))["scene"])
     mesh, stats, _ = mesh_part(tape, 20, 1)
     assert stats["method"] == "mc" and "flat tetrahedra" in stats["fallback"]
