@@ -285,9 +285,10 @@ def _is_cached(dispatcher, argtypes: tuple) -> bool:
 
 def _compile_ahead(dispatcher, signature):
     """A helper process compiling ``dispatcher`` for ``signature`` into the disk cache (None on
-    one core: nothing would run alongside it)."""
+    one core, where nothing would run alongside it, or where the cache folder is not writable,
+    where this process could not load the helper's result)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2:
+    if cores < 2 or not os.access(_NUMBA[0].config.CACHE_DIR, os.W_OK):
         return None
     import pickle
     import subprocess
