@@ -68,6 +68,26 @@ class CpuWalker:
         d = d.reshape(-1, 6)
         return ((d[:, :3] - d[:, 3:]) / (np.float32(2) * e)).astype(np.float32)
 
+    def parameter_differences(self, tape: Tape, points, rel: float = 1e-3) -> dict[str, np.ndarray]:
+        """{name: (N,) float32 d value / d name} at the (N, 3) points for every named parameter,
+        by central differences of the twin's values (a step of ``rel`` of the parameter's size, at
+        least 1e-4; the tape's value is set back afterwards). The JAX walker's ``value_and_grad``
+        gives them exactly."""
+        pts = point_array(points, "parameter_differences", np.float32)
+        out = {}
+        for name, slots in tape.names.items():
+            theta = float(tape.params[slots[0]])
+            h = max(abs(theta) * rel, 1e-4)
+            try:
+                tape.set_param(name, theta + h)
+                up, _ = twin.evaluate_field(tape, pts)
+                tape.set_param(name, theta - h)
+                down, _ = twin.evaluate_field(tape, pts)
+            finally:
+                tape.set_param(name, theta)
+            out[name] = ((up.astype(np.float64) - down) / (2 * h)).astype(np.float32)
+        return out
+
     def march(self, tape: Tape, camera: Camera, width: int, height: int,
               settings: RenderSettings | None = None, view: str = "shade") -> dict:
         """Primary rays by the camera's pixel convention. Returns t (H,W) f32 (inf = miss), hit,

@@ -355,3 +355,17 @@ def test_written_images_get_a_new_files_usual_mode(tmp_path):
     os.umask(mask)
     path = write_png(tmp_path / "a.png", np.zeros((2, 3, 3), np.uint8))
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_parameter_differences_match_the_exact_derivatives_and_leave_the_tape_as_it_was(walker_cpu):
+    """A sphere of radius r moved by a: f = |p - (a, 0, 0)| - r, so df/dr = -1 and df/da =
+    -(x - a) / |p - (a, 0, 0)|; central differences of the twin's values match within float32
+    rounding, and the parameters are set back."""
+    from taperay.scenegraph import Param, flatten, sphere
+    tape = flatten(sphere(Param("r", 0.5)).translate(Param("a", 0.2), 0, 0))
+    pts = np.array([[1.0, 0.3, -0.2], [-0.4, 0.9, 0.5], [0.2, 0.0, 1.5]], np.float32)
+    d = walker_cpu.parameter_differences(tape, pts)
+    q = pts.astype(np.float64) - [0.2, 0.0, 0.0]
+    np.testing.assert_allclose(d["r"], -1.0, atol=2e-3)
+    np.testing.assert_allclose(d["a"], -q[:, 0] / np.linalg.norm(q, axis=1), atol=2e-3)
+    assert tape.params[tape.names["r"][0]] == np.float32(0.5) and tape.params[tape.names["a"][0]] == np.float32(0.2)

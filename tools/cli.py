@@ -381,7 +381,10 @@ def cmd_grad(args) -> int:
             g = JaxWalker().value_and_grad(tape, pts)
             value, grad, per_name = g.value, g.dx, g.per_point
         else:
-            value, grad, per_name = _finite_difference_gradients(tape, pts)
+            from taperay.runtime.cpu import CpuWalker
+            twin = CpuWalker()
+            value, _ = twin.evaluate(tape, pts)
+            grad, per_name = twin.gradient(tape, pts), twin.parameter_differences(tape, pts)
     norm = np.linalg.norm(grad, axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         normal = np.where(norm > 0, grad / norm, 0.0).astype(np.float32)
@@ -398,27 +401,6 @@ def cmd_grad(args) -> int:
               f"({'JAX, exact' if args.walker == 'jax' else 'CPU twin, central differences'})")
     con.print(f"timings:   {watch.summary()}")
     return 0
-
-
-def _finite_difference_gradients(tape, pts, rel: float = 1e-3):
-    """The twin's values, its central-difference gradient, and d value / d name by central
-    differences of each named parameter (step ``rel`` of its size, at least 1e-4)."""
-    import numpy as np
-    from taperay.runtime.cpu import CpuWalker
-    twin = CpuWalker()
-    value, _ = twin.evaluate(tape, pts)
-    grad = twin.gradient(tape, pts)
-    per_name = {}
-    for name, slots in tape.names.items():
-        theta = float(tape.params[slots[0]])
-        h = max(abs(theta) * rel, 1e-4)
-        tape.set_param(name, theta + h)
-        up, _ = twin.evaluate(tape, pts)
-        tape.set_param(name, theta - h)
-        down, _ = twin.evaluate(tape, pts)
-        tape.set_param(name, theta)
-        per_name[name] = ((up.astype(np.float64) - down) / (2 * h)).astype(np.float32)
-    return value, grad, per_name
 
 
 def _f32(x) -> float:
