@@ -350,6 +350,7 @@ def test_the_twins_hinted_walk_keeps_the_first_of_tied_leaves(walker_cpu):
     red, blue = Material("red", (0.8, 0.1, 0.1)), Material("blue", (0.1, 0.2, 0.8))
     body = union(sphere(0.5).translate(0, 0.1, 0).material(red), sphere(0.5).translate(0, -0.1, 0).material(blue))
     tape = flatten(body.instances(np.zeros((2, 3)), [(1, 0, 0, 0), (0, 0, 0, 1)]))
+    walker_cpu.evaluate(tape, np.zeros((1, 3), np.float32))   # (validated, so frozen, as the kernels take it)
     pc = int(np.flatnonzero(tape.instrs["op"] == Op.INSTANCES)[0])
     tp = twin._kernel_tape(tape)
     first, end = int(tp[0][pc, 6]), int(tp[0][pc, 6] + tp[0][pc, 2])
