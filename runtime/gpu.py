@@ -6,8 +6,9 @@ per-invocation iteration budget runs out, and run their interpreter without mate
 pipeline constants of ``gpu_device.KERNEL_CONSTANTS``; a ``surface`` pass evaluates the hit's
 material); a method that uses the device turns a device loss into ``GpuError``,
 runtime/gpu_guard.py; ``gpu_seconds`` / ``gpu_seconds_frame``, GPU time without host work or
-read-back; the path tracer's kernels, ``path_add`` into a path image's sums kept on the GPU
-(``path_accumulation``), ``path_sums_read`` / ``path_rgb8`` reading them). The device, the kernel table, the pipeline cache (each pipeline made when a pass
+read-back; ``run_kernels``, ``uniforms``, ``prepare_outputs``, ``write_points``, ``read_buffer``:
+the dispatch that passes kept outside the walker use, the path tracer's (runtime/path_tracing.py
+``GpuPathTracer``) among them). The device, the kernel table, the pipeline cache (each pipeline made when a pass
 first needs it) and its counters are runtime/gpu_device.py's; the walker's interval-pruned passes (pruned images, pruned point sets,
 march / light / render over pruned cells of the march box) are runtime/gpu_pruning.py's
 ``PrunedPasses``, which ``GpuWalker`` inherits and which run on this module's dispatch plumbing.
@@ -23,11 +24,10 @@ from .camera import Camera, auto_camera
 from .gpu_device import (adapter_info, Buffer, CELLS_KEEPING, COUNTERS_BYTES, GpuContext,
                          drop_context, get_adapter, get_context, GpuError, HARDWARE_ITER_BUDGET,
                          HARDWARE_ITER_CAP, kernels, KERNELS, KernelSet, MAX_GROUPS_X, MIN_BUFFER,
-                         PATH_ACCUMULATE, PATH_F_WORDS, PATH_GENERATE, PATH_TONEMAP, PATH_TRACE, PATH_TRACE_CELLS,
-                         PATH_U_WORDS, READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
+                         READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
                          UNIFORM_BYTES, UNIFORM_LEVEL_BYTE, variant_for, WG, load_wgpu, WORKGROUP_PER_ITEM)
 from .gpu_guard import guarded
-from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses, march_box_cells,
+from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses,
                           march_cells_cached, image_cell_box)
 from .pruning import PRUNE_MIN_RECORDS, cell_tape
 from .shading import PACK_LEN, RenderSettings
@@ -37,9 +37,7 @@ __all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "KER
 
 
 TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
-PATH_FIRST_ROUNDS = 4                   # the path tracer's rounds in a walker's first submission
-PATH_MAX_ROUNDS = 64                    # ... and the most in one
-COUNT_UNFINISHED, COUNT_PATH_PAUSES = 1, 6   # bindings.wgsl, path.wgsl: the counters' words
+COUNT_UNFINISHED = 1                    # bindings.wgsl: the counters' word of unfinished items
 
 
 # ------------------------------------------------------------------------------------ walker
@@ -64,11 +62,6 @@ class GpuWalker(PrunedPasses):
         self._bytes_read: dict[str, int] = {}   # by buffer label (_submit_and_read)
         self._dispatched: dict[str, int] = {}   # by kernel (_encode)
         self.resumed_dispatches = 0
-        self.path_rounds_run = 0            # the path tracer's trace / accumulate rounds dispatched
-        self.path_pauses = 0                # ... its traces stopped by the iteration budget (to go on)
-        self.path_cell_prunes = 0           # ... and its pruned cells (not kept from an earlier add)
-        self._path_rounds = PATH_FIRST_ROUNDS   # rounds per submission: what the last sample needed, or
-                                                # one fewer than the last submission's
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
 
@@ -84,7 +77,7 @@ class GpuWalker(PrunedPasses):
         self._accum = Buffer(dev, st, "accum", limit)
         self._uniform = Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms", limit)
         self._counters = Buffer(dev, st, "counters", limit)
-        self._path_live = Buffer(dev, wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST, "path live counts", limit)
+        self._watched = Buffer(dev, wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST, "watched counts", limit)
         self._staging = None                 # _read's mappable buffer
         self._bind_group = None
         self._bind_key = None
@@ -93,7 +86,7 @@ class GpuWalker(PrunedPasses):
         self.point_arena_words = 0          # evaluate_pruned: the same
         self.cell_arena_words = 0           # pruned march cells: the same
         self._kept_cells = None              # (key, descriptor word, ...) of the cells out_u holds (_frame,
-                                             # _image_cells, _path_cells)
+                                             # _image_cells, path_cells)
         self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
         self.march_cell_builds = 0           # march cells pruned (frames, march_cell_levels, timings, paths)
         self.register_refusals = 0           # pixel passes run again in the tape's own variant
@@ -151,7 +144,7 @@ class GpuWalker(PrunedPasses):
         ``dispatches`` (the passes encoded, by pipeline: "kernel@variant", or "kernel" for the
         kernels of one pipeline),
         ``bytes_read`` (read back, by buffer: the tape arrays' names, "points", "out_f", "out_u",
-        "counters", "path live counts", a path image's "path sums"), ``bytes_compared`` (by
+        "counters", "watched counts" (run_kernels' ``watch``), a path image's "path sums"), ``bytes_compared`` (by
         buffer, each of the walker's: compared with its host copy to find the bytes to write; a
         frozen tape's array the buffer holds already is not), ``tape_buffer_bytes`` (each tape array's buffer
         size) and ``kept_cells`` (the pruned cells kept in out_u for the next frame or image:
@@ -169,7 +162,7 @@ class GpuWalker(PrunedPasses):
 
     def _buffers(self) -> list[Buffer]:
         return [*self._tape_bufs.values(), self._points, self._out_f, self._out_u, self._accum, self._uniform,
-                self._counters, self._path_live]
+                self._counters, self._watched]
 
     def _kept_cells_facts(self) -> dict | None:
         kept = self._kept_cells        # (frame: (key, desc); path: (key, desc, u); image: ((key, box), desc, variant, tail))
@@ -241,7 +234,7 @@ class GpuWalker(PrunedPasses):
             self._bind_key = bufs         # (the buffers themselves, held: a freed one's id() may come again)
         return self._bind_group
 
-    def _uniforms(self, tape: Tape, n_items: int, width=0, height=0, sample=0, rect=(0, 0, 0, 0),
+    def uniforms(self, tape: Tape, n_items: int, width=0, height=0, sample=0, rect=(0, 0, 0, 0),
                   extra=(0, 0, 0, 0), camera=None, settings=None) -> np.ndarray:
         """The Uniforms struct (bindings.wgsl) as uint32 words; word 7 (resume) set per dispatch."""
         u = np.zeros(UNIFORM_BYTES // 4, np.uint32)
@@ -255,7 +248,7 @@ class GpuWalker(PrunedPasses):
             f[32:32 + PACK_LEN] = settings
         return u
 
-    def _prepare_outputs(self, n_f: int, n_u: int, n_accum: int = 0):
+    def prepare_outputs(self, n_f: int, n_u: int, n_accum: int = 0):
         limit = self.context.limits["max_storage_buffer_binding_size"]
         need = max(4 * n_f, 4 * n_u, 16 * n_accum)
         if need > limit:
@@ -431,9 +424,9 @@ class GpuWalker(PrunedPasses):
         for s in range(0, len(pts), chunk):
             part = pts[s:s + chunk]
             n_items = per_point * len(part)
-            self._prepare_outputs(n_items, n_items)
+            self.prepare_outputs(n_items, n_items)
             self._points.sync(part)
-            self._dispatch(tape, [(kernel, n_items)], variant, self._uniforms(tape, n_items, extra=extra))
+            self._dispatch(tape, [(kernel, n_items)], variant, self.uniforms(tape, n_items, extra=extra))
             for o, (buf, dtype) in zip(outs, zip((self._out_f, self._out_u), out_dtypes)):
                 o.append(self._read(buf, dtype, n_items))
         return [np.concatenate(o) for o in outs]
@@ -472,8 +465,8 @@ class GpuWalker(PrunedPasses):
             raise TaperayError(f"field_image: size {width}x{height} must be at least 1x1")
         variant = self.upload(tape)
         n = width * height
-        self._prepare_outputs(n, 1)
-        u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
+        self.prepare_outputs(n, 1)
+        u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
         self._dispatch(tape, [("field_image", n)], variant, u)
         return self._read(self._out_f, np.float32, n).reshape(height, width)
 
@@ -516,8 +509,8 @@ class GpuWalker(PrunedPasses):
         elif tiles is None:
             variant = self.upload(tape)
             n = width * height
-            self._prepare_outputs(n, 1)
-            u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
+            self.prepare_outputs(n, 1)
+            u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
             passes = [("field_image", n)]
         else:
             variant, passes, u = self._pruned_image_timing(tape, width, height, rect, z, tiles, sign,
@@ -541,7 +534,7 @@ class GpuWalker(PrunedPasses):
         tape = run
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
-        u = self._uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        u = self.uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
         out = {"cells": 0.0}
         cells = self.march_cells_for(tape, cells) if view != "slice" else None
         if cells is not None:
@@ -565,7 +558,7 @@ class GpuWalker(PrunedPasses):
         camera = camera or auto_camera(tape.bounds)
         variant = self.upload(tape)
         n = width * height
-        self._prepare_outputs(8 * n, 9 * n, n)
+        self.prepare_outputs(8 * n, 9 * n, n)
         return camera, packed, variant, n
 
     def _frame(self, tape: Tape, camera: Camera | None, width: int, height: int,
@@ -593,7 +586,7 @@ class GpuWalker(PrunedPasses):
         rng = np.random.default_rng(0)
         for s in range(samples):
             jitter = (0.0, 0.0) if s == 0 else tuple(rng.uniform(-0.5, 0.5, 2))
-            u = self._uniforms(tape, n, width, height, sample=s, extra=(0, 0, *jitter),
+            u = self.uniforms(tape, n, width, height, sample=s, extra=(0, 0, *jitter),
                                camera=camera.pack(), settings=packed)
             if desc is not None:
                 u[12] = desc                # U.extra.x: the bits of the cell descriptor's word
@@ -681,124 +674,33 @@ class GpuWalker(PrunedPasses):
                     raise
                 self.cells_too_large.add((content_key(run), run_cells))
 
-    # -- the path tracer (shaders/path.wgsl)
+    # -- dispatch for passes kept outside the walker (runtime/path_tracing.py's GpuPathTracer)
     @guarded
-    def path_accumulation(self, width: int, height: int) -> Buffer:
-        """A path image's sums on the GPU, zeroed (WebGPU zeroes a new buffer): per pixel the
-        radiance rgb and the square of each sample's mean over rgb, summed over the samples that
-        ``path_add`` adds; ``path_sums_read`` / ``path_rgb8`` read it."""
-        wgpu = load_wgpu()
-        n = width * height
-        limit = self.context.limits["max_storage_buffer_binding_size"]
-        if 16 * n > limit:
-            raise TaperayError(f"a {width}x{height} path image needs {16 * n >> 20} MiB of sums; the adapter binds "
-                               f"at most {limit >> 20} MiB (draw a smaller image or use the CPU walker)")
-        buf = Buffer(self.context.device, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC, "path sums", limit)
-        buf.ensure(16 * n)
-        return buf
-
-    def _own(self, sums: Buffer) -> Buffer:
-        if sums.device is not self.context.device:
-            raise GpuError("this path image's sums were on a GPU device that is gone: make a new PathImage")
-        return sums
-
-    @guarded
-    def path_add(self, sums: Buffer, tape: Tape, camera: Camera, width: int, height: int,
-                 settings: RenderSettings | None, path, first: int, count: int) -> None:
-        """Add samples first .. first+count-1 of the path tracer (``path`` a
-        runtime.path_tracing.PathSettings) to ``sums`` (``path_accumulation``'s); no image is read
-        back. Per wave of pixels (as many as out_f holds the state of) and sample: path_generate,
-        then rounds of path_trace and path_accumulate until no path is left; after each
-        submission of rounds the counters and the paths left after each round are read (a
-        submission holds as many rounds as the last sample needed, or one fewer than the last
-        submission where it needed fewer; at most PATH_MAX_ROUNDS). An arithmetic tape of at
-        least PRUNE_MIN_RECORDS records is traced on its pruned march cells' tapes
-        (path_trace_cells; the same field values, pruning is exact in a cell), pruned once and
-        kept while nothing else uses out_u; other tapes on their own records. The light
-        samples' data (path_tracing.light_data) is synced into the points buffer after the cells'
-        layout. A path is not refused for its length; one field evaluation past the adapter's
-        iteration cap is a TaperayError."""
-        from .path_tracing import light_data
-        self._own(sums)
-        settings = settings or RenderSettings()
-        packed = settings.pack(tape, "shade")
-        variant = self.upload(tape)
-        n = width * height
-        limit = self.context.limits["max_storage_buffer_binding_size"]
-        wave = min(n, limit // (4 * PATH_F_WORDS))
-        desc, layout_words, u_base = self._path_cells(tape, packed, variant, wave)
-        lights = light_data(tape, path)
-        self._points.sync(np.concatenate([layout_words, lights]) if len(layout_words) else lights)
-        trace = PATH_TRACE if desc is None else PATH_TRACE_CELLS
-        self.context.kernels.ensure([(k, variant) for k in (PATH_GENERATE, trace, PATH_ACCUMULATE)])
-        env = np.asarray(path.environment, np.float32)
-        cam = camera.pack()
-        cam[7] = path.roulette_from                  # U.camera[1].w; [2].w, [3].w: the bits of the paths' state's
-        cam[[11, 15]] = np.array([u_base, len(layout_words)], np.uint32).view(np.float32)   # and the lights' first words
-        for s in range(first, first + count):
-            for base in range(0, n, wave):
-                u = self._uniforms(tape, min(wave, n - base), width, height, sample=s,
-                                   rect=(*env, path.max_bounces), extra=(0, 0, path.seed, path.flags()),
-                                   camera=cam, settings=packed)
-                u[12:14] = desc or 0, base       # (U.extra.x, .y's bits: the cells' descriptor, the wave's first pixel)
-                first_rounds, rounds = [PATH_GENERATE], 0
-                while True:
-                    k = self._path_rounds
-                    live = self._path_submit(tape, first_rounds + [trace, PATH_ACCUMULATE] * k, variant, u, sums, k)
-                    self.path_rounds_run += k
-                    if live[-1] == 0:
-                        break
-                    rounds += k
-                    first_rounds = []
-                needed = rounds + int(np.argmax(live == 0)) + 1
-                self._path_rounds = min(max(needed, self._path_rounds - 1), PATH_MAX_ROUNDS)
-
-    def _path_cells(self, tape: Tape, packed: np.ndarray, variant: int, wave: int) -> tuple:
-        """The path tracer's cells for ``wave`` paths: (the cells' descriptor word in points or
-        None, the cells' layout words for points' start, the first out_u word of the paths'
-        state); out_f / out_u sized for the state. An arithmetic tape of at least
-        PRUNE_MIN_RECORDS records is pruned over its march cells (MARCH_CELLS; _prune_cells,
-        into out_u from word 0, the state after the arena), or its cells kept from the last
-        path_add of the same tape bytes, settings and wave; other tapes, or cells past the
-        binding limit (remembered), run without."""
-        cells = self.march_cells_for(tape, "auto")
-        if cells is not None and (content_key(tape), cells) not in self.cells_too_large:
-            layout_words = march_box_cells(packed, cells, 0)[1]
-
-            def key():   # what the kept cells depend on
-                return ("path", id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), packed.tobytes(),
-                        wave, id(self._out_u.buffer), id(self._points.buffer))
-            kept = self._kept_cells
-            if kept is not None and kept[0] == key():
-                return kept[1], layout_words, kept[2]
-            try:
-                desc, _, _, _, u_base = self._prune_cells(tape, packed, variant, 0, cells, paths=wave)
-            except CellsTooLarge:
-                self.cells_too_large.add((content_key(tape), cells))
-            else:
-                self.path_cell_prunes += 1
-                self._kept_cells = (key(), desc, u_base)
-                return desc, layout_words, u_base
-        self._prepare_outputs(PATH_F_WORDS * wave, PATH_U_WORDS * wave)
-        self._kept_cells = None                        # (the paths' state overwrites out_u)
-        return None, np.zeros(0, np.float32), 0
-
-    def _path_submit(self, tape: Tape, kernels: list[str], variant: int, uniforms: np.ndarray,
-                     sums: Buffer, rounds: int) -> np.ndarray:
-        """One submission of the path ``kernels`` (``rounds`` rounds) on the wave of ``uniforms``,
-        accum bound to ``sums``; waits, checks the counters (an overflow is a TaperayError) and
-        returns the paths left after each round (path_accumulate's count, copied out of the
-        counters after each, from zero)."""
-        self._uniform.write(0, uniforms)
-        self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
-        bg = self._bind(sums)
+    def run_kernels(self, tape: Tape, kernels: list[str], variant: int | None, uniforms: np.ndarray,
+                    accum: Buffer | None = None, watch: str | None = None, read: tuple[str, int] | None = None,
+                    check: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
+        """One submission of ``kernels`` in order, each over ``uniforms``' item count (word 1, a
+        thread an item) in register ``variant``, with ``uniforms`` written and accum bound to
+        ``accum`` (a buffer on this walker's device, e.g. a path image's sums) where given, and
+        one wait. With ``check`` the counters are zeroed first, read back and checked (an
+        evaluation past the iteration cap is a TaperayError naming ``tape``); before each
+        ``watch`` pass the counters' unfinished word is zeroed and after it copied out. ``read``
+        ("f" or "u", count: out_f's or out_u's first words) is read back with it. Returns (the
+        counters or None, the unfinished word after each ``watch`` pass, what ``read`` read or
+        None)."""
+        self.uniform_write(uniforms)
+        if check:
+            self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
+        bg = self._bind(accum)
         enc = self.context.device.create_command_encoder()
         groups = max(1, -(-int(uniforms[1]) // WG))
         gx = min(groups, MAX_GROUPS_X)
-        self._path_live.ensure(4 * rounds)
+        watched = kernels.count(watch) if watch is not None else 0
+        if watched:
+            self._watched.ensure(4 * watched)
         done = 0
         for kernel in kernels:
-            if kernel == PATH_ACCUMULATE:
+            if kernel == watch:
                 enc.clear_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, 4)
             self._count_dispatch(kernel, variant)
             cp = enc.begin_compute_pass()
@@ -806,42 +708,33 @@ class GpuWalker(PrunedPasses):
             cp.set_bind_group(0, bg)
             cp.dispatch_workgroups(gx, -(-groups // gx), 1)
             cp.end()
-            if kernel == PATH_ACCUMULATE:
-                enc.copy_buffer_to_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, self._path_live.buffer,
+            if kernel == watch:
+                enc.copy_buffer_to_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, self._watched.buffer,
                                           4 * done, 4)
                 done += 1
-        counters, live = self._submit_and_read([enc.finish()], (self._counters, np.uint32, COUNTERS_BYTES // 4, 0),
-                                               (self._path_live, np.uint32, rounds, 0))
-        self._counters_checked(tape, counters)
-        self.path_pauses += int(counters[COUNT_PATH_PAUSES])
-        return live
+        reads = ([(self._counters, np.uint32, COUNTERS_BYTES // 4, 0)] if check else []) + \
+            ([(self._watched, np.uint32, watched, 0)] if watched else []) + ([(self._out_f, np.float32, read[1], 0) if read[0] == "f" else (self._out_u, np.uint32, read[1], 0)]
+             if read is not None else [])
+        out = self._submit_and_read([enc.finish()], *reads)
+        counters = out.pop(0) if check else None
+        live = out.pop(0) if watched else np.zeros(0, np.uint32)
+        if check:
+            self._counters_checked(tape, counters)
+        return counters, live, (out[0] if read is not None else None)
+
+    def uniform_write(self, uniforms: np.ndarray) -> None:
+        """Write the Uniforms words (``uniforms``) the next passes read."""
+        self._uniform.write(0, uniforms)
+
+    def write_points(self, words: np.ndarray) -> None:
+        """Make the points buffer hold ``words`` (4-byte items; only changed bytes are written)."""
+        self._points.sync(words)
 
     @guarded
-    def path_sums_read(self, sums: Buffer, width: int, height: int) -> np.ndarray:
-        """(H, W, 4) float32: ``sums`` read back."""
-        return self._read(self._own(sums), np.float32, 4 * width * height).reshape(height, width, 4)
-
-    @guarded
-    def path_rgb8(self, sums: Buffer, tape: Tape, width: int, height: int, samples: int) -> np.ndarray:
-        """(H, W, 3) uint8: the picture of ``sums`` over ``samples`` samples, tonemapped on the GPU
-        (path_tonemap: the mean clamped to [0, 1], gamma 1/2.2, rounded) and read back."""
-        n = width * height
-        self._prepare_outputs(1, (3 * n + 3) // 4)
-        self._kept_cells = None
-        self.context.kernels.ensure([(PATH_TONEMAP, None)])
-        u = self._uniforms(tape, n, width, height, sample=samples)
-        self._uniform.write(0, u)
-        enc = self.context.device.create_command_encoder()
-        groups = max(1, -(-n // WG))
-        gx = min(groups, MAX_GROUPS_X)
-        self._count_dispatch(PATH_TONEMAP, None)
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(self.context.kernels.pipeline(PATH_TONEMAP, None))
-        cp.set_bind_group(0, self._bind(self._own(sums)))
-        cp.dispatch_workgroups(gx, -(-groups // gx), 1)
-        cp.end()
-        words = self._submit_and_read([enc.finish()], (self._out_u, np.uint32, (3 * n + 3) // 4, 0))[0]
-        return words.view(np.uint8)[:3 * n].reshape(height, width, 3)
+    def read_buffer(self, buf: Buffer, dtype, count: int, offset_items: int = 0) -> np.ndarray:
+        """``count`` 4-byte items of ``dtype`` from ``buf`` (one of this walker's device's
+        buffers, e.g. a path image's sums), waiting for the GPU."""
+        return self._read(buf, dtype, count, offset_items)
 
     def _render_plans(self, tape: Tape, run: Tape, cells) -> list[tuple[Tape, object]]:
         """The (tape, cells) a render tries in turn: the lowered tape ``run`` on LOWERED_CELLS,

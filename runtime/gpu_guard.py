@@ -9,15 +9,18 @@ from .tape import TaperayError
 
 
 def guarded(method):
-    """A GpuWalker method that uses the device: picks up a rebuilt context after a device loss and
-    turns every driver / wgpu failure into GpuError (a TaperayError the CLI falls back on)."""
+    """A GpuWalker method that uses the device, or a method of an object that dispatches through
+    one held as its ``walker`` (runtime/path_tracing.py's GpuPathTracer): picks up a rebuilt
+    context after a device loss and turns every driver / wgpu failure into GpuError (a
+    TaperayError the CLI falls back on)."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        self._ensure_context()
+        walker = getattr(self, "walker", self)
+        walker._ensure_context()
         try:
             return method(self, *args, **kwargs)
         except TaperayError:
             raise
         except Exception as e:
-            self._lost(e)
+            walker._lost(e)
     return call

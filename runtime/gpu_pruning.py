@@ -9,7 +9,8 @@ read back as bits (``sign_bit_words``), pruned point sets over cells of the
 points (``evaluate_pruned``, ``prune_levels_points``; ``point_cells``, the host's counting sort of
 the points by cell, through Numba), march / light / render of arithmetic tapes and scene fields
 (pruning.FIELD_OPS, their materials from the cells' tapes too) over hierarchical 3D cells of
-the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``), all with
+the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``; the path tracer's,
+``path_cells``), all with
 their arena grown when it overflows; level 0 of all of them in dependency steps
 (``wave_schedule``: the host's plan of an arithmetic tape's records, which prune.wgsl
 ``prune_wave`` runs a workgroup a tile; ``start_wave_planner``; ``WAVE_MAX_TILES``); and
@@ -578,7 +579,7 @@ class PrunedPasses:
     - ``context`` (``limits``: the binding limit), the buffers ``_points``, ``_out_f``, ``_out_u``,
       ``_counters``, and the arena sizes grown to after an overflow, ``arena_words``,
       ``point_arena_words``, ``cell_arena_words``;
-    - the dispatch plumbing ``_uniforms``, ``_prepare_outputs``, ``_submit``, ``_check_counters``,
+    - the dispatch plumbing ``uniforms``, ``prepare_outputs``, ``_submit``, ``_check_counters``,
       ``_read``, ``_time_passes`` (a pass (kernel, n, level) has ``level`` copied into U.extra.w
       first, ``_encode``);
     - ``_ensure_context`` and ``_lost``, which ``guarded`` calls.
@@ -617,10 +618,10 @@ class PrunedPasses:
         bits = sign_bit_words(width, height) if sign else 0
         arena = min(self.arena_words or guess, limit - header - bits)
         n = width * height
-        self._prepare_outputs(n, header + arena + bits)
+        self.prepare_outputs(n, header + arena + bits)
         camera = np.zeros(16, np.float32)
         camera[:len(sizes)] = sizes
-        u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
+        u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect],
                            extra=(z, len(sizes), 1.0 if sign else 0.0, 0), camera=camera)
         u[20] = arena                       # U.camera[1].x: the arena's size in words
         u[23] = header + arena              # U.camera[1].w: the sign image's bits, after the arena
@@ -743,7 +744,7 @@ class PrunedPasses:
         n = width * height
         desc, pixel_variant, bits_at = self._image_cells(tape, variant, n, rect, z, cells,
                                                          sign_bit_words(width, height))
-        u = self._uniforms(tape, n, width, height, rect=[float(v) for v in rect],
+        u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect],
                            extra=(0.0, 0.0, 1.0 if sign else 0.0, 0))
         u[12] = desc                        # U.extra.x: the bits of the cell descriptor's word
         u[23] = bits_at                     # U.camera[1].w: the sign image's bits, after the arena
@@ -812,10 +813,10 @@ class PrunedPasses:
         filled0 = int((~(boxes[:counts[0], 0] > boxes[:counts[0], 3])).sum())
         guess = arena_guess(tape, filled0, filled, "prune_tiles")
         arena = min(self.point_arena_words or guess, limit - header)
-        self._prepare_outputs(n, header + arena)
+        self.prepare_outputs(n, header + arena)
         camera = np.zeros(16, np.float32)
         camera[:len(counts)] = counts       # points mode: the cells of each level
-        u = self._uniforms(tape, n, extra=(0.0, len(counts), 2.0, 0), camera=camera)
+        u = self.uniforms(tape, n, extra=(0.0, len(counts), 2.0, 0), camera=camera)
         u[20] = arena                       # U.camera[1].x: the arena's size in words
         u[21] = first                       # U.camera[1].y: the points' first word
         passes = self._tile_passes(tape, "prune_tiles", counts) + [("pruned_points", n)]
@@ -961,6 +962,35 @@ class PrunedPasses:
         return self._prune_cell_grid(tape, variant, layout, (8 * n, n),
                                      f"the march cells {cells} at {n} pixels", "prune_cells")
 
+    def path_cells(self, tape: Tape, packed: np.ndarray, variant: int, paths: int) -> tuple:
+        """The path tracer's cells for a wave of ``paths`` paths: (the cells' descriptor word in
+        points or None, the cells' layout words for points' start, the first out_u word of the
+        paths' state, whether the cells were pruned now); out_f / out_u sized for the state. An
+        arithmetic tape of at least PRUNE_MIN_RECORDS records is pruned over its march cells
+        (MARCH_CELLS; _prune_cells, into out_u from word 0, the state after the arena), or its
+        cells kept from the last call for the same tape bytes, settings and wave while nothing
+        else used out_u; other tapes, or cells past the binding limit (remembered), run without."""
+        cells = self.march_cells_for(tape, "auto")
+        if cells is not None and (content_key(tape), cells) not in self.cells_too_large:
+            layout_words = march_box_cells(packed, cells, 0)[1]
+
+            def key():   # what the kept cells depend on
+                return ("path", id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), packed.tobytes(),
+                        paths, id(self._out_u.buffer), id(self._points.buffer))
+            kept = self._kept_cells
+            if kept is not None and kept[0] == key():
+                return kept[1], layout_words, kept[2], False
+            try:
+                desc, _, _, _, u_base = self._prune_cells(tape, packed, variant, 0, cells, paths=paths)
+            except CellsTooLarge:
+                self.cells_too_large.add((content_key(tape), cells))
+            else:
+                self._kept_cells = (key(), desc, u_base)
+                return desc, layout_words, u_base, True
+        self.prepare_outputs(PATH_F_WORDS * paths, PATH_U_WORDS * paths)
+        self._kept_cells = None                        # (the paths' state overwrites out_u)
+        return None, np.zeros(0, np.float32), 0, False
+
     def _prune_cell_grid(self, tape: Tape, variant: int, layout, outputs: tuple[int, int], what: str,
                          kernel: str, tail: int = 0):
         """Prunes ``tape`` over the cells of ``layout`` (march_cells_cached's (counts, words,
@@ -986,13 +1016,13 @@ class PrunedPasses:
         filled = 1 + sum((counts[0] - 1) * kids ** m for m in range(levels))
         camera = np.zeros(16, np.float32)
         camera[:levels] = counts
-        u = self._uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
+        u = self.uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
         u[22] = base                        # U.camera[1].z: the headers' first word
         passes = self._tile_passes(tape, kernel, counts, outside=1)
         while True:
             guess = arena_guess(tape, counts[0], filled, kernel)
             arena = min(self.cell_arena_words or guess, limit - base - header - tail)
-            self._prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
+            self.prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words
             self._submit(passes, variant, u, 0)
             self._check_counters(tape)
@@ -1024,7 +1054,7 @@ class PrunedPasses:
             k_lo, k_hi = kept[0][1]
             inside = all(k_lo[r] <= lo[r] and hi[r] <= k_hi[r] for r in range(2))
             if inside and 4 * (kept[3] + bits) <= self._out_u.capacity:
-                self._prepare_outputs(n, 1)
+                self.prepare_outputs(n, 1)
                 return kept[1], kept[2], kept[3]
         layout = march_cells_cached(lo, hi, *cells, flat=True)
         desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, (n, 0), f"the image cells {cells}",
@@ -1073,8 +1103,8 @@ class PrunedPasses:
             variant, passes, u, _, _ = self._points_setup(tape, pts, cells, levels)
         else:
             variant = self.upload(tape)
-            self._prepare_outputs(n, n)
+            self.prepare_outputs(n, n)
             self._points.sync(pts)
-            u = self._uniforms(tape, n)
+            u = self.uniforms(tape, n)
             passes = [("eval_points", n)]
         return self._time_passes(tape, passes, variant, u, repeat)

@@ -60,11 +60,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import weakref
+
 import numpy as np
 
 from . import twin
 from .camera import Camera, auto_camera, pixel_ray
 from .environment import EnvironmentMap
+from .gpu_guard import guarded
+from .gpu_device import (Buffer, GpuError, PATH_ACCUMULATE, PATH_F_WORDS, PATH_GENERATE, PATH_TONEMAP, PATH_TRACE,
+                         PATH_TRACE_CELLS, load_wgpu)
 from .jit_cache import njit
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, VALIDATED, content_key
@@ -849,13 +854,139 @@ def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: Re
     return sums
 
 
+PATH_FIRST_ROUNDS = 4                   # the GPU path tracer's rounds in a walker's first submission
+PATH_MAX_ROUNDS = 64                    # ... and the most in one
+COUNT_PATH_PAUSES = 6                   # path.wgsl: the counters' word of traces paused by the budget
+
+
+class GpuPathTracer:
+    """The path tracer on a ``GpuWalker`` (shaders/path.wgsl), one per walker
+    (``gpu_path_tracer``), through the walker's public dispatch (``upload``, ``uniforms``,
+    ``prepare_outputs``, ``write_points``, ``path_cells``, ``run_kernels``, ``read_buffer``): a
+    path image's sums kept on the GPU (``accumulation``), ``add`` into them, ``read`` /
+    ``rgb8`` reading them. Holds ``rounds``, the rounds per submission: what the last sample
+    needed, or one fewer than the last submission's (PATH_FIRST_ROUNDS at first, at most
+    PATH_MAX_ROUNDS), shared by the walker's path images."""
+
+    def __init__(self, walker):
+        self.walker = walker
+        self.rounds = PATH_FIRST_ROUNDS
+
+    @guarded
+    def accumulation(self, width: int, height: int) -> Buffer:
+        """A path image's sums on the GPU, zeroed (WebGPU zeroes a new buffer): per pixel the
+        radiance rgb and the square of each sample's mean over rgb, summed over the samples that
+        ``add`` adds."""
+        wgpu = load_wgpu()
+        n = width * height
+        limit = self.walker.context.limits["max_storage_buffer_binding_size"]
+        if 16 * n > limit:
+            raise TaperayError(f"a {width}x{height} path image needs {16 * n >> 20} MiB of sums; the adapter binds "
+                               f"at most {limit >> 20} MiB (draw a smaller image or use the CPU walker)")
+        buf = Buffer(self.walker.device, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC, "path sums", limit)
+        buf.ensure(16 * n)
+        return buf
+
+    def _own(self, sums: Buffer) -> Buffer:
+        if sums.device is not self.walker.device:
+            raise GpuError("this path image's sums were on a GPU device that is gone: make a new PathImage")
+        return sums
+
+    @guarded
+    def add(self, sums: Buffer, tape: Tape, camera: Camera, width: int, height: int,
+            settings: RenderSettings | None, path: PathSettings, first: int, count: int) -> dict:
+        """Add samples first .. first+count-1 to ``sums`` (``accumulation``'s); no image is read
+        back. Per wave of pixels (as many as out_f holds the state of) and sample:
+        path_generate, then rounds of path_trace and path_accumulate until no path is left;
+        after each submission of rounds the counters and the paths left after each round are
+        read (``rounds`` rounds a submission). An arithmetic tape of at least PRUNE_MIN_RECORDS
+        records is traced on its pruned march cells' tapes (path_trace_cells; the same field
+        values, pruning is exact in a cell), pruned once and kept while nothing else uses out_u
+        (``GpuWalker.path_cells``); other tapes on their own records. The light samples' data
+        (``light_data``) is synced into the points buffer after the cells' layout. A path is not
+        refused for its length; one field evaluation past the adapter's iteration cap is a
+        TaperayError. Returns the counts of this add: "rounds" (trace / accumulate rounds
+        dispatched), "pauses" (traces stopped by the iteration budget, to go on) and
+        "cell_prunes" (the cells pruned, not kept from an earlier add)."""
+        walker = self.walker
+        self._own(sums)
+        settings = settings or RenderSettings()
+        packed = settings.pack(tape, "shade")
+        variant = walker.upload(tape)
+        n = width * height
+        limit = walker.context.limits["max_storage_buffer_binding_size"]
+        wave = min(n, limit // (4 * PATH_F_WORDS))
+        desc, layout_words, u_base, pruned = walker.path_cells(tape, packed, variant, wave)
+        counts = {"rounds": 0, "pauses": 0, "cell_prunes": int(pruned)}
+        lights = light_data(tape, path)
+        walker.write_points(np.concatenate([layout_words, lights]) if len(layout_words) else lights)
+        trace = PATH_TRACE if desc is None else PATH_TRACE_CELLS
+        walker.kernels.ensure([(k, variant) for k in (PATH_GENERATE, trace, PATH_ACCUMULATE)])
+        env = np.asarray(path.environment, np.float32)
+        cam = camera.pack()
+        cam[7] = path.roulette_from                  # U.camera[1].w; [2].w, [3].w: the bits of the paths' state's
+        cam[[11, 15]] = np.array([u_base, len(layout_words)], np.uint32).view(np.float32)   # and the lights' first words
+        for s in range(first, first + count):
+            for base in range(0, n, wave):
+                u = walker.uniforms(tape, min(wave, n - base), width, height, sample=s,
+                                    rect=(*env, path.max_bounces), extra=(0, 0, path.seed, path.flags()),
+                                    camera=cam, settings=packed)
+                u[12:14] = desc or 0, base       # (U.extra.x, .y's bits: the cells' descriptor, the wave's first pixel)
+                first_rounds, rounds = [PATH_GENERATE], 0
+                while True:
+                    k = self.rounds
+                    counters, live, _ = walker.run_kernels(tape, first_rounds + [trace, PATH_ACCUMULATE] * k, variant,
+                                                           u, accum=sums, watch=PATH_ACCUMULATE)
+                    counts["pauses"] += int(counters[COUNT_PATH_PAUSES])
+                    counts["rounds"] += k
+                    if live[-1] == 0:
+                        break
+                    rounds += k
+                    first_rounds = []
+                needed = rounds + int(np.argmax(live == 0)) + 1
+                self.rounds = min(max(needed, self.rounds - 1), PATH_MAX_ROUNDS)
+        return counts
+
+    @guarded
+    def read(self, sums: Buffer, width: int, height: int) -> np.ndarray:
+        """(H, W, 4) float32: ``sums`` read back."""
+        return self.walker.read_buffer(self._own(sums), np.float32, 4 * width * height).reshape(height, width, 4)
+
+    @guarded
+    def rgb8(self, sums: Buffer, tape: Tape, width: int, height: int, samples: int) -> np.ndarray:
+        """(H, W, 3) uint8: the picture of ``sums`` over ``samples`` samples, tonemapped on the GPU
+        (path_tonemap: the mean clamped to [0, 1], gamma 1/2.2, rounded) and read back."""
+        walker = self.walker
+        n = width * height
+        walker.prepare_outputs(1, (3 * n + 3) // 4)
+        walker.drop_kept_cells()
+        walker.kernels.ensure([(PATH_TONEMAP, None)])
+        u = walker.uniforms(tape, n, width, height, sample=samples)
+        words = walker.run_kernels(tape, [PATH_TONEMAP], None, u, accum=self._own(sums), check=False,
+                                   read=("u", (3 * n + 3) // 4))[2]
+        return words.view(np.uint8)[:3 * n].reshape(height, width, 3)
+
+
+_GPU_PATH_TRACERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def gpu_path_tracer(walker) -> GpuPathTracer:
+    """The ``GpuPathTracer`` of GPU walker ``walker`` (made on first use, kept while the walker
+    lives)."""
+    tracer = _GPU_PATH_TRACERS.get(walker)
+    if tracer is None:
+        tracer = _GPU_PATH_TRACERS[walker] = GpuPathTracer(walker)
+    return tracer
+
+
 class PathImage:
     """A progressive path-traced image on one walker: ``add(n)`` traces n more samples per
     pixel and adds them in; ``mean()`` is the radiance so far, ``rgb8()`` the picture. The
     camera, settings and tape are fixed for its life: after an edit make a new one. On the GPU
-    walker the sums stay on the GPU (``GpuWalker.path_accumulation``): ``add`` reads nothing
+    walker the sums stay on the GPU (``GpuPathTracer.accumulation``): ``add`` reads nothing
     back, ``sums`` / ``mean`` / ``tile_stats`` read them, ``rgb8`` tonemaps there and reads the
-    picture; on the twin they are a float64 array, each ``add``'s float32 sums added in."""
+    picture; on the twin they are a float64 array, each ``add``'s float32 sums added in.
+    ``stats()`` counts the GPU's work for this image."""
 
     def __init__(self, walker, tape: Tape, camera: Camera | None, width: int, height: int,
                  settings: RenderSettings | None = None, path: PathSettings | None = None):
@@ -872,7 +1003,9 @@ class PathImage:
         self.path = path or PathSettings()
         self.samples = 0
         self._on_gpu = name == "gpu"
-        self._sums = walker.path_accumulation(width, height) if self._on_gpu else np.zeros((height, width, 4))
+        self._gpu = gpu_path_tracer(walker) if self._on_gpu else None
+        self._sums = self._gpu.accumulation(width, height) if self._on_gpu else np.zeros((height, width, 4))
+        self._counts = {"rounds": 0, "pauses": 0, "cell_prunes": 0}
 
     def add(self, count: int) -> PathImage:
         """Trace ``count`` more samples per pixel (the next ones of the sequence)."""
@@ -881,7 +1014,8 @@ class PathImage:
             raise TaperayError(f"path samples {first}..{first + count - 1} must lie in 0..2^24-1")
         args = (self.tape, self.camera, self.width, self.height, self.settings, self.path, first, count)
         if self._on_gpu:
-            self.walker.path_add(self._sums, *args)
+            for k, v in self._gpu.add(self._sums, *args).items():
+                self._counts[k] += v
         else:
             self._sums += _twin_sums(*args)
         self.samples += count
@@ -892,8 +1026,15 @@ class PathImage:
         """(H, W, 4) float64 sums over the samples: radiance rgb, and the samples' mean over rgb
         squared (read back from the GPU there)."""
         if self._on_gpu:
-            return self.walker.path_sums_read(self._sums, self.width, self.height).astype(np.float64)
+            return self._gpu.read(self._sums, self.width, self.height).astype(np.float64)
         return self._sums
+
+    def stats(self) -> dict:
+        """The GPU's work for this image's adds so far (zeros on the twin): "rounds" (path_trace /
+        path_accumulate rounds dispatched), "pauses" (traces stopped by the adapter's iteration
+        budget, to go on in the next round) and "cell_prunes" (the pruned march cells built for
+        it, not kept from an earlier add)."""
+        return dict(self._counts)
 
     def mean(self) -> np.ndarray:
         """(H, W, 3) float32 mean radiance per pixel."""
@@ -908,7 +1049,7 @@ class PathImage:
         if self.samples == 0:
             raise TaperayError("path image: no samples yet (call add)")
         if self._on_gpu:
-            return self.walker.path_rgb8(self._sums, self.tape, self.width, self.height, self.samples)
+            return self._gpu.rgb8(self._sums, self.tape, self.width, self.height, self.samples)
         c = np.clip(self.mean().astype(np.float64), 0.0, 1.0) ** (1 / 2.2)
         return np.round(c * 255).astype(np.uint8)
 

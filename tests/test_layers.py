@@ -31,8 +31,8 @@ RUNTIME_LAYERS = [
     ("tape", "op_codegen"),
     ("program", "intervals", "shading", "camera", "outputs", "resources", "environment", "gpu_guard"),
     ("lowering", "image", "wgsl_header", "twin"),                  # twin: the interpreter
-    ("pruning", "path_tracing", "gpu_device"),
-    ("compile_progress", "gpu_pruning"),
+    ("pruning", "gpu_device"),
+    ("compile_progress", "gpu_pruning", "path_tracing"),
     ("cpu", "gpu", "jax_walker"),                                  # the walkers
     ("conformance",),                                              # grading, the GPU self-check
     ("walkers",),                                                  # the choice, the Walker protocol

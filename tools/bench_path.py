@@ -57,20 +57,20 @@ def _measure(walker, tape, path: Path, w: int, h: int, spp: int, settings, row: 
     from taperay.runtime.path_tracing import PathImage
     row["records"] = len(tape.instrs)
     gpu = walker.name == "gpu"
-    prunes = walker.path_cell_prunes if gpu else 0
     t0 = time.perf_counter()
     image = PathImage(walker, tape, None, w, h, path=settings).add(1)
     row["first sample s"] = time.perf_counter() - t0
     if gpu:
         walker.kernels.settle()         # (the pipelines the background builds after the first request: not timed)
-    rounds, pauses = (walker.path_rounds_run, walker.path_pauses) if gpu else (0, 0)
+    before = image.stats()
     t0 = time.perf_counter()
     image.add(spp)
     seconds = time.perf_counter() - t0
     if gpu:
-        row["rounds per spp"] = (walker.path_rounds_run - rounds) / spp
-        row["traces paused per spp"] = (walker.path_pauses - pauses) / spp
-        row["pruned cells"] = "yes" if walker.path_cell_prunes > prunes else "no"
+        after = image.stats()
+        row["rounds per spp"] = (after["rounds"] - before["rounds"]) / spp
+        row["traces paused per spp"] = (after["pauses"] - before["pauses"]) / spp
+        row["pruned cells"] = "yes" if after["cell_prunes"] else "no"
     row["Msamples/s"] = w * h * spp / seconds / 1e6
     row["s per spp"] = seconds / spp
     row[f"time to {TARGET_SPP} spp s"] = seconds / spp * TARGET_SPP
