@@ -33,9 +33,11 @@ PETSC_RTOL = AMG_RTOL       # CG's true relative residual |b - A x| / |b| at whi
 PETSC_MAXITER = 2000
 FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol):
                             # a normwise backward error of about 10 epsilon
-# GAMG's smoother on every level: symmetric SOR (PCSOR's default, local to each rank) in one
-# Richardson step. GAMG's own default, Chebyshev on eigenvalue estimates, made the preconditioner
-# indefinite on the heat sink's 1 M-DOF TET10 system (KSP DIVERGED_INDEFINITE_PC after 15 iterations)
+# GAMG's smoother on every level of a heat (scalar) system: symmetric SOR (PCSOR's default, local
+# to each rank) in one Richardson step. GAMG's own default, Chebyshev on eigenvalue estimates, made
+# the preconditioner indefinite on the heat sink's 1 M-DOF TET10 system (KSP DIVERGED_INDEFINITE_PC
+# after 15 iterations). Elasticity keeps GAMG's default: with SOR, GAMG's setup failed on 2 ranks
+# (KSP DIVERGED_PCSETUP_FAILED on the tests' shell)
 GAMG_SMOOTHER = {"mg_levels_ksp_type": "richardson", "mg_levels_pc_type": "sor"}
 _INSTALL = ("the PETSc solver needs petsc4py and mpi4py built against a PETSc: "
             "apt-get install libpetsc-real-dev, then "
@@ -278,10 +280,13 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
     ksp.setTolerances(rtol=0.0, atol=0.0, max_it=maxiter)
     ksp.setInitialGuessNonzero(True)
     options = PETSc.Options()
-    for key, value in GAMG_SMOOTHER.items():      # (PETSC_OPTIONS may choose others)
-        if not options.hasName(key):
-            options.setValue(key, value)
+    chosen = [key for key in (GAMG_SMOOTHER if bs == 1 else {}) if not options.hasName(key)]   # (PETSC_OPTIONS may choose)
+    for key in chosen:
+        options.setValue(key, GAMG_SMOOTHER[key])
     ksp.setFromOptions()
+    ksp.setUp()                        # (GAMG reads its levels' options here)
+    for key in chosen:                 # (the options database is the process's: a later solve starts afresh)
+        options.delValue(key)
     floor_of = _RoundingFloor(PETSc, rows, f_local, own - bs * lo, x, nb)
     test = _TrueResidualTest(PETSc, A, b, x, nb, rtol, maxiter, floor_of)
     iterations, reason = 0, 0
