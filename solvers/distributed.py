@@ -8,8 +8,10 @@ terms. Every rank then assembles the rows of the nodes it owns, from the element
 faces that touch them (fem.py's vectorised assembly, so the rows are complete and no entry crosses
 ranks), hands them to a distributed PETSc AIJ matrix, imposes the fixed values symmetrically
 (``zeroRowsColumns``) and solves by conjugate gradients preconditioned by GAMG (with the rigid-body
-modes as near-null space for elasticity). The field is gathered on rank 0 in the mesh's own node
-order; the other ranks get None.
+modes as near-null space for elasticity), stopped on the true residual: at ``PETSC_RTOL``, or at
+the system's rounding floor where that lies above it (``_TrueResidualTest``). The field is
+gathered on rank 0 in the mesh's own node order; the other ranks get None. A failure in one
+rank's own work is raised on every rank (``_agree``), so that none is left in a collective step.
 
 petsc4py and mpi4py are optional and not a pip extra: petsc4py builds against an installed PETSc
 (README, "PETSc and MPI"; tools/setup_env.sh's ensure_petsc). The default install never imports them.
@@ -39,6 +41,7 @@ FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor'
 # after 15 iterations). Elasticity keeps GAMG's default: with SOR, GAMG's setup failed on 2 ranks
 # (KSP DIVERGED_PCSETUP_FAILED on the tests' shell)
 GAMG_SMOOTHER = {"mg_levels_ksp_type": "richardson", "mg_levels_pc_type": "sor"}
+
 _INSTALL = ("the PETSc solver needs petsc4py and mpi4py built against a PETSc: "
             "apt-get install libpetsc-real-dev, then "
             "PETSC_DIR=/usr/lib/petscdir/petsc3.18/x86_64-linux-gnu-real pip install --no-build-isolation "
