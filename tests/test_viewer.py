@@ -117,11 +117,8 @@ def _press_and_drag(window, points) -> list:
     return seen
 
 
-@pytest.mark.slow
-def test_a_press_the_panel_takes_still_asks_for_a_frame(walker_cpu, monkeypatch):
-    """With the pointer over a slider, imgui takes the pointer's events (stops their propagation);
-    the press must still ask the on-demand canvas for a frame, or imgui never sees it and, holding
-    the pointer, takes every later event: the window's last frame stays on screen for good."""
+def _slider_rects(monkeypatch) -> dict:
+    """{parameter name: (min, max) corners} of each slider imgui draws, filled as frames draw."""
     from imgui_bundle import imgui
     rects = {}
     real_slider = imgui.slider_float
@@ -132,6 +129,15 @@ def test_a_press_the_panel_takes_still_asks_for_a_frame(walker_cpu, monkeypatch)
         return result
 
     monkeypatch.setattr(imgui, "slider_float", slider)
+    return rects
+
+
+@pytest.mark.slow
+def test_a_press_the_panel_takes_still_asks_for_a_frame(walker_cpu, monkeypatch):
+    """With the pointer over a slider, imgui takes the pointer's events (stops their propagation);
+    the press must still ask the on-demand canvas for a frame, or imgui never sees it and, holding
+    the pointer, takes every later event: the window's last frame stays on screen for good."""
+    rects = _slider_rects(monkeypatch)
     window = offscreen_window(Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST))
     window.canvas.draw()
     lo_xy, hi_xy = rects["fin_height"]
@@ -154,16 +160,7 @@ def test_slider_drag_past_the_end_stays_in_the_range_fixed_at_load(walker_cpu, m
     canvas, one frame each) from its middle far past its right end and back past its left end:
     every frame's value lies in the range fixed when the scene loaded, the range never moves, the
     drag reaches both ends, the other sliders stay put, and the drag is one undo step."""
-    from imgui_bundle import imgui
-    rects = {}
-    real_slider = imgui.slider_float
-
-    def slider(label, *args):
-        result = real_slider(label, *args)
-        rects[label.lstrip("#")] = (imgui.get_item_rect_min(), imgui.get_item_rect_max())
-        return result
-
-    monkeypatch.setattr(imgui, "slider_float", slider)
+    rects = _slider_rects(monkeypatch)
     v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST)
     loaded = {name: v.param_range(name) for name in v.params}
     assert loaded["fin_height"] == pytest.approx((0.25 * 0.03, 2.5 * 0.03))
