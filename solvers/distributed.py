@@ -307,6 +307,7 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
             "iterations": int(iterations), "residual": float(best),
             "seconds": time.perf_counter() - t0, "assembly_seconds": assembly_seconds}
     why = test.why
+    preconditioner = {"gamg": "GAMG", "hypre": "hypre"}.get(ksp.getPC().getType(), ksp.getPC().getType())
     for obj in (test, floor_of, scatter, whole, b_free, x, b, A, ksp):
         obj.destroy()
     if best <= rtol:
@@ -320,7 +321,7 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
     elif why == "stalled" and test.last > 1:
         why = "diverged"
     where = f"within {FLOOR_FACTOR} times" if best <= FLOOR_FACTOR * floor else "above"
-    what = (f"CG + GAMG {why} at relative residual {best:.2g} after {iterations} iteration{'s' if iterations != 1 else ''}, "
+    what = (f"CG + {preconditioner} {why} at relative residual {best:.2g} after {iterations} iteration{'s' if iterations != 1 else ''}, "
             f"{where} this system's rounding floor (about {floor:.2g}: float64's epsilon times |A| |x| against |b|)")
     if best <= AMG_RESIDUAL_LIMIT or best <= min(FLOOR_FACTOR * floor, RESIDUAL_LIMIT):
         info["note"] = f"{what}; the target {rtol:g} is not reached"
