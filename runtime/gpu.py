@@ -5,14 +5,14 @@ the changed bytes, never compiles; march and light are resumed over several disp
 per-invocation iteration budget runs out, and run their interpreter without material ids (the
 pipeline constants of ``gpu_device.KERNEL_CONSTANTS``; a ``surface`` pass evaluates the hit's
 material); a method that uses the device turns a device loss into ``GpuError``,
-runtime/gpu_guard.py; ``gpu_seconds`` / ``gpu_seconds_frame``, GPU time without host work or
-read-back; ``run_kernels``, ``uniforms``, ``prepare_outputs``, ``write_points``, ``read_buffer``:
+runtime/gpu_guard.py; ``run_kernels``, ``uniforms``, ``prepare_outputs``, ``write_points``, ``read_buffer``:
 the dispatch that passes kept outside the walker use, the path tracer's (runtime/path_tracing.py
 ``GpuPathTracer``) among them). The device, the kernel table, the pipeline cache (each pipeline made when a pass
 first needs it) and its counters are runtime/gpu_device.py's; the walker's interval-pruned passes (pruned images, pruned point sets,
 march / light / render over pruned cells of the march box) are runtime/gpu_pruning.py's
 ``PrunedPasses``, which ``GpuWalker`` inherits and which run on this module's dispatch plumbing.
-The GPU's self-check against the twin is runtime/conformance.py's ``gpu_self_check``.
+``GpuProfiler`` times a walker's passes for the benchmarks (GPU time without host work or
+read-back). The GPU's self-check against the twin is runtime/conformance.py's ``gpu_self_check``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from .pruning import PRUNE_MIN_RECORDS, cell_tape
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gradient_eps, point_array
 
-__all__ = ["GpuWalker", "GpuError", "KernelSet", "adapter_info", "kernels", "KERNELS", "IMAGE_CELLS"]
+__all__ = ["GpuWalker", "GpuProfiler", "GpuError", "KernelSet", "adapter_info", "kernels", "KERNELS", "IMAGE_CELLS"]
 
 
 TAPE_ARRAYS = ("instrs", "params", "materials", "instances", "bvh")
@@ -470,85 +470,6 @@ class GpuWalker(PrunedPasses):
         self._dispatch(tape, [("field_image", n)], variant, u)
         return self._read(self._out_f, np.float32, n).reshape(height, width)
 
-    def _time_passes(self, tape: Tape, passes: list[tuple], variant: int, uniforms: np.ndarray,
-                     repeat: int) -> float:
-        """GPU seconds of one run of ``passes``: encoded once and ``repeat`` times in a row, one
-        command buffer each, submitted and waited for (after a warm-up of the single one):
-        (t_repeat - t_1) / (repeat - 1)."""
-        def run(k: int) -> float:
-            cb = self._encode(passes, variant, uniforms, 0, repeat=k)
-            t0 = time.perf_counter()
-            self.context.device.queue.submit([cb])
-            self._check_counters(tape)
-            return time.perf_counter() - t0
-
-        run(1)
-        t1 = run(1)
-        return max(run(repeat) - t1, 0.0) / (repeat - 1)
-
-    @guarded
-    def gpu_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
-                    tiles=None, sign: bool = False, repeat: int = 8, tile_passes_only: bool = False,
-                    levels: int | None = None, cells=None) -> float:
-        """GPU time of one image, without host work or reading it back: the image's passes are
-        encoded once, and ``repeat`` times in a row, as one command buffer each; each is then
-        submitted and waited for; returns (t_repeat - t_1) / (repeat - 1). ``tiles`` None: the
-        unpruned field_image kernel; else the pruned image (``sign`` as sign_image), or with
-        ``tile_passes_only`` its prune_tiles passes alone (with ``levels``, only those of the first
-        ``levels`` tile levels). ``cells`` (g0, levels): the image on kept flat cells (sign_image's
-        ``cells``: the cells_image pass), or with ``tile_passes_only`` the passes that prune them."""
-        if repeat < 2:
-            raise TaperayError(f"gpu_seconds: repeat must be >= 2, got {repeat}")
-        if cells is not None:
-            variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
-            if tile_passes_only:
-                layout = march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
-                variant = self.upload(tape)     # (the pruning's, not the pixel pass's)
-                passes, u = self._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells",
-                                                  "prune_image_cells")[2]
-        elif tiles is None:
-            variant = self.upload(tape)
-            n = width * height
-            self.prepare_outputs(n, 1)
-            u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
-            passes = [("field_image", n)]
-        else:
-            variant, passes, u = self._pruned_image_timing(tape, width, height, rect, z, tiles, sign,
-                                                           tile_passes_only, levels)
-        return self._time_passes(tape, passes, variant, u, repeat)
-
-    @guarded
-    def gpu_seconds_frame(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
-                          cells="auto", repeat: int = 8, settings: RenderSettings | None = None) -> dict:
-        """GPU time of one sample of render(``view``, ``settings``) (of its render_tape, on the
-        cells render would use), as gpu_seconds ((t_K - t_1) / (K - 1), K = ``repeat`` runs encoded in one
-        command buffer; no host work or read-back): "cells", the
-        prune_cells passes over the march cells (0 when the frame is not pruned), and "frame",
-        the frame's passes (march, light, shade, resolve). A frame that needs more than one
-        dispatch (march / light's iteration budget) is a TaperayError."""
-        if repeat < 2:
-            raise TaperayError(f"gpu_seconds_frame: repeat must be >= 2, got {repeat}")
-        run = self.render_tape(tape, view, cells)
-        if run is not tape and isinstance(cells, str):
-            cells = next(c for r, c in self._render_plans(tape, run, cells) if r is run)
-        tape = run
-        camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
-        frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
-        u = self.uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
-        out = {"cells": 0.0}
-        cells = self.march_cells_for(tape, cells) if view != "slice" else None
-        if cells is not None:
-            desc, _, (passes, cu), _, _ = self._prune_cells(tape, packed, variant, n, cells)
-            out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
-            u[12] = desc
-            frame = self._on_cells(tape, frame)
-        self._submit(frame, variant, u, 0)
-        if self._check_counters(tape):
-            raise TaperayError(f"gpu_seconds_frame: a {width}x{height} {view} frame of {tape.source or 'tape'} "
-                               "needs more than one dispatch on this adapter")
-        out["frame"] = self._time_passes(tape, frame, variant, u, repeat)
-        return out
-
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
                      settings: RenderSettings | None, view: str):
         if width < 1 or height < 1:
@@ -688,7 +609,7 @@ class GpuWalker(PrunedPasses):
         ("f" or "u", count: out_f's or out_u's first words) is read back with it. Returns (the
         counters or None, the unfinished word after each ``watch`` pass, what ``read`` read or
         None)."""
-        self.uniform_write(uniforms)
+        self._uniform.write(0, uniforms)
         if check:
             self._counters.write(0, np.zeros(COUNTERS_BYTES // 4, np.uint32))
         bg = self._bind(accum)
@@ -712,19 +633,17 @@ class GpuWalker(PrunedPasses):
                 enc.copy_buffer_to_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, self._watched.buffer,
                                           4 * done, 4)
                 done += 1
-        reads = ([(self._counters, np.uint32, COUNTERS_BYTES // 4, 0)] if check else []) + \
-            ([(self._watched, np.uint32, watched, 0)] if watched else []) + ([(self._out_f, np.float32, read[1], 0) if read[0] == "f" else (self._out_u, np.uint32, read[1], 0)]
-             if read is not None else [])
+        reads = [(self._counters, np.uint32, COUNTERS_BYTES // 4, 0)] if check else []
+        if watched:
+            reads.append((self._watched, np.uint32, watched, 0))
+        if read is not None:
+            reads.append((self._out_f, np.float32, read[1], 0) if read[0] == "f" else (self._out_u, np.uint32, read[1], 0))
         out = self._submit_and_read([enc.finish()], *reads)
         counters = out.pop(0) if check else None
         live = out.pop(0) if watched else np.zeros(0, np.uint32)
         if check:
             self._counters_checked(tape, counters)
         return counters, live, (out[0] if read is not None else None)
-
-    def uniform_write(self, uniforms: np.ndarray) -> None:
-        """Write the Uniforms words (``uniforms``) the next passes read."""
-        self._uniform.write(0, uniforms)
 
     def write_points(self, words: np.ndarray) -> None:
         """Make the points buffer hold ``words`` (4-byte items; only changed bytes are written)."""
@@ -765,6 +684,128 @@ class GpuWalker(PrunedPasses):
         if cells is None or view == "slice" or len(tape.instrs) < PRUNE_MIN_RECORDS:
             return tape
         return cell_tape(tape) or tape      # (an arithmetic tape is its own cell tape)
+
+
+# ------------------------------------------------------------------------------------ timers
+class GpuProfiler:
+    """GPU time of a ``GpuWalker``'s passes, without host work or read-back, for the benchmarks
+    (tools/bench_gpu.py, bench_prune_gpu.py): ``image_seconds`` (a 2D image, unpruned, pruned
+    over tiles or on flat cells, or their pruning passes alone), ``frame_seconds`` (a render
+    sample and its march cells' pruning) and ``points_seconds`` (a point evaluation, pruned or
+    not). Each encodes the passes once, and ``repeat`` times in a row in one command buffer,
+    submits each and waits: (t_repeat - t_1) / (repeat - 1)."""
+
+    def __init__(self, walker: GpuWalker):
+        self.walker = walker
+
+    def _time_passes(self, tape: Tape, passes: list[tuple], variant: int, uniforms: np.ndarray,
+                     repeat: int) -> float:
+        """GPU seconds of one run of ``passes``: encoded once and ``repeat`` times in a row, one
+        command buffer each, submitted and waited for (after a warm-up of the single one):
+        (t_repeat - t_1) / (repeat - 1)."""
+        w = self.walker
+
+        def run(k: int) -> float:
+            cb = w._encode(passes, variant, uniforms, 0, repeat=k)
+            t0 = time.perf_counter()
+            w.context.device.queue.submit([cb])
+            w._check_counters(tape)
+            return time.perf_counter() - t0
+
+        run(1)
+        t1 = run(1)
+        return max(run(repeat) - t1, 0.0) / (repeat - 1)
+
+    @guarded
+    def image_seconds(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0), z: float = 0.0,
+                      tiles=None, sign: bool = False, repeat: int = 8, tile_passes_only: bool = False,
+                      levels: int | None = None, cells=None) -> float:
+        """GPU time of one image, without host work or reading it back: the image's passes are
+        encoded once, and ``repeat`` times in a row, as one command buffer each; each is then
+        submitted and waited for; returns (t_repeat - t_1) / (repeat - 1). ``tiles`` None: the
+        unpruned field_image kernel; else the pruned image (``sign`` as sign_image), or with
+        ``tile_passes_only`` its prune_tiles passes alone (with ``levels``, only those of the first
+        ``levels`` tile levels). ``cells`` (g0, levels): the image on kept flat cells (sign_image's
+        ``cells``: the cells_image pass), or with ``tile_passes_only`` the passes that prune them."""
+        w = self.walker
+        if repeat < 2:
+            raise TaperayError(f"image_seconds: repeat must be >= 2, got {repeat}")
+        if cells is not None:
+            variant, passes, u = w._cells_image_setup(tape, width, height, rect, z, cells, sign)
+            if tile_passes_only:
+                layout = march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
+                variant = w.upload(tape)     # (the pruning's, not the pixel pass's)
+                passes, u = w._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells",
+                                               "prune_image_cells")[2]
+        elif tiles is None:
+            variant = w.upload(tape)
+            n = width * height
+            w.prepare_outputs(n, 1)
+            u = w.uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
+            passes = [("field_image", n)]
+        else:
+            variant, passes, u = w._pruned_image_timing(tape, width, height, rect, z, tiles, sign,
+                                                        tile_passes_only, levels)
+        return self._time_passes(tape, passes, variant, u, repeat)
+
+    @guarded
+    def frame_seconds(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
+                      cells="auto", repeat: int = 8, settings: RenderSettings | None = None) -> dict:
+        """GPU time of one sample of render(``view``, ``settings``) (of its render_tape, on the
+        cells render would use), as image_seconds ((t_K - t_1) / (K - 1), K = ``repeat`` runs encoded in one
+        command buffer; no host work or read-back): "cells", the
+        prune_cells passes over the march cells (0 when the frame is not pruned), and "frame",
+        the frame's passes (march, light, shade, resolve). A frame that needs more than one
+        dispatch (march / light's iteration budget) is a TaperayError."""
+        w = self.walker
+        if repeat < 2:
+            raise TaperayError(f"frame_seconds: repeat must be >= 2, got {repeat}")
+        run = w.render_tape(tape, view, cells)
+        if run is not tape and isinstance(cells, str):
+            cells = next(c for r, c in w._render_plans(tape, run, cells) if r is run)
+        tape = run
+        camera, packed, variant, n = w._image_setup(tape, camera, width, height, settings, view)
+        frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
+        u = w.uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        out = {"cells": 0.0}
+        cells = w.march_cells_for(tape, cells) if view != "slice" else None
+        if cells is not None:
+            desc, _, (passes, cu), _, _ = w._prune_cells(tape, packed, variant, n, cells)
+            out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
+            u[12] = desc
+            frame = w._on_cells(tape, frame)
+        w._submit(frame, variant, u, 0)
+        if w._check_counters(tape):
+            raise TaperayError(f"frame_seconds: a {width}x{height} {view} frame of {tape.source or 'tape'} "
+                               "needs more than one dispatch on this adapter")
+        out["frame"] = self._time_passes(tape, frame, variant, u, repeat)
+        return out
+
+    @guarded
+    def points_seconds(self, tape: Tape, points, pruned: bool = True, cells: int | None = None,
+                       levels: int = 1, repeat: int = 8) -> float:
+        """GPU time of one evaluation of (at most one chunk of) points, as image_seconds: the passes
+        (pruned: the cell levels and pruned_points, after one evaluate_pruned that sizes the arena;
+        else eval_points) encoded ``repeat`` times in one command buffer, (t_repeat - t_1) /
+        (repeat - 1); no host bucketing, upload or read-back."""
+        w = self.walker
+        if repeat < 2:
+            raise TaperayError(f"points_seconds: repeat must be >= 2, got {repeat}")
+        w._point_args(cells, levels)
+        pts = np.ascontiguousarray(point_array(points, "points_seconds", np.float32))
+        if not 1 <= len(pts) <= w._point_chunk():
+            raise TaperayError(f"points_seconds: 1..{w._point_chunk()} points, got {len(pts)}")
+        n = len(pts)
+        if pruned:
+            w.evaluate_pruned(tape, pts, cells, levels)   # sizes the arena
+            variant, passes, u, _, _ = w._points_setup(tape, pts, cells, levels)
+        else:
+            variant = w.upload(tape)
+            w.prepare_outputs(n, n)
+            w.write_points(pts)
+            u = w.uniforms(tape, n)
+            passes = [("eval_points", n)]
+        return self._time_passes(tape, passes, variant, u, repeat)
 
 
 def _view_passes(view: str) -> list[str]:

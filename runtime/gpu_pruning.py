@@ -13,9 +13,8 @@ the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``;
 ``path_cells``), all with
 their arena grown when it overflows; level 0 of all of them in dependency steps
 (``wave_schedule``: the host's plan of an arithmetic tape's records, which prune.wgsl
-``prune_wave`` runs a workgroup a tile; ``start_wave_planner``; ``WAVE_MAX_TILES``); and
-``gpu_seconds_points`` plus the pruned images of ``gpu_seconds``, GPU time without host work or
-read-back.
+``prune_wave`` runs a workgroup a tile; ``start_wave_planner``; ``WAVE_MAX_TILES``); and the
+passes of a pruned image that runtime/gpu.py's ``GpuProfiler`` times (``_pruned_image_timing``).
 
 The passes are dispatched with the walker's plumbing; no WGSL is formatted here.
 """
@@ -580,7 +579,7 @@ class PrunedPasses:
       ``_counters``, and the arena sizes grown to after an overflow, ``arena_words``,
       ``point_arena_words``, ``cell_arena_words``;
     - the dispatch plumbing ``uniforms``, ``prepare_outputs``, ``_submit``, ``_check_counters``,
-      ``_read``, ``_time_passes`` (a pass (kernel, n, level) has ``level`` copied into U.extra.w
+      ``_read`` (a pass (kernel, n, level) has ``level`` copied into U.extra.w
       first, ``_encode``);
     - ``_ensure_context`` and ``_lost``, which ``guarded`` calls.
     """
@@ -1074,7 +1073,7 @@ class PrunedPasses:
 
     def _pruned_image_timing(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool,
                              tile_passes_only: bool, levels: int | None):
-        """gpu_seconds' (variant, passes, uniforms) of a pruned image, after one run that sizes the
+        """GpuProfiler.image_seconds' (variant, passes, uniforms) of a pruned image, after one run that sizes the
         arena: with ``tile_passes_only`` its prune_tiles passes alone (with ``levels``, only those
         of the first ``levels`` tile levels)."""
         self._pruned_image(tape, width, height, rect, z, tiles, sign)   # sizes the arena
@@ -1083,28 +1082,3 @@ class PrunedPasses:
         if tile_passes_only:
             passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
         return variant, passes, u
-
-    @guarded
-    def gpu_seconds_points(self, tape: Tape, points, pruned: bool = True, cells: int | None = None,
-                           levels: int = 1, repeat: int = 8) -> float:
-        """GPU time of one evaluation of (at most one chunk of) points, as gpu_seconds: the passes
-        (pruned: the cell levels and pruned_points, after one evaluate_pruned that sizes the arena;
-        else eval_points) encoded ``repeat`` times in one command buffer, (t_repeat - t_1) /
-        (repeat - 1); no host bucketing, upload or read-back."""
-        if repeat < 2:
-            raise TaperayError(f"gpu_seconds_points: repeat must be >= 2, got {repeat}")
-        self._point_args(cells, levels)
-        pts = np.ascontiguousarray(point_array(points, "gpu_seconds_points", np.float32))
-        if not 1 <= len(pts) <= self._point_chunk():
-            raise TaperayError(f"gpu_seconds_points: 1..{self._point_chunk()} points, got {len(pts)}")
-        n = len(pts)
-        if pruned:
-            self.evaluate_pruned(tape, pts, cells, levels)   # sizes the arena
-            variant, passes, u, _, _ = self._points_setup(tape, pts, cells, levels)
-        else:
-            variant = self.upload(tape)
-            self.prepare_outputs(n, n)
-            self._points.sync(pts)
-            u = self.uniforms(tape, n)
-            passes = [("eval_points", n)]
-        return self._time_passes(tape, passes, variant, u, repeat)

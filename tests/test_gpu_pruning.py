@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from taperay.runtime.gpu import GpuProfiler
 from taperay.runtime.gpu_pruning import (PRUNE_HEADER_WORDS, WAVE_MAX_TILES, image_cell_box, image_tiles,
                                           level_tile_counts, march_cells, tile_levels, wave_schedule)
 from taperay.runtime.opcodes import Op
@@ -424,8 +425,9 @@ def test_image_cells_grow_a_small_arena_and_check_their_arguments(walker_gpu, no
     np.testing.assert_array_equal(bits(pruned), bits(full))
     assert walker_gpu.cell_arena_words > 1000
     grown = walker_gpu.cell_arena_words          # timing the cells prunes them as the image did
-    assert walker_gpu.gpu_seconds(tape, n, n, grid_rect(n), cells=(4, 2), tile_passes_only=True, repeat=2) >= 0
-    assert walker_gpu.gpu_seconds(tape, n, n, grid_rect(n), cells=(4, 2), repeat=2) >= 0
+    assert GpuProfiler(walker_gpu).image_seconds(tape, n, n, grid_rect(n), cells=(4, 2), tile_passes_only=True,
+                                                repeat=2) >= 0
+    assert GpuProfiler(walker_gpu).image_seconds(tape, n, n, grid_rect(n), cells=(4, 2), repeat=2) >= 0
     assert walker_gpu.cell_arena_words == grown
     np.testing.assert_array_equal(bits(walker_gpu.field_image_pruned(tape, n, n, grid_rect(n), cells=(4, 2))),
                                   bits(full))

@@ -36,7 +36,7 @@ SOFTWARE_SIZES = (4, 12)
 SOFTWARE_MAX_POINTS = 10_000
 FRAME_SIZE, FRAME_VIEWS = (1920, 1080), ("shade", "normals", "depth", "steps")
 SOFTWARE_FRAME_SIZE = (96, 54)
-# GPU times (gpu_seconds_frame): K runs of a frame's passes in a row, after two single ones; a
+# GPU times (GpuProfiler.frame_seconds): K runs of a frame's passes in a row, after two single ones; a
 # software adapter takes K = 2, the least there is (its prune_cells passes take ~4 s a run on lavapipe)
 GPU_REPEAT, SOFTWARE_GPU_REPEAT = 8, 2
 PROSPERO = Path(__file__).resolve().parents[1] / "tests" / "data" / "prospero.vm"
@@ -63,6 +63,7 @@ def _frames(walker, tape, frame_size, views, repeat, gpu_repeat=GPU_REPEAT) -> d
     written-out frame ms; the lowering's host ms, the GPU ms of building the cells, and of one
     shade frame on them, unpruned and written out; the pixels whose colour differs from the
     written-out frame's (bench_gpu's notes)."""
+    from taperay.runtime.gpu import GpuProfiler
     from taperay.runtime.lowering import lower
     from taperay.runtime.shading import RenderSettings
 
@@ -92,14 +93,15 @@ def _frames(walker, tape, frame_size, views, repeat, gpu_repeat=GPU_REPEAT) -> d
         image = renders["written"]()
         for k, render in compared.items():
             differing[k] += int(np.any(render() != image, axis=-1).sum())
-    gpu_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", repeat=gpu_repeat)
-    no_skip_s = {v: walker.gpu_seconds_frame(tape, None, *frame_size, view=v, settings=no_skip,
-                                             repeat=gpu_repeat)["frame"]
+    profiler = GpuProfiler(walker)
+    gpu_s = profiler.frame_seconds(tape, None, *frame_size, view="shade", repeat=gpu_repeat)
+    no_skip_s = {v: profiler.frame_seconds(tape, None, *frame_size, view=v, settings=no_skip,
+                                           repeat=gpu_repeat)["frame"]
                  for v in ("shade", "normals")}
-    normals_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="normals", repeat=gpu_repeat)
-    unpruned_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
+    normals_s = profiler.frame_seconds(tape, None, *frame_size, view="normals", repeat=gpu_repeat)
+    unpruned_s = profiler.frame_seconds(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
     with written.installed():
-        written_s = walker.gpu_seconds_frame(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
+        written_s = profiler.frame_seconds(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
     out.update({"cells GPU ms": gpu_s["cells"] * 1e3, "shade frame GPU ms": gpu_s["frame"] * 1e3,
                 "shade frame GPU ms, no cell skip": no_skip_s["shade"] * 1e3,
                 "normals frame GPU ms": normals_s["frame"] * 1e3,

@@ -12,7 +12,7 @@ unpruned field image (pruning off). Columns:
 * wall: the median / min / max of ``--repeat`` calls after one warm-up call (which, on drivers that
   compile lazily, also compiles the pipelines, and grows the pruning arena); every call includes
   the uniform upload, the dispatches and reading the image back (the tape is uploaded once);
-* GPU: ``GpuWalker.gpu_seconds``, the median of 3 measurements, each (t_K - t_1) / (K - 1) where
+* GPU: ``GpuProfiler.image_seconds``, the median of 3 measurements, each (t_K - t_1) / (K - 1) where
   t_K is the time from submitting K images' passes, encoded in one command buffer beforehand, to
   their completion: no host work and no read-back (K aims at ~0.25 s of work, 2..16); "tile
   passes" the same for the prune_tiles passes alone, so "pixel pass" is the difference, and "level 0
@@ -36,14 +36,14 @@ Point rows (issue 4's point evaluator): 2^20 random points in [-1, 1]^2 x {0} (`
 against the unpruned ``GpuWalker.evaluate``. wall: as above, every call including the host
 bucketing (a Numba counting sort of the points by cell, with the cells' boxes), the upload of the
 points and the read-back of the values; "host bucketing ms" is that bucketing alone
-(``gpu_pruning.point_cells``, median of the repeats); GPU: ``GpuWalker.gpu_seconds_points`` (the same K
+(``gpu_pruning.point_cells``, median of the repeats); GPU: ``GpuProfiler.points_seconds`` (the same K
 method, no host work, upload or read-back); mean tape length per level over the cells holding
 points (``GpuWalker.prune_levels_points``).
 
 Frame rows (issue 4's 3D march): ``render`` (shade view, auto camera) at 1920x1080 of prospero (a 2D
 program, so an extruded slab of text) and of ``spheres_program(SPHERES)``, unpruned and on the
 pruned tapes of g0^3 x levels march cells (``GpuWalker.march`` cells); wall per render call
-(pruning the cells, the frame, reading the image back); GPU: ``GpuWalker.gpu_seconds_frame`` (the
+(pruning the cells, the frame, reading the image back); GPU: ``GpuProfiler.frame_seconds`` (the
 cell passes and the frame's passes, each by the K method); mean tape length per cell level
 (``GpuWalker.march_cell_levels``); whether each pruned frame equals the unpruned one bit for bit.
 
@@ -78,6 +78,12 @@ GPU_TARGET_S = 0.25
 WARM_UP_S = 1.0     # GPU work before the first measurement (_warm_up)
 
 
+def _profiler(walker):
+    """runtime.gpu's GpuProfiler of ``walker`` (imported when a GPU benchmark runs)."""
+    from taperay.runtime.gpu import GpuProfiler
+    return GpuProfiler(walker)
+
+
 def _rect(n: int) -> tuple[float, float, float, float]:
     """Pixel centres at linspace(-1, 1, n) (the reference image's grid)."""
     h = 1.0 / (n - 1)
@@ -90,7 +96,7 @@ def _warm_up(walker, tape, size: int) -> None:
     for a sign image whose passes take about 1 ms in a warm process)."""
     until = time.perf_counter() + WARM_UP_S
     while time.perf_counter() < until:
-        walker.gpu_seconds(tape, size, size, _rect(size), repeat=2)
+        _profiler(walker).image_seconds(tape, size, size, _rect(size), repeat=2)
 
 
 @contextlib.contextmanager
@@ -107,7 +113,8 @@ def _serial_level0(walker):
 def _gpu_ms(walker, tape, size: int, wall_ms: float, **kw) -> float:
     k = int(min(16, max(2, round(GPU_TARGET_S * 1e3 / max(wall_ms, 1e-3)))))
     return 1e3 * statistics.median(
-        walker.gpu_seconds(tape, size, size, _rect(size), repeat=k, **kw) for _ in range(GPU_MEASUREMENTS))
+        _profiler(walker).image_seconds(tape, size, size, _rect(size), repeat=k, **kw)
+        for _ in range(GPU_MEASUREMENTS))
 
 
 def bench_prune_gpu(opts) -> BenchResult:
@@ -268,7 +275,7 @@ def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
     pts = np.random.default_rng(opts.seed).uniform(-1, 1, (n, 3)).astype(np.float32)
     pts[:, 2] = 0
     notes.append(f"points: {n} random points of [-1, 1]^2 x {{0}}; wall includes the host bucketing, the "
-                 "upload of the points and the read-back of the values; GPU: gpu_seconds_points (no host "
+                 "upload of the points and the read-back of the values; GPU: GpuProfiler.points_seconds (no host "
                  "work, upload or read-back)")
     cases = [(c, lv) for c, lv in plan["cells"]] + [None]
     rows = []
@@ -297,9 +304,10 @@ def _point_rows(walker, tape, plan, opts, notes) -> list[dict]:
                 exact &= bool((values.view(np.uint32) == ref.view(np.uint32)).all())
             k = int(min(16, max(2, round(GPU_TARGET_S * 1e3 / max(wall["median_ms"], 1e-3)))))
             gpu_ms = 1e3 * statistics.median(
-                walker.gpu_seconds_points(tape, pts, pruned=case is not None,
-                                          cells=case[0] if case else None, levels=case[1] if case else 1,
-                                          repeat=k) for _ in range(GPU_MEASUREMENTS))
+                _profiler(walker).points_seconds(tape, pts, pruned=case is not None,
+                                                 cells=case[0] if case else None,
+                                                 levels=case[1] if case else 1, repeat=k)
+                for _ in range(GPU_MEASUREMENTS))
             tick()
             row = {"what": f"evaluate {n} points " + (f"cells {case[0]} levels {case[1]}" if case else "unpruned"),
                    "size": n, "image": "points", "pruning": "yes" if case else "no",
@@ -339,7 +347,7 @@ def _frame_rows(walker, prospero, plan, opts, notes) -> list[dict]:
     w, h = plan["frame"]
     notes.append(f"frames: render(view='shade') at {w}x{h}, auto camera; cells g0 x levels: g0^3 cells over the "
                  "march box, each level splitting a cell 4 x 4 x 4; wall includes pruning the cells, the "
-                 "frame and reading the image back; GPU: gpu_seconds_frame (cells: the prune_cells passes "
+                 "frame and reading the image back; GPU: GpuProfiler.frame_seconds (cells: the prune_cells passes "
                  "over the cells; frame: march, light, shade, resolve); mean tape length per level over the "
                  "cells with a tape")
     rows = []
@@ -364,7 +372,7 @@ def _frame_rows(walker, prospero, plan, opts, notes) -> list[dict]:
                 exact &= ref is not None and bool(np.array_equal(image, ref))
             k = int(min(8, max(2, round(GPU_TARGET_S * 1e3 / max(wall["median_ms"], 1e-3)))))
             try:
-                gpu_ms = [walker.gpu_seconds_frame(tape, None, w, h, cells=cells, repeat=k)
+                gpu_ms = [_profiler(walker).frame_seconds(tape, None, w, h, cells=cells, repeat=k)
                           for _ in range(GPU_MEASUREMENTS if wall["median_ms"] < 200 else 1)]
                 cell_ms = 1e3 * statistics.median(g["cells"] for g in gpu_ms)
                 frame_ms = 1e3 * statistics.median(g["frame"] for g in gpu_ms)
