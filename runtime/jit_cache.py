@@ -187,7 +187,7 @@ def load_numba():
         return numba
 
 
-def function_value(func, returns: str, *examples):
+def function_value(func, returns: str, *examples, helper: bool = True):
     """``func`` (declared with ``njit``; its Numba return type named by ``returns``, e.g.
     "boolean") for the Numba types of the example arguments, as a first-class function value
     (Numba's ``FunctionType``, through its wrapper address protocol): a jitted function handed
@@ -200,8 +200,14 @@ def function_value(func, returns: str, *examples):
     than one core is free, a helper process starts compiling it at once (``python -m
     taperay.runtime.jit_cache``), in parallel with what this process compiles meanwhile (the
     callers), and the first run waits for the helper and loads its result. Made once per process
-    and argument types."""
+    and argument types. ``helper=False``: no helper process; this process compiles ``func`` when
+    a caller first runs (``func`` small, or compiled while this process would wait anyway)."""
     numba = load_numba()
+    import warnings
+    import numba.experimental.function_type    # noqa: F401  (typeof of a tuple of these values)
+    # (Numba warns of the feature wherever a tuple of these values is typed: ours is deliberate)
+    warnings.filterwarnings("ignore", "First-class function type feature is experimental",
+                            numba.core.errors.NumbaExperimentalFeatureWarning)
     dispatcher = func.dispatcher if isinstance(func, _Declared) else func
     argtypes = tuple(numba.typeof(a) for a in examples)
     key = (id(dispatcher), argtypes)
@@ -211,7 +217,7 @@ def function_value(func, returns: str, *examples):
             value = _VALUES.get(key)
             if value is None:
                 signature = numba.core.typing.signature(getattr(numba.types, returns), *argtypes)
-                value = _VALUES[key] = _compiled_function_class()(dispatcher, signature)
+                value = _VALUES[key] = _compiled_function_class()(dispatcher, signature, helper)
     return value
 
 
@@ -228,10 +234,11 @@ def _compiled_function_class():
         class CompiledFunction(WrapperAddressProtocol):
             """A jitted function's compiled entry for one signature, compiled on first use."""
 
-            def __init__(self, dispatcher, signature):
+            def __init__(self, dispatcher, signature, helper=True):
                 self.dispatcher, self._signature = dispatcher, signature
                 self._address: int | None = None
-                self._helper = None if _is_cached(dispatcher, signature.args) else _compile_ahead(dispatcher, signature)
+                self._helper = None if not helper or _is_cached(dispatcher, signature.args) \
+                    else _compile_ahead(dispatcher, signature)
 
             def __wrapper_address__(self) -> int:
                 if self._address is None:

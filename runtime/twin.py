@@ -880,9 +880,11 @@ def _row_back(rows, out, dst, n):
 
 
 @njit(**_JIT)
-def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
+def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws, helpers):
     """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the
-    block where its points cannot ride through the subtree (see the module docstring)."""
+    block where its points cannot ride through the subtree (see the module docstring). helpers:
+    the per-block helpers it calls, as function values (_block_helpers)."""
+    _loop_enter, _copy_bound = helpers
     pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint, \
         cmask, cdead, csave_v, csave_m, cframe, hint, swaps = ws
     for j in range(n):
@@ -1252,14 +1254,14 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
 def _field(tp, n, ws, ws1, sec):
     """The field at ws.pin[:, :n] (capped by the section half-space when sec[0] != 0), by the
     interpreter that tp carries (_kernel_tape)."""
-    cols, params, bvhf, bvhi, inst, csidx, csregs, _, run_block = tp
+    cols, params, bvhf, bvhi, inst, csidx, csregs, _, helpers, run_block = tp
     pin, out_d, out_m, hint = ws[WS_PIN], ws[WS_OUT_D], ws[WS_OUT_M], ws[WS_HINT]
-    if not run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws):
+    if not run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws, helpers):
         pin1, hint1 = ws1[WS_PIN], ws1[WS_HINT]
         for j in range(n):
             pin1[0, 0], pin1[1, 0], pin1[2, 0] = pin[0, j], pin[1, j], pin[2, j]
             hint1[0, 0], hint1[1, 0] = hint[0, j], hint[1, j]
-            run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, np.int64(1), ws1)
+            run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, np.int64(1), ws1, helpers)
             out_d[j], out_m[j] = ws1[WS_OUT_D][0], ws1[WS_OUT_M][0]
             hint[0, j], hint[1, j] = hint1[0, 0], hint1[1, 0]
     if sec[0] != F0:
@@ -1596,9 +1598,24 @@ def _kernel_tape(tape: Tape):
     head = (cols, np.ascontiguousarray(tape.params, np.float32), *_walk_nodes(tape),
             inst.view(np.float32).reshape(-1, 8))
     no_saves = np.empty(0, np.int64)           # (_cull_saves' index and saves: int64 arrays)
-    run_block = function_value(_run_block, "boolean", *head, no_saves, no_saves, np.int64(0),
-                               _workspace.py_func(1, 1, 1))
-    return (*head, *_split_culls(tape, cols), run_block)
+    ws = _workspace.py_func(1, 1, 1)
+    helpers = _block_helpers(head[1], ws)
+    run_block = function_value(_run_block, "boolean", *head, no_saves, no_saves, np.int64(0), ws, helpers)
+    return (*head, *_split_culls(tape, cols), helpers, run_block)
+
+
+def _block_helpers(params, ws) -> tuple:
+    """Per-block helpers _run_block calls (a loop's entry and its copies' bound), as function values
+    for the argument types it passes (params and the workspace ws's arrays). Linked into the
+    interpreter they would be compiled, optimised and generated again in the helper process's
+    compile, the critical path of a cold render; this way this process compiles them, in the time
+    it would otherwise wait for the helper (the kernels' first run, before that wait). Only these
+    two: the process compiles the march and light kernels meanwhile, and more would make it the
+    critical path instead (docs/PERFORMANCE.md, "Cold compile"). A call per loop and block."""
+    p, lp, lbound, lcopy, lcell, lint = ws[5], ws[7], ws[10], ws[11], ws[12], ws[13]
+    i, op = np.int64(0), np.uint32(0)
+    return (function_value(_loop_enter, "none", op, i, params, i, i, p, lp, lbound, lcell, lint, helper=False),
+            function_value(_copy_bound, "none", i, i, params, p, lint, lcopy, helper=False))
 
 
 _NO_SECTION = np.zeros(5, np.float32)
