@@ -582,3 +582,15 @@ def test_window_screenshot_under_xvfb(tmp_path):
     # the panel: imgui's dark window with the overlay's light text, over the frame
     panel = img[15:60, 15:int(panel_width(480)) - 15]
     assert panel.mean() < render[15:60, 15:int(panel_width(480)) - 15].mean() - 40 and (panel > 200).any()
+
+
+def test_a_missing_viewer_package_is_one_line_naming_the_extra(monkeypatch):
+    """./run.sh installs the runtime without the ``view`` extra: ``taperay view`` then says which
+    package is missing and how to install it (it was an internal ModuleNotFoundError)."""
+    import importlib.util
+    from taperay.tools.view_window import need_view_packages
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "glfw" else real(name, *a))
+    with pytest.raises(TaperayError, match=r"needs the optional package glfw: pip install 'taperay\[view\]'"):
+        need_view_packages("glfw", "imgui_bundle")
+    need_view_packages("imgui_bundle")

@@ -34,7 +34,7 @@ from taperay.runtime.tape import TaperayError
 from .scene_runner import SceneWatcher, one_line
 from .viewer import VIEWER_VIEWS, Viewer
 
-__all__ = ["ViewWindow", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "panel_width",
+__all__ = ["ViewWindow", "need_view_packages", "SETTLE_S", "notebook_viewer", "offscreen_window", "open_window", "panel_width",
            "run_offscreen_edits"]
 
 PANEL_FRACTION = 1 / 3   # the panel's width, of the window's
@@ -366,6 +366,8 @@ def notebook_viewer(source, walker="auto", size=(640, 360), view="shade"):
 def offscreen_window(viewer: Viewer, watch: bool = False, panel: bool = True) -> ViewWindow:
     """The window drawn offscreen (rendercanvas's offscreen canvas): ``window.canvas.draw()``
     draws one frame exactly as the desktop window would and returns it (H, W, 4) uint8."""
+    if panel:
+        need_view_packages("imgui_bundle")
     from rendercanvas.offscreen import RenderCanvas
     canvas = RenderCanvas(size=viewer.size, pixel_ratio=1)
     return ViewWindow(viewer, canvas, watch=watch, panel=panel)
@@ -414,11 +416,24 @@ def open_window(make_viewer, title: str, size: tuple[int, int], watch: bool = Fa
         raise state["error"]
 
 
+def need_view_packages(*modules: str) -> None:
+    """Raise TaperayError naming the viewer's optional packages that are not installed (the
+    ``view`` extra: glfw for the window, imgui-bundle for the panel)."""
+    import importlib.util
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        names = ", ".join({"imgui_bundle": "imgui-bundle"}.get(m, m) for m in missing)
+        raise TaperayError(f"taperay view needs the optional package{'s' if len(missing) > 1 else ''} {names}: "
+                           "pip install 'taperay[view]' (or, in this checkout, .venv/bin/pip install -e '.[view]')")
+
+
 def _check_display(title: str) -> None:
-    """Raise TaperayError unless glfw can open a window: on Linux neither DISPLAY nor
-    WAYLAND_DISPLAY set, or glfw failing to start (a display that does not answer)."""
+    """Raise TaperayError unless glfw can open a window: the viewer's packages missing, on Linux
+    neither DISPLAY nor WAYLAND_DISPLAY set, or glfw failing to start (a display that does not
+    answer)."""
     import warnings
 
+    need_view_packages("glfw", "imgui_bundle")
     import glfw
     advice = "use --offscreen to draw without a window (with --screenshot OUT.png for a picture), or run under xvfb-run"
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
