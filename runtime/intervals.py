@@ -117,9 +117,10 @@ def _tan(a, *_):
 
 def _not(a, *_):
     lo, hi = a
+    anything = _nanmask(a)                       # NOT of anything, NaN included: 0 or 1
     zero_only = (lo == 0) & (hi == 0)
-    has_zero = (lo <= 0) & (hi >= 0)
-    return _out(np.where(zero_only, 1.0, 0.0), np.where(has_zero, 1.0, 0.0), _nanmask(a))
+    has_zero = anything | ((lo <= 0) & (hi >= 0))
+    return _out(np.where(zero_only, 1.0, 0.0), np.where(has_zero, 1.0, 0.0), False)
 
 
 def _add(a, b, *_):

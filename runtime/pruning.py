@@ -348,7 +348,9 @@ def _iv_compare(alo, ahi, blo, bhi):
 
 @njit(**_JIT)
 def _iv_not(alo, ahi):
-    """NOT: 1 where a may be 0, 0 where a may be non-zero (NaN bounds: the caller's)."""
+    """NOT: 1 where a may be 0, 0 where a may be non-zero; a may be NaN (anything): 0 or 1."""
+    if alo != alo or ahi != ahi:
+        return F0, F1
     return (F1 if alo == F0 and ahi == F0 else F0), (F1 if _has0(alo, ahi) else F0)
 
 

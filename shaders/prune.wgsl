@@ -273,6 +273,9 @@ fn iv_mix(alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32) -> Iv {
 // ---- BEGIN GENERATED intervals by taperay.runtime.op_codegen from runtime/opcodes.py: do not edit ----
 // the arithmetic ops' intervals (OpSpec.interval), hottest first
 fn iv_unary(op: u32, lo: f32, hi: f32) -> Iv {
+    if (op == OP_NOT && is_nan(lo)) {
+        return iv(0.0, 1.0);   // NOT of anything, NaN included, is 0 or 1
+    }
     if (is_nan(lo)) {
         return iv_nan();   // (WGSL's min / max of a NaN are unspecified: never reached with one)
     }

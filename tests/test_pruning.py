@@ -141,6 +141,24 @@ def test_nan_operands_propagate_as_the_reference_says():
     assert (lo, hi, ch) == (1, 2, 1)
 
 
+@pytest.mark.parametrize("op", WITH_OPERANDS, ids=lambda o: o.name)
+def test_may_be_nan_operand_bounds_every_value(walker_cpu, op):
+    """An operand whose interval is NaN may hold anything, NaN included: the result interval is
+    NaN too, or holds the op's value for every such operand (NOT of NaN is 0, of 0 is 1)."""
+    rng = np.random.default_rng(int(op))
+    anything = np.array([np.nan, 0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 1e30, -1e-30], np.float32)
+    for slot in range(len(OPS[op].reads)):
+        ivs = [(F32(-2), F32(3))] * 3
+        ivs[slot] = (F32(np.nan), F32(np.nan))
+        lo, hi, _ = interval_op(op, *ivs)
+        if np.isnan(lo):
+            continue
+        pts = rng.uniform(-2, 3, (len(anything), 3)).astype(np.float32)
+        pts[:, slot] = anything
+        v, _ = walker_cpu.evaluate(_op_tape(op), pts)
+        assert not np.isnan(v).any() and np.all((v >= lo) & (v <= hi)), (op.name, slot, (lo, hi), v)
+
+
 # ---------------------------------------------------------------------------------------------
 # random arithmetic tapes
 
