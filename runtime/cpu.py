@@ -2,14 +2,15 @@
 
 Owns the walker API over the twin's kernels (runtime/twin.py: the interpreter and its semantics)
 and the choice of where a render marches: on the tape's own records or on interval-pruned cells
-(runtime/pruning.py). Every array it returns is float32 / uint32 / int32.
+(runtime/pruned_march.py, runtime/cells.py). Every array it returns is float32 / uint32 / int32.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import compile_progress, jit_cache, pruning, twin
+from . import compile_progress, jit_cache, pruned_eval, pruned_march, twin
 from .camera import Camera, auto_camera
+from .cells import cell_tape
 from .shading import RenderSettings, compose, to_rgb8, unpack
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
 
@@ -106,12 +107,12 @@ class CpuWalker:
     def render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
                settings: RenderSettings | None = None, cells="auto") -> np.ndarray:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``cells``: "auto" marches and
-        lights a tape of at least pruning.PRUNE_MIN_RECORDS records on pruned cells
-        (runtime.pruning.march_pruned / light_pruned, bit for bit ``march`` and the light pass):
+        lights a tape of at least pruned_eval.PRUNE_MIN_RECORDS records on pruned cells
+        (runtime.pruned_march.march_pruned / light_pruned, bit for bit ``march`` and the light pass):
         an arithmetic tape (scene fields allowed) itself, another scene tape as its lowering to
-        arithmetic where it has one (pruning.cell_tape, as GpuWalker.render), by the tape's own
-        records where the cells would exceed pruning's memory cap or do not shorten the tape to
-        pruning.CELLS_PAY_SHARE of its records; (grid, levels) the same with that grid
+        arithmetic where it has one (runtime.cells.cell_tape, as GpuWalker.render), by the tape's own
+        records where the cells would exceed their memory cap or do not shorten the tape to
+        pruned_march.CELLS_PAY_SHARE of its records; (grid, levels) the same with that grid
         (CellsTooLarge past the cap); None never (``march`` itself stays the unpruned reference)."""
         auto = isinstance(cells, str) and cells == "auto"
         if not (cells is None or auto or (isinstance(cells, tuple) and len(cells) == 2)):
@@ -128,20 +129,20 @@ class CpuWalker:
             field[valid] = f
             return to_rgb8(compose("slice", packed, tape.materials, camera.pack(), dirs, slice_field=field))
         run = None
-        if cells is not None and not (auto and len(tape.instrs) < pruning.PRUNE_MIN_RECORDS):
-            run = pruning.cell_tape(tape)
+        if cells is not None and not (auto and len(tape.instrs) < pruned_eval.PRUNE_MIN_RECORDS):
+            run = cell_tape(tape)
         if run is not None and auto:
             try:
-                if pruning.cells_shorten(run, packed) > pruning.CELLS_PAY_SHARE:
+                if pruned_march.cells_shorten(run, packed) > pruned_march.CELLS_PAY_SHARE:
                     run = None                 # (cells that barely shorten it: the tape's own records)
             except CellsTooLarge:
                 run = None                     # (the cells of a long tape: the tape's own records)
         light = None
         if run is not None:                    # (with a grid given, CellsTooLarge past the cap)
             grid = {} if auto else dict(grid=cells[0], levels=cells[1])
-            mr = pruning.march_pruned(run, camera, width, height, settings, view, **grid)
+            mr = pruned_march.march_pruned(run, camera, width, height, settings, view, **grid)
             if view in ("shade", "section"):
-                light = pruning.light_pruned(run, packed, mr, **grid)     # (run has tape's bounds)
+                light = pruned_march.light_pruned(run, packed, mr, **grid)     # (run has tape's bounds)
         else:
             mr = self.march(tape, camera, width, height, settings, view)
             if view in ("shade", "section"):
@@ -151,8 +152,8 @@ class CpuWalker:
     def sign_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                    z: float = 0.0) -> np.ndarray:
         """(H, W) bool, True where the field is < 0, with field_image's pixel centres; arithmetic
-        tapes by per-tile interval pruning (runtime.pruning), others by the unpruned field."""
-        return pruning.sign_image(tape, width, height, rect, z)
+        tapes by per-tile interval pruning (runtime.pruned_eval), others by the unpruned field."""
+        return pruned_eval.sign_image(tape, width, height, rect, z)
 
     def field_image(self, tape: Tape, width: int, height: int, rect=(-1.0, 1.0, -1.0, 1.0),
                     z: float = 0.0) -> np.ndarray:

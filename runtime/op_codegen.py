@@ -6,7 +6,7 @@ BINARY, TERNARY) from their ``OpSpec`` rules (``numba``, ``numba_loop``, ``wgsl`
 
   * ``runtime/twin.py`` block ``arith``: ``_libm_block`` and ``_arith_block``, the twin's loop of
     each op over a block of points, hottest first;
-  * ``runtime/pruning.py`` block ``intervals``: ``_iv_monotone64`` (the monotone ops computed in
+  * ``runtime/interval_kernels.py`` block ``intervals``: ``_iv_monotone64`` (the monotone ops computed in
     float64 and rounded outward) and ``_iv``, the twin's float32 interval of each op;
   * ``shaders/interpreter.wgsl`` block ``arith``: ``unary()`` and ``binary()``, the GPU's cases;
   * ``shaders/prune.wgsl`` block ``intervals``: ``iv_unary()`` and ``iv_binary()``.
@@ -155,7 +155,7 @@ def _py_domain(iv: Interval, lo: str, hi: str) -> str | None:
 
 
 def numba_intervals(ops: dict[Op, OpSpec] | None = None) -> str:
-    """runtime/pruning.py's block: ``_iv_monotone64`` and ``_iv``."""
+    """runtime/interval_kernels.py's block: ``_iv_monotone64`` and ``_iv``."""
     specs = arith_ops(ops)
     mono64 = [s for s in specs if s.interval.monotone and not s.interval.exact]
     out = []
@@ -307,7 +307,7 @@ def wgsl_intervals(ops: dict[Op, OpSpec] | None = None) -> str:
 # ----------------------------------------------------------------------------- the blocks
 # (path from the repository root, block name) -> its generator
 BLOCKS = {("runtime/twin.py", "arith"): numba_arith,
-          ("runtime/pruning.py", "intervals"): numba_intervals,
+          ("runtime/interval_kernels.py", "intervals"): numba_intervals,
           ("shaders/interpreter.wgsl", "arith"): wgsl_arith,
           ("shaders/prune.wgsl", "intervals"): wgsl_intervals}
 

@@ -186,7 +186,7 @@ _POLAR = Tolerance(4096, 2.0 ** -9, "polar copies rotated by WGSL sin / cos / at
 @dataclass(frozen=True)
 class Interval:
     """An arithmetic op's interval rule, from which ``runtime.op_codegen`` generates the twin's
-    float32 interval case (runtime/pruning.py ``_iv``), the GPU's (shaders/prune.wgsl ``iv_unary`` /
+    float32 interval case (runtime/interval_kernels.py ``_iv``), the GPU's (shaders/prune.wgsl ``iv_unary`` /
     ``iv_binary``) and ``runtime.intervals`` takes the float64 reference.
 
     ``monotone`` "increasing" / "decreasing": the interval of [lo, hi] is [f(lo), f(hi)] (or
@@ -299,7 +299,7 @@ _spec(Op.INSTANCE_INDEX, F.ARITH, (), True, 0,
 # The arithmetic ops reading registers: their rules per target (OpSpec.wgsl / numba / interval),
 # ranked hottest first (rank: the order of the generated dispatches; SDF tapes are mostly MAX, SUB,
 # ADD, MIN, COPY, NEG, SQUARE, SQRT, MUL). A named interval rule is a hand-written function of
-# each target: runtime/pruning.py _iv_*, shaders/prune.wgsl iv_*, runtime/intervals.py.
+# each target: runtime/interval_kernels.py _iv_*, shaders/prune.wgsl iv_*, runtime/intervals.py.
 def _named(numba, wgsl, **kw):
     return Interval(numba=numba, wgsl=wgsl, **kw)
 

@@ -70,14 +70,14 @@ def test_numba_is_loaded_when_a_kernel_first_runs():
     code = textwrap.dedent("""
         import sys
         import taperay.runtime.gpu, taperay.runtime.walkers, taperay.runtime.path_tracing
-        from taperay.runtime import jit_cache, pruning, twin
+        from taperay.runtime import cells, jit_cache, twin
         from taperay.scenegraph.loading import load_tape
         tape = load_tape("scenes/machined_part.py")
         print("numba" in sys.modules, jit_cache.numba_loaded(), type(twin._eval_kernel).__name__)
         from taperay.runtime.cpu import CpuWalker
         d = CpuWalker().evaluate(tape, [[0.0, 0.0, 0.0], [9.0, 9.0, 9.0]])[0]
         print("numba" in sys.modules, jit_cache.numba_loaded(), type(twin._eval_kernel).__name__,
-              type(pruning._arith_block).__name__, bool(d[1] > d[0]))
+              type(cells.eval_run).__name__, bool(d[1] > d[0]))
     """)
     lines = _python(code).stdout.splitlines()
     assert lines[0].split() == ["False", "False", "_Declared"], lines
@@ -98,7 +98,8 @@ def test_the_cache_folder_is_keyed_on_the_sources_and_old_keys_are_removed(tmp_p
             "print(' '.join(p.name for p in j.keyed_sources()))")
     folder, key, keep, sources = _python(code, NUMBA_CACHE_DIR=str(base)).stdout.splitlines()
     assert folder == str(base / key)
-    assert {"twin.py", "pruning.py", "opcodes.py", "tape.py", "shading.py", "camera.py"} <= set(sources.split())
+    assert {"twin.py", "interval_kernels.py", "pruner.py", "pruned_eval.py", "cells.py", "pruned_march.py", "opcodes.py",
+            "op_numbers.py", "tape.py", "shading.py", "camera.py"} <= set(sources.split())
     assert sorted(p.name for p in base.iterdir()) == sorted([key] + [f"{i:016x}" for i in range(6 - int(keep) + 1, 6)])
 
 

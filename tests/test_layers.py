@@ -31,7 +31,12 @@ RUNTIME_LAYERS = [
     ("tape", "op_codegen"),
     ("program", "intervals", "shading", "camera", "outputs", "resources", "environment", "gpu_guard"),
     ("lowering", "image", "wgsl_header", "twin"),                  # twin: the interpreter
-    ("pruning", "gpu_device"),
+    ("interval_kernels", "gpu_device"),                            # the twin's pruning, in layers:
+    ("pruner",),                                                   # float32 intervals, the pruner,
+    ("pruned_eval",),                                              # points and images,
+    ("cells",),                                                    # march cells,
+    ("pruned_march",),                                             # the march on them,
+    ("pruning",),                                                  # and their public names
     ("compile_progress", "gpu_pruning", "path_tracing"),
     ("cpu", "gpu", "jax_walker"),                                  # the walkers
     ("conformance",),                                              # grading, the GPU self-check
@@ -45,8 +50,10 @@ _LEFT = {
     ("runtime.intervals", "runtime.opcodes"): "_rem_euclid",
     ("runtime.path_tracing", "runtime.twin"): "_field _gradients _kernel_tape _len3 _on_threads _packed _section "
                                               "_slab _tile_count _tile_setup",
-    ("runtime.pruning", "runtime.twin"): "_arith_block _hit_threshold _packed _rem32 _round _row_back _scratch_row "
-                                         "_section",
+    ("runtime.cells", "runtime.twin"): "_hit_threshold",
+    ("runtime.interval_kernels", "runtime.twin"): "_rem32 _round",
+    ("runtime.pruned_eval", "runtime.twin"): "_arith_block _row_back _scratch_row",
+    ("runtime.pruned_march", "runtime.twin"): "_hit_threshold _packed _section",
     ("solvers.objectives", "solvers.shape"): "_blocks _geom _rule _scatter _stress",
     ("solvers.objectives", "solvers.study"): "_per_material",
     ("solvers.shape", "solvers.study"): "_per_material",

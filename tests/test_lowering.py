@@ -243,12 +243,12 @@ def test_twin_render_of_a_scene_is_its_lowering_on_cells(walker_cpu):
 
 
 def test_twin_render_falls_back_to_the_tapes_own_records_past_the_cells_memory_cap(walker_cpu, monkeypatch):
-    from taperay.runtime import pruning
+    from taperay.runtime import cells, pruned_march
     from taperay.runtime.tape import CellsTooLarge
     tape = flatten(_material_scene())
     cam = auto_camera(tape.bounds)
-    monkeypatch.setattr(pruning, "CELL_TAPES_MAX_BYTES", 1 << 10)
-    pruning.CELL_CACHE.clear()
+    monkeypatch.setattr(cells, "CELL_TAPES_MAX_BYTES", 1 << 10)
+    pruned_march.CELL_CACHE.clear()
     np.testing.assert_array_equal(walker_cpu.render(tape, cam, 24, 18, settings=EXACT),
                                   walker_cpu.render(tape, cam, 24, 18, cells=None, settings=EXACT))
     with pytest.raises(CellsTooLarge, match="march_pruned"):
@@ -256,18 +256,18 @@ def test_twin_render_falls_back_to_the_tapes_own_records_past_the_cells_memory_c
 
 
 def test_long_scene_tapes_are_not_lowered(monkeypatch):
-    from taperay.runtime import pruning
+    from taperay.runtime import cells
     tape = flatten(_material_scene())
-    monkeypatch.setattr(pruning, "LOWER_MAX_RECORDS", len(tape) - 1)
+    monkeypatch.setattr(cells, "LOWER_MAX_RECORDS", len(tape) - 1)
     assert cell_tape(tape) is None
 
 
 def test_info_says_a_long_scene_tape_is_not_lowered(monkeypatch):
-    from taperay.runtime import pruning
+    from taperay.runtime import cells
     from taperay.tools.cli import tape_info
     tape = flatten(_material_scene())
     assert "lowering" in tape_info(tape)["march_cells"]
-    monkeypatch.setattr(pruning, "LOWER_MAX_RECORDS", len(tape) - 1)
+    monkeypatch.setattr(cells, "LOWER_MAX_RECORDS", len(tape) - 1)
     assert "too long to lower" in tape_info(tape)["march_cells"]
 
 
@@ -276,16 +276,16 @@ def test_twin_render_uses_cells_only_where_they_shorten_the_tape(walker_cpu, mon
     """With cells "auto" the twin marches on cells when their tapes are at most CELLS_PAY_SHARE of
     the tape's records (a 60-sphere program's keep a few percent), else on the tape itself: the
     same bits either way."""
-    from taperay.runtime import pruning
+    from taperay.runtime import pruned_march
     from taperay.runtime.shading import RenderSettings
     from taperay.scenegraph.vm import load_vm
     from taperay.tools.bench_prune import spheres_program
     tape = load_vm(spheres_program(60, seed=2))
-    assert pruning.cells_shorten(tape, RenderSettings().pack(tape, "shade")) < 0.5
+    assert pruned_march.cells_shorten(tape, RenderSettings().pack(tape, "shade")) < 0.5
     calls = []
-    marched = pruning.march_pruned
-    monkeypatch.setattr(pruning, "march_pruned", lambda *a, **k: calls.append(1) or marched(*a, **k))
-    monkeypatch.setattr(pruning, "CELLS_PAY_SHARE", share)
+    marched = pruned_march.march_pruned
+    monkeypatch.setattr(pruned_march, "march_pruned", lambda *a, **k: calls.append(1) or marched(*a, **k))
+    monkeypatch.setattr(pruned_march, "CELLS_PAY_SHARE", share)
     cam = auto_camera(tape.bounds)
     image = walker_cpu.render(tape, cam, 32, 24, settings=EXACT)
     assert bool(calls) == on_cells

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from taperay.runtime import intervals, jax_walker, op_codegen, pruning, twin, wgsl_header
+from taperay.runtime import interval_kernels, intervals, jax_walker, op_codegen, twin, wgsl_header
 from taperay.runtime.intervals import INTERVAL_OPS
 from taperay.runtime.opcodes import CLASS_RANGES, OPS, Family, Interval, Op, OpClass, OpSpec
 
@@ -51,7 +51,7 @@ def _wgsl(path: str, function: str | None = None) -> str:
 
 TWIN = _python("runtime/twin.py", comments=True)      # (a final else names its op in a comment)
 TWIN_ARITH = _python("runtime/twin.py", r"_arith_block|_libm_block")
-PRUNING_IV = _python("runtime/pruning.py", r"_iv\w*")
+INTERVAL_IV = _python("runtime/interval_kernels.py", r"_iv\w*")
 INTERPRETER = _wgsl("shaders/interpreter.wgsl")
 IV_UNARY = _wgsl("shaders/prune.wgsl", "iv_unary")
 IV_BINARY = _wgsl("shaders/prune.wgsl", "iv_binary")
@@ -71,7 +71,7 @@ def places(op: Op) -> dict[str, bool]:
         found["runtime/opcodes.py: OpSpec.numba and OpSpec.interval (the generated cases' rules)"] = \
             spec.numba is not None and spec.interval is not None
         found["runtime/twin.py: its generated case in _arith_block (regenerate)"] = _has(name, TWIN_ARITH)
-        found["runtime/pruning.py: its generated interval case in _iv (regenerate)"] = _has(name, PRUNING_IV)
+        found["runtime/interval_kernels.py: its generated interval case in _iv (regenerate)"] = _has(name, INTERVAL_IV)
         prune_fn = "iv_unary" if spec.op_class is OpClass.UNARY else "iv_binary"
         found[f"shaders/prune.wgsl: its generated interval case in {prune_fn} (regenerate)"] = _has(
             f"OP_{name}", IV_UNARY if spec.op_class is OpClass.UNARY else IV_BINARY)
@@ -113,10 +113,11 @@ def test_classes_are_consecutive_ranges_in_class_order():
 # _libm_block) are written from the table by runtime.op_codegen and are not scanned.
 ALLOWED_NAMED_RANGES = {
     ("shaders/interpreter.wgsl", "VAR_Z"), ("shaders/packed.wgsl", "VAR_Z"), ("shaders/prune.wgsl", "VAR_Z"),
-    ("runtime/pruning.py", "VAR_Z"), ("runtime/twin.py", "VAR_Z"),
+    ("runtime/interval_kernels.py", "VAR_Z"), ("runtime/pruned_eval.py", "VAR_Z"), ("runtime/twin.py", "VAR_Z"),
 }
 KERNELS = ["shaders/interpreter.wgsl", "shaders/packed.wgsl", "shaders/prune.wgsl", "shaders/kernels_render.wgsl",
-           "shaders/kernels_points.wgsl", "runtime/twin.py", "runtime/pruning.py"]
+           "shaders/kernels_points.wgsl", "runtime/twin.py", "runtime/interval_kernels.py",
+           "runtime/pruner.py", "runtime/pruned_eval.py"]
 
 
 def named_ranges(path: str) -> set[str]:
@@ -177,7 +178,7 @@ def test_a_new_op_is_one_table_entry():
     blocks = op_codegen.generated_blocks(ops)
     assert "np.tanh(x)" in blocks["runtime/twin.py", "arith"]
     assert f"op == {tanh_op.name}" in blocks["runtime/twin.py", "arith"]
-    assert "rl, rh = np.tanh(lo), np.tanh(hi)" in blocks["runtime/pruning.py", "intervals"]
+    assert "rl, rh = np.tanh(lo), np.tanh(hi)" in blocks["runtime/interval_kernels.py", "intervals"]
     assert f"if (op == OP_{tanh_op.name}) {{ return tanh(va); }}" in blocks["shaders/interpreter.wgsl", "arith"]
     assert "let w = wide(tanh(lo), tanh(hi));" in blocks["shaders/prune.wgsl", "intervals"]
     assert "return iv(max(w.lo, -1.0), min(w.hi, 1.0));" in blocks["shaders/prune.wgsl", "intervals"]
@@ -190,7 +191,7 @@ def test_a_new_op_is_one_table_entry():
     arith["_arith_block"](number, regs, 1, 0, 0, 0, 64)
     assert np.array_equal(regs[1], np.tanh(x))
 
-    iv = _exec_block(pruning, blocks["runtime/pruning.py", "intervals"], {tanh_op.name: number})
+    iv = _exec_block(interval_kernels, blocks["runtime/interval_kernels.py", "intervals"], {tanh_op.name: number})
     f64 = intervals.monotone_rule(spec)
     for lo, hi in [(-1.0, 2.0), (0.25, 0.5), (-30.0, -29.0)]:
         l32, h32, ch = iv["_iv"](number, np.float32(lo), np.float32(hi), 0, 0, 0, 0)

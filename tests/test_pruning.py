@@ -457,11 +457,11 @@ def test_sub_cell_tapes_are_deterministic():
 def test_twin_render_marches_long_arithmetic_tapes_on_cells(walker_cpu, monkeypatch):
     """CpuWalker.render(cells="auto") takes march_pruned for a long arithmetic tape (the same
     image as cells=None), the plain march for a short one; bad cells are TaperayErrors."""
-    from taperay.runtime import pruning
+    from taperay.runtime import pruned_march
     from taperay.tools.bench_prune import spheres_program
     calls = []
-    real = pruning.march_pruned
-    monkeypatch.setattr(pruning, "march_pruned", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = pruned_march.march_pruned
+    monkeypatch.setattr(pruned_march, "march_pruned", lambda *a, **k: calls.append(k) or real(*a, **k))
     tape = load_vm(spheres_program(20, seed=1))
     for view in ("shade", "normals"):
         np.testing.assert_array_equal(walker_cpu.render(tape, None, 40, 30, view=view, settings=EXACT),
@@ -571,21 +571,21 @@ def test_cell_skipping_steps_do_not_hang_on_the_entrys_last_bits(monkeypatch):
     the last bit of the entry's t (the GPU's division may round it otherwise: Vulkan allows 2.5
     ulp). The lookup clamps such an index to the boundary cell, whose grown box decides: entries
     moved by up to 4 ulp take the same steps (without the clamp 11 % of these pixels did not)."""
-    from taperay.runtime import pruning
+    from taperay.runtime import pruned_march
     from taperay.runtime.camera import auto_camera
     from taperay.tools.bench_prune import spheres_program
     tape = load_vm(spheres_program(60, seed=2))
     cam = auto_camera(tape.bounds)
-    base = pruning.march_pruned(tape, cam, 48, 36, RenderSettings())
-    real, rng = pruning.ray_slabs, np.random.default_rng(1)
+    base = pruned_march.march_pruned(tape, cam, 48, 36, RenderSettings())
+    real, rng = pruned_march.ray_slabs, np.random.default_rng(1)
 
     def moved_slabs(ro, rd, box):
         t, tfar = real(ro, rd, box)
         bits = t.view(np.int32).copy()
         bits[t > 0] += rng.integers(-4, 5, int((t > 0).sum())).astype(np.int32)
         return bits.view(np.float32), tfar
-    monkeypatch.setattr(pruning, "ray_slabs", moved_slabs)
-    moved = pruning.march_pruned(tape, cam, 48, 36, RenderSettings())
+    monkeypatch.setattr(pruned_march, "ray_slabs", moved_slabs)
+    moved = pruned_march.march_pruned(tape, cam, 48, 36, RenderSettings())
     assert (base["t"] > 0).any()
     assert (moved["steps"] == base["steps"]).mean() >= 0.999
     np.testing.assert_array_equal(moved["hit"], base["hit"])

@@ -40,8 +40,9 @@ def test_header_numbers_equal_the_opcode_table():
 
 
 def test_numba_blocks_equal_the_table_and_drift_is_found(tmp_path):
-    """twin.py and pruning.py import the table's numbers from the generated runtime/op_numbers.py
-    and carry its hash as a generated block (Numba's cache sees an edit of their own source only);
+    """The Numba modules (twin.py, interval_kernels.py, pruner.py, pruned_eval.py) import the table's
+    numbers from the generated runtime/op_numbers.py and carry its hash as a generated block
+    (Numba's cache sees an edit of their own source only);
     a stale module or block is drift, and a module with stale numbers refuses to import."""
     for name in (*wgsl_header.NUMBA_MODULES, wgsl_header.NUMBERS_NAME):
         (tmp_path / name).write_text((wgsl_header.RUNTIME_DIR / name).read_text())
@@ -140,7 +141,7 @@ def test_stale_op_blocks_are_drift(tmp_path):
     shaders.mkdir()
     runtime.mkdir()
     wgsl_header.write(shaders, runtime_dir=wgsl_header.RUNTIME_DIR)   # (the generated files only)
-    for rel in {rel for rel, _ in op_codegen.BLOCKS}:
+    for rel in {rel for rel, _ in op_codegen.BLOCKS} | {f"runtime/{name}" for name in wgsl_header.NUMBA_MODULES}:
         folder, name = rel.split("/")
         src = (wgsl_header.SHADER_DIR if folder == "shaders" else wgsl_header.RUNTIME_DIR) / name
         (tmp_path / folder / name).write_text(src.read_text())

@@ -453,11 +453,12 @@ def _instance_lists_info(tape) -> list[dict]:
 
 def _march_cells_info(tape) -> str:
     """Whether the GPU's render prunes this tape on march cells, and as what: the walkers' own
-    decision (GpuWalker.render_tape, pruning.cell_tape), with the lowering's reason where it has
+    decision (GpuWalker.render_tape, cells.cell_tape), with the lowering's reason where it has
     none."""
     from taperay.runtime.gpu import GpuWalker
     from taperay.runtime.lowering import NotLowerable, lower
-    from taperay.runtime.pruning import LOWER_MAX_RECORDS, PRUNE_MIN_RECORDS, is_arithmetic
+    from taperay.runtime.cells import LOWER_MAX_RECORDS
+    from taperay.runtime.pruning import PRUNE_MIN_RECORDS, is_arithmetic
     if len(tape) < PRUNE_MIN_RECORDS:
         return f"none: fewer than {PRUNE_MIN_RECORDS} records (too short to gain)"
     run = GpuWalker.render_tape(tape)
@@ -471,7 +472,7 @@ def _march_cells_info(tape) -> str:
         lower(tape)
     except NotLowerable as e:
         return f"none: {e}"
-    raise AssertionError("pruning.cell_tape refused a tape that lowers")
+    raise AssertionError("cells.cell_tape refused a tape that lowers")
 
 
 def cmd_info(args) -> int:
