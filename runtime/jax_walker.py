@@ -973,8 +973,9 @@ class JaxWalker:
 
     name = "jax"
     capabilities = frozenset({"evaluate", "gradient", "derivatives"})   # (runtime.walkers.CAPABILITIES)
-    FORMS = ("auto", "trace", "generic")
+    FORMS = ("auto", "trace", "generic", "cells")
     GENERIC_FROM = 200      # "auto": records from which values take the generic form (docs/JAX.md)
+    CELLS_FROM = 8192       # "auto": points from which the generic form runs cell by cell (docs/JAX.md)
 
     def __init__(self, form: str = "auto", cache=None):
         if form not in self.FORMS:
@@ -983,6 +984,7 @@ class JaxWalker:
         self.cache = _enable_persistent_cache(cache)
         self._programs: dict = {}
         self._points_evaluated = 0
+        self._cells = None
 
     @staticmethod
     def available() -> bool:
@@ -1011,21 +1013,41 @@ class JaxWalker:
                            "(render with the cpu or gpu walker)")
 
     # ------------------------------------------------------------------ preparation
-    def form_for(self, tape: Tape, derivatives: bool = False) -> str:
+    def form_for(self, tape: Tape, derivatives: bool = False, n_points: int | None = None) -> str:
         """The form running ``tape``: this walker's, or for "auto" the generic one where it
         supports the tape and either derivatives are asked for or the tape has GENERIC_FROM
-        records or more, else the trace. (Measured: the trace's compile grows with the records
-        and is long for reverse mode; its steady values are the fastest on small tapes.)"""
-        if self.form != "auto":
-            return self.form
-        if (derivatives or len(tape) >= self.GENERIC_FROM) and generic_unsupported(tape) is None:
-            return "generic"
-        return "trace"
+        records or more, else the trace; the generic form runs cell by cell ("cells") where the
+        tape has a Lipschitz bound (``jax_cells.cells_unsupported``) and there are CELLS_FROM
+        points or more. "cells" asked for on a tape without a bound runs the generic form.
+        (Measured: the trace's compile grows with the records and is long for reverse mode; its
+        steady values are the fastest on small tapes; cells skip what cannot matter.)"""
+        form = self.form
+        if form == "auto":
+            if not ((derivatives or len(tape) >= self.GENERIC_FROM) and generic_unsupported(tape) is None):
+                return "trace"
+            form = "cells" if n_points is not None and n_points >= self.CELLS_FROM else "generic"
+        if form == "cells":
+            from .jax_cells import cells_unsupported_tape
+            return "generic" if cells_unsupported_tape(tape) else "cells"
+        return form
+
+    def _cells_run(self, tape: Tape, points, what: str):
+        """(runner, generic layout, float32 points) where the cell form runs this call, else None."""
+        if self.form not in ("auto", "cells"):
+            return None
+        pts = point_array(points, what, np.float32)
+        VALIDATED.check(tape)
+        if len(pts) == 0 or self.form_for(tape, what != "evaluate", len(pts)) != "cells":
+            return None
+        if self._cells is None:
+            from .jax_cells import CellsRunner
+            self._cells = CellsRunner(compiler_options())
+        return self._cells, _GenericTape(tape), pts
 
     def _program(self, tape: Tape, n_points: int, derivatives: bool):
         VALIDATED.check(tape)
         form = self.form_for(tape, derivatives)
-        if form == "generic":
+        if form in ("generic", "cells"):
             from_generic = _GenericTape(tape)
             key = ("generic",) + from_generic.bucket
             prog = self._programs.get(key)
@@ -1063,6 +1085,12 @@ class JaxWalker:
     # ------------------------------------------------------------------ the API
     def evaluate(self, tape: Tape, points) -> tuple[np.ndarray, np.ndarray]:
         """(N,) float32 distances and (N,) uint32 material ids at the (N, 3) points."""
+        cells = self._cells_run(tape, points, "evaluate")
+        if cells is not None:
+            runner, generic, pts = cells
+            self._points_evaluated += len(pts)
+            d, m = runner.evaluate(generic, tape, pts)
+            return d, m.astype(np.uint32)
         prog, args, pts, n = self._points(tape, points, "evaluate")
         self._points_evaluated += n
         if n == 0:
@@ -1079,17 +1107,26 @@ class JaxWalker:
         and, for ``names`` (None: every named parameter), its total per name and per point
         df_i/dname (N,) (forward mode, one pass per name; a name's pool direction counts the slots
         a scene's refit derives from it, ``runtime.tape.pool_tangents``)."""
-        prog, args, pts, n = self._points(tape, points, "value_and_grad")
         names = sorted(tape.names) if names is None else list(names)
         for nm in names:
             if nm not in tape.names:
                 raise TaperayError(f"no parameter named {nm!r} (have: {', '.join(sorted(tape.names)) or 'none'})")
         by_name = pool_tangents(tape, names)
-        tangents = np.zeros((len(names), len(args[0])), np.float32)
-        for k, nm in enumerate(names):
-            tangents[k, :len(tape.params)] = by_name[nm]
-        w = self._weights(weights, n, len(pts))
-        d, m, dx, dpool, per = prog.grads(args, pts, w, tangents)
+        cells = self._cells_run(tape, points, "value_and_grad")
+        if cells is not None:
+            runner, generic, pts = cells
+            n = len(pts)
+            tangents = np.zeros((len(names), generic.bucket[2]), np.float32)
+            for k, nm in enumerate(names):
+                tangents[k, :len(tape.params)] = by_name[nm]
+            d, m, dx, dpool, per = runner.grads(generic, tape, pts, self._weights(weights, n, n), tangents)
+        else:
+            prog, args, pts, n = self._points(tape, points, "value_and_grad")
+            tangents = np.zeros((len(names), len(args[0])), np.float32)
+            for k, nm in enumerate(names):
+                tangents[k, :len(tape.params)] = by_name[nm]
+            w = self._weights(weights, n, len(pts))
+            d, m, dx, dpool, per = prog.grads(args, pts, w, tangents)
         dpool = np.asarray(dpool)[:len(tape.params)]
         per = np.asarray(per)
         return Gradients(np.asarray(d)[:n], np.asarray(m)[:n].astype(np.uint32), np.asarray(dx)[:n], dpool,
@@ -1099,6 +1136,11 @@ class JaxWalker:
     def vjp(self, tape: Tape, points, weights) -> tuple[np.ndarray, np.ndarray]:
         """(values (N,), sum_i w_i df_i/dtheta (P,)): one forward and one reverse sweep, the
         adjoint a shape optimisation needs (w: the (N,) weights, e.g. an FEM adjoint's)."""
+        cells = self._cells_run(tape, points, "vjp")
+        if cells is not None:
+            runner, generic, pts = cells
+            d, dpool = runner.vjp(generic, tape, pts, self._weights(weights, len(pts), len(pts)))
+            return d, dpool[:len(tape.params)]
         prog, args, pts, n = self._points(tape, points, "vjp")
         w = self._weights(weights, n, len(pts))
         d, dpool = prog.vjp(args, pts, w)

@@ -1,0 +1,504 @@
+"""Cell-bucketed evaluation for the JAX walker's generic form: each cell of points runs only the
+records that can matter there, and the result equals the unpruned generic form's.
+
+Owns ``CellPlan`` (the points bucketed into cells, the records each cell keeps and the work list
+of (record, window of points) items), ``cells_unsupported`` (why a tape gets no cell pruning) and
+the windowed interpreter ``cells_field`` that runs a work list (values, a custom VJP and a
+forward tangent sweep, like ``jax_walker``'s generic interpreter, whose branches it reuses).
+
+Which records a cell keeps. The tape is a min / max tree over operands: UNION, INTERSECT, MIN and
+MAX steps whose operands are read once, from the result up. An operand whose value over the cell
+is certainly above the result's there does not change the result, its material or its
+derivatives (a min / max tree's value, ties and selected path stay as they are when an operand
+above the result everywhere is removed), so the cell drops it: its parent becomes the same op of
+the other operand twice (``min(a, a) = a``, material a's), and the records only it read go.
+  * the result's upper bound over a cell: its value at the cell's centre (the twin's, CpuWalker)
+    plus L times the cell's half diagonal, L a Lipschitz bound of the tape in the point
+    (``lipschitz``: shapes, culls and the combines are 1-Lipschitz under translations, rotations,
+    mirrors, scales and elongations; a tape with arithmetic or ellipsoids has none and is not
+    pruned);
+  * an operand's lower bound: a cull box's distance is at least the gap between the cell's box
+    and the cull's box (CULL_BOX at the untransformed point); INTERSECT / MAX take the larger
+    bound of their operands, UNION / MIN the smaller.
+An operand is dropped where its lower bound exceeds the upper bound by ``MARGIN`` (relative to
+the scene's size: float32 rounding of the two evaluations stays far below it). Where the twin's
+culls skip a subtree whose value is NaN, the unpruned generic form returns NaN; the cell form,
+like the twin, does not.
+
+Work list: a cell's points are padded (copies of its first point) to whole windows of ``WINDOW``
+points; each item is (step, window offset, rewrite); chunks of windows share one row file (the
+generic form's single-assignment rows), so the compiled program depends on (steps, rows, pool)
+bucket, chunk and window only: no parameter or topology edit inside the bucket compiles.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .opcodes import OPS, Family, Op
+from .tape import Tape
+
+__all__ = ["CellPlan", "CellsProgram", "CellsRunner", "cells_unsupported", "cells_unsupported_tape", "lipschitz",
+           "lipschitz_rows", "cell_grid", "PIECE", "PER_CALL", "CELL_POINTS", "MARGIN"]
+
+CELL_POINTS = 512     # the grid is chosen for about this many points a cell
+MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
+PIECE = 512           # points a piece (one cell's run; larger cells run as several pieces)
+PER_CALL = 16         # pieces a call
+CENTRES = 512         # cell centres a call of the rows program
+
+
+def _ops():
+    from . import jax_walker as jw
+    return jw._GENERIC_OPS, jw._BRANCHES, jw.GENERIC_PARAMS
+
+
+_MINMAX = {Op.UNION: "min", Op.MIN: "min", Op.INTERSECT: "max", Op.MAX: "max"}
+_LIP1_SHAPES = {Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.CAPPED_CONE, Op.CAPSULE, Op.TORUS}
+_LIP_COMBINE = {Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.XOR, Op.OFFSET, Op.SHELL, Op.SMOOTH_UNION,
+                Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE, Op.MIN, Op.MAX, Op.COPY}
+
+
+def lipschitz_rows(steps: np.ndarray, pool: np.ndarray) -> dict:
+    """A Lipschitz bound in the point of every value row of the generic layout's ``steps`` (rows as
+    in ``_GenericTape``): shapes, culls and combines under the point ops; inf where a row's value
+    comes through an op without one (arithmetic, ellipsoids, FIELD_RESULT)."""
+    generic_ops = _ops()[0]
+    lip = {0: 1.0}        # point rows (their first row) -> the point's factor
+    val: dict[int, float] = {}
+    for row in steps.tolist():
+        op = generic_ops[row[0]]
+        ra, rb, px, prm, out = row[1], row[2], row[4], row[8], row[10]
+        lam = lip.get(px, np.inf)
+        fam = OPS[op].family
+        if fam is Family.POINT:
+            if op is Op.ROTATE:
+                q = pool[prm:prm + 4].astype(np.float64)
+                lam = lam * float(q @ q)
+            elif op is Op.MIRROR:
+                n = pool[prm:prm + 3].astype(np.float64)
+                lam = lam * (1.0 + 4.0 * float(n @ n))
+            elif op not in (Op.TRANSLATE, Op.SCALE, Op.ELONGATE):
+                lam = np.inf
+            lip[out] = lam
+        elif op in _LIP1_SHAPES or op is Op.CULL_BOX:
+            val[out] = lam
+        elif op is Op.PLANE:
+            n = pool[prm:prm + 3].astype(np.float64)
+            val[out] = lam * float(np.sqrt(n @ n))
+        elif op in _LIP_COMBINE:
+            reads = OPS[op].reads
+            val[out] = max(val.get(ra, np.inf), val.get(rb, np.inf) if "b" in reads else 0.0)
+        else:
+            val[out] = np.inf
+    return val
+
+
+def lipschitz(steps: np.ndarray, pool: np.ndarray, result: int) -> float:
+    """The Lipschitz bound of the ``result`` row (``lipschitz_rows``)."""
+    return lipschitz_rows(steps, pool).get(result, np.inf)
+
+
+def cells_unsupported(steps: np.ndarray, pool: np.ndarray, result: int) -> str | None:
+    """Why cells cannot prune this tape (None: they can)."""
+    if not np.isfinite(lipschitz(steps, pool, result)):
+        return "no Lipschitz bound (arithmetic, ellipsoids or a transform without one)"
+    return None
+
+
+def cells_unsupported_tape(tape: Tape) -> str | None:
+    """``cells_unsupported`` of a tape the generic form supports (else the generic form's reason)."""
+    from .jax_walker import _GenericTape, generic_unsupported
+    why = generic_unsupported(tape)
+    if why:
+        return why
+    g = _GenericTape(tape)
+    return cells_unsupported(g.prog[:g.n_steps], tape.params, g.result)
+
+
+class _Structure:
+    """What the plan needs of one tape structure: the min / max tree (its operand rows and the
+    parent step of each) and the value rows each step reads."""
+
+    def __init__(self, steps: np.ndarray, result: int):
+        generic_ops = _ops()[0]
+        ops = [generic_ops[b] for b in steps[:, 0].tolist()]
+        self.n = len(steps)
+        producer, readers = set(), {}
+        self.value_reads = []
+        for s, (op, row) in enumerate(zip(ops, steps.tolist())):
+            reads = "" if op is Op.CULL_BOX else OPS[op].reads    # (the generic cull reads no value)
+            rr = [row[1 + k] for k, f in enumerate("abc") if f in reads]
+            self.value_reads.append(rr)
+            for r in set(rr):
+                readers[r] = readers.get(r, 0) + 1
+            if OPS[op].family is not Family.POINT:
+                producer.add(row[10])
+        # the min / max tree from the result down: operands read once, by a tree step
+        on_tree = {result}
+        self.parent = {}          # operand row -> (parent step, side 0 = a / 1 = b)
+        for s in range(self.n - 1, -1, -1):
+            row = steps[s]
+            if ops[s] in _MINMAX and int(row[10]) in on_tree and int(row[1]) != int(row[2]):
+                for side, r in enumerate((int(row[1]), int(row[2]))):
+                    if readers.get(r, 0) == 1 and r in producer:
+                        on_tree.add(r)
+                        self.parent[r] = (s, side)
+
+
+def _structure(steps: np.ndarray, result: int, _cache={}) -> _Structure:
+    key = (steps.tobytes(), result)
+    if key not in _cache:
+        if len(_cache) > 16:
+            _cache.clear()
+        _cache[key] = _Structure(steps, result)
+    return _cache[key]
+
+
+def cell_grid(n_points: int, cell_points: int) -> int:
+    """Cells per axis of the grid over the points' box: about ``cell_points`` points a cell."""
+    return max(1, int(round((n_points / cell_points) ** (1 / 3))))
+
+
+class CellPlan:
+    """The cells of ``points`` (a grid over their box) and what each keeps of ``steps`` (the
+    generic layout, unpadded; ``result`` its result row). ``rows_at(centres)`` gives every row's
+    value at the (K, 3) cell centres ((rows, K), the generic forward's). Pieces of at most
+    ``piece`` points run one cell's kept steps: ``index`` (n_pieces, piece) point indices (the
+    padding repeats a piece's first point), ``valid`` (n_pieces, piece) bool, ``items``
+    (n_pieces, n_steps_bucket, 2) int32 (step, rewrite: 0 none, 1 b <- a, 2 a <- b), ``n_items``
+    (n_pieces,)."""
+
+    def __init__(self, steps: np.ndarray, result: int, pool: np.ndarray, points: np.ndarray, rows_at,
+                 piece: int, steps_bucket: int, cell_points: int | None = None, extent: float = 1.0):
+        pts = np.asarray(points, np.float32)
+        n, S = len(pts), len(steps)
+        lo, hi = pts.min(0).astype(np.float64), pts.max(0).astype(np.float64)
+        g = cell_grid(n, cell_points or CELL_POINTS)
+        size = np.maximum((hi - lo) / g, 1e-30)
+        ijk = np.clip(((pts - lo) / size).astype(np.int64), 0, g - 1)
+        cid = (ijk[:, 0] * g + ijk[:, 1]) * g + ijk[:, 2]
+        order = np.argsort(cid, kind="stable")
+        _, first, counts = np.unique(cid[order], return_index=True, return_counts=True)
+        K = len(first)
+        cmin = np.minimum.reduceat(pts[order], first, axis=0).astype(np.float64)
+        cmax = np.maximum.reduceat(pts[order], first, axis=0).astype(np.float64)
+        centre = ((cmin + cmax) * 0.5).astype(np.float32)
+        half = np.sqrt((((cmax - cmin) * 0.5) ** 2).sum(1)) * (1 + 1e-6)
+        st = _structure(steps, result)
+        rewrite = np.zeros((K, S), np.int8)
+        gone: dict[int, np.ndarray] = {}
+        lips = lipschitz_rows(steps, pool)
+        L = lips.get(result, np.inf)
+        if st.parent and np.isfinite(L):
+            V = np.asarray(rows_at(centre), np.float64)
+            cv = V[result]
+            upper = cv + L * half
+            slack = MARGIN * (extent + np.abs(cv) + L * half + 1.0)
+            for r in st.parent:
+                lr = lips.get(r, np.inf)
+                if np.isfinite(lr):
+                    g_r = V[r] - lr * half > upper + slack
+                    if g_r.any():
+                        gone[r] = g_r
+        # a dropped operand's parent reads the other operand twice, unless the parent is dropped too
+        none = np.zeros(K, bool)
+        for r, g_r in gone.items():
+            s, side = st.parent[r]
+            keep = g_r & ~gone.get(int(steps[s, 10]), none)
+            rewrite[keep, s] = 1 if side == 1 else 2
+        # liveness from the result, per cell
+        live_row = {result: np.ones(K, bool)}
+        live = np.zeros((K, S), bool)
+        for s in range(S - 1, -1, -1):
+            row = steps[s]
+            lv = live_row.get(int(row[10]))
+            if lv is None:
+                continue
+            live[:, s] = lv
+            rw = rewrite[:, s]
+            rr = st.value_reads[s]
+            for k, r in enumerate(rr):
+                need = lv & (rw != (2 if k == 0 else 1)) if k < 2 and len(rr) >= 2 else lv
+                cur = live_row.get(r)
+                live_row[r] = need if cur is None else (cur | need)
+            p = int(row[4])
+            if p != 0:
+                cur = live_row.get(p)
+                live_row[p] = lv if cur is None else (cur | lv)
+        kept = live.sum(1)
+        self.kept, self.n_cells, self.n_points = kept, K, n
+        self.point_steps = int((kept * counts).sum())
+        # pieces: each cell's points in runs of at most `piece`
+        pieces = -(-counts // piece)
+        cell_of = np.repeat(np.arange(K), pieces)
+        start = np.repeat(first, pieces) + (np.arange(len(cell_of)) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * piece
+        stop = np.minimum(start + piece, np.repeat(first + counts, pieces))
+        j = np.arange(piece)
+        pos = start[:, None] + j[None, :]
+        self.valid = pos < stop[:, None]
+        pos = np.where(self.valid, pos, start[:, None])
+        self.index = order[pos]
+        step_order = np.argsort(~live, axis=1, kind="stable")[:, :steps_bucket].astype(np.int32)
+        rw = np.take_along_axis(rewrite, step_order, 1)
+        items = np.stack([step_order, rw.astype(np.int32)], -1)
+        self.items = items[cell_of]
+        self.n_items = kept[cell_of].astype(np.int32)
+
+
+def _rows_program(bucket: tuple):
+    """forward(pool, prog, head, x, y, z) -> every row's value (rows, C): the generic sweep."""
+    _, branches, n_prm = _ops()
+    n_rows = bucket[1]
+
+    def forward(pool, prog, head, x, y, z):
+        V = jnp.zeros((n_rows, x.shape[0]), jnp.float32)
+        V = V.at[0].set(x).at[1].set(y).at[2].set(z).at[3].set(jnp.ones_like(x))
+        M = jnp.zeros((n_rows, x.shape[0]), jnp.int32)
+
+        def step(t, vm):
+            V, M = vm
+            row = prog[t]
+            vals = jnp.stack([V[row[1]], V[row[2]], V[row[3]]])
+            mats = jnp.stack([M[row[1]], M[row[2]], M[row[3]]])
+            p = jnp.stack([V[row[4 + k]] for k in range(4)])
+            prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
+            out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
+            return lax.dynamic_update_slice(V, out, (row[10], 0)), lax.dynamic_update_slice(M, outm, (row[10], 0))
+
+        return lax.fori_loop(0, head[0], step, (V, M))[0]
+    return forward
+
+
+class CellsProgram:
+    """The jitted cell programs of one generic capacity bucket: pieces of ``piece`` points, ``per_call``
+    pieces a call (a scan over them carrying one row file, never cleared: every row a piece reads
+    it wrote first). ``values``, ``vjp`` (weights -> the pool gradient), ``grads`` (values,
+    materials, df/dx, the weighted pool gradient, forward tangents along pool directions) and
+    ``rows`` (the centres' rows for the plan)."""
+
+    def __init__(self, bucket: tuple, piece: int, per_call: int, compiler_options=None):
+        _, branches, n_prm = _ops()
+        self.bucket, self.piece, self.per_call = bucket, piece, per_call
+        n_rows, P = bucket[1], piece
+
+        def row_of(prog, item):
+            row = prog[item[0]]
+            ia, ib, rw = row[1], row[2], item[1]
+            return row, jnp.where(rw == 2, ib, ia), jnp.where(rw == 1, ia, ib)
+
+        def gather(V, M, row, ia, ib):
+            vals = jnp.stack([V[ia], V[ib], V[row[3]]])
+            mats = jnp.stack([M[ia], M[ib], M[row[3]]])
+            p = jnp.stack([V[row[4 + k]] for k in range(4)])
+            return vals, mats, p
+
+        def start(V, pts):
+            return V.at[0].set(pts[:, 0]).at[1].set(pts[:, 1]).at[2].set(pts[:, 2]).at[3].set(jnp.ones(P, jnp.float32))
+
+        def forward(pool, prog, items, n, V, M, pts):
+            V = start(V, pts)
+
+            def step(t, vm):
+                V, M = vm
+                row, ia, ib = row_of(prog, items[t])
+                vals, mats, p = gather(V, M, row, ia, ib)
+                prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
+                out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
+                return (lax.dynamic_update_slice(V, out, (row[10], 0)),
+                        lax.dynamic_update_slice(M, outm, (row[10], 0)))
+            return lax.fori_loop(0, n, step, (V, M))
+
+        def backward(pool, prog, items, n, V, M, G, dpool, g, result):
+            """G comes and goes all zero: a step's output rows are cleared once read."""
+            G = G.at[result].set(g)
+
+            def step(k, gd):
+                G, dpool = gd
+                row, ia, ib = row_of(prog, items[n - 1 - k])
+                vals, mats, p = gather(V, M, row, ia, ib)
+                prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
+                gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
+
+                def branch_vjp(fn):
+                    def run(vals, p, prm, gout):
+                        _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], vals, p, prm)
+                        return back(gout)
+                    return run
+                dvals, dp, dprm = lax.switch(row[0], [branch_vjp(fn) for fn in branches], vals, p, prm, gout)
+                # one scatter after the reads: the output rows cleared (g - g), the operands' added
+                out = row[10]
+                targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
+                G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp]), mode="promise_in_bounds")
+                cur = lax.dynamic_slice(dpool, (row[8],), (n_prm,))
+                return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
+
+            G, dpool = lax.fori_loop(0, n, step, (G, dpool))
+            dx = G[0:3]
+            return G.at[0:4].set(0.0), dpool, dx
+
+        def tangent(pool, tpool, prog, items, n, V, M, T):
+            T = T.at[0:4].set(0.0)
+
+            def step(t, T):
+                row, ia, ib = row_of(prog, items[t])
+                vals, mats, p = gather(V, M, row, ia, ib)
+                tv, _, tp = gather(T, M, row, ia, ib)
+                prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
+                tprm = lax.dynamic_slice(tpool, (row[8],), (n_prm,))
+
+                def branch_jvp(fn):
+                    def run(vals, p, prm, tv, tp, tprm):
+                        return jax.jvp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], (vals, p, prm),
+                                       (tv, tp, tprm))[1]
+                    return run
+                tout = lax.switch(row[0], [branch_jvp(fn) for fn in branches], vals, p, prm, tv, tp, tprm)
+                return lax.dynamic_update_slice(T, tout, (row[10], 0))
+            return lax.fori_loop(0, n, step, T)
+
+        def files():
+            return jnp.zeros((n_rows, P), jnp.float32), jnp.zeros((n_rows, P), jnp.int32)
+
+        def values(pool, prog, items, n_items, pts, result):
+            def one(vm, xs):
+                it, n, pc = xs
+                V, M = forward(pool, prog, it, n, *vm, pc)
+                return (V, M), (V[result], M[result])
+            _, (d, m) = lax.scan(one, files(), (items, n_items, pts))
+            return d, m
+
+        def vjp(pool, prog, items, n_items, pts, w, result):
+            def one(carry, xs):
+                V, M, G, dpool = carry
+                it, n, pc, wc = xs
+                V, M = forward(pool, prog, it, n, V, M, pc)
+                G, dpool, _ = backward(pool, prog, it, n, V, M, G, dpool, wc, result)
+                return (V, M, G, dpool), V[result]
+            V, M = files()
+            _, d = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, n_items, pts, w))
+            return d, _[3]
+
+        def grads(pool, prog, items, n_items, pts, w, tangents, result):
+            def one(carry, xs):
+                V, M, G, dpool = carry
+                it, n, pc, wc = xs
+                V, M = forward(pool, prog, it, n, V, M, pc)
+                G, dpool, _ = backward(pool, prog, it, n, V, M, G, dpool, wc, result)
+                G, _, dx = backward(pool, prog, it, n, V, M, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
+                per = jax.vmap(lambda t: tangent(pool, t, prog, it, n, V, M, jnp.zeros_like(V))[result])(tangents)
+                return (V, M, G, dpool), (V[result], M[result], dx.T, per)
+            V, M = files()
+            (_, _, _, dpool), (d, m, dx, per) = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)),
+                                                          (items, n_items, pts, w))
+            return d, m, dx, dpool, per
+
+        fwd_rows = _rows_program(bucket)
+        jit = functools.partial(jax.jit, compiler_options=compiler_options)
+        self.values = jit(values)
+        self.vjp = jit(vjp)
+        self.grads = jit(grads)
+        self.rows = jit(lambda pool, prog, head, p: fwd_rows(pool, prog, head, p[:, 0], p[:, 1], p[:, 2]))
+
+
+
+class CellsRunner:
+    """The cell form over one generic capacity bucket's programs (kept per bucket): plans a call's
+    cells and runs them in calls of PER_CALL pieces; results scattered back to the points."""
+
+    def __init__(self, compiler_options=None):
+        self.compiler_options = compiler_options
+        self._programs: dict = {}
+        self.last_plan: CellPlan | None = None
+
+    def program(self, bucket: tuple) -> CellsProgram:
+        prog = self._programs.get(bucket)
+        if prog is None:
+            prog = self._programs[bucket] = CellsProgram(bucket, PIECE, PER_CALL, self.compiler_options)
+        return prog
+
+    def plan(self, generic, tape: Tape, pts: np.ndarray) -> tuple[CellsProgram, tuple, CellPlan]:
+        prog = self.program(generic.bucket)
+        args = generic.args(tape)
+        pool, steps_all = args[0], args[1]
+        head = args[2]
+
+        def rows_at(centres):
+            out = []
+            for s in range(0, len(centres), CENTRES):
+                c = np.empty((CENTRES, 3), np.float32)
+                part = centres[s:s + CENTRES]
+                c[:len(part)] = part
+                c[len(part):] = part[0]
+                out.append(np.asarray(prog.rows(pool, steps_all, head, c))[:, :len(part)])
+            return np.concatenate(out, 1)
+        b = tape.bounds
+        extent = float(np.linalg.norm(b[1] - b[0])) if np.all(np.isfinite(b)) else 1.0
+        plan = CellPlan(steps_all[:generic.n_steps], generic.result, tape.params, pts, rows_at, PIECE,
+                        generic.bucket[0], extent=extent)
+        self.last_plan = plan
+        return prog, args, plan
+
+    @staticmethod
+    def _calls(plan: CellPlan, *per_piece):
+        """Per-piece arrays in groups of PER_CALL (the last group padded with empty pieces)."""
+        n = len(plan.n_items)
+        for s in range(0, n, PER_CALL):
+            e = min(n, s + PER_CALL)
+            out = []
+            for a in per_piece:
+                blk = np.zeros((PER_CALL,) + a.shape[1:], a.dtype)
+                blk[:e - s] = a[s:e]
+                out.append(blk)
+            yield s, e, out
+
+    def evaluate(self, generic, tape: Tape, pts: np.ndarray):
+        prog, args, plan = self.plan(generic, tape, pts)
+        d = np.empty(len(pts), np.float32)
+        m = np.empty(len(pts), np.int32)
+        res = []
+        for s, e, (items, n, p) in self._calls(plan, plan.items, plan.n_items, pts[plan.index]):
+            res.append((s, e, prog.values(args[0], args[1], items, n, p, generic.result)))
+        for s, e, (dd, mm) in res:
+            ok = plan.valid[s:e]
+            d[plan.index[s:e][ok]] = np.asarray(dd)[:e - s][ok]
+            m[plan.index[s:e][ok]] = np.asarray(mm)[:e - s][ok]
+        return d, m
+
+    def vjp(self, generic, tape: Tape, pts: np.ndarray, w: np.ndarray):
+        prog, args, plan = self.plan(generic, tape, pts)
+        d = np.empty(len(pts), np.float32)
+        wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
+        res = []
+        for s, e, (items, n, p, ww) in self._calls(plan, plan.items, plan.n_items, pts[plan.index], wp):
+            res.append((s, e, prog.vjp(args[0], args[1], items, n, p, ww, generic.result)))
+        dpool = np.zeros(len(args[0]), np.float64)
+        for s, e, (dd, dp) in res:
+            ok = plan.valid[s:e]
+            d[plan.index[s:e][ok]] = np.asarray(dd)[:e - s][ok]
+            dpool += np.asarray(dp)
+        return d, dpool.astype(np.float32)
+
+    def grads(self, generic, tape: Tape, pts: np.ndarray, w: np.ndarray, tangents: np.ndarray):
+        prog, args, plan = self.plan(generic, tape, pts)
+        N = len(pts)
+        d, m = np.empty(N, np.float32), np.empty(N, np.int32)
+        dx, per = np.empty((N, 3), np.float32), np.empty((len(tangents), N), np.float32)
+        wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
+        res = []
+        for s, e, (items, n, p, ww) in self._calls(plan, plan.items, plan.n_items, pts[plan.index], wp):
+            res.append((s, e, prog.grads(args[0], args[1], items, n, p, ww, tangents, generic.result)))
+        dpool = np.zeros(len(args[0]), np.float64)
+        for s, e, (dd, mm, gx, dp, pp) in res:
+            ok = plan.valid[s:e]
+            idx = plan.index[s:e][ok]
+            d[idx] = np.asarray(dd)[:e - s][ok]
+            m[idx] = np.asarray(mm)[:e - s][ok]
+            dx[idx] = np.asarray(gx)[:e - s][ok]
+            per[:, idx] = np.moveaxis(np.asarray(pp)[:e - s], 1, 0)[:, ok]
+            dpool += np.asarray(dp)
+        return d, m, dx, dpool.astype(np.float32), per

@@ -1,0 +1,146 @@
+"""The JAX walker's cell form (runtime/jax_cells.py): each cell of points runs only the records
+that can matter there. Its values, materials and derivatives equal the unpruned generic form's
+(and agree with the twin and with its central differences); edits of parameters and of the
+topology inside a bucket compile nothing; tapes without a Lipschitz bound run the generic form."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+
+from taperay.runtime import conformance as C                          # noqa: E402
+from taperay.runtime import jax_cells                                 # noqa: E402
+from taperay.runtime.jax_walker import JaxWalker, _GenericTape, compile_stats  # noqa: E402
+from taperay.runtime.opcodes import Op                                # noqa: E402
+from taperay.scenegraph import (Param, box, capsule, flatten, smooth_union, sphere,  # noqa: E402
+                                torus, union)
+
+
+def _scene(parts: int = 12, seed: int = 3, variant: int | None = None):
+    """Moved spheres, boxes and capsules blended in pairs and unioned (flatten adds culled
+    unions); ``variant`` k: part k a torus (a topology edit)."""
+    rng = np.random.default_rng(seed)
+    nodes = []
+    for i in range(parts):
+        r = Param(f"r{i}", float(rng.uniform(0.15, 0.3)))
+        kind = i % 3
+        shape = (torus(r, 0.05) if variant == i else sphere(r) if kind == 0 else box(r, 0.15, 0.1) if kind == 1
+                 else capsule((0, 0, -0.1), (0, 0, 0.1), r))
+        nodes.append(shape.translate(*rng.uniform(-1.5, 1.5, 3)))
+    return union(*[smooth_union(a, b, k=0.1) for a, b in zip(nodes[0::2], nodes[1::2])])
+
+
+def _lattice(tape, n=16, jitter=0.0, seed=0):
+    lo, hi = tape.bounds
+    axes = [np.linspace(lo[k], hi[k], n, dtype=np.float32) for k in range(3)]
+    pts = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    if jitter:
+        pts = pts + np.random.default_rng(seed).uniform(-jitter, jitter, pts.shape).astype(np.float32)
+    return pts
+
+
+@pytest.fixture(scope="module")
+def small_cells():
+    """Cells of about 64 points (many cells on a few thousand points), restored afterwards."""
+    old = jax_cells.CELL_POINTS
+    jax_cells.CELL_POINTS = 64
+    yield
+    jax_cells.CELL_POINTS = old
+
+
+@pytest.fixture(scope="module")
+def walker_cells(small_cells):
+    return JaxWalker(form="cells")
+
+
+@pytest.fixture(scope="module")
+def walker_generic():
+    return JaxWalker(form="generic")
+
+
+def test_cells_prune_and_equal_the_generic_form(walker_cells, walker_generic, walker_cpu):
+    tape = flatten(_scene(), source="blended pairs")
+    pts = _lattice(tape, 16, jitter=0.05)
+    assert walker_cells.form_for(tape, True, len(pts)) == "cells"
+    d, m = walker_cells.evaluate(tape, pts)
+    plan = walker_cells._cells.last_plan
+    n_steps = _GenericTape(tape).n_steps
+    assert plan.n_cells > 20 and plan.kept.min() < 0.5 * n_steps and plan.kept.mean() < 0.9 * n_steps   # it prunes
+    gd, gm = walker_generic.evaluate(tape, pts)
+    np.testing.assert_array_equal(d, gd)
+    np.testing.assert_array_equal(m, gm)
+    assert m.dtype == np.uint32
+    # and the twin, within the conformance tolerances
+    rd, rm = walker_cpu.evaluate(tape, pts)
+    assert C.within_tolerance(rd, d, C.tape_tolerance(tape, C.SCENE_PROPAGATION), 1.0).all()
+    assert np.mean(rm != m) <= C.MATERIAL_MAX
+    # reverse mode: the values and the weighted pool gradient
+    w = np.random.default_rng(1).normal(size=len(pts)).astype(np.float32)
+    cv, cp = walker_cells.vjp(tape, pts, w)
+    gv, gp = walker_generic.vjp(tape, pts, w)
+    np.testing.assert_array_equal(cv, gv)
+    np.testing.assert_allclose(cp, gp, rtol=1e-4, atol=1e-4 * np.abs(gp).max())
+    # value_and_grad: df/dx, the pool gradient and forward mode per name
+    names = ["r0", "r3", "r7"]
+    a, b = walker_cells.value_and_grad(tape, pts, weights=w, names=names), \
+        walker_generic.value_and_grad(tape, pts, weights=w, names=names)
+    np.testing.assert_array_equal(a.value, b.value)
+    np.testing.assert_array_equal(a.material, b.material)
+    np.testing.assert_allclose(a.dx, b.dx, atol=1e-6)
+    np.testing.assert_allclose(a.dpool, b.dpool, rtol=1e-4, atol=1e-4 * np.abs(b.dpool).max())
+    for nm in names:
+        np.testing.assert_allclose(a.per_point[nm], b.per_point[nm], atol=1e-6, err_msg=nm)
+        np.testing.assert_allclose(a.dnamed[nm], b.dnamed[nm], rtol=1e-4, atol=1e-4)
+
+
+def test_cells_gradients_agree_with_twin_finite_differences(walker_cells, walker_cpu):
+    tape = flatten(_scene(), source="blended pairs")
+    pts = _lattice(tape, 16, jitter=0.05, seed=2)
+    g = walker_cells.value_and_grad(tape, pts, names=["r0", "r1", "r4"])
+    h = 1e-3
+    for name in ("r0", "r1", "r4"):
+        up, down = tape.params.astype(np.float64).copy(), tape.params.astype(np.float64).copy()
+        up[tape.names[name]] += h
+        down[tape.names[name]] -= h
+        fd = (walker_cpu.evaluate(dataclasses.replace(tape, params=up.astype(np.float32), refit=None), pts)[0]
+              .astype(np.float64)
+              - walker_cpu.evaluate(dataclasses.replace(tape, params=down.astype(np.float32), refit=None), pts)[0]) / (2 * h)
+        # per point, away from the kinks (where one-sided differences disagree) ...
+        smooth = np.abs(fd) < 2.0
+        assert smooth.mean() > 0.95
+        close = np.abs(g.per_point[name][smooth] - fd[smooth]) < 3e-3
+        assert close.mean() > 0.99, name
+        # ... and the total (the sum over the points: kinks are a few points)
+        assert abs(g.dnamed[name] - fd.sum()) <= 0.02 * max(1.0, abs(fd.sum())), name
+
+
+def test_cells_edits_compile_nothing(walker_cells):
+    tape = flatten(_scene(), source="blended pairs")
+    pts = _lattice(tape, 16)
+    w = np.ones(len(pts), np.float32)
+    walker_cells.evaluate(tape, pts)
+    walker_cells.vjp(tape, pts, w)
+    before = compile_stats()["compiles"]
+    rng = np.random.default_rng(7)
+    for k in range(5):                                   # parameter edits: the pruning changes
+        tape.set_param(f"r{k}", float(rng.uniform(0.1, 0.4)))
+        walker_cells.evaluate(tape, pts)
+        walker_cells.vjp(tape, pts, w)
+    for k in (0, 3, 6):                                  # topology edits inside the bucket (sphere -> torus)
+        edited = flatten(_scene(variant=k), source="blended pairs")
+        walker_cells.evaluate(edited, pts)
+        walker_cells.vjp(edited, pts, w)
+    assert compile_stats()["compiles"] == before
+
+
+def test_tapes_without_a_lipschitz_bound_run_the_generic_form(walker_cells, walker_generic):
+    tape = C.op_tape(Op.SIN, np.random.default_rng(0))
+    assert jax_cells.cells_unsupported_tape(tape)
+    assert walker_cells.form_for(tape, True, 10 ** 6) == "generic"
+    pts = np.random.default_rng(0).uniform(-1, 1, (500, 3)).astype(np.float32)
+    np.testing.assert_array_equal(walker_cells.evaluate(tape, pts)[0], walker_generic.evaluate(tape, pts)[0])
+    assert JaxWalker().form_for(flatten(_scene()), True, 10 ** 5) == "cells"
+    assert JaxWalker().form_for(flatten(_scene()), True, 100) == "generic"
+    assert not jax_cells.cells_unsupported_tape(flatten(smooth_union(sphere(1), box(0.5, 0.5, 0.5).rotate(
+        (0, 0, 1), 30).translate(0.5, 0, 0), k=0.2)))
