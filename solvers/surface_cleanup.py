@@ -21,13 +21,23 @@ __all__ = ["collapse_short_edges"]
 _FLIP_COS = 0.1     # a triangle whose normal turns by more than ~84 degrees in a collapse is folded
 
 
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cross products of (k, 3) arrays (np.cross's products, without its axis moves)."""
+    return np.stack([a[:, 1] * b[:, 2] - a[:, 2] * b[:, 1], a[:, 2] * b[:, 0] - a[:, 0] * b[:, 2],
+                     a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]], axis=1)
+
+
+def _normals(x: np.ndarray) -> np.ndarray:
+    """Unnormalised normals of the (k, 3, 3) triangles ``x``."""
+    return _cross(x[:, 1] - x[:, 0], x[:, 2] - x[:, 0])
+
+
 def _sharpness(v: np.ndarray, tris: np.ndarray) -> float:
     """How sharply a vertex's faces turn: 1 - the least cosine between a face normal and their mean."""
-    x = v[tris]
-    n = np.cross(x[:, 1] - x[:, 0], x[:, 2] - x[:, 0])
-    n = n / np.maximum(np.linalg.norm(n, axis=1, keepdims=True), 1e-300)
+    n = _normals(v[tris])
+    n = n / np.maximum(np.sqrt((n * n).sum(1)), 1e-300)[:, None]
     mean = n.sum(0)
-    mean /= max(np.linalg.norm(mean), 1e-300)
+    mean /= max(np.sqrt(mean @ mean), 1e-300)
     return float(1.0 - (n @ mean).min())
 
 
@@ -80,12 +90,12 @@ def collapse_short_edges(vertices: np.ndarray, faces: np.ndarray, tolerance: flo
 
 def _folds(v: np.ndarray, f: np.ndarray, tris: set[int], ends: tuple[int, int], to: np.ndarray) -> bool:
     """Whether moving both ``ends`` to ``to`` turns one of ``tris`` over (or flattens it to a line)."""
-    for t in tris:
-        p = v[f[t]].copy()
-        p[np.isin(f[t], ends)] = to
-        before = np.cross(v[f[t][1]] - v[f[t][0]], v[f[t][2]] - v[f[t][0]])
-        after = np.cross(p[1] - p[0], p[2] - p[0])
-        scale = np.linalg.norm(before) * np.linalg.norm(after)
-        if scale == 0 or before @ after <= _FLIP_COS * scale:
-            return True
-    return False
+    if not tris:
+        return False
+    corners = f[list(tris)]
+    before = v[corners]
+    after = before.copy()
+    after[(corners == ends[0]) | (corners == ends[1])] = to
+    nb, na = _normals(before), _normals(after)
+    scale = np.sqrt((nb * nb).sum(1)) * np.sqrt((na * na).sum(1))
+    return bool(np.any((scale == 0) | ((nb * na).sum(1) <= _FLIP_COS * scale)))
