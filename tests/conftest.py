@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from taperay.runtime.cpu import CpuWalker
 
@@ -20,6 +21,12 @@ WALKER_CAPABILITIES = {"cpu": frozenset({"evaluate", "gradient", "render"}),
                        "gpu": frozenset({"evaluate", "gradient", "render", "upload"}),
                        "jax": frozenset({"evaluate", "gradient", "derivatives"})}
 DEFAULT_NEEDS = ("render",)
+
+# Property tests draw the same examples on every run ("fixed": a failure reproduces, CI's verdict
+# does not depend on luck); HYPOTHESIS_PROFILE=explore draws new ones each run, to look for more.
+hypothesis_settings.register_profile("fixed", derandomize=True)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 def pytest_configure(config):
