@@ -76,19 +76,22 @@ def grid_cell_boxes(lo, hi, size, ijk) -> tuple[np.ndarray, np.ndarray]:
 @njit(parallel=True, **_JIT)
 def _prune_cells(code, imm, n_regs, choices, sides, tcodes, timms, starts):
     """Every cell's pruned tape: cell c (column c of choices, sides[:, :, c]) into tcodes[c] /
-    timms[c] from starts[c] on."""
+    timms[c] from starts[c] on. (A parallel kernel takes no tuple arguments: Numba's parallel
+    loops lost the writes to ``starts`` unpacked from one.)"""
     n = code.shape[0]
     for c in prange(choices.shape[1]):
-        starts[c] = prune_records(code, imm, np.int64(0), n, choices[:, c], sides[:, :, c], np.empty(n_regs, np.bool_), tcodes[c],
-                           timms[c], np.empty(n, np.int32))
+        starts[c] = prune_records(code, imm, np.int64(0), n, choices[:, c], sides[:, :, c], np.empty(n_regs, np.bool_),
+                                  (tcodes[c], timms[c], np.empty(n, np.int32)))
 
 
 @njit(**_JIT)
-def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm, lengths, lower, first):
-    """The 64 sub-cells (boxes: (6, 64)) of one cell whose pruned tape is tcode / timm [start, n):
-    their tapes' lengths into lengths[first:first + 64], or with ``write`` the tapes into
-    fcode / fimm from offsets[first + k] (the lengths pass and the writing pass must agree: both
-    are deterministic); either pass writes their intervals' lower bounds into lower[first:...]."""
+def _subcells_of(tcode, timm, start, n_regs, boxes, write, sub, first):
+    """The 64 sub-cells (boxes: (6, 64)) of one cell whose pruned tape is tcode / timm [start, n),
+    into ``sub`` (offsets, fcode, fimm, lengths, lower): their tapes' lengths into
+    lengths[first:first + 64], or with ``write`` the tapes into fcode / fimm from
+    offsets[first + k] (the lengths pass and the writing pass must agree: both are deterministic);
+    either pass writes their intervals' lower bounds into lower[first:...]."""
+    offsets, fcode, fimm, lengths, lower = sub
     n = tcode.shape[0]
     box = np.empty((6, LANES), np.float32)
     lo = np.zeros((n_regs, LANES), np.float32)    # (zeros: the result never depends on stale memory)
@@ -100,14 +103,14 @@ def _subcells_of(tcode, timm, start, n_regs, boxes, write, offsets, fcode, fimm,
     choices = np.zeros((n, 64), np.uint8)
     sides = np.zeros((n, 3, 64), np.float32)
     for g in range(0, 64, LANES):
-        boxes_group(tcode, timm, start, n, boxes, g, box, lo, hi, ch, sd, out_lo, out_hi, choices, sides)
+        boxes_group(tcode, timm, start, n, boxes, g, (box, lo, hi, ch, sd), (out_lo, out_hi, choices, sides))
     lower[first:first + 64] = out_lo
     live = np.empty(n_regs, np.bool_)
     oc = np.empty((n, 5), np.int32)
     oi = np.empty(n, np.float32)
     src = np.empty(n, np.int32)
     for k in range(64):
-        w = prune_records(tcode, timm, start, n, choices[:, k], sides[:, :, k], live, oc, oi, src)
+        w = prune_records(tcode, timm, start, n, choices[:, k], sides[:, :, k], live, (oc, oi, src))
         if not write:
             lengths[first + k] = n - w
         else:
@@ -121,11 +124,11 @@ def _prune_subcells(tcodes, timms, starts, n_regs, sub_boxes, write, offsets, fc
     """The 64 sub-cells of each grid cell c (sub-cell boxes sub_boxes[:, 64 c : 64 c + 64]), each
     pruned from cell c's pruned tape (tcodes[c] / timms[c] from starts[c]): their lengths into
     ``lengths``, or with ``write`` the sub-tapes into fcode / fimm from offsets[64 c + k]; their
-    intervals' lower bounds into ``lower`` (empty-space skipping). (No None arguments: Numba's
-    parallel loops mishandle them.)"""
+    intervals' lower bounds into ``lower`` (empty-space skipping). (No None or tuple arguments:
+    Numba's parallel loops mishandle them.)"""
     for c in prange(tcodes.shape[0] - 1):      # (not the outside cell: it has no sub-cells)
         boxes = np.ascontiguousarray(sub_boxes[:, 64 * c:64 * c + 64])   # (C: one boxes_group signature)
-        _subcells_of(tcodes[c], timms[c], starts[c], n_regs, boxes, write, offsets, fcode, fimm, lengths, lower,
+        _subcells_of(tcodes[c], timms[c], starts[c], n_regs, boxes, write, (offsets, fcode, fimm, lengths, lower),
                      64 * c)
 
 
@@ -143,7 +146,7 @@ def _cells_points_kernel(fcode, fimm, first, end, n_regs, pts, order, seg, ids, 
         work = np.empty((n_regs + 5, block), np.float32)
         for u in range(r * n_seg // runs, (r + 1) * n_seg // runs):
             c = ids[u]
-            eval_run(fcode, fimm, first[c], end[c], pts, order, seg[u], seg[u + 1], work, out)
+            eval_run(fcode, fimm, first[c], end[c], pts, order[seg[u]:seg[u + 1]], work, out)
 
 
 @njit(**_JIT)
@@ -259,8 +262,8 @@ class CellTapes:
         cell proves it."""
         out = np.empty(len(live), np.float32)
         if len(live):
-            _skip_kernel(o, d, t, live, pts, self.lo, self.cell, self.fine, self.grid, self.levels, self.skip_lo,
-                         self.skip_hi, self.skip_lower, np.float32(eps), np.float32(scale), np.float32(cone), out)
+            table = (self.lo, self.cell, self.fine, self.grid, self.levels, self.skip_lo, self.skip_hi, self.skip_lower)
+            _skip_kernel((o, d, t), live, pts, table, (np.float32(eps), np.float32(scale), np.float32(cone)), out)
         return out
 
     def evaluate(self, pts: np.ndarray) -> np.ndarray:
@@ -274,10 +277,15 @@ class CellTapes:
 
 
 @njit(**_JIT)
-def _skip_kernel(o, d, t, live, pts, lo, cell, fine, grid, levels, box_lo, box_hi, lower, eps, scale, cone, out):
-    """CellTapes.skip_to for every point: out[q] for the step of ray live[q] at pts[q]; the
-    boxes and lower bounds of level 0 (grid^3 cells) then, with levels 2, of the sub-cells (64 a
-    cell, sub-cell k of cell c at grid^3 + 64 c + k)."""
+def _skip_kernel(rays, live, pts, table, rule, out):
+    """CellTapes.skip_to for every point: out[q] for the step of ray live[q] (``rays``: o, d, t)
+    at pts[q], by ``rule`` (eps, scale, cone); ``table`` (lo, cell, fine, grid, levels, box_lo,
+    box_hi, lower): the finest grid's origin, cell size and count, the coarse grid and the levels,
+    and the boxes and lower bounds of level 0 (grid^3 cells) then, with levels 2, of the sub-cells
+    (64 a cell, sub-cell k of cell c at grid^3 + 64 c + k)."""
+    o, d, t = rays
+    lo, cell, fine, grid, levels, box_lo, box_hi, lower = table
+    eps, scale, cone = rule
     one_origin = o.shape[0] == 1
     shift = 2 * (levels - 1)
     n0 = grid * grid * grid

@@ -461,14 +461,16 @@ LANES = 16     # boxes interval-evaluated together (one loop per record over the
 
 
 @njit(**_JIT)
-def interval_lanes(code, imm, start, end, box, lo, hi, choices, sides):
+def interval_lanes(code, imm, start, end, lanes):
     """Evaluate tape records code[start:end] over ``LANES`` boxes at once (a compile-time trip
     count: the lane loops unroll and vectorise; unused lanes repeat a box).
 
-    box: (6, LANES) float32 rows x_lo x_hi y_lo y_hi z_lo z_hi; lo / hi: (n_regs, LANES)
-    scratch; choices: (>=end, LANES) uint8, written for MIN / MAX / AND / OR records; sides:
-    (>=end, 3, LANES) float32, written for MIN / MAX records (their union sides, ``prune_records``), or
-    empty (0, 3, LANES): not kept. The result interval of lane k is (lo[0, k], hi[0, k])."""
+    lanes: one lane group's (box, lo, hi, choices, sides). box: (6, LANES) float32 rows x_lo x_hi
+    y_lo y_hi z_lo z_hi; lo / hi: (n_regs, LANES) scratch; choices: (>=end, LANES) uint8, written
+    for MIN / MAX / AND / OR records; sides: (>=end, 3, LANES) float32, written for MIN / MAX
+    records (their union sides, ``pruner.prune_records``), or empty (0, 3, LANES): not kept. The
+    result interval of lane k is (lo[0, k], hi[0, k])."""
+    box, lo, hi, choices, sides = lanes
     keep = sides.shape[0] > 0
     for i in range(start, end):
         op, d, a, b = code[i, 0], code[i, 1], code[i, 2], code[i, 3]
@@ -523,15 +525,17 @@ def interval_lanes(code, imm, start, end, box, lo, hi, choices, sides):
 
 
 @njit(**_JIT)
-def boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, sd, out_lo, out_hi, out_choices, out_sides):
-    """Interval-evaluate boxes[:, t0 : t0 + LANES] (fewer at the end) into out_lo / out_hi /
-    out_choices[start:end, t0:...] / out_sides[start:end, :, t0:...], with the scratch box / lo /
-    hi / ch / sd of one lane group."""
+def boxes_group(code, imm, start, end, boxes, t0, lanes, out):
+    """Interval-evaluate boxes[:, t0 : t0 + LANES] (fewer at the end) with one lane group's
+    scratch ``lanes`` (``interval_lanes``) into ``out`` = (lo, hi, choices, sides) at columns t0 on:
+    lo / hi[t0:...], choices[start:end, t0:...], sides[start:end, :, t0:...] (unless empty)."""
+    box, lo, hi, ch, sd = lanes
+    out_lo, out_hi, out_choices, out_sides = out
     K = min(LANES, boxes.shape[1] - t0)
     for k in range(LANES):
         for r in range(6):
             box[r, k] = boxes[r, t0 + min(k, K - 1)]
-    interval_lanes(code, imm, start, end, box, lo, hi, ch, sd)
+    interval_lanes(code, imm, start, end, lanes)
     for k in range(K):
         out_lo[t0 + k], out_hi[t0 + k] = lo[0, k], hi[0, k]
     for i in range(start, end):
@@ -545,16 +549,20 @@ def boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, sd, out_lo, o
 
 @njit(parallel=True, **_JIT)
 def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices, sides):
-    """Interval-evaluate code[start:end] over every box (column of ``boxes``), in lane groups."""
+    """Interval-evaluate code[start:end] over every box (column of ``boxes``), in lane groups,
+    into out_lo / out_hi / choices / sides (``boxes_group``'s ``out``). (A parallel kernel takes
+    no tuple arguments: Numba's parallel loops lost the writes to an array unpacked from one.)"""
     T = boxes.shape[1]
     for g in prange((T + LANES - 1) // LANES):
-        boxes_group(code, imm, start, end, boxes, g * LANES, np.empty((6, LANES), np.float32),
-                     np.empty((n_regs, LANES), np.float32), np.empty((n_regs, LANES), np.float32),
-                     np.empty((code.shape[0], LANES), np.uint8), np.empty((code.shape[0], 3, LANES), np.float32),
-                     out_lo, out_hi, choices, sides)
+        lanes = (np.empty((6, LANES), np.float32), np.empty((n_regs, LANES), np.float32),
+                 np.empty((n_regs, LANES), np.float32), np.zeros((code.shape[0], LANES), np.uint8),
+                 np.empty((code.shape[0], 3, LANES), np.float32))   # (zeros: 0 on records of no choice)
+        boxes_group(code, imm, start, end, boxes, g * LANES, lanes, (out_lo, out_hi, choices, sides))
 
 
 def box_rows(lo, hi) -> np.ndarray:
+    """(6, K) float32 rows x_lo x_hi y_lo y_hi z_lo z_hi of the K boxes [lo, hi] ((K, 3) or (3,)
+    each): the boxes ``box_intervals`` takes."""
     lo = np.asarray(lo, np.float32).reshape(-1, 3)
     hi = np.asarray(hi, np.float32).reshape(-1, 3)
     if lo.shape != hi.shape:

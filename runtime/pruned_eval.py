@@ -56,11 +56,14 @@ PRUNE_MIN_RECORDS = 64     # shorter tapes do not gain from pruning: evaluate_pr
 
 # ----------------------------------------------------------------------------- point interpreter
 @njit(**_JIT)
-def eval_points(code, imm, start, end, regs, px, py, pz, n, out):
-    """Arithmetic-only block interpreter: code[start:end] at n points; out[:n] = reg 0.
-    The ops reading registers are runtime.twin's ``_arith_block`` (the twin's own code); one that
-    writes a register it reads writes the scratch row past the tape's registers first (regs has
-    one row more: runtime.twin._scratch_row says why)."""
+def eval_points(code, imm, start, end, work, n):
+    """Arithmetic-only block interpreter: code[start:end] at the first n points of ``work``, an
+    (n_regs + 5, block) float32 scratch: the registers and a scratch row, then the points' x, y, z,
+    then their values (reg 0, written to work[-1, :n]). The ops reading registers are
+    runtime.twin's ``_arith_block`` (the twin's own code); one that writes a register it reads
+    writes the scratch row past the tape's registers first (runtime.twin._scratch_row says why)."""
+    regs = work[:-4]
+    px, py, pz, out = work[-4], work[-3], work[-2], work[-1]
     for i in range(start, end):
         op, d = code[i, 0], code[i, 1]
         if op == CONST:
@@ -103,21 +106,19 @@ def counting_sort(vid, n_ids):
 
 
 @njit(**_JIT)
-def eval_run(tcode, timm, s, end, pts, order, b, e, work, out):
-    """out[order[b:e]] = the tape tcode / timm [s, end) at those points, in blocks of
-    work.shape[1] points; work: (n_regs + 5, block) scratch (the registers and eval_points'
-    scratch row, then x y z and the values of a block)."""
+def eval_run(tcode, timm, s, end, pts, idx, work, out):
+    """out[idx] = the tape tcode / timm [s, end) at the points pts[idx], in blocks of
+    work.shape[1] points (``work``: eval_points')."""
     block = work.shape[1]
     px, py, pz, buf = work[-4], work[-3], work[-2], work[-1]
-    regs = work[:-4]
-    for b0 in range(b, e, block):
-        m = min(block, e - b0)
+    for b0 in range(0, idx.shape[0], block):
+        m = min(block, idx.shape[0] - b0)
         for j in range(m):
-            q = order[b0 + j]
+            q = idx[b0 + j]
             px[j], py[j], pz[j] = pts[q, 0], pts[q, 1], pts[q, 2]
-        eval_points(tcode, timm, s, end, regs, px, py, pz, m, buf)
+        eval_points(tcode, timm, s, end, work, m)
         for j in range(m):
-            out[order[b0 + j]] = buf[j]
+            out[idx[b0 + j]] = buf[j]
 
 
 @njit(**_JIT)
@@ -128,14 +129,20 @@ def _span(v, i0, i1):
 
 
 @njit(**_JIT)
-def _leaf_pixels(code, imm, start, end, regs, px, py, pz, buf, xs, ys, zf, r0, r1, c0, c1,
-                 field, sign, mode):
+def _leaf_pixels(code, imm, start, end, work, plane, tile, image):
+    """The pixels of ``tile`` (r0, r1, c0, c1) of the image on the plane (xs, ys, z): the tape
+    code / imm [start, end) at their centres, in one block (``work``: eval_points'); ``image``
+    (mode, field, sign): mode 0 writes the values into field, 1 their signs (< 0) into sign."""
+    xs, ys, zf = plane
+    r0, r1, c0, c1 = tile
+    mode, field, sign = image
+    px, py, pz, buf = work[-4], work[-3], work[-2], work[-1]
     n = np.int64(0)      # (int64 counters and arguments: no literal-typed recompiles)
     for r in range(r0, r1):
         for c in range(c0, c1):
             px[n], py[n], pz[n] = xs[c], ys[r], zf
             n += 1
-    eval_points(code, imm, start, end, regs, px, py, pz, n, buf)
+    eval_points(code, imm, start, end, work, n)
     k = 0
     for r in range(r0, r1):
         for c in range(c0, c1):
@@ -146,12 +153,102 @@ def _leaf_pixels(code, imm, start, end, regs, px, py, pz, buf, xs, ys, zf, r0, r
             k += 1
 
 
+@njit(**_JIT)
+def _walk_tile(tape, n_regs, tiles, decided, tile, plane, image, stats):
+    """One top tile (r0, r1, c0, c1), depth first: its tape is the image's (``tape``: code, imm,
+    start, end) pruned by its ``decided`` (choices, sides) columns; each level's children are
+    interval-evaluated together with their parent's pruned tape, decided ones filled (sign
+    images), the others pruned again, down to the last level's pixels (``_leaf_pixels``).
+    stats[l] += (tapes pruned, their total length) at level l."""
+    code, imm, start, end = tape
+    xs, ys, zf = plane
+    mode, _, sign = image
+    n, L = code.shape[0], tiles.shape[0]
+    kmax = 1
+    for l in range(L - 1):
+        q = (tiles[l] + tiles[l + 1] - 1) // tiles[l + 1]
+        kmax = max(kmax, q * q)
+    groups = (kmax + LANES - 1) // LANES
+    pmax = tiles[L - 1] * tiles[L - 1]
+    tcode = np.empty((L, n, 5), np.int32)
+    timm = np.empty((L, n), np.float32)
+    pruned = (tcode[0], timm[0], np.empty(n, np.int32))
+    tstart = np.empty(L, np.int64)
+    live = np.empty(n_regs, np.bool_)
+    choices = np.empty((L, groups, n, LANES), np.uint8)
+    sides = np.empty((L, groups, 0, 3, LANES), np.float32)
+    lo = np.empty((n_regs, LANES), np.float32)
+    hi = np.empty((n_regs, LANES), np.float32)
+    clo = np.empty((L, groups * LANES), np.float32)
+    chi = np.empty((L, groups * LANES), np.float32)
+    box = np.empty((6, LANES), np.float32)
+    tr = np.empty((L, 4), np.int64)      # tile at each level: r0 r1 c0 c1
+    kq = np.empty((L, 2), np.int64)      # children per row, children count
+    idx = np.zeros(L, np.int64)
+    work = np.empty((n_regs + 5, pmax), np.float32)      # (registers + eval_points' scratch row, x y z, values)
+    tstart[0] = prune_records(code, imm, start, end, decided[0], decided[1], live, pruned)
+    stats[0, 0] += 1
+    stats[0, 1] += end - tstart[0]
+    if L == 1:
+        _leaf_pixels(tcode[0], timm[0], tstart[0], end, work, plane, tile, image)
+        return
+    tr[0, 0], tr[0, 1], tr[0, 2], tr[0, 3] = tile
+    l = 0
+    descend = True
+    while l >= 0:
+        if descend:          # evaluate the children of the tile at level l with its tape
+            cs = tiles[l + 1]
+            nr = (tr[l, 1] - tr[l, 0] + cs - 1) // cs
+            nc = (tr[l, 3] - tr[l, 2] + cs - 1) // cs
+            kq[l, 0], kq[l, 1] = nc, nr * nc
+            for g in range(groups):
+                for q in range(LANES):      # lanes past the last child repeat it
+                    k = min(g * LANES + q, nr * nc - 1)
+                    a0 = tr[l, 0] + (k // nc) * cs
+                    b0 = tr[l, 2] + (k % nc) * cs
+                    box[0, q], box[1, q] = _span(xs, b0, min(b0 + cs, tr[l, 3]))
+                    box[2, q], box[3, q] = _span(ys, a0, min(a0 + cs, tr[l, 1]))
+                    box[4, q], box[5, q] = zf, zf
+                interval_lanes(tcode[l], timm[l], tstart[l], end, (box, lo, hi, choices[l, g], sides[l, g]))
+                for q in range(LANES):
+                    clo[l, g * LANES + q], chi[l, g * LANES + q] = lo[0, q], hi[0, q]
+            idx[l] = 0
+            descend = False
+        if idx[l] >= kq[l, 1]:
+            l -= 1
+            continue
+        k = idx[l]
+        idx[l] += 1
+        cs = tiles[l + 1]
+        a0 = tr[l, 0] + (k // kq[l, 0]) * cs
+        b0 = tr[l, 2] + (k % kq[l, 0]) * cs
+        a1, b1 = min(a0 + cs, tr[l, 1]), min(b0 + cs, tr[l, 3])
+        if mode == 1 and chi[l, k] < F0:
+            sign[a0:a1, b0:b1] = True
+            continue
+        if mode == 1 and clo[l, k] >= F0:
+            sign[a0:a1, b0:b1] = False
+            continue
+        tstart[l + 1] = prune_records(tcode[l], timm[l], tstart[l], end, choices[l, k // LANES, :, k % LANES],
+                                      sides[l, k // LANES, :, :, k % LANES], live,
+                                      (tcode[l + 1], timm[l + 1], pruned[2]))
+        stats[l + 1, 0] += 1
+        stats[l + 1, 1] += end - tstart[l + 1]
+        if l + 1 == L - 1:
+            _leaf_pixels(tcode[l + 1], timm[l + 1], tstart[l + 1], end, work, plane, (a0, a1, b0, b1), image)
+        else:
+            l += 1
+            tr[l, 0], tr[l, 1], tr[l, 2], tr[l, 3] = a0, a1, b0, b1
+            descend = True
+
+
 @njit(parallel=True, **_JIT)
 def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, stats):
-    """The whole image in one parallel launch (see the module docstring). mode 0: field, 1: sign.
-    Serial: the image box and then the top tiles (``LANES`` at a time) are interval-evaluated;
-    parallel: each top tile is walked depth first. stats[t, l] += (tapes pruned, their total
-    length) at level l for top tile t; stats[0, L] = (1, image tape length)."""
+    """The whole image in one parallel launch (see the module docstring): pixel centres xs, ys on
+    the plane z = zf; mode 0: the field, 1: its sign. Serial: the image box and then the top tiles
+    (``LANES`` at a time) are interval-evaluated; parallel: each top tile is walked depth first
+    (``_walk_tile``). stats[t, l] += (tapes pruned, their total length) at level l for top tile t;
+    stats[0, L] = (1, image tape length). (No tuple arguments: ``interval_kernels._lanes_kernel``.)"""
     H, W = ys.shape[0], xs.shape[0]
     L = tiles.shape[0]
     s0 = tiles[0]
@@ -160,24 +257,19 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     n = code0.shape[0]
     end = n
     code, imm = np.empty_like(code0), np.empty_like(imm0)
-    lo = np.empty((n_regs, LANES), np.float32)
-    hi = np.empty((n_regs, LANES), np.float32)
-    box = np.empty((6, LANES), np.float32)
-    ch = np.empty((n, LANES), np.uint8)
-    sd = np.empty((0, 3, LANES), np.float32)       # (images prune without the union rule)
-    live = np.empty(n_regs, np.bool_)
-    src = np.empty(n, np.int32)
+    lanes = (np.empty((6, LANES), np.float32), np.empty((n_regs, LANES), np.float32),
+             np.empty((n_regs, LANES), np.float32), np.empty((n, LANES), np.uint8),
+             np.empty((0, 3, LANES), np.float32))       # (images prune without the union rule)
     boxes = np.empty((6, max(n_top, 1)), np.float32)
     boxes[0, 0], boxes[1, 0] = _span(xs, np.int64(0), W)
     boxes[2, 0], boxes[3, 0] = _span(ys, np.int64(0), H)
     boxes[4, 0], boxes[5, 0] = zf, zf
-    top_choices = np.empty((n, n_top), np.uint8)
-    top_sides = np.empty((0, 3, n_top), np.float32)
-    top_lo = np.empty(n_top, np.float32)
-    top_hi = np.empty(n_top, np.float32)
-    boxes_group(code0, imm0, np.int64(0), n, boxes[:, :1].copy(), np.int64(0), box, lo, hi, ch, sd, top_lo,
-                 top_hi, top_choices, top_sides)
-    start = prune_records(code0, imm0, np.int64(0), n, top_choices[:, 0], top_sides[:, :, 0], live, code, imm, src)
+    top = (np.empty(n_top, np.float32), np.empty(n_top, np.float32), np.empty((n, n_top), np.uint8),
+           np.empty((0, 3, n_top), np.float32))       # the top tiles' lo, hi, choices, sides
+    top_lo, top_hi, top_choices, top_sides = top
+    boxes_group(code0, imm0, np.int64(0), n, boxes[:, :1].copy(), np.int64(0), lanes, top)
+    start = prune_records(code0, imm0, np.int64(0), n, top_choices[:, 0], top_sides[:, :, 0],
+                          np.empty(n_regs, np.bool_), (code, imm, np.empty(n, np.int32)))
     stats[0, L, 0], stats[0, L, 1] = 1, end - start
     for t in range(n_top):
         a0, b0 = (t // ntx) * s0, (t % ntx) * s0
@@ -185,13 +277,7 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         boxes[2, t], boxes[3, t] = _span(ys, a0, min(a0 + s0, H))
         boxes[4, t], boxes[5, t] = zf, zf
     for t0 in range(0, n_top, LANES):
-        boxes_group(code, imm, start, end, boxes, t0, box, lo, hi, ch, sd, top_lo, top_hi, top_choices, top_sides)
-    kmax = 1
-    for l in range(L - 1):
-        q = (tiles[l] + tiles[l + 1] - 1) // tiles[l + 1]
-        kmax = max(kmax, q * q)
-    groups = (kmax + LANES - 1) // LANES
-    pmax = tiles[L - 1] * tiles[L - 1]
+        boxes_group(code, imm, start, end, boxes, t0, lanes, top)
     for t in prange(n_top):
         r0, c0 = (t // ntx) * s0, (t % ntx) * s0
         r1, c1 = min(r0 + s0, H), min(c0 + s0, W)
@@ -201,82 +287,8 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
         if mode == 1 and top_lo[t] >= F0:
             sign[r0:r1, c0:c1] = False
             continue
-        tcode = np.empty((L, n, 5), np.int32)
-        timm = np.empty((L, n), np.float32)
-        tsrc = np.empty(n, np.int32)
-        tstart = np.empty(L, np.int64)
-        live = np.empty(n_regs, np.bool_)
-        choices = np.empty((L, groups, n, LANES), np.uint8)
-        sides = np.empty((L, groups, 0, 3, LANES), np.float32)
-        lo = np.empty((n_regs, LANES), np.float32)
-        hi = np.empty((n_regs, LANES), np.float32)
-        clo = np.empty((L, groups * LANES), np.float32)
-        chi = np.empty((L, groups * LANES), np.float32)
-        box = np.empty((6, LANES), np.float32)
-        tr = np.empty((L, 4), np.int64)      # tile at each level: r0 r1 c0 c1
-        kq = np.empty((L, 2), np.int64)      # children per row, children count
-        idx = np.zeros(L, np.int64)
-        regs = np.empty((n_regs + 1, pmax), np.float32)      # (+ eval_points' scratch row)
-        px = np.empty(pmax, np.float32)
-        py = np.empty(pmax, np.float32)
-        pz = np.empty(pmax, np.float32)
-        buf = np.empty(pmax, np.float32)
-        tstart[0] = prune_records(code, imm, start, end, top_choices[:, t], top_sides[:, :, t], live, tcode[0], timm[0], tsrc)
-        stats[t, 0, 0] += 1
-        stats[t, 0, 1] += end - tstart[0]
-        if L == 1:
-            _leaf_pixels(tcode[0], timm[0], tstart[0], end, regs, px, py, pz, buf, xs, ys, zf,
-                         r0, r1, c0, c1, field, sign, mode)
-            continue
-        tr[0, 0], tr[0, 1], tr[0, 2], tr[0, 3] = r0, r1, c0, c1
-        l = 0
-        descend = True
-        while l >= 0:
-            if descend:          # evaluate the children of the tile at level l with its tape
-                cs = tiles[l + 1]
-                nr = (tr[l, 1] - tr[l, 0] + cs - 1) // cs
-                nc = (tr[l, 3] - tr[l, 2] + cs - 1) // cs
-                kq[l, 0], kq[l, 1] = nc, nr * nc
-                for g in range(groups):
-                    for q in range(LANES):      # lanes past the last child repeat it
-                        k = min(g * LANES + q, nr * nc - 1)
-                        a0 = tr[l, 0] + (k // nc) * cs
-                        b0 = tr[l, 2] + (k % nc) * cs
-                        box[0, q], box[1, q] = _span(xs, b0, min(b0 + cs, tr[l, 3]))
-                        box[2, q], box[3, q] = _span(ys, a0, min(a0 + cs, tr[l, 1]))
-                        box[4, q], box[5, q] = zf, zf
-                    interval_lanes(tcode[l], timm[l], tstart[l], end, box, lo, hi, choices[l, g], sides[l, g])
-                    for q in range(LANES):
-                        clo[l, g * LANES + q], chi[l, g * LANES + q] = lo[0, q], hi[0, q]
-                idx[l] = 0
-                descend = False
-            if idx[l] >= kq[l, 1]:
-                l -= 1
-                continue
-            k = idx[l]
-            idx[l] += 1
-            cs = tiles[l + 1]
-            a0 = tr[l, 0] + (k // kq[l, 0]) * cs
-            b0 = tr[l, 2] + (k % kq[l, 0]) * cs
-            a1, b1 = min(a0 + cs, tr[l, 1]), min(b0 + cs, tr[l, 3])
-            if mode == 1 and chi[l, k] < F0:
-                sign[a0:a1, b0:b1] = True
-                continue
-            if mode == 1 and clo[l, k] >= F0:
-                sign[a0:a1, b0:b1] = False
-                continue
-            tstart[l + 1] = prune_records(tcode[l], timm[l], tstart[l], end, choices[l, k // LANES, :, k % LANES],
-                                   sides[l, k // LANES, :, :, k % LANES], live,
-                                   tcode[l + 1], timm[l + 1], tsrc)
-            stats[t, l + 1, 0] += 1
-            stats[t, l + 1, 1] += end - tstart[l + 1]
-            if l + 1 == L - 1:
-                _leaf_pixels(tcode[l + 1], timm[l + 1], tstart[l + 1], end, regs, px, py, pz, buf,
-                             xs, ys, zf, a0, a1, b0, b1, field, sign, mode)
-            else:
-                l += 1
-                tr[l, 0], tr[l, 1], tr[l, 2], tr[l, 3] = a0, a1, b0, b1
-                descend = True
+        _walk_tile((code, imm, start, end), n_regs, tiles, (top_choices[:, t], top_sides[:, :, t]), (r0, r1, c0, c1),
+                   (xs, ys, zf), (mode, field, sign), stats[t])
 
 
 def _pixel_centres(width, height, rect, z):
@@ -367,17 +379,16 @@ def _bucket(pts, lo, cell, grid):
 
 
 @njit(parallel=True, **_JIT)
-def _points_kernel(code, imm, start, end, n_regs, pts, order, seg, choices, sides, block, out):
-    """Per voxel v (points order[seg[v]:seg[v+1]]): prune with choices[:, v] and sides[:, :, v],
-    evaluate in blocks."""
+def _points_kernel(code, imm, n_regs, pts, order, seg, choices, sides, block, out):
+    """Per voxel v (its points order[seg[v]:seg[v+1]]): the tape pruned with choices[:, v] and
+    sides[:, :, v], evaluated in blocks of ``block``."""
     n = code.shape[0]
     for v in prange(seg.shape[0] - 1):
         tcode = np.empty((n, 5), np.int32)
         timm = np.empty(n, np.float32)
-        s = prune_records(code, imm, start, end, choices[:, v], sides[:, :, v], np.empty(n_regs, np.bool_), tcode, timm,
-                   np.empty(n, np.int32))
-        eval_run(tcode, timm, s, end, pts, order, seg[v], seg[v + 1], np.empty((n_regs + 5, block), np.float32),
-                  out)
+        s = prune_records(code, imm, np.int64(0), n, choices[:, v], sides[:, :, v], np.empty(n_regs, np.bool_),
+                          (tcode, timm, np.empty(n, np.int32)))
+        eval_run(tcode, timm, s, n, pts, order[seg[v]:seg[v + 1]], np.empty((n_regs + 5, block), np.float32), out)
 
 
 def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -405,5 +416,5 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
         cell = np.where(tape.bounds[1] > lo, (tape.bounds[1] - lo) / np.float32(grid), 1).astype(np.float32)
         order, seg, vbox = _bucket(pts, lo, cell, grid)
         _, _, choices, sides = box_intervals(code, imm, 0, tape.n_regs, vbox, keep_sides=False)
-    _points_kernel(code, imm, 0, len(code), tape.n_regs, pts, order, seg, choices, sides, block, out)
+    _points_kernel(code, imm, tape.n_regs, pts, order, seg, choices, sides, block, out)
     return out, np.zeros(len(pts), np.uint32)

@@ -98,9 +98,12 @@ def _wavefront_points(ro, rd, t, live, out):
 
 
 @njit(**_JIT)
-def _wavefront_advance(live, d, t, tfar, steps, hit, res, eps, cone, max_steps, step_scale, soft_k, out_live):
-    """One step of the rays ``live`` with their field values d, by _trace's rules; the rays still
-    marching into out_live, in order; returns how many."""
+def _wavefront_advance(live, d, rays, rule, out_live):
+    """One step of the rays ``live`` with their field values d, by _trace's rules (``rule``: eps,
+    cone, max_steps, step_scale, soft_k), each ray's state in ``rays`` (t, tfar, steps, hit, res);
+    the rays still marching into out_live, in order; returns how many."""
+    t, tfar, steps, hit, res = rays
+    eps, cone, max_steps, step_scale, soft_k = rule
     m = 0
     for q in range(live.size):
         i = live[q]
@@ -138,6 +141,7 @@ def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, 
     live = np.flatnonzero(t <= tfar)
     spare = np.empty_like(live)
     pts = np.empty((live.size, 3), np.float32)
+    rule = (np.float32(eps), np.float32(cone), max_steps, np.float32(step_scale), np.float32(soft_k))
     while live.size:
         step_pts = pts[:live.size]
         _wavefront_points(origins, rd, t, live, step_pts)
@@ -152,8 +156,7 @@ def _wavefront(field, ro, rd, t, tfar, eps, max_steps: int, step_scale, soft_k, 
                 jumped = j[(t[j] <= tfar[j]) & (steps[j] < max_steps)]
                 live, step_pts = live[~jump], step_pts[~jump]
         d = field(step_pts)
-        m = _wavefront_advance(live, d, t, tfar, steps, hit, res, np.float32(eps), np.float32(cone), max_steps,
-                               np.float32(step_scale), np.float32(soft_k), spare)
+        m = _wavefront_advance(live, d, (t, tfar, steps, hit, res), rule, spare)
         if jumped.size:
             live, spare = np.sort(np.concatenate([spare[:m], jumped])), np.empty_like(spare)
         else:

@@ -91,11 +91,12 @@ def _union_bound(op, ch, far_a, far_b, near, dkind, dbound):
 
 
 @njit(**_JIT)
-def prune_records(code, imm, start, end, choice_row, side_row, live, out_code, out_imm, out_src):
+def prune_records(code, imm, start, end, choice_row, side_row, live, out):
     """Backward liveness over code[start:end] with one box's choices and MIN / MAX sides
-    (side_row: (n, 3); NaN rows, or an empty (0, 3) side_row: no union rule); the pruned records are written to out_code /
-    out_imm (out_src: the index each came from) ending at index ``end``; returns their first
-    index. live: (n_regs,) bool scratch."""
+    (side_row: (n, 3); NaN rows, or an empty (0, 3) side_row: no union rule); the pruned records
+    are written to ``out`` (code, imm, src: the index each came from) ending at index ``end``;
+    returns their first index. live: (n_regs,) bool scratch."""
+    out_code, out_imm, out_src = out
     live[:] = False
     live[0] = True
     rkind = np.zeros(live.shape[0], np.uint8)
@@ -221,8 +222,8 @@ def prune(tape: Tape, choices, sides=None) -> Tape:
         raise TaperayError(f"prune: sides of shape {side_row.shape} for a tape of {len(code)} records "
                            f"(needs ({len(code)}, 3))")
     out_code, src = np.empty_like(code), np.empty(len(code), np.int32)
-    s = prune_records(code, imm, 0, len(code), row, side_row, np.empty(tape.n_regs, np.bool_), out_code,
-               np.empty_like(imm), src)
+    s = prune_records(code, imm, 0, len(code), row, side_row, np.empty(tape.n_regs, np.bool_),
+                      (out_code, np.empty_like(imm), src))
     kept = tape.instrs[src[s:]].copy()               # param / aux / jump of the source records
     for f, col in zip(("op", "dst", "a", "b", "c"), out_code[s:].T):
         kept[f] = col
