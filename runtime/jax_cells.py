@@ -1,34 +1,39 @@
-"""Cell-bucketed evaluation for the JAX walker's generic form: each cell of points runs only the
-records that can matter there, and the result equals the unpruned generic form's.
+"""The JAX walker's generic form run cell by cell: each cell of points runs only the records that
+can matter there, and the result equals the unpruned generic form's.
 
-Owns ``CellPlan`` (the points bucketed into cells, the records each cell keeps and the work list
-of (record, window of points) items), ``cells_unsupported`` (why a tape gets no cell pruning) and
-the windowed interpreter ``cells_field`` that runs a work list (values, a custom VJP and a
-forward tangent sweep, like ``jax_walker``'s generic interpreter, whose branches it reuses).
+Owns ``CellPlan`` (the points bucketed into grid cells and the steps each cell keeps),
+``CellsProgram`` (the jitted programs of one capacity bucket: values, the pool gradient, df/dx
+and forward tangents), ``CellsRunner`` (plans a call and runs it in calls of pieces), the
+Lipschitz bounds (``lipschitz_rows``) and ``cells_unsupported`` (why a tape gets no cells).
 
-Which records a cell keeps. The tape is a min / max tree over operands: UNION, INTERSECT, MIN and
-MAX steps whose operands are read once, from the result up. An operand whose value over the cell
-is certainly above the result's there does not change the result, its material or its
-derivatives (a min / max tree's value, ties and selected path stay as they are when an operand
-above the result everywhere is removed), so the cell drops it: its parent becomes the same op of
-the other operand twice (``min(a, a) = a``, material a's), and the records only it read go.
-  * the result's upper bound over a cell: its value at the cell's centre (the twin's, CpuWalker)
-    plus L times the cell's half diagonal, L a Lipschitz bound of the tape in the point
-    (``lipschitz``: shapes, culls and the combines are 1-Lipschitz under translations, rotations,
-    mirrors, scales and elongations; a tape with arithmetic or ellipsoids has none and is not
-    pruned);
-  * an operand's lower bound: a cull box's distance is at least the gap between the cell's box
-    and the cull's box (CULL_BOX at the untransformed point); INTERSECT / MAX take the larger
-    bound of their operands, UNION / MIN the smaller.
-An operand is dropped where its lower bound exceeds the upper bound by ``MARGIN`` (relative to
-the scene's size: float32 rounding of the two evaluations stays far below it). Where the twin's
-culls skip a subtree whose value is NaN, the unpruned generic form returns NaN; the cell form,
-like the twin, does not.
+Which steps a cell keeps. The tape (the generic form's single-assignment steps) ends in a min /
+max tree: UNION, INTERSECT, MIN and MAX steps whose operands are read once, from the result down.
+An operand whose value is above the result's at every point of the cell changes neither the
+result, nor its material, nor its derivatives (in a min / max tree, removing such an operand
+changes only nodes that stay above the result; the selected path and its ties stay), so the cell
+drops it: its parent reads the other operand twice (``min(a, a) = a``, a's material, the whole
+derivative to a) and the steps only the dropped operand read go. The test is exact in the reals
+and has slack for float32:
+  * upper bound of the result over the cell: its value at the cell's centre plus L times the
+    cell's half diagonal, L the result's Lipschitz bound in the point;
+  * lower bound of an operand: its value at the centre minus its own L times the half diagonal;
+  * Lipschitz bounds (``lipschitz_rows``): shapes but ellipsoids and polygons, culls and the
+    combines are 1-Lipschitz (a plane |n|), through translations, scales, elongations, rotations
+    (|q|^2) and mirrors; arithmetic, ellipsoids and FIELD_RESULT have none, and a tape whose
+    result has none is not cut into cells (the generic form runs it);
+  * an operand is dropped where its lower bound exceeds the upper bound by ``MARGIN`` times
+    (the scene's extent + |value| + L r + 1): float32 rounding of the values stays far below.
+The centres' values come from the generic forward at the centres (one program per bucket).
+Where an operand's value is NaN the unpruned form returns NaN and a cell that dropped it does
+not (the twin's culls skip such subtrees too).
 
-Work list: a cell's points are padded (copies of its first point) to whole windows of ``WINDOW``
-points; each item is (step, window offset, rewrite); chunks of windows share one row file (the
-generic form's single-assignment rows), so the compiled program depends on (steps, rows, pool)
-bucket, chunk and window only: no parameter or topology edit inside the bucket compiles.
+Running the cells: a cell's points are split into pieces of ``PIECE`` points (the last one
+padded with copies of a point); a call runs ``PER_CALL`` pieces in a ``lax.scan`` that carries
+one row file (rows x PIECE), never cleared (each piece writes every row before it reads it; the
+reverse sweep clears each output row once read, so its adjoint file comes back zero). Each
+piece runs its cell's kept steps (``items``: step and rewrite) through the generic form's
+branches. The programs depend on the generic capacity bucket only: no parameter edit and no
+topology edit inside the bucket compiles anything.
 """
 from __future__ import annotations
 
@@ -161,8 +166,9 @@ def _structure(steps: np.ndarray, result: int, _cache={}) -> _Structure:
 
 
 def cell_grid(n_points: int, cell_points: int) -> int:
-    """Cells per axis of the grid over the points' box: about ``cell_points`` points a cell."""
-    return max(1, int(round((n_points / cell_points) ** (1 / 3))))
+    """Cells per axis of the grid over the points' box: a power of two (so that a lattice of a power of
+    two points a side splits evenly), for about ``cell_points`` points a cell."""
+    return 1 << max(0, int(round(np.log2(max(n_points / cell_points, 1.0)) / 3)))
 
 
 class CellPlan:
@@ -234,6 +240,7 @@ class CellPlan:
         kept = live.sum(1)
         self.kept, self.n_cells, self.n_points = kept, K, n
         self.point_steps = int((kept * counts).sum())
+        self.n_steps = S
         # pieces: each cell's points in runs of at most `piece`
         pieces = -(-counts // piece)
         cell_of = np.repeat(np.arange(K), pieces)

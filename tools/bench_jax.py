@@ -1,10 +1,12 @@
-"""``taperay bench jax``: the JAX walker's two forms on a ~100-record and a ~2,000-record scene.
+"""``taperay bench jax``: the JAX walker's forms on a ~100-record and a ~2,000-record scene.
 
-Per scene and form, at 64³ points: the first call (in this process, compiling into an empty
+Forms: the trace, the generic interpreter, and the generic interpreter cell by cell ("cells": each
+cell of points runs only the records that can matter there). Per scene and form, at 64³ points: the first call (in this process, compiling into an empty
 persistent cache) and the steady time of values, and of values plus the gradient of their sum
 w.r.t. every pool entry (``JaxWalker.vjp``); the first call in a new process that finds the
 programs in the persistent cache; XLA compiles per 100 random parameter edits (and, for the
-generic form, per 100 topology edits inside the bucket). The twin's value time is the yardstick.
+generic and cell forms, per 100 topology edits inside the bucket). The twin's value time is the
+yardstick: each JAX row gives its values + gradient time over it.
 """
 from __future__ import annotations
 
@@ -93,8 +95,8 @@ def bench_jax(opts) -> BenchResult:
         twin = summarize(time_calls(lambda: cpu.evaluate(tape, pts), opts.repeat))["median_ms"]
         rows.append({"records": len(tape), "params": len(tape.params), "form": "twin (cpu, values)",
                      "value steady ms": twin})
-        for form in ("trace", "generic"):
-            if (form == "generic" and generic_unsupported(tape)) or (form == "trace" and len(tape) > TRACE_MAX_RECORDS):
+        for form in ("trace", "generic", "cells"):
+            if (form != "trace" and generic_unsupported(tape)) or (form == "trace" and len(tape) > TRACE_MAX_RECORDS):
                 continue
             walker = JaxWalker(form=form)
             t0 = time.perf_counter()
@@ -105,6 +107,7 @@ def bench_jax(opts) -> BenchResult:
             walker.vjp(tape, pts, ones)
             g_first = time.perf_counter() - t0
             g = summarize(time_calls(lambda: walker.vjp(tape, pts, ones), max(1, opts.repeat // 2), warmup=0))
+            plan = walker._cells.last_plan if form == "cells" else None     # (the 64³ call's cells)
             walker.evaluate(tape, few)
             walker.vjp(tape, few, np.ones(len(few), np.float32))
             names = sorted(tape.names)
@@ -118,11 +121,17 @@ def bench_jax(opts) -> BenchResult:
             row = {"records": len(tape), "params": len(tape.params), "form": form,
                    "value first s": v_first, "value steady ms": v["median_ms"],
                    "value+grad first s": g_first, "value+grad steady ms": g["median_ms"],
+                   "value+grad / twin": g["median_ms"] / twin,
                    "compiles / 100 param edits": param_compiles}
-            if form == "generic":
+            if plan is not None:
+                row["steps kept / steps"] = f"{plan.point_steps / plan.n_points:.0f} / {plan.n_steps}"
+            if form != "trace":
                 before = compile_stats()["compiles"]
                 for k in rng.integers(0, parts, EDITS):
-                    walker.evaluate(flatten(scene(parts, opts.seed, variant=int(k))), few)
+                    edited = flatten(scene(parts, opts.seed, variant=int(k)))
+                    walker.evaluate(edited, few)
+                    if form == "cells":
+                        walker.vjp(edited, few, np.ones(len(few), np.float32))
                 row["compiles / 100 topology edits"] = compile_stats()["compiles"] - before
             row["first call, new process s"] = _new_process(parts, form, cache)["first_s"]
             rows.append(row)
@@ -137,4 +146,7 @@ def bench_jax(opts) -> BenchResult:
                               f"the trace form is measured up to {TRACE_MAX_RECORDS} records: its XLA compile grows "
                               "with the records (docs/JAX.md)",
                               "scene: moved spheres, boxes and capsules, smooth-blended in pairs, all unioned "
-                              "(flatten adds culled unions); tools/bench_jax.py scene()"])
+                              "(flatten adds culled unions); tools/bench_jax.py scene()",
+                              "cells: a grid of about 512 points a cell over the points' box; steps kept: the "
+                              "generic steps a point runs on average (of the tape's); its value+grad is "
+                              "JaxWalker(form='cells').vjp, and its topology edits are evaluated and differentiated"])
