@@ -155,6 +155,27 @@ def test_a_press_the_panel_takes_still_asks_for_a_frame(walker_cpu, monkeypatch)
 
 
 @pytest.mark.slow
+def test_a_drag_beside_the_panel_turns_the_view_and_leaves_the_panel_in_place(walker_cpu):
+    """Pointer events through the offscreen canvas, a frame each: a drag pressed just right of
+    the panel's edge (where imgui's resize border reaches) turns the camera and leaves the panel
+    where it is (it slid off the window's left edge); one pressed on the panel's background moves
+    neither; one on its title bar moves the panel."""
+    v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST)
+    window = offscreen_window(v)
+    window.canvas.draw()
+    x0, y0, x1, y1 = start = window.panel_rect
+    for press, turns in (((x1 + 1, (y0 + y1) / 2), True), ((x1 + 3, (y0 + y1) / 2), True),
+                         ((x1 - 3, y1 - 4), False)):
+        camera = v.orbit.camera().pack().copy()
+        _press_and_drag(window, [(press[0] - 8 * i, press[1]) for i in range(12)])
+        assert window.panel_rect[:2] == start[:2], press
+        assert (not np.array_equal(v.orbit.camera().pack(), camera)) == turns, press
+    camera = v.orbit.camera().pack().copy()
+    _press_and_drag(window, [(x0 + 60 + 5 * i, y0 + 8) for i in range(8)])     # the title bar
+    assert window.panel_rect[0] > start[0] and np.array_equal(v.orbit.camera().pack(), camera)
+
+
+@pytest.mark.slow
 def test_slider_drag_past_the_end_stays_in_the_range_fixed_at_load(walker_cpu, monkeypatch):
     """A real imgui drag of heat_sink's fin_height slider (pointer events through the offscreen
     canvas, one frame each) from its middle far past its right end and back past its left end:

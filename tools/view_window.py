@@ -95,6 +95,7 @@ class ViewWindow:
         self.imgui = None
         self._panel_content = 0.0        # the panel's contents' height in the last frame
         self._panel_resized = False      # ... differed from the frame before: draw one more to fit it
+        self.panel_rect = None           # the panel's (x0, y0, x1, y1) in the last frame drawn
         if panel:
             from wgpu.utils.imgui import ImguiRenderer
             self.imgui = ImguiRenderer(self.device, canvas, render_target_format=self.format)
@@ -288,7 +289,12 @@ class ViewWindow:
         imgui.set_next_window_size((width, 0), imgui.Cond_.always)     # (height 0: fit the contents)
         imgui.set_next_window_size_constraints((width, 0), (width, max(window_h - 2 * PANEL_MARGIN, 1)))
         imgui.set_next_window_bg_alpha(0.8)
-        expanded, _ = imgui.begin("taperay")
+        # (no resize borders: the panel's size is set here each frame, and a drag on a border just
+        # outside it moved the panel off the window instead; it moves by its title bar only)
+        imgui.get_io().config_windows_move_from_title_bar_only = True
+        expanded, _ = imgui.begin("taperay", None, imgui.WindowFlags_.no_resize)
+        pos, size = imgui.get_window_pos(), imgui.get_window_size()
+        self.panel_rect = (pos.x, pos.y, pos.x + size.x, pos.y + size.y)
         if expanded:
             self._panel_contents()
         # (imgui fits a window to its contents of the frame before)
