@@ -20,7 +20,7 @@ from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.pruning import interval_eval
 from taperay.runtime.tape import INSTR_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
 
-from .instancing import placed_bounds, placed_bvh, placed_params, shape_capsule
+from .instancing import one_flatten, placed_bounds, placed_bvh, placed_params, shape_capsule
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
 
 __all__ = ["flatten", "node_bounds"]
@@ -502,7 +502,7 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
         raise TaperayError(f"{source or 'scene'}: the scene graph is {depth} levels deep; flatten takes at most "
                            f"{MAX_SCENE_DEPTH} (nest fewer transforms or combine children in one union)")
     em = _Emitter(cull)
-    with param_values(params) if params is not None else contextlib.nullcontext(), \
+    with param_values(params) if params is not None else contextlib.nullcontext(), one_flatten(), \
             _recursion_room(depth * _FRAMES_PER_LEVEL):   # (the emitter and the bounds recurse per level)
         instances = em.emit(scene, 0, 0)
         b = em.bounds(scene)

@@ -12,7 +12,9 @@ in all, least recently used first out), so a topology edit elsewhere in a scene 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -22,11 +24,12 @@ from taperay.runtime.tape import BVH_DTYPE, OPS, Op, quat_matrices
 from .nodes import placements
 
 __all__ = ["placements", "instance_boxes", "build_bvh", "shape_capsule", "instance_params", "quat_matrices",
-           "placed_bounds", "placed_bvh", "placed_params", "built_cache_stats"]
+           "placed_bounds", "placed_bvh", "placed_params", "built_cache_stats", "one_flatten"]
 
 BUILT_CACHE_BYTES = 256 << 20   # remembered BVHs and representatives' grids, at most
 _built: OrderedDict = OrderedDict()
 _built_counts = {"hits": 0, "builds": 0}
+_flatten = threading.local()    # .digests: id(array) -> (array, digest) while one flatten runs
 
 
 def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
@@ -193,13 +196,37 @@ def instance_params(child_box: np.ndarray, capsule, inst: np.ndarray, first_inst
     return np.concatenate([head, grid.ravel() + first_instance])
 
 
+@contextlib.contextmanager
+def one_flatten():
+    """While one flatten runs, each placement array is digested once (the bounds, the BVH and the
+    grid all key on it; an array does not change while a scene flattens)."""
+    outer = getattr(_flatten, "digests", None)
+    _flatten.digests = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _flatten.digests = outer
+
+
+def _array_digest(a: np.ndarray) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+    h.update(f"{a.dtype.str}{a.dtype.descr}{a.shape}".encode())
+    h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
+    return h.digest()
+
+
 def _digest(*parts) -> bytes:
     """A digest of arrays (dtype, shape and bytes) and plain values."""
     h = hashlib.blake2b(digest_size=20)
+    memo = getattr(_flatten, "digests", None)
     for part in parts:
         if isinstance(part, np.ndarray):
-            h.update(f"{part.dtype.str}{part.dtype.descr}{part.shape}".encode())
-            h.update(np.ascontiguousarray(part).tobytes())
+            if memo is None:
+                h.update(_array_digest(part))
+            else:
+                if id(part) not in memo:
+                    memo[id(part)] = (part, _array_digest(part))      # (holding the array: its id stays its)
+                h.update(memo[id(part)][1])
         else:
             h.update(repr(part).encode())
     return h.digest()
