@@ -17,7 +17,7 @@ from .lowering import NotLowerable, lower
 from .pruned_eval import counting_sort, eval_run
 from .pruner import checked_records, is_arithmetic, prune_records
 from .tape import CellsTooLarge, Tape, content_key
-from .twin import _hit_threshold
+from .twin_march import hit_threshold as _hit_threshold
 
 __all__ = ["CellTapes", "cell_tape", "grid_ijk", "sub_cell_ijk", "grid_cell_boxes", "CELL_TAPES_MAX_BYTES",
            "LOWER_MAX_RECORDS"]

@@ -33,7 +33,7 @@ from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
 from .jit_cache import njit, prange
 from .opcodes import OPS, Family, Op, check_numba_constants
 from .tape import TaperayError
-from .twin import _rem32, _round
+from .twin_ops import rem32 as _rem32, round_away
 
 __all__ = ["interval_op", "interval_lanes", "boxes_group", "box_intervals", "box_rows", "LANES", "JIT_OPTIONS",
            "F0", "F1", "INF", "NAN", "PI64"]
@@ -416,7 +416,7 @@ def _iv(op, alo, ahi, blo, bhi, clo, chi):
     elif op == CEIL:
         lo, hi = np.ceil(alo), np.ceil(ahi)
     elif op == ROUND:
-        lo, hi = _round(alo), _round(ahi)
+        lo, hi = round_away(alo), round_away(ahi)
     elif op == SIN:
         lo, hi = _iv_sincos(alo, ahi, 0.0)
     elif op == COS:

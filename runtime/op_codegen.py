@@ -4,7 +4,7 @@ Owns the generated blocks that run the arithmetic ops reading registers (``OpCla
 BINARY, TERNARY) from their ``OpSpec`` rules (``numba``, ``numba_loop``, ``wgsl``, ``wgsl_walk``,
 ``interval``, ``rank``):
 
-  * ``runtime/twin.py`` block ``arith``: ``_libm_block`` and ``_arith_block``, the twin's loop of
+  * ``runtime/twin_ops.py`` block ``arith``: ``libm_block`` and ``arith_block``, the twin's loop of
     each op over a block of points, hottest first;
   * ``runtime/interval_kernels.py`` block ``intervals``: ``_iv_monotone64`` (the monotone ops computed in
     float64 and rounded outward) and ``_iv``, the twin's float32 interval of each op;
@@ -83,18 +83,18 @@ def _chunks(specs: list[OpSpec], size: int) -> list[list[OpSpec]]:
 
 # ----------------------------------------------------------------------------- the twin
 def numba_arith(ops: dict[Op, OpSpec] | None = None) -> str:
-    """runtime/twin.py's block: ``_libm_block`` and ``_arith_block``."""
+    """runtime/twin_ops.py's block: ``libm_block`` and ``arith_block``."""
     specs = arith_ops(ops)
     libm = [s for s in specs if s.numba_loop == "libm"]
     out = []
     if libm:
         names = " ".join(s.op.name for s in sorted(libm, key=lambda s: int(s.op)))
         out += ["@njit(**_JIT)",
-                "def _libm_block(op, regs, d, a, n):",
-                f'    """regs[d, :n] = op(regs[a, :n]) for {names} (float32 libm), for _arith_block. The op is',
+                "def libm_block(op, regs, d, a, n):",
+                f'    """regs[d, :n] = op(regs[a, :n]) for {names} (float32 libm), for arith_block. The op is',
                 "    chosen per lane, but in a function this small LLVM unswitches the loop (one loop per op, as",
-                "    fast as writing them out); inlined into _arith_block it did not (~20% slower on",
-                '    trigonometric tapes), so _arith_block calls it."""',
+                "    fast as writing them out); inlined into arith_block it did not (~20% slower on",
+                '    trigonometric tapes), so arith_block calls it."""',
                 "    for j in range(n):",
                 "        x = regs[a, j]"]
         chunks = _chunks(libm, LIBM_GROUP)
@@ -118,12 +118,12 @@ def numba_arith(ops: dict[Op, OpSpec] | None = None) -> str:
             "# inlining (inline=\"always\") adds an atomic refcount increment / decrement of ``regs`` per op.",
             "# No array views inside (RAND takes its bits from scalar views), so the body needs no refcounting.",
             "@njit(forceinline=True, **_JIT)",
-            "def _arith_block(op, regs, d, a, b, c, n):",
+            "def arith_block(op, regs, d, a, b, c, n):",
             '    """regs[d, :n] = op(regs[a], regs[b], regs[c]) lane by lane, for the arithmetic ops that read',
-            "    registers: the twin's float32 rule of each (OpSpec.numba), shared by _run_block and",
-            "    runtime.pruning's point interpreter, hottest first (OpSpec.rank). Values only: VAR_* / CONST /",
-            "    INSTANCE_INDEX (they read the point, the parameters, the pattern frame) and material ids are",
-            '    the callers\'."""']
+            "    registers: the twin's float32 rule of each (OpSpec.numba), shared by the interpreter",
+            "    (runtime.twin) and the pruned point interpreter, hottest first (OpSpec.rank). Values only:",
+            "    VAR_* / CONST / INSTANCE_INDEX (they read the point, the parameters, the pattern frame) and",
+            '    material ids are the callers\'."""']
     first, libm_done = True, False
     for s in specs:
         if s.numba_loop == "libm":
@@ -131,7 +131,7 @@ def numba_arith(ops: dict[Op, OpSpec] | None = None) -> str:
                 continue
             libm_done = True
             cond = " or ".join(f"op == {x.op.name}" for x in libm)
-            body = ["        _libm_block(op, regs, d, a, n)"]
+            body = ["        libm_block(op, regs, d, a, n)"]
         else:
             cond = f"op == {s.op.name}"
             if s.numba_loop == "inline":
@@ -306,7 +306,7 @@ def wgsl_intervals(ops: dict[Op, OpSpec] | None = None) -> str:
 
 # ----------------------------------------------------------------------------- the blocks
 # (path from the repository root, block name) -> its generator
-BLOCKS = {("runtime/twin.py", "arith"): numba_arith,
+BLOCKS = {("runtime/twin_ops.py", "arith"): numba_arith,
           ("runtime/interval_kernels.py", "intervals"): numba_intervals,
           ("shaders/interpreter.wgsl", "arith"): wgsl_arith,
           ("shaders/prune.wgsl", "intervals"): wgsl_intervals}

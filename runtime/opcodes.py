@@ -234,8 +234,8 @@ class OpSpec:
     wgsl: str | None = None
     # numba: the twin's float32 rule in Numba, {a} {b} {c} its float32 operands
     numba: str | None = None
-    # numba_loop: where the twin's loop over a block is: "inline" (in _arith_block), "libm" (in
-    # the generated _libm_block: a small function whose loop LLVM unswitches, for libm calls), or
+    # numba_loop: where the twin's loop over a block is: "inline" (in arith_block), "libm" (in
+    # the generated libm_block: a small function whose loop LLVM unswitches, for libm calls), or
     # the name of a hand-written block function called as name(regs, d, a, b, n) (MOD's fast block)
     numba_loop: str = "inline"
     # wgsl_walk: the WGSL tape walks (run_tape, packed.wgsl) run the op themselves (MIN / MAX:
@@ -323,7 +323,7 @@ _spec(Op.FLOOR, F.ARITH, A, True, 0, "floor(a)", np.floor, wgsl="floor({a})", nu
 _spec(Op.CEIL, F.ARITH, A, True, 0, "ceil(a)", np.ceil, wgsl="ceil({a})", numba="np.ceil({a})",
       interval=INCREASING_EXACT, rank=14, field="ceil", vm="ceil")
 _spec(Op.ROUND, F.ARITH, A, True, 0, "round half away from zero", lambda a: np.sign(a) * np.floor(np.abs(a) + 0.5),
-      wgsl="round_away({a})", numba="_round({a})", interval=INCREASING_EXACT, rank=15, field="round_", vm="round")
+      wgsl="round_away({a})", numba="round_away({a})", interval=INCREASING_EXACT, rank=15, field="round_", vm="round")
 _spec(Op.SIN, F.ARITH, A, True, 0, "sin(a)", np.sin, tolerance=_TRIG, scale=6.0, wgsl="sin(reduce_angle({a}))",
       numba="np.sin({a})", numba_loop="libm", interval=_named("_iv_sincos({alo}, {ahi}, 0.0)", "iv_sincos({alo}, {ahi})"),
       rank=16, field="sin", vm="sin")
@@ -362,21 +362,21 @@ _spec(Op.MUL, F.ARITH, AB, True, 0, "a * b", np.multiply, wgsl="{a} * {b}", numb
 _spec(Op.DIV, F.ARITH, AB, True, 0, "a / b", np.divide, tolerance=_DIV, wgsl="{a} / {b}", numba="{a} / {b}",
       interval=_named("_iv_div({alo}, {ahi}, {blo}, {bhi})", "iv_div({alo}, {ahi}, {blo}, {bhi})"), rank=12, vm="div")
 _spec(Op.MIN, F.ARITH, AB, True, 0, "min(a, b); mat of the smaller (a on ties)", np.minimum, wgsl="nmin({a}, {b})",
-      numba="_fmin({a}, {b})", wgsl_walk=True, rank=4, field="minimum", vm="min",
+      numba="fmin({a}, {b})", wgsl_walk=True, rank=4, field="minimum", vm="min",
       interval=_named("_iv_minmax(MIN, {alo}, {ahi}, {blo}, {bhi})", "iv_minmax(true, {alo}, {ahi}, {blo}, {bhi})",
                    chooses=True))
 _spec(Op.MAX, F.ARITH, AB, True, 0, "max(a, b); mat of the larger (a on ties)", np.maximum, wgsl="nmax({a}, {b})",
-      numba="_fmax({a}, {b})", wgsl_walk=True, rank=1, field="maximum", vm="max",
+      numba="fmax({a}, {b})", wgsl_walk=True, rank=1, field="maximum", vm="max",
       interval=_named("_iv_minmax(MAX, {alo}, {ahi}, {blo}, {bhi})", "iv_minmax(false, {alo}, {ahi}, {blo}, {bhi})",
                    chooses=True))
 _spec(Op.ATAN2, F.ARITH, AB, True, 0, "atan2(a, b) (a is y, b is x)", np.arctan2, tolerance=_ATAN,
       wgsl="atan2_full({a}, {b})", numba="np.arctan2({a}, {b})", rank=25, field="atan2", vm="atan2",
       interval=_named("_iv_atan2({alo}, {ahi}, {blo}, {bhi})", "iv_atan2({alo}, {ahi}, {blo}, {bhi})"))
 _spec(Op.COMPARE, F.ARITH, AB, True, 0, "-1 if a<b, 0 if equal, 1 if a>b, NaN if either is NaN", _compare,
-      wgsl="compare_values({a}, {b})", numba="_compare({a}, {b})", rank=26, field="compare", vm="compare",
+      wgsl="compare_values({a}, {b})", numba="compare_values({a}, {b})", rank=26, field="compare", vm="compare",
       interval=_named("_iv_compare({alo}, {ahi}, {blo}, {bhi})", "iv_compare({alo}, {ahi}, {blo}, {bhi})"))
 _spec(Op.MOD, F.ARITH, AB, True, 0, "Euclidean remainder: r = fmod(a,b); r<0 ? r+|b| : r", _rem_euclid,
-      wgsl="bl_mod({a}, {b})", numba="_rem32({a}, {b})", numba_loop="_mod_block", wgsl_walk=True, rank=27,
+      wgsl="bl_mod({a}, {b})", numba="rem32({a}, {b})", numba_loop="mod_block", wgsl_walk=True, rank=27,
       field="mod", vm="mod",
       interval=_named("_iv_mod({alo}, {ahi}, {blo}, {bhi})", "iv_mod({alo}, {ahi}, {blo}, {bhi})"))
 _spec(Op.AND, F.ARITH, AB, True, 0, "a == 0 ? a : b", lambda a, b: np.where(a == 0, a, b),
@@ -389,7 +389,7 @@ _spec(Op.OR, F.ARITH, AB, True, 0, "a != 0 ? a : b", lambda a, b: np.where(a != 
                    chooses=True, takes_nan=True))
 _spec(Op.RAND, F.ARITH, AB, True, 0, "deterministic integer hash of the bits of a and b, in [0,1)", _rand,
       wgsl="rand_bits(bitcast<u32>({a}), bitcast<u32>({b}))",
-      numba="_rand(np.float32({a}).view(np.uint32), np.float32({b}).view(np.uint32))", rank=31,
+      numba="rand_bits(np.float32({a}).view(np.uint32), np.float32({b}).view(np.uint32))", rank=31,
       interval=_named("(F0, F1)", "iv(0.0, 1.0)"), vm="rand")
 _spec(Op.MIX, F.ARITH, ABC, True, 0, "a + (b - a) * c", lambda a, b, c: a + (b - a) * c,
       wgsl="{a} + ({b} - {a}) * {c}", numba="{a} + ({b} - {a}) * {c}", rank=30, field="mix", vm="mix",

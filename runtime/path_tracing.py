@@ -9,7 +9,7 @@ name), the twin's path kernel (``_path_kernel``, Numba float32, the reference of
 same integrator drawing the same random numbers; the GPU's is path.wgsl's kernels)
 and ``PathImage`` (progressive accumulation on either walker: each ``add`` adds samples, the
 GPU's sums staying on the GPU; a camera, setting or scene edit needs a new one). The march's hit threshold, normals and march box are
-the walkers' own (RenderSettings, twin._field / _gradients, kernels_render.wgsl trace_step /
+the walkers' own (RenderSettings, twin_march.trace_rays / gradients, kernels_render.wgsl trace_step /
 tetra); nothing here changes shader text. Materials are the tape's MATERIAL_DTYPE records, so a
 material edit is a buffer write.
 
@@ -64,7 +64,7 @@ import weakref
 
 import numpy as np
 
-from . import twin
+from . import twin, twin_field, twin_march, twin_ops, twin_threads
 from .camera import Camera, auto_camera, pixel_ray
 from .environment import EnvironmentMap
 from .gpu_guard import guarded
@@ -581,51 +581,20 @@ def light_data(tape: Tape, path: PathSettings) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- the twin's kernel
-@njit(inline="always", **_JIT)
-def _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scale, steps, hit, mat, idx, rhint):
-    """Sphere-trace n rays from t to tfar through side f (side +1 outside the surface, -1 inside
-    a glass): hit when side f < eps (kernels_render.wgsl trace_step on the path kernel's signed
-    value); t is left at the hit. rhint as twin._trace's."""
-    pin, out_d, out_m, hint = ws[twin.WS_PIN], ws[twin.WS_OUT_D], ws[twin.WS_OUT_M], ws[twin.WS_HINT]
-    na = np.int64(0)
-    for i in range(n):
-        steps[i] = 0
-        hit[i] = False
-        mat[i] = 0
-        if t[i] <= tfar[i]:
-            idx[na] = i
-            na += 1
-    while na > 0:
-        for q in range(na):
-            i = idx[q]
-            for r in range(3):
-                pin[r, q] = ro[r, i] + t[i] * rd[r, i]
-            hint[0, q], hint[1, q] = rhint[0, i], rhint[1, i]
-        twin._field(tp, na, ws, ws1, sec)
-        m = np.int64(0)
-        for q in range(na):
-            i = idx[q]
-            rhint[0, i], rhint[1, i] = hint[0, q], hint[1, q]
-            d = side[i] * out_d[q]
-            steps[i] += 1
-            if d < eps:
-                hit[i] = True
-                mat[i] = out_m[q]
-                continue
-            t[i] += d * step_scale
-            if not t[i] <= tfar[i] or steps[i] >= max_steps:
-                continue
-            idx[m] = i
-            m += 1
-        na = m
-
-
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
-def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, mats, env, lights, max_bounces,
-                 roulette_from, light_samples, hashed, seed, first, count, sums, thread, n_threads):
-    """Thread ``thread``'s tiles of samples first .. first+count-1, added into sums (H, W, 4):
-    the rays of a tile's sample are traced together, one bounce at a time (_march), the shadow
-    rays of a bounce together after it, the paths that go on compacted to the front."""
+def _path_kernel(tp, n_regs, sec, cam, box, march, scene, path, samples, sums, thread, n_threads):
+    """Thread ``thread``'s tiles of samples first .. first+count-1 (``samples``), added into sums
+    (H, W, 4); march = (eps, neps, max_steps, step_scale) (the hit threshold, the gradient's tap
+    distance, the march's step limit and scale), scene = (mats, env, lights) (the materials, the
+    environment's constant, light_data's words), path = (max_bounces, roulette_from,
+    light_samples, hashed, seed) (PathSettings'). The rays of a tile's sample are traced
+    together, one bounce at a time (the twin's march, twin_march.trace_rays, side -1 inside a
+    glass), the shadow rays of a bounce together after it, the paths that go on compacted to the
+    front."""
+    eps, neps, max_steps, step_scale = march
+    mats, env, lights = scene
+    max_bounces, roulette_from, light_samples, hashed, seed = path
+    first, count = samples
     H, W = sums.shape[0], sums.shape[1]
     n_save = tp[7]
     n_mat = mats.shape[0]
@@ -633,10 +602,11 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
     eps4 = F32(4) * eps
     o = np.empty(3, F32)
     dv = np.empty(3, F32)
-    B = twin.BLOCK
-    for tile in range(thread, twin._tile_count(dirs), n_threads):
+    B = twin_field.BLOCK
+    rule = (eps, F32(0), max_steps, step_scale, F32(0))      # (trace_rays': no hit cone, no penumbra)
+    for tile in range(thread, twin_march.tile_count(dirs), n_threads):
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
-            twin._tile_setup(tile, dirs, n_regs, n_save)
+            twin_march.tile_setup(tile, dirs, n_regs, n_save)
         thr = np.empty((3, B), F32)
         rad = np.empty((3, B), F32)
         side = np.empty(B, F32)
@@ -664,7 +634,7 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         rd[r, n] = dv[r]
                         thr[r, n] = F32(1)
                         rad[r, n] = F32(0)
-                    t[n], tfar[n] = twin._slab(o, dv, box)
+                    t[n], tfar[n] = twin_march.slab(o, dv, box)
                     side[n], prev_pdf[n] = F32(1), F32(0)
                     pix[0, n], pix[1, n] = row, col
                     n += 1
@@ -672,7 +642,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
             while n > 0:
                 for q in range(n):
                     rhint[0, q], rhint[1, q] = 0, 0
-                _march(tp, sec, ws, ws1, n, ro, rd, side, t, tfar, eps, max_steps, step_scale, steps, hit, mat, idx, rhint)
+                twin_march.trace_rays(tp, sec, ws, ws1, n, (ro, rd, side, t, tfar), rule,
+                                      (steps, hit, mat, res, idx, rhint))
                 m = np.int64(0)
                 for q in range(n):                  # misses see the environment; hits to the front
                     w = F32(1)
@@ -697,15 +668,15 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                         thr[r, m], rad[r, m] = thr[r, q], rad[r, q]
                     mat[m], pix[0, m], pix[1, m] = mat[q], pix[0, q], pix[1, q]
                     m += 1
-                hint = ws[twin.WS_HINT]
+                hint = ws[twin_field.WS_HINT]
                 for q in range(m):
                     hint[0, q], hint[1, q] = 0, 0
-                twin._gradients(tp, sec, ws, ws1, m, ro, neps, grad)
+                twin_march.gradients(tp, sec, ws, ws1, m, ro, neps, grad)
                 bounce += 1
                 ns = np.int64(0)
                 for q in range(m):                  # each hit's light sample and bounce
                     goes_on[q] = False
-                    gl = twin._len3(grad[0, q], grad[1, q], grad[2, q])
+                    gl = twin_ops.len3(grad[0, q], grad[1, q], grad[2, q])
                     if not gl > F32(0):
                         continue
                     nx, ny, nz = grad[0, q] / gl, grad[1, q] / gl, grad[2, q] / gl
@@ -759,7 +730,7 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                                 s_ro[1, ns] = ro[1, q] + eps4 * ny
                                 s_ro[2, ns] = ro[2, q] + eps4 * nz
                                 s_rd[0, ns], s_rd[1, ns], s_rd[2, ns] = l0, l1, l2
-                                s_t[ns], s_tfar[ns] = twin._slab(s_ro[:, ns], s_rd[:, ns], box)
+                                s_t[ns], s_tfar[ns] = twin_march.slab(s_ro[:, ns], s_rd[:, ns], box)
                                 s_path[ns] = q
                                 ns += 1
                         dv[0], dv[1], dv[2] = _sample_bsdf(mt, nx, ny, nz, wo0, wo1, wo2, u0, u1, u2)
@@ -783,7 +754,7 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                             continue
                         for r in range(3):
                             thr[r, q] /= keep
-                    t0, t1 = twin._slab(o, dv, box)
+                    t0, t1 = twin_march.slab(o, dv, box)
                     if not t0 <= t1:                # (leaves the box at once: the environment)
                         w = F32(1)
                         if prev_pdf[q] > F32(0):
@@ -801,8 +772,8 @@ def _path_kernel(tp, n_regs, sec, cam, box, eps, neps, max_steps, step_scale, ma
                 if ns > 0:                          # the shadow rays: unoccluded ones add their light
                     for k in range(ns):
                         s_hint[0, k], s_hint[1, k] = 0, 0
-                    _march(tp, sec, ws, ws1, ns, s_ro, s_rd, s_side, s_t, s_tfar, eps, max_steps, step_scale,
-                           s_steps, s_hit, s_mat, s_idx, s_hint)
+                    twin_march.trace_rays(tp, sec, ws, ws1, ns, (s_ro, s_rd, s_side, s_t, s_tfar), rule,
+                                          (s_steps, s_hit, s_mat, res, s_idx, s_hint))
                     for k in range(ns):               # (a hit adds the emission it sees)
                         q = s_path[k]
                         if not s_hit[k]:
@@ -845,12 +816,15 @@ def _twin_sums(tape: Tape, camera: Camera, width: int, height: int, settings: Re
     packed = settings.pack(tape, "shade")
     VALIDATED.check(tape)
     sums = np.zeros((height, width, 4), F32)
-    twin._on_threads(_path_kernel, twin._kernel_tape(tape), tape.n_regs, twin._section(packed), camera.pack(),
-                     twin._packed(packed, "box_lo", "box_hi").reshape(2, 3), twin._packed(packed, "hit_eps"),
-                     twin._packed(packed, "normal_eps"), int(twin._packed(packed, "max_steps")),
-                     twin._packed(packed, "step_scale"), np.ascontiguousarray(tape.materials),
-                     np.asarray(path.environment, F32), light_data(tape, path), path.max_bounces, path.roulette_from,
-                     bool(path.light_samples), path.sampler == "hash", path.seed, first, count, sums)
+    value = twin.settings_value
+    twin_threads.on_threads(_path_kernel, twin.kernel_tape(tape), tape.n_regs, twin.section_words(packed),
+                            camera.pack(), value(packed, "box_lo", "box_hi").reshape(2, 3),
+                            (value(packed, "hit_eps"), value(packed, "normal_eps"), int(value(packed, "max_steps")),
+                             value(packed, "step_scale")),
+                            (np.ascontiguousarray(tape.materials), np.asarray(path.environment, F32),
+                             light_data(tape, path)),
+                            (path.max_bounces, path.roulette_from, bool(path.light_samples), path.sampler == "hash",
+                             path.seed), (first, count), sums)
     return sums
 
 

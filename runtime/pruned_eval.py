@@ -34,7 +34,7 @@ from .jit_cache import njit, prange
 from .opcodes import check_numba_constants
 from .pruner import checked_records, is_arithmetic, prune_records
 from .tape import Tape, TaperayError, point_array
-from .twin import _arith_block, _row_back, _scratch_row
+from .twin_ops import arith_block as _arith_block, row_back as _row_back, scratch_row as _scratch_row
 
 __all__ = ["sign_image", "field_image_pruned", "evaluate_pruned", "eval_points", "eval_run", "counting_sort",
            "DEFAULT_TILES", "PRUNE_MIN_RECORDS"]

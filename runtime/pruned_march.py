@@ -19,7 +19,8 @@ from .opcodes import Op
 from .pruner import is_arithmetic
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, content_key
-from .twin import _hit_threshold, _packed, _section
+from .twin import section_words as _section, settings_value as _packed
+from .twin_march import hit_threshold as _hit_threshold
 
 __all__ = ["march_pruned", "light_pruned", "march_cell_tapes", "cells_shorten", "ray_slabs", "CELLS_PAY_SHARE",
            "CELL_CACHE"]

@@ -19,7 +19,8 @@ from .opcodes import (LOOP_CAP, MAX_POLY_VERTS, OPS, POLY_OPS, REG_CAPS, REPEATS
 __all__ = ["pool_tangents", "INSTR_DTYPE", "MATERIAL_DTYPE", "MATERIAL_DEFAULTS", "material_array",
            "material_problem", "INSTANCE_DTYPE", "BVH_DTYPE", "Tape", "TaperayError", "TapeError",
            "CellsTooLarge", "validate", "content_key", "freeze", "quat_matrices",
-           "ValidatedTapes", "VALIDATED", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP", "REG_CAPS", "MAX_INSTRS",
+           "ValidatedTapes", "VALIDATED", "derived", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP",
+           "REG_CAPS", "MAX_INSTRS",
            "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
@@ -366,6 +367,18 @@ def freeze(tape: Tape) -> Tape:
     for name in _ARRAYS:
         getattr(tape, name).flags.writeable = False
     return tape
+
+
+def derived(tape: Tape, name: str, source: np.ndarray, make):
+    """``make()``, kept on the tape under ``name`` while the tape holds the same frozen ``source``
+    array (a writable one may change in place: made again at every call). The twin keeps its
+    per-tape arrays this way (the BVH as its walk reads it, the split culls' registers)."""
+    memo = tape.__dict__.get(name)
+    if memo is not None and memo[0] is source and not source.flags.writeable:
+        return memo[1]
+    value = make()
+    tape.__dict__[name] = (source, value)
+    return value
 
 
 def content_key(tape: Tape) -> int:

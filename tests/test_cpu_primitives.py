@@ -442,7 +442,7 @@ def test_mod_is_fmods_rule_bit_for_bit(walker_cpu):
 
 def test_records_writing_a_register_they_read_give_the_values_of_fresh_registers(walker_cpu):
     """The twin writes a record whose destination is one of its operands through a scratch row
-    (runtime.twin._scratch_row), and so does pruning's point interpreter. A random tape written in place over registers 1..5, reading 6 (the
+    (runtime.twin_ops.scratch_row), and so does pruning's point interpreter. A random tape written in place over registers 1..5, reading 6 (the
     highest, so a scratch row that was a register would clobber it), gives bit for bit the values
     of the same program with a fresh register per record (SSA). The six registers are summed, so
     any clobbered one shows."""

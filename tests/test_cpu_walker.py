@@ -249,10 +249,10 @@ def _live_after_target_tapes():
 
 
 def _cull_saves(tape):
-    """runtime.twin's analysis of the tape's culls: (per record, -1 or where its saves start;
+    """runtime.twin_culls' analysis of the tape's culls: (per record, -1 or where its saves start;
     the saved registers; ...) (a unit of the interpreter, not a walker's observable)."""
-    from taperay.runtime import twin
-    return twin._cull_saves(tape.as_columns(), tape.n_regs, twin._READS, twin._WRITES)
+    from taperay.runtime import twin_culls
+    return twin_culls.cull_saves(tape.as_columns(), tape.n_regs, twin_culls.READS, twin_culls.WRITES)
 
 
 def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(walker_cpu):
@@ -281,7 +281,7 @@ def test_blocks_that_split_at_a_cull_give_the_values_of_points_evaluated_alone(w
 
 def test_a_split_cull_saves_the_registers_live_at_its_target():
     """_cull_saves keeps, of the registers a cull and its subtree write, those live at its
-    target (runtime.twin._live_in): register 3 in both tapes of _live_after_target_tapes, only
+    target (runtime.twin_culls.live_in): register 3 in both tapes of _live_after_target_tapes, only
     the cull's own register in a grid pattern of _culled_cell (its other registers are written
     again before any read, also across the pattern's copies)."""
     from taperay.scenegraph import flatten
@@ -302,25 +302,25 @@ def test_a_split_cull_saves_the_registers_live_at_its_target():
 
 
 def test_split_cull_saves_are_kept_per_frozen_tape(walker_cpu):
-    """_split_culls computes a tape's cull saves (and their liveness pass) once while the tape
+    """split_culls computes a tape's cull saves (and their liveness pass) once while the tape
     holds the same frozen records; a writable copy of the records is analysed again."""
     from dataclasses import replace
 
-    from taperay.runtime.twin import _split_culls
+    from taperay.runtime.twin_culls import split_culls
     from taperay.scenegraph import flatten
     tape = flatten(_culled_cell().grid_pattern((1, 1, 1), (3, 3, 3)))
     walker_cpu.evaluate(tape, np.zeros((4, 3), np.float32))          # (validates: freezes the tape)
-    first = _split_culls(tape, tape.as_columns())
-    assert _split_culls(tape, tape.as_columns()) is first
+    first = split_culls(tape, tape.as_columns())
+    assert split_culls(tape, tape.as_columns()) is first
     copy = replace(tape, instrs=tape.instrs.copy())
-    again = _split_culls(copy, copy.as_columns())
+    again = split_culls(copy, copy.as_columns())
     assert again is not first and all(np.array_equal(x, y) for x, y in zip(again, first))
 
 
 def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeypatch):
     """The march and light kernels' tiles and evaluate's chunks are independent: shared out over
-    one, two or three threads (twin._on_threads, round-robin), they give the same bits."""
-    import taperay.runtime.twin as twin
+    one, two or three threads (twin_threads.on_threads, round-robin), they give the same bits."""
+    import taperay.runtime.twin_threads as twin_threads
     from taperay.scenegraph import flatten
     from taperay.scenes import lens_bench_1000
     scene = flatten(lens_bench_1000.scene)
@@ -328,7 +328,7 @@ def test_frames_and_points_do_not_depend_on_the_thread_count(walker_cpu, monkeyp
     pts = np.random.default_rng(3).uniform(scene.bounds[0], scene.bounds[1], (3000, 3)).astype(np.float32)
     runs = []
     for threads in (1, 2, 3):
-        monkeypatch.setattr(twin, "_thread_count", lambda: threads)
+        monkeypatch.setattr(twin_threads, "thread_count", lambda: threads)
         runs.append((walker_cpu.light(scene, cam, 70, 45), walker_cpu.evaluate(scene, pts)))
     for light, (d, m) in runs[1:]:
         for key in ("t", "hit", "steps", "mat", "grad", "shadow", "ao"):

@@ -195,7 +195,7 @@ def test_the_twins_hinted_march_takes_the_steps_of_walks_without_hints(seed, wal
     """The twin's march carries each ray's walk hint from step to step and into its gradient
     taps (twin.py, as the GPU does). Its depths, hits, step counts, gradients and materials must
     be bit for bit those of the same steps taken by ``evaluate``, whose walks have no hint."""
-    from taperay.runtime.twin import _TETRA, _slab
+    from taperay.runtime.twin_march import TETRA, slab
     from taperay.runtime.shading import RenderSettings, unpack
     tape, cam = dense_pile(seed)
     w, h = 40, 30
@@ -206,7 +206,7 @@ def test_the_twins_hinted_march_takes_the_steps_of_walks_without_hints(seed, wal
     max_steps = int(unpack(packed, "max_steps")[0])
     eye, dirs = cam.rays(w, h)
     dirs = dirs.reshape(-1, 3)
-    span = np.array([_slab(eye, d, box_lohi) for d in dirs], np.float32)
+    span = np.array([slab(eye, d, box_lohi) for d in dirs], np.float32)
     t, tfar = span[:, 0].copy(), span[:, 1]
     steps, hit = np.zeros(len(t), np.int32), np.zeros(len(t), bool)
     live = np.flatnonzero(t <= tfar)
@@ -222,7 +222,7 @@ def test_the_twins_hinted_march_takes_the_steps_of_walks_without_hints(seed, wal
     assert np.array_equal(mr["t"].ravel()[hit], t[hit])
     at = eye + t[hit, None] * dirs[hit]
     grad = np.zeros_like(at)
-    for tap in _TETRA:
+    for tap in TETRA:
         grad += tap * walker_cpu.evaluate(tape, at + neps * tap)[0][:, None]
     assert np.array_equal(mr["grad"].reshape(-1, 3)[hit], grad / (np.float32(4) * neps))
     assert np.array_equal(mr["mat"].ravel()[hit], walker_cpu.evaluate(tape, at)[1])
@@ -344,15 +344,15 @@ def test_the_twins_hinted_walk_keeps_the_first_of_tied_leaves(walker_cpu):
     at every point their values are equal, bit for bit, and their materials differ. A walk
     hinted at either leaf must give the material of the first in tree order, as a walk without
     a hint does (and the GPU's surface pass): the twin's march takes its hits' materials from its
-    last, hinted step (twin.py, _ties_first)."""
-    from taperay.runtime import twin
+    last, hinted step (twin_instances.ties_first)."""
+    from taperay.runtime import twin, twin_field
     from taperay.scenegraph import Material
     red, blue = Material("red", (0.8, 0.1, 0.1)), Material("blue", (0.1, 0.2, 0.8))
     body = union(sphere(0.5).translate(0, 0.1, 0).material(red), sphere(0.5).translate(0, -0.1, 0).material(blue))
     tape = flatten(body.instances(np.zeros((2, 3)), [(1, 0, 0, 0), (0, 0, 0, 1)]))
     walker_cpu.evaluate(tape, np.zeros((1, 3), np.float32))   # (validated, so frozen, as the kernels take it)
     pc = int(np.flatnonzero(tape.instrs["op"] == Op.INSTANCES)[0])
-    tp = twin._kernel_tape(tape)
+    tp = twin.kernel_tape(tape)
     first, end = int(tp[0][pc, 6]), int(tp[0][pc, 6] + tp[0][pc, 2])
     leaves = [k for k in range(first, end) if tp[3][k, 7] >= 0]
     assert len(leaves) == 2
@@ -363,12 +363,13 @@ def test_the_twins_hinted_walk_keeps_the_first_of_tied_leaves(walker_cpu):
     one = [walker_cpu.evaluate(flatten(body.instances(np.zeros((1, 3)), [q])), pts) for q in ((1, 0, 0, 0), (0, 0, 0, 1))]
     assert np.array_equal(one[0][0], one[1][0]) and np.all(one[0][1] != one[1][1])    # every point ties
     for leaf in leaves:
-        ws, ws1 = twin._workspace(tape.n_regs, np.int64(len(pts)), tp[7]), twin._workspace(tape.n_regs, np.int64(1), np.int64(0))
-        ws[twin.WS_PIN][:] = pts.T
-        ws[twin.WS_HINT][0], ws[twin.WS_HINT][1] = pc + 1, leaf + 1
-        twin._field(tp, np.int64(len(pts)), ws, ws1, np.zeros(5, np.float32))
-        assert np.array_equal(ws[twin.WS_OUT_D][:len(pts)], d0)
-        assert np.array_equal(ws[twin.WS_OUT_M][:len(pts)], m0), f"hinted at leaf {leaf}"
+        ws = twin_field.workspace(tape.n_regs, np.int64(len(pts)), tp[7])
+        ws1 = twin_field.workspace(tape.n_regs, np.int64(1), np.int64(0))
+        ws[twin_field.WS_PIN][:] = pts.T
+        ws[twin_field.WS_HINT][0], ws[twin_field.WS_HINT][1] = pc + 1, leaf + 1
+        twin_field.field_block(tp, np.int64(len(pts)), ws, ws1, np.zeros(5, np.float32))
+        assert np.array_equal(ws[twin_field.WS_OUT_D][:len(pts)], d0)
+        assert np.array_equal(ws[twin_field.WS_OUT_M][:len(pts)], m0), f"hinted at leaf {leaf}"
 
 
 def test_an_instance_list_is_built_once_per_content_and_flattens_as_if_built_anew(monkeypatch):

@@ -30,7 +30,12 @@ RUNTIME_LAYERS = [
     ("opcodes", "op_numbers", "jit_cache", "gpu_adapter"),
     ("tape", "op_codegen"),
     ("program", "intervals", "shading", "camera", "outputs", "resources", "environment", "gpu_guard"),
-    ("lowering", "image", "wgsl_header", "twin"),                  # twin: the interpreter
+    ("lowering", "image", "wgsl_header", "twin_ops", "twin_threads"),   # the twin: scalar rules, threads,
+    ("twin_shapes",),                                              # shape, point and combine ops,
+    ("twin_patterns", "twin_instances", "twin_culls"),             # patterns, instance lists, split culls,
+    ("twin_field",),                                               # the field over a block,
+    ("twin_march",),                                               # march and light,
+    ("twin",),                                                     # the interpreter and its entry points
     ("interval_kernels", "gpu_device"),                            # the twin's pruning, in layers:
     ("pruner",),                                                   # float32 intervals, the pruner,
     ("pruned_eval",),                                              # points and images,
@@ -45,15 +50,9 @@ RUNTIME_LAYERS = [
 
 # underscore names still taken across modules: (importing module, module taken from) -> names,
 # each to be made public in the module that owns it (an entry that no longer occurs fails too).
-# runtime.twin's and opcodes' are their owners' (the interpreter's split into modules, issue #47)
+# opcodes' is its owner's (issue #47)
 _LEFT = {
     ("runtime.intervals", "runtime.opcodes"): "_rem_euclid",
-    ("runtime.path_tracing", "runtime.twin"): "_field _gradients _kernel_tape _len3 _on_threads _packed _section "
-                                              "_slab _tile_count _tile_setup",
-    ("runtime.cells", "runtime.twin"): "_hit_threshold",
-    ("runtime.interval_kernels", "runtime.twin"): "_rem32 _round",
-    ("runtime.pruned_eval", "runtime.twin"): "_arith_block _row_back _scratch_row",
-    ("runtime.pruned_march", "runtime.twin"): "_hit_threshold _packed _section",
     ("solvers.objectives", "solvers.shape"): "_blocks _geom _rule _scatter _stress",
     ("solvers.objectives", "solvers.study"): "_per_material",
     ("solvers.shape", "solvers.study"): "_per_material",

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from taperay.runtime import interval_kernels, intervals, jax_walker, op_codegen, twin, wgsl_header
+from taperay.runtime import interval_kernels, intervals, jax_walker, op_codegen, twin_ops, wgsl_header
 from taperay.runtime.intervals import INTERVAL_OPS
 from taperay.runtime.opcodes import CLASS_RANGES, OPS, Family, Interval, Op, OpClass, OpSpec
 
@@ -49,8 +49,11 @@ def _wgsl(path: str, function: str | None = None) -> str:
     return text
 
 
-TWIN = _python("runtime/twin.py", comments=True)      # (a final else names its op in a comment)
-TWIN_ARITH = _python("runtime/twin.py", r"_arith_block|_libm_block")
+# the twin's interpreter and the modules holding its op families' records
+TWIN_MODULES = ["runtime/twin.py", "runtime/twin_shapes.py", "runtime/twin_patterns.py", "runtime/twin_instances.py",
+                "runtime/twin_culls.py"]
+TWIN = "\n".join(_python(m, comments=True) for m in TWIN_MODULES)   # (a final else names its op in a comment)
+TWIN_ARITH = _python("runtime/twin_ops.py", r"arith_block|libm_block")
 INTERVAL_IV = _python("runtime/interval_kernels.py", r"_iv\w*")
 INTERPRETER = _wgsl("shaders/interpreter.wgsl")
 IV_UNARY = _wgsl("shaders/prune.wgsl", "iv_unary")
@@ -70,7 +73,7 @@ def places(op: Op) -> dict[str, bool]:
     if reading:
         found["runtime/opcodes.py: OpSpec.numba and OpSpec.interval (the generated cases' rules)"] = \
             spec.numba is not None and spec.interval is not None
-        found["runtime/twin.py: its generated case in _arith_block (regenerate)"] = _has(name, TWIN_ARITH)
+        found["runtime/twin_ops.py: its generated case in arith_block (regenerate)"] = _has(name, TWIN_ARITH)
         found["runtime/interval_kernels.py: its generated interval case in _iv (regenerate)"] = _has(name, INTERVAL_IV)
         prune_fn = "iv_unary" if spec.op_class is OpClass.UNARY else "iv_binary"
         found[f"shaders/prune.wgsl: its generated interval case in {prune_fn} (regenerate)"] = _has(
@@ -82,7 +85,7 @@ def places(op: Op) -> dict[str, bool]:
         found["runtime/jax_walker.py: a value rule in _ARITH (or a numpy ufunc as reference)"] = \
             op in jax_walker._ARITH
     else:
-        found["runtime/twin.py: its case (or the comment naming a final else)"] = _has(name, TWIN)
+        found["runtime/twin.py or its family's twin module: its case (or the comment naming a final else)"] = _has(name, TWIN)
     return found
 
 
@@ -97,7 +100,7 @@ def test_the_check_names_a_missing_place():
     """places() is not vacuous: code without an op's name misses it."""
     assert not _has("TANH_NOT_AN_OP", TWIN_ARITH)
     assert all(places(Op.SQRT).values()) and all(places(Op.SPHERE).values())
-    assert _has("SQRT", TWIN_ARITH) and not _has("SQRT", _python("runtime/twin.py", r"_rand"))
+    assert _has("SQRT", TWIN_ARITH) and not _has("SQRT", _python("runtime/twin_ops.py", r"rand_bits"))
 
 
 def test_classes_are_consecutive_ranges_in_class_order():
@@ -116,7 +119,7 @@ ALLOWED_NAMED_RANGES = {
     ("runtime/interval_kernels.py", "VAR_Z"), ("runtime/pruned_eval.py", "VAR_Z"), ("runtime/twin.py", "VAR_Z"),
 }
 KERNELS = ["shaders/interpreter.wgsl", "shaders/packed.wgsl", "shaders/prune.wgsl", "shaders/kernels_render.wgsl",
-           "shaders/kernels_points.wgsl", "runtime/twin.py", "runtime/interval_kernels.py",
+           "shaders/kernels_points.wgsl", *TWIN_MODULES, "runtime/twin_ops.py", "runtime/interval_kernels.py",
            "runtime/pruner.py", "runtime/pruned_eval.py"]
 
 
@@ -176,8 +179,8 @@ def test_a_new_op_is_one_table_entry():
                   interval=Interval("increasing", wgsl_range=("-1.0", "1.0")))
     ops = {**OPS, tanh_op: spec}
     blocks = op_codegen.generated_blocks(ops)
-    assert "np.tanh(x)" in blocks["runtime/twin.py", "arith"]
-    assert f"op == {tanh_op.name}" in blocks["runtime/twin.py", "arith"]
+    assert "np.tanh(x)" in blocks["runtime/twin_ops.py", "arith"]
+    assert f"op == {tanh_op.name}" in blocks["runtime/twin_ops.py", "arith"]
     assert "rl, rh = np.tanh(lo), np.tanh(hi)" in blocks["runtime/interval_kernels.py", "intervals"]
     assert f"if (op == OP_{tanh_op.name}) {{ return tanh(va); }}" in blocks["shaders/interpreter.wgsl", "arith"]
     assert "let w = wide(tanh(lo), tanh(hi));" in blocks["shaders/prune.wgsl", "intervals"]
@@ -185,10 +188,10 @@ def test_a_new_op_is_one_table_entry():
 
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(64) * 3).astype(np.float32)
-    arith = _exec_block(twin, blocks["runtime/twin.py", "arith"], {tanh_op.name: number})
+    arith = _exec_block(twin_ops, blocks["runtime/twin_ops.py", "arith"], {tanh_op.name: number})
     regs = np.zeros((2, 64), np.float32)
     regs[0] = x
-    arith["_arith_block"](number, regs, 1, 0, 0, 0, 64)
+    arith["arith_block"](number, regs, 1, 0, 0, 0, 64)
     assert np.array_equal(regs[1], np.tanh(x))
 
     iv = _exec_block(interval_kernels, blocks["runtime/interval_kernels.py", "intervals"], {tanh_op.name: number})
