@@ -4,7 +4,8 @@ can matter there, and the result equals the unpruned generic form's.
 Owns ``CellPlan`` (the points bucketed into grid cells and the steps each cell keeps),
 ``CellsProgram`` (the jitted programs of one capacity bucket: values, the pool gradient, df/dx
 and forward tangents), ``CellsRunner`` (plans a call and runs it in calls of pieces), the
-Lipschitz bounds (``lipschitz_rows``) and ``cells_unsupported`` (why a tape gets no cells).
+Lipschitz bounds (``lipschitz_rows``) and ``cells_unsupported`` (why a tape gets no cells). The
+generic form's ops and branches come from runtime.jax_walker, which runs this module.
 
 Which steps a cell keeps. The tape (the generic form's single-assignment steps) ends in a min /
 max tree: UNION, INTERSECT, MIN and MAX steps whose operands are read once, from the result down.
@@ -48,8 +49,8 @@ from jax import lax
 from .opcodes import OPS, Family, Op
 from .tape import Tape
 
-__all__ = ["CellPlan", "CellsProgram", "CellsRunner", "cells_unsupported", "cells_unsupported_tape", "lipschitz",
-           "lipschitz_rows", "cell_grid", "PIECE", "PER_CALL", "CELL_POINTS", "MARGIN"]
+__all__ = ["CellPlan", "CellsProgram", "CellsRunner", "cells_unsupported", "lipschitz_rows", "cell_grid", "PIECE",
+           "PER_CALL", "CELL_POINTS", "MARGIN"]
 
 CELL_POINTS = 512     # the grid is chosen for about this many points a cell
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
@@ -58,22 +59,17 @@ PER_CALL = 16         # pieces a call
 CENTRES = 512         # cell centres a call of the rows program
 
 
-def _ops():
-    from . import jax_walker as jw
-    return jw._GENERIC_OPS, jw._BRANCHES, jw.GENERIC_PARAMS
-
-
 _MINMAX = {Op.UNION: "min", Op.MIN: "min", Op.INTERSECT: "max", Op.MAX: "max"}
 _LIP1_SHAPES = {Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.CAPPED_CONE, Op.CAPSULE, Op.TORUS}
 _LIP_COMBINE = {Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.XOR, Op.OFFSET, Op.SHELL, Op.SMOOTH_UNION,
                 Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE, Op.MIN, Op.MAX, Op.COPY}
 
 
-def lipschitz_rows(steps: np.ndarray, pool: np.ndarray) -> dict:
+def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
     """A Lipschitz bound in the point of every value row of the generic layout's ``steps`` (rows as
     in ``_GenericTape``): shapes, culls and combines under the point ops; inf where a row's value
-    comes through an op without one (arithmetic, ellipsoids, FIELD_RESULT)."""
-    generic_ops = _ops()[0]
+    comes through an op without one (arithmetic, ellipsoids, FIELD_RESULT). ``generic_ops``: the
+    generic form's ops by branch number."""
     lip = {0: 1.0}        # point rows (their first row) -> the point's factor
     val: dict[int, float] = {}
     for row in steps.tolist():
@@ -104,34 +100,18 @@ def lipschitz_rows(steps: np.ndarray, pool: np.ndarray) -> dict:
     return val
 
 
-def lipschitz(steps: np.ndarray, pool: np.ndarray, result: int) -> float:
-    """The Lipschitz bound of the ``result`` row (``lipschitz_rows``)."""
-    return lipschitz_rows(steps, pool).get(result, np.inf)
-
-
-def cells_unsupported(steps: np.ndarray, pool: np.ndarray, result: int) -> str | None:
-    """Why cells cannot prune this tape (None: they can)."""
-    if not np.isfinite(lipschitz(steps, pool, result)):
+def cells_unsupported(steps: np.ndarray, pool: np.ndarray, result: int, generic_ops) -> str | None:
+    """Why cells cannot prune these steps (None: they can): the result has no Lipschitz bound."""
+    if not np.isfinite(lipschitz_rows(steps, pool, generic_ops).get(result, np.inf)):
         return "no Lipschitz bound (arithmetic, ellipsoids or a transform without one)"
     return None
-
-
-def cells_unsupported_tape(tape: Tape) -> str | None:
-    """``cells_unsupported`` of a tape the generic form supports (else the generic form's reason)."""
-    from .jax_walker import _GenericTape, generic_unsupported
-    why = generic_unsupported(tape)
-    if why:
-        return why
-    g = _GenericTape(tape)
-    return cells_unsupported(g.prog[:g.n_steps], tape.params, g.result)
 
 
 class _Structure:
     """What the plan needs of one tape structure: the min / max tree (its operand rows and the
     parent step of each) and the value rows each step reads."""
 
-    def __init__(self, steps: np.ndarray, result: int):
-        generic_ops = _ops()[0]
+    def __init__(self, steps: np.ndarray, result: int, generic_ops):
         ops = [generic_ops[b] for b in steps[:, 0].tolist()]
         self.n = len(steps)
         producer, readers = set(), {}
@@ -156,12 +136,12 @@ class _Structure:
                         self.parent[r] = (s, side)
 
 
-def _structure(steps: np.ndarray, result: int, _cache={}) -> _Structure:
+def _structure(steps: np.ndarray, result: int, generic_ops, _cache={}) -> _Structure:
     key = (steps.tobytes(), result)
     if key not in _cache:
         if len(_cache) > 16:
             _cache.clear()
-        _cache[key] = _Structure(steps, result)
+        _cache[key] = _Structure(steps, result, generic_ops)
     return _cache[key]
 
 
@@ -181,7 +161,7 @@ class CellPlan:
     (n_pieces,)."""
 
     def __init__(self, steps: np.ndarray, result: int, pool: np.ndarray, points: np.ndarray, rows_at,
-                 piece: int, steps_bucket: int, cell_points: int | None = None, extent: float = 1.0):
+                 piece: int, steps_bucket: int, generic_ops, cell_points: int | None = None, extent: float = 1.0):
         pts = np.asarray(points, np.float32)
         n, S = len(pts), len(steps)
         lo, hi = pts.min(0).astype(np.float64), pts.max(0).astype(np.float64)
@@ -196,10 +176,10 @@ class CellPlan:
         cmax = np.maximum.reduceat(pts[order], first, axis=0).astype(np.float64)
         centre = ((cmin + cmax) * 0.5).astype(np.float32)
         half = np.sqrt((((cmax - cmin) * 0.5) ** 2).sum(1)) * (1 + 1e-6)
-        st = _structure(steps, result)
+        st = _structure(steps, result, generic_ops)
         rewrite = np.zeros((K, S), np.int8)
         gone: dict[int, np.ndarray] = {}
-        lips = lipschitz_rows(steps, pool)
+        lips = lipschitz_rows(steps, pool, generic_ops)
         L = lips.get(result, np.inf)
         if st.parent and np.isfinite(L):
             V = np.asarray(rows_at(centre), np.float64)
@@ -258,9 +238,8 @@ class CellPlan:
         self.n_items = kept[cell_of].astype(np.int32)
 
 
-def _rows_program(bucket: tuple):
+def _rows_program(bucket: tuple, branches, n_prm: int):
     """forward(pool, prog, head, x, y, z) -> every row's value (rows, C): the generic sweep."""
-    _, branches, n_prm = _ops()
     n_rows = bucket[1]
 
     def forward(pool, prog, head, x, y, z):
@@ -289,8 +268,7 @@ class CellsProgram:
     materials, df/dx, the weighted pool gradient, forward tangents along pool directions) and
     ``rows`` (the centres' rows for the plan)."""
 
-    def __init__(self, bucket: tuple, piece: int, per_call: int, compiler_options=None):
-        _, branches, n_prm = _ops()
+    def __init__(self, bucket: tuple, piece: int, per_call: int, branches, n_prm: int, compiler_options=None):
         self.bucket, self.piece, self.per_call = bucket, piece, per_call
         n_rows, P = bucket[1], piece
 
@@ -404,7 +382,7 @@ class CellsProgram:
                                                           (items, n_items, pts, w))
             return d, m, dx, dpool, per
 
-        fwd_rows = _rows_program(bucket)
+        fwd_rows = _rows_program(bucket, branches, n_prm)
         jit = functools.partial(jax.jit, compiler_options=compiler_options)
         self.values = jit(values)
         self.vjp = jit(vjp)
@@ -414,10 +392,14 @@ class CellsProgram:
 
 
 class CellsRunner:
-    """The cell form over one generic capacity bucket's programs (kept per bucket): plans a call's
-    cells and runs them in calls of PER_CALL pieces; results scattered back to the points."""
+    """The cell form over the generic form's programs (kept per capacity bucket): plans a call's
+    cells and runs them in calls of PER_CALL pieces; results scattered back to the points.
+    ``generic_ops``, ``branches``, ``n_prm``: the generic form's ops by branch number, its branch
+    functions and its parameter window; a call's ``generic`` has the generic layout's
+    ``bucket``, ``n_steps``, ``result`` and ``args(tape)``."""
 
-    def __init__(self, compiler_options=None):
+    def __init__(self, generic_ops, branches, n_prm: int, compiler_options=None):
+        self.generic_ops, self.branches, self.n_prm = generic_ops, branches, n_prm
         self.compiler_options = compiler_options
         self._programs: dict = {}
         self.last_plan: CellPlan | None = None
@@ -425,7 +407,8 @@ class CellsRunner:
     def program(self, bucket: tuple) -> CellsProgram:
         prog = self._programs.get(bucket)
         if prog is None:
-            prog = self._programs[bucket] = CellsProgram(bucket, PIECE, PER_CALL, self.compiler_options)
+            prog = self._programs[bucket] = CellsProgram(bucket, PIECE, PER_CALL, self.branches, self.n_prm,
+                                                         self.compiler_options)
         return prog
 
     def plan(self, generic, tape: Tape, pts: np.ndarray) -> tuple[CellsProgram, tuple, CellPlan]:
@@ -446,7 +429,7 @@ class CellsRunner:
         b = tape.bounds
         extent = float(np.linalg.norm(b[1] - b[0])) if np.all(np.isfinite(b)) else 1.0
         plan = CellPlan(steps_all[:generic.n_steps], generic.result, tape.params, pts, rows_at, PIECE,
-                        generic.bucket[0], extent=extent)
+                        generic.bucket[0], self.generic_ops, extent=extent)
         self.last_plan = plan
         return prog, args, plan
 

@@ -54,11 +54,13 @@ import jax  # noqa: E402  (after the allocator setting)
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
+from . import jax_cells
+from .jax_cells import CellsRunner
 from .opcodes import OPS, POLY_OPS, Family, Op
 from .tape import VALIDATED, Tape, TaperayError, point_array, pool_tangents
 
 __all__ = ["JaxWalker", "Gradients", "compile_stats", "LADDER_MIN", "CHUNK", "LEAF_BLOCK", "cache_dir",
-           "generic_unsupported", "compiler_options", "cpu_options_accepted"]
+           "generic_unsupported", "cells_unsupported", "compiler_options", "cpu_options_accepted"]
 
 LADDER_MIN = 4096     # the smallest padded point count; above it, powers of two
 CHUNK = 16384         # points a chunk of the trace form (the program maps over chunks)
@@ -776,6 +778,16 @@ _BRANCH = {op: k for k, op in enumerate(_GENERIC_OPS)}
 _GENERIC_SKIP = (Op.PUSH, Op.POP)          # renamings: no step of their own
 
 
+def cells_unsupported(tape: Tape) -> str | None:
+    """Why the cell form cannot run ``tape`` (the generic form's reason, or no Lipschitz bound of
+    its result: ``jax_cells.cells_unsupported``), or None."""
+    why = generic_unsupported(tape)
+    if why:
+        return why
+    g = _GenericTape(tape)
+    return jax_cells.cells_unsupported(g.prog[:g.n_steps], tape.params, g.result, _GENERIC_OPS)
+
+
 def generic_unsupported(tape: Tape) -> str | None:
     """Why the generic form cannot run ``tape`` (the first record it does not support), or None."""
     for i, op in enumerate(tape.instrs["op"]):
@@ -1027,9 +1039,13 @@ class JaxWalker:
                 return "trace"
             form = "cells" if n_points is not None and n_points >= self.CELLS_FROM else "generic"
         if form == "cells":
-            from .jax_cells import cells_unsupported_tape
-            return "generic" if cells_unsupported_tape(tape) else "cells"
+            return "generic" if cells_unsupported(tape) else "cells"
         return form
+
+    @property
+    def cells_plan(self):
+        """The ``jax_cells.CellPlan`` of this walker's last call run cell by cell (None before)."""
+        return self._cells.last_plan if self._cells is not None else None
 
     def _cells_run(self, tape: Tape, points, what: str):
         """(runner, generic layout, float32 points) where the cell form runs this call, else None
@@ -1042,8 +1058,7 @@ class JaxWalker:
         if len(pts) == 0 or self.form_for(tape, what != "evaluate", len(pts)) != "cells":
             return None
         if self._cells is None:
-            from .jax_cells import CellsRunner
-            self._cells = CellsRunner(compiler_options())
+            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, GENERIC_PARAMS, compiler_options())
         return self._cells, _GenericTape(tape), pts
 
     def _program(self, tape: Tape, n_points: int, derivatives: bool):

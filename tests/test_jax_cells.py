@@ -11,7 +11,7 @@ pytest.importorskip("jax")
 
 from taperay.runtime import conformance as C                          # noqa: E402
 from taperay.runtime import jax_cells                                 # noqa: E402
-from taperay.runtime.jax_walker import JaxWalker, _GenericTape, compile_stats  # noqa: E402
+from taperay.runtime.jax_walker import JaxWalker, cells_unsupported, compile_stats  # noqa: E402
 from taperay.runtime.opcodes import Op                                # noqa: E402
 from taperay.scenegraph import (Param, box, capsule, flatten, smooth_union, sphere,  # noqa: E402
                                 torus, union)
@@ -64,8 +64,8 @@ def test_cells_prune_and_equal_the_generic_form(walker_cells, walker_generic, wa
     pts = _lattice(tape, 16, jitter=0.05)
     assert walker_cells.form_for(tape, True, len(pts)) == "cells"
     d, m = walker_cells.evaluate(tape, pts)
-    plan = walker_cells._cells.last_plan
-    n_steps = _GenericTape(tape).n_steps
+    plan = walker_cells.cells_plan
+    n_steps = plan.n_steps
     assert plan.n_cells > 20 and plan.kept.min() < 0.5 * n_steps and plan.kept.mean() < 0.9 * n_steps   # it prunes
     gd, gm = walker_generic.evaluate(tape, pts)
     np.testing.assert_array_equal(d, gd)
@@ -136,11 +136,11 @@ def test_cells_edits_compile_nothing(walker_cells):
 
 def test_tapes_without_a_lipschitz_bound_run_the_generic_form(walker_cells, walker_generic):
     tape = C.op_tape(Op.SIN, np.random.default_rng(0))
-    assert jax_cells.cells_unsupported_tape(tape)
+    assert cells_unsupported(tape)
     assert walker_cells.form_for(tape, True, 10 ** 6) == "generic"
     pts = np.random.default_rng(0).uniform(-1, 1, (500, 3)).astype(np.float32)
     np.testing.assert_array_equal(walker_cells.evaluate(tape, pts)[0], walker_generic.evaluate(tape, pts)[0])
     assert JaxWalker().form_for(flatten(_scene()), True, 10 ** 5) == "cells"
     assert JaxWalker().form_for(flatten(_scene()), True, 100) == "generic"
-    assert not jax_cells.cells_unsupported_tape(flatten(smooth_union(sphere(1), box(0.5, 0.5, 0.5).rotate(
+    assert not cells_unsupported(flatten(smooth_union(sphere(1), box(0.5, 0.5, 0.5).rotate(
         (0, 0, 1), 30).translate(0.5, 0, 0), k=0.2)))

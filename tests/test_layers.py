@@ -42,7 +42,7 @@ RUNTIME_LAYERS = [
     ("cells",),                                                    # march cells,
     ("pruned_march",),                                             # the march on them,
     ("pruning",),                                                  # and their public names
-    ("compile_progress", "gpu_pruning", "path_tracing"),
+    ("compile_progress", "gpu_pruning", "path_tracing", "jax_cells"),
     ("cpu", "gpu", "jax_walker"),                                  # the walkers
     ("conformance",),                                              # grading, the GPU self-check
     ("walkers",),                                                  # the choice, the Walker protocol

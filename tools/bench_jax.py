@@ -107,7 +107,7 @@ def bench_jax(opts) -> BenchResult:
             walker.vjp(tape, pts, ones)
             g_first = time.perf_counter() - t0
             g = summarize(time_calls(lambda: walker.vjp(tape, pts, ones), max(1, opts.repeat // 2), warmup=0))
-            plan = walker._cells.last_plan if form == "cells" else None     # (the 64³ call's cells)
+            plan = walker.cells_plan if form == "cells" else None     # (the 64³ call's cells)
             walker.evaluate(tape, few)
             walker.vjp(tape, few, np.ones(len(few), np.float32))
             names = sorted(tape.names)
