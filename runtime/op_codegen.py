@@ -283,11 +283,16 @@ def wgsl_intervals(ops: dict[Op, OpSpec] | None = None) -> str:
     uvals = dict(zip(IV_NAMES, ("lo", "hi", "lo", "hi", "lo", "hi")))
     bvals = {n: n for n in IV_NAMES}
     out = ["// the arithmetic ops' intervals (OpSpec.interval), hottest first",
-           "fn iv_unary(op: u32, lo: f32, hi: f32) -> Iv {",
-           "    if (is_nan(lo)) {",
-           "        return iv_nan();   // (WGSL's min / max of a NaN are unspecified: never reached with one)",
-           "    }"]
+           "fn iv_unary(op: u32, lo: f32, hi: f32) -> Iv {"]
     for s in unary:
+        if s.interval.takes_nan:
+            out.append(f"    if (op == OP_{s.op.name}) {{ return {_fill(s.interval.wgsl, uvals)}; }}")
+    out += ["    if (is_nan(lo)) {",
+            "        return iv_nan();   // (WGSL's min / max of a NaN are unspecified: never reached with one)",
+            "    }"]
+    for s in unary:
+        if s.interval.takes_nan:
+            continue
         lines = _wgsl_monotone(s) if s.interval.monotone else \
             [f"if (op == OP_{s.op.name}) {{ return {_fill(s.interval.wgsl, uvals)}; }}"]
         out += ["    " + line for line in lines]

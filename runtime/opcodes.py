@@ -201,7 +201,8 @@ class Interval:
     operand bounds ``{alo} {ahi} {blo} {bhi} {clo} {chi}`` (the twin's gives (lo, hi), or (lo, hi,
     choice) where ``chooses``; the GPU's an ``Iv``), and ``runtime.intervals`` holds its float64
     rule by op. ``takes_nan``: the rule itself handles NaN operands (AND / OR ignore a NaN operand
-    they never select); the GPU's binary case of any other op answers NaN for a NaN operand first."""
+    they never select; NOT of anything, NaN included, is 0 or 1); the GPU's case of any other op
+    answers NaN for a NaN operand first."""
     monotone: str | None = None
     exact: bool = False
     domain: tuple[float, float] = (-np.inf, np.inf)
@@ -350,8 +351,7 @@ _spec(Op.LN, F.ARITH, A, True, 0, "ln(a) (NaN below 0, -inf at 0)", np.log, wgsl
       tolerance=Tolerance(4, 2.0 ** -21, "WGSL: log absolute 2^-21 on [0.5, 2], 3 ULP elsewhere"))
 _spec(Op.NOT, F.ARITH, A, True, 0, "1 if a == 0 else 0", lambda a: (a == 0).astype(np.float64),
       wgsl="select(0.0, 1.0, {a} == 0.0)", numba="F1 if {a} == F0 else F0",
-      interval=_named("_iv_not({alo}, {ahi})",
-                   "iv(select(0.0, 1.0, {alo} == 0.0 && {ahi} == 0.0), select(0.0, 1.0, has0({alo}, {ahi})))"),
+      interval=_named("_iv_not({alo}, {ahi})", "iv_not({alo}, {ahi})", takes_nan=True),
       rank=24, field="logical_not", vm="not")
 _spec(Op.ADD, F.ARITH, AB, True, 0, "a + b", np.add, wgsl="{a} + {b}", numba="{a} + {b}",
       interval=_named("_iv_add({alo}, {ahi}, {blo}, {bhi})", "iv_add({alo}, {ahi}, {blo}, {bhi})"), rank=3, vm="add")

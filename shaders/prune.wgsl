@@ -119,6 +119,14 @@ fn has0(lo: f32, hi: f32) -> bool {
     return lo <= 0.0 && hi >= 0.0;
 }
 
+// NOT: 1 where a may be 0, 0 where it may be non-zero; a may be NaN (anything): 0 or 1
+fn iv_not(lo: f32, hi: f32) -> Iv {
+    if (is_nan(lo) || is_nan(hi)) {
+        return iv(0.0, 1.0);
+    }
+    return iv(select(0.0, 1.0, lo == 0.0 && hi == 0.0), select(0.0, 1.0, has0(lo, hi)));
+}
+
 fn iv_add(alo: f32, ahi: f32, blo: f32, bhi: f32) -> Iv {
     if ((ahi == inf() && blo == -inf()) || (alo == -inf() && bhi == inf())) {
         return iv_nan();   // inf - inf inside
@@ -273,9 +281,7 @@ fn iv_mix(alo: f32, ahi: f32, blo: f32, bhi: f32, clo: f32, chi: f32) -> Iv {
 // ---- BEGIN GENERATED intervals by taperay.runtime.op_codegen from runtime/opcodes.py: do not edit ----
 // the arithmetic ops' intervals (OpSpec.interval), hottest first
 fn iv_unary(op: u32, lo: f32, hi: f32) -> Iv {
-    if (op == OP_NOT && is_nan(lo)) {
-        return iv(0.0, 1.0);   // NOT of anything, NaN included, is 0 or 1
-    }
+    if (op == OP_NOT) { return iv_not(lo, hi); }
     if (is_nan(lo)) {
         return iv_nan();   // (WGSL's min / max of a NaN are unspecified: never reached with one)
     }
@@ -311,7 +317,6 @@ fn iv_unary(op: u32, lo: f32, hi: f32) -> Iv {
         if (lo < 0.0) { return iv_nan(); }
         return wide(log(lo), log(hi));
     }
-    if (op == OP_NOT) { return iv(select(0.0, 1.0, lo == 0.0 && hi == 0.0), select(0.0, 1.0, has0(lo, hi))); }
     return iv_nan();
 }
 
