@@ -24,10 +24,11 @@ from __future__ import annotations
 from .cells import CellTapes, cell_tape, grid_cell_boxes, grid_ijk, sub_cell_ijk
 from .interval_kernels import interval_op
 from .pruned_eval import DEFAULT_TILES, PRUNE_MIN_RECORDS, evaluate_pruned, field_image_pruned, sign_image
-from .pruned_march import cells_shorten, light_pruned, march_pruned, ray_slabs
+from .pruned_march import cells_shorten, light_pruned, march_cell_tapes, march_pruned, ray_slabs
 from .pruner import FIELD_OPS, compact_records, interval_eval, is_arithmetic, prune
 
 __all__ = ["is_arithmetic", "compact_records", "light_pruned", "cell_tape", "interval_eval", "interval_op", "prune",
-           "sign_image", "field_image_pruned", "evaluate_pruned", "march_pruned", "cells_shorten", "ray_slabs",
+           "sign_image", "field_image_pruned", "evaluate_pruned", "march_pruned", "march_cell_tapes", "cells_shorten",
+           "ray_slabs",
            "CellTapes", "grid_ijk", "sub_cell_ijk", "grid_cell_boxes", "DEFAULT_TILES", "PRUNE_MIN_RECORDS",
            "FIELD_OPS"]
