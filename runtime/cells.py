@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .interval_kernels import JIT_OPTIONS as _JIT, LANES, NAN, box_intervals, box_rows, boxes_group
+from .interval_kernels import LANES, NAN, box_intervals, box_rows, boxes_group
 from .jit_cache import njit, prange
 from .lowering import NotLowerable, lower
 from .pruned_eval import counting_sort, eval_run
 from .pruner import checked_records, is_arithmetic, prune_records
 from .tape import CellsTooLarge, Tape, content_key
-from .twin_march import hit_threshold as _hit_threshold
+from .twin_march import hit_threshold
+from .twin_ops import JIT_OPTIONS as _JIT
 
 __all__ = ["CellTapes", "cell_tape", "grid_ijk", "sub_cell_ijk", "grid_cell_boxes", "CELL_TAPES_MAX_BYTES",
            "LOWER_MAX_RECORDS"]
@@ -328,7 +329,7 @@ def _skip_kernel(rays, live, pts, table, rule, out):
                         exit = x
                 step = t[i] + low * scale
                 cand = exit if exit > step else step
-                if not low >= _hit_threshold(eps, cone, cand):
+                if not low >= hit_threshold(eps, cone, cand):
                     continue
                 if cand > best:
                     best = cand

@@ -13,14 +13,14 @@ import numpy as np
 
 from . import twin
 from .cells import CellTapes
-from .interval_kernels import JIT_OPTIONS as _JIT
 from .jit_cache import njit
 from .opcodes import Op
 from .pruner import is_arithmetic
 from .shading import RenderSettings
 from .tape import Tape, TaperayError, content_key
-from .twin import section_words as _section, settings_value as _packed
-from .twin_march import hit_threshold as _hit_threshold
+from .twin import section_words, settings_value
+from .twin_march import TETRA, hit_threshold
+from .twin_ops import JIT_OPTIONS as _JIT
 
 __all__ = ["march_pruned", "light_pruned", "march_cell_tapes", "cells_shorten", "ray_slabs", "CELLS_PAY_SHARE",
            "CELL_CACHE"]
@@ -30,14 +30,13 @@ __all__ = ["march_pruned", "light_pruned", "march_cell_tapes", "cells_shorten", 
 # Menger sponge's cells keep 0.68 of its records, and its frames ran 20 % slower on them (twin,
 # 2 cores, 320x180, 122-126 against 103-104 ms); 100 lowered primitives keep 0.11, Prospero 0.05.
 CELLS_PAY_SHARE = 0.5
-_TETRA = np.array([[1, -1, -1], [-1, -1, 1], [-1, 1, -1], [1, 1, 1]], np.float32)
 CELL_CACHE: dict[tuple, CellTapes] = {}   # march_pruned: the last (tape content, box, grid, levels)'s cells
 
 
 def march_cell_tapes(tape: Tape, packed: np.ndarray, grid: int, levels: int) -> CellTapes:
     """march_pruned's cells of ``tape`` over the march box of ``packed`` (kept per tape content,
     box, grid and levels)."""
-    box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
+    box = np.asarray(settings_value(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
     key = (content_key(tape), box.tobytes(), grid, levels)
     if key not in CELL_CACHE:
         CELL_CACHE.clear()          # (one: the cells of a big tape take up to CELL_TAPES_MAX_BYTES)
@@ -57,7 +56,7 @@ def _pruned_field(tape: Tape, packed: np.ndarray, grid: int, levels: int):
     """The field of ``tape`` (arithmetic, scene fields allowed) on march_pruned's cells over the
     march box of ``packed`` (kept per tape content and box), capped by the section half-space as
     the twin's _field: a function of (N, 3) float32 points."""
-    sec = _section(packed)
+    sec = section_words(packed)
     cells = march_cell_tapes(tape, packed, grid, levels)
 
     def field(p):
@@ -110,7 +109,7 @@ def _wavefront_advance(live, d, rays, rule, out_live):
         i = live[q]
         steps[i] += 1
         dq = d[q]
-        if dq < _hit_threshold(eps, cone, t[i]):
+        if dq < hit_threshold(eps, cone, t[i]):
             hit[i] = True
             res[i] = 0
             continue
@@ -183,24 +182,24 @@ def march_pruned(tape: Tape, camera, width: int, height: int, settings=None, vie
         raise TaperayError(f"march_pruned: grid {grid} must be at least 1 and levels {levels} 1 or 2")
     settings = settings or RenderSettings()
     packed = settings.pack(tape, view)
-    box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
-    eps, neps, step_scale = (np.float32(_packed(packed, k)) for k in ("hit_eps", "normal_eps", "step_scale"))
-    max_steps = int(_packed(packed, "max_steps"))
-    sec = _section(packed)
+    box = np.asarray(settings_value(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
+    eps, neps, step_scale = (np.float32(settings_value(packed, k)) for k in ("hit_eps", "normal_eps", "step_scale"))
+    max_steps = int(settings_value(packed, "max_steps"))
+    sec = section_words(packed)
     field = _pruned_field(tape, packed, grid, levels)
-    skip = march_cell_tapes(tape, packed, grid, levels) if _packed(packed, "cell_skip") else None
+    skip = march_cell_tapes(tape, packed, grid, levels) if settings_value(packed, "cell_skip") else None
     eye_out, dirs = camera.rays(width, height)
     eye = np.asarray(eye_out, np.float32)
     rd = np.ascontiguousarray(dirs, np.float32).reshape(-1, 3)
     t, tfar = ray_slabs(np.broadcast_to(eye, rd.shape), rd, box)
     steps, hit, _ = _wavefront(field, eye, rd, t, tfar, eps, max_steps, step_scale, np.float32(0), skip,
-                               np.float32(_packed(packed, "hit_cone")))
+                               np.float32(settings_value(packed, "hit_cone")))
     grad = np.zeros((len(rd), 3), np.float32)
     at = np.flatnonzero(hit)
     if at.size:                                                 # the twin's _gradients
         px = eye + t[at, None] * rd[at]
         g = np.zeros((at.size, 3), np.float32)
-        for k in _TETRA:
+        for k in TETRA:
             g += k * field(px + neps * k)[:, None]
         grad[at] = g / (np.float32(4) * neps)
     mat = np.zeros(len(rd), np.uint32)
@@ -221,11 +220,11 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
     march_pruned's cells (kept from the march). Returns shadow and ao (H, W) float32 (1 on
     misses)."""
     field = _pruned_field(tape, packed, grid, levels)
-    box = np.asarray(_packed(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
-    eps, step_scale, soft_k, ao_strength, ao_dist = (np.float32(_packed(packed, k)) for k in
+    box = np.asarray(settings_value(packed, "box_lo", "box_hi"), np.float32).reshape(2, 3)
+    eps, step_scale, soft_k, ao_strength, ao_dist = (np.float32(settings_value(packed, k)) for k in
                                                      ("hit_eps", "step_scale", "soft_k", "ao_strength", "ao_dist"))
-    key_dir = np.asarray(_packed(packed, "key_dir"), np.float32)
-    shadow_steps, shadow_mode = int(_packed(packed, "shadow_steps")), int(_packed(packed, "shadow_mode"))
+    key_dir = np.asarray(settings_value(packed, "key_dir"), np.float32)
+    shadow_steps, shadow_mode = int(settings_value(packed, "shadow_steps")), int(settings_value(packed, "shadow_mode"))
     h, w = mr["t"].shape
     shadow = np.ones(h * w, np.float32)
     ao = np.ones(h * w, np.float32)
@@ -245,7 +244,7 @@ def light_pruned(tape: Tape, packed: np.ndarray, mr: dict, grid: int = 4, levels
             tfar = ray_slabs(ro, rd, box)[1]
             t = np.zeros(len(at), np.float32)
             hard = shadow_mode == 1                          # (0 off, 1 hard, 2 soft: shading.SHADOW_MODES)
-            skip = march_cell_tapes(tape, packed, grid, levels) if hard and _packed(packed, "cell_skip") else None
+            skip = march_cell_tapes(tape, packed, grid, levels) if hard and settings_value(packed, "cell_skip") else None
             _, hit, res = _wavefront(field, ro, rd, t, tfar, eps, shadow_steps, step_scale,
                                      soft_k if shadow_mode == 2 else np.float32(0), skip)
             one = np.where(np.float32(1) < res, np.float32(1), res)
