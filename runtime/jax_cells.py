@@ -49,8 +49,8 @@ from jax import lax
 from .opcodes import OPS, Family, Op
 from .tape import Tape
 
-__all__ = ["CellPlan", "CellsProgram", "CellsRunner", "cells_unsupported", "lipschitz_rows", "cell_grid", "PIECE",
-           "PER_CALL", "CELL_POINTS", "MARGIN"]
+__all__ = ["CellPlan", "CellsProgram", "CellsRunner", "cells_unsupported", "lipschitz_rows", "cell_grid", "step_tangent",
+           "PIECE", "PER_CALL", "CELL_POINTS", "MARGIN"]
 
 CELL_POINTS = 512     # the grid is chosen for about this many points a cell
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
@@ -63,6 +63,17 @@ _MINMAX = {Op.UNION: "min", Op.MIN: "min", Op.INTERSECT: "max", Op.MAX: "max"}
 _LIP1_SHAPES = {Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.CAPPED_CONE, Op.CAPSULE, Op.TORUS}
 _LIP_COMBINE = {Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.XOR, Op.OFFSET, Op.SHELL, Op.SMOOTH_UNION,
                 Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE, Op.MIN, Op.MAX, Op.COPY}
+
+
+def step_tangent(branches, row, vals, mats, p, prm, tv, tp, tprm):
+    """The tangent row of one generic step ``row`` (forward mode): its op's branch differentiated
+    by jax.jvp in its operand values ``vals``, point ``p`` and parameters ``prm`` along their
+    tangents ``tv``, ``tp``, ``tprm`` (the generic form's and the cells' jvp sweeps)."""
+    def branch_jvp(fn):
+        def run(vals, p, prm, tv, tp, tprm):
+            return jax.jvp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], (vals, p, prm), (tv, tp, tprm))[1]
+        return run
+    return lax.switch(row[0], [branch_jvp(fn) for fn in branches], vals, p, prm, tv, tp, tprm)
 
 
 def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
@@ -336,13 +347,7 @@ class CellsProgram:
                 tv, _, tp = gather(T, M, row, ia, ib)
                 prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
                 tprm = lax.dynamic_slice(tpool, (row[8],), (n_prm,))
-
-                def branch_jvp(fn):
-                    def run(vals, p, prm, tv, tp, tprm):
-                        return jax.jvp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], (vals, p, prm),
-                                       (tv, tp, tprm))[1]
-                    return run
-                tout = lax.switch(row[0], [branch_jvp(fn) for fn in branches], vals, p, prm, tv, tp, tprm)
+                tout = step_tangent(branches, row, vals, mats, p, prm, tv, tp, tprm)
                 return lax.dynamic_update_slice(T, tout, (row[10], 0))
             return lax.fori_loop(0, n, step, T)
 

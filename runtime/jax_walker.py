@@ -959,13 +959,7 @@ def _generic_field(bucket: tuple):
             tv, _, tp = gather(T, M, row)
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
             tprm = lax.dynamic_slice(dpool, (row[8],), (GENERIC_PARAMS,))
-
-            def branch_jvp(fn):
-                def run(vals, p, prm, tv, tp, tprm):
-                    return jax.jvp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], (vals, p, prm),
-                                   (tv, tp, tprm))[1]
-                return run
-            tout = lax.switch(row[0], [branch_jvp(fn) for fn in _BRANCHES], vals, p, prm, tv, tp, tprm)
+            tout = jax_cells.step_tangent(_BRANCHES, row, vals, mats, p, prm, tv, tp, tprm)
             return lax.dynamic_update_slice(T, tout, (row[10], 0))
 
         T = lax.fori_loop(0, head[0], step, T)
