@@ -92,6 +92,16 @@ def _union_bound(op, ch, far_a, far_b, near, dkind, dbound):
 
 
 @njit(**_JIT)
+def _keep(code, imm, i, out, w):
+    """Record i written unchanged to out[w] (out: code, imm, src)."""
+    out_code, out_imm, out_src = out
+    for f in range(5):
+        out_code[w, f] = code[i, f]
+    out_imm[w] = imm[i]
+    out_src[w] = i
+
+
+@njit(**_JIT)
 def prune_records(code, imm, start, end, choice_row, side_row, live, out):
     """Backward liveness over code[start:end] with one box's choices and MIN / MAX sides
     (side_row: (n, 3); NaN rows, or an empty (0, 3) side_row: no union rule); the pruned records
@@ -127,18 +137,12 @@ def prune_records(code, imm, start, end, choice_row, side_row, live, out):
                 out_src[w] = i
                 continue
             w -= 1
-            for f in range(5):
-                out_code[w, f] = code[i, f]
-            out_imm[w] = imm[i]
-            out_src[w] = i
+            _keep(code, imm, i, out, w)
             _read(a, kind, h, live, rkind, rbound)
             _read(b, kind, h, live, rkind, rbound)
             continue
         w -= 1
-        for f in range(5):
-            out_code[w, f] = code[i, f]
-        out_imm[w] = imm[i]
-        out_src[w] = i
+        _keep(code, imm, i, out, w)
         if op > LEAF_LAST:                           # reads a; binary ops b; ternary c
             _read(a, _BOUND_NONE, F0, live, rkind, rbound)
             if op >= BINARY_FIRST:
