@@ -28,17 +28,25 @@ The centres' values come from the generic forward at the centres (one program pe
 Where an operand's value is NaN the unpruned form returns NaN and a cell that dropped it does
 not (the twin's culls skip such subtrees too).
 
-Running the cells: a cell's points are split into pieces of ``PIECE`` points (the last one
-padded with copies of a point); a call runs ``PER_CALL`` pieces in a ``lax.scan`` that carries
-one row file (rows x PIECE), never cleared (each piece writes every row before it reads it; the
+Running the cells: a cell's points are split into pieces (the last one padded with copies of a
+point); a call runs several pieces in a ``lax.scan`` that carries
+one row file (rows x piece), never cleared (each piece writes every row before it reads it; the
 reverse sweep clears each output row once read, so its adjoint file comes back zero). Each
 piece runs its cell's kept steps (``items``: step and rewrite) through the generic form's
 branches. The programs depend on the generic capacity bucket only: no parameter edit and no
 topology edit inside the bucket compiles anything.
+
+How large cells and pieces are (``CellLayout``) depends on the device. On a CPU the steps cost
+their arithmetic, so small cells that keep few steps win (``CPU_LAYOUT``: 512 points a cell and a
+piece, 16 pieces a call). On a GPU a step costs its launch whatever the piece's size, and the
+pieces run one after another, so the fewest pieces win (``ACCELERATOR_LAYOUT``: one piece of up
+to 262,144 points, as many as keep the row file within ``ACCELERATOR_ROW_BYTES``): docs/JAX.md has
+the figures.
 """
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,14 +57,38 @@ from jax import lax
 from .opcodes import OPS, Family, Op
 from .tape import Tape
 
-__all__ = ["CellPlan", "CellsProgram", "CellsRunner", "cells_unsupported", "lipschitz_rows", "cell_grid", "step_tangent",
-           "PIECE", "PER_CALL", "CELL_POINTS", "MARGIN"]
+__all__ = ["CellPlan", "CellsProgram", "CellsRunner", "CellLayout", "CPU_LAYOUT", "ACCELERATOR_LAYOUT",
+           "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "step_tangent", "MARGIN"]
 
-CELL_POINTS = 512     # the grid is chosen for about this many points a cell
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
-PIECE = 512           # points a piece (one cell's run; larger cells run as several pieces)
-PER_CALL = 16         # pieces a call
 CENTRES = 512         # cell centres a call of the rows program
+ACCELERATOR_ROW_BYTES = 1 << 31   # a GPU piece's row file (rows x piece float32) stays within this
+
+
+class CellLayout(NamedTuple):
+    """How a call is cut: about ``cell_points`` points a cell (the grid's size; at most a piece's), pieces of at most
+    ``piece`` points (a cell's run; a larger cell runs as several pieces), ``per_call`` pieces a
+    call; ``row_bytes``: where set, the piece shrinks (powers of two) until its row file fits."""
+    cell_points: int
+    piece: int
+    per_call: int
+    row_bytes: int | None = None
+
+    def piece_for(self, n_rows: int) -> int:
+        """Points a piece for a bucket of ``n_rows`` rows."""
+        if self.row_bytes is None:
+            return self.piece
+        fit = max(1, self.row_bytes // (4 * n_rows))
+        return max(512, min(self.piece, 1 << (fit.bit_length() - 1)))
+
+
+CPU_LAYOUT = CellLayout(cell_points=512, piece=512, per_call=16)
+ACCELERATOR_LAYOUT = CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=ACCELERATOR_ROW_BYTES)
+
+
+def layout_for(backend: str) -> CellLayout:
+    """The layout for JAX's default backend name ("cpu", "gpu", "cuda", "rocm", "tpu", ...)."""
+    return CPU_LAYOUT if backend == "cpu" else ACCELERATOR_LAYOUT
 
 
 _MINMAX = {Op.UNION: "min", Op.MIN: "min", Op.INTERSECT: "max", Op.MAX: "max"}
@@ -172,11 +204,11 @@ class CellPlan:
     (n_pieces,)."""
 
     def __init__(self, steps: np.ndarray, result: int, pool: np.ndarray, points: np.ndarray, rows_at,
-                 piece: int, steps_bucket: int, generic_ops, cell_points: int | None = None, extent: float = 1.0):
+                 piece: int, steps_bucket: int, generic_ops, cell_points: int, extent: float = 1.0):
         pts = np.asarray(points, np.float32)
         n, S = len(pts), len(steps)
         lo, hi = pts.min(0).astype(np.float64), pts.max(0).astype(np.float64)
-        g = cell_grid(n, cell_points or CELL_POINTS)
+        g = cell_grid(n, cell_points)
         size = np.maximum((hi - lo) / g, 1e-30)
         ijk = np.clip(((pts - lo) / size).astype(np.int64), 0, g - 1)
         cid = (ijk[:, 0] * g + ijk[:, 1]) * g + ijk[:, 2]
@@ -398,13 +430,14 @@ class CellsProgram:
 
 class CellsRunner:
     """The cell form over the generic form's programs (kept per capacity bucket): plans a call's
-    cells and runs them in calls of PER_CALL pieces; results scattered back to the points.
+    cells (``layout``: CPU_LAYOUT or ACCELERATOR_LAYOUT) and runs them in calls of pieces;
+    results scattered back to the points.
     ``generic_ops``, ``branches``, ``n_prm``: the generic form's ops by branch number, its branch
     functions and its parameter window; a call's ``generic`` has the generic layout's
     ``bucket``, ``n_steps``, ``result`` and ``args(tape)``."""
 
-    def __init__(self, generic_ops, branches, n_prm: int, compiler_options=None):
-        self.generic_ops, self.branches, self.n_prm = generic_ops, branches, n_prm
+    def __init__(self, generic_ops, branches, n_prm: int, layout: CellLayout, compiler_options=None):
+        self.generic_ops, self.branches, self.n_prm, self.layout = generic_ops, branches, n_prm, layout
         self.compiler_options = compiler_options
         self._programs: dict = {}
         self.last_plan: CellPlan | None = None
@@ -412,7 +445,8 @@ class CellsRunner:
     def program(self, bucket: tuple) -> CellsProgram:
         prog = self._programs.get(bucket)
         if prog is None:
-            prog = self._programs[bucket] = CellsProgram(bucket, PIECE, PER_CALL, self.branches, self.n_prm,
+            prog = self._programs[bucket] = CellsProgram(bucket, self.layout.piece_for(bucket[1]),
+                                                         self.layout.per_call, self.branches, self.n_prm,
                                                          self.compiler_options)
         return prog
 
@@ -433,20 +467,19 @@ class CellsRunner:
             return np.concatenate(out, 1)
         b = tape.bounds
         extent = float(np.linalg.norm(b[1] - b[0])) if np.all(np.isfinite(b)) else 1.0
-        plan = CellPlan(steps_all[:generic.n_steps], generic.result, tape.params, pts, rows_at, PIECE,
-                        generic.bucket[0], self.generic_ops, extent=extent)
+        plan = CellPlan(steps_all[:generic.n_steps], generic.result, tape.params, pts, rows_at, prog.piece,
+                        generic.bucket[0], self.generic_ops, min(self.layout.cell_points, prog.piece), extent=extent)
         self.last_plan = plan
         return prog, args, plan
 
-    @staticmethod
-    def _calls(plan: CellPlan, *per_piece):
-        """Per-piece arrays in groups of PER_CALL (the last group padded with empty pieces)."""
-        n = len(plan.n_items)
-        for s in range(0, n, PER_CALL):
-            e = min(n, s + PER_CALL)
+    def _calls(self, plan: CellPlan, *per_piece):
+        """Per-piece arrays in groups of the layout's per_call (the last group padded with empty pieces)."""
+        n, per_call = len(plan.n_items), self.layout.per_call
+        for s in range(0, n, per_call):
+            e = min(n, s + per_call)
             out = []
             for a in per_piece:
-                blk = np.zeros((PER_CALL,) + a.shape[1:], a.dtype)
+                blk = np.zeros((per_call,) + a.shape[1:], a.dtype)
                 blk[:e - s] = a[s:e]
                 out.append(blk)
             yield s, e, out

@@ -55,7 +55,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 from . import jax_cells
-from .jax_cells import CellsRunner
+from .jax_cells import CellLayout, CellsRunner, layout_for
 from .opcodes import OPS, POLY_OPS, Family, Op
 from .tape import VALIDATED, Tape, TaperayError, point_array, pool_tangents
 
@@ -975,7 +975,8 @@ class JaxWalker:
     ``form``: "trace" (structure-specialised), "generic" (one program per capacity bucket) or
     "auto" (the generic form where it supports the tape and the tape is large, else the trace;
     docs/JAX.md). ``cache``: the persistent compilation cache directory (None: ``cache_dir()``
-    unless TAPERAY_JAX_CACHE=0; False: off)."""
+    unless TAPERAY_JAX_CACHE=0; False: off). ``cell_layout``: how the cell form cuts a call
+    (``jax_cells.CellLayout``; None: ``layout_for`` JAX's default backend)."""
 
     name = "jax"
     capabilities = frozenset({"evaluate", "gradient", "derivatives"})   # (runtime.walkers.CAPABILITIES)
@@ -983,10 +984,11 @@ class JaxWalker:
     GENERIC_FROM = 200      # "auto": records from which values take the generic form (docs/JAX.md)
     CELLS_FROM = 8192       # "auto": points from which the generic form runs cell by cell (docs/JAX.md)
 
-    def __init__(self, form: str = "auto", cache=None):
+    def __init__(self, form: str = "auto", cache=None, cell_layout: CellLayout | None = None):
         if form not in self.FORMS:
             raise TaperayError(f"unknown JAX walker form {form!r} (forms: {', '.join(self.FORMS)})")
         self.form = form
+        self.cell_layout = cell_layout
         self.cache = _enable_persistent_cache(cache)
         self._programs: dict = {}
         self._points_evaluated = 0
@@ -1052,7 +1054,8 @@ class JaxWalker:
         if len(pts) == 0 or self.form_for(tape, what != "evaluate", len(pts)) != "cells":
             return None
         if self._cells is None:
-            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, GENERIC_PARAMS, compiler_options())
+            layout = self.cell_layout or layout_for(jax.default_backend())
+            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, GENERIC_PARAMS, layout, compiler_options())
         return self._cells, _GenericTape(tape), pts
 
     def _program(self, tape: Tape, n_points: int, derivatives: bool):

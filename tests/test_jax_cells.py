@@ -41,17 +41,9 @@ def _lattice(tape, n=16, jitter=0.0, seed=0):
 
 
 @pytest.fixture(scope="module")
-def small_cells():
-    """Cells of about 64 points (many cells on a few thousand points), restored afterwards."""
-    old = jax_cells.CELL_POINTS
-    jax_cells.CELL_POINTS = 64
-    yield
-    jax_cells.CELL_POINTS = old
-
-
-@pytest.fixture(scope="module")
-def walker_cells(small_cells):
-    return JaxWalker(form="cells")
+def walker_cells():
+    """Cells of about 64 points (many cells on a few thousand points) in pieces of 512."""
+    return JaxWalker(form="cells", cell_layout=jax_cells.CellLayout(cell_points=64, piece=512, per_call=16))
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +136,25 @@ def test_tapes_without_a_lipschitz_bound_run_the_generic_form(walker_cells, walk
     assert JaxWalker().form_for(flatten(_scene()), True, 100) == "generic"
     assert not cells_unsupported(flatten(smooth_union(sphere(1), box(0.5, 0.5, 0.5).rotate(
         (0, 0, 1), 30).translate(0.5, 0, 0), k=0.2)))
+
+
+def test_one_piece_cells_as_on_a_gpu_equal_the_generic_form(walker_generic):
+    """The accelerator's layout (cells of one piece each, sized by the row-file cap) run here on the
+    CPU: 4,096 points in one cell give the generic form's values, materials and pool gradient."""
+    tape = flatten(_scene(), source="blended pairs")
+    pts = _lattice(tape, 16, jitter=0.05, seed=3)
+    layout = jax_cells.CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=4 * 4096 * 512)
+    assert jax_cells.ACCELERATOR_LAYOUT.row_bytes and jax_cells.layout_for("cpu") is jax_cells.CPU_LAYOUT
+    assert jax_cells.layout_for("gpu") is jax_cells.ACCELERATOR_LAYOUT
+    assert layout.piece_for(512) == 4096 and layout.piece_for(513) == 2048 and layout.piece_for(10 ** 9) == 512
+    walker = JaxWalker(form="cells", cell_layout=layout)
+    w = np.random.default_rng(4).normal(size=len(pts)).astype(np.float32)
+    d, m = walker.evaluate(tape, pts)
+    assert walker.cells_plan.n_cells * 4096 >= len(pts) and len(walker.cells_plan.n_items) <= 2
+    gd, gm = walker_generic.evaluate(tape, pts)
+    np.testing.assert_array_equal(d, gd)
+    np.testing.assert_array_equal(m, gm)
+    cv, cp = walker.vjp(tape, pts, w)
+    gv, gp = walker_generic.vjp(tape, pts, w)
+    np.testing.assert_array_equal(cv, gv)
+    np.testing.assert_allclose(cp, gp, rtol=1e-4, atol=1e-4 * np.abs(gp).max())
