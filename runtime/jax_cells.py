@@ -40,8 +40,8 @@ How large cells and pieces are (``CellLayout``) depends on the device. On a CPU 
 their arithmetic, so small cells that keep few steps win (``CPU_LAYOUT``: 512 points a cell and a
 piece, 16 pieces a call). On a GPU a step costs its launch whatever the piece's size, and the
 pieces run one after another, so the fewest pieces win (``ACCELERATOR_LAYOUT``: one piece of up
-to 262,144 points, as many as keep the row file within ``ACCELERATOR_ROW_BYTES``): docs/JAX.md has
-the figures.
+to 262,144 points, as many as keep the row file within an eighth of the device's memory, at least
+``ACCELERATOR_ROW_BYTES``): docs/JAX.md has the figures.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ __all__ = ["CellPlan", "CellsProgram", "CellsRunner", "CellLayout", "CPU_LAYOUT"
 
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
 CENTRES = 512         # cell centres a call of the rows program
-ACCELERATOR_ROW_BYTES = 1 << 31   # a GPU piece's row file (rows x piece float32) stays within this
+ACCELERATOR_ROW_BYTES = 1 << 31   # a GPU piece's row file (rows x piece float32) may take this much at least
 
 
 class CellLayout(NamedTuple):
@@ -86,9 +86,15 @@ CPU_LAYOUT = CellLayout(cell_points=512, piece=512, per_call=16)
 ACCELERATOR_LAYOUT = CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=ACCELERATOR_ROW_BYTES)
 
 
-def layout_for(backend: str) -> CellLayout:
-    """The layout for JAX's default backend name ("cpu", "gpu", "cuda", "rocm", "tpu", ...)."""
-    return CPU_LAYOUT if backend == "cpu" else ACCELERATOR_LAYOUT
+def layout_for(backend: str, device_bytes: int | None = None) -> CellLayout:
+    """The layout for JAX's default backend name ("cpu", "gpu", "cuda", "rocm", "tpu", ...); on an
+    accelerator with ``device_bytes`` of memory, a row file may take an eighth of it (the reverse
+    sweep holds three files: values, materials, adjoints)."""
+    if backend == "cpu":
+        return CPU_LAYOUT
+    if device_bytes:
+        return ACCELERATOR_LAYOUT._replace(row_bytes=max(ACCELERATOR_ROW_BYTES, device_bytes // 8))
+    return ACCELERATOR_LAYOUT
 
 
 _MINMAX = {Op.UNION: "min", Op.MIN: "min", Op.INTERSECT: "max", Op.MAX: "max"}

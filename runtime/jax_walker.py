@@ -968,6 +968,15 @@ def _generic_field(bucket: tuple):
     return field, field_jvp
 
 
+def _device_bytes() -> int | None:
+    """The memory of JAX's default device, where its backend says (None on the CPU)."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+    return stats.get("bytes_limit")
+
+
 # ----------------------------------------------------------------------------- the walker
 class JaxWalker:
     """The tape in JAX (float32): values, materials and derivatives w.r.t. the point and the pool.
@@ -1054,7 +1063,7 @@ class JaxWalker:
         if len(pts) == 0 or self.form_for(tape, what != "evaluate", len(pts)) != "cells":
             return None
         if self._cells is None:
-            layout = self.cell_layout or layout_for(jax.default_backend())
+            layout = self.cell_layout or layout_for(jax.default_backend(), _device_bytes())
             self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, GENERIC_PARAMS, layout, compiler_options())
         return self._cells, _GenericTape(tape), pts
 

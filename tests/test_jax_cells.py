@@ -146,6 +146,7 @@ def test_one_piece_cells_as_on_a_gpu_equal_the_generic_form(walker_generic):
     layout = jax_cells.CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=4 * 4096 * 512)
     assert jax_cells.ACCELERATOR_LAYOUT.row_bytes and jax_cells.layout_for("cpu") is jax_cells.CPU_LAYOUT
     assert jax_cells.layout_for("gpu") is jax_cells.ACCELERATOR_LAYOUT
+    assert jax_cells.layout_for("cuda", 80 << 30).piece_for(4096) == 1 << 18     # an 80 GB card: 10 GB a file
     assert layout.piece_for(512) == 4096 and layout.piece_for(513) == 2048 and layout.piece_for(10 ** 9) == 512
     walker = JaxWalker(form="cells", cell_layout=layout)
     w = np.random.default_rng(4).normal(size=len(pts)).astype(np.float32)
