@@ -1054,9 +1054,8 @@ class JaxWalker:
 
     def _cells_run(self, tape: Tape, points, what: str):
         """(runner, generic layout, float32 points) where the cell form runs this call, else None
-        ("auto" runs ``evaluate`` and ``vjp`` cell by cell, the calls measured faster; "cells"
-        runs ``value_and_grad`` that way too)."""
-        if self.form not in ("auto", "cells") or (self.form == "auto" and what == "value_and_grad"):
+        ("auto" and "cells" run ``evaluate``, ``vjp`` and ``value_and_grad`` cell by cell)."""
+        if self.form not in ("auto", "cells"):
             return None
         pts = point_array(points, what, np.float32)
         VALIDATED.check(tape)
