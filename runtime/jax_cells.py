@@ -287,29 +287,6 @@ class CellPlan:
         self.n_items = kept[cell_of].astype(np.int32)
 
 
-def _rows_program(bucket: tuple, branches, n_prm: int):
-    """forward(pool, prog, head, x, y, z) -> every row's value (rows, C): the generic sweep."""
-    n_rows = bucket[1]
-
-    def forward(pool, prog, head, x, y, z):
-        V = jnp.zeros((n_rows, x.shape[0]), jnp.float32)
-        V = V.at[0].set(x).at[1].set(y).at[2].set(z).at[3].set(jnp.ones_like(x))
-        M = jnp.zeros((n_rows, x.shape[0]), jnp.int32)
-
-        def step(t, vm):
-            V, M = vm
-            row = prog[t]
-            vals = jnp.stack([V[row[1]], V[row[2]], V[row[3]]])
-            mats = jnp.stack([M[row[1]], M[row[2]], M[row[3]]])
-            p = jnp.stack([V[row[4 + k]] for k in range(4)])
-            prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
-            out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
-            return lax.dynamic_update_slice(V, out, (row[10], 0)), lax.dynamic_update_slice(M, outm, (row[10], 0))
-
-        return lax.fori_loop(0, head[0], step, (V, M))[0]
-    return forward
-
-
 class CellsProgram:
     """The jitted cell programs of one generic capacity bucket: pieces of ``piece`` points, ``per_call``
     pieces a call (a scan over them carrying one row file, never cleared: every row a piece reads
@@ -317,7 +294,7 @@ class CellsProgram:
     materials, df/dx, the weighted pool gradient, forward tangents along pool directions) and
     ``rows`` (the centres' rows for the plan)."""
 
-    def __init__(self, bucket: tuple, piece: int, per_call: int, branches, n_prm: int, compiler_options=None):
+    def __init__(self, bucket: tuple, piece: int, per_call: int, branches, sweep, n_prm: int, compiler_options=None):
         self.bucket, self.piece, self.per_call = bucket, piece, per_call
         n_rows, P = bucket[1], piece
 
@@ -425,12 +402,12 @@ class CellsProgram:
                                                           (items, n_items, pts, w))
             return d, m, dx, dpool, per
 
-        fwd_rows = _rows_program(bucket, branches, n_prm)
+        fwd_rows = sweep(bucket)[1]
         jit = functools.partial(jax.jit, compiler_options=compiler_options)
         self.values = jit(values)
         self.vjp = jit(vjp)
         self.grads = jit(grads)
-        self.rows = jit(lambda pool, prog, head, p: fwd_rows(pool, prog, head, p[:, 0], p[:, 1], p[:, 2]))
+        self.rows = jit(lambda pool, prog, head, p: fwd_rows(pool, prog, head, p[:, 0], p[:, 1], p[:, 2])[0])
 
 
 
@@ -438,12 +415,13 @@ class CellsRunner:
     """The cell form over the generic form's programs (kept per capacity bucket): plans a call's
     cells (``layout``: CPU_LAYOUT or ACCELERATOR_LAYOUT) and runs them in calls of pieces;
     results scattered back to the points.
-    ``generic_ops``, ``branches``, ``n_prm``: the generic form's ops by branch number, its branch
-    functions and its parameter window; a call's ``generic`` has the generic layout's
+    ``generic_ops``, ``branches``, ``sweep``, ``n_prm``: the generic form's ops by branch number,
+    its branch functions, its forward sweep by bucket (``jax_walker.generic_sweep``: the rows at
+    the cells' centres) and its parameter window; a call's ``generic`` has the generic layout's
     ``bucket``, ``n_steps``, ``result`` and ``args(tape)``."""
 
-    def __init__(self, generic_ops, branches, n_prm: int, layout: CellLayout, compiler_options=None):
-        self.generic_ops, self.branches, self.n_prm, self.layout = generic_ops, branches, n_prm, layout
+    def __init__(self, generic_ops, branches, sweep, n_prm: int, layout: CellLayout, compiler_options=None):
+        self.generic_ops, self.branches, self.sweep, self.n_prm, self.layout = generic_ops, branches, sweep, n_prm, layout
         self.compiler_options = compiler_options
         self._programs: dict = {}
         self.last_plan: CellPlan | None = None
@@ -452,8 +430,8 @@ class CellsRunner:
         prog = self._programs.get(bucket)
         if prog is None:
             prog = self._programs[bucket] = CellsProgram(bucket, self.layout.piece_for(bucket[1]),
-                                                         self.layout.per_call, self.branches, self.n_prm,
-                                                         self.compiler_options)
+                                                         self.layout.per_call, self.branches, self.sweep,
+                                                         self.n_prm, self.compiler_options)
         return prog
 
     def plan(self, generic, tape: Tape, pts: np.ndarray) -> tuple[CellsProgram, tuple, CellPlan]:

@@ -60,7 +60,7 @@ from .opcodes import OPS, POLY_OPS, Family, Op
 from .tape import VALIDATED, Tape, TaperayError, point_array, pool_tangents
 
 __all__ = ["JaxWalker", "Gradients", "compile_stats", "LADDER_MIN", "CHUNK", "LEAF_BLOCK", "cache_dir",
-           "generic_unsupported", "cells_unsupported", "compiler_options", "cpu_options_accepted"]
+           "generic_unsupported", "cells_unsupported", "compiler_options", "cpu_options_accepted", "generic_sweep"]
 
 LADDER_MIN = 4096     # the smallest padded point count; above it, powers of two
 CHUNK = 16384         # points a chunk of the trace form (the program maps over chunks)
@@ -879,9 +879,10 @@ class _GenericTape:
         return (pool, self.prog, np.array([self.n_steps, self.result], np.int32))
 
 
-def _generic_field(bucket: tuple):
-    """The generic interpreter of one capacity bucket: field(pool, prog, head, x, y, z) ->
-    (value, material), reverse mode by a custom VJP sweeping the steps backwards once."""
+def generic_sweep(bucket: tuple):
+    """The generic form's forward sweep of one capacity bucket: (gather, forward), gather(V, M, row)
+    -> a step's operand values, materials and point rows; forward(pool, prog, head, x, y, z) ->
+    (V, M), every row's values and materials (rows, points)."""
     n_rows = bucket[1]
 
     def gather(V, M, row):
@@ -906,6 +907,14 @@ def _generic_field(bucket: tuple):
 
         V, M = lax.fori_loop(0, head[0], step, (V, M))
         return V, M
+
+    return gather, forward
+
+
+def _generic_field(bucket: tuple):
+    """The generic interpreter of one capacity bucket: field(pool, prog, head, x, y, z) ->
+    (value, material), reverse mode by a custom VJP sweeping the steps backwards once."""
+    gather, forward = generic_sweep(bucket)
 
     @jax.custom_vjp
     def field(pool, prog, head, x, y, z):
@@ -1063,7 +1072,8 @@ class JaxWalker:
             return None
         if self._cells is None:
             layout = self.cell_layout or layout_for(jax.default_backend(), _device_bytes())
-            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, GENERIC_PARAMS, layout, compiler_options())
+            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, generic_sweep, GENERIC_PARAMS, layout,
+                                      compiler_options())
         return self._cells, _GenericTape(tape), pts
 
     def _program(self, tape: Tape, n_points: int, derivatives: bool):
