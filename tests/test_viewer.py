@@ -18,7 +18,7 @@ from taperay.runtime.tape import TaperayError
 from taperay.scenegraph import Material, Param, box, sphere, union
 from taperay.scenegraph.files import load_file
 from taperay.tools.cli import main
-from taperay.tools.view_window import PANEL_MARGIN, offscreen_window, panel_width
+from taperay.tools.view_window import PANEL_MARGIN, SETTLE_S, offscreen_window, panel_width
 from taperay.tools.viewer import PATTERN_COUNTS, Orbit, Viewer, default_range, edit_script
 
 SIZE = (64, 48)
@@ -438,6 +438,10 @@ def test_watch_reload_ranges_and_errors_on_stderr(walker_cpu, tmp_path, capsys):
                 "scene = box(Param('r', 1), Param('w', 0.5), Param('h', 0.2))\nranges = {'h': (0.1, 0.9)}\n")
     _draw_until_run_done(window)
     assert window.message == "" and set(v.params) == {"r", "w", "h"}
+    assert v.stats.draft                   # the new scene's first frame is a draft ...
+    time.sleep(SETTLE_S)
+    window.canvas.draw()
+    assert not v.stats.draft and v.stats.size == SIZE     # ... and the full frame follows once still
     assert (v.param_range("r"), v.param_range("w"), v.param_range("h")) == ((0.25, 2.5), (0.125, 1.25), (0.1, 0.9))
     records = len(v.tape.instrs)
     capsys.readouterr()

@@ -43,12 +43,12 @@ def bench_view(opts) -> BenchResult:
                 row["flatten median ms"] = float(np.median([r["flatten_ms"] for r in edits]))
                 row["frame median ms"] = float(np.median([r["frame_ms"] for r in edits]))
         created = sum(r["pipelines_created"] for r in report["edits"])
-        if sliders:            # the same moves as the window draws them while a slider is dragged
-            drafts = run_offscreen_edits(window, sliders, 0, draft=True)["edits"]
-            row["slider draft median ms"] = float(np.median([r["latency_ms"] for r in drafts]))
-            created += sum(r["pipelines_created"] for r in drafts)
-        else:
-            row["slider draft median ms"] = float("nan")
+        # the same edits as the window draws them first (a slider dragged, a watched file's new scene)
+        drafts = run_offscreen_edits(window, sliders, TOPOLOGY_EDITS, draft=True)["edits"]
+        for kind in ("slider", "topology"):
+            lat = [r["latency_ms"] for r in drafts if r["kind"] == kind]
+            row[f"{kind} draft median ms"] = float(np.median(lat)) if lat else float("nan")
+        created += sum(r["pipelines_created"] for r in drafts)
         row["pipelines created by edits"] = created
         rows.append(row)
     machine = {"gpu": walker.adapter_name} if getattr(walker, "adapter_name", None) else {}
@@ -57,6 +57,7 @@ def bench_view(opts) -> BenchResult:
                        notes=["latency: from the edit's start to the offscreen canvas returning the presented "
                               "frame (read back to the host, so an upper bound of the window's); a topology "
                               "edit's latency includes its flatten (reported apart); scenes without named "
-                              "parameters have no slider moves (nan); slider draft: the same moves drawn as the window "
-                              "draws them while a slider is dragged (half size each way, no shadows or AO)"],
+                              "parameters have no slider moves (nan); draft: the same edits drawn as the window "
+                              "draws them first, while a slider is dragged or after a watched file's new scene "
+                              "(half size each way, no shadows or AO), the full frame following once still"],
                        chart=("scene", "slider median ms"))

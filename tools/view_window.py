@@ -12,8 +12,8 @@ With the GPU walker the frame never leaves the GPU: the walker's resolve writes 
 into its own buffer and the present pipeline (shaders/present.wgsl, the kernel set's one render
 pipeline: ``KernelSet.present_pipeline``) draws them onto the window's texture. The CPU twin's
 image is uploaded into the viewer's buffer and drawn by the same pipeline, on the process's
-device. While the camera or a slider moves, frames are drafts (half size, no shadows); once
-still for ``SETTLE_S`` the full frame follows. ``--watch`` polls the scene file and re-runs it in
+device. While the camera or a slider moves, and after a watched file's new scene, frames are
+drafts (half size, no shadows); once still for ``SETTLE_S`` the full frame follows. ``--watch`` polls the scene file and re-runs it in
 a child process (tools/scene_runner.py); a failure leaves the last good scene on screen, shows
 the error in the panel (wrapped to its width) and prints it on stderr as one line.
 
@@ -254,7 +254,7 @@ class ViewWindow:
             self._watch_error(str(e))
             return
         self.message = ""
-        self._dirty = True
+        self.moved()                 # a draft at once, the full frame once nothing changes
 
     def _watch_error(self, error: str) -> None:
         """A failed re-run of the watched file: in the panel, and on stderr as one line naming the file."""
@@ -462,7 +462,8 @@ def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: i
     shader modules created (walker and present) by that edit. The first frame is the startup;
     the GPU walker's background build of the rest of its kernel set is waited for before the
     edits, so that what they count is theirs. ``draft``: each edit's frame is the draft the
-    window draws while a slider is dragged (half size, no shadows) instead of the full frame."""
+    window draws first (while a slider is dragged, after a watched file's new scene: half size,
+    no shadows) instead of the full frame."""
     from .viewer import edit_script
     v = window.viewer
 
