@@ -34,6 +34,8 @@ import numpy as np
 from taperay.runtime.outputs import write_atomic
 from taperay.runtime.tape import Tape, TaperayError
 
+from .tet_improve import improve_mesh
+
 __all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "dihedral_angles", "PART_SURFACES", "DEFAULT_PART_SURFACE", "box_mesh", "to_order2", "TET10_EDGES",
            "TETGEN_ORDER2_EDGES", "project_boundary_nodes"]
 
@@ -319,7 +321,8 @@ def _reorder_tetgen_order2(nodes: np.ndarray, elems: np.ndarray) -> np.ndarray:
 
 def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.0, mindihedral: float = 0.0,
              maxvolume: float | None = None, fixedvolume: bool | None = None, tape: Tape | None = None,
-             walker=None, timeout: float = 300.0, repair: bool = True, keep_boundary: bool = False) -> TetMesh:
+             walker=None, timeout: float = 300.0, repair: bool = True, keep_boundary: bool = False,
+             improve: bool = True) -> TetMesh:
     """Tetrahedra filling a closed surface (``surface.vertices``, ``surface.faces``; a Surface or
     anything with those two arrays).
 
@@ -328,7 +331,10 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     (TetGen reads it only with ``fixedvolume``, which is switched on when a ``maxvolume`` is given
     and ``fixedvolume`` is not said). ``keep_boundary``: TetGen's ``-Y``, the surface's triangles
     are the mesh's boundary faces as they are (no points added on them, so no refinement runs away
-    along a finely cut surface and no boundary point needs moving). With ``tape``, boundary nodes (TET10 mid-edge nodes, TetGen's points on
+    along a finely cut surface and no boundary point needs moving). ``improve``: TetGen's TET4 mesh
+    improved by ``tet_improve.improve_mesh`` (slivers removed by flips, smoothing and inserted
+    interior nodes; the boundary as it is) before mid-edge nodes are made; ``stats["improvement"]``
+    says what it did. With ``tape``, boundary nodes (TET10 mid-edge nodes, TetGen's points on
     facets) are moved onto the tape's zero set (``project_boundary_nodes``). TetGen runs in a child process;
     when it fails on a surface that carries ``unprojected`` vertices (marching cubes' own), those are
     meshed instead; otherwise, or failing that too, the surface is repaired (pymeshfix) and retried
@@ -384,10 +390,16 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     remap[used] = np.arange(len(used))
     nodes, elems = nodes[used], remap[elems]
     elems = orient(nodes, elems)
+    tetgen_seconds = time.perf_counter() - t0
+    improvement = None
+    if improve:
+        fixed = np.zeros(len(nodes), bool)
+        fixed[boundary_faces(elems)] = True
+        nodes, elems, improvement = improve_mesh(nodes, elems, fixed)
     if order == 2:
         nodes, elems = to_order2(nodes, elems)
-    mesh = TetMesh(nodes, elems, {"tetgen_seconds": time.perf_counter() - t0, "repaired": repaired, "unprojected": unprojected,
-                                  "elements": int(len(elems)), "nodes": int(len(nodes))})
+    mesh = TetMesh(nodes, elems, {"tetgen_seconds": tetgen_seconds, "repaired": repaired, "unprojected": unprojected,
+                                  "elements": int(len(elems)), "nodes": int(len(nodes)), "improvement": improvement})
     if tape is not None:
         mesh.stats["projected_nodes"] = project_boundary_nodes(mesh, tape, walker, cell=getattr(surface, "stats", {}).get("spacing"))
     return mesh

@@ -641,15 +641,16 @@ def test_simulate_on_a_dual_contoured_surface_keeps_the_box_edges():
 
 def test_a_dual_contoured_mesh_with_flat_tetrahedra_falls_back_to_marching_cubes(monkeypatch):
     """The heat sink at resolution 20: its 3 mm fins are about a cell thick and TetGen, keeping
-    the dual-contoured triangles, leaves 4 flat tetrahedra across them (a singular system);
-    "auto" refuses that mesh, says so and, with no finer grid to try, meshes marching cubes'
-    surface."""
+    the dual-contoured triangles, leaves flat tetrahedra across them (a singular system); without
+    the improvement pass "auto" refuses that mesh, says so and, with no finer grid to try, meshes
+    marching cubes' surface. With the pass (the default) the mesh at 20 is kept."""
     from taperay.solvers import tetmesh
     from taperay.solvers.tetmesh import FLAT_DEGREES, dihedral_angles, mesh_part
     import runpy
     monkeypatch.setattr(tetmesh, "REFINE_FACTORS", ())
     tape = flatten(runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))["scene"])
-    mesh, stats, _ = mesh_part(tape, 20, 1)
+    assert mesh_part(tape, 20, 1)[1]["method"] == "dc"
+    mesh, stats, _ = mesh_part(tape, 20, 1, improve=False)
     assert stats["method"] == "mc" and "flat tetrahedra" in stats["fallback"]
     assert dihedral_angles(mesh.nodes, mesh.elements).min() >= 0 and np.all(mesh.volumes() > 0)
     assert FLAT_DEGREES < 0.01      # (the Lame sphere's 0.011-degree slivers solve: they stay)
