@@ -7,7 +7,9 @@ mass and sources 2p (callables: 2p + 2). Node order: VTK's (solvers.tetmesh).
 
 Low-level API (meshes and face / node sets): ``heat_system``, ``elasticity_system``,
 ``face_load``, ``face_mass``, ``solve_linear`` (the sparse solve: ``symmetric_lu``, ``amg_cg`` and
-the fallback from one to the other). The study layer (``Heat``, ``Elasticity``,
+the fallback from one to the other; TET10's two-level preconditioner, ``p1_prolongation`` and
+``sliver_blocks``; the rounding floor of an iterative solve, ``rounding_floor`` and ``floor_note``,
+which the PETSc path (solvers.distributed) shares). The study layer (``Heat``, ``Elasticity``,
 boundary conditions by material name) is in solvers.study.
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ from taperay.runtime.tape import TaperayError
 
 __all__ = ["tet_rule", "tri_rule", "shape_functions", "shape_derivatives", "tri_shape_functions",
            "heat_system", "elasticity_system", "face_load", "face_mass", "solve_linear", "rigid_body_modes",
-           "nodal_stress", "von_mises", "amg_cg", "symmetric_lu", "direct_memory", "DIRECT_MAX_DOF", "SOLVER_METHODS"]
+           "nodal_stress", "von_mises", "amg_cg", "symmetric_lu", "direct_memory", "p1_prolongation", "sliver_blocks",
+           "rounding_floor", "floor_note", "DIRECT_MAX_DOF", "SOLVER_METHODS", "FLOOR_FACTOR", "SLIVER_DEGREES"]
 
 DIRECT_MAX_DOF = 20_000     # "auto": the direct solver up to this many free dofs, AMG-CG above
 SOLVER_METHODS = ("auto", "direct", "amg")
@@ -35,6 +38,10 @@ AMG_RESIDUAL_LIMIT = 1e-8   # AMG-CG's best iterate is kept up to this; above it
 AMG_MAXITER = 500
 AMG_CHECK = 10              # iterations between true residuals
 AMG_STALL = 50              # iterations without the best true residual halving: stalled
+FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol):
+                            # a normwise backward error of about 10 epsilon
+SLIVER_DEGREES = 5.0        # two-level smoother: elements with a dihedral angle below this (or above 180 less
+                            # this) are relaxed as 10-node blocks (heat sink, 1 M DOF: 285 CG iterations -> 80)
 LU_FILL, LU_BYTES = 0.3, 24  # direct_memory: measured 0.24-0.28 and 19-21 B on TET10 systems of 37k-161k dofs
 ELEMENT_BLOCK = 20_000      # elements per vectorised assembly block (bounds the temporaries)
 
@@ -371,7 +378,7 @@ def face_mass(nodes, faces, coefficient, n_nodes: int) -> sp.csr_matrix:
 def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = None, values: np.ndarray | None = None,
                  method: str = "auto", near_null: np.ndarray | None = None, rtol: float = AMG_RTOL,
                  free_body: bool = False, maxiter: int | None = None,
-                 mass_modes: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+                 mass_modes: np.ndarray | None = None, mesh=None) -> tuple[np.ndarray, dict]:
     """Solve K u = f with u[fixed] = values (eliminated); K symmetric, positive definite on the
     free dofs. ``method``: "direct" (``symmetric_lu``; refused with one TaperayError before the
     factorisation where ``direct_memory`` exceeds the memory available), "amg" (``amg_cg``: CG
@@ -383,13 +390,16 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
     ``mass_modes`` (``mass_weighted_modes``): the free body's rigid motion is then the one that
     keeps its centre of mass and mean rotation (M-orthogonal: ∫ b·u dV = 0 for each mode b), a
     property of the part rather than of where the mesh's nodes happen to lie.
-    ``rtol`` and ``maxiter`` (None: AMG_MAXITER) are AMG-CG's. Returns (u, info: method ("amg →
-    direct" after a fallback, with ``note`` saying why), dofs, free, iterations, residual (the
-    true |f - K u| / |f| on the free dofs), seconds)."""
+    ``rtol`` and ``maxiter`` (None: AMG_MAXITER) are AMG-CG's. ``mesh``: the TetMesh K was
+    assembled on (1 or 3 dofs a node); a TET10 mesh gives AMG-CG its two-level preconditioner
+    (``p1_prolongation``, ``sliver_blocks``). Returns (u, info: method ("amg → direct" after a
+    fallback, with ``note`` saying why; ``note`` also where AMG-CG stopped at the rounding floor
+    above ``rtol``), dofs, free, iterations, residual (the true |f - K u| / |f| on the free dofs),
+    seconds)."""
     if method not in SOLVER_METHODS:
         raise TaperayError(f"unknown solver method {method!r} ({', '.join(SOLVER_METHODS)})")
     if free_body:
-        return _solve_free_body(K, f, near_null, method, rtol, maxiter, mass_modes)
+        return _solve_free_body(K, f, near_null, method, rtol, maxiter, mass_modes, mesh)
     t0 = time.perf_counter()
     ndof = K.shape[0]
     u = np.zeros(ndof)
@@ -413,7 +423,12 @@ def solve_linear(K: sp.csr_matrix, f: np.ndarray, fixed: np.ndarray | None = Non
         warnings.simplefilter("ignore")
         if method == "amg":
             B = None if near_null is None else np.asarray(near_null, float)[free]
-            x, info["iterations"], residual, failure = amg_cg(Kff, rhs, B, rtol, maxiter or AMG_MAXITER)
+            coarse = None if mesh is None or mesh.elements.shape[1] != 10 else _coarse_space(mesh, ndof, free)
+            x, info["iterations"], residual, failure, note = amg_cg(Kff, rhs, B, rtol, maxiter or AMG_MAXITER, coarse)
+            if coarse is not None:
+                info["preconditioner"] = "two-level"
+            if note:
+                info["note"] = note
             if failure:
                 need, have = direct_memory(Kff), available_memory()
                 if need > have:
@@ -472,45 +487,155 @@ def direct_memory(A: sp.spmatrix) -> int:
     return int(LU_BYTES * LU_FILL * A.nnz * n ** (1 / 3))
 
 
+def p1_prolongation(elements: np.ndarray, n_nodes: int, bs: int = 1,
+                    fixed: np.ndarray | None = None) -> tuple[sp.csr_matrix, np.ndarray]:
+    """TET10 -> its P1 space on the corner nodes: P (bs n_nodes, bs n_corners) and the fine dof of
+    each coarse dof (corners in ascending node order, components inner). A corner node keeps its
+    value, a mid-edge node takes the mean of its edge's two ends, per component. ``fixed`` (dofs):
+    their rows, and the columns of fixed corner dofs, are zero but for a 1 joining a fixed corner
+    dof to its own coarse dof (P^T A P then keeps a system whose fixed rows are unit rows regular
+    and uncoupled; drop those rows and columns for the free dofs' P)."""
+    elements = np.asarray(elements, np.int64)
+    corners = np.unique(elements[:, :4])
+    coarse = np.full(n_nodes, -1, np.int64)
+    coarse[corners] = np.arange(len(corners))
+    mids, first = np.unique(elements[:, 4:].ravel(), return_index=True)
+    ends = elements[:, np.array(_TET10_EDGES)].reshape(-1, 2)[first]
+    rows = np.concatenate([corners, mids, mids])
+    cols = np.concatenate([coarse[corners], coarse[ends[:, 0]], coarse[ends[:, 1]]])
+    vals = np.concatenate([np.ones(len(corners)), np.full(2 * len(mids), 0.5)])
+    rows, cols = (bs * rows[:, None] + np.arange(bs)).ravel(), (bs * cols[:, None] + np.arange(bs)).ravel()
+    vals = np.repeat(vals, bs)
+    fine_of = (bs * corners[:, None] + np.arange(bs)).ravel()
+    if fixed is not None and len(fixed):
+        held = np.zeros(bs * n_nodes, bool)
+        held[np.asarray(fixed, np.int64)] = True
+        keep = ~held[rows] & ~held[fine_of[cols]] | (rows == fine_of[cols])
+        rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    return sp.csr_matrix((vals, (rows, cols)), shape=(bs * n_nodes, len(fine_of))), fine_of
+
+
+def sliver_blocks(nodes: np.ndarray, elements: np.ndarray, bs: int = 1, degrees: float = SLIVER_DEGREES) -> np.ndarray:
+    """(S, bs n) the dofs of each element with a dihedral angle below ``degrees`` or above 180 less
+    it: the blocks the two-level smoother relaxes exactly. A nearly flat element makes its nodes'
+    differences far stiffer than any neighbour's, modes that point Gauss-Seidel and the P1 level
+    both leave (on the 1 M-DOF heat sink, 1,450 such elements of 531,028 took CG from 80 to 285
+    iterations)."""
+    from .tetmesh import dihedral_angles
+    angles = dihedral_angles(nodes, elements)
+    el = np.asarray(elements, np.int64)[(angles.min(1) < degrees) | (angles.max(1) > 180 - degrees)]
+    return (bs * el[:, :, None] + np.arange(bs)).reshape(len(el), bs * el.shape[1])
+
+
+def _coarse_space(mesh, ndof: int, free: np.ndarray):
+    """(P, B's coarse rows, Schwarz blocks, their offsets) of a TET10 ``mesh`` on the free dofs."""
+    n = len(mesh.nodes)
+    bs = ndof // n if n else 0
+    if bs not in (1, 3) or bs * n != ndof:
+        raise TaperayError(f"the matrix has {ndof} rows, not 1 or 3 per node of the mesh ({n} nodes)")
+    P, fine_of = p1_prolongation(mesh.elements, n, bs)
+    index = np.cumsum(free) - 1
+    coarse_free = free[fine_of]
+    blocks = sliver_blocks(mesh.nodes, mesh.elements, bs)
+    inside = free[blocks]
+    subdomain = index[blocks][inside].astype(np.int32)
+    pointer = np.concatenate([[0], np.cumsum(inside.sum(1))]).astype(np.int32)
+    return P[free][:, coarse_free].tocsr(), index[fine_of[coarse_free]], subdomain, np.unique(pointer)
+
+
+def _smoothed_aggregation(A: sp.csr_matrix, B: np.ndarray | None):
+    """pyamg's smoothed aggregation V-cycle as a preconditioner (``amg_cg``'s settings)."""
+    import pyamg
+    nodal = B is not None and B.shape[1] == 6 and len(B) % 3 == 0 and \
+        np.array_equal(B[:, :3].reshape(-1, 3, 3), np.broadcast_to(np.eye(3), (len(B) // 3, 3, 3)))
+    ml = pyamg.smoothed_aggregation_solver(
+        A.tobsr(blocksize=(3, 3)) if nodal else A, B=B, symmetry="hermitian",
+        smooth="energy", presmoother=("block_gauss_seidel", {"sweep": "forward"}),
+        postsmoother=("block_gauss_seidel", {"sweep": "backward"}), max_coarse=500)
+    return ml.aspreconditioner(cycle="V")
+
+
+def _two_level(A: sp.csr_matrix, B: np.ndarray | None, coarse):
+    """The TET10 two-level preconditioner: Gauss-Seidel forward, then the Schwarz blocks forward
+    (exact solves), the coarse correction P M_c P^T r by a smoothed aggregation V-cycle on
+    P^T A P (near-null space: B's rows at the corner dofs, which P reproduces: constants and rigid
+    motions are linear), the blocks backward, Gauss-Seidel backward (symmetric)."""
+    from pyamg.relaxation.relaxation import gauss_seidel, schwarz
+    from scipy.sparse.linalg import LinearOperator
+    P, coarse_rows, subdomain, pointer = coarse
+    R = P.T.tocsr()
+    Mc = _smoothed_aggregation((R @ A @ P).tocsr(), None if B is None else B[coarse_rows])
+    blocks = {"subdomain": subdomain, "subdomain_ptr": pointer} if len(subdomain) else None
+
+    def apply(r):
+        x = np.zeros_like(r)
+        gauss_seidel(A, x, r, sweep="forward")
+        if blocks:
+            schwarz(A, x, r, sweep="forward", **blocks)
+        x += P @ (Mc @ (R @ (r - A @ x)))
+        if blocks:
+            schwarz(A, x, r, sweep="backward", **blocks)
+        gauss_seidel(A, x, r, sweep="backward")
+        return x
+    return LinearOperator(A.shape, apply, dtype=float)
+
+
+def rounding_floor(abs_rows: sp.csr_matrix, abs_x: np.ndarray, abs_b: np.ndarray, nb: float, total=float) -> float:
+    """An estimate of the least true relative residual float64 allows at x: epsilon times
+    |(|A| |x| + |b|)| / |b| over the rows given (each row's sum loses about epsilon times the sum
+    of its terms' magnitudes: the normwise backward error's measure). ``abs_rows``: |A|'s rows,
+    their columns matching ``abs_x``; ``total`` sums the squares over all parts (an MPI
+    allreduce where the rows are a rank's)."""
+    bound = abs_rows @ abs_x + abs_b
+    return float(np.finfo(float).eps * np.sqrt(total(float(bound @ bound))) / nb)
+
+
+def floor_note(solver: str, why: str, best: float, iterations: int, floor: float) -> str:
+    """How an iterative solve ended against its rounding floor (``rounding_floor``)."""
+    where = f"within {FLOOR_FACTOR} times" if best <= FLOOR_FACTOR * floor else "above"
+    return (f"{solver} {why} at relative residual {best:.2g} after {iterations} iteration{'s' if iterations != 1 else ''}, "
+            f"{where} this system's rounding floor (about {floor:.2g}: float64's epsilon times |A| |x| against |b|)")
+
+
 def amg_cg(A: sp.csr_matrix, b: np.ndarray, B: np.ndarray | None = None, rtol: float = AMG_RTOL,
-           maxiter: int = AMG_MAXITER) -> tuple[np.ndarray, int, float, str | None]:
-    """A x = b (A symmetric positive definite) by CG preconditioned by one V-cycle of pyamg's
-    smoothed aggregation: energy-minimising prolongation, near-null space ``B`` (None: constants;
-    elasticity: the rigid-body modes on the free dofs), forward Gauss-Seidel before and backward
-    after (a symmetric preconditioner). Where B's rows come in node triples (its first three
-    columns the translations, one 1 per row, as ``rigid_body_modes`` makes them: no node has only
-    some of its dofs fixed), whole nodes are aggregated (BSR, 3 x 3 blocks).
+           maxiter: int = AMG_MAXITER, coarse=None) -> tuple[np.ndarray, int, float, str | None, str | None]:
+    """A x = b (A symmetric positive definite) by CG with a symmetric multigrid preconditioner.
+    Without ``coarse``: one V-cycle of pyamg's smoothed aggregation (energy-minimising
+    prolongation, near-null space ``B`` (None: constants; elasticity: the rigid-body modes on the
+    free dofs), forward Gauss-Seidel before and backward after; where B's rows come in node triples
+    (its first three columns the translations, one 1 per row, as ``rigid_body_modes`` makes them:
+    no node has only some of its dofs fixed), whole nodes are aggregated (BSR, 3 x 3 blocks)).
+    With ``coarse`` (a TET10 system: ``solve_linear`` makes it from the mesh), the two-level
+    preconditioner of ``_two_level``: the P1 space on the corner nodes, solved by that V-cycle.
 
     The stopping test is the true residual |b - A x| / |b|, computed every AMG_CHECK iterations
-    and when CG's own (updated) residual passes ``rtol``: converged at ``rtol``; stalled when its
-    best value has not halved in AMG_STALL iterations, or when CG's own residual passed ``rtol``
-    and the true one did not (round-off: the two have parted); broken down when p.Ap <= 0 or a
-    value is not finite; or ``maxiter``. Returns (the iterate of least true residual, iterations,
-    that residual, None, or why it failed: that residual is above AMG_RESIDUAL_LIMIT)."""
+    and when CG's own (updated) residual passes the target: converged at ``rtol``, or within
+    FLOOR_FACTOR of the rounding floor (``rounding_floor``, estimated at each new best) where that
+    lies above ``rtol`` (never above RESIDUAL_LIMIT); stalled when its best value has not halved in
+    AMG_STALL iterations, or when CG's own residual passed the target and the true one did not
+    (round-off: the two have parted); broken down when p.Ap <= 0 or a value is not finite; or
+    ``maxiter``. Returns (the iterate of least true residual, iterations, that residual, None or
+    why it failed (that residual is above AMG_RESIDUAL_LIMIT and the floor's bound), None or the
+    note of a stop above ``rtol`` (``floor_note``))."""
     try:
-        import pyamg
+        import pyamg  # noqa: F401
     except ImportError:
         raise TaperayError("the AMG solver needs pyamg: pip install 'taperay[sim]'") from None
     nb = np.linalg.norm(b)
     x = np.zeros_like(b)
     if nb == 0:
-        return x, 0, 0.0, None
-    nodal = B is not None and B.shape[1] == 6 and len(B) % 3 == 0 and \
-        np.array_equal(B[:, :3].reshape(-1, 3, 3), np.broadcast_to(np.eye(3), (len(B) // 3, 3, 3)))
+        return x, 0, 0.0, None, None
     try:
-        ml = pyamg.smoothed_aggregation_solver(
-            A.tobsr(blocksize=(3, 3)) if nodal else A, B=B, symmetry="hermitian",
-            smooth="energy", presmoother=("block_gauss_seidel", {"sweep": "forward"}),
-            postsmoother=("block_gauss_seidel", {"sweep": "backward"}), max_coarse=500)
+        M = _smoothed_aggregation(A, B) if coarse is None else _two_level(A, B, coarse)
     except (ValueError, ArithmeticError, RuntimeError, np.linalg.LinAlgError) as e:
-        return x, 0, 1.0, f"pyamg's setup failed ({e})"
-    M = ml.aspreconditioner(cycle="V")
+        return x, 0, 1.0, f"pyamg's setup failed ({e})", None
     r = b.copy()
     z = M @ r
     p = z.copy()
     rz = r @ z
     best, best_x, last = 1.0, x.copy(), 1.0
     halved_at, halved = 0, 1.0          # the iteration at which the best residual last halved, and that value
+    target, floor, abs_A = rtol, 0.0, None
     why = None
     it = 0
     while it < maxiter:
@@ -523,7 +648,7 @@ def amg_cg(A: sp.csr_matrix, b: np.ndarray, B: np.ndarray | None = None, rtol: f
         alpha = rz / pAp
         x += alpha * p
         r -= alpha * Ap
-        updated_converged = np.linalg.norm(r) <= rtol * nb
+        updated_converged = np.linalg.norm(r) <= target * nb
         if updated_converged or it % AMG_CHECK == 0 or it == maxiter:
             last = np.linalg.norm(b - A @ x) / nb
             if not np.isfinite(last):
@@ -531,7 +656,11 @@ def amg_cg(A: sp.csr_matrix, b: np.ndarray, B: np.ndarray | None = None, rtol: f
                 break
             if last < best:
                 best, best_x = last, x.copy()
-            if best <= rtol:
+                if best > rtol:
+                    abs_A = abs(A) if abs_A is None else abs_A
+                    floor = rounding_floor(abs_A, np.abs(x), np.abs(b), nb)
+                    target = max(rtol, min(FLOOR_FACTOR * floor, RESIDUAL_LIMIT))
+            if best <= target:
                 break
             if best <= halved / 2:
                 halved_at, halved = it, best
@@ -542,18 +671,22 @@ def amg_cg(A: sp.csr_matrix, b: np.ndarray, B: np.ndarray | None = None, rtol: f
         rz_next = r @ z
         p = z + (rz_next / rz) * p
         rz = rz_next
-    if best <= AMG_RESIDUAL_LIMIT:
-        return best_x, it, float(best), None
-    if why is None:
+    if why is None and best <= target:
+        why = "reached the rounding floor"
+    elif why is None:
         why = f"reached its {maxiter}-iteration limit"
     elif why == "stalled" and last > 1:
         why = "diverged"
+    if best <= rtol:
+        return best_x, it, float(best), None, None
+    if best <= AMG_RESIDUAL_LIMIT or best <= min(FLOOR_FACTOR * floor, RESIDUAL_LIMIT):
+        return best_x, it, float(best), None, f"{floor_note('AMG-CG', why, best, it, floor)}; the target {rtol:g} is not reached"
     return best_x, it, float(best), (f"AMG-CG {why} at relative residual {best:.2g} after {it} "
-                                     f"iteration{'s' if it != 1 else ''}")
+                                     f"iteration{'s' if it != 1 else ''}"), None
 
 
 def _solve_free_body(K: sp.csr_matrix, f: np.ndarray, B: np.ndarray | None, method: str, rtol: float,
-                     maxiter: int | None, W: np.ndarray | None):
+                     maxiter: int | None, W: np.ndarray | None, mesh):
     """K u = f, W^T u = 0 (W: the mass-weighted modes, else B) for a K whose null space is spanned by
     B's columns (no fixed dofs): the dofs where B's rows are most independent (QR with column
     pivoting on B^T, one per column of B) are held at 0, which makes the system regular; that
@@ -567,7 +700,7 @@ def _solve_free_body(K: sp.csr_matrix, f: np.ndarray, B: np.ndarray | None, meth
         raise TaperayError(f"a free body's loads must balance (no supports take a net force or moment): "
                            f"{unbalanced / np.linalg.norm(f):.3g} of the load is net force or moment")
     held = np.sort(qr(Q.T, mode="r", pivoting=True)[1][:Q.shape[1]])
-    u, info = solve_linear(K, f, held, np.zeros(len(held)), method, B, rtol, maxiter=maxiter)
+    u, info = solve_linear(K, f, held, np.zeros(len(held)), method, B, rtol, maxiter=maxiter, mesh=mesh)
     if W is None:
         u = u - Q @ (Q.T @ u)
     else:

@@ -101,11 +101,13 @@ class System:
             if not np.all(np.isfinite(x)):
                 raise TaperayError("the linear solve failed (direct); is the problem constrained?")
             return x
-        # iterative: through fem.solve_linear on the free block
-        Kff = self.K[free][:, free].tocsr()
-        near = fem.rigid_body_modes(self.mesh.nodes)[free] if self.kind == "elasticity" else None
-        x, info = fem.solve_linear(Kff, rhs, None, None, method, near)
-        return x
+        # iterative: through fem.solve_linear, the fixed dofs held at 0 (rhs is the free dofs' own
+        # load); the mesh gives a TET10 system its two-level preconditioner
+        load = np.zeros(self.K.shape[0])
+        load[free] = rhs
+        near = fem.rigid_body_modes(self.mesh.nodes) if self.kind == "elasticity" else None
+        u, _ = fem.solve_linear(self.K, load, self.fixed, np.zeros(len(self.fixed)), method, near, mesh=self.mesh)
+        return u[free]
 
     def solve(self) -> np.ndarray:
         """The field (N,) or (N, 3) with the fixed values imposed."""

@@ -486,7 +486,8 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
     done("assembly", t0)
     t0 = time.perf_counter()
     u, info = fem.solve_linear(sp.csr_matrix(K), f, fixed_dofs, fixed_vals, solver, near_null, free_body=free_body,
-                               mass_modes=fem.mass_weighted_modes(mesh.nodes, mesh.elements) if free_body else None)
+                               mass_modes=fem.mass_weighted_modes(mesh.nodes, mesh.elements) if free_body else None,
+                               mesh=mesh)
     stress = None
     if study.kind == "elasticity":
         u = u.reshape(-1, 3)
