@@ -8,8 +8,11 @@ terms. Every rank then assembles the rows of the nodes it owns, from the element
 faces that touch them (fem.py's vectorised assembly, so the rows are complete and no entry crosses
 ranks), hands them to a distributed PETSc AIJ matrix, imposes the fixed values symmetrically
 (``zeroRowsColumns``) and solves by conjugate gradients preconditioned by GAMG (with the rigid-body
-modes as near-null space for elasticity), stopped on the true residual: at ``PETSC_RTOL``, or at
-the system's rounding floor where that lies above it (``_TrueResidualTest``). The field is
+modes as near-null space for elasticity); a TET10 system by the two-level preconditioner
+(``_two_level``: PCMG over the P1 space on the corner nodes, whose operator GAMG solves, with
+symmetric SOR and exact solves on the sliver elements' dofs as the TET10 level's smoother, as
+``fem.amg_cg`` does), stopped on the true residual: at ``PETSC_RTOL``, or at the system's rounding
+floor (``fem.rounding_floor``) where that lies above it (``_TrueResidualTest``). The field is
 gathered on rank 0 in the mesh's own node order; the other ranks get None. A failure in one
 rank's own work is raised on every rank (``_agree``), so that none is left in a collective step.
 
@@ -25,7 +28,8 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .fem import AMG_CHECK, AMG_RESIDUAL_LIMIT, AMG_RTOL, AMG_STALL, RESIDUAL_LIMIT
+from . import fem
+from .fem import AMG_CHECK, AMG_RESIDUAL_LIMIT, AMG_RTOL, AMG_STALL, FLOOR_FACTOR, RESIDUAL_LIMIT
 from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker
 from .tetmesh import DEFAULT_PART_SURFACE, TetMesh, mesh_part
 
@@ -33,8 +37,6 @@ __all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTO
 
 PETSC_RTOL = AMG_RTOL       # CG's true relative residual |b - A x| / |b| at which the solve stops
 PETSC_MAXITER = 2000
-FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol):
-                            # a normwise backward error of about 10 epsilon
 # GAMG's smoother on every level of a heat (scalar) system: symmetric SOR (PCSOR's default, local
 # to each rank) in one Richardson step. GAMG's own default, Chebyshev on eigenvalue estimates, made
 # the preconditioner indefinite on the heat sink's 1 M-DOF TET10 system (KSP DIVERGED_INDEFINITE_PC
@@ -150,17 +152,16 @@ def _local(comm, work: Callable):
 
 
 class _RoundingFloor:
-    """An estimate of the least true relative residual float64 allows at x: epsilon times
-    |(|A| |x| + |b|)| / |b_free| over the free rows (each row's sum loses about epsilon times the sum
-    of its terms' magnitudes: the normwise backward error's measure). Built from this rank's CSR rows
-    (global columns) and load; x's entries in those columns come through one scatter."""
+    """``fem.rounding_floor`` at x over the free rows of all ranks (|b| that of the free rows),
+    from this rank's CSR rows (global columns) and load; x's entries in those columns come
+    through one scatter."""
 
     def __init__(self, PETSc, rows, f_local: np.ndarray, fixed_local: np.ndarray, x, nb: float):
         columns, compact = np.unique(rows.indices, return_inverse=True)
-        self.rows = type(rows)((np.abs(rows.data), compact, rows.indptr), shape=(rows.shape[0], len(columns)))
-        self.load = np.abs(f_local)
-        self.free = np.ones(len(f_local), bool)
-        self.free[fixed_local] = False
+        free = np.ones(len(f_local), bool)
+        free[fixed_local] = False
+        self.rows = type(rows)((np.abs(rows.data), compact, rows.indptr), shape=(rows.shape[0], len(columns)))[free]
+        self.load = np.abs(f_local)[free]
         self.nb, self.mpi = nb, PETSc.COMM_WORLD.tompi4py()
         self.local = PETSc.Vec().createSeq(len(columns), comm=PETSc.COMM_SELF)
         index = PETSc.IS().createGeneral(columns.astype(PETSc.IntType), comm=PETSc.COMM_SELF)
@@ -169,8 +170,7 @@ class _RoundingFloor:
 
     def __call__(self, x) -> float:
         self.scatter.scatter(x, self.local)
-        bound = (self.rows @ np.abs(self.local.getArray()) + self.load)[self.free]
-        return float(np.finfo(float).eps * np.sqrt(self.mpi.allreduce(float(bound @ bound))) / self.nb)
+        return fem.rounding_floor(self.rows, np.abs(self.local.getArray()), self.load, self.nb, self.mpi.allreduce)
 
     def destroy(self):
         self.scatter.destroy()
@@ -274,22 +274,29 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
     b_free.setValues(own.astype(PETSc.IntType), np.zeros(len(own)))
     b_free.assemble()
     nb = b_free.norm()
+    two_level = terms["elements"].shape[1] == 10
+    level = _local(mpi, lambda: _p1_level(terms, lo, hi)) if two_level else None
     assembly_seconds = time.perf_counter() - t0
     ksp = PETSc.KSP().create(comm)
     ksp.setOperators(A)
     ksp.setType("cg")
-    ksp.getPC().setType("gamg")
+    settings = {}
+    if two_level:
+        coarse_objects, settings = _two_level(PETSc, ksp.getPC(), A, level)
+    else:
+        coarse_objects = ()
+        ksp.getPC().setType("gamg")
+    if bs == 1:
+        settings.update({("mg_coarse_" if two_level else "") + key: value for key, value in GAMG_SMOOTHER.items()})
     ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)      # the updated residual, compared with the true one
     ksp.setTolerances(rtol=0.0, atol=0.0, max_it=maxiter)
     ksp.setInitialGuessNonzero(True)
     options = PETSc.Options()
-    chosen = [key for key in (GAMG_SMOOTHER if bs == 1 else {}) if not options.hasName(key)]   # (PETSC_OPTIONS may choose)
+    chosen = [key for key in settings if not options.hasName(key)]   # (PETSC_OPTIONS may choose)
     for key in chosen:
-        options.setValue(key, GAMG_SMOOTHER[key])
+        options.setValue(key, settings[key])
     ksp.setFromOptions()
-    ksp.setUp()                        # (GAMG reads its levels' options here)
-    for key in chosen:                 # (the options database is the process's: a later solve starts afresh)
-        options.delValue(key)
+    ksp.setUp()
     floor_of = _RoundingFloor(PETSc, rows, f_local, own - bs * lo, x, nb)
     test = _TrueResidualTest(PETSc, A, b, x, nb, rtol, maxiter, floor_of)
     iterations, reason = 0, 0
@@ -298,6 +305,8 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
         ksp.solve(b, x)
         reason, iterations = ksp.getConvergedReason(), ksp.getIterationNumber()
         test.best_x.copy(x)
+    for key in chosen:     # (read as late as the first solve: GAMG's levels, the blocks' LU. The options
+        options.delValue(key)  # database is the process's: a later solve starts afresh)
     best = test.best if nb > 0 else 0.0
     floor = (test.floor or floor_of(x)) if best > rtol else 0.0
     scatter, whole = PETSc.Scatter.toZero(x)
@@ -307,8 +316,11 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
             "iterations": int(iterations), "residual": float(best),
             "seconds": time.perf_counter() - t0, "assembly_seconds": assembly_seconds}
     why = test.why
-    preconditioner = {"gamg": "GAMG", "hypre": "hypre"}.get(ksp.getPC().getType(), ksp.getPC().getType())
-    for obj in (test, floor_of, scatter, whole, b_free, x, b, A, ksp):
+    preconditioner = {"gamg": "GAMG", "hypre": "hypre", "mg": "two-level (P1: GAMG)"}.get(ksp.getPC().getType(),
+                                                                                       ksp.getPC().getType())
+    if ksp.getPC().getType() == "mg":       # (unless PETSC_OPTIONS chose another)
+        info["preconditioner"] = "two-level"
+    for obj in (test, floor_of, scatter, whole, b_free, x, b, A, ksp, *coarse_objects):
         obj.destroy()
     if best <= rtol:
         return u, info
@@ -320,15 +332,82 @@ def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXI
                else f"stopped ({_reason_name(PETSc, reason)})")
     elif why == "stalled" and test.last > 1:
         why = "diverged"
-    where = f"within {FLOOR_FACTOR} times" if best <= FLOOR_FACTOR * floor else "above"
-    what = (f"CG + {preconditioner} {why} at relative residual {best:.2g} after {iterations} iteration{'s' if iterations != 1 else ''}, "
-            f"{where} this system's rounding floor (about {floor:.2g}: float64's epsilon times |A| |x| against |b|)")
+    what = fem.floor_note(f"CG + {preconditioner}", why, best, iterations, floor)
     if best <= AMG_RESIDUAL_LIMIT or best <= min(FLOOR_FACTOR * floor, RESIDUAL_LIMIT):
         info["note"] = f"{what}; the target {rtol:g} is not reached"
         return u, info
     constrained = reason in (Reason.DIVERGED_INDEFINITE_MAT, Reason.DIVERGED_BREAKDOWN) or why == "diverged"
     raise TaperayError(f"the PETSc solve failed ({what})" + ("; is the problem constrained (a fixed temperature or "
                                                              "convection, enough supports)?" if constrained else ""))
+
+
+def _p1_level(terms: dict, lo: int, hi: int):
+    """This rank's part of the TET10 two-level preconditioner: its rows of ``fem.p1_prolongation``
+    (CSR, global columns; the fixed dofs held), the coarse dofs it owns (those of its corner nodes:
+    a contiguous range, the corners being numbered in the slabs' node order) out of all, their
+    corners' coordinates, and the dofs of the sliver elements (``fem.sliver_blocks``) whose first
+    node is its own."""
+    bs, nodes, elements = terms["bs"], terms["nodes"], terms["elements"]
+    P, fine_of = fem.p1_prolongation(elements, len(nodes), bs, terms["fixed"])
+    rows = P[bs * lo:bs * hi].tocsr()
+    rows.sort_indices()
+    clo, chi = (int(i) for i in np.searchsorted(fine_of, [bs * lo, bs * hi]))
+    mine = (elements[:, 0] >= lo) & (elements[:, 0] < hi)
+    sliver = np.unique(fem.sliver_blocks(nodes, elements[mine], bs))
+    return rows, (clo, chi, len(fine_of)), nodes[fine_of[clo:chi:bs] // bs], sliver
+
+
+def _two_level(PETSc, pc, A, level) -> tuple[tuple, dict]:
+    """``pc`` made the TET10 two-level preconditioner (PCMG, two levels): the interpolation P from
+    ``_p1_level``, the coarse operator P^T A P solved by GAMG (elasticity: the corners' rigid-body
+    modes as its near-null space), and on the TET10 level one Richardson step of a symmetric
+    composite: symmetric SOR (local to each rank) and an exact (LU) solve on the sliver elements'
+    dofs (PCASM, one subdomain a rank). Returns (the objects to destroy after the solve, the options
+    to set before ``setFromOptions``)."""
+    rows, (clo, chi, ncoarse), corners, sliver = level
+    comm = A.getComm()
+    mpi = comm.tompi4py()
+    bs = A.getBlockSize()
+    (nloc, ndof), _ = A.getSizes()
+    P = PETSc.Mat().createAIJ(size=((nloc, ndof), (chi - clo, ncoarse)), bsize=bs,
+                              csr=(rows.indptr.astype(PETSc.IntType), rows.indices.astype(PETSc.IntType), rows.data),
+                              comm=comm)
+    P.assemble()
+    Ac = A.ptap(P)
+    objects = [P, Ac]
+    if bs == 3:
+        coords = PETSc.Vec().createWithArray(np.ascontiguousarray(corners).ravel(), size=(chi - clo, ncoarse),
+                                             bsize=3, comm=comm)
+        Ac.setNearNullSpace(PETSc.NullSpace().createRigidBody(coords))
+        objects.append(coords)
+    pc.setType("mg")
+    pc.setMGLevels(2)
+    pc.setMGType(PETSc.PC.MGType.MULTIPLICATIVE)
+    pc.setMGInterpolation(1, P)
+    coarse = pc.getMGCoarseSolve()
+    coarse.setOperators(Ac)
+    coarse.setType("preonly")
+    coarse.getPC().setType("gamg")
+    smoother = pc.getMGSmoother(1)
+    smoother.setType("richardson")
+    smoother.setTolerances(max_it=1)
+    relax = smoother.getPC()
+    settings = {}
+    if mpi.allreduce(len(sliver)) == 0:
+        relax.setType("sor")
+        return tuple(objects), settings
+    relax.setType("composite")
+    relax.setCompositeType(PETSc.PC.CompositeType.SYMMETRIC_MULTIPLICATIVE)
+    relax.addCompositePCType("sor")
+    relax.addCompositePCType("asm")
+    blocks = relax.getCompositePC(1)
+    blocks.setASMType(PETSc.PC.ASMType.BASIC)
+    index = PETSc.IS().createGeneral(sliver.astype(PETSc.IntType), comm=PETSc.COMM_SELF)
+    blocks.setASMLocalSubdomains(1, [index])
+    objects.append(index)
+    prefix = blocks.getOptionsPrefix() or ""
+    settings.update({prefix + "sub_ksp_type": "preonly", prefix + "sub_pc_type": "lu"})
+    return tuple(objects), settings
 
 
 def _reason_name(PETSc, reason: int) -> str:
@@ -342,9 +421,8 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
     """``study.simulate`` with PETSc as the solver, called on every rank of MPI's world (the same
     arguments on each): rank 0 returns the Result, the others None. Stage timings are rank 0's. The
     study is checked against the scene on every rank, the resolution on rank 0, before meshing."""
-    from . import fem
     from .shape import assemble
-    from .study import Result, boundary_check, check_study
+    from .study import Result, boundary_check, check_study, mesh_materials
 
     study = check_study(tape, study)
     order = order or (1 if study.kind == "heat" else 2)
@@ -365,8 +443,9 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
                 mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, progress, **tet_options)
                 timings.update(made)
             t0 = time.perf_counter()
-            boundary = boundary_check(tape, mesh, walker=walker, cell=surf_stats.get("spacing"))
-            system = assemble(tape, study, mesh, walker, build=False)
+            materials = mesh_materials(tape, mesh, walker)       # (the boundary faces found once)
+            boundary = boundary_check(tape, mesh, materials[1], walker, surf_stats.get("spacing"))
+            system = assemble(tape, study, mesh, walker, build=False, materials=materials)
             perm = slab_order(mesh.nodes)
             terms = _renumber(system, perm)
         except TaperayError as e:

@@ -41,7 +41,8 @@ AMG_STALL = 50              # iterations without the best true residual halving:
 FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol):
                             # a normwise backward error of about 10 epsilon
 SLIVER_DEGREES = 5.0        # two-level smoother: elements with a dihedral angle below this (or above 180 less
-                            # this) are relaxed as 10-node blocks (heat sink, 1 M DOF: 285 CG iterations -> 80)
+                            # this) are relaxed as blocks (heat sink, 1 M DOF: 285 CG iterations -> 80); the
+                            # mesh's quality report counts them too (study.mesh_quality)
 LU_FILL, LU_BYTES = 0.3, 24  # direct_memory: measured 0.24-0.28 and 19-21 B on TET10 systems of 37k-161k dofs
 ELEMENT_BLOCK = 20_000      # elements per vectorised assembly block (bounds the temporaries)
 
@@ -163,8 +164,11 @@ def _blocks(E: int, size: int = ELEMENT_BLOCK):
 
 
 def _coo(elements_dofs: list, values: list, ndof: int) -> sp.csr_matrix:
-    rows = np.concatenate([np.repeat(d, d.shape[1], axis=1).ravel() for d in elements_dofs])
-    cols = np.concatenate([np.tile(d, (1, d.shape[1])).ravel() for d in elements_dofs])
+    """The CSR matrix of the element matrices summed; 32-bit indices where they fit (the 1 M-DOF
+    TET10 heat system: 7.2-7.6 s against 11.5-15.7 s with 64-bit ones)."""
+    index = np.int32 if ndof < 2 ** 31 else np.int64
+    rows = np.concatenate([np.repeat(d.astype(index), d.shape[1], axis=1).ravel() for d in elements_dofs])
+    cols = np.concatenate([np.tile(d.astype(index), (1, d.shape[1])).ravel() for d in elements_dofs])
     data = np.concatenate([v.ravel() for v in values])
     return sp.coo_matrix((data, (rows, cols)), shape=(ndof, ndof)).tocsr()
 
@@ -515,15 +519,15 @@ def p1_prolongation(elements: np.ndarray, n_nodes: int, bs: int = 1,
     return sp.csr_matrix((vals, (rows, cols)), shape=(bs * n_nodes, len(fine_of))), fine_of
 
 
-def sliver_blocks(nodes: np.ndarray, elements: np.ndarray, bs: int = 1, degrees: float = SLIVER_DEGREES) -> np.ndarray:
-    """(S, bs n) the dofs of each element with a dihedral angle below ``degrees`` or above 180 less
-    it: the blocks the two-level smoother relaxes exactly. A nearly flat element makes its nodes'
+def sliver_blocks(nodes: np.ndarray, elements: np.ndarray, bs: int = 1) -> np.ndarray:
+    """(S, bs n) the dofs of each element with a dihedral angle below SLIVER_DEGREES or above 180
+    less it: the blocks the two-level smoother relaxes exactly. A nearly flat element makes its nodes'
     differences far stiffer than any neighbour's, modes that point Gauss-Seidel and the P1 level
     both leave (on the 1 M-DOF heat sink, 1,450 such elements of 531,028 took CG from 80 to 285
     iterations)."""
     from .tetmesh import dihedral_angles
     angles = dihedral_angles(nodes, elements)
-    el = np.asarray(elements, np.int64)[(angles.min(1) < degrees) | (angles.max(1) > 180 - degrees)]
+    el = np.asarray(elements, np.int64)[(angles.min(1) < SLIVER_DEGREES) | (angles.max(1) > 180 - SLIVER_DEGREES)]
     return (bs * el[:, :, None] + np.arange(bs)).reshape(len(el), bs * el.shape[1])
 
 

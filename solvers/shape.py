@@ -157,13 +157,15 @@ class System:
         return float(np.dot(np.asarray(c, float).ravel(), self.f))
 
 
-def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto", build: bool = True) -> System:
+def assemble(tape: Tape, study, mesh: TetMesh, walker=None, solver: str = "auto", build: bool = True,
+             materials: tuple | None = None) -> System:
     """The study's system on ``mesh``: materials of elements and boundary faces from the tape (as
-    ``simulate`` does), the stiffness, the loads and the fixed dofs (``build=False``: the terms
-    only, K and f left None, for an assembly distributed over ranks)."""
+    ``simulate`` does; ``materials``: ``mesh_materials``' result where the caller has it), the
+    stiffness, the loads and the fixed dofs (``build=False``: the terms only, K and f left None,
+    for an assembly distributed over ranks)."""
     study = study_from(study)
     walker = default_walker(walker)
-    names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
+    names, faces, emat, faces_of = materials or mesh_materials(tape, mesh, walker)
 
     sysm = System(study.kind, mesh, None, None, None, None, element_material=emat, material_names=names, solver=solver)
     fixed, vals = [], []

@@ -237,7 +237,7 @@ def mesh_materials(tape: Tape, mesh: TetMesh, walker=None):
 
 # ---------------------------------------------------------------- the mesh checked against the scene
 
-SLIVER_DEGREES = 5.0    # an element with a dihedral angle below this is counted (``mesh_quality``)
+SLIVER_DEGREES = fem.SLIVER_DEGREES    # an element with a dihedral angle below this is counted (``mesh_quality``)
 
 
 def _name(names: list[str], i: int) -> str:
