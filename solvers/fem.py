@@ -41,7 +41,7 @@ AMG_STALL = 50              # iterations without the best true residual halving:
 FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol):
                             # a normwise backward error of about 10 epsilon
 SLIVER_DEGREES = 5.0        # two-level smoother: elements with a dihedral angle below this (or above 180 less
-                            # this) are relaxed as blocks (heat sink, 1 M DOF: 285 CG iterations -> 80); the
+                            # this) are solved exactly (heat sink, 1 M DOF: 285 CG iterations -> 20); the
                             # mesh's quality report counts them too (study.mesh_quality)
 LU_FILL, LU_BYTES = 0.3, 24  # direct_memory: measured 0.24-0.28 and 19-21 B on TET10 systems of 37k-161k dofs
 ELEMENT_BLOCK = 20_000      # elements per vectorised assembly block (bounds the temporaries)
@@ -521,9 +521,9 @@ def p1_prolongation(elements: np.ndarray, n_nodes: int, bs: int = 1,
 
 def sliver_blocks(nodes: np.ndarray, elements: np.ndarray, bs: int = 1) -> np.ndarray:
     """(S, bs n) the dofs of each element with a dihedral angle below SLIVER_DEGREES or above 180
-    less it: the blocks the two-level smoother relaxes exactly. A nearly flat element makes its nodes'
-    differences far stiffer than any neighbour's, modes that point Gauss-Seidel and the P1 level
-    both leave (on the 1 M-DOF heat sink, 1,450 such elements of 531,028 took CG from 80 to 285
+    less it: the two-level smoother solves exactly on their union. A nearly flat element makes its
+    nodes' differences far stiffer than any neighbour's, modes that Gauss-Seidel and the P1 level
+    both leave (on the 1 M-DOF heat sink, 1,450 such elements of 531,028 took CG from 20 to 285
     iterations)."""
     from .tetmesh import dihedral_angles
     angles = dihedral_angles(nodes, elements)
@@ -532,7 +532,7 @@ def sliver_blocks(nodes: np.ndarray, elements: np.ndarray, bs: int = 1) -> np.nd
 
 
 def _coarse_space(mesh, ndof: int, free: np.ndarray):
-    """(P, B's coarse rows, Schwarz blocks, their offsets) of a TET10 ``mesh`` on the free dofs."""
+    """(P, B's coarse rows, the sliver elements' dofs) of a TET10 ``mesh``, on the free dofs."""
     n = len(mesh.nodes)
     bs = ndof // n if n else 0
     if bs not in (1, 3) or bs * n != ndof:
@@ -540,11 +540,8 @@ def _coarse_space(mesh, ndof: int, free: np.ndarray):
     P, fine_of = p1_prolongation(mesh.elements, n, bs)
     index = np.cumsum(free) - 1
     coarse_free = free[fine_of]
-    blocks = sliver_blocks(mesh.nodes, mesh.elements, bs)
-    inside = free[blocks]
-    subdomain = index[blocks][inside].astype(np.int32)
-    pointer = np.concatenate([[0], np.cumsum(inside.sum(1))]).astype(np.int32)
-    return P[free][:, coarse_free].tocsr(), index[fine_of[coarse_free]], subdomain, np.unique(pointer)
+    sliver = np.unique(sliver_blocks(mesh.nodes, mesh.elements, bs))
+    return P[free][:, coarse_free].tocsr(), index[fine_of[coarse_free]], index[sliver[free[sliver]]]
 
 
 def _smoothed_aggregation(A: sp.csr_matrix, B: np.ndarray | None):
@@ -560,26 +557,28 @@ def _smoothed_aggregation(A: sp.csr_matrix, B: np.ndarray | None):
 
 
 def _two_level(A: sp.csr_matrix, B: np.ndarray | None, coarse):
-    """The TET10 two-level preconditioner: Gauss-Seidel forward, then the Schwarz blocks forward
-    (exact solves), the coarse correction P M_c P^T r by a smoothed aggregation V-cycle on
-    P^T A P (near-null space: B's rows at the corner dofs, which P reproduces: constants and rigid
-    motions are linear), the blocks backward, Gauss-Seidel backward (symmetric)."""
-    from pyamg.relaxation.relaxation import gauss_seidel, schwarz
+    """The TET10 two-level preconditioner: one symmetric Gauss-Seidel sweep and an exact solve on
+    the sliver elements' dofs (``symmetric_lu`` of A's block there), the coarse correction
+    P M_c P^T r by a smoothed aggregation V-cycle on P^T A P (near-null space: B's rows at the
+    corner dofs, which P reproduces: constants and rigid motions are linear), then the same two in
+    reverse order (symmetric)."""
+    from pyamg.relaxation.relaxation import gauss_seidel
     from scipy.sparse.linalg import LinearOperator
-    P, coarse_rows, subdomain, pointer = coarse
+    P, coarse_rows, sliver = coarse
     R = P.T.tocsr()
     Mc = _smoothed_aggregation((R @ A @ P).tocsr(), None if B is None else B[coarse_rows])
-    blocks = {"subdomain": subdomain, "subdomain_ptr": pointer} if len(subdomain) else None
+    rows = A[sliver].tocsr()
+    lu = symmetric_lu(rows[:, sliver]) if len(sliver) else None
 
     def apply(r):
         x = np.zeros_like(r)
-        gauss_seidel(A, x, r, sweep="forward")
-        if blocks:
-            schwarz(A, x, r, sweep="forward", **blocks)
+        gauss_seidel(A, x, r, sweep="symmetric")
+        if lu is not None:
+            x[sliver] += lu.solve(r[sliver] - rows @ x)
         x += P @ (Mc @ (R @ (r - A @ x)))
-        if blocks:
-            schwarz(A, x, r, sweep="backward", **blocks)
-        gauss_seidel(A, x, r, sweep="backward")
+        if lu is not None:
+            x[sliver] += lu.solve(r[sliver] - rows @ x)
+        gauss_seidel(A, x, r, sweep="symmetric")
         return x
     return LinearOperator(A.shape, apply, dtype=float)
 
