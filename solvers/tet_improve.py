@@ -266,6 +266,13 @@ class MeshRegion:
         leave more bad elements behind)."""
         return min(new) > min(old) and all(sum(q < t for q in new) <= sum(q < t for q in old) for t in self.levels)
 
+    def same_volume(self, old: list[tuple], new: list[tuple]) -> bool:
+        """Whether tetrahedra ``new`` fill as much as ``old`` (to 1e-9 of it): with every new one
+        positively oriented, a cavity that folded over itself would fill more."""
+        x = self.x
+        v0, v1 = (sum(_orient(x[t[0]], x[t[1]], x[t[2]], x[t[3]]) for t in ts) for ts in (old, new))
+        return abs(v1 - v0) <= 1e-9 * abs(v0)
+
     def q(self, t: tuple) -> float:
         x = self.x
         return quality(x[t[0]], x[t[1]], x[t[2]], x[t[3]])
@@ -399,9 +406,10 @@ class MeshRegion:
             if qs.min() > min(before):
                 trials.append((-qs.min(), w, keep, qs))
         for _, w, keep, qs in sorted(trials, key=lambda trial: trial[0]):
-            if self.better(before, qs.tolist()):
-                new = [(v,) + tuple(row) for row in others[keep].tolist()]
-                ids = self.replace(ks, [tuple(w if u == v else u for u in t) for t in new])
+            new = [(w,) + tuple(row) for row in others[keep].tolist()]
+            old = [self.tets[k] for k in ks]
+            if self.better(before, qs.tolist()) and self.same_volume(old, new):
+                ids = self.replace(ks, new)
                 self.free.discard(v)
                 del self.star[v]
                 return ids
@@ -453,7 +461,8 @@ class MeshRegion:
         ids = self.replace(list(cavity), [(f[0], f[2], f[1], v) for f in faces])
         self.free.add(v)
         self.smooth(v)
-        if self.better(before, [self.q(self.tets[i]) for i in ids]):
+        if self.better(before, [self.q(self.tets[i]) for i in ids]) \
+                and self.same_volume(old, [self.tets[i] for i in ids]):
             self.next_node += 1
             self.new_points.append(v)
             return ids
