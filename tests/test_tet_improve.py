@@ -15,7 +15,7 @@ from taperay.scenegraph.loading import load_tape  # noqa: E402
 from taperay.solvers import mesh_surface, tet_mesh  # noqa: E402
 from taperay.solvers.study import element_materials  # noqa: E402
 from taperay.solvers.tet_improve import MeshRegion, improve_mesh, min_sine, quality  # noqa: E402
-from taperay.solvers.tetmesh import box_mesh, boundary_faces, dihedral_angles, orient  # noqa: E402
+from taperay.solvers.tetmesh import TetMesh, box_mesh, boundary_faces, dihedral_angles, orient  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,8 +23,7 @@ TARGET = math.sin(math.radians(10.0))
 
 
 def _volumes(nodes, elements):
-    x = nodes[elements]
-    return np.einsum("ij,ij->i", x[:, 1] - x[:, 0], np.cross(x[:, 2] - x[:, 0], x[:, 3] - x[:, 0])) / 6.0
+    return TetMesh(np.asarray(nodes, float), np.asarray(elements)).volumes()
 
 
 def _face_set(nodes, elements):
