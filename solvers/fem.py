@@ -38,6 +38,7 @@ AMG_RESIDUAL_LIMIT = 1e-8   # AMG-CG's best iterate is kept up to this; above it
 AMG_MAXITER = 500
 AMG_CHECK = 10              # iterations between true residuals
 AMG_STALL = 50              # iterations without the best true residual halving: stalled
+AMG_COARSE = 500            # smoothed aggregation's coarsest level: at most this many unknowns
 FLOOR_FACTOR = 10           # CG stops within this factor of its rounding floor's estimate (where above rtol):
                             # a normwise backward error of about 10 epsilon
 SLIVER_DEGREES = 5.0        # two-level smoother: elements with a dihedral angle below this (or above 180 less
@@ -545,14 +546,19 @@ def _coarse_space(mesh, ndof: int, free: np.ndarray):
 
 
 def _smoothed_aggregation(A: sp.csr_matrix, B: np.ndarray | None):
-    """pyamg's smoothed aggregation V-cycle as a preconditioner (``amg_cg``'s settings)."""
+    """pyamg's smoothed aggregation V-cycle as a preconditioner (``amg_cg``'s settings), coarsened
+    to at most AMG_COARSE unknowns, solved there by a dense pseudo-inverse. (pyamg counts its
+    ``max_coarse`` in blocks, one a column of B on the coarse levels: counted so, the P1 level of the
+    80-resolution cantilever (17,442 dofs) stopped at 2,808 unknowns, whose pseudo-inverse took
+    8-42 s of the solve.)"""
     import pyamg
     nodal = B is not None and B.shape[1] == 6 and len(B) % 3 == 0 and \
         np.array_equal(B[:, :3].reshape(-1, 3, 3), np.broadcast_to(np.eye(3), (len(B) // 3, 3, 3)))
     ml = pyamg.smoothed_aggregation_solver(
         A.tobsr(blocksize=(3, 3)) if nodal else A, B=B, symmetry="hermitian",
         smooth="energy", presmoother=("block_gauss_seidel", {"sweep": "forward"}),
-        postsmoother=("block_gauss_seidel", {"sweep": "backward"}), max_coarse=500)
+        postsmoother=("block_gauss_seidel", {"sweep": "backward"}),
+        max_coarse=max(1, AMG_COARSE // (1 if B is None else B.shape[1])))
     return ml.aspreconditioner(cycle="V")
 
 
