@@ -9,7 +9,8 @@ exact volume is 3.168e-5 m³), the solver and the time of surface, tets, assembl
 
 Large case (about 1 M DOF): meshed once (surface and TetGen timed; a novel design would repeat
 minutes of TetGen), saved, and solved by ``taperay simulate --mesh`` in new processes: scipy (CG +
-pyamg) and PETSc (CG + GAMG) under ``mpiexec -n 1`` and ``-n 2``, each row the assembly and solve
+pyamg) and PETSc (CG + GAMG) under ``mpiexec -n 1`` and ``-n 2``, both with the two-level
+preconditioner of TET10 systems (its P1 level by pyamg / GAMG), each row the assembly and solve
 times the process reports (``--json``); a solve that fails is a note with its error. PETSc rows
 need petsc4py and mpiexec (README: PETSc and MPI); without them the table says so.
 """
@@ -68,11 +69,11 @@ def _solver_rows(mesh_path: Path, settings: dict) -> tuple[list[dict], list[str]
                OMPI_MCA_rmaps_base_oversubscribe="1")
     cli = [sys.executable, "-m", "taperay.tools.cli", "simulate", str(SCENE), "--mesh", str(mesh_path),
            "--walker", "cpu"]
-    runs = [("scipy: CG + pyamg", [], "amg")]
+    runs = [("scipy: CG + pyamg, two-level", [], "amg")]
     from importlib.util import find_spec
     has_petsc = all(find_spec(m) is not None for m in ("mpi4py", "petsc4py")) and shutil.which("mpiexec") is not None
     if has_petsc:
-        runs += [(f"PETSc: CG + GAMG, {n} rank{'s' if n > 1 else ''}", [shutil.which("mpiexec"), "-n", str(n)], "petsc")
+        runs += [(f"PETSc: CG + two-level (P1: GAMG), {n} rank{'s' if n > 1 else ''}", [shutil.which("mpiexec"), "-n", str(n)], "petsc")
                  for n in (1, 2)]
     else:
         notes.append("PETSc rows left out: petsc4py / mpi4py / mpiexec absent (README: PETSc and MPI)")
