@@ -33,7 +33,7 @@ from .fem import AMG_CHECK, AMG_RESIDUAL_LIMIT, AMG_RTOL, AMG_STALL, FLOOR_FACTO
 from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker
 from .tetmesh import DEFAULT_PART_SURFACE, TetMesh, mesh_part
 
-__all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "PETSC_RTOL"]
+__all__ = ["mpi_rank", "solve_petsc", "simulate_petsc", "slab_order", "renumber", "PETSC_RTOL"]
 
 PETSC_RTOL = AMG_RTOL       # CG's true relative residual |b - A x| / |b| at which the solve stops
 PETSC_MAXITER = 2000
@@ -85,7 +85,7 @@ def _ranges(n_nodes: int, size: int) -> np.ndarray:
     return np.linspace(0, n_nodes, size + 1).round().astype(np.int64)
 
 
-def _renumber(system, perm: np.ndarray) -> dict:
+def renumber(system, perm: np.ndarray) -> dict:
     """The study's terms with nodes renumbered by ``perm`` (new -> old), as a picklable dict."""
     inv = np.empty_like(perm)
     inv[perm] = np.arange(len(perm))
@@ -232,7 +232,7 @@ class _TrueResidualTest:
 
 
 def solve_petsc(terms: dict, rtol: float = PETSC_RTOL, maxiter: int = PETSC_MAXITER) -> tuple[np.ndarray | None, dict]:
-    """Assemble this rank's rows of ``terms`` (``_renumber``'s dict, the same on every rank), solve
+    """Assemble this rank's rows of ``terms`` (``renumber``'s dict, the same on every rank), solve
     across all ranks by CG + GAMG, gather the field on rank 0. The stopping test is the true
     relative residual (``_TrueResidualTest``). The iterate of least true residual is the result
     when that residual is at most ``rtol`` (converged), ``fem.AMG_RESIDUAL_LIMIT`` or FLOOR_FACTOR
@@ -447,7 +447,7 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
             boundary = boundary_check(tape, mesh, materials[1], walker, surf_stats.get("spacing"))
             system = assemble(tape, study, mesh, walker, build=False, materials=materials)
             perm = slab_order(mesh.nodes)
-            terms = _renumber(system, perm)
+            terms = renumber(system, perm)
         except TaperayError as e:
             failure = str(e)
     failure = comm.bcast(failure, root=0)

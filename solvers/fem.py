@@ -3,7 +3,8 @@
 Assembly is vectorised over elements (einsum over blocks of elements, one COO -> CSR conversion);
 quadrature rules are collapsed Gauss-Jacobi products on the reference tetrahedron / triangle,
 exact to the degree asked: stiffness 2(p-1) (exact for straight-sided elements), loads, boundary
-mass and sources 2p (callables: 2p + 2). Node order: VTK's (solvers.tetmesh).
+mass and sources 2p (callables: 2p + 2). Node order: VTK's (``TET10_EDGES``, ``TET_FACES``; the
+elements' ``dihedral_angles``).
 
 Low-level API (meshes and face / node sets): ``heat_system``, ``elasticity_system``,
 ``face_load``, ``face_mass``, ``solve_linear`` (the sparse solve: ``symmetric_lu``, ``amg_cg`` and
@@ -28,6 +29,7 @@ from taperay.runtime.tape import TaperayError
 __all__ = ["tet_rule", "tri_rule", "shape_functions", "shape_derivatives", "tri_shape_functions",
            "heat_system", "elasticity_system", "face_load", "face_mass", "solve_linear", "rigid_body_modes",
            "nodal_stress", "von_mises", "amg_cg", "symmetric_lu", "direct_memory", "p1_prolongation", "sliver_blocks",
+           "dihedral_angles", "TET10_EDGES", "TET_FACES",
            "rounding_floor", "floor_note", "DIRECT_MAX_DOF", "SOLVER_METHODS", "FLOOR_FACTOR", "SLIVER_DEGREES"]
 
 DIRECT_MAX_DOF = 20_000     # "auto": the direct solver up to this many free dofs, AMG-CG above
@@ -92,7 +94,9 @@ def tri_rule(degree: int) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------- shape functions
 
-_TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))
+TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK): each edge's ends
+# faces of a positively oriented tet, outward, as local corner triples (opposite corner 0, 1, 2, 3)
+TET_FACES = ((1, 2, 3), (0, 3, 2), (0, 1, 3), (0, 2, 1))
 _DL = np.array([[-1.0, -1.0, -1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
 
 
@@ -106,7 +110,7 @@ def shape_functions(n: int, pts) -> np.ndarray:
     L = _bary(pts)
     if n == 4:
         return L
-    return np.concatenate([L * (2 * L - 1), np.stack([4 * L[:, a] * L[:, b] for a, b in _TET10_EDGES], 1)], 1)
+    return np.concatenate([L * (2 * L - 1), np.stack([4 * L[:, a] * L[:, b] for a, b in TET10_EDGES], 1)], 1)
 
 
 def shape_derivatives(n: int, pts) -> np.ndarray:
@@ -116,7 +120,7 @@ def shape_derivatives(n: int, pts) -> np.ndarray:
     if n == 4:
         return np.broadcast_to(_DL, (Q, 4, 3)).copy()
     corner = (4 * L - 1)[:, :, None] * _DL[None]
-    mid = np.stack([4 * (L[:, a, None] * _DL[b] + L[:, b, None] * _DL[a]) for a, b in _TET10_EDGES], 1)
+    mid = np.stack([4 * (L[:, a, None] * _DL[b] + L[:, b, None] * _DL[a]) for a, b in TET10_EDGES], 1)
     return np.concatenate([corner, mid], 1)
 
 
@@ -306,7 +310,7 @@ def nodal_stress(nodes, elements, u, E, nu) -> np.ndarray:
     Ne, n = elements.shape
     lam, mu = lame(_per_element(E, Ne, "E"), _per_element(nu, Ne, "nu"))
     ref = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]] +
-                   ([] if n == 4 else [list(0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:]) for a, b in _TET10_EDGES]), float)
+                   ([] if n == 4 else [list(0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:]) for a, b in TET10_EDGES]), float)
     dN = shape_derivatives(n, ref)
     U = np.asarray(u, float).reshape(-1, 3)[elements]        # (E, n, 3)
     X = nodes[elements]
@@ -505,7 +509,7 @@ def p1_prolongation(elements: np.ndarray, n_nodes: int, bs: int = 1,
     coarse = np.full(n_nodes, -1, np.int64)
     coarse[corners] = np.arange(len(corners))
     mids, first = np.unique(elements[:, 4:].ravel(), return_index=True)
-    ends = elements[:, np.array(_TET10_EDGES)].reshape(-1, 2)[first]
+    ends = elements[:, np.array(TET10_EDGES)].reshape(-1, 2)[first]
     rows = np.concatenate([corners, mids, mids])
     cols = np.concatenate([coarse[corners], coarse[ends[:, 0]], coarse[ends[:, 1]]])
     vals = np.concatenate([np.ones(len(corners)), np.full(2 * len(mids), 0.5)])
@@ -520,13 +524,22 @@ def p1_prolongation(elements: np.ndarray, n_nodes: int, bs: int = 1,
     return sp.csr_matrix((vals, (rows, cols)), shape=(bs * n_nodes, len(fine_of))), fine_of
 
 
+def dihedral_angles(nodes, elements) -> np.ndarray:
+    """(E, 6) dihedral angles in degrees of each element's straight-sided corner tetrahedron."""
+    x = np.asarray(nodes)[np.asarray(elements)[:, :4]]
+    n = np.stack([np.cross(x[:, b] - x[:, a], x[:, c] - x[:, a]) for a, b, c in TET_FACES], 1)
+    n /= np.maximum(np.linalg.norm(n, axis=2, keepdims=True), 1e-300)
+    pairs = [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    cos = np.stack([np.einsum("ij,ij->i", n[:, i], n[:, j]) for i, j in pairs], 1)
+    return 180.0 - np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))    # (outward normals)
+
+
 def sliver_blocks(nodes: np.ndarray, elements: np.ndarray, bs: int = 1) -> np.ndarray:
     """(S, bs n) the dofs of each element with a dihedral angle below SLIVER_DEGREES or above 180
     less it: the two-level smoother solves exactly on their union. A nearly flat element makes its
     nodes' differences far stiffer than any neighbour's, modes that Gauss-Seidel and the P1 level
     both leave (on the 1 M-DOF heat sink, 1,450 such elements of 531,028 took CG from 20 to 285
     iterations)."""
-    from .tetmesh import dihedral_angles
     angles = dihedral_angles(nodes, elements)
     el = np.asarray(elements, np.int64)[(angles.min(1) < SLIVER_DEGREES) | (angles.max(1) > 180 - SLIVER_DEGREES)]
     return (bs * el[:, :, None] + np.arange(bs)).reshape(len(el), bs * el.shape[1])

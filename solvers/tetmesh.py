@@ -34,15 +34,13 @@ import numpy as np
 from taperay.runtime.outputs import write_atomic
 from taperay.runtime.tape import Tape, TaperayError
 
+from .fem import TET10_EDGES, TET_FACES, dihedral_angles, shape_derivatives
 from .tet_improve import improve_mesh
 
 __all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "dihedral_angles", "PART_SURFACES", "DEFAULT_PART_SURFACE", "box_mesh", "to_order2", "TET10_EDGES",
            "TETGEN_ORDER2_EDGES", "project_boundary_nodes"]
 
-TET10_EDGES = ((0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (2, 3))          # columns 4..9 (VTK)
 TETGEN_ORDER2_EDGES = ((2, 3), (0, 3), (0, 1), (1, 2), (1, 3), (0, 2))  # TetGen's columns 4..9
-# faces of a positively oriented tet, outward, as local corner triples (opposite corner 0, 1, 2, 3)
-TET_FACES = ((1, 2, 3), (0, 3, 2), (0, 1, 3), (0, 2, 1))
 _EDGE_COL = {**{e: 4 + i for i, e in enumerate(TET10_EDGES)}, **{e[::-1]: 4 + i for i, e in enumerate(TET10_EDGES)}}
 
 
@@ -474,19 +472,8 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
     raise TaperayError(("; ".join(failures) if len(failures) > 1 else failures[0]) + hint)
 
 
-def dihedral_angles(nodes, elements) -> np.ndarray:
-    """(E, 6) dihedral angles in degrees of each element's straight-sided corner tetrahedron."""
-    x = np.asarray(nodes)[np.asarray(elements)[:, :4]]
-    n = np.stack([np.cross(x[:, b] - x[:, a], x[:, c] - x[:, a]) for a, b, c in TET_FACES], 1)
-    n /= np.maximum(np.linalg.norm(n, axis=2, keepdims=True), 1e-300)
-    pairs = [(i, j) for i in range(4) for j in range(i + 1, 4)]
-    cos = np.stack([np.einsum("ij,ij->i", n[:, i], n[:, j]) for i, j in pairs], 1)
-    return 180.0 - np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))    # (outward normals)
-
-
 def min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
     """Smallest Jacobian determinant of each element over its corners and mid-edge nodes."""
-    from .fem import shape_derivatives
     pts = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1],
                     *[0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:] for a, b in TET10_EDGES], [0.25, 0.25, 0.25]])
     dN = shape_derivatives(elements.shape[1], pts)                    # (Q, n, 3)

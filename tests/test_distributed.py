@@ -97,13 +97,13 @@ def test_two_mpi_ranks_give_the_direct_solution_from_the_command_line(petsc, kin
 def _shell_terms(kind="heat", resolution=10):
     """The shell's study on its mesh as solve_petsc's terms (slab-ordered), with the direct solve's field
     in the same node order and its true relative residual."""
-    from taperay.solvers.distributed import _renumber, slab_order
+    from taperay.solvers.distributed import renumber, slab_order
     from taperay.solvers.shape import assemble
     study, _ = STUDIES[kind]
     tape = _shell()
     direct = simulate(tape, study, order=1 if kind == "heat" else 2, resolution=resolution, solver="direct")
     perm = slab_order(direct.mesh.nodes)
-    terms = _renumber(assemble(tape, study, direct.mesh, build=False), perm)
+    terms = renumber(assemble(tape, study, direct.mesh, build=False), perm)
     return terms, np.asarray(direct.field).reshape(len(perm), -1)[perm].ravel(), direct.solver["residual"]
 
 
@@ -198,13 +198,13 @@ def test_the_readme_gives_the_petsc_install_that_test_sh_runs():
 
 def _two_level_terms(kind):
     """The shell's TET10 study as solve_petsc's terms (resolution 10), with the direct solve's field."""
-    from taperay.solvers.distributed import _renumber, slab_order
+    from taperay.solvers.distributed import renumber, slab_order
     from taperay.solvers.shape import assemble
     study, _ = STUDIES[kind]
     tape = _shell()
     direct = simulate(tape, study, order=2, resolution=10, solver="direct")
     perm = slab_order(direct.mesh.nodes)
-    terms = _renumber(assemble(tape, study, direct.mesh, build=False), perm)
+    terms = renumber(assemble(tape, study, direct.mesh, build=False), perm)
     return terms, np.asarray(direct.field).reshape(len(perm), -1)[perm].ravel()
 
 
