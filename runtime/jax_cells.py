@@ -33,15 +33,21 @@ point); a call runs several pieces in a ``lax.scan`` that carries
 one row file (rows x piece), never cleared (each piece writes every row before it reads it; the
 reverse sweep clears each output row once read, so its adjoint file comes back zero). Each
 piece runs its cell's kept steps (``items``: step and rewrite) through the generic form's
-branches. The programs depend on the generic capacity bucket only: no parameter edit and no
-topology edit inside the bucket compiles anything.
+branches, in groups (``groups``): up to ``CellLayout.group`` steps of one branch whose operands
+are all ready (one dependency level: 1 + the highest level of the steps whose rows it reads)
+run as one step, the branch vmapped over them (levels ascending forward, descending in reverse);
+with groups of one, the steps run one by one in tape order. The programs depend on the generic
+capacity bucket and the layout only: no parameter edit and no topology edit inside the bucket
+compiles anything.
 
-How large cells and pieces are (``CellLayout``) depends on the device. On a CPU the steps cost
-their arithmetic, so small cells that keep few steps win (``CPU_LAYOUT``: 512 points a cell and a
-piece, 16 pieces a call). On a GPU a step costs its launch whatever the piece's size, and the
-pieces run one after another, so the fewest pieces win (``ACCELERATOR_LAYOUT``: one piece of up
-to 262,144 points, as many as keep the row file within an eighth of the device's memory, at least
-``ACCELERATOR_ROW_BYTES``): docs/JAX.md has the figures.
+How large cells, pieces and groups are (``CellLayout``) depends on the device. On a CPU the steps
+cost their arithmetic, so small cells that keep few steps win, run one step at a time (a group's
+padding lanes and its gathered copies of the rows cost more than the loop: ``CPU_LAYOUT``: 512
+points a cell and a piece, 16 pieces a call, groups of one). On a GPU a step costs its launch
+whatever the piece's size, and the pieces run one after another, so the fewest pieces win
+(``ACCELERATOR_LAYOUT``: one piece of up to 262,144 points, as many as keep the row file within
+an eighth of the device's memory, at least ``ACCELERATOR_ROW_BYTES``): docs/JAX.md has the
+figures.
 """
 from __future__ import annotations
 
@@ -68,11 +74,13 @@ ACCELERATOR_ROW_BYTES = 1 << 31   # a GPU piece's row file (rows x piece float32
 class CellLayout(NamedTuple):
     """How a call is cut: about ``cell_points`` points a cell (the grid's size; at most a piece's), pieces of at most
     ``piece`` points (a cell's run; a larger cell runs as several pieces), ``per_call`` pieces a
-    call; ``row_bytes``: where set, the piece shrinks (powers of two) until its row file fits."""
+    call; ``row_bytes``: where set, the piece shrinks (powers of two) until its row file fits;
+    ``group``: steps run as one (of one level and one branch; 1: one by one, in tape order)."""
     cell_points: int
     piece: int
     per_call: int
     row_bytes: int | None = None
+    group: int = 1
 
     def piece_for(self, n_rows: int) -> int:
         """Points a piece for a bucket of ``n_rows`` rows."""
@@ -103,15 +111,16 @@ _LIP_COMBINE = {Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.XOR, Op.OFFSET, Op.SHE
                 Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE, Op.MIN, Op.MAX, Op.COPY}
 
 
-def step_tangent(branches, row, vals, mats, p, prm, tv, tp, tprm):
-    """The tangent row of one generic step ``row`` (forward mode): its op's branch differentiated
-    by jax.jvp in its operand values ``vals``, point ``p`` and parameters ``prm`` along their
-    tangents ``tv``, ``tp``, ``tprm`` (the generic form's and the cells' jvp sweeps)."""
+def step_tangent(branches, branch, aux, vals, mats, p, prm, tv, tp, tprm):
+    """The tangent rows of one generic step (forward mode): its op's branch (number ``branch``,
+    material ``aux``) differentiated by jax.jvp in its operand values ``vals``, point ``p`` and
+    parameters ``prm`` along their tangents ``tv``, ``tp``, ``tprm`` (the generic form's jvp sweep;
+    the cells' runs it over a group, ``branches`` vmapped)."""
     def branch_jvp(fn):
         def run(vals, p, prm, tv, tp, tprm):
-            return jax.jvp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], (vals, p, prm), (tv, tp, tprm))[1]
+            return jax.jvp(lambda v_, p_, q_: fn(v_, mats, p_, q_, aux)[0], (vals, p, prm), (tv, tp, tprm))[1]
         return run
-    return lax.switch(row[0], [branch_jvp(fn) for fn in branches], vals, p, prm, tv, tp, tprm)
+    return lax.switch(branch, [branch_jvp(fn) for fn in branches], vals, p, prm, tv, tp, tprm)
 
 
 def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
@@ -163,15 +172,20 @@ class _Structure:
     def __init__(self, steps: np.ndarray, result: int, generic_ops):
         ops = [generic_ops[b] for b in steps[:, 0].tolist()]
         self.n = len(steps)
-        producer, readers = set(), {}
+        producer, readers, written_by = set(), {}, {}
         self.value_reads = []
+        self.level = np.zeros(self.n, np.int64)       # 1 + the highest level of the steps it reads (0: none)
         for s, (op, row) in enumerate(zip(ops, steps.tolist())):
             reads = "" if op is Op.CULL_BOX else OPS[op].reads    # (the generic cull reads no value)
             rr = [row[1 + k] for k, f in enumerate("abc") if f in reads]
             self.value_reads.append(rr)
             for r in set(rr):
                 readers[r] = readers.get(r, 0) + 1
-            if OPS[op].family is not Family.POINT:
+            self.level[s] = max([self.level[written_by[r]] + 1 for r in rr + row[4:8] if r in written_by], default=0)
+            point = OPS[op].family is Family.POINT
+            for j in range(4 if point else 1):
+                written_by[row[10] + j] = s
+            if not point:
                 producer.add(row[10])
         # the min / max tree from the result down: operands read once, by a tree step
         on_tree = {result}
@@ -206,11 +220,14 @@ class CellPlan:
     value at the (K, 3) cell centres ((rows, K), the generic forward's). Pieces of at most
     ``piece`` points run one cell's kept steps: ``index`` (n_pieces, piece) point indices (the
     padding repeats a piece's first point), ``valid`` (n_pieces, piece) bool, ``items``
-    (n_pieces, n_steps_bucket, 2) int32 (step, rewrite: 0 none, 1 b <- a, 2 a <- b), ``n_items``
-    (n_pieces,)."""
+    (n_pieces, n_steps_bucket, 2) int32 (step, rewrite: 0 none, 1 b <- a, 2 a <- b), the kept
+    steps in groups: ``groups`` (n_pieces, n_steps_bucket, 2) int32 (first item, count), ``n_groups``
+    (n_pieces,). A group is at most ``group`` steps of one branch and one dependency level (none
+    reads another's rows), sorted by level: a group runs as one step over its members."""
 
     def __init__(self, steps: np.ndarray, result: int, pool: np.ndarray, points: np.ndarray, rows_at,
-                 piece: int, steps_bucket: int, generic_ops, cell_points: int, extent: float = 1.0):
+                 piece: int, steps_bucket: int, generic_ops, cell_points: int, extent: float = 1.0,
+                 group: int = 1):
         pts = np.asarray(points, np.float32)
         n, S = len(pts), len(steps)
         lo, hi = pts.min(0).astype(np.float64), pts.max(0).astype(np.float64)
@@ -280,11 +297,31 @@ class CellPlan:
         self.valid = pos < stop[:, None]
         pos = np.where(self.valid, pos, start[:, None])
         self.index = order[pos]
-        step_order = np.argsort(~live, axis=1, kind="stable")[:, :steps_bucket].astype(np.int32)
-        rw = np.take_along_axis(rewrite, step_order, 1)
-        items = np.stack([step_order, rw.astype(np.int32)], -1)
-        self.items = items[cell_of]
-        self.n_items = kept[cell_of].astype(np.int32)
+        # the kept steps sorted by (level, branch, step), cut into groups of at most `group` of one key
+        # (groups of one: the steps in tape order)
+        key = st.level * len(generic_ops) + steps[:, 0] if group > 1 else np.zeros(S, np.int64)
+        step_order = np.argsort(np.where(live, key * S + np.arange(S), np.iinfo(np.int64).max), axis=1)
+        ks = np.take_along_axis(np.where(live, key, -1), step_order, 1)
+        j = np.arange(S)
+        first_of_run = np.ones((K, S), bool)
+        first_of_run[:, 1:] = ks[:, 1:] != ks[:, :-1]
+        last_of_run = np.ones((K, S), bool)
+        last_of_run[:, :-1] = first_of_run[:, 1:]
+        run_first = np.maximum.accumulate(np.where(first_of_run, j, 0), axis=1)
+        run_last = np.minimum.accumulate(np.where(last_of_run, j, S)[:, ::-1], axis=1)[:, ::-1]
+        starts = ((j - run_first) % group == 0) & (j < kept[:, None])
+        n_groups = starts.sum(1)
+        self.point_groups = int((n_groups * counts).sum())
+        c, at = np.nonzero(starts)
+        rank = np.arange(len(c)) - np.repeat(np.cumsum(n_groups) - n_groups, n_groups)
+        groups = np.zeros((K, steps_bucket, 2), np.int32)
+        groups[c, rank, 0] = at
+        groups[c, rank, 1] = np.minimum(group, run_last[c, at] - at + 1)
+        items = np.zeros((K, steps_bucket, 2), np.int32)
+        items[:, :S, 0] = step_order
+        items[:, :S, 1] = np.take_along_axis(rewrite, step_order, 1)
+        self.items, self.groups = items[cell_of], groups[cell_of]
+        self.n_groups = n_groups[cell_of].astype(np.int32)
 
 
 class CellsProgram:
@@ -292,114 +329,177 @@ class CellsProgram:
     pieces a call (a scan over them carrying one row file, never cleared: every row a piece reads
     it wrote first). ``values``, ``vjp`` (weights -> the pool gradient), ``grads`` (values,
     materials, df/dx, the weighted pool gradient, forward tangents along pool directions) and
-    ``rows`` (the centres' rows for the plan)."""
+    ``rows`` (the centres' rows for the plan).
 
-    def __init__(self, bucket: tuple, piece: int, per_call: int, branches, sweep, n_prm: int, compiler_options=None):
-        self.bucket, self.piece, self.per_call = bucket, piece, per_call
+    A piece runs its groups (``CellPlan.groups``) one after another. Groups of one step (``group``
+    1) run as the generic form runs a step (its 4 output rows written as one slice; the steps in
+    tape order, so a value op's zeros past its row are written over by the later steps owning
+    them). Larger groups run each as one step of ``group`` lanes: its members' rows gathered (group x rows x piece), the group's branch vmapped
+    over them, their output rows scattered back (the backward sweep: groups in reverse order, the
+    branch's VJP vmapped, the adjoints scatter-added). The lanes past a group's count repeat its
+    first member and write the scratch rows (the bucket's last 4: the layout leaves them free)
+    and the pool's last ``n_prm`` slots (past the parameters), cleared after each sweep. A value
+    op writes its first output row only (its members' other rows belong to steps of other groups)."""
+
+    def __init__(self, bucket: tuple, piece: int, per_call: int, group: int, generic_ops, branches, sweep,
+                 n_prm: int, compiler_options=None):
+        self.bucket, self.piece, self.per_call, self.group = bucket, piece, per_call, group
         n_rows, P = bucket[1], piece
+        scratch, scratch_prm = n_rows - 4, bucket[2] - n_prm
+        widths = jnp.asarray([4 if OPS[op].family is Family.POINT else 1 for op in generic_ops], jnp.int32)
+        lanes, four, window = jnp.arange(group), jnp.arange(4), jnp.arange(n_prm)
+        vbranches = [jax.vmap(fn) for fn in branches]
 
-        def row_of(prog, item):
+        def one(prog, items, grp, pool):
+            """A group of one step: its row, operand rows a / b (rewritten) and parameters."""
+            item = items[grp[0]]
             row = prog[item[0]]
-            ia, ib, rw = row[1], row[2], item[1]
-            return row, jnp.where(rw == 2, ib, ia), jnp.where(rw == 1, ia, ib)
+            ia = jnp.where(item[1] == 2, row[2], row[1])
+            ib = jnp.where(item[1] == 1, row[1], row[2])
+            return row, ia, ib, lax.dynamic_slice(pool, (row[8],), (n_prm,))
 
-        def gather(V, M, row, ia, ib):
+        def one_gather(V, M, row, ia, ib):
             vals = jnp.stack([V[ia], V[ib], V[row[3]]])
             mats = jnp.stack([M[ia], M[ib], M[row[3]]])
-            p = jnp.stack([V[row[4 + k]] for k in range(4)])
-            return vals, mats, p
+            return vals, mats, jnp.stack([V[row[4 + k]] for k in range(4)])
+
+        def one_forward(pool, prog, items, grp, V, M):
+            row, ia, ib, prm = one(prog, items, grp, pool)
+            vals, mats, p = one_gather(V, M, row, ia, ib)
+            out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
+            return (lax.dynamic_update_slice(V, out, (row[10], 0)),
+                    lax.dynamic_update_slice(M, outm, (row[10], 0)))
+
+        def one_backward(pool, prog, items, grp, V, M, G, dpool):
+            row, ia, ib, prm = one(prog, items, grp, pool)
+            vals, mats, p = one_gather(V, M, row, ia, ib)
+            gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
+
+            def branch_vjp(fn):
+                def run(vals, p, prm, gout):
+                    _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], vals, p, prm)
+                    return back(gout)
+                return run
+            dvals, dp, dprm = lax.switch(row[0], [branch_vjp(fn) for fn in branches], vals, p, prm, gout)
+            # one scatter after the reads: the output rows cleared (g - g), the operands' added
+            out = row[10]
+            targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
+            G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp]), mode="promise_in_bounds")
+            cur = lax.dynamic_slice(dpool, (row[8],), (n_prm,))
+            return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
+
+        def one_tangent(pool, tpool, prog, items, grp, V, M, T):
+            row, ia, ib, prm = one(prog, items, grp, pool)
+            vals, mats, p = one_gather(V, M, row, ia, ib)
+            tv, _, tp = one_gather(T, M, row, ia, ib)
+            tprm = lax.dynamic_slice(tpool, (row[8],), (n_prm,))
+            tout = step_tangent(branches, row[0], row[9], vals, mats, p, prm, tv, tp, tprm)
+            return lax.dynamic_update_slice(T, tout, (row[10], 0))
+
+        def members(prog, items, grp, pool):
+            """A group's rows: branch, rows (group, 11), operand rows a / b / c (rewritten), parameters,
+            output rows (group, 4: scratch past the group's count and past the op's outputs), lanes
+            inside the count."""
+            valid = lanes < grp[1]
+            it = items[grp[0] + jnp.where(valid, lanes, 0)]
+            rows = prog[it[:, 0]]
+            ia = jnp.where(it[:, 1] == 2, rows[:, 2], rows[:, 1])
+            ib = jnp.where(it[:, 1] == 1, rows[:, 1], rows[:, 2])
+            branch = rows[0, 0]
+            out = jnp.where(valid[:, None] & (four < widths[branch])[None, :], rows[:, 10:11] + four, scratch + four)
+            reads = jnp.stack([ia, ib, rows[:, 3]], 1)
+            return branch, rows, reads, pool[rows[:, 8:9] + window], out, valid
+
+        def group_gather(V, M, rows, reads):
+            return V[reads], M[reads], V[rows[:, 4:8]]
+
+        def group_forward(pool, prog, items, grp, V, M):
+            branch, rows, reads, prm, out, _ = members(prog, items, grp, pool)
+            vals, mats, p = group_gather(V, M, rows, reads)
+            o, om = lax.switch(branch, vbranches, vals, mats, p, prm, rows[:, 9])
+            return V.at[out].set(o), M.at[out].set(om)
+
+        def group_backward(pool, prog, items, grp, V, M, G, dpool):
+            branch, rows, reads, prm, out, valid = members(prog, items, grp, pool)
+            vals, mats, p = group_gather(V, M, rows, reads)
+            gout = jnp.where((out < scratch)[:, :, None], G[out], 0.0)
+
+            def branch_vjp(fn):
+                def run(vals, p, prm, gout):
+                    _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, rows[:, 9])[0], vals, p, prm)
+                    return back(gout)
+                return run
+            dvals, dp, dprm = lax.switch(branch, [branch_vjp(fn) for fn in vbranches], vals, p, prm, gout)
+            # one scatter after the reads: the output rows cleared (g - g), the operands' added
+            targets = jnp.where(valid[:, None], jnp.concatenate([out, reads, rows[:, 4:8]], 1), scratch)
+            G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp], 1))
+            return G, dpool.at[jnp.where(valid, rows[:, 8], scratch_prm)[:, None] + window].add(dprm)
+
+        def group_tangent(pool, tpool, prog, items, grp, V, M, T):
+            branch, rows, reads, prm, out, _ = members(prog, items, grp, pool)
+            vals, mats, p = group_gather(V, M, rows, reads)
+            tv, _, tp = group_gather(T, M, rows, reads)
+            tout = step_tangent(vbranches, branch, rows[:, 9], vals, mats, p, prm, tv, tp,
+                                tpool[rows[:, 8:9] + window])
+            return T.at[out].set(tout)
+
+        step_forward, step_backward, step_tangent_rows = ((one_forward, one_backward, one_tangent) if group == 1
+                                                          else (group_forward, group_backward, group_tangent))
 
         def start(V, pts):
             return V.at[0].set(pts[:, 0]).at[1].set(pts[:, 1]).at[2].set(pts[:, 2]).at[3].set(jnp.ones(P, jnp.float32))
 
-        def forward(pool, prog, items, n, V, M, pts):
+        def forward(pool, prog, items, groups, n, V, M, pts):
             V = start(V, pts)
+            return lax.fori_loop(0, n, lambda t, vm: step_forward(pool, prog, items, groups[t], *vm), (V, M))
 
-            def step(t, vm):
-                V, M = vm
-                row, ia, ib = row_of(prog, items[t])
-                vals, mats, p = gather(V, M, row, ia, ib)
-                prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
-                out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
-                return (lax.dynamic_update_slice(V, out, (row[10], 0)),
-                        lax.dynamic_update_slice(M, outm, (row[10], 0)))
-            return lax.fori_loop(0, n, step, (V, M))
-
-        def backward(pool, prog, items, n, V, M, G, dpool, g, result):
-            """G comes and goes all zero: a step's output rows are cleared once read."""
+        def backward(pool, prog, items, groups, n, V, M, G, dpool, g, result):
+            """G comes and goes all zero: a step's output rows are cleared once read (the scratch rows
+            and parameters after the sweep)."""
             G = G.at[result].set(g)
-
-            def step(k, gd):
-                G, dpool = gd
-                row, ia, ib = row_of(prog, items[n - 1 - k])
-                vals, mats, p = gather(V, M, row, ia, ib)
-                prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
-                gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
-
-                def branch_vjp(fn):
-                    def run(vals, p, prm, gout):
-                        _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], vals, p, prm)
-                        return back(gout)
-                    return run
-                dvals, dp, dprm = lax.switch(row[0], [branch_vjp(fn) for fn in branches], vals, p, prm, gout)
-                # one scatter after the reads: the output rows cleared (g - g), the operands' added
-                out = row[10]
-                targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
-                G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp]), mode="promise_in_bounds")
-                cur = lax.dynamic_slice(dpool, (row[8],), (n_prm,))
-                return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
-
-            G, dpool = lax.fori_loop(0, n, step, (G, dpool))
+            G, dpool = lax.fori_loop(0, n, lambda k, gd: step_backward(pool, prog, items, groups[n - 1 - k], V, M, *gd),
+                                     (G, dpool))
             dx = G[0:3]
-            return G.at[0:4].set(0.0), dpool, dx
+            return G.at[0:4].set(0.0).at[scratch:].set(0.0), dpool.at[scratch_prm:].set(0.0), dx
 
-        def tangent(pool, tpool, prog, items, n, V, M, T):
+        def tangent(pool, tpool, prog, items, groups, n, V, M, T):
             T = T.at[0:4].set(0.0)
-
-            def step(t, T):
-                row, ia, ib = row_of(prog, items[t])
-                vals, mats, p = gather(V, M, row, ia, ib)
-                tv, _, tp = gather(T, M, row, ia, ib)
-                prm = lax.dynamic_slice(pool, (row[8],), (n_prm,))
-                tprm = lax.dynamic_slice(tpool, (row[8],), (n_prm,))
-                tout = step_tangent(branches, row, vals, mats, p, prm, tv, tp, tprm)
-                return lax.dynamic_update_slice(T, tout, (row[10], 0))
-            return lax.fori_loop(0, n, step, T)
+            return lax.fori_loop(0, n, lambda t, T: step_tangent_rows(pool, tpool, prog, items, groups[t], V, M, T), T)
 
         def files():
             return jnp.zeros((n_rows, P), jnp.float32), jnp.zeros((n_rows, P), jnp.int32)
 
-        def values(pool, prog, items, n_items, pts, result):
+        def values(pool, prog, items, groups, n_groups, pts, result):
             def one(vm, xs):
-                it, n, pc = xs
-                V, M = forward(pool, prog, it, n, *vm, pc)
+                it, gr, n, pc = xs
+                V, M = forward(pool, prog, it, gr, n, *vm, pc)
                 return (V, M), (V[result], M[result])
-            _, (d, m) = lax.scan(one, files(), (items, n_items, pts))
+            _, (d, m) = lax.scan(one, files(), (items, groups, n_groups, pts))
             return d, m
 
-        def vjp(pool, prog, items, n_items, pts, w, result):
+        def vjp(pool, prog, items, groups, n_groups, pts, w, result):
             def one(carry, xs):
                 V, M, G, dpool = carry
-                it, n, pc, wc = xs
-                V, M = forward(pool, prog, it, n, V, M, pc)
-                G, dpool, _ = backward(pool, prog, it, n, V, M, G, dpool, wc, result)
+                it, gr, n, pc, wc = xs
+                V, M = forward(pool, prog, it, gr, n, V, M, pc)
+                G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
                 return (V, M, G, dpool), V[result]
             V, M = files()
-            _, d = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, n_items, pts, w))
+            _, d = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, groups, n_groups, pts, w))
             return d, _[3]
 
-        def grads(pool, prog, items, n_items, pts, w, tangents, result):
+        def grads(pool, prog, items, groups, n_groups, pts, w, tangents, result):
             def one(carry, xs):
                 V, M, G, dpool = carry
-                it, n, pc, wc = xs
-                V, M = forward(pool, prog, it, n, V, M, pc)
-                G, dpool, _ = backward(pool, prog, it, n, V, M, G, dpool, wc, result)
-                G, _, dx = backward(pool, prog, it, n, V, M, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
-                per = jax.vmap(lambda t: tangent(pool, t, prog, it, n, V, M, jnp.zeros_like(V))[result])(tangents)
+                it, gr, n, pc, wc = xs
+                V, M = forward(pool, prog, it, gr, n, V, M, pc)
+                G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
+                G, _, dx = backward(pool, prog, it, gr, n, V, M, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
+                per = jax.vmap(lambda t: tangent(pool, t, prog, it, gr, n, V, M, jnp.zeros_like(V))[result])(tangents)
                 return (V, M, G, dpool), (V[result], M[result], dx.T, per)
             V, M = files()
             (_, _, _, dpool), (d, m, dx, per) = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)),
-                                                          (items, n_items, pts, w))
+                                                          (items, groups, n_groups, pts, w))
             return d, m, dx, dpool, per
 
         fwd_rows = sweep(bucket)[1]
@@ -408,7 +508,6 @@ class CellsProgram:
         self.vjp = jit(vjp)
         self.grads = jit(grads)
         self.rows = jit(lambda pool, prog, head, p: fwd_rows(pool, prog, head, p[:, 0], p[:, 1], p[:, 2])[0])
-
 
 
 class CellsRunner:
@@ -430,7 +529,8 @@ class CellsRunner:
         prog = self._programs.get(bucket)
         if prog is None:
             prog = self._programs[bucket] = CellsProgram(bucket, self.layout.piece_for(bucket[1]),
-                                                         self.layout.per_call, self.branches, self.sweep,
+                                                         self.layout.per_call, self.layout.group,
+                                                         self.generic_ops, self.branches, self.sweep,
                                                          self.n_prm, self.compiler_options)
         return prog
 
@@ -452,13 +552,14 @@ class CellsRunner:
         b = tape.bounds
         extent = float(np.linalg.norm(b[1] - b[0])) if np.all(np.isfinite(b)) else 1.0
         plan = CellPlan(steps_all[:generic.n_steps], generic.result, tape.params, pts, rows_at, prog.piece,
-                        generic.bucket[0], self.generic_ops, min(self.layout.cell_points, prog.piece), extent=extent)
+                        generic.bucket[0], self.generic_ops, min(self.layout.cell_points, prog.piece), extent=extent,
+                        group=prog.group)
         self.last_plan = plan
         return prog, args, plan
 
     def _calls(self, plan: CellPlan, *per_piece):
         """Per-piece arrays in groups of the layout's per_call (the last group padded with empty pieces)."""
-        n, per_call = len(plan.n_items), self.layout.per_call
+        n, per_call = len(plan.n_groups), self.layout.per_call
         for s in range(0, n, per_call):
             e = min(n, s + per_call)
             out = []
@@ -473,8 +574,8 @@ class CellsRunner:
         d = np.empty(len(pts), np.float32)
         m = np.empty(len(pts), np.int32)
         res = []
-        for s, e, (items, n, p) in self._calls(plan, plan.items, plan.n_items, pts[plan.index]):
-            res.append((s, e, prog.values(args[0], args[1], items, n, p, generic.result)))
+        for s, e, (items, gr, n, p) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pts[plan.index]):
+            res.append((s, e, prog.values(args[0], args[1], items, gr, n, p, generic.result)))
         for s, e, (dd, mm) in res:
             ok = plan.valid[s:e]
             d[plan.index[s:e][ok]] = np.asarray(dd)[:e - s][ok]
@@ -486,8 +587,8 @@ class CellsRunner:
         d = np.empty(len(pts), np.float32)
         wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
         res = []
-        for s, e, (items, n, p, ww) in self._calls(plan, plan.items, plan.n_items, pts[plan.index], wp):
-            res.append((s, e, prog.vjp(args[0], args[1], items, n, p, ww, generic.result)))
+        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pts[plan.index], wp):
+            res.append((s, e, prog.vjp(args[0], args[1], items, gr, n, p, ww, generic.result)))
         dpool = np.zeros(len(args[0]), np.float64)
         for s, e, (dd, dp) in res:
             ok = plan.valid[s:e]
@@ -502,8 +603,8 @@ class CellsRunner:
         dx, per = np.empty((N, 3), np.float32), np.empty((len(tangents), N), np.float32)
         wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
         res = []
-        for s, e, (items, n, p, ww) in self._calls(plan, plan.items, plan.n_items, pts[plan.index], wp):
-            res.append((s, e, prog.grads(args[0], args[1], items, n, p, ww, tangents, generic.result)))
+        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pts[plan.index], wp):
+            res.append((s, e, prog.grads(args[0], args[1], items, gr, n, p, ww, tangents, generic.result)))
         dpool = np.zeros(len(args[0]), np.float64)
         for s, e, (dd, mm, gx, dp, pp) in res:
             ok = plan.valid[s:e]

@@ -968,7 +968,7 @@ def _generic_field(bucket: tuple):
             tv, _, tp = gather(T, M, row)
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
             tprm = lax.dynamic_slice(dpool, (row[8],), (GENERIC_PARAMS,))
-            tout = jax_cells.step_tangent(_BRANCHES, row, vals, mats, p, prm, tv, tp, tprm)
+            tout = jax_cells.step_tangent(_BRANCHES, row[0], row[9], vals, mats, p, prm, tv, tp, tprm)
             return lax.dynamic_update_slice(T, tout, (row[10], 0))
 
         T = lax.fori_loop(0, head[0], step, T)
