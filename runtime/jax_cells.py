@@ -334,9 +334,10 @@ class CellsProgram:
     A piece runs its groups (``CellPlan.groups``) one after another. Groups of one step (``group``
     1) run as the generic form runs a step (its 4 output rows written as one slice; the steps in
     tape order, so a value op's zeros past its row are written over by the later steps owning
-    them). Larger groups run each as one step of ``group`` lanes: its members' rows gathered (group x rows x piece), the group's branch vmapped
-    over them, their output rows scattered back (the backward sweep: groups in reverse order, the
-    branch's VJP vmapped, the adjoints scatter-added). The lanes past a group's count repeat its
+    them). Larger groups run each as one step of ``group`` lanes: its members' rows gathered
+    (group x rows x piece), the group's branch vmapped over them, their output rows scattered
+    back (the backward sweep: groups in reverse order, the branch's VJP vmapped, the adjoints
+    scatter-added). The lanes past a group's count repeat its
     first member and write the scratch rows (the bucket's last 4: the layout leaves them free)
     and the pool's last ``n_prm`` slots (past the parameters), cleared after each sweep. A value
     op writes its first output row only (its members' other rows belong to steps of other groups)."""
