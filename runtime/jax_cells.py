@@ -223,7 +223,8 @@ class CellPlan:
     (n_pieces, n_steps_bucket, 2) int32 (step, rewrite: 0 none, 1 b <- a, 2 a <- b), the kept
     steps in groups: ``groups`` (n_pieces, n_steps_bucket, 2) int32 (first item, count), ``n_groups``
     (n_pieces,). A group is at most ``group`` steps of one branch and one dependency level (none
-    reads another's rows), sorted by level: a group runs as one step over its members."""
+    reads another's rows), sorted by level: a group runs as one step over its members. ``level``
+    and ``branch`` (n_steps,): each step's dependency level and branch number."""
 
     def __init__(self, steps: np.ndarray, result: int, pool: np.ndarray, points: np.ndarray, rows_at,
                  piece: int, steps_bucket: int, generic_ops, cell_points: int, extent: float = 1.0,
@@ -322,6 +323,7 @@ class CellPlan:
         items[:, :S, 1] = np.take_along_axis(rewrite, step_order, 1)
         self.items, self.groups = items[cell_of], groups[cell_of]
         self.n_groups = n_groups[cell_of].astype(np.int32)
+        self.level, self.branch = st.level[:S], np.asarray(steps[:, 0])
 
 
 class CellsProgram:

@@ -176,9 +176,7 @@ def test_grouped_steps_equal_the_generic_form(layout, walker_generic, walker_cpu
     walker = JaxWalker(form="cells", cell_layout=GROUPED[layout])
     d, m = walker.evaluate(tape, pts)
     plan, G = walker.cells_plan, GROUPED[layout].group
-    from taperay.runtime.jax_walker import _GENERIC_OPS, _GenericTape
-    gt = _GenericTape(tape)
-    level = jax_cells._structure(gt.prog[:gt.n_steps], gt.result, _GENERIC_OPS).level
+    level, branch = plan.level, plan.branch
     for k in range(len(plan.n_groups)):
         grp = plan.groups[k, :plan.n_groups[k]]
         assert (grp[:, 1] >= 1).all() and (grp[:, 1] <= G).all()
@@ -186,7 +184,7 @@ def test_grouped_steps_equal_the_generic_form(layout, walker_generic, walker_cpu
         run = np.concatenate(members)
         assert len(run) == len(set(run.tolist())) == grp[:, 1].sum()
         lv = [set(level[mm].tolist()) for mm in members]
-        assert all(len(x) == 1 for x in lv) and all(len(set(gt.prog[mm, 0].tolist())) == 1 for mm in members)
+        assert all(len(x) == 1 for x in lv) and all(len(set(branch[mm].tolist())) == 1 for mm in members)
         assert [x.pop() for x in lv] == sorted(level[mm[0]] for mm in members)
     assert plan.n_groups.mean() < 0.6 * plan.kept.mean()                 # it groups
     gd, gm = walker_generic.evaluate(tape, pts)
