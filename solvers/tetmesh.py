@@ -41,7 +41,9 @@ __all__ = ["TetMesh", "tet_mesh", "mesh_part", "write_mesh", "dihedral_angles", 
            "TETGEN_ORDER2_EDGES", "project_boundary_nodes"]
 
 TETGEN_ORDER2_EDGES = ((2, 3), (0, 3), (0, 1), (1, 2), (1, 3), (0, 2))  # TetGen's columns 4..9
-_EDGE_COL = {**{e: 4 + i for i, e in enumerate(TET10_EDGES)}, **{e[::-1]: 4 + i for i, e in enumerate(TET10_EDGES)}}
+# [a, b]: the column of the mid-edge node between corners a and b (TET10_EDGES lists each pair ascending)
+_EDGE_COLUMN = np.array([[4 + TET10_EDGES.index((min(a, b), max(a, b))) if a != b else 0 for b in range(4)]
+                         for a in range(4)], np.int64)
 
 
 @dataclass
@@ -155,17 +157,22 @@ def write_mesh(path, mesh: TetMesh, point_data: dict | None = None) -> None:
 
 
 def boundary_faces(elements: np.ndarray) -> np.ndarray:
+    """The faces of ``elements`` that belong to one element only (TetMesh.boundary_faces)."""
     corners = np.concatenate([elements[:, list(f)] for f in TET_FACES])     # (4E, 3)
     key = np.sort(corners, axis=1)
-    _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+    n = int(key.max()) + 1 if len(key) else 1
+    if n ** 3 < 2 ** 63:        # one int64 a face, ordered as its sorted rows: a 1-D sort, not unique(axis=0)
+        key = (key[:, 0].astype(np.int64) * n + key[:, 1]) * n + key[:, 2]
+        _, first, counts = np.unique(key, return_index=True, return_counts=True)
+    else:
+        _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
     once = first[counts == 1]
     tris = corners[once]
     if elements.shape[1] == 4:
         return tris
     elem = once % len(elements)
     local = np.array(TET_FACES)[once // len(elements)]                      # (F, 3) local corners
-    mids = np.stack([np.array([_EDGE_COL[(int(a), int(b))] for a, b in zip(local[:, i], local[:, (i + 1) % 3])],
-                              dtype=np.int64) for i in range(3)], 1)
+    mids = np.stack([_EDGE_COLUMN[local[:, i], local[:, (i + 1) % 3]] for i in range(3)], 1)
     return np.concatenate([tris, elements[elem[:, None], mids]], 1)
 
 
