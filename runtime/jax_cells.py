@@ -64,7 +64,8 @@ from .opcodes import OPS, Family, Op
 from .tape import Tape
 
 __all__ = ["CellPlan", "CellsProgram", "CellsRunner", "CellLayout", "CPU_LAYOUT", "ACCELERATOR_LAYOUT",
-           "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "step_tangent", "MARGIN"]
+           "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "step_tangent", "step_vjp",
+           "MARGIN"]
 
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
 CENTRES = 512         # cell centres a call of the rows program
@@ -121,6 +122,19 @@ def step_tangent(branches, branch, aux, vals, mats, p, prm, tv, tp, tprm):
             return jax.jvp(lambda v_, p_, q_: fn(v_, mats, p_, q_, aux)[0], (vals, p, prm), (tv, tp, tprm))[1]
         return run
     return lax.switch(branch, [branch_jvp(fn) for fn in branches], vals, p, prm, tv, tp, tprm)
+
+
+def step_vjp(branches, branch, aux, vals, mats, p, prm, gout):
+    """The cotangents (values, point, parameters) of one generic step (reverse mode): its op's
+    branch (number ``branch``, material ``aux``) pulled back by jax.vjp from its output rows'
+    cotangent ``gout`` (the generic form's reverse sweep; the cells' runs it over a group,
+    ``branches`` vmapped)."""
+    def branch_vjp(fn):
+        def run(vals, p, prm, gout):
+            _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, aux)[0], vals, p, prm)
+            return back(gout)
+        return run
+    return lax.switch(branch, [branch_vjp(fn) for fn in branches], vals, p, prm, gout)
 
 
 def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
@@ -378,12 +392,7 @@ class CellsProgram:
             vals, mats, p = one_gather(V, M, row, ia, ib)
             gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
 
-            def branch_vjp(fn):
-                def run(vals, p, prm, gout):
-                    _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], vals, p, prm)
-                    return back(gout)
-                return run
-            dvals, dp, dprm = lax.switch(row[0], [branch_vjp(fn) for fn in branches], vals, p, prm, gout)
+            dvals, dp, dprm = step_vjp(branches, row[0], row[9], vals, mats, p, prm, gout)
             # one scatter after the reads: the output rows cleared (g - g), the operands' added
             out = row[10]
             targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
@@ -427,12 +436,7 @@ class CellsProgram:
             vals, mats, p = group_gather(V, M, rows, reads)
             gout = jnp.where((out < scratch)[:, :, None], G[out], 0.0)
 
-            def branch_vjp(fn):
-                def run(vals, p, prm, gout):
-                    _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, rows[:, 9])[0], vals, p, prm)
-                    return back(gout)
-                return run
-            dvals, dp, dprm = lax.switch(branch, [branch_vjp(fn) for fn in vbranches], vals, p, prm, gout)
+            dvals, dp, dprm = step_vjp(vbranches, branch, rows[:, 9], vals, mats, p, prm, gout)
             # one scatter after the reads: the output rows cleared (g - g), the operands' added
             targets = jnp.where(valid[:, None], jnp.concatenate([out, reads, rows[:, 4:8]], 1), scratch)
             G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp], 1))

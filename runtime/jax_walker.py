@@ -939,12 +939,7 @@ def _generic_field(bucket: tuple):
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
             gout = lax.dynamic_slice(G, (row[10], 0), (4, V.shape[1]))
 
-            def branch_vjp(fn):
-                def run(vals, p, prm, gout):
-                    _, back = jax.vjp(lambda v_, p_, q_: fn(v_, mats, p_, q_, row[9])[0], vals, p, prm)
-                    return back(gout)
-                return run
-            dvals, dp, dprm = lax.switch(row[0], [branch_vjp(fn) for fn in _BRANCHES], vals, p, prm, gout)
+            dvals, dp, dprm = jax_cells.step_vjp(_BRANCHES, row[0], row[9], vals, mats, p, prm, gout)
             for j, r in enumerate((row[1], row[2], row[3])):
                 G = G.at[r].add(dvals[j])
             for j in range(4):
