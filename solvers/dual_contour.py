@@ -29,7 +29,9 @@ Owns the band, the Hermite data, the cell vertices and the faces:
   one cell corner) are collapsed (``surface_cleanup``), keeping the surface a closed manifold;
   then every vertex farther than ``SNAP_CELLS`` of a cell from the zero set (a QEF point where the
   patch curves) takes up to three Newton steps onto it, each at most a quarter cell, kept where
-  it ends closer.
+  it ends closer; edges those moves shortened are collapsed again. Caps and thin triangles left
+  where a feature line runs along the grid are mended (``surface_cleanup.mend_thin_triangles``:
+  caps split into their neighbours, flat pairs' edges flipped; no vertex moves).
 
 Everything is vectorised over cells and edges (numpy); the tables (256 sign configurations) are
 built once at import.
@@ -42,7 +44,7 @@ import numpy as np
 
 from taperay.runtime.tape import Tape, TaperayError
 
-from .surface_cleanup import collapse_short_edges
+from .surface_cleanup import collapse_short_edges, mend_thin_triangles
 from .zero_set import default_walker, no_inside_message, project_to_zero_set, vertex_distances
 
 __all__ = ["dual_contour", "BLOCK", "LIPSCHITZ_MARGIN", "QEF_TRUNCATION"]
@@ -453,6 +455,17 @@ def dual_contour(tape: Tape, resolution: int, walker=None, pad: int = 2) -> tupl
         closer = moved_dist < dist[off]
         verts[off[closer]] = moved[closer]
         dist[off[closer]] = moved_dist[closer]
+    # mending joins vertices that no edge joined (and the moves above can press two together): the
+    # short edges that makes are collapsed, and what that leaves thin is mended once more
+    mended = {}
+    for _ in range(2):
+        faces, done = mend_thin_triangles(verts, faces)
+        mended = {k: mended.get(k, 0) + n for k, n in done.items()}
+        verts, faces, again = collapse_short_edges(verts, faces, COLLAPSE_CELLS * grid.h)
+        collapsed += again
+        if not again:
+            break
+        dist = vertex_distances(tape, verts, walker)
     t_mesh = time.perf_counter()
 
     full = int(np.prod(grid.n))
@@ -460,6 +473,6 @@ def dual_contour(tape: Tape, resolution: int, walker=None, pad: int = 2) -> tupl
              "band_blocks": n_blocks, "evaluated_nodes": field.evaluated, "full_grid_nodes": full,
              "seconds": time.perf_counter() - t0, "band_seconds": t_band - t0,
              "hermite_seconds": t_hermite - t_band, "extract_seconds": t_mesh - t_hermite,
-             "face_vertices": int(len(extra_pts)), "collapsed_edges": collapsed,
+             "face_vertices": int(len(extra_pts)), "collapsed_edges": collapsed, **mended,
              "max_vertex_distance": float(dist.max())}
     return verts, faces, stats

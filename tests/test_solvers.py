@@ -445,12 +445,13 @@ def _lame_rms_error(resolution, a=0.5, b=1.0, E=1000.0, nu=0.3, p=1.0):
 
 @pytest.mark.slow
 def test_thick_sphere_under_internal_pressure_matches_lame_and_converges():
-    """TET10, resolution 8 -> 12, on the defaults. Measured: RMS 3.1 % -> 0.64 % (0.38 % at 16),
-    tangential 6.6 % -> 2.6 % (the displacement's rigid motion is the one that keeps the centre of
-    mass: fem.mass_weighted_modes)."""
+    """TET10, resolution 8 -> 12, on the defaults. Measured: RMS 2.65 % -> 0.67 % (0.39 % at 16),
+    largest tangential displacement 1.9 % -> 2.0 % (2.2 % at 16: it does not fall with the cell
+    size; the displacement's rigid motion is the one that keeps the centre of mass:
+    fem.mass_weighted_modes)."""
     (e1, t1), (e2, t2) = (_lame_rms_error(r) for r in (8, 12))
     assert e2 < 0.3 * e1 and e2 < 0.01, (e1, e2)
-    assert t2 < t1 and t2 < 0.06, (t1, t2)
+    assert max(t1, t2) < 0.025, (t1, t2)
 
 
 def test_a_free_body_is_solved_without_rigid_motion_and_unbalanced_loads_are_refused():
@@ -569,7 +570,7 @@ def test_a_saved_mesh_loads_back_oriented_and_simulate_solves_on_it(order, tmp_p
 
 @pytest.mark.slow
 def test_mesh_part_auto_tries_finer_dual_contouring_then_marching_cubes_where_tetgen_fails(monkeypatch):
-    """A random scene with shells thinner than two cells (tools/bench_random_scenes.py, seed 4) at
+    """A random scene with shells thinner than two cells (tools/bench_random_scenes.py, seed 12) at
     resolution 24: its dual-contoured surface crosses itself and TetGen refuses it; "auto" says so
     and meshes dual contouring at 1.25 x the resolution (30), which resolves the shells; with no
     finer grid to try, the marching-cubes surface; "dc" alone raises the clear error. (TetGen
@@ -577,7 +578,7 @@ def test_mesh_part_auto_tries_finer_dual_contouring_then_marching_cubes_where_te
     from taperay.solvers import tetmesh
     from taperay.solvers.tetmesh import mesh_part
     from taperay.tools.bench_random_scenes import random_scene
-    tape = flatten(random_scene(np.random.default_rng(4))[0])
+    tape = flatten(random_scene(np.random.default_rng(12))[0])
     mesh, stats, timings = mesh_part(tape, 24, 1, surface="auto", quality=False)
     assert stats["method"] == "dc" and stats["resolution"] == 30
     assert stats["fallback"].startswith("dual contouring at resolution 24: TetGen could not mesh")
@@ -593,14 +594,17 @@ def test_mesh_part_auto_tries_finer_dual_contouring_then_marching_cubes_where_te
 
 
 @pytest.mark.slow
-def test_a_wall_one_cell_thick_is_meshed_in_its_true_shape_on_a_finer_grid():
+def test_a_wall_one_cell_thick_is_meshed_in_its_true_shape_on_a_finer_grid(monkeypatch):
     """The heat sink at resolution 20: its 3 mm fins are one 3 mm cell thick, where TetGen leaves
-    flat tetrahedra on the dual-contoured surface; where the improvement pass does not mend them
-    (here: switched off), "auto" meshes dual contouring at resolution 25 instead, and the part
-    keeps its exact volume (plate and six fins: 3.168e-5 m^3) to 0.01 %."""
+    flat tetrahedra on the dual-contoured surface's folds and caps; where neither the surface's
+    mending nor the improvement pass removes them (here: both switched off), "auto" meshes dual
+    contouring at resolution 25 instead, and the part keeps its exact volume (plate and six fins:
+    3.168e-5 m^3) to 0.01 %."""
     from taperay.scenegraph.loading import load_tape
+    from taperay.solvers import dual_contour
     from taperay.solvers.tetmesh import mesh_part
     from taperay.tools.bench_verify import heat_sink_volume
+    monkeypatch.setattr(dual_contour, "mend_thin_triangles", lambda v, f: (f, {}))
     mesh, stats, _ = mesh_part(load_tape(ROOT / "scenes" / "heat_sink.py"), 20, 2, improve=False)
     assert stats["method"] == "dc" and stats["resolution"] == 25
     assert stats["fallback"].startswith("dual contouring at resolution 20: TetGen left")
@@ -643,14 +647,16 @@ def test_simulate_on_a_dual_contoured_surface_keeps_the_box_edges():
 def test_a_dual_contoured_mesh_with_flat_tetrahedra_falls_back_to_marching_cubes(monkeypatch):
     """The heat sink at resolution 20: its 3 mm fins are about a cell thick and TetGen, keeping
     the dual-contoured triangles, leaves flat tetrahedra across them (a singular system); without
-    the improvement pass "auto" refuses that mesh, says so and, with no finer grid to try, meshes
-    marching cubes' surface. With the pass (the default) the mesh at 20 is kept."""
-    from taperay.solvers import tetmesh
+    the surface's mending and the improvement pass "auto" refuses that mesh, says so and, with no
+    finer grid to try, meshes marching cubes' surface. With them (the default) the mesh at 20 is
+    kept."""
+    from taperay.solvers import dual_contour, tetmesh
     from taperay.solvers.tetmesh import FLAT_DEGREES, dihedral_angles, mesh_part
     import runpy
     monkeypatch.setattr(tetmesh, "REFINE_FACTORS", ())
     tape = flatten(runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))["scene"])
     assert mesh_part(tape, 20, 1)[1]["method"] == "dc"
+    monkeypatch.setattr(dual_contour, "mend_thin_triangles", lambda v, f: (f, {}))
     mesh, stats, _ = mesh_part(tape, 20, 1, improve=False)
     assert stats["method"] == "mc" and "flat tetrahedra" in stats["fallback"]
     assert dihedral_angles(mesh.nodes, mesh.elements).min() >= 0 and np.all(mesh.volumes() > 0)
