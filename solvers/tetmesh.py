@@ -189,11 +189,11 @@ def orient(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
 
 def to_order2(nodes: np.ndarray, tets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """TET4 -> TET10: one new node at the midpoint of each unique edge."""
-    e = np.concatenate([tets[:, list(p)] for p in TET10_EDGES])              # (6E, 2)
-    key = np.sort(e, axis=1)
-    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    e = np.sort(np.concatenate([tets[:, list(p)] for p in TET10_EDGES]), axis=1)     # (6E, 2)
+    n = np.int64(len(nodes))
+    key, inv = np.unique(e[:, 0] * n + e[:, 1], return_inverse=True)   # (one int64 an edge: a 1-D sort)
     mid = len(nodes) + inv.ravel().reshape(6, len(tets)).T
-    new_nodes = np.concatenate([nodes, 0.5 * (nodes[uniq[:, 0]] + nodes[uniq[:, 1]])])
+    new_nodes = np.concatenate([nodes, 0.5 * (nodes[key // n] + nodes[key % n])])
     return new_nodes, np.concatenate([tets, mid], 1)
 
 
@@ -484,8 +484,15 @@ def min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
     pts = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1],
                     *[0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:] for a, b in TET10_EDGES], [0.25, 0.25, 0.25]])
     dN = shape_derivatives(elements.shape[1], pts)                    # (Q, n, 3)
-    J = np.einsum("ean,qnb->qeab", nodes[elements].transpose(0, 2, 1), dN)
-    return np.linalg.det(J).min(0)
+    x = nodes[elements]                                               # (E, n, 3)
+    out = np.full(len(elements), np.inf)
+    for q in dN:                           # J[a, b] = sum_n x[n, a] dN[n, b], one point at a time
+        j = np.tensordot(x, q, axes=([1], [0]))                       # (E, 3, 3)
+        det = (j[:, 0, 0] * (j[:, 1, 1] * j[:, 2, 2] - j[:, 1, 2] * j[:, 2, 1])
+               - j[:, 0, 1] * (j[:, 1, 0] * j[:, 2, 2] - j[:, 1, 2] * j[:, 2, 0])
+               + j[:, 0, 2] * (j[:, 1, 0] * j[:, 2, 1] - j[:, 1, 1] * j[:, 2, 0]))
+        np.minimum(out, det, out=out)
+    return out
 
 
 BOUNDARY_TOLERANCE_CELLS = 1e-3   # a boundary node farther than this from the zero set (in cells) is off it
