@@ -32,7 +32,7 @@ __all__ = ["collapse_short_edges", "mend_thin_triangles", "triangle_angles"]
 _FLIP_COS = 0.1     # a triangle whose normal turns by more than ~84 degrees in a collapse is folded
 CAP_DEGREES = 175.0     # a triangle with an angle above this is a cap: its apex lies on its long edge
 FLAT_DEGREES = 2.0      # two triangles whose normals differ by less than this are one flat piece
-THIN_DEGREES = 20.0     # triangles with a smaller angle are mended where they can be
+THIN_DEGREES = 5.0      # triangles with a smaller angle are mended where they can be
 FOLD_GAP = 1e-3         # a fold's far corner lies within this fraction of the pair's size of the other's plane
 
 
