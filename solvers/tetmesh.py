@@ -327,7 +327,7 @@ def _reorder_tetgen_order2(nodes: np.ndarray, elems: np.ndarray) -> np.ndarray:
 def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.0, mindihedral: float = 0.0,
              maxvolume: float | None = None, fixedvolume: bool | None = None, tape: Tape | None = None,
              walker=None, timeout: float = 300.0, repair: bool = True, keep_boundary: bool = False,
-             improve: bool = True) -> TetMesh:
+             improve: bool = True, interior: np.ndarray | None = None) -> TetMesh:
     """Tetrahedra filling a closed surface (``surface.vertices``, ``surface.faces``; a Surface or
     anything with those two arrays).
 
@@ -336,7 +336,9 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     (TetGen reads it only with ``fixedvolume``, which is switched on when a ``maxvolume`` is given
     and ``fixedvolume`` is not said). ``keep_boundary``: TetGen's ``-Y``, the surface's triangles
     are the mesh's boundary faces as they are (no points added on them, so no refinement runs away
-    along a finely cut surface and no boundary point needs moving). ``improve``: TetGen's TET4 mesh
+    along a finely cut surface and no boundary point needs moving). ``interior``: (P, 3) points
+    inside the part that become nodes as they are (TetGen's Delaunay insertion of isolated input
+    vertices; any that fall outside the surface are dropped). ``improve``: TetGen's TET4 mesh
     improved by ``tet_improve.improve_mesh`` (slivers removed by flips, smoothing and inserted
     interior nodes; the boundary as it is) before mid-edge nodes are made; ``stats["improvement"]``
     says what it did. With ``tape``, boundary nodes (TET10 mid-edge nodes, TetGen's points on
@@ -357,6 +359,8 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
         opts["maxvolume"] = float(maxvolume)
     # TetGen meshes order 1; mid-edge nodes are made here (TetGen's order=2 gives the same nodes; its
     # column order is checked by tests/test_solvers.py against TETGEN_ORDER2_EDGES)
+    if interior is not None and len(interior):
+        v = np.concatenate([v, np.asarray(interior, np.float64).reshape(-1, 3)])
     out, why = run_child("tet", v, f, opts, timeout)
     repaired = unprojected = False
     fallback = getattr(surface, "unprojected", None)
@@ -404,10 +408,47 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
     if order == 2:
         nodes, elems = to_order2(nodes, elems)
     mesh = TetMesh(nodes, elems, {"tetgen_seconds": tetgen_seconds, "repaired": repaired, "unprojected": unprojected,
-                                  "elements": int(len(elems)), "nodes": int(len(nodes)), "improvement": improvement})
+                                  "elements": int(len(elems)), "nodes": int(len(nodes)), "improvement": improvement,
+                                  "interior_points": 0 if interior is None else int(len(interior))})
     if tape is not None:
         mesh.stats["projected_nodes"] = project_boundary_nodes(mesh, tape, walker, cell=getattr(surface, "stats", {}).get("spacing"))
     return mesh
+
+
+INTERIOR_CELLS = 2.5    # the spacing of the interior lattice ("lattice"), in cells of the surface's grid
+INTERIOR_MARGIN = 0.6   # ... and how far inside its points lie, in lattice spacings (by the field's value)
+INTERIORS = ("lattice", "tetgen")
+
+
+def interior_lattice(tape: Tape, spacing: float, walker=None, lo=None, hi=None) -> np.ndarray:
+    """(P, 3) interior nodes for TetGen: body-centred cubic lattices over ``tape.bounds`` (or
+    ``lo``..``hi``), the first of ``spacing`` where the tape's field lies below ``-INTERIOR_MARGIN``
+    spacings (inside the part, away from its surface), each next one twice as coarse where the
+    field lies below ``-INTERIOR_MARGIN`` of its own spacing, which the finer one leaves there:
+    well-spaced nodes, graded from the surface inwards, whose Delaunay tetrahedra are the
+    lattices' own (dihedral angles 60 and 90 degrees) away from the surface and the grading."""
+    from .zero_set import default_walker
+    walker = default_walker(walker)
+    lo = np.asarray(tape.bounds[0] if lo is None else lo, np.float64)
+    hi = np.asarray(tape.bounds[1] if hi is None else hi, np.float64)
+    kept = []
+    deeper = None
+    while True:
+        axes = [np.arange(lo[i] + 0.5 * spacing, hi[i], spacing) for i in range(3)]
+        corners = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+        points = np.concatenate([corners, corners + 0.5 * spacing])
+        if not len(points):
+            break
+        field = np.asarray(walker.evaluate(tape, points.astype(np.float32))[0], np.float64)
+        inside = field < -INTERIOR_MARGIN * spacing
+        if not inside.any():
+            break
+        if deeper is not None:          # (the finer lattice's points where this one takes over)
+            kept[-1] = kept[-1][deeper > -INTERIOR_MARGIN * spacing]
+        kept.append(points[inside])
+        deeper = field[inside]
+        spacing *= 2.0
+    return np.concatenate(kept) if kept else np.zeros((0, 3))
 
 
 PART_SURFACES = ("auto", "dc", "mc")
@@ -426,7 +467,7 @@ def _fits(tape: Tape, resolution: int, order: int) -> bool:
 
 
 def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface: str = DEFAULT_PART_SURFACE,
-              progress=None, **tet_options) -> tuple[TetMesh, dict, dict]:
+              progress=None, interior: str = "lattice", **tet_options) -> tuple[TetMesh, dict, dict]:
     """The part ``tape`` describes as tetrahedra: its surface (``mesh_surface`` at ``resolution``),
     then ``tet_mesh`` (``tet_options``; boundary nodes projected onto the zero set). ``surface``:
     "auto" (the default): dual contouring (sharp edges kept, vertices on the zero set) meshed by
@@ -436,12 +477,17 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
     (``REFINE_FACTORS`` times the resolution, while they fit in memory), then marching cubes at the
     resolution; ``stats["fallback"]`` says why and ``stats["resolution"]`` which grid made the
     surface. "dc": dual contouring alone; "mc": marching cubes alone (when TetGen fails on it, its
-    own grid vertices). ``progress(stage, seconds)`` is called once the mesh is made, for "surface"
+    own grid vertices). ``interior`` (a dual-contoured surface's): "lattice" (the default) gives
+    TetGen ``interior_lattice``'s points at ``INTERIOR_CELLS`` cells and no quality refinement,
+    "tetgen" lets TetGen's radius-edge refinement (``quality``, ``minratio``) place the interior
+    nodes. ``progress(stage, seconds)`` is called once the mesh is made, for "surface"
     and "tets". Returns (mesh, the surface's stats (method, resolution, triangles, volume, ...),
     timings {"surface", "tets"} in seconds)."""
     from .surface import mesh_surface
     if surface not in PART_SURFACES:
         raise TaperayError(f"unknown surface {surface!r} (choose from {', '.join(PART_SURFACES)})")
+    if interior not in INTERIORS:
+        raise TaperayError(f"unknown interior {interior!r} (choose from {', '.join(INTERIORS)})")
     timings: dict[str, float] = {}
     failures = []
     attempts = [(surface, resolution)]
@@ -454,8 +500,13 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
         surf = mesh_surface(tape, grid, walker, method=method)
         timings["surface"] = timings.get("surface", 0.0) + time.perf_counter() - t0
         t0 = time.perf_counter()
+        options = dict(tet_options)
+        if method == "dc" and interior == "lattice":
+            spacing = INTERIOR_CELLS * surf.stats["spacing"]
+            options.update(interior=interior_lattice(tape, spacing, walker, surf.vertices.min(0),
+                                                                   surf.vertices.max(0)))
         try:
-            mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, keep_boundary=method == "dc", **tet_options)
+            mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, keep_boundary=method == "dc", **options)
             flat = int(np.count_nonzero(dihedral_angles(mesh.nodes, mesh.elements).min(1) < FLAT_DEGREES))
             if method == "dc" and flat:     # (the surface's points nearly coplanar across a wall a cell thin)
                 raise TaperayError(f"TetGen left {flat} flat tetrahedra (a dihedral angle below {FLAT_DEGREES} "

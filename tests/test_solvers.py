@@ -661,3 +661,28 @@ def test_a_dual_contoured_mesh_with_flat_tetrahedra_falls_back_to_marching_cubes
     assert stats["method"] == "mc" and "flat tetrahedra" in stats["fallback"]
     assert dihedral_angles(mesh.nodes, mesh.elements).min() >= 0 and np.all(mesh.volumes() > 0)
     assert FLAT_DEGREES < 0.01      # (the Lame sphere's 0.011-degree slivers solve: they stay)
+
+
+def test_the_interior_lattice_lies_inside_graded_from_the_surface_and_is_meshed():
+    """interior_lattice on a unit sphere: every point at least INTERIOR_MARGIN spacings inside; the
+    finest lattice next to the surface, coarser ones deeper (far fewer points than one lattice);
+    mesh_part's default puts them in the mesh as nodes, "tetgen" leaves the interior to TetGen's
+    refinement, an unknown choice is refused."""
+    from taperay.solvers.fem import dihedral_angles
+    from taperay.solvers.tetmesh import INTERIOR_MARGIN, interior_lattice, mesh_part
+    tape = flatten(sphere(1.0))
+    spacing = 0.05
+    pts = interior_lattice(tape, spacing)
+    depth = 1.0 - np.linalg.norm(pts, axis=1)
+    assert len(pts) and depth.min() >= INTERIOR_MARGIN * spacing - 1e-6
+    uniform = 2 * 4 / 3 * np.pi * (1 - INTERIOR_MARGIN * spacing) ** 3 / spacing ** 3
+    assert len(pts) < 0.25 * uniform
+    near = pts[depth < 2 * INTERIOR_MARGIN * spacing]          # the finest lattice's band
+    gaps = np.linalg.norm(near[:, None] - near[None, :200], axis=2)
+    assert np.sort(gaps, axis=0)[1].min() == pytest.approx(spacing * np.sqrt(3) / 2, rel=1e-6)
+    mesh, _, _ = mesh_part(tape, 24, 1)
+    assert mesh.stats["interior_points"] > 0 and np.all(mesh.volumes() > 0)
+    assert dihedral_angles(mesh.nodes, mesh.elements).min() >= 5.0
+    assert mesh_part(tape, 24, 1, interior="tetgen")[0].stats["interior_points"] == 0
+    with pytest.raises(TaperayError, match="unknown interior"):
+        mesh_part(tape, 24, 1, interior="stuffing")
