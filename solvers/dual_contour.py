@@ -29,9 +29,9 @@ Owns the band, the Hermite data, the cell vertices and the faces:
   one cell corner) are collapsed (``surface_cleanup``), keeping the surface a closed manifold;
   then every vertex farther than ``SNAP_CELLS`` of a cell from the zero set (a QEF point where the
   patch curves) takes up to three Newton steps onto it, each at most a quarter cell, kept where
-  it ends closer; edges those moves shortened are collapsed again. Caps and thin triangles left
-  where a feature line runs along the grid are mended (``surface_cleanup.mend_thin_triangles``:
-  caps split into their neighbours, flat pairs' edges flipped; no vertex moves).
+  it ends closer. Folds, caps and thin flat pairs left where a feature line runs along the grid
+  or a part is a cell thin are mended (``surface_cleanup.mend_thin_triangles``; no vertex moves),
+  and the short edges that makes (or the moves above made) collapsed, twice at most.
 
 Everything is vectorised over cells and edges (numpy); the tables (256 sign configurations) are
 built once at import.

@@ -357,10 +357,10 @@ def tet_mesh(surface, order: int = 1, quality: bool = True, minratio: float = 2.
             "fixedvolume": bool(fixedvolume), "quiet": True, "nowarning": True, "nobisect": bool(keep_boundary)}
     if maxvolume is not None:
         opts["maxvolume"] = float(maxvolume)
-    # TetGen meshes order 1; mid-edge nodes are made here (TetGen's order=2 gives the same nodes; its
-    # column order is checked by tests/test_solvers.py against TETGEN_ORDER2_EDGES)
     if interior is not None and len(interior):
         v = np.concatenate([v, np.asarray(interior, np.float64).reshape(-1, 3)])
+    # TetGen meshes order 1; mid-edge nodes are made here (TetGen's order=2 gives the same nodes; its
+    # column order is checked by tests/test_solvers.py against TETGEN_ORDER2_EDGES)
     out, why = run_child("tet", v, f, opts, timeout)
     repaired = unprojected = False
     fallback = getattr(surface, "unprojected", None)
@@ -478,10 +478,10 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
     resolution; ``stats["fallback"]`` says why and ``stats["resolution"]`` which grid made the
     surface. "dc": dual contouring alone; "mc": marching cubes alone (when TetGen fails on it, its
     own grid vertices). ``interior`` (a dual-contoured surface's): "lattice" (the default) gives
-    TetGen ``interior_lattice``'s points at ``INTERIOR_CELLS`` cells and no quality refinement,
-    "tetgen" lets TetGen's radius-edge refinement (``quality``, ``minratio``) place the interior
-    nodes. ``progress(stage, seconds)`` is called once the mesh is made, for "surface"
-    and "tets". Returns (mesh, the surface's stats (method, resolution, triangles, volume, ...),
+    TetGen ``interior_lattice``'s points from ``INTERIOR_CELLS`` cells apart, and its radius-edge
+    refinement (``quality``, ``minratio``) fills the band by the surface; "tetgen" leaves the
+    whole interior to that refinement. ``progress(stage, seconds)`` is called once the mesh is
+    made, for "surface" and "tets". Returns (mesh, the surface's stats (method, resolution, triangles, volume, ...),
     timings {"surface", "tets"} in seconds)."""
     from .surface import mesh_surface
     if surface not in PART_SURFACES:
@@ -503,8 +503,7 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
         options = dict(tet_options)
         if method == "dc" and interior == "lattice":
             spacing = INTERIOR_CELLS * surf.stats["spacing"]
-            options.update(interior=interior_lattice(tape, spacing, walker, surf.vertices.min(0),
-                                                                   surf.vertices.max(0)))
+            options["interior"] = interior_lattice(tape, spacing, walker, surf.vertices.min(0), surf.vertices.max(0))
         try:
             mesh = tet_mesh(surf, order=order, tape=tape, walker=walker, keep_boundary=method == "dc", **options)
             flat = int(np.count_nonzero(dihedral_angles(mesh.nodes, mesh.elements).min(1) < FLAT_DEGREES))
