@@ -44,10 +44,10 @@ How large cells, pieces and groups are (``CellLayout``) depends on the device. O
 cost their arithmetic, so small cells that keep few steps win, run one step at a time (a group's
 padding lanes and its gathered copies of the rows cost more than the loop: ``CPU_LAYOUT``: 512
 points a cell and a piece, 16 pieces a call, groups of one). On a GPU a step costs its launch
-whatever the piece's size, and the pieces run one after another, so the fewest pieces win
-(``ACCELERATOR_LAYOUT``: one piece of up to 262,144 points, as many as keep the row file within
-an eighth of the device's memory, at least ``ACCELERATOR_ROW_BYTES``): docs/JAX.md has the
-figures.
+whatever the piece's size, and the pieces run one after another, so the fewest pieces and the
+fewest steps win (``ACCELERATOR_LAYOUT``: one piece of up to 262,144 points, as many as keep the
+row file within an eighth of the device's memory, at least ``ACCELERATOR_ROW_BYTES``; groups of
+16 steps): docs/JAX.md has the figures.
 """
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ class CellLayout(NamedTuple):
 
 
 CPU_LAYOUT = CellLayout(cell_points=512, piece=512, per_call=16)
-ACCELERATOR_LAYOUT = CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=ACCELERATOR_ROW_BYTES)
+ACCELERATOR_LAYOUT = CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=ACCELERATOR_ROW_BYTES,
+                                group=16)
 
 
 def layout_for(backend: str, device_bytes: int | None = None) -> CellLayout:
