@@ -581,226 +581,330 @@ def light_data(tape: Tape, path: PathSettings) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- the twin's kernel
-@njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
+# A tile's paths live in arrays of BLOCK entries, the live ones at the front, handed to the
+# kernel's pieces as tuples: paths = (ro, rd, t, tfar, side, thr, rad, prev_pdf, prev_p, pix)
+# (the ray, its slab and the side it marches; the throughput and the radiance so far; the BSDF
+# pdf of the ray's direction, 0: no MIS, and the hit it left; the pixel), traced = trace_rays'
+# out (steps, hit, mat, res, idx, rhint), hits = (mat, grad, w_emit, goes_on, next_o, next_d) (a
+# hit's material, the field's gradient, the MIS weight of its emission, whether its path goes
+# on, its next ray's origin and direction), shadows = ((s_ro, s_rd, s_side, s_t, s_tfar), s_add,
+# s_path, s_traced) (a bounce's shadow rays, the radiance each carries, its path, trace_rays'
+# out for them).
+@njit(nogil=True, **_JIT)
 def _path_kernel(tp, n_regs, sec, cam, box, march, scene, path, samples, sums, thread, n_threads):
     """Thread ``thread``'s tiles of samples first .. first+count-1 (``samples``), added into sums
     (H, W, 4); march = (eps, neps, max_steps, step_scale) (the hit threshold, the gradient's tap
     distance, the march's step limit and scale), scene = (mats, env, lights) (the materials, the
     environment's constant, light_data's words), path = (max_bounces, roulette_from,
-    light_samples, hashed, seed) (PathSettings'). The rays of a tile's sample are traced
-    together, one bounce at a time (the twin's march, twin_march.trace_rays, side -1 inside a
-    glass), the shadow rays of a bounce together after it, the paths that go on compacted to the
-    front."""
+    light_samples, hashed, seed) (PathSettings'). The rays of a tile's sample (_camera_rays) are
+    traced together, one bounce at a time (the twin's march, twin_march.trace_rays, side -1
+    inside a glass; _resolve_hits), each hit scattered (_scatter_hits, _next_rays), the shadow
+    rays of a bounce traced together after it (_add_shadow_light), the paths that go on
+    compacted to the front (_compact_paths)."""
     eps, neps, max_steps, step_scale = march
-    mats, env, lights = scene
-    max_bounces, roulette_from, light_samples, hashed, seed = path
     first, count = samples
     H, W = sums.shape[0], sums.shape[1]
     n_save = tp[7]
-    n_mat = mats.shape[0]
     dirs = np.empty((H, W, 3), F32)       # (only its shape: the tiles)
     eps4 = F32(4) * eps
-    o = np.empty(3, F32)
-    dv = np.empty(3, F32)
     B = twin_field.BLOCK
     rule = (eps, F32(0), max_steps, step_scale, F32(0))      # (trace_rays': no hit cone, no penumbra)
     for tile in range(thread, twin_march.tile_count(dirs), n_threads):
         r0, r1, c0, c1, ws, ws1, ro, rd, grad, t, tfar, steps, hit, mat, res, idx, pix, rhint = \
             twin_march.tile_setup(tile, dirs, n_regs, n_save)
-        thr = np.empty((3, B), F32)
-        rad = np.empty((3, B), F32)
-        side = np.empty(B, F32)
-        prev_pdf = np.empty(B, F32)       # the BSDF pdf of the ray's direction (0: no MIS)
-        prev_p = np.empty((3, B), F32)    # ... and the hit it left (the light samples' pdf from there)
-        w_emit = np.empty(B, F32)         # a hit's MIS weight of its emission
+        hint = ws[twin_field.WS_HINT]
+        side, prev_pdf, w_emit = np.empty(B, F32), np.empty(B, F32), np.empty(B, F32)
+        thr, rad, prev_p = np.empty((3, B), F32), np.empty((3, B), F32), np.empty((3, B), F32)
         goes_on = np.empty(B, np.bool_)
-        # the shadow rays of a bounce: origin, direction, slab, path, the radiance they carry
-        s_ro, s_rd, s_add = np.empty((3, B), F32), np.empty((3, B), F32), np.empty((3, B), F32)
-        s_t, s_tfar, s_side = np.empty(B, F32), np.empty(B, F32), np.ones(B, F32)
-        s_hit, s_mat, s_idx = np.empty(B, np.bool_), np.empty(B, np.uint32), np.empty(B, np.int64)
-        s_steps = np.empty(B, np.int32)
-        s_path, s_hint = np.empty(B, np.int64), np.zeros((2, B), np.int64)
+        paths = (ro, rd, t, tfar, side, thr, rad, prev_pdf, prev_p, pix)
+        traced = (steps, hit, mat, res, idx, rhint)
+        hits = (mat, grad, w_emit, goes_on, np.empty((3, B), F32), np.empty((3, B), F32))
+        s_rays = (np.empty((3, B), F32), np.empty((3, B), F32), np.ones(B, F32), np.empty(B, F32), np.empty(B, F32))
+        s_hint = np.zeros((2, B), np.int64)
+        s_traced = (np.empty(B, np.int32), np.empty(B, np.bool_), np.empty(B, np.uint32), res,
+                    np.empty(B, np.int64), s_hint)
+        shadows = (s_rays, np.empty((3, B), F32), np.empty(B, np.int64), s_traced)
         for sample in range(first, first + count):
-            n = np.int64(0)
-            for row in range(r0, r1):
-                for col in range(c0, c1):
-                    p = row * W + col
-                    jx = _random(hashed, seed, p, sample, np.int64(0), _DIM_JITTER)
-                    jy = _random(hashed, seed, p, sample, np.int64(0), _DIM_JITTER + 1)
-                    dv[0], dv[1], dv[2] = pixel_ray(cam, W, H, F32(col) + jx, F32(row) + jy)
-                    for r in range(3):
-                        o[r] = cam[r]
-                        ro[r, n] = cam[r]
-                        rd[r, n] = dv[r]
-                        thr[r, n] = F32(1)
-                        rad[r, n] = F32(0)
-                    t[n], tfar[n] = twin_march.slab(o, dv, box)
-                    side[n], prev_pdf[n] = F32(1), F32(0)
-                    pix[0, n], pix[1, n] = row, col
-                    n += 1
+            n = _camera_rays(cam, box, path, sample, (r0, r1, c0, c1), W, H, paths)
             bounce = np.int64(0)
             while n > 0:
                 for q in range(n):
                     rhint[0, q], rhint[1, q] = 0, 0
-                twin_march.trace_rays(tp, sec, ws, ws1, n, (ro, rd, side, t, tfar), rule,
-                                      (steps, hit, mat, res, idx, rhint))
-                m = np.int64(0)
-                for q in range(n):                  # misses see the environment; hits to the front
-                    w = F32(1)
-                    lit = not hit[q]
-                    if hit[q]:
-                        e = mats[min(mat[q], n_mat - 1)]["emission"]
-                        lit = e[0] + e[1] + e[2] > F32(0)
-                    if lit and prev_pdf[q] > F32(0):
-                        w = _power_weight(prev_pdf[q], _light_pdf(lights, prev_p[0, q], prev_p[1, q], prev_p[2, q],
-                                                                  rd[0, q], rd[1, q], rd[2, q]))
-                    if not hit[q]:
-                        e0, e1, e2 = _env_radiance(lights, env, rd[0, q], rd[1, q], rd[2, q])
-                        rad[0, q] += thr[0, q] * e0 * w
-                        rad[1, q] += thr[1, q] * e1 * w
-                        rad[2, q] += thr[2, q] * e2 * w
-                        _finish(sums, pix, rad, q)
-                        continue
-                    w_emit[m] = w
-                    for r in range(3):
-                        ro[r, m] = ro[r, q] + t[q] * rd[r, q]
-                        rd[r, m] = rd[r, q]
-                        thr[r, m], rad[r, m] = thr[r, q], rad[r, q]
-                    mat[m], pix[0, m], pix[1, m] = mat[q], pix[0, q], pix[1, q]
-                    m += 1
-                hint = ws[twin_field.WS_HINT]
+                twin_march.trace_rays(tp, sec, ws, ws1, n, (ro, rd, side, t, tfar), rule, traced)
+                m = _resolve_hits(n, scene, sums, paths, traced, w_emit)
                 for q in range(m):
                     hint[0, q], hint[1, q] = 0, 0
                 twin_march.gradients(tp, sec, ws, ws1, m, ro, neps, grad)
                 bounce += 1
-                ns = np.int64(0)
-                for q in range(m):                  # each hit's light sample and bounce
-                    goes_on[q] = False
-                    gl = twin_ops.len3(grad[0, q], grad[1, q], grad[2, q])
-                    if not gl > F32(0):
-                        continue
-                    nx, ny, nz = grad[0, q] / gl, grad[1, q] / gl, grad[2, q] / gl
-                    mt = mats[min(mat[q], n_mat - 1)]
-                    e = mt["emission"]
-                    for r in range(3):
-                        rad[r, q] += thr[r, q] * e[r] * w_emit[q]
-                    if bounce >= max_bounces:
-                        continue
-                    p = pix[0, q] * W + pix[1, q]
-                    wo0, wo1, wo2 = -rd[0, q], -rd[1, q], -rd[2, q]
-                    u0 = _random(hashed, seed, p, sample, bounce, _DIM_LOBE)
-                    u1 = _random(hashed, seed, p, sample, bounce, _DIM_BSDF)
-                    u2 = _random(hashed, seed, p, sample, bounce, _DIM_BSDF + 1)
-                    if mt["transmission"] == F32(1):          # smooth glass
-                        c = nx * wo0 + ny * wo1 + nz * wo2
-                        s = F32(1) if c > F32(0) else F32(-1)
-                        eta = F32(1) / mt["ior"] if c > F32(0) else mt["ior"]
-                        mx, my, mz = s * nx, s * ny, s * nz
-                        c = s * c
-                        fr, ct = _fresnel_dielectric(c, eta)
-                        if u0 < fr:
-                            c2 = F32(2) * c
-                            dv[0], dv[1], dv[2] = c2 * mx - wo0, c2 * my - wo1, c2 * mz - wo2
-                            off = eps4
-                            side[q] = s
-                        else:
-                            kt = eta * c - ct
-                            dv[0], dv[1], dv[2] = kt * mx - eta * wo0, kt * my - eta * wo1, kt * mz - eta * wo2
-                            off = -eps4
-                            side[q] = -s
-                            tint = mt["color"]
-                            for r in range(3):
-                                thr[r, q] *= tint[r]
-                        o[0], o[1], o[2] = ro[0, q] + off * mx, ro[1, q] + off * my, ro[2, q] + off * mz
-                        prev_pdf[q] = F32(0)
-                    else:
-                        if light_samples:
-                            l0, l1, l2 = _sample_light(lights, ro[0, q], ro[1, q], ro[2, q],
-                                                       _random(hashed, seed, p, sample, bounce, _DIM_PICK),
-                                                       _random(hashed, seed, p, sample, bounce, _DIM_LIGHT),
-                                                       _random(hashed, seed, p, sample, bounce, _DIM_LIGHT + 1))
-                            f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, l0, l1, l2)
-                            pl = _light_pdf(lights, ro[0, q], ro[1, q], ro[2, q], l0, l1, l2)
-                            if pdf > F32(0) and pl > F32(0):
-                                w = _power_weight(pl, pdf) / pl
-                                s_add[0, ns] = thr[0, q] * f0 * w
-                                s_add[1, ns] = thr[1, q] * f1 * w
-                                s_add[2, ns] = thr[2, q] * f2 * w
-                                s_ro[0, ns] = ro[0, q] + eps4 * nx
-                                s_ro[1, ns] = ro[1, q] + eps4 * ny
-                                s_ro[2, ns] = ro[2, q] + eps4 * nz
-                                s_rd[0, ns], s_rd[1, ns], s_rd[2, ns] = l0, l1, l2
-                                s_t[ns], s_tfar[ns] = twin_march.slab(s_ro[:, ns], s_rd[:, ns], box)
-                                s_path[ns] = q
-                                ns += 1
-                        dv[0], dv[1], dv[2] = _sample_bsdf(mt, nx, ny, nz, wo0, wo1, wo2, u0, u1, u2)
-                        f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, dv[0], dv[1], dv[2])
-                        if not pdf > F32(0):
-                            continue
-                        thr[0, q] *= f0 / pdf
-                        thr[1, q] *= f1 / pdf
-                        thr[2, q] *= f2 / pdf
-                        prev_pdf[q] = pdf if light_samples else F32(0)
-                        for r in range(3):
-                            prev_p[r, q] = ro[r, q]
-                        side[q] = F32(1)
-                        o[0], o[1], o[2] = ro[0, q] + eps4 * nx, ro[1, q] + eps4 * ny, ro[2, q] + eps4 * nz
-                    keep = max(thr[0, q], max(thr[1, q], thr[2, q]))
-                    if not keep > F32(0):
-                        continue
-                    if bounce >= roulette_from:
-                        keep = min(keep, _ROULETTE_CAP)
-                        if not _random(hashed, seed, p, sample, bounce, _DIM_ROULETTE) < keep:
-                            continue
-                        for r in range(3):
-                            thr[r, q] /= keep
-                    t0, t1 = twin_march.slab(o, dv, box)
-                    if not t0 <= t1:                # (leaves the box at once: the environment)
-                        w = F32(1)
-                        if prev_pdf[q] > F32(0):
-                            w = _power_weight(prev_pdf[q], _light_pdf(lights, ro[0, q], ro[1, q], ro[2, q],
-                                                                      dv[0], dv[1], dv[2]))
-                        e0, e1, e2 = _env_radiance(lights, env, dv[0], dv[1], dv[2])
-                        rad[0, q] += thr[0, q] * e0 * w
-                        rad[1, q] += thr[1, q] * e1 * w
-                        rad[2, q] += thr[2, q] * e2 * w
-                        continue
-                    for r in range(3):
-                        ro[r, q], rd[r, q] = o[r], dv[r]
-                    t[q], tfar[q] = t0, t1
-                    goes_on[q] = True
-                if ns > 0:                          # the shadow rays: unoccluded ones add their light
+                ns = _scatter_hits(m, bounce, sample, W, box, eps4, scene, path, paths, hits, shadows)
+                _next_rays(m, bounce, sample, W, box, scene, path, paths, hits)
+                if ns > 0:                  # the shadow rays: unoccluded ones add their light
                     for k in range(ns):
                         s_hint[0, k], s_hint[1, k] = 0, 0
-                    twin_march.trace_rays(tp, sec, ws, ws1, ns, (s_ro, s_rd, s_side, s_t, s_tfar), rule,
-                                          (s_steps, s_hit, s_mat, res, s_idx, s_hint))
-                    for k in range(ns):               # (a hit adds the emission it sees)
-                        q = s_path[k]
-                        if not s_hit[k]:
-                            e0, e1, e2 = _env_radiance(lights, env, s_rd[0, k], s_rd[1, k], s_rd[2, k])
-                            rad[0, q] += s_add[0, k] * e0
-                            rad[1, q] += s_add[1, k] * e1
-                            rad[2, q] += s_add[2, k] * e2
-                            continue
-                        e = mats[min(s_mat[k], n_mat - 1)]["emission"]
-                        for r in range(3):
-                            rad[r, q] += s_add[r, k] * e[r]
-                n = np.int64(0)
-                for q in range(m):                  # the paths that go on, to the front
-                    if not goes_on[q]:
-                        _finish(sums, pix, rad, q)
-                        continue
-                    for r in range(3):
-                        ro[r, n], rd[r, n] = ro[r, q], rd[r, q]
-                        thr[r, n], rad[r, n] = thr[r, q], rad[r, q]
-                    pix[0, n], pix[1, n] = pix[0, q], pix[1, q]
-                    t[n], tfar[n], side[n], prev_pdf[n] = t[q], tfar[q], side[q], prev_pdf[q]
-                    for r in range(3):
-                        prev_p[r, n] = prev_p[r, q]
-                    n += 1
+                    twin_march.trace_rays(tp, sec, ws, ws1, ns, s_rays, rule, s_traced)
+                    _add_shadow_light(ns, scene, rad, shadows)
+                n = _compact_paths(m, sums, paths, goes_on)
 
 
-@njit(nogil=True, cache=True, error_model="numpy", fastmath=False)
+@njit(nogil=True, **_JIT)
+def _camera_rays(cam, box, path, sample, rect, W, H, paths):
+    """The primary rays of sample ``sample`` through the pixels of rect = (r0, r1, c0, c1) (rows
+    r0:r1, columns c0:c1 of W x H), each jittered over its pixel (bounce 0's _DIM_JITTER pair),
+    into the front of paths: throughput 1, no radiance, outside, no MIS. Returns their count."""
+    max_bounces, roulette_from, light_samples, hashed, seed = path
+    ro, rd, t, tfar, side, thr, rad, prev_pdf, prev_p, pix = paths
+    r0, r1, c0, c1 = rect
+    o = np.empty(3, F32)
+    dv = np.empty(3, F32)
+    n = np.int64(0)
+    for row in range(r0, r1):
+        for col in range(c0, c1):
+            p = row * W + col
+            jx = _random(hashed, seed, p, sample, np.int64(0), _DIM_JITTER)
+            jy = _random(hashed, seed, p, sample, np.int64(0), _DIM_JITTER + 1)
+            dv[0], dv[1], dv[2] = pixel_ray(cam, W, H, F32(col) + jx, F32(row) + jy)
+            for r in range(3):
+                o[r] = cam[r]
+                ro[r, n] = cam[r]
+                rd[r, n] = dv[r]
+                thr[r, n] = F32(1)
+                rad[r, n] = F32(0)
+            t[n], tfar[n] = twin_march.slab(o, dv, box)
+            side[n], prev_pdf[n] = F32(1), F32(0)
+            pix[0, n], pix[1, n] = row, col
+            n += 1
+    return n
+
+
+@njit(nogil=True, **_JIT)
+def _mis_weight(lights, bsdf_pdf, x0, x1, x2, d0, d1, d2):
+    """The power heuristic's weight of light reached along d by a BSDF sample of pdf bsdf_pdf
+    from x, against the light samples' pdf of d from x (1 where bsdf_pdf is 0: after glass or
+    without light samples)."""
+    if bsdf_pdf > F32(0):
+        return _power_weight(bsdf_pdf, _light_pdf(lights, x0, x1, x2, d0, d1, d2))
+    return F32(1)
+
+
+@njit(nogil=True, **_JIT)
+def _add_environment(lights, env, w, d0, d1, d2, thr, rad, q):
+    """Add path q's throughput times the environment's radiance in direction d, times w, to the
+    path's radiance."""
+    e0, e1, e2 = _env_radiance(lights, env, d0, d1, d2)
+    rad[0, q] += thr[0, q] * e0 * w
+    rad[1, q] += thr[1, q] * e1 * w
+    rad[2, q] += thr[2, q] * e2 * w
+
+
+@njit(nogil=True, **_JIT)
+def _resolve_hits(n, scene, sums, paths, traced, w_emit):
+    """What the n paths' traced rays reached: a miss adds the environment (weighted against the
+    light samples from the hit it left) and finishes its path; the hits go to the front, each
+    ray's origin moved to its hit, with the MIS weight of the hit's emission (w_emit). Returns
+    the hits' count."""
+    mats, env, lights = scene
+    ro, rd, t, tfar, side, thr, rad, prev_pdf, prev_p, pix = paths
+    steps, hit, mat, res, idx, rhint = traced
+    n_mat = mats.shape[0]
+    m = np.int64(0)
+    for q in range(n):                  # misses see the environment; hits to the front
+        if not hit[q]:
+            w = _mis_weight(lights, prev_pdf[q], prev_p[0, q], prev_p[1, q], prev_p[2, q], rd[0, q], rd[1, q], rd[2, q])
+            _add_environment(lights, env, w, rd[0, q], rd[1, q], rd[2, q], thr, rad, q)
+            _finish(sums, pix, rad, q)
+            continue
+        e = mats[min(mat[q], n_mat - 1)]["emission"]
+        w_emit[m] = F32(1)
+        if e[0] + e[1] + e[2] > F32(0):
+            w_emit[m] = _mis_weight(lights, prev_pdf[q], prev_p[0, q], prev_p[1, q], prev_p[2, q],
+                                    rd[0, q], rd[1, q], rd[2, q])
+        for r in range(3):
+            ro[r, m] = ro[r, q] + t[q] * rd[r, q]
+            rd[r, m] = rd[r, q]
+            thr[r, m], rad[r, m] = thr[r, q], rad[r, q]
+        mat[m], pix[0, m], pix[1, m] = mat[q], pix[0, q], pix[1, q]
+        m += 1
+    return m
+
+
+@njit(nogil=True, **_JIT)
+def _scatter_hits(m, bounce, sample, W, box, eps4, scene, path, paths, hits, shadows):
+    """Hit ``bounce`` (from 1) of the m paths at the front: each adds its emission times w_emit
+    and, unless its path ends there (no normal, the bounce limit, a BSDF sample of pdf 0), turns
+    (goes_on), its next ray's origin (4 eps off the surface) and direction in next_o, next_d:
+    glass reflects or refracts (smooth dielectric: the Fresnel reflectance picks, the colour
+    tints what is transmitted; no MIS after it); other materials set up a light sample's shadow
+    ray (into shadows, with light samples on: the throughput times f cos over the light pdf
+    times the power heuristic's weight) and draw a BSDF sample (the throughput times f cos /
+    pdf; the pdf and the hit kept for the next hit's MIS). Returns the shadow rays' count."""
+    mats, env, lights = scene
+    max_bounces, roulette_from, light_samples, hashed, seed = path
+    ro, rd, t, tfar, side, thr, rad, prev_pdf, prev_p, pix = paths
+    mat, grad, w_emit, goes_on, next_o, next_d = hits
+    s_rays, s_add, s_path, s_traced = shadows
+    s_ro, s_rd, s_side, s_t, s_tfar = s_rays
+    n_mat = mats.shape[0]
+    ns = np.int64(0)
+    for q in range(m):                  # each hit's light sample and bounce
+        goes_on[q] = False
+        gl = twin_ops.len3(grad[0, q], grad[1, q], grad[2, q])
+        if not gl > F32(0):
+            continue
+        nx, ny, nz = grad[0, q] / gl, grad[1, q] / gl, grad[2, q] / gl
+        mt = mats[min(mat[q], n_mat - 1)]
+        e = mt["emission"]
+        for r in range(3):
+            rad[r, q] += thr[r, q] * e[r] * w_emit[q]
+        if bounce >= max_bounces:
+            continue
+        p = pix[0, q] * W + pix[1, q]
+        wo0, wo1, wo2 = -rd[0, q], -rd[1, q], -rd[2, q]
+        u0 = _random(hashed, seed, p, sample, bounce, _DIM_LOBE)
+        u1 = _random(hashed, seed, p, sample, bounce, _DIM_BSDF)
+        u2 = _random(hashed, seed, p, sample, bounce, _DIM_BSDF + 1)
+        if mt["transmission"] == F32(1):          # smooth glass
+            c = nx * wo0 + ny * wo1 + nz * wo2
+            s = F32(1) if c > F32(0) else F32(-1)
+            eta = F32(1) / mt["ior"] if c > F32(0) else mt["ior"]
+            mx, my, mz = s * nx, s * ny, s * nz
+            c = s * c
+            fr, ct = _fresnel_dielectric(c, eta)
+            if u0 < fr:
+                c2 = F32(2) * c
+                d0, d1, d2 = c2 * mx - wo0, c2 * my - wo1, c2 * mz - wo2
+                off = eps4
+                side[q] = s
+            else:
+                kt = eta * c - ct
+                d0, d1, d2 = kt * mx - eta * wo0, kt * my - eta * wo1, kt * mz - eta * wo2
+                off = -eps4
+                side[q] = -s
+                tint = mt["color"]
+                for r in range(3):
+                    thr[r, q] *= tint[r]
+            o0, o1, o2 = ro[0, q] + off * mx, ro[1, q] + off * my, ro[2, q] + off * mz
+            prev_pdf[q] = F32(0)
+        else:
+            if light_samples:
+                l0, l1, l2 = _sample_light(lights, ro[0, q], ro[1, q], ro[2, q],
+                                           _random(hashed, seed, p, sample, bounce, _DIM_PICK),
+                                           _random(hashed, seed, p, sample, bounce, _DIM_LIGHT),
+                                           _random(hashed, seed, p, sample, bounce, _DIM_LIGHT + 1))
+                f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, l0, l1, l2)
+                pl = _light_pdf(lights, ro[0, q], ro[1, q], ro[2, q], l0, l1, l2)
+                if pdf > F32(0) and pl > F32(0):
+                    w = _power_weight(pl, pdf) / pl
+                    s_add[0, ns] = thr[0, q] * f0 * w
+                    s_add[1, ns] = thr[1, q] * f1 * w
+                    s_add[2, ns] = thr[2, q] * f2 * w
+                    s_ro[0, ns] = ro[0, q] + eps4 * nx
+                    s_ro[1, ns] = ro[1, q] + eps4 * ny
+                    s_ro[2, ns] = ro[2, q] + eps4 * nz
+                    s_rd[0, ns], s_rd[1, ns], s_rd[2, ns] = l0, l1, l2
+                    s_t[ns], s_tfar[ns] = twin_march.slab(s_ro[:, ns], s_rd[:, ns], box)
+                    s_path[ns] = q
+                    ns += 1
+            d0, d1, d2 = _sample_bsdf(mt, nx, ny, nz, wo0, wo1, wo2, u0, u1, u2)
+            f0, f1, f2, pdf = _bsdf(mt, nx, ny, nz, wo0, wo1, wo2, d0, d1, d2)
+            if not pdf > F32(0):
+                continue
+            thr[0, q] *= f0 / pdf
+            thr[1, q] *= f1 / pdf
+            thr[2, q] *= f2 / pdf
+            prev_pdf[q] = pdf if light_samples else F32(0)
+            for r in range(3):
+                prev_p[r, q] = ro[r, q]
+            side[q] = F32(1)
+            o0, o1, o2 = ro[0, q] + eps4 * nx, ro[1, q] + eps4 * ny, ro[2, q] + eps4 * nz
+        next_o[0, q], next_o[1, q], next_o[2, q] = o0, o1, o2
+        next_d[0, q], next_d[1, q], next_d[2, q] = d0, d1, d2
+        goes_on[q] = True
+    return ns
+
+
+@njit(nogil=True, **_JIT)
+def _next_rays(m, bounce, sample, W, box, scene, path, paths, hits):
+    """Which of the m paths that turned at hit ``bounce`` (goes_on) go on along their next ray
+    (next_o + t next_d), taking it and its slab as their ray: not once the throughput is 0, nor
+    where Russian roulette (from bounce roulette_from) ends them (the survivors' throughput
+    divided by their chance), nor where the ray leaves the march box at once (it sees the
+    environment, weighted as a hit's emission)."""
+    mats, env, lights = scene
+    max_bounces, roulette_from, light_samples, hashed, seed = path
+    ro, rd, t, tfar, side, thr, rad, prev_pdf, prev_p, pix = paths
+    mat, grad, w_emit, goes_on, next_o, next_d = hits
+    o = np.empty(3, F32)
+    dv = np.empty(3, F32)
+    for q in range(m):
+        if not goes_on[q]:
+            continue
+        goes_on[q] = False
+        keep = max(thr[0, q], max(thr[1, q], thr[2, q]))
+        if not keep > F32(0):
+            continue
+        if bounce >= roulette_from:
+            keep = min(keep, _ROULETTE_CAP)
+            if not _random(hashed, seed, pix[0, q] * W + pix[1, q], sample, bounce, _DIM_ROULETTE) < keep:
+                continue
+            for r in range(3):
+                thr[r, q] /= keep
+        for r in range(3):
+            o[r], dv[r] = next_o[r, q], next_d[r, q]
+        t0, t1 = twin_march.slab(o, dv, box)
+        if not t0 <= t1:                # (leaves the box at once: the environment)
+            w = _mis_weight(lights, prev_pdf[q], ro[0, q], ro[1, q], ro[2, q], dv[0], dv[1], dv[2])
+            _add_environment(lights, env, w, dv[0], dv[1], dv[2], thr, rad, q)
+            continue
+        for r in range(3):
+            ro[r, q], rd[r, q] = o[r], dv[r]
+        t[q], tfar[q] = t0, t1
+        goes_on[q] = True
+
+
+@njit(nogil=True, **_JIT)
+def _add_shadow_light(ns, scene, rad, shadows):
+    """The ns traced shadow rays' light: each adds the radiance it carries times the environment
+    where it leaves, or times the emission of the surface it hits, to its path's radiance."""
+    mats, env, lights = scene
+    s_rays, s_add, s_path, s_traced = shadows
+    s_ro, s_rd, s_side, s_t, s_tfar = s_rays
+    s_steps, s_hit, s_mat, s_res, s_idx, s_hint = s_traced
+    n_mat = mats.shape[0]
+    for k in range(ns):
+        q = s_path[k]
+        if not s_hit[k]:
+            e0, e1, e2 = _env_radiance(lights, env, s_rd[0, k], s_rd[1, k], s_rd[2, k])
+            rad[0, q] += s_add[0, k] * e0
+            rad[1, q] += s_add[1, k] * e1
+            rad[2, q] += s_add[2, k] * e2
+            continue
+        e = mats[min(s_mat[k], n_mat - 1)]["emission"]
+        for r in range(3):
+            rad[r, q] += s_add[r, k] * e[r]
+
+
+@njit(nogil=True, **_JIT)
+def _compact_paths(m, sums, paths, goes_on):
+    """Of the first m paths, finish the ones that end (_finish) and move the ones that go on to
+    the front. Returns their count."""
+    ro, rd, t, tfar, side, thr, rad, prev_pdf, prev_p, pix = paths
+    n = np.int64(0)
+    for q in range(m):
+        if not goes_on[q]:
+            _finish(sums, pix, rad, q)
+            continue
+        for r in range(3):
+            ro[r, n], rd[r, n] = ro[r, q], rd[r, q]
+            thr[r, n], rad[r, n] = thr[r, q], rad[r, q]
+        pix[0, n], pix[1, n] = pix[0, q], pix[1, q]
+        t[n], tfar[n], side[n], prev_pdf[n] = t[q], tfar[q], side[q], prev_pdf[q]
+        for r in range(3):
+            prev_p[r, n] = prev_p[r, q]
+        n += 1
+    return n
+
+
+@njit(nogil=True, **_JIT)
 def _finish(sums, pix, rad, q):
     """Add path q's radiance (and its mean over rgb, squared) to its pixel's sums."""
     row, col = pix[0, q], pix[1, q]
