@@ -194,7 +194,7 @@ def mend_thin_triangles(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.nda
     """Unfold folds, split caps into their neighbours and flip thin triangles' edges in flat pairs
     (module docstring) until no fold is left and no triangle below ``THIN_DEGREES`` can be mended.
     Returns (faces, {"unfolds", "cap_splits", "flips"}); vertices are neither moved nor added, and
-    at most four changes per triangle are made. A closed, consistently oriented 2-manifold stays
+    at most 4 F changes are made for F triangles. A closed, consistently oriented 2-manifold stays
     one: an edge that already exists is never made again."""
     v = np.asarray(vertices, np.float64)
     faces = np.asarray(faces, np.int64)
