@@ -163,10 +163,16 @@ def boundary_faces(elements: np.ndarray) -> np.ndarray:
     n = int(key.max()) + 1 if len(key) else 1
     if n ** 3 < 2 ** 63:        # one int64 a face, ordered as its sorted rows: a 1-D sort, not unique(axis=0)
         key = (key[:, 0].astype(np.int64) * n + key[:, 1]) * n + key[:, 2]
-        _, first, counts = np.unique(key, return_index=True, return_counts=True)
+        order = np.argsort(key)
+        ordered = key[order]
+        differs = ordered[1:] != ordered[:-1]
+        alone = np.ones(len(key), bool)
+        alone[1:] &= differs
+        alone[:-1] &= differs
+        once = order[alone]     # (in the order of their keys, as np.unique gives them)
     else:
         _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
-    once = first[counts == 1]
+        once = first[counts == 1]
     tris = corners[once]
     if elements.shape[1] == 4:
         return tris
@@ -529,19 +535,22 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
     raise TaperayError(("; ".join(failures) if len(failures) > 1 else failures[0]) + hint)
 
 
+_DETJ_POINTS = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1],
+                         *[0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:] for a, b in TET10_EDGES], [0.25, 0.25, 0.25]])
+_DETJ_CHUNK = 16384     # elements a block (a block's nine (chunk, 11) Jacobian entries stay in cache)
+
+
 def min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
     """Smallest Jacobian determinant of each element over its corners and mid-edge nodes."""
-    pts = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1],
-                    *[0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:] for a, b in TET10_EDGES], [0.25, 0.25, 0.25]])
-    dN = shape_derivatives(elements.shape[1], pts)                    # (Q, n, 3)
-    x = nodes[elements]                                               # (E, n, 3)
-    out = np.full(len(elements), np.inf)
-    for q in dN:                           # J[a, b] = sum_n x[n, a] dN[n, b], one point at a time
-        j = np.tensordot(x, q, axes=([1], [0]))                       # (E, 3, 3)
-        det = (j[:, 0, 0] * (j[:, 1, 1] * j[:, 2, 2] - j[:, 1, 2] * j[:, 2, 1])
-               - j[:, 0, 1] * (j[:, 1, 0] * j[:, 2, 2] - j[:, 1, 2] * j[:, 2, 0])
-               + j[:, 0, 2] * (j[:, 1, 0] * j[:, 2, 1] - j[:, 1, 1] * j[:, 2, 0]))
-        np.minimum(out, det, out=out)
+    d = shape_derivatives(elements.shape[1], _DETJ_POINTS).transpose(2, 1, 0)   # d[b, n, q]
+    out = np.empty(len(elements))
+    for s in range(0, len(elements), _DETJ_CHUNK):
+        x = nodes[elements[s:s + _DETJ_CHUNK]].transpose(2, 0, 1)                # x[a, e, n]
+        j = [[x[a] @ d[b] for b in range(3)] for a in range(3)]                 # J[a][b]: (e, Q)
+        det = (j[0][0] * (j[1][1] * j[2][2] - j[1][2] * j[2][1])
+               - j[0][1] * (j[1][0] * j[2][2] - j[1][2] * j[2][0])
+               + j[0][2] * (j[1][0] * j[2][1] - j[1][1] * j[2][0]))
+        out[s:s + _DETJ_CHUNK] = det.min(1)
     return out
 
 
