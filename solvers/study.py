@@ -31,8 +31,8 @@ from .surface import DEFAULT_RESOLUTION, check_resolution, default_walker, mater
 from .tetmesh import BOUNDARY_TOLERANCE_CELLS, DEFAULT_PART_SURFACE, TetMesh, dihedral_angles, mesh_part
 
 __all__ = ["Heat", "Elasticity", "Result", "simulate", "study_from", "check_study", "face_materials",
-           "element_materials", "mesh_materials", "boundary_check", "boundary_warnings", "dihedral_angles",
-           "mesh_quality"]
+           "element_materials", "mesh_materials", "boundary_check", "boundary_warnings", "surface_warnings",
+           "dihedral_angles", "mesh_quality"]
 
 
 # ---------------------------------------------------------------- checking a study's values
@@ -306,6 +306,18 @@ def boundary_warnings(report: dict) -> list[str]:
             + "".join(f"; {s}" for s in said)]
 
 
+def surface_warnings(stats: dict) -> list[str]:
+    """A warning line when ``mesh_part`` fell back to marching cubes (``stats["fallback"]``): its
+    surface cuts the part's sharp edges and corners, so volumes, areas and the fields near them are
+    less accurate than dual contouring's; none otherwise."""
+    if stats.get("method") != "mc" or "fallback" not in stats:
+        return []
+    return [f"the surface is marching cubes' at resolution {stats.get('resolution')} ({stats['fallback']}); "
+            "marching cubes cuts sharp edges and corners, so volumes, areas and the "
+            "field near them are less accurate (a wall thinner than about two cells is the usual cause: raise the "
+            "resolution)"]
+
+
 def mesh_quality(mesh: TetMesh) -> dict:
     """The smallest and largest dihedral angle of the elements (degrees) and how many elements have
     one below ``SLIVER_DEGREES``."""
@@ -376,7 +388,7 @@ class Result:
             s.update(max_displacement=float(mag.max()),
                      max_von_mises=float(self.stress.max()) if self.stress is not None else None)
         s.update(boundary=self.boundary or None, quality=mesh_quality(self.mesh),
-                 warnings=boundary_warnings(self.boundary))
+                 warnings=surface_warnings(self.surface_stats) + boundary_warnings(self.boundary))
         return s
 
     def save_vtu(self, path) -> None:

@@ -649,18 +649,23 @@ def test_a_dual_contoured_mesh_with_flat_tetrahedra_falls_back_to_marching_cubes
     the dual-contoured triangles, leaves flat tetrahedra across them (a singular system); without
     the surface's mending and the improvement pass "auto" refuses that mesh, says so and, with no
     finer grid to try, meshes marching cubes' surface. With them (the default) the mesh at 20 is
-    kept."""
-    from taperay.solvers import dual_contour, tetmesh
+    kept. A study solved on the fallback's mesh says in its summary's warnings that the surface
+    is marching cubes' and why; on dual contouring's it warns of nothing."""
+    from taperay.solvers import dual_contour, simulate, tetmesh
     from taperay.solvers.tetmesh import FLAT_DEGREES, dihedral_angles, mesh_part
     import runpy
     monkeypatch.setattr(tetmesh, "REFINE_FACTORS", ())
-    tape = flatten(runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))["scene"])
+    heat_sink = runpy.run_path(str(ROOT / "scenes" / "heat_sink.py"))
+    tape = flatten(heat_sink["scene"])
     assert mesh_part(tape, 20, 1)[1]["method"] == "dc"
+    assert simulate(tape, heat_sink["study"], resolution=20).summary()["warnings"] == []
     monkeypatch.setattr(dual_contour, "mend_thin_triangles", lambda v, f: (f, {}))
     mesh, stats, _ = mesh_part(tape, 20, 1, improve=False)
     assert stats["method"] == "mc" and "flat tetrahedra" in stats["fallback"]
     assert dihedral_angles(mesh.nodes, mesh.elements).min() >= 0 and np.all(mesh.volumes() > 0)
     assert FLAT_DEGREES < 0.01      # (the Lame sphere's 0.011-degree slivers solve: they stay)
+    warning = simulate(tape, heat_sink["study"], resolution=20, improve=False).summary()["warnings"][0]
+    assert warning.startswith("the surface is marching cubes' at resolution 20") and "flat tetrahedra" in warning
 
 
 def test_the_interior_lattice_lies_inside_graded_from_the_surface_and_is_meshed():
