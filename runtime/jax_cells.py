@@ -341,6 +341,171 @@ class CellPlan:
         self.level, self.branch = st.level[:S], np.asarray(steps[:, 0])
 
 
+def _single_steps(branches, n_prm: int, P: int):
+    """The step functions of groups of one step (forward, backward, tangent): a group's row, its
+    operands gathered, its branch switched on, its output rows written as one slice."""
+    def one(prog, items, grp, pool):
+        """A group of one step: its row, operand rows a / b (rewritten) and parameters."""
+        item = items[grp[0]]
+        row = prog[item[0]]
+        ia = jnp.where(item[1] == 2, row[2], row[1])
+        ib = jnp.where(item[1] == 1, row[1], row[2])
+        return row, ia, ib, lax.dynamic_slice(pool, (row[8],), (n_prm,))
+
+    def one_gather(V, M, row, ia, ib):
+        vals = jnp.stack([V[ia], V[ib], V[row[3]]])
+        mats = jnp.stack([M[ia], M[ib], M[row[3]]])
+        return vals, mats, jnp.stack([V[row[4 + k]] for k in range(4)])
+
+    def one_forward(pool, prog, items, grp, V, M):
+        row, ia, ib, prm = one(prog, items, grp, pool)
+        vals, mats, p = one_gather(V, M, row, ia, ib)
+        out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
+        return (lax.dynamic_update_slice(V, out, (row[10], 0)),
+                lax.dynamic_update_slice(M, outm, (row[10], 0)))
+
+    def one_backward(pool, prog, items, grp, V, M, G, dpool):
+        row, ia, ib, prm = one(prog, items, grp, pool)
+        vals, mats, p = one_gather(V, M, row, ia, ib)
+        gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
+
+        dvals, dp, dprm = step_vjp(branches, row[0], row[9], vals, mats, p, prm, gout)
+        # one scatter after the reads: the output rows cleared (g - g), the operands' added
+        out = row[10]
+        targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
+        G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp]), mode="promise_in_bounds")
+        cur = lax.dynamic_slice(dpool, (row[8],), (n_prm,))
+        return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
+
+    def one_tangent(pool, tpool, prog, items, grp, V, M, T):
+        row, ia, ib, prm = one(prog, items, grp, pool)
+        vals, mats, p = one_gather(V, M, row, ia, ib)
+        tv, _, tp = one_gather(T, M, row, ia, ib)
+        tprm = lax.dynamic_slice(tpool, (row[8],), (n_prm,))
+        tout = step_tangent(branches, row[0], row[9], vals, mats, p, prm, tv, tp, tprm)
+        return lax.dynamic_update_slice(T, tout, (row[10], 0))
+
+    return one_forward, one_backward, one_tangent
+
+
+def _grouped_steps(branches, widths, group: int, n_prm: int, n_rows: int, scratch_prm: int):
+    """The step functions of groups of up to ``group`` steps (forward, backward, tangent): the
+    members' rows gathered, the branch vmapped over them, their output rows scattered back (lanes past
+    the count write the scratch rows and parameters)."""
+    scratch = n_rows - 4
+    lanes, four, window = jnp.arange(group), jnp.arange(4), jnp.arange(n_prm)
+    vbranches = [jax.vmap(fn) for fn in branches]
+
+    def members(prog, items, grp, pool):
+        """A group's rows: branch, rows (group, 11), operand rows a / b / c (rewritten), parameters,
+        output rows (group, 4: scratch past the group's count and past the op's outputs), lanes
+        inside the count."""
+        valid = lanes < grp[1]
+        it = items[grp[0] + jnp.where(valid, lanes, 0)]
+        rows = prog[it[:, 0]]
+        ia = jnp.where(it[:, 1] == 2, rows[:, 2], rows[:, 1])
+        ib = jnp.where(it[:, 1] == 1, rows[:, 1], rows[:, 2])
+        branch = rows[0, 0]
+        out = jnp.where(valid[:, None] & (four < widths[branch])[None, :], rows[:, 10:11] + four, scratch + four)
+        reads = jnp.stack([ia, ib, rows[:, 3]], 1)
+        return branch, rows, reads, pool[rows[:, 8:9] + window], out, valid
+
+    def group_gather(V, M, rows, reads):
+        return V[reads], M[reads], V[rows[:, 4:8]]
+
+    def group_forward(pool, prog, items, grp, V, M):
+        branch, rows, reads, prm, out, _ = members(prog, items, grp, pool)
+        vals, mats, p = group_gather(V, M, rows, reads)
+        o, om = lax.switch(branch, vbranches, vals, mats, p, prm, rows[:, 9])
+        return V.at[out].set(o), M.at[out].set(om)
+
+    def group_backward(pool, prog, items, grp, V, M, G, dpool):
+        branch, rows, reads, prm, out, valid = members(prog, items, grp, pool)
+        vals, mats, p = group_gather(V, M, rows, reads)
+        gout = jnp.where((out < scratch)[:, :, None], G[out], 0.0)
+
+        dvals, dp, dprm = step_vjp(vbranches, branch, rows[:, 9], vals, mats, p, prm, gout)
+        # one scatter after the reads: the output rows cleared (g - g), the operands' added
+        targets = jnp.where(valid[:, None], jnp.concatenate([out, reads, rows[:, 4:8]], 1), scratch)
+        G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp], 1))
+        return G, dpool.at[jnp.where(valid, rows[:, 8], scratch_prm)[:, None] + window].add(dprm)
+
+    def group_tangent(pool, tpool, prog, items, grp, V, M, T):
+        branch, rows, reads, prm, out, _ = members(prog, items, grp, pool)
+        vals, mats, p = group_gather(V, M, rows, reads)
+        tv, _, tp = group_gather(T, M, rows, reads)
+        tout = step_tangent(vbranches, branch, rows[:, 9], vals, mats, p, prm, tv, tp,
+                            tpool[rows[:, 8:9] + window])
+        return T.at[out].set(tout)
+
+    return group_forward, group_backward, group_tangent
+
+
+def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
+    """The cell programs (values, vjp, grads) of a piece of ``P`` points over the groups' ``steps``
+    (forward, backward, tangent), each a scan over a call's pieces carrying one row file."""
+    step_forward, step_backward, step_tangent_rows = steps
+    scratch = n_rows - 4
+
+    def start(V, pts):
+        return V.at[0].set(pts[:, 0]).at[1].set(pts[:, 1]).at[2].set(pts[:, 2]).at[3].set(jnp.ones(P, jnp.float32))
+
+    def forward(pool, prog, items, groups, n, V, M, pts):
+        V = start(V, pts)
+        return lax.fori_loop(0, n, lambda t, vm: step_forward(pool, prog, items, groups[t], *vm), (V, M))
+
+    def backward(pool, prog, items, groups, n, V, M, G, dpool, g, result):
+        """G comes and goes all zero: a step's output rows are cleared once read (the scratch rows
+        and parameters after the sweep)."""
+        G = G.at[result].set(g)
+        G, dpool = lax.fori_loop(0, n, lambda k, gd: step_backward(pool, prog, items, groups[n - 1 - k], V, M, *gd),
+                                 (G, dpool))
+        dx = G[0:3]
+        return G.at[0:4].set(0.0).at[scratch:].set(0.0), dpool.at[scratch_prm:].set(0.0), dx
+
+    def tangent(pool, tpool, prog, items, groups, n, V, M, T):
+        T = T.at[0:4].set(0.0)
+        return lax.fori_loop(0, n, lambda t, T: step_tangent_rows(pool, tpool, prog, items, groups[t], V, M, T), T)
+
+    def files():
+        return jnp.zeros((n_rows, P), jnp.float32), jnp.zeros((n_rows, P), jnp.int32)
+
+    def values(pool, prog, items, groups, n_groups, pts, result):
+        def one(vm, xs):
+            it, gr, n, pc = xs
+            V, M = forward(pool, prog, it, gr, n, *vm, pc)
+            return (V, M), (V[result], M[result])
+        _, (d, m) = lax.scan(one, files(), (items, groups, n_groups, pts))
+        return d, m
+
+    def vjp(pool, prog, items, groups, n_groups, pts, w, result):
+        def one(carry, xs):
+            V, M, G, dpool = carry
+            it, gr, n, pc, wc = xs
+            V, M = forward(pool, prog, it, gr, n, V, M, pc)
+            G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
+            return (V, M, G, dpool), V[result]
+        V, M = files()
+        _, d = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, groups, n_groups, pts, w))
+        return d, _[3]
+
+    def grads(pool, prog, items, groups, n_groups, pts, w, tangents, result):
+        def one(carry, xs):
+            V, M, G, dpool = carry
+            it, gr, n, pc, wc = xs
+            V, M = forward(pool, prog, it, gr, n, V, M, pc)
+            G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
+            G, _, dx = backward(pool, prog, it, gr, n, V, M, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
+            per = jax.vmap(lambda t: tangent(pool, t, prog, it, gr, n, V, M, jnp.zeros_like(V))[result])(tangents)
+            return (V, M, G, dpool), (V[result], M[result], dx.T, per)
+        V, M = files()
+        (_, _, _, dpool), (d, m, dx, per) = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)),
+                                                      (items, groups, n_groups, pts, w))
+        return d, m, dx, dpool, per
+
+    return values, vjp, grads
+
+
 class CellsProgram:
     """The jitted cell programs of one generic capacity bucket: pieces of ``piece`` points, ``per_call``
     pieces a call (a scan over them carrying one row file, never cleared: every row a piece reads
@@ -363,153 +528,13 @@ class CellsProgram:
                  n_prm: int, compiler_options=None):
         self.bucket, self.piece, self.per_call, self.group = bucket, piece, per_call, group
         n_rows, P = bucket[1], piece
-        scratch, scratch_prm = n_rows - 4, bucket[2] - n_prm
-        widths = jnp.asarray([4 if OPS[op].family is Family.POINT else 1 for op in generic_ops], jnp.int32)
-        lanes, four, window = jnp.arange(group), jnp.arange(4), jnp.arange(n_prm)
-        vbranches = [jax.vmap(fn) for fn in branches]
-
-        def one(prog, items, grp, pool):
-            """A group of one step: its row, operand rows a / b (rewritten) and parameters."""
-            item = items[grp[0]]
-            row = prog[item[0]]
-            ia = jnp.where(item[1] == 2, row[2], row[1])
-            ib = jnp.where(item[1] == 1, row[1], row[2])
-            return row, ia, ib, lax.dynamic_slice(pool, (row[8],), (n_prm,))
-
-        def one_gather(V, M, row, ia, ib):
-            vals = jnp.stack([V[ia], V[ib], V[row[3]]])
-            mats = jnp.stack([M[ia], M[ib], M[row[3]]])
-            return vals, mats, jnp.stack([V[row[4 + k]] for k in range(4)])
-
-        def one_forward(pool, prog, items, grp, V, M):
-            row, ia, ib, prm = one(prog, items, grp, pool)
-            vals, mats, p = one_gather(V, M, row, ia, ib)
-            out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
-            return (lax.dynamic_update_slice(V, out, (row[10], 0)),
-                    lax.dynamic_update_slice(M, outm, (row[10], 0)))
-
-        def one_backward(pool, prog, items, grp, V, M, G, dpool):
-            row, ia, ib, prm = one(prog, items, grp, pool)
-            vals, mats, p = one_gather(V, M, row, ia, ib)
-            gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
-
-            dvals, dp, dprm = step_vjp(branches, row[0], row[9], vals, mats, p, prm, gout)
-            # one scatter after the reads: the output rows cleared (g - g), the operands' added
-            out = row[10]
-            targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
-            G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp]), mode="promise_in_bounds")
-            cur = lax.dynamic_slice(dpool, (row[8],), (n_prm,))
-            return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
-
-        def one_tangent(pool, tpool, prog, items, grp, V, M, T):
-            row, ia, ib, prm = one(prog, items, grp, pool)
-            vals, mats, p = one_gather(V, M, row, ia, ib)
-            tv, _, tp = one_gather(T, M, row, ia, ib)
-            tprm = lax.dynamic_slice(tpool, (row[8],), (n_prm,))
-            tout = step_tangent(branches, row[0], row[9], vals, mats, p, prm, tv, tp, tprm)
-            return lax.dynamic_update_slice(T, tout, (row[10], 0))
-
-        def members(prog, items, grp, pool):
-            """A group's rows: branch, rows (group, 11), operand rows a / b / c (rewritten), parameters,
-            output rows (group, 4: scratch past the group's count and past the op's outputs), lanes
-            inside the count."""
-            valid = lanes < grp[1]
-            it = items[grp[0] + jnp.where(valid, lanes, 0)]
-            rows = prog[it[:, 0]]
-            ia = jnp.where(it[:, 1] == 2, rows[:, 2], rows[:, 1])
-            ib = jnp.where(it[:, 1] == 1, rows[:, 1], rows[:, 2])
-            branch = rows[0, 0]
-            out = jnp.where(valid[:, None] & (four < widths[branch])[None, :], rows[:, 10:11] + four, scratch + four)
-            reads = jnp.stack([ia, ib, rows[:, 3]], 1)
-            return branch, rows, reads, pool[rows[:, 8:9] + window], out, valid
-
-        def group_gather(V, M, rows, reads):
-            return V[reads], M[reads], V[rows[:, 4:8]]
-
-        def group_forward(pool, prog, items, grp, V, M):
-            branch, rows, reads, prm, out, _ = members(prog, items, grp, pool)
-            vals, mats, p = group_gather(V, M, rows, reads)
-            o, om = lax.switch(branch, vbranches, vals, mats, p, prm, rows[:, 9])
-            return V.at[out].set(o), M.at[out].set(om)
-
-        def group_backward(pool, prog, items, grp, V, M, G, dpool):
-            branch, rows, reads, prm, out, valid = members(prog, items, grp, pool)
-            vals, mats, p = group_gather(V, M, rows, reads)
-            gout = jnp.where((out < scratch)[:, :, None], G[out], 0.0)
-
-            dvals, dp, dprm = step_vjp(vbranches, branch, rows[:, 9], vals, mats, p, prm, gout)
-            # one scatter after the reads: the output rows cleared (g - g), the operands' added
-            targets = jnp.where(valid[:, None], jnp.concatenate([out, reads, rows[:, 4:8]], 1), scratch)
-            G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp], 1))
-            return G, dpool.at[jnp.where(valid, rows[:, 8], scratch_prm)[:, None] + window].add(dprm)
-
-        def group_tangent(pool, tpool, prog, items, grp, V, M, T):
-            branch, rows, reads, prm, out, _ = members(prog, items, grp, pool)
-            vals, mats, p = group_gather(V, M, rows, reads)
-            tv, _, tp = group_gather(T, M, rows, reads)
-            tout = step_tangent(vbranches, branch, rows[:, 9], vals, mats, p, prm, tv, tp,
-                                tpool[rows[:, 8:9] + window])
-            return T.at[out].set(tout)
-
-        step_forward, step_backward, step_tangent_rows = ((one_forward, one_backward, one_tangent) if group == 1
-                                                          else (group_forward, group_backward, group_tangent))
-
-        def start(V, pts):
-            return V.at[0].set(pts[:, 0]).at[1].set(pts[:, 1]).at[2].set(pts[:, 2]).at[3].set(jnp.ones(P, jnp.float32))
-
-        def forward(pool, prog, items, groups, n, V, M, pts):
-            V = start(V, pts)
-            return lax.fori_loop(0, n, lambda t, vm: step_forward(pool, prog, items, groups[t], *vm), (V, M))
-
-        def backward(pool, prog, items, groups, n, V, M, G, dpool, g, result):
-            """G comes and goes all zero: a step's output rows are cleared once read (the scratch rows
-            and parameters after the sweep)."""
-            G = G.at[result].set(g)
-            G, dpool = lax.fori_loop(0, n, lambda k, gd: step_backward(pool, prog, items, groups[n - 1 - k], V, M, *gd),
-                                     (G, dpool))
-            dx = G[0:3]
-            return G.at[0:4].set(0.0).at[scratch:].set(0.0), dpool.at[scratch_prm:].set(0.0), dx
-
-        def tangent(pool, tpool, prog, items, groups, n, V, M, T):
-            T = T.at[0:4].set(0.0)
-            return lax.fori_loop(0, n, lambda t, T: step_tangent_rows(pool, tpool, prog, items, groups[t], V, M, T), T)
-
-        def files():
-            return jnp.zeros((n_rows, P), jnp.float32), jnp.zeros((n_rows, P), jnp.int32)
-
-        def values(pool, prog, items, groups, n_groups, pts, result):
-            def one(vm, xs):
-                it, gr, n, pc = xs
-                V, M = forward(pool, prog, it, gr, n, *vm, pc)
-                return (V, M), (V[result], M[result])
-            _, (d, m) = lax.scan(one, files(), (items, groups, n_groups, pts))
-            return d, m
-
-        def vjp(pool, prog, items, groups, n_groups, pts, w, result):
-            def one(carry, xs):
-                V, M, G, dpool = carry
-                it, gr, n, pc, wc = xs
-                V, M = forward(pool, prog, it, gr, n, V, M, pc)
-                G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
-                return (V, M, G, dpool), V[result]
-            V, M = files()
-            _, d = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, groups, n_groups, pts, w))
-            return d, _[3]
-
-        def grads(pool, prog, items, groups, n_groups, pts, w, tangents, result):
-            def one(carry, xs):
-                V, M, G, dpool = carry
-                it, gr, n, pc, wc = xs
-                V, M = forward(pool, prog, it, gr, n, V, M, pc)
-                G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
-                G, _, dx = backward(pool, prog, it, gr, n, V, M, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
-                per = jax.vmap(lambda t: tangent(pool, t, prog, it, gr, n, V, M, jnp.zeros_like(V))[result])(tangents)
-                return (V, M, G, dpool), (V[result], M[result], dx.T, per)
-            V, M = files()
-            (_, _, _, dpool), (d, m, dx, per) = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)),
-                                                          (items, groups, n_groups, pts, w))
-            return d, m, dx, dpool, per
-
+        scratch_prm = bucket[2] - n_prm
+        if group == 1:
+            steps = _single_steps(branches, n_prm, P)
+        else:
+            widths = jnp.asarray([4 if OPS[op].family is Family.POINT else 1 for op in generic_ops], jnp.int32)
+            steps = _grouped_steps(branches, widths, group, n_prm, n_rows, scratch_prm)
+        values, vjp, grads = _sweeps(steps, P, n_rows, scratch_prm)
         fwd_rows = sweep(bucket)[1]
         jit = functools.partial(jax.jit, compiler_options=compiler_options)
         self.values = jit(values)
