@@ -5,14 +5,18 @@ the changed bytes, never compiles; march and light are resumed over several disp
 per-invocation iteration budget runs out, and run their interpreter without material ids (the
 pipeline constants of ``gpu_device.KERNEL_CONSTANTS``; a ``surface`` pass evaluates the hit's
 material); a method that uses the device turns a device loss into ``GpuError``,
-runtime/gpu_guard.py; ``run_kernels``, ``uniforms``, ``prepare_outputs``, ``write_points``, ``read_buffer``:
-the dispatch that passes kept outside the walker use, the path tracer's (runtime/path_tracing.py
-``GpuPathTracer``) among them). The device, the kernel table, the pipeline cache (each pipeline made when a pass
-first needs it) and its counters are runtime/gpu_device.py's; the walker's interval-pruned passes (pruned images, pruned point sets,
-march / light / render over pruned cells of the march box) are runtime/gpu_pruning.py's
-``PrunedPasses``, which ``GpuWalker`` inherits and which run on this module's dispatch plumbing.
-``GpuProfiler`` times a walker's passes for the benchmarks (GPU time without host work or
-read-back). The GPU's self-check against the twin is runtime/conformance.py's ``gpu_self_check``.
+runtime/gpu_guard.py) and its dispatch plumbing, public where passes kept outside the walker
+dispatch through it (``uniforms``, ``prepare_outputs``, ``encode``, ``submit``,
+``check_counters``, ``run_and_read``, ``run_kernels``, ``write_points``, ``read_buffer``,
+``read_output``; the buffers ``tape_buffers``, ``points_buffer``, ``out_f``, ``out_u``): the
+walker's interval-pruned passes (pruned images, pruned point sets, march / light / render over
+pruned cells of the march box: runtime/gpu_pruning.py's ``GpuPrunedPasses``, held as
+``GpuWalker.pruned``, whose public names the walker serves as its own), the path tracer's
+(runtime/path_tracing.py ``GpuPathTracer``) and ``GpuProfiler``'s. ``GpuProfiler`` times a
+walker's passes for the benchmarks (GPU time without host work or read-back), from what
+``GpuWalker.frame_plan`` and the pruned passes set up. The device, the kernel table, the pipeline
+cache (each pipeline made when a pass first needs it) and its counters are runtime/gpu_device.py's.
+The GPU's self-check against the twin is runtime/conformance.py's ``gpu_self_check``.
 """
 from __future__ import annotations
 
@@ -27,8 +31,7 @@ from .gpu_device import (adapter_info, Buffer, CELLS_KEEPING, COUNTERS_BYTES, Gp
                          READ_STAGING_MIN, RESUMABLE, SOFTWARE_ITER_BUDGET, SOFTWARE_ITER_CAP,
                          UNIFORM_BYTES, UNIFORM_LEVEL_BYTE, variant_for, WG, load_wgpu, WORKGROUP_PER_ITEM)
 from .gpu_guard import guarded
-from .gpu_pruning import (IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, WAVE_MAX_TILES, PrunedPasses,
-                          march_cells_cached, image_cell_box)
+from .gpu_pruning import IMAGE_CELLS, LOWERED_CELLS, MARCH_CELLS, GpuPrunedPasses
 from .pruning import PRUNE_MIN_RECORDS, cell_tape
 from .shading import PACK_LEN, RenderSettings
 from .tape import CellsTooLarge, Tape, TaperayError, VALIDATED, content_key, gradient_eps, point_array
@@ -41,15 +44,41 @@ COUNT_UNFINISHED = 1                    # bindings.wgsl: the counters' word of u
 
 
 # ------------------------------------------------------------------------------------ walker
-class GpuWalker(PrunedPasses):
+class _Pruned:
+    """A name of ``GpuWalker`` served by its pruned passes (``walker.pruned``, a
+    ``gpu_pruning.GpuPrunedPasses``): read and set there. On the class, the pruned passes'
+    own (``GpuWalker.march_cells_for`` is ``GpuPrunedPasses.march_cells_for``)."""
+
+    def __set_name__(self, owner, name: str):
+        self.name = name
+
+    def __get__(self, walker, owner=None):
+        return getattr(GpuPrunedPasses if walker is None else walker.pruned, self.name)
+
+    def __set__(self, walker, value):
+        setattr(walker.pruned, self.name, value)
+
+
+class GpuWalker:
     """The tape on the GPU: the same API and results as ``CpuWalker`` (float32), plus uploads.
 
     Every array returned is float32 / uint32 / int32 like the twin's. Tapes are validated, then
     uploaded as buffer writes of the bytes that changed; the kernels are the process's one set.
+    The interval-pruned passes are ``self.pruned`` (``gpu_pruning.GpuPrunedPasses``), whose public
+    methods, knobs and counters the walker serves as its own (``_Pruned``).
     """
 
     name = "gpu"
     capabilities = frozenset({"evaluate", "gradient", "render", "upload"})   # (runtime.walkers.CAPABILITIES)
+
+    # served by self.pruned: pruned images, point sets and their diagnostics; the march cells
+    sign_image, field_image_pruned, evaluate_pruned = _Pruned(), _Pruned(), _Pruned()
+    prune_levels, prune_levels_points, image_cell_levels, march_cell_levels = _Pruned(), _Pruned(), _Pruned(), _Pruned()
+    march_cells_for, path_cells, drop_kept_cells = _Pruned(), _Pruned(), _Pruned()
+    # ... and their knobs (the arenas grown to after an overflow, ...) and counters
+    arena_words, point_arena_words, cell_arena_words = _Pruned(), _Pruned(), _Pruned()
+    wave_max_tiles, pixel_variant_cap, cells_too_large = _Pruned(), _Pruned(), _Pruned()
+    image_cell_builds, march_cell_builds, register_refusals = _Pruned(), _Pruned(), _Pruned()
 
     def __init__(self, progress: bool = False, context: GpuContext | None = None):
         """``progress``: show the kernels' build on stderr when a request waits long for it.
@@ -60,20 +89,24 @@ class GpuWalker(PrunedPasses):
         self._validated = VALIDATED
         self._counts = {"points_evaluated": 0, "images_rendered": 0, "waits": 0}
         self._bytes_read: dict[str, int] = {}   # by buffer label (_submit_and_read)
-        self._dispatched: dict[str, int] = {}   # by kernel (_encode)
+        self._dispatched: dict[str, int] = {}   # by kernel (encode)
         self.resumed_dispatches = 0
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
+        self.pruned = GpuPrunedPasses(self)
 
     def _init_buffers(self):
+        """The walker's buffers, empty, on its context's device: ``tape_buffers`` (one per tape
+        array), ``points_buffer``, ``out_f`` and ``out_u`` public (the passes that dispatch
+        through the walker read and write them), the rest its own."""
         wgpu = load_wgpu()
         dev = self.context.device
         st = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         limit = self.context.limits["max_storage_buffer_binding_size"]
-        self._tape_bufs = {n: Buffer(dev, st, n, limit) for n in TAPE_ARRAYS}
-        self._points = Buffer(dev, st, "points", limit)
-        self._out_f = Buffer(dev, st, "out_f", limit)
-        self._out_u = Buffer(dev, st, "out_u", limit)
+        self.tape_buffers = {n: Buffer(dev, st, n, limit) for n in TAPE_ARRAYS}
+        self.points_buffer = Buffer(dev, st, "points", limit)
+        self.out_f = Buffer(dev, st, "out_f", limit)
+        self.out_u = Buffer(dev, st, "out_u", limit)
         self._accum = Buffer(dev, st, "accum", limit)
         self._uniform = Buffer(dev, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST, "uniforms", limit)
         self._counters = Buffer(dev, st, "counters", limit)
@@ -82,34 +115,18 @@ class GpuWalker(PrunedPasses):
         self._bind_group = None
         self._bind_key = None
         self._uploaded = None
-        self.arena_words = 0                # pruned images: the arena grown to after an overflow
-        self.point_arena_words = 0          # evaluate_pruned: the same
-        self.cell_arena_words = 0           # pruned march cells: the same
-        self._kept_cells = None              # (key, descriptor word, ...) of the cells out_u holds (_frame,
-                                             # _image_cells, path_cells)
-        self.image_cell_builds = 0           # image cells pruned (not kept from an earlier image)
-        self.march_cell_builds = 0           # march cells pruned (frames, march_cell_levels, timings, paths)
-        self.register_refusals = 0           # pixel passes run again in the tape's own variant
-        # the most registers a pruned image's pixel pass runs with (None: what its finest tapes
-        # need); lower, the pixels whose tapes need more are refused and the pass runs again in
-        # the tape's own variant (register_refusals): the fallback, testable on any tape
-        self.pixel_variant_cap: int | None = None
-        self._tile_counters = None           # the counters after the last pruned image's tile passes
-        self._counters_read = np.zeros(COUNTERS_BYTES // 4, np.uint32)   # the last _check_counters read
+        self.last_counters = np.zeros(COUNTERS_BYTES // 4, np.uint32)   # the last check_counters read
         self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
-        self.cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
         software = self.context.info["software"]
         self.iteration_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
-        # prune_wave for a level 0 of at most this many tiles; none on a software rasteriser, whose
-        # barriers cost more than the serial walks (lavapipe: level 0 at 4 tiles 29 ms, against 6)
-        self.wave_max_tiles = 0 if software else WAVE_MAX_TILES
 
     def _ensure_context(self):
         """After a device loss the process's context is rebuilt: pick it up, with new buffers."""
         if self.context.dropped:
             self.context = get_context()
             self._init_buffers()
+            self.pruned.reset()
 
     # -- facts
     @staticmethod
@@ -152,24 +169,22 @@ class GpuWalker(PrunedPasses):
         "variant")."""
         out = dict(self._counts, **self.context.kernels.stats.as_dict())
         out["pipelines"] = len(self.context.kernels)
-        out["tape_bytes_written"] = sum(b.bytes_written for b in self._tape_bufs.values())
+        out["tape_bytes_written"] = self.tape_bytes_written
         out["bytes_read"] = dict(self._bytes_read)
         out["dispatches"] = dict(self._dispatched)
         out["bytes_compared"] = {b.label: b.bytes_compared for b in self._buffers()}
-        out["tape_buffer_bytes"] = {n: b.capacity for n, b in self._tape_bufs.items()}
-        out["kept_cells"] = self._kept_cells_facts()
+        out["tape_buffer_bytes"] = {n: b.capacity for n, b in self.tape_buffers.items()}
+        out["kept_cells"] = self.pruned.kept_cells_facts()
         return out
 
-    def _buffers(self) -> list[Buffer]:
-        return [*self._tape_bufs.values(), self._points, self._out_f, self._out_u, self._accum, self._uniform,
-                self._counters, self._watched]
+    @property
+    def tape_bytes_written(self) -> int:
+        """The bytes written to the tape buffers so far (uploads and edits)."""
+        return sum(b.bytes_written for b in self.tape_buffers.values())
 
-    def _kept_cells_facts(self) -> dict | None:
-        kept = self._kept_cells        # (frame: (key, desc); path: (key, desc, u); image: ((key, box), desc, variant, tail))
-        if kept is None:
-            return None
-        kind = {2: "frame", 3: "path", 4: "image"}[len(kept)]
-        return {"kind": kind, "variant": int(kept[2])} if kind == "image" else {"kind": kind}
+    def _buffers(self) -> list[Buffer]:
+        return [*self.tape_buffers.values(), self.points_buffer, self.out_f, self.out_u, self._accum, self._uniform,
+                self._counters, self._watched]
 
     # -- tapes
     def _check(self, tape: Tape):
@@ -189,7 +204,7 @@ class GpuWalker(PrunedPasses):
         Returns the register variant its kernels use."""
         variant = self._check(tape)
         for name in TAPE_ARRAYS:
-            self._tape_bufs[name].sync(getattr(tape, name))
+            self.tape_buffers[name].sync(getattr(tape, name))
         self._uploaded = id(tape)
         return variant
 
@@ -200,7 +215,7 @@ class GpuWalker(PrunedPasses):
         holding it, or, when the refit changed more, the spans that differ (else the next use
         uploads the difference)."""
         refitted = tape.set_param(name, value)
-        buf = self._tape_bufs["params"]
+        buf = self.tape_buffers["params"]
         if self._uploaded != id(tape):
             return
         if refitted or buf.mirror.size < tape.params.nbytes:
@@ -218,13 +233,16 @@ class GpuWalker(PrunedPasses):
         uploads them). No pipeline is made: the kernels read the materials buffer."""
         tape.set_material(name, **fields)
         if self._uploaded == id(tape):
-            self._tape_bufs["materials"].sync(tape.materials)
+            self.tape_buffers["materials"].sync(tape.materials)
 
-    # -- dispatch plumbing
+    # -- dispatch plumbing; public where the pruned passes (gpu_pruning.GpuPrunedPasses), the path
+    # tracer (path_tracing.GpuPathTracer) and GpuProfiler dispatch through it: uniforms,
+    # prepare_outputs, encode, submit, check_counters / last_counters, run_and_read, read_output,
+    # and below, run_kernels, write_points, read_buffer
     def _bind(self, accum: Buffer | None = None):
         """The bind group of the walker's buffers (accum: ``accum`` where given, a path image's sums)."""
-        bufs = [self._tape_bufs[n].buffer for n in TAPE_ARRAYS] + [
-            self._uniform.buffer, self._points.buffer, self._out_f.buffer, self._out_u.buffer,
+        bufs = [self.tape_buffers[n].buffer for n in TAPE_ARRAYS] + [
+            self._uniform.buffer, self.points_buffer.buffer, self.out_f.buffer, self.out_u.buffer,
             (accum or self._accum).buffer, self._counters.buffer]
         if self._bind_key is None or any(a is not b for a, b in zip(bufs, self._bind_key)):
             self._bind_group = self.context.device.create_bind_group(
@@ -254,22 +272,23 @@ class GpuWalker(PrunedPasses):
         if need > limit:
             raise TaperayError(f"this request needs a {need >> 20} MiB GPU buffer; the adapter binds at most "
                                f"{limit >> 20} MiB (render a smaller image or use the CPU walker)")
-        self._out_f.ensure(4 * max(n_f, 1))
-        self._out_u.ensure(4 * max(n_u, 1))
+        self.out_f.ensure(4 * max(n_f, 1))
+        self.out_u.ensure(4 * max(n_u, 1))
         self._accum.ensure(16 * max(n_accum, 1))
-        self._points.ensure(MIN_BUFFER)
+        self.points_buffer.ensure(MIN_BUFFER)
         self._uniform.ensure(UNIFORM_BYTES)
         self._counters.ensure(COUNTERS_BYTES)
 
-    def _encode(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int, repeat: int = 1):
+    def encode(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int = 0, repeat: int = 1):
         """Write the uniforms and zeroed counters; return the command buffer of the (kernel,
         n_items) passes, ``repeat`` times in a row (each repeat clears the counters first). A pass
         (kernel, n_items, level) is preceded by copying ``level`` from the level table in the
         points buffer into U.extra.w (_pruned_setup writes the table); a pass (kernel, n_items,
         level or None, variant) runs in that register variant instead of ``variant``. Passes other than a
-        frame's on cells may overwrite the pruned cells _frame keeps: they are forgotten."""
+        frame's on cells may overwrite the pruned cells kept in out_u: they are forgotten
+        (``pruned.drop_kept_cells``)."""
         if any(k not in CELLS_KEEPING for k, *_ in passes):
-            self._kept_cells = None
+            self.pruned.drop_kept_cells()
         self.context.kernels.ensure([(kernel, (more + [None, None])[1] or variant) for kernel, _, *more in passes])
         dev = self.context.device
         uniforms[7] = resume
@@ -284,7 +303,7 @@ class GpuWalker(PrunedPasses):
                 level, pass_variant = (more + [None, None])[:2]
                 self._count_dispatch(kernel, pass_variant or variant)
                 if level is not None:
-                    enc.copy_buffer_to_buffer(self._points.buffer, 4 * level, self._uniform.buffer,
+                    enc.copy_buffer_to_buffer(self.points_buffer.buffer, 4 * level, self._uniform.buffer,
                                               UNIFORM_LEVEL_BYTE, 4)
                 groups = max(1, n if kernel in WORKGROUP_PER_ITEM else -(-n // WG))
                 gx = min(groups, MAX_GROUPS_X)
@@ -299,8 +318,9 @@ class GpuWalker(PrunedPasses):
         label = f"{kernel}@{variant}" if KERNELS[kernel][1] else kernel
         self._dispatched[label] = self._dispatched.get(label, 0) + 1
 
-    def _submit(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int):
-        self.context.device.queue.submit([self._encode(passes, variant, uniforms, resume)])
+    def submit(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int = 0):
+        """Submits the passes ``encode`` writes, without waiting (check_counters waits)."""
+        self.context.device.queue.submit([self.encode(passes, variant, uniforms, resume)])
 
     def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray,
                   read: tuple | None = None) -> np.ndarray | None:
@@ -317,27 +337,27 @@ class GpuWalker(PrunedPasses):
                 continue
             resume = 0
             while True:
-                self._submit(batch, variant, uniforms, resume)
-                if self._check_counters(tape) == 0:
+                self.submit(batch, variant, uniforms, resume)
+                if self.check_counters(tape) == 0:
                     break
                 batch, resume = [(kernel, n)], 1
                 self.resumed_dispatches += 1
             batch = []
         if batch and read is not None:
-            return self._run_and_read(tape, batch, variant, uniforms, read)
+            return self.run_and_read(tape, batch, variant, uniforms, read)
         if batch:
-            self._submit(batch, variant, uniforms, 0)
-            self._check_counters(tape)
+            self.submit(batch, variant, uniforms, 0)
+            self.check_counters(tape)
         return None if read is None else self._read(*read)
 
-    def _check_counters(self, tape: Tape) -> int:
+    def check_counters(self, tape: Tape) -> int:
         """Waits for the GPU; raises on overflow; returns the unfinished pixel count. The counters
-        read stay in ``_counters_read`` (the pruning passes' words: gpu_pruning)."""
+        read stay in ``last_counters`` (the pruning passes' words: prune.wgsl's, named in gpu_pruning)."""
         return self._counters_checked(tape, self._read(self._counters, np.uint32, COUNTERS_BYTES // 4))
 
     def _counters_checked(self, tape: Tape, c: np.ndarray) -> int:
-        """_check_counters on counters ``c`` read back."""
-        self._counters_read = c
+        """check_counters on counters ``c`` read back."""
+        self.last_counters = c
         if c[0]:
             raise TaperayError(
                 f"{tape.source or 'tape'}: one evaluation of this tape needs more than {self.iteration_limits[0]} "
@@ -361,7 +381,7 @@ class GpuWalker(PrunedPasses):
         For diagnostics of the passes (tests read the pruned headers and arenas)."""
         if which not in ("f", "u"):
             raise TaperayError(f"read_output: which is 'f' or 'u', got {which!r}")
-        return self._read(self._out_f if which == "f" else self._out_u,
+        return self._read(self.out_f if which == "f" else self.out_u,
                           np.float32 if which == "f" else np.uint32, count, offset)
 
     def _submit_and_read(self, commands: list, *reads: tuple) -> list[np.ndarray]:
@@ -398,12 +418,12 @@ class GpuWalker(PrunedPasses):
         finally:
             self._staging.unmap()
 
-    def _run_and_read(self, tape: Tape, passes: list[tuple], variant: int, uniforms: np.ndarray,
+    def run_and_read(self, tape: Tape, passes: list[tuple], variant: int, uniforms: np.ndarray,
                       read: tuple) -> np.ndarray:
         """Non-resumable ``passes`` and the read-back of ``read`` (as _submit_and_read's) in one
-        submission and one wait, the counters read and checked with it (_check_counters): what
+        submission and one wait, the counters read and checked with it (check_counters): what
         a pruned image reads, without a wait between its pixel pass and its bits."""
-        counters, data = self._submit_and_read([self._encode(passes, variant, uniforms, 0)],
+        counters, data = self._submit_and_read([self.encode(passes, variant, uniforms, 0)],
                                                (self._counters, np.uint32, COUNTERS_BYTES // 4, 0), read)
         self._counters_checked(tape, counters)
         return data
@@ -425,9 +445,9 @@ class GpuWalker(PrunedPasses):
             part = pts[s:s + chunk]
             n_items = per_point * len(part)
             self.prepare_outputs(n_items, n_items)
-            self._points.sync(part)
+            self.points_buffer.sync(part)
             self._dispatch(tape, [(kernel, n_items)], variant, self.uniforms(tape, n_items, extra=extra))
-            for o, (buf, dtype) in zip(outs, zip((self._out_f, self._out_u), out_dtypes)):
+            for o, (buf, dtype) in zip(outs, zip((self.out_f, self.out_u), out_dtypes)):
                 o.append(self._read(buf, dtype, n_items))
         return [np.concatenate(o) for o in outs]
 
@@ -468,7 +488,7 @@ class GpuWalker(PrunedPasses):
         self.prepare_outputs(n, 1)
         u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
         self._dispatch(tape, [("field_image", n)], variant, u)
-        return self._read(self._out_f, np.float32, n).reshape(height, width)
+        return self._read(self.out_f, np.float32, n).reshape(height, width)
 
     def _image_setup(self, tape: Tape, camera: Camera | None, width: int, height: int,
                      settings: RenderSettings | None, view: str):
@@ -493,17 +513,11 @@ class GpuWalker(PrunedPasses):
         ``read`` (as _submit_and_read's) read back with the last submission (None without)."""
         camera, packed, variant, n = self._image_setup(tape, camera, width, height, settings, view)
         frame = [(k, n) for k in passes]
-        cells = self.march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
+        cells = self.pruned.march_cells_for(tape, cells) if any(k in ("march", "light") for k in passes) else None
         desc = None
         if cells is not None:
-            def key():   # what the kept cells depend on: the tape's bytes, the settings, the size, the buffers
-                return (id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), packed.tobytes(), cells,
-                        n, id(self._out_u.buffer), id(self._points.buffer))
-            if self._kept_cells is None or self._kept_cells[0] != key():
-                desc = self._prune_cells(tape, packed, variant, n, cells)[0]
-                self._kept_cells = (key(), desc)
-            desc = self._kept_cells[1]
-            frame = self._on_cells(tape, frame)
+            desc = self.pruned.frame_cells(tape, packed, variant, n, cells)
+            frame = self.pruned.on_cells(tape, frame)
         rng = np.random.default_rng(0)
         for s in range(samples):
             jitter = (0.0, 0.0) if s == 0 else tuple(rng.uniform(-0.5, 0.5, 2))
@@ -528,8 +542,8 @@ class GpuWalker(PrunedPasses):
 
     def _march_result(self, camera: Camera, width: int, height: int) -> dict:
         n = width * height
-        f = self._read(self._out_f, np.float32, 4 * n).reshape(height, width, 4)
-        u = self._read(self._out_u, np.uint32, 4 * n).reshape(height, width, 4)
+        f = self._read(self.out_f, np.float32, 4 * n).reshape(height, width, 4)
+        u = self._read(self.out_u, np.uint32, 4 * n).reshape(height, width, 4)
         g = np.ascontiguousarray(f[..., 1:4])
         norm = np.linalg.norm(g, axis=-1, keepdims=True)
         eye, dirs = camera.rays(width, height)
@@ -546,7 +560,7 @@ class GpuWalker(PrunedPasses):
         camera, _ = self._frame(tape, camera, width, height, settings, view, ["march", "surface", "light"], cells)
         n = width * height
         out = self._march_result(camera, width, height)
-        sa = self._read(self._out_f, np.float32, 4 * n, 4 * n).reshape(height, width, 4)
+        sa = self._read(self.out_f, np.float32, 4 * n, 4 * n).reshape(height, width, 4)
         out["shadow"], out["ao"] = np.ascontiguousarray(sa[..., 0]), np.ascontiguousarray(sa[..., 1])
         return out
 
@@ -573,7 +587,7 @@ class GpuWalker(PrunedPasses):
         byte offset). The buffer is the walker's and holds the image until its next call; a
         viewer presents it from there (tools/view_window.py)."""
         self._render(tape, camera, width, height, view, settings, samples, cells, read=False)
-        return self._out_u.buffer, 32 * width * height
+        return self.out_u.buffer, 32 * width * height
 
     def _render(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str,
                 settings: RenderSettings | None, samples: int, cells, read: bool) -> np.ndarray | None:
@@ -585,7 +599,7 @@ class GpuWalker(PrunedPasses):
         if run is not tape and isinstance(cells, str) and not self._rendered_before(tape):
             run = tape
         n = width * height
-        rgb_words = (self._out_u, np.uint32, (3 * n + 3) // 4, 8 * n)     # (resolve packs RGB bytes)
+        rgb_words = (self.out_u, np.uint32, (3 * n + 3) // 4, 8 * n)     # (resolve packs RGB bytes)
         for run, run_cells in self._render_plans(tape, run, cells):
             try:
                 return self._frame(run, camera, width, height, settings, view, _view_passes(view), run_cells,
@@ -637,7 +651,7 @@ class GpuWalker(PrunedPasses):
         if watched:
             reads.append((self._watched, np.uint32, watched, 0))
         if read is not None:
-            reads.append((self._out_f, np.float32, read[1], 0) if read[0] == "f" else (self._out_u, np.uint32, read[1], 0))
+            reads.append((self.out_f, np.float32, read[1], 0) if read[0] == "f" else (self.out_u, np.uint32, read[1], 0))
         out = self._submit_and_read([enc.finish()], *reads)
         counters = out.pop(0) if check else None
         live = out.pop(0) if watched else np.zeros(0, np.uint32)
@@ -647,7 +661,7 @@ class GpuWalker(PrunedPasses):
 
     def write_points(self, words: np.ndarray) -> None:
         """Make the points buffer hold ``words`` (4-byte items; only changed bytes are written)."""
-        self._points.sync(words)
+        self.points_buffer.sync(words)
 
     @guarded
     def read_buffer(self, buf: Buffer, dtype, count: int, offset_items: int = 0) -> np.ndarray:
@@ -686,6 +700,27 @@ class GpuWalker(PrunedPasses):
         return cell_tape(tape) or tape      # (an arithmetic tape is its own cell tape)
 
 
+    def frame_plan(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
+                   cells="auto", settings: RenderSettings | None = None) -> tuple:
+        """One sample of render(``view``, ``settings``) set up, not run (GpuProfiler.frame_seconds
+        times it): (the tape it runs (render_tape, with the cells render would use), the register
+        variant, the passes (march ... resolve; on the pruned cells where the frame prunes) and
+        their uniforms, and the (passes, uniforms) that pruned the march cells just now, or None
+        where the frame is not pruned)."""
+        run = self.render_tape(tape, view, cells)
+        if run is not tape and isinstance(cells, str):
+            cells = next(c for r, c in self._render_plans(tape, run, cells) if r is run)
+        camera, packed, variant, n = self._image_setup(run, camera, width, height, settings, view)
+        frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
+        u = self.uniforms(run, n, width, height, camera=camera.pack(), settings=packed)
+        cells = self.pruned.march_cells_for(run, cells) if view != "slice" else None
+        if cells is None:
+            return run, variant, frame, u, None
+        desc, passes, cu = self.pruned.march_cell_passes(run, packed, variant, n, cells)
+        u[12] = desc                        # U.extra.x: the bits of the cell descriptor's word
+        return run, variant, self.pruned.on_cells(run, frame), u, (passes, cu)
+
+
 # ------------------------------------------------------------------------------------ timers
 class GpuProfiler:
     """GPU time of a ``GpuWalker``'s passes, without host work or read-back, for the benchmarks
@@ -706,10 +741,10 @@ class GpuProfiler:
         w = self.walker
 
         def run(k: int) -> float:
-            cb = w._encode(passes, variant, uniforms, 0, repeat=k)
+            cb = w.encode(passes, variant, uniforms, 0, repeat=k)
             t0 = time.perf_counter()
             w.context.device.queue.submit([cb])
-            w._check_counters(tape)
+            w.check_counters(tape)
             return time.perf_counter() - t0
 
         run(1)
@@ -730,22 +765,15 @@ class GpuProfiler:
         w = self.walker
         if repeat < 2:
             raise TaperayError(f"image_seconds: repeat must be >= 2, got {repeat}")
-        if cells is not None:
-            variant, passes, u = w._cells_image_setup(tape, width, height, rect, z, cells, sign)
-            if tile_passes_only:
-                layout = march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
-                variant = w.upload(tape)     # (the pruning's, not the pixel pass's)
-                passes, u = w._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells",
-                                               "prune_image_cells")[2]
-        elif tiles is None:
+        if cells is None and tiles is None:
             variant = w.upload(tape)
             n = width * height
             w.prepare_outputs(n, 1)
             u = w.uniforms(tape, n, width, height, rect=[float(v) for v in rect], extra=(z, 0, 0, 0))
             passes = [("field_image", n)]
         else:
-            variant, passes, u = w._pruned_image_timing(tape, width, height, rect, z, tiles, sign,
-                                                        tile_passes_only, levels)
+            variant, passes, u = w.pruned.image_passes(tape, width, height, rect, z, tiles, cells, sign,
+                                                       tile_passes_only, levels)
         return self._time_passes(tape, passes, variant, u, repeat)
 
     @guarded
@@ -760,22 +788,12 @@ class GpuProfiler:
         w = self.walker
         if repeat < 2:
             raise TaperayError(f"frame_seconds: repeat must be >= 2, got {repeat}")
-        run = w.render_tape(tape, view, cells)
-        if run is not tape and isinstance(cells, str):
-            cells = next(c for r, c in w._render_plans(tape, run, cells) if r is run)
-        tape = run
-        camera, packed, variant, n = w._image_setup(tape, camera, width, height, settings, view)
-        frame = [(k, n) for k in _view_passes(view) + ["resolve"]]
-        u = w.uniforms(tape, n, width, height, camera=camera.pack(), settings=packed)
+        tape, variant, frame, u, pruning = w.frame_plan(tape, camera, width, height, view, cells, settings)
         out = {"cells": 0.0}
-        cells = w.march_cells_for(tape, cells) if view != "slice" else None
-        if cells is not None:
-            desc, _, (passes, cu), _, _ = w._prune_cells(tape, packed, variant, n, cells)
-            out["cells"] = self._time_passes(tape, passes, variant, cu, repeat)
-            u[12] = desc
-            frame = w._on_cells(tape, frame)
-        w._submit(frame, variant, u, 0)
-        if w._check_counters(tape):
+        if pruning is not None:
+            out["cells"] = self._time_passes(tape, pruning[0], variant, pruning[1], repeat)
+        w.submit(frame, variant, u)
+        if w.check_counters(tape):
             raise TaperayError(f"frame_seconds: a {width}x{height} {view} frame of {tape.source or 'tape'} "
                                "needs more than one dispatch on this adapter")
         out["frame"] = self._time_passes(tape, frame, variant, u, repeat)
@@ -791,14 +809,10 @@ class GpuProfiler:
         w = self.walker
         if repeat < 2:
             raise TaperayError(f"points_seconds: repeat must be >= 2, got {repeat}")
-        w._point_args(cells, levels)
-        pts = np.ascontiguousarray(point_array(points, "points_seconds", np.float32))
-        if not 1 <= len(pts) <= w._point_chunk():
-            raise TaperayError(f"points_seconds: 1..{w._point_chunk()} points, got {len(pts)}")
+        pts = w.pruned.checked_chunk(points, cells, levels, "points_seconds")
         n = len(pts)
         if pruned:
-            w.evaluate_pruned(tape, pts, cells, levels)   # sizes the arena
-            variant, passes, u, _, _ = w._points_setup(tape, pts, cells, levels)
+            variant, passes, u = w.pruned.points_passes(tape, pts, cells, levels)
         else:
             variant = w.upload(tape)
             w.prepare_outputs(n, n)

@@ -69,7 +69,7 @@ PATH_F_WORDS, PATH_U_WORDS = 36, 6      # path.wgsl: a path's state, floats in o
 SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET = 60_000, 40_000
 HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET = 0xFFFFFFFF, 1 << 22
 
-# U.extra.w's byte in the uniforms: the level each prune_tiles pass works on (_encode copies it in).
+# U.extra.w's byte in the uniforms: the level each prune_tiles pass works on (GpuWalker.encode copies it in).
 UNIFORM_LEVEL_BYTE = 60
 
 # kernel -> (kernel file, built per register variant). Tape-free kernels get one pipeline. A file

@@ -1,5 +1,6 @@
-"""The GPU walker's interval-pruned passes (shaders/prune.wgsl + packed.wgsl): ``PrunedPasses``,
-a mixin ``GpuWalker`` (runtime/gpu.py) inherits, and the host side of its cells and tiles.
+"""The GPU walker's interval-pruned passes (shaders/prune.wgsl + packed.wgsl): ``GpuPrunedPasses``,
+the object a ``GpuWalker`` (runtime/gpu.py) holds as its ``pruned`` and serves the public names
+of, and the host side of its cells and tiles.
 
 Owns pruned 2D images over one to four tile levels (``sign_image``, ``field_image_pruned``,
 ``prune_levels``; ``tile_levels``, ``level_tile_counts``) or on image cells kept for the images of
@@ -9,14 +10,16 @@ read back as bits (``sign_bit_words``), pruned point sets over cells of the
 points (``evaluate_pruned``, ``prune_levels_points``; ``point_cells``, the host's counting sort of
 the points by cell, through Numba), march / light / render of arithmetic tapes and scene fields
 (pruning.FIELD_OPS, their materials from the cells' tapes too) over hierarchical 3D cells of
-the march box (``march_cells``, the ``_cells`` pipelines; ``march_cell_levels``; the path tracer's,
-``path_cells``), all with
-their arena grown when it overflows; level 0 of all of them in dependency steps
+the march box (``march_cells``, the ``_cells`` pipelines; ``march_cells_for``, ``frame_cells``,
+``march_cell_levels``; the path tracer's, ``path_cells``), all with
+their arena grown when it overflows, and the cells kept in out_u for the next frame or image;
+level 0 of all of them in dependency steps
 (``wave_schedule``: the host's plan of an arithmetic tape's records, which prune.wgsl
 ``prune_wave`` runs a workgroup a tile; ``start_wave_planner``; ``WAVE_MAX_TILES``); and the
-passes of a pruned image that runtime/gpu.py's ``GpuProfiler`` times (``_pruned_image_timing``).
+passes that runtime/gpu.py's ``GpuProfiler`` times, set up and not run (``image_passes``,
+``points_passes``, ``march_cell_passes``).
 
-The passes are dispatched with the walker's plumbing; no WGSL is formatted here.
+The passes are dispatched through the walker's public plumbing; no WGSL is formatted here.
 """
 from __future__ import annotations
 
@@ -570,19 +573,49 @@ def wave_schedule(tape: Tape, wait: bool = False) -> np.ndarray | None:
     return planner.schedules[key]
 
 
-class PrunedPasses:
-    """The pruned passes of ``GpuWalker``. Holds no state of its own; needs from the class that
-    uses it (runtime/gpu.py GpuWalker):
+class GpuPrunedPasses:
+    """The pruned passes of one ``GpuWalker`` (runtime/gpu.py), which holds them as its ``pruned``
+    and serves their public methods, knobs and counters as its own (``walker.sign_image`` is
+    ``walker.pruned.sign_image``; ``walker.arena_words = 0`` sets ``walker.pruned.arena_words``).
 
-    - ``upload``, ``evaluate``, ``field_image`` (the unpruned fallbacks of non-arithmetic tapes);
-    - ``context`` (``limits``: the binding limit), the buffers ``_points``, ``_out_f``, ``_out_u``,
-      ``_counters``, and the arena sizes grown to after an overflow, ``arena_words``,
-      ``point_arena_words``, ``cell_arena_words``;
-    - the dispatch plumbing ``uniforms``, ``prepare_outputs``, ``_submit``, ``_check_counters``,
-      ``_read`` (a pass (kernel, n, level) has ``level`` copied into U.extra.w
-      first, ``_encode``);
-    - ``_ensure_context`` and ``_lost``, which ``guarded`` calls.
+    They dispatch through the walker's public plumbing: ``upload``, ``uniforms``,
+    ``prepare_outputs``, ``submit`` / ``check_counters`` (the counters read in
+    ``last_counters``), ``run_and_read``, ``read_output``, its buffers ``tape_buffers``,
+    ``points_buffer``, ``out_f``, ``out_u``, and its unpruned ``evaluate`` / ``field_image`` for
+    tapes that do not prune. Public for ``GpuProfiler`` (runtime/gpu.py), which times what they
+    dispatch: ``image_passes``, ``points_passes``, ``march_cell_passes``, ``checked_chunk``.
+
+    State, set again by ``reset`` (a new device context after a device loss): the knobs
+    ``arena_words`` / ``point_arena_words`` / ``cell_arena_words`` (the arenas of pruned images,
+    point sets and cells, grown on overflow), ``wave_max_tiles``, ``pixel_variant_cap`` and
+    ``cells_too_large``; the counters ``image_cell_builds``, ``march_cell_builds`` and
+    ``register_refusals``; the cells out_u holds for the next frame or image (``frame_cells``,
+    ``path_cells``, ``_image_cells``; ``drop_kept_cells``, ``kept_cells_facts``).
     """
+
+    def __init__(self, walker):
+        self.walker = walker
+        self.reset()
+
+    def reset(self):
+        """Forgets what was learnt on the walker's device: the arenas, the kept cells, the cells
+        past the binding limit; the counters start from 0."""
+        self.arena_words = 0                # pruned images: the arena grown to after an overflow
+        self.point_arena_words = 0          # evaluate_pruned: the same
+        self.cell_arena_words = 0           # pruned march cells: the same
+        self._kept = None                   # (key, descriptor word, ...) of the cells out_u holds
+        self.image_cell_builds = 0          # image cells pruned (not kept from an earlier image)
+        self.march_cell_builds = 0          # march cells pruned (frames, march_cell_levels, timings, paths)
+        self.register_refusals = 0          # pixel passes run again in the tape's own variant
+        # the most registers a pruned image's pixel pass runs with (None: what its finest tapes
+        # need); lower, the pixels whose tapes need more are refused and the pass runs again in
+        # the tape's own variant (register_refusals): the fallback, testable on any tape
+        self.pixel_variant_cap: int | None = None
+        self._tile_counters = None          # the counters after the last pruned image's tile passes
+        self.cells_too_large: set[tuple] = set()   # (content_key of a lowered tape, cells) past the limit
+        # prune_wave for a level 0 of at most this many tiles; none on a software rasteriser, whose
+        # barriers cost more than the serial walks (lavapipe: level 0 at 4 tiles 29 ms, against 6)
+        self.wave_max_tiles = 0 if self.walker.context.info["software"] else WAVE_MAX_TILES
 
     def _tile_passes(self, tape: Tape, kernel: str, counts: list[int], outside: int = 0) -> list[tuple]:
         """The passes (kernel, invocations, level) of ``kernel`` (prune_tiles / prune_cells /
@@ -593,7 +626,7 @@ class PrunedPasses:
         passes = [(kernel, c, level) for level, c in enumerate(counts)]
         rows = wave_schedule(tape) if counts[0] - outside <= self.wave_max_tiles else None
         if rows is not None:
-            self._tape_bufs["instrs"].sync(rows)
+            self.walker.tape_buffers["instrs"].sync(rows)
             passes[0] = (WAVE_KERNELS[kernel], counts[0], 0)
         return passes
 
@@ -605,10 +638,10 @@ class PrunedPasses:
         if width < 1 or height < 1:
             raise TaperayError(f"pruned image: size {width}x{height} must be at least 1x1")
         sizes = tile_levels(tiles)
-        variant = self.upload(tape)
+        variant = self.walker.upload(tape)
         counts = level_tile_counts(sizes, width, height)
         header = PRUNE_HEADER_WORDS * sum(counts)
-        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.walker.context.limits["max_storage_buffer_binding_size"] // 4
         if header + len(tape.instrs) + (sign_bit_words(width, height) if sign else 0) > limit:
             raise TaperayError(f"pruned image: tiles {sizes} at {width}x{height} make {sum(counts)} tiles, whose "
                                f"headers alone exceed the adapter's {limit >> 18} MiB binding limit; use larger tiles")
@@ -617,14 +650,14 @@ class PrunedPasses:
         bits = sign_bit_words(width, height) if sign else 0
         arena = min(self.arena_words or guess, limit - header - bits)
         n = width * height
-        self.prepare_outputs(n, header + arena + bits)
+        self.walker.prepare_outputs(n, header + arena + bits)
         camera = np.zeros(16, np.float32)
         camera[:len(sizes)] = sizes
-        u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect],
+        u = self.walker.uniforms(tape, n, width, height, rect=[float(v) for v in rect],
                            extra=(z, len(sizes), 1.0 if sign else 0.0, 0), camera=camera)
         u[20] = arena                       # U.camera[1].x: the arena's size in words
         u[23] = header + arena              # U.camera[1].w: the sign image's bits, after the arena
-        self._points.sync(np.arange(MAX_TILE_LEVELS, dtype=np.float32))   # the levels the passes copy
+        self.walker.points_buffer.sync(np.arange(MAX_TILE_LEVELS, dtype=np.float32))   # the levels the passes copy
         blocks = -(-width // 8) * -(-height // 8)
         passes = self._tile_passes(tape, "prune_tiles", counts) + [("pruned_image", 64 * blocks)]
         return variant, passes, u, arena
@@ -641,12 +674,12 @@ class PrunedPasses:
         counters after the tile passes stay in ``_tile_counters``."""
         while True:
             variant, passes, u, arena = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
-            self._submit(passes[:-1], variant, u, 0)
-            self._check_counters(tape)
-            c = self._counters_read
+            self.walker.submit(passes[:-1], variant, u)
+            self.walker.check_counters(tape)
+            c = self.walker.last_counters
             if not c[PRUNE_ARENA_FULL]:
                 break
-            limit = self.context.limits["max_storage_buffer_binding_size"] // 4
+            limit = self.walker.context.limits["max_storage_buffer_binding_size"] // 4
             header = PRUNE_HEADER_WORDS * sum(level_tile_counts(tile_levels(tiles), width, height))
             if header + arena + (sign_bit_words(width, height) if sign else 0) >= limit:
                 raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of tiles {tile_levels(tiles)} at "
@@ -660,20 +693,20 @@ class PrunedPasses:
     def _pixel_pass(self, tape: Tape, passes: list[tuple[str, int]], pixel_variant: int, variant: int,
                     u: np.ndarray, read: tuple) -> np.ndarray:
         """Runs a pixel pass over pruned tapes in ``pixel_variant`` and reads ``read`` back
-        (_run_and_read: one submission, one wait); where a pixel was refused for want of
+        (GpuWalker.run_and_read: one submission, one wait); where a pixel was refused for want of
         registers (prune.wgsl packed_pixel), again in the tape's own ``variant``."""
-        out = self._run_and_read(tape, passes, pixel_variant, u, read)
-        if self._counters_read[PRUNE_REGS_REFUSED] and pixel_variant != variant:
+        out = self.walker.run_and_read(tape, passes, pixel_variant, u, read)
+        if self.walker.last_counters[PRUNE_REGS_REFUSED] and pixel_variant != variant:
             self.register_refusals += 1
-            out = self._run_and_read(tape, passes, variant, u, read)
+            out = self.walker.run_and_read(tape, passes, variant, u, read)
         return out
 
     def _image_read(self, width: int, height: int, sign: bool, bits_at: int) -> tuple:
         """What a pixel pass's image reads back (_pixel_pass' ``read``): a sign image's bits in
         out_u from word ``bits_at`` (1 bit a pixel, not a float), else out_f's values."""
         if sign:
-            return self._out_u, np.uint32, sign_bit_words(width, height), bits_at
-        return self._out_f, np.float32, width * height, 0
+            return self.walker.out_u, np.uint32, sign_bit_words(width, height), bits_at
+        return self.walker.out_f, np.float32, width * height, 0
 
     @staticmethod
     def _image_result(width: int, height: int, sign: bool, words: np.ndarray) -> np.ndarray:
@@ -703,7 +736,7 @@ class PrunedPasses:
         and kept for the images of the same tape after it (_image_cells: panning or zooming in,
         at any size, prunes nothing). Other tapes: field_image < 0."""
         if not is_arithmetic(tape):
-            return self.field_image(tape, width, height, rect, z) < 0
+            return self.walker.field_image(tape, width, height, rect, z) < 0
         if cells is not None:
             words = self._cells_image(tape, width, height, rect, z, cells, True)
         else:
@@ -717,7 +750,7 @@ class PrunedPasses:
         levels as sign_image), or its cell's (``cells`` as sign_image): bit-identical to
         field_image. Non-arithmetic tapes: field_image."""
         if not is_arithmetic(tape):
-            return self.field_image(tape, width, height, rect, z)
+            return self.walker.field_image(tape, width, height, rect, z)
         if cells is not None:
             values = self._cells_image(tape, width, height, rect, z, cells, False)
         else:
@@ -726,8 +759,35 @@ class PrunedPasses:
 
     def drop_kept_cells(self):
         """Forgets the pruned cells kept from the last frame or image: the next one on cells
-        prunes them again (as after an edit)."""
-        self._kept_cells = None
+        prunes them again (as after an edit). The walker calls it before a pass that may
+        overwrite them (``GpuWalker.encode``)."""
+        self._kept = None
+
+    def kept_cells_facts(self) -> dict | None:
+        """The cells kept in out_u (GpuWalker.stats' ``kept_cells``): None, or their "kind"
+        (frame, image, path) and, for an image's, its pixel pass's "variant"."""
+        kept = self._kept        # (frame: (key, desc); path: (key, desc, u); image: ((key, box), desc, variant, tail))
+        if kept is None:
+            return None
+        kind = {2: "frame", 3: "path", 4: "image"}[len(kept)]
+        return {"kind": kind, "variant": int(kept[2])} if kind == "image" else {"kind": kind}
+
+    def _held(self) -> tuple:
+        """What cells kept in out_u depend on besides their own inputs: the bytes written to the
+        walker's tape buffers, and which out_u and points buffers it has (a grown one is new)."""
+        w = self.walker
+        return w.tape_bytes_written, id(w.out_u.buffer), id(w.points_buffer.buffer)
+
+    def frame_cells(self, tape: Tape, packed: np.ndarray, variant: int, n: int, cells: tuple[int, int]) -> int:
+        """The descriptor word (U.extra.x of the _cells kernels) of a frame's march cells for n
+        pixels: pruned now (_prune_cells), or kept from the last frame of the same tape bytes,
+        settings, cells and size while no other pass has run (a camera that moves re-uses them)."""
+        def key():   # (after a pruning, which may grow the buffers)
+            return ("frame", id(tape), packed.tobytes(), cells, n, *self._held())
+        if self._kept is None or self._kept[0] != key():
+            desc = self._prune_cells(tape, packed, variant, n, cells)[0]
+            self._kept = (key(), desc)
+        return self._kept[1]
 
     def _cells_image_setup(self, tape: Tape, width: int, height: int, rect, z: float, cells, sign: bool):
         """(variant, passes, uniforms) of an image on flat cells: the cells pruned or kept
@@ -739,11 +799,11 @@ class PrunedPasses:
         if not ok:
             raise TaperayError(f"image cells must be (g0 in 1..1024, levels in 1..{MAX_TILE_LEVELS}), got {cells!r}")
         cells = (int(cells[0]), int(cells[1]))
-        variant = self.upload(tape)
+        variant = self.walker.upload(tape)
         n = width * height
         desc, pixel_variant, bits_at = self._image_cells(tape, variant, n, rect, z, cells,
                                                          sign_bit_words(width, height))
-        u = self.uniforms(tape, n, width, height, rect=[float(v) for v in rect],
+        u = self.walker.uniforms(tape, n, width, height, rect=[float(v) for v in rect],
                            extra=(0.0, 0.0, 1.0 if sign else 0.0, 0))
         u[12] = desc                        # U.extra.x: the bits of the cell descriptor's word
         u[23] = bits_at                     # U.camera[1].w: the sign image's bits, after the arena
@@ -756,7 +816,7 @@ class PrunedPasses:
         registers (the outside cell, the whole tape, where a pixel centre lies in no grid cell's
         box), the pass is run again in the tape's own variant."""
         pixel_variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
-        return self._pixel_pass(tape, passes, pixel_variant, self.upload(tape), u,
+        return self._pixel_pass(tape, passes, pixel_variant, self.walker.upload(tape), u,
                                 self._image_read(width, height, sign, int(u[23])))
 
     @guarded
@@ -769,7 +829,7 @@ class PrunedPasses:
         self._pruned_image(tape, width, height, rect, z, tiles, sign)
         sizes = tile_levels(tiles)
         counts = level_tile_counts(sizes, width, height)
-        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, PRUNE_HEADER_WORDS)
+        hdr = self.walker.read_output("u", PRUNE_HEADER_WORDS * sum(counts)).reshape(-1, PRUNE_HEADER_WORDS)
         used = int(self._tile_counters[PRUNE_ARENA])
         out, at = [], 0
         for size, count in zip(sizes, counts):
@@ -787,35 +847,35 @@ class PrunedPasses:
         """Points per evaluate_pruned dispatch: their words, their cells' boxes and headers (finer
         levels: at most 4 cells a point, 16/3 over the levels, plus level 0's) fit the binding
         limit, the index fits a float."""
-        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.walker.context.limits["max_storage_buffer_binding_size"] // 4
         return max(1, min(POINT_CHUNK, limit // (POINT_WORDS + 6 * 6 + 3 * 6)))
 
     def _points_setup(self, tape: Tape, pts: np.ndarray, cells, levels: int):
         """(variant, passes, uniforms, arena words, header words) of the pruned points of one chunk
         (the points buffer written: level table, cell boxes, sorted points): prune_tiles once
         per cell level, coarse to fine, then pruned_points (shaders/prune.wgsl, points mode)."""
-        variant = self.upload(tape)
+        variant = self.walker.upload(tape)
         n = len(pts)
         if cells is None:
             cells = min(POINT_CELLS, max(1, n // POINT_MIN_PER_CELL))
         counts, words, first = point_cells(pts, levels, cells)
         header = PRUNE_HEADER_WORDS * sum(counts)
-        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.walker.context.limits["max_storage_buffer_binding_size"] // 4
         if header + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
             raise TaperayError(f"evaluate_pruned: {sum(counts)} cells for {n} points exceed the adapter's "
                                f"{limit >> 18} MiB binding limit; use fewer cells")
-        self._points.ensure(4 * len(words))
-        self._points.write(0, words)
-        self._points.mirror = np.zeros(0, np.uint8)    # (the next sync writes everything)
+        self.walker.points_buffer.ensure(4 * len(words))
+        self.walker.points_buffer.write(0, words)
+        self.walker.points_buffer.mirror = np.zeros(0, np.uint8)    # (the next sync writes everything)
         boxes = words[4:first].reshape(-1, 6)
         filled = int((~(boxes[:, 0] > boxes[:, 3])).sum())
         filled0 = int((~(boxes[:counts[0], 0] > boxes[:counts[0], 3])).sum())
         guess = arena_guess(tape, filled0, filled, "prune_tiles")
         arena = min(self.point_arena_words or guess, limit - header)
-        self.prepare_outputs(n, header + arena)
+        self.walker.prepare_outputs(n, header + arena)
         camera = np.zeros(16, np.float32)
         camera[:len(counts)] = counts       # points mode: the cells of each level
-        u = self.uniforms(tape, n, extra=(0.0, len(counts), 2.0, 0), camera=camera)
+        u = self.walker.uniforms(tape, n, extra=(0.0, len(counts), 2.0, 0), camera=camera)
         u[20] = arena                       # U.camera[1].x: the arena's size in words
         u[21] = first                       # U.camera[1].y: the points' first word
         passes = self._tile_passes(tape, "prune_tiles", counts) + [("pruned_points", n)]
@@ -826,12 +886,12 @@ class PrunedPasses:
         a cell found no room (as _pruned_image)."""
         while True:
             variant, passes, u, arena, header = self._points_setup(tape, pts, cells, levels)
-            self._submit(passes, variant, u, 0)
-            self._check_counters(tape)
-            c = self._counters_read
+            self.walker.submit(passes, variant, u)
+            self.walker.check_counters(tape)
+            c = self.walker.last_counters
             if not c[PRUNE_ARENA_FULL]:
-                return self._read(self._out_f, np.float32, len(pts))
-            limit = self.context.limits["max_storage_buffer_binding_size"] // 4
+                return self.walker.read_output("f", len(pts))
+            limit = self.walker.context.limits["max_storage_buffer_binding_size"] // 4
             if header + arena >= limit:
                 raise TaperayError(f"{tape.source or 'tape'}: the pruned tapes of {len(pts)} points' cells need "
                                    f"more than the adapter's {limit >> 18} MiB binding limit; use fewer cells "
@@ -844,6 +904,16 @@ class PrunedPasses:
             raise TaperayError(f"evaluate_pruned: cells must be a whole number in 1..{1 << 22}, got {cells!r}")
         if not (isinstance(levels, (int, np.integer)) and 1 <= levels <= MAX_TILE_LEVELS):
             raise TaperayError(f"evaluate_pruned: levels must be 1..{MAX_TILE_LEVELS}, got {levels!r}")
+
+    def checked_chunk(self, points, cells, levels: int, what: str) -> np.ndarray:
+        """``points`` as one chunk of evaluate_pruned ((N, 3) float32, contiguous), with ``cells``
+        and ``levels`` checked as evaluate_pruned checks them; a TaperayError naming ``what``
+        unless 1 <= N <= the points of one dispatch."""
+        self._point_args(cells, levels)
+        pts = np.ascontiguousarray(point_array(points, what, np.float32))
+        if not 1 <= len(pts) <= self._point_chunk():
+            raise TaperayError(f"{what}: 1..{self._point_chunk()} points, got {len(pts)}")
+        return pts
 
     @guarded
     def evaluate_pruned(self, tape: Tape, points, cells: int | None = None,
@@ -859,7 +929,7 @@ class PrunedPasses:
         pts = point_array(points, "evaluate_pruned")
         self._point_args(cells, levels)
         if not is_arithmetic(tape) or len(pts) == 0:
-            return self.evaluate(tape, pts)
+            return self.walker.evaluate(tape, pts)
         pts = np.ascontiguousarray(pts, np.float32)
         chunk = self._point_chunk()
         d = np.concatenate([self._pruned_points(tape, pts[s:s + chunk], cells, levels)
@@ -872,10 +942,7 @@ class PrunedPasses:
         back: per level, the cells, cells with points, decided inside / outside, the mean pruned
         tape length in records over the cells with points and the most registers one uses; plus
         the arena words used."""
-        self._point_args(cells, levels)
-        pts = np.ascontiguousarray(point_array(points, "prune_levels_points", np.float32))
-        if not 1 <= len(pts) <= self._point_chunk():
-            raise TaperayError(f"prune_levels_points: 1..{self._point_chunk()} points, got {len(pts)}")
+        pts = self.checked_chunk(points, cells, levels, "prune_levels_points")
         self.evaluate_pruned(tape, pts, cells, levels)
         _, passes, _, _, _ = self._points_setup(tape, pts, cells, levels)   # (the same cells)
         return [dict(cells=len(h), with_points=int(taped.sum()), inside=int((h[:, 2] == 1).sum()),
@@ -887,8 +954,8 @@ class PrunedPasses:
     def _cell_headers(self, counts: list[int], base: int):
         """Per level of points-mode cells (``counts`` of them, headers from out_u word ``base``):
         its (cells, 3) headers, which cells have a pruned tape, the arena words used."""
-        hdr = self._read(self._out_u, np.uint32, PRUNE_HEADER_WORDS * sum(counts), base).reshape(-1, PRUNE_HEADER_WORDS)
-        used = int(self._counters_read[PRUNE_ARENA])
+        hdr = self.walker.read_output("u", PRUNE_HEADER_WORDS * sum(counts), base).reshape(-1, PRUNE_HEADER_WORDS)
+        used = int(self.walker.last_counters[PRUNE_ARENA])
         out, at = [], 0
         for count in counts:
             h = hdr[at:at + count]
@@ -922,7 +989,7 @@ class PrunedPasses:
         cells = self.march_cells_for(tape, cells)
         if cells is None:
             raise TaperayError(f"{tape.source or 'tape'}: march cells are for arithmetic tapes only")
-        variant = self.upload(tape)
+        variant = self.walker.upload(tape)
         counts = self._prune_cells(tape, (settings or RenderSettings()).pack(tape, view), variant, 0, cells)[1]
         return [dict(cells=len(h), with_tape=int(taped.sum()),
                      mean_length=float(h[taped, 1].mean()) if taped.any() else 0.0,
@@ -974,9 +1041,8 @@ class PrunedPasses:
             layout_words = march_box_cells(packed, cells, 0)[1]
 
             def key():   # what the kept cells depend on
-                return ("path", id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), packed.tobytes(),
-                        paths, id(self._out_u.buffer), id(self._points.buffer))
-            kept = self._kept_cells
+                return ("path", id(tape), packed.tobytes(), paths, *self._held())
+            kept = self._kept
             if kept is not None and kept[0] == key():
                 return kept[1], layout_words, kept[2], False
             try:
@@ -984,10 +1050,10 @@ class PrunedPasses:
             except CellsTooLarge:
                 self.cells_too_large.add((content_key(tape), cells))
             else:
-                self._kept_cells = (key(), desc, u_base)
+                self._kept = (key(), desc, u_base)
                 return desc, layout_words, u_base, True
-        self.prepare_outputs(PATH_F_WORDS * paths, PATH_U_WORDS * paths)
-        self._kept_cells = None                        # (the paths' state overwrites out_u)
+        self.walker.prepare_outputs(PATH_F_WORDS * paths, PATH_U_WORDS * paths)
+        self._kept = None                        # (the paths' state overwrites out_u)
         return None, np.zeros(0, np.float32), 0, False
 
     def _prune_cell_grid(self, tape: Tape, variant: int, layout, outputs: tuple[int, int], what: str,
@@ -1005,27 +1071,27 @@ class PrunedPasses:
         levels = len(counts)
         base = int(words[desc + 8:desc + 9].view(np.uint32)[0])
         header = PRUNE_HEADER_WORDS * sum(counts)
-        limit = self.context.limits["max_storage_buffer_binding_size"] // 4
+        limit = self.walker.context.limits["max_storage_buffer_binding_size"] // 4
         if base + header + tail + len(tape.instrs) > limit or len(words) > limit or sum(counts) >= 1 << 24:
             raise CellsTooLarge(f"{what}: {sum(counts)} cells exceed the adapter's {limit >> 18} MiB binding limit; "
                                 "use fewer cells or levels")
-        self._points.sync(words)
+        self.walker.points_buffer.sync(words)
         kids = counts[1] // counts[0] if levels > 1 else 1
         # (the outside cell's empty sub-cells not counted)
         filled = 1 + sum((counts[0] - 1) * kids ** m for m in range(levels))
         camera = np.zeros(16, np.float32)
         camera[:levels] = counts
-        u = self.uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
+        u = self.walker.uniforms(tape, 0, extra=(0.0, levels, 2.0, 0), camera=camera)
         u[22] = base                        # U.camera[1].z: the headers' first word
         passes = self._tile_passes(tape, kernel, counts, outside=1)
         while True:
             guess = arena_guess(tape, counts[0], filled, kernel)
             arena = min(self.cell_arena_words or guess, limit - base - header - tail)
-            self.prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
+            self.walker.prepare_outputs(outputs[0], base + header + arena + tail, outputs[1])
             u[20] = arena                   # U.camera[1].x: the arena's size in words
-            self._submit(passes, variant, u, 0)
-            self._check_counters(tape)
-            c = self._counters_read
+            self.walker.submit(passes, variant, u)
+            self.walker.check_counters(tape)
+            c = self.walker.last_counters
             if not c[PRUNE_ARENA_FULL]:
                 return desc, counts, (passes, u), int(c[PRUNE_REGS]), base + header + arena
             if base + header + arena + tail >= limit:
@@ -1046,24 +1112,23 @@ class PrunedPasses:
         lo, hi = image_cell_box(rect, z)
 
         def key():   # what kept cells depend on besides their rectangle
-            return ("image", id(tape), sum(b.bytes_written for b in self._tape_bufs.values()), np.float32(z), cells,
-                    id(self._out_u.buffer), id(self._points.buffer))
-        kept = self._kept_cells
+            return ("image", id(tape), np.float32(z), cells, *self._held())
+        kept = self._kept
         if kept is not None and kept[0][0] == key():
             k_lo, k_hi = kept[0][1]
             inside = all(k_lo[r] <= lo[r] and hi[r] <= k_hi[r] for r in range(2))
-            if inside and 4 * (kept[3] + bits) <= self._out_u.capacity:
-                self.prepare_outputs(n, 1)
+            if inside and 4 * (kept[3] + bits) <= self.walker.out_u.capacity:
+                self.walker.prepare_outputs(n, 1)
                 return kept[1], kept[2], kept[3]
         layout = march_cells_cached(lo, hi, *cells, flat=True)
         desc, _, _, regs, tail_at = self._prune_cell_grid(tape, variant, layout, (n, 0), f"the image cells {cells}",
                                                           "prune_image_cells", max(bits, IMAGE_BITS_WORDS))
         self.image_cell_builds += 1
-        self._kept_cells = ((key(), (lo, hi)), desc, self._pixel_variant(variant, regs), tail_at)
-        return self._kept_cells[1:]
+        self._kept = ((key(), (lo, hi)), desc, self._pixel_variant(variant, regs), tail_at)
+        return self._kept[1:]
 
     @staticmethod
-    def _on_cells(tape: Tape, passes: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    def on_cells(tape: Tape, passes: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """A frame's passes on the pruned cell tapes: march, surface and light as their _cells
         pipelines; the surface pass only where scene fields' FIELD_RESULT records give materials
         (an arithmetic tape's material is 0 everywhere), its materials from the cells' tapes."""
@@ -1071,14 +1136,41 @@ class PrunedPasses:
         return [(k + "_cells" if k in ("march", "surface", "light") else k, m) for k, m in passes
                 if k != "surface" or materials]
 
-    def _pruned_image_timing(self, tape: Tape, width: int, height: int, rect, z: float, tiles, sign: bool,
-                             tile_passes_only: bool, levels: int | None):
-        """GpuProfiler.image_seconds' (variant, passes, uniforms) of a pruned image, after one run that sizes the
-        arena: with ``tile_passes_only`` its prune_tiles passes alone (with ``levels``, only those
-        of the first ``levels`` tile levels)."""
+    # -- what GpuProfiler (runtime/gpu.py) times: the passes of one request, set up and not run
+    def image_passes(self, tape: Tape, width: int, height: int, rect, z: float, tiles, cells, sign: bool,
+                     tile_passes_only: bool, levels: int | None) -> tuple[int, list[tuple], np.ndarray]:
+        """(variant, passes, uniforms) of a pruned image (sign_image with ``sign``, else
+        field_image_pruned), after one run that sizes the arena: on flat ``cells`` (g0, levels)
+        where given (the cells pruned or kept, then cells_image), else over ``tiles``. With
+        ``tile_passes_only`` the passes that prune alone: the cells' prune_image_cells passes,
+        or the prune_tiles passes (with ``levels``, only those of the first ``levels`` tile
+        levels)."""
+        if cells is not None:
+            variant, passes, u = self._cells_image_setup(tape, width, height, rect, z, cells, sign)
+            if tile_passes_only:
+                layout = march_cells_cached(*image_cell_box(rect, z), *cells, flat=True)
+                variant = self.walker.upload(tape)     # (the pruning's, not the pixel pass's)
+                passes, u = self._prune_cell_grid(tape, variant, layout, (width * height, 0), "image cells",
+                                                  "prune_image_cells")[2]
+            return variant, passes, u
         self._pruned_image(tape, width, height, rect, z, tiles, sign)   # sizes the arena
         variant, passes, u, _ = self._pruned_setup(tape, width, height, rect, z, tiles, sign)
         passes[-1] = (*passes[-1], None, self._pixel_variant(variant, self._tile_counters[PRUNE_REGS]))
         if tile_passes_only:
             passes = passes[:-1] if levels is None else passes[:max(1, min(levels, len(passes) - 1))]
         return variant, passes, u
+
+    def points_passes(self, tape: Tape, pts: np.ndarray, cells, levels: int) -> tuple[int, list[tuple], np.ndarray]:
+        """(variant, passes, uniforms) of evaluate_pruned over one chunk of points (checked_chunk),
+        after one evaluate_pruned that sizes the arena: the cell levels' prune_tiles passes and
+        pruned_points, the points buffer written."""
+        self.evaluate_pruned(tape, pts, cells, levels)   # sizes the arena
+        variant, passes, u, _, _ = self._points_setup(tape, pts, cells, levels)
+        return variant, passes, u
+
+    def march_cell_passes(self, tape: Tape, packed: np.ndarray, variant: int, n: int,
+                          cells: tuple[int, int]) -> tuple[int, list[tuple], np.ndarray]:
+        """A frame's march cells for n pixels pruned now: (their descriptor word, the passes that
+        pruned them, their uniforms)."""
+        desc, _, (passes, u), _, _ = self._prune_cells(tape, packed, variant, n, cells)
+        return desc, passes, u

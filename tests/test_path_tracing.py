@@ -465,18 +465,18 @@ def test_gpu_paths_march_on_pruned_cells_kept_between_adds(walker_gpu, monkeypat
     add; a render in between (which uses out_u) makes the next add prune again; the sums equal
     those traced on the tape's own records (pruning is exact in a cell) on >= 99 % of pixels; a
     scene tape prunes none."""
-    from taperay.runtime.gpu import GpuWalker
+    from taperay.runtime.gpu_pruning import GpuPrunedPasses
     from taperay.scenegraph.loading import load_tape
     tape = load_tape(DATA / "prospero.vm")
     w, h = 16, 9
-    monkeypatch.setattr(GpuWalker, "march_cells_for", staticmethod(lambda tape, cells: (4, 2)))
+    monkeypatch.setattr(GpuPrunedPasses, "march_cells_for", staticmethod(lambda tape, cells: (4, 2)))
     im = PathImage(walker_gpu, tape, None, w, h).add(1)
     im.add(1)
     assert im.stats()["cell_prunes"] == 1
     walker_gpu.render(tape, im.camera, w, h)
     im.add(1)
     assert im.stats()["cell_prunes"] == 2
-    monkeypatch.setattr(GpuWalker, "march_cells_for", staticmethod(lambda tape, cells: None))
+    monkeypatch.setattr(GpuPrunedPasses, "march_cells_for", staticmethod(lambda tape, cells: None))
     plain = PathImage(walker_gpu, tape, None, w, h).add(3)
     assert plain.stats()["cell_prunes"] == 0
     same = np.all(np.abs(plain.mean() - im.mean()) <= 1e-5, axis=-1)
