@@ -141,6 +141,7 @@ class _EditableSurface:
         self.keys, self.key_tris = key[order], np.tile(np.arange(len(faces)), 3)[order]
         self.changed: dict[int, set[int]] = {}
         self.made: list[int] = []                              # triangles made, for the caller's queue
+        self.removed: set[tuple] = set()                       # (sorted corners of the triangles removed)
 
     def tri(self, t: int) -> list[int]:
         base = len(self.faces[0])
@@ -167,9 +168,15 @@ class _EditableSurface:
             key = min(a, b) * self.n + max(a, b)
             yield key, self.edge_tris(a, b)
 
+    def fresh(self, new: list[list[int]]) -> bool:
+        """Whether none of the triangles ``new`` was removed before (mending never makes a
+        triangle again, so it cannot go round in circles: caps along a line of vertices could)."""
+        return not any(tuple(sorted(tri)) in self.removed for tri in new)
+
     def replace(self, old: tuple[int, int], new: list[list[int]]) -> None:
         for t in old:
             self.alive[t] = False
+            self.removed.add(tuple(sorted(self.tri(t))))
             for key, tris in self._edges(self.tri(t)):
                 self.changed[key] = tris - {t}
         for tri in new:
@@ -194,8 +201,9 @@ def mend_thin_triangles(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.nda
     """Unfold folds, split caps into their neighbours and flip thin triangles' edges in flat pairs
     (module docstring) until no fold is left and no triangle below ``THIN_DEGREES`` can be mended.
     Returns (faces, {"unfolds", "cap_splits", "flips"}); vertices are neither moved nor added, and
-    at most 4 F changes are made for F triangles. A closed, consistently oriented 2-manifold stays
-    one: an edge that already exists is never made again."""
+    at most 4 F changes are made for F triangles, and no triangle once removed is made again. A
+    closed, consistently oriented 2-manifold stays one: an edge that already exists is never made
+    again."""
     v = np.asarray(vertices, np.float64)
     faces = np.asarray(faces, np.int64)
     s = _EditableSurface(v, faces)
@@ -216,14 +224,15 @@ def mend_thin_triangles(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.nda
             d = next(x for x in s.tri(u) if x != a and x != b)
             span = max(float(np.ptp(v[[a, b, c, d]], axis=0).max()), 1e-300)
             if (c == d or s.has_edge(c, d) or abs(n_t @ (v[d] - v[a])) > FOLD_GAP * span
-                    or not (_inside(v, s.tri(u), v[c]) or _inside(v, tri, v[d]))):
+                    or not (_inside(v, s.tri(u), v[c]) or _inside(v, tri, v[d]))
+                    or not s.fresh([[a, d, c], [c, d, b]])):
                 continue            # (opposite normals a wall apart are the two sides of a thin part)
             s.replace((t, u), [[a, d, c], [c, d, b]])      # (either way round: the outer one's orientation)
             done["unfolds"] += 1
             return True
         return False
 
-    queue = [int(t) for t in np.flatnonzero((triangle_angles(v[faces]).min(1) < THIN_DEGREES) | _on_folds(s))]
+    queue = [int(t) for t in np.flatnonzero(_mendable(s, flat_cos) | _on_folds(s))]
     budget = 4 * len(faces)         # (a bound on the changes, so the loop ends)
     while queue and sum(done.values()) < budget:
         t = queue.pop()
@@ -232,6 +241,38 @@ def mend_thin_triangles(vertices: np.ndarray, faces: np.ndarray) -> tuple[np.nda
         queue.extend(s.made)
         s.made.clear()
     return s.result(), done
+
+
+def _mendable(s: _EditableSurface, flat_cos: float) -> np.ndarray:
+    """(F,) whether ``_mend_one`` may change each of the input's triangles as they stand: a cap,
+    or a thin triangle whose flip across its long edge passes ``_mend_one``'s tests (the pair and
+    the flipped pair flat, the least angle raised), vectorised: mending looks at these, the folds
+    and the triangles its changes make."""
+    f = s.faces[0]
+    angles = triangle_angles(s.v[f])
+    out = angles.max(1) >= CAP_DEGREES
+    t = np.flatnonzero((angles.min(1) < THIN_DEGREES) & ~out)
+    k = angles[t].argmax(1)
+    p, a, b = f[t, k], f[t, (k + 1) % 3], f[t, (k + 2) % 3]
+    key = np.minimum(a, b) * s.n + np.maximum(a, b)
+    lo = np.minimum(np.searchsorted(s.keys, key), len(s.keys) - 2)
+    pair = s.keys[lo + 1] == key                              # (a closed surface: two triangles an edge)
+    u = np.where(s.key_tris[lo] == t, s.key_tris[lo + 1], s.key_tris[lo])
+    c = f[u].sum(1) - a - b                                   # (u's corner off the edge)
+
+    def unit(tris):
+        n = _normals(s.v[tris])
+        return n / np.maximum(np.sqrt((n * n).sum(1)), 1e-300)[:, None]
+    n_t, n_u = unit(f[t]), unit(f[u])
+    new = [np.stack([p, a, c], 1), np.stack([c, b, p], 1)]
+    flat = pair & ((n_t * n_u).sum(1) >= flat_cos)
+    for tris in new:
+        n = unit(tris)
+        flat &= ((n * n_t).sum(1) >= flat_cos) & ((n * n_u).sum(1) >= flat_cos)
+    before = np.minimum(angles[t].min(1), angles[u].min(1))
+    after = np.minimum(*(triangle_angles(s.v[tris]).min(1) for tris in new))
+    out[t] = flat & (after > 1.01 * before)
+    return out
 
 
 def _mend_one(s: _EditableSurface, t: int, flat_cos: float, done: dict) -> None:
@@ -247,8 +288,8 @@ def _mend_one(s: _EditableSurface, t: int, flat_cos: float, done: dict) -> None:
     if u is None:
         return
     c = next(x for x in s.tri(u) if x != a and x != b)          # u runs b -> a -> c
-    if c == p or s.has_edge(p, c):
-        return
+    if c == p or s.has_edge(p, c) or not s.fresh([[b, p, c], [p, a, c]]):
+        return          # (a cap split and a flip make the same two triangles)
     if angles[k] >= CAP_DEGREES:
         s.replace((t, u), [[b, p, c], [p, a, c]])
         done["cap_splits"] += 1

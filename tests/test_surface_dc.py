@@ -133,6 +133,9 @@ def test_every_scene_gives_a_closed_manifold_surface(name):
     s = mesh_surface(flatten(load_scene_module(path), source=str(path)), method="dc")
     assert_closed_manifold(s)
     assert s.stats["max_vertex_distance"] <= np.sqrt(3) * s.stats["spacing"]   # vertices stay in their cells
+    # mending changes a few triangles, not the surface over and over (plate_million_holes' caps
+    # along lines of vertices were split round and round: 313,000 changes to 39,000 triangles)
+    assert s.stats["unfolds"] + s.stats["cap_splits"] + s.stats["flips"] < 0.05 * len(s.faces)
 
 
 @pytest.mark.slow
