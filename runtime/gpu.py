@@ -778,11 +778,13 @@ class GpuProfiler:
 
     @guarded
     def frame_seconds(self, tape: Tape, camera: Camera | None, width: int, height: int, view: str = "shade",
-                      cells="auto", repeat: int = 8, settings: RenderSettings | None = None) -> dict:
+                      cells="auto", repeat: int = 8, settings: RenderSettings | None = None,
+                      time_cells: bool = True) -> dict:
         """GPU time of one sample of render(``view``, ``settings``) (of its render_tape, on the
         cells render would use), as image_seconds ((t_K - t_1) / (K - 1), K = ``repeat`` runs encoded in one
         command buffer; no host work or read-back): "cells", the
-        prune_cells passes over the march cells (0 when the frame is not pruned), and "frame",
+        prune_cells passes over the march cells (0 when the frame is not pruned or ``time_cells``
+        is off: they take seconds a run on a software adapter), and "frame",
         the frame's passes (march, light, shade, resolve). A frame that needs more than one
         dispatch (march / light's iteration budget) is a TaperayError."""
         w = self.walker
@@ -790,7 +792,7 @@ class GpuProfiler:
             raise TaperayError(f"frame_seconds: repeat must be >= 2, got {repeat}")
         tape, variant, frame, u, pruning = w.frame_plan(tape, camera, width, height, view, cells, settings)
         out = {"cells": 0.0}
-        if pruning is not None:
+        if pruning is not None and time_cells:
             out["cells"] = self._time_passes(tape, pruning[0], variant, pruning[1], repeat)
         w.submit(frame, variant, u)
         if w.check_counters(tape):

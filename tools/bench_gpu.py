@@ -96,9 +96,10 @@ def _frames(walker, tape, frame_size, views, repeat, gpu_repeat=GPU_REPEAT) -> d
     profiler = GpuProfiler(walker)
     gpu_s = profiler.frame_seconds(tape, None, *frame_size, view="shade", repeat=gpu_repeat)
     no_skip_s = {v: profiler.frame_seconds(tape, None, *frame_size, view=v, settings=no_skip,
-                                           repeat=gpu_repeat)["frame"]
+                                           repeat=gpu_repeat, time_cells=False)["frame"]
                  for v in ("shade", "normals")}
-    normals_s = profiler.frame_seconds(tape, None, *frame_size, view="normals", repeat=gpu_repeat)
+    normals_s = profiler.frame_seconds(tape, None, *frame_size, view="normals", repeat=gpu_repeat,
+                                       time_cells=False)
     unpruned_s = profiler.frame_seconds(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
     with written.installed():
         written_s = profiler.frame_seconds(tape, None, *frame_size, view="shade", cells=None, repeat=gpu_repeat)
