@@ -537,7 +537,7 @@ def mesh_part(tape: Tape, resolution: int, order: int = 1, walker=None, surface:
 
 _DETJ_POINTS = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1],
                          *[0.5 * (np.eye(4)[a] + np.eye(4)[b])[1:] for a, b in TET10_EDGES], [0.25, 0.25, 0.25]])
-_DETJ_CHUNK = 16384     # elements a block (a block's nine (chunk, 11) Jacobian entries stay in cache)
+_DETJ_CHUNK = 16384     # elements a block (its nine (chunk, 11) Jacobian entries: 13 MB; measured fastest)
 
 
 def min_detj(nodes: np.ndarray, elements: np.ndarray) -> np.ndarray:
