@@ -443,7 +443,7 @@ def simulate_petsc(tape: Tape, study, order: int | None = None, resolution: int 
                 mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, progress, **tet_options)
                 timings.update(made)
             t0 = time.perf_counter()
-            materials = mesh_materials(tape, mesh, walker)       # (the boundary faces found once)
+            materials = mesh_materials(tape, mesh, walker, surf_stats.get("resolution"))   # (the faces found once)
             boundary = boundary_check(tape, mesh, materials[1], walker, surf_stats.get("spacing"))
             system = assemble(tape, study, mesh, walker, build=False, materials=materials)
             perm = slab_order(mesh.nodes)

@@ -221,9 +221,11 @@ def element_materials(tape: Tape, nodes, elements, walker=None) -> np.ndarray:
     return np.asarray(walker.evaluate(tape, c.astype(np.float32))[1], np.int64)
 
 
-def mesh_materials(tape: Tape, mesh: TetMesh, walker=None):
+def mesh_materials(tape: Tape, mesh: TetMesh, walker=None, resolution: int | None = None):
     """(material names, boundary faces, each element's material id, ``faces_of(name, what)``: the
-    boundary faces carrying material ``name``; ``what`` names the boundary condition in errors)."""
+    boundary faces carrying material ``name``; ``what`` names the boundary condition in errors,
+    ``resolution`` the grid the mesh was made on, where known, in the error for a name no face
+    carries)."""
     names = material_names(tape)
     faces = mesh.boundary_faces()
     fmat = face_materials(tape, mesh.nodes, faces, walker)
@@ -231,7 +233,7 @@ def mesh_materials(tape: Tape, mesh: TetMesh, walker=None):
     present = set(np.unique(fmat).tolist())
 
     def faces_of(name, what):
-        return faces[np.isin(fmat, _ids(names, name, present, what))]
+        return faces[np.isin(fmat, _ids(names, name, present, what, resolution))]
     return names, faces, emat, faces_of
 
 
@@ -326,15 +328,17 @@ def mesh_quality(mesh: TetMesh) -> dict:
             "below_5_degrees": int(np.count_nonzero(a.min(1) < SLIVER_DEGREES))}
 
 
-def _ids(names: list[str], name: str, present: set[int], what: str) -> np.ndarray:
+def _ids(names: list[str], name: str, present: set[int], what: str, resolution: int | None = None) -> np.ndarray:
     ids = [i for i, n in enumerate(names) if n == name]
     if not ids:
         raise TaperayError(f"the study's {what}: the scene has no material named {name!r} (its materials: "
                            f"{', '.join(sorted(set(names)))})")
     if not present & set(ids):
+        grid = (f" at resolution {resolution} (raise the resolution, e.g. to {2 * resolution})" if resolution
+                else " (raise the resolution)")
         raise TaperayError(f"the study's {what} on material {name!r}: no boundary face of the mesh carries that "
-                           "material; is that part inside another (not on the outside), or thinner than a grid cell "
-                           "(raise the resolution)?")
+                           f"material; is that part inside another (not on the outside), or thinner than a grid cell"
+                           f"{grid}?")
     return np.array(ids)
 
 
@@ -452,7 +456,7 @@ def simulate(tape: Tape, study, order: int | None = None, resolution: int = DEFA
         mesh, surf_stats, made = mesh_part(tape, resolution, order, walker, surface, progress, **tet_options)
         timings.update(made)
     t0 = time.perf_counter()
-    names, faces, emat, faces_of = mesh_materials(tape, mesh, walker)
+    names, faces, emat, faces_of = mesh_materials(tape, mesh, walker, surf_stats.get("resolution"))
     boundary = boundary_check(tape, mesh, faces, walker, surf_stats.get("spacing"))
 
     N = len(mesh.nodes)

@@ -252,6 +252,17 @@ def test_a_load_on_a_material_with_no_boundary_face_names_the_load_and_material(
         simulate(tape, Elasticity(fixed={"steel": None}, traction={"tip": (0, 0, 1)}), mesh=mesh)
 
 
+def test_a_part_too_thin_for_the_grid_is_refused_with_the_resolution_to_try():
+    """A foil 2e-5 thick beside a block, meshed at resolution 16 (cells of about 0.2): no face
+    carries the foil's material, and the error names the resolution and one twice as fine."""
+    foil = Material("foil", (0.9, 0.7, 0.2))
+    tape = flatten(union(box(1, 1, 1).material(STEEL), box(1e-5, 1, 1).translate(1.5, 0, 0).material(foil)))
+    with pytest.raises(TaperayError, match=r"^the study's fixed_temperature on material 'foil': no boundary face .* "
+                                           r"thinner than a grid cell at resolution 16 \(raise the resolution, e\.g\. "
+                                           r"to 32\)\?$"):
+        simulate(tape, Heat(conductivity=1.0, fixed_temperature={"foil": 1.0, "steel": 0.0}), resolution=16)
+
+
 # ---------------------------------------------------------------- mesh files
 
 @pytest.mark.parametrize("name,content,reason", [
