@@ -47,10 +47,15 @@ def _normals(x: np.ndarray) -> np.ndarray:
     return _cross(x[:, 1] - x[:, 0], x[:, 2] - x[:, 0])
 
 
+def _unit_normals(x: np.ndarray) -> np.ndarray:
+    """Unit normals of the (k, 3, 3) triangles ``x`` (zero for a degenerate one)."""
+    n = _normals(x)
+    return n / np.maximum(np.sqrt((n * n).sum(1)), 1e-300)[:, None]
+
+
 def _sharpness(v: np.ndarray, tris: np.ndarray) -> float:
     """How sharply a vertex's faces turn: 1 - the least cosine between a face normal and their mean."""
-    n = _normals(v[tris])
-    n = n / np.maximum(np.sqrt((n * n).sum(1)), 1e-300)[:, None]
+    n = _unit_normals(v[tris])
     mean = n.sum(0)
     mean /= max(np.sqrt(mean @ mean), 1e-300)
     return float(1.0 - (n @ mean).min())
@@ -259,15 +264,11 @@ def _mendable(s: _EditableSurface, flat_cos: float) -> np.ndarray:
     pair = s.keys[lo + 1] == key                              # (a closed surface: two triangles an edge)
     u = np.where(s.key_tris[lo] == t, s.key_tris[lo + 1], s.key_tris[lo])
     c = f[u].sum(1) - a - b                                   # (u's corner off the edge)
-
-    def unit(tris):
-        n = _normals(s.v[tris])
-        return n / np.maximum(np.sqrt((n * n).sum(1)), 1e-300)[:, None]
-    n_t, n_u = unit(f[t]), unit(f[u])
+    n_t, n_u = _unit_normals(s.v[f[t]]), _unit_normals(s.v[f[u]])
     new = [np.stack([p, a, c], 1), np.stack([c, b, p], 1)]
     flat = pair & ((n_t * n_u).sum(1) >= flat_cos)
     for tris in new:
-        n = unit(tris)
+        n = _unit_normals(s.v[tris])
         flat &= ((n * n_t).sum(1) >= flat_cos) & ((n * n_u).sum(1) >= flat_cos)
     before = np.minimum(angles[t].min(1), angles[u].min(1))
     after = np.minimum(*(triangle_angles(s.v[tris]).min(1) for tris in new))
@@ -321,12 +322,10 @@ def _inside(v: np.ndarray, tri: list[int], x: np.ndarray) -> bool:
 
 def _on_folds(s: _EditableSurface) -> np.ndarray:
     """(F,) whether each of the input's triangles has a neighbour whose normal is nearly opposite."""
-    x = s.v[s.faces[0]]
-    n = _normals(x)
-    n /= np.maximum(np.sqrt((n * n).sum(1)), 1e-300)[:, None]
+    n = _unit_normals(s.v[s.faces[0]])
     same = s.keys[1:] == s.keys[:-1]
     a, b = s.key_tris[:-1][same], s.key_tris[1:][same]
     folded = (n[a] * n[b]).sum(1) < -np.cos(np.radians(FLAT_DEGREES))
-    out = np.zeros(len(x), bool)
+    out = np.zeros(len(n), bool)
     out[a[folded]] = out[b[folded]] = True
     return out
