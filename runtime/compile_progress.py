@@ -23,8 +23,9 @@ PROGRESS_AFTER_SECONDS = 1.0    # a compile shorter than this shows no line
 # seconds of a cold compile of each top-level kernel, measured (2-core EPYC, docs/PERFORMANCE.md
 # "Cold compile"; _run_block: the wait for the helper process compiling it, after the kernels);
 # the progress line's prediction, the default for a kernel not listed
-COLD_COMPILE_SECONDS = {"_run_block": 15.0, "_march_kernel": 8.0, "_light_kernel": 5.0, "_eval_kernel": 3.0,
-                        "_cull_saves": 5.0}
+COLD_COMPILE_SECONDS = {"cull_saves": 2.0, "_pixel_rays": 0.6, "light_kernel": 7.1, "_shade": 0.8, "_rgb8": 0.1,
+                        "march_kernel": 4.4, "loop_enter": 1.1, "copy_bound": 0.6, "compact_instances": 1.0,
+                        "undo_swaps": 0.3, "_run_block": 0.5, "_eval_kernel": 3.0}
 COLD_COMPILE_DEFAULT = 3.0
 
 

@@ -188,8 +188,8 @@ def load_numba():
 
 
 def function_value(func, returns: str, *examples, helper: bool = True):
-    """``func`` (declared with ``njit``; its Numba return type named by ``returns``, e.g.
-    "boolean") for the Numba types of the example arguments, as a first-class function value
+    """``func`` (declared with ``njit``; its Numba return type written by ``returns`` as Numba
+    writes types in signatures, e.g. "boolean", "UniTuple(int64, 2)") for the Numba types of the example arguments, as a first-class function value
     (Numba's ``FunctionType``, through its wrapper address protocol): a jitted function handed
     this value calls ``func`` through its address. A call of ``func`` itself would link it and
     everything below it into the caller's code, which LLVM optimises and generates again for every
@@ -216,7 +216,8 @@ def function_value(func, returns: str, *examples, helper: bool = True):
         with _LOCK:
             value = _VALUES.get(key)
             if value is None:
-                signature = numba.core.typing.signature(getattr(numba.types, returns), *argtypes)
+                result = numba.core.sigutils.normalize_signature(f"{returns}()")[1]
+                signature = numba.core.typing.signature(result, *argtypes)
                 value = _VALUES[key] = _compiled_function_class()(dispatcher, signature, helper)
     return value
 

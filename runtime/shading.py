@@ -55,7 +55,7 @@ import numpy as np
 from .jit_cache import njit
 from .tape import Tape, TaperayError
 
-__all__ = ["RenderSettings", "VIEWS", "PACK_FIELDS", "PACK_LEN", "compose", "to_rgb8", "heat", "unpack"]
+__all__ = ["RenderSettings", "VIEWS", "PACK_FIELDS", "PACK_LEN", "compose", "compile_shading", "to_rgb8", "heat", "unpack"]
 
 VIEWS = ("shade", "normals", "depth", "steps", "gradient", "slice", "section")
 SHADOW_MODES = ("off", "hard", "soft")
@@ -297,6 +297,19 @@ def _shade(hit, grad, mat, shadow, ao, dirs, color, rough, lights, specular, out
                 elif lin > 1:
                     lin = 1.0
                 out[row, col, c] = lin ** (1 / 2.2)
+
+
+def compile_shading(view: str) -> None:
+    """Compile (or load from the disk cache) the kernels that turn ``view``'s measurements into
+    an image (``_shade`` for shade / section, ``_rgb8``) for the types ``compose`` and ``to_rgb8``
+    pass them, on a one-pixel image, without a frame: a cold render does it while a helper
+    process compiles the twin's interpreter (runtime.twin.march)."""
+    if view in ("shade", "section"):
+        f32 = np.zeros((1, 1), np.float32)
+        _shade(np.zeros((1, 1), np.bool_), np.zeros((1, 1, 3), np.float32), np.zeros((1, 1), np.uint32), f32, f32,
+               np.zeros((1, 1, 3), np.float32), np.zeros((1, 3)), np.zeros(1), np.zeros((7, 3)), 0.0,
+               np.empty((1, 1, 3)))
+    _rgb8(np.zeros(1), np.empty(1, np.uint8))
 
 
 def to_rgb8(colors: np.ndarray) -> np.ndarray:

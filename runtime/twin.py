@@ -85,11 +85,11 @@ import numpy as np
 from .jit_cache import function_value, load_numba, njit
 from .camera import Camera
 from .opcodes import check_numba_constants
-from .shading import RenderSettings, unpack
+from .shading import RenderSettings, compile_shading, unpack
 from .tape import Tape, TaperayError, VALIDATED
 from .twin_culls import cull_record, cull_returns, split_culls
 from .twin_field import BLOCK, WS_HINT, WS_OUT_D, WS_OUT_M, WS_PIN, field_block, workspace
-from .twin_instances import instances_open, instances_step, undo_swaps, walk_nodes
+from .twin_instances import compact_instances, instances_open, instances_step, undo_swaps, walk_nodes
 from .twin_march import light_kernel, march_kernel
 from .twin_ops import F0, F1, INF, JIT_OPTIONS as _JIT, arith_block, fmin, row_back, scratch_row
 from .twin_patterns import copy_bound, instance_indices, loop_enter, loop_point, pattern_step
@@ -116,7 +116,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws, helpers):
     """Evaluate the tape at ws.pin[:, :n] into ws.out_d / ws.out_m. False if a cull split the
     block where its points cannot ride through the subtree (see the module docstring). helpers:
     the per-block helpers it calls, as function values (_block_helpers)."""
-    loop_enter_fn, copy_bound_fn = helpers
+    loop_enter_fn, copy_bound_fn, compact_fn, undo_fn = helpers
     pin, out_d, out_m, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint, \
         cmask, cdead, csave_v, csave_m, cframe, hint, swaps = ws
     for j in range(n):
@@ -179,7 +179,8 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws, helpers):
             L = lsp - 1
             if lint[L, 3] == INSTANCES:
                 again, n, nswap = instances_step(L, a, n, csp, sp, nswap, params, p, pstack, lp, lacc, lmat, lbound,
-                                                 lcopy, lcell, lint, regs, mats, cdead, hint, swaps, bvhf, bvhi, inst)
+                                                 lcopy, lcell, lint, regs, mats, cdead, hint, swaps, bvhf, bvhi, inst,
+                                                 compact_fn, undo_fn)
             else:
                 again = pattern_step(L, a, n, params, p, lp, lacc, lmat, lcopy, lcell, lint, cdead, regs, mats,
                                      copy_bound_fn)
@@ -216,7 +217,7 @@ def _run_block(cols, params, bvhf, bvhi, inst, csidx, csregs, n, ws, helpers):
             nxt, csp, whole = cull_record(pc, dst, a, prm, aux, n, cols, params, csidx, csregs, csp, p, regs, mats,
                                           cmask, cdead, csave_v, csave_m, cframe)
             if not whole:
-                undo_swaps(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint)
+                undo_fn(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint)
                 return False
         else:                                                         # ---- FIELD_RESULT
             for j in range(n):
@@ -272,17 +273,23 @@ def kernel_tape(tape: Tape):
 
 
 def _block_helpers(params, ws) -> tuple:
-    """Per-block helpers _run_block calls (a loop's entry and its copies' bound), as function values
-    for the argument types it passes (params and the workspace ws's arrays). Linked into the
-    interpreter they would be compiled, optimised and generated again in the helper process's
-    compile, the critical path of a cold render; this way this process compiles them, in the time
-    it would otherwise wait for the helper (the kernels' first run, before that wait). Only these
-    two: the process compiles the march and light kernels meanwhile, and more would make it the
-    critical path instead (docs/PERFORMANCE.md, "Cold compile"). A call per loop and block."""
-    p, lp, lbound, lcopy, lcell, lint = ws[5], ws[7], ws[10], ws[11], ws[12], ws[13]
+    """Helpers _run_block calls, as function values for the argument types it passes (params and
+    the workspace ws's arrays): a loop's entry and its copies' bound, an outermost instance list's
+    compaction and its undoing. Linked into the interpreter they would be compiled, optimised and
+    generated again in the helper process's compile, the critical path of a cold render; this way
+    this process compiles them, in the time it would otherwise wait for the helper (the kernels'
+    first run, before that wait). Only these: the process compiles the march, light and shading
+    kernels meanwhile, and more would make it the critical path instead (docs/PERFORMANCE.md,
+    "Cold compile"). Each is called once per loop or list step and block, not per point."""
+    p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint = ws[5], ws[6], ws[7], ws[8], ws[9], ws[10], ws[11], \
+        ws[12], ws[13]
+    regs, mats, cdead, hint, swaps = ws[3], ws[4], ws[15], ws[19], ws[20]
     i, op = np.int64(0), np.uint32(0)
+    moved = (i, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint)   # (from sp)
     return (function_value(loop_enter, "none", op, i, params, i, i, p, lp, lbound, lcell, lint, helper=False),
-            function_value(copy_bound, "none", i, i, params, p, lint, lcopy, helper=False))
+            function_value(copy_bound, "none", i, i, params, p, lint, lcopy, helper=False),
+            function_value(compact_instances, "UniTuple(int64, 2)", i, i, i, *moved, helper=False),
+            function_value(undo_swaps, "none", i, *moved, helper=False))
 
 
 _NO_SECTION = np.zeros(5, np.float32)
@@ -310,9 +317,10 @@ def march(tape: Tape, camera: Camera, width: int, height: int, settings: RenderS
     out = dict(t=np.empty((height, width), np.float32), hit=np.empty((height, width), bool),
                steps=np.empty((height, width), np.int32), mat=np.empty((height, width), np.uint32),
                grad=np.empty((height, width, 3), np.float32), normal=np.empty((height, width, 3), np.float32))
-    if tp[-1].compiling_elsewhere():    # (an empty cache: the light pass's kernel too, while the
+    if tp[-1].compiling_elsewhere():    # (an empty cache: the light pass's and the shading's kernels
         _compile(light_kernel, *_light_args(tp, tape.n_regs, packed, eye, dirs, out["t"], out["grad"],
-                                            out["t"], out["t"]))    # helper compiles the interpreter)
+                                            out["t"], out["t"]))    # too, while the helper compiles
+        compile_shading(view)                                       # the interpreter)
     rule = (settings_value(packed, "hit_eps"), settings_value(packed, "hit_cone"),
             int(settings_value(packed, "max_steps")), settings_value(packed, "step_scale"), F0)
     on_threads(march_kernel, tp, tape.n_regs, section_words(packed), _view(packed, eye, dirs), rule,

@@ -124,7 +124,8 @@ def cull_saves(cols, n_regs, reads, writes):
                 cnt += 1
         if used + 1 + cnt > out.shape[0]:
             grown = np.zeros(2 * (used + 1 + cnt), np.int64)
-            grown[:used] = out[:used]
+            for k in range(used):      # (a loop: an array-to-slice copy types Numba's shape-error path, ~2 s cold)
+                grown[k] = out[k]
             out = grown
         idx[i] = used
         out[used] = cnt

@@ -233,12 +233,14 @@ def instances_open(pc, L, prm, aux, a, n, params, p, lp, lbound, lcopy, lcell, l
 
 @njit(inline="always", **_JIT)
 def instances_step(L, a, n, csp, sp, nswap, params, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, lint, regs,
-                   mats, cdead, hint, swaps, bvhf, bvhi, inst):
+                   mats, cdead, hint, swaps, bvhf, bvhi, inst, compact_fn, undo_fn):
     """REPEAT_END of instance list L: the leaf just run (register a) counts as max(body, its
     bound) into each point's minimum (the first of tied leaves kept), each point walks on to its
     next leaf (or keeps its hint for the next walk of the same ray), and an outermost list
     compacts the points still walking to the front of the block, or, when none is left, undoes
-    the swaps. Returns (a leaf is left, the block's points now run, the swaps logged)."""
+    the swaps. Returns (a leaf is left, the block's points now run, the swaps logged).
+    compact_fn / undo_fn: compact_instances / undo_swaps as function values (runtime.twin's
+    _block_helpers)."""
     end = lint[L, 6]
     active = 0
     for j in range(n):
@@ -268,11 +270,10 @@ def instances_step(L, a, n, csp, sp, nswap, params, p, pstack, lp, lacc, lmat, l
                 hint[1, j] = lcell[L, 4, j] + 1
     again = active > 0
     if again and L == 0 and csp == 0 and 2 * active <= n and n >= COMPACT_MIN:
-        n, nswap = compact_instances(n, end, nswap, sp, swaps, regs, mats, p, pstack, lp, lacc,
-                                      lmat, lbound, lcopy, lcell, cdead, hint)
+        n, nswap = compact_fn(n, end, nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
+                              lcell, cdead, hint)
     elif not again and L == 0:      # the whole block again, in its own order
-        undo_swaps(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy,
-                    lcell, cdead, hint)
+        undo_fn(nswap, sp, swaps, regs, mats, p, pstack, lp, lacc, lmat, lbound, lcopy, lcell, cdead, hint)
         nswap = np.int64(0)
         n = lint[L, 7]
     return again, n, nswap

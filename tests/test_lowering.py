@@ -175,6 +175,11 @@ def test_twin_march_pruned_of_a_lowered_scene_is_march_bit_for_bit(walker_cpu, l
 @pytest.mark.slow
 @pytest.mark.gpu
 def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker_cpu):
+    # the pipelines these renders need, made once per process on first need, whatever ran before
+    # in this process: a scene of other content, rendered on its records and then on cells
+    warm = flatten(_material_scene().translate(0.25, 0, 0))
+    for view in ("shade", "normals", "shade", "normals"):
+        walker_gpu.render(warm, auto_camera(warm.bounds), 40, 30, view=view, settings=EXACT)
     before = walker_gpu.stats()
     tape = flatten(_material_scene())
     low = walker_gpu.render_tape(tape)
