@@ -121,8 +121,9 @@ class GpuWalker:
         self.iteration_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
 
-    def _ensure_context(self):
-        """After a device loss the process's context is rebuilt: pick it up, with new buffers."""
+    def ensure_context(self):
+        """After a device loss the process's context is rebuilt: pick it up, with new buffers
+        (runtime.gpu_guard's ``guarded`` calls it before each device method)."""
         if self.context.dropped:
             self.context = get_context()
             self._init_buffers()
@@ -428,7 +429,10 @@ class GpuWalker:
         self._counters_checked(tape, counters)
         return data
 
-    def _lost(self, e: Exception):
+    def device_lost(self, e: Exception):
+        """A driver / wgpu failure ``e``: drop the process's context (the next call rebuilds it)
+        and raise GpuError (a TaperayError the command line falls back on); runtime.gpu_guard's
+        ``guarded`` calls it."""
         drop_context(self.context)
         raise GpuError(f"the GPU failed ({self.context.info['name']}): {e}") from e
 

@@ -17,11 +17,11 @@ def guarded(method):
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         walker = getattr(self, "walker", self)
-        walker._ensure_context()
+        walker.ensure_context()
         try:
             return method(self, *args, **kwargs)
         except TaperayError:
             raise
         except Exception as e:
-            walker._lost(e)
+            walker.device_lost(e)
     return call
