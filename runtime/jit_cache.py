@@ -27,7 +27,9 @@ folders are kept, older ones removed.
 below it into its own code, which LLVM optimises and turns into machine code again for every
 caller. ``function_value`` hands kernels a big callee (the twin's interpreter) as a first-class
 function value instead: compiled once, called through its address, and on a cold cache compiled
-by a helper process while this one compiles the kernels that call it.
+by a helper process while this one compiles the kernels that call it. ``compile_ahead`` starts
+such a helper for any kernel whose argument types are known before its first call (the 2D
+image's tile walk, runtime.pruned_eval).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import threading
 from pathlib import Path
 
 __all__ = ["user_cache_dir", "numba_cache_dir", "keyed_sources", "source_key", "njit", "prange", "load_numba",
-           "numba_loaded", "function_value", "KEEP_KEYS"]
+           "numba_loaded", "function_value", "compile_ahead", "CompileAhead", "KEEP_KEYS"]
 
 _PACKAGE = __name__.rsplit(".", 2)[0] + "."      # the runtime's modules: their globals are rebound
 _LOCK = threading.RLock()
@@ -222,6 +224,42 @@ def function_value(func, returns: str, *examples, helper: bool = True):
     return value
 
 
+def compile_ahead(func, *examples) -> "CompileAhead | None":
+    """Start compiling ``func`` (declared with ``njit``) for the Numba types of the example
+    arguments in a helper process, into the disk cache, so that this process can compile other
+    kernels meanwhile; ``wait()`` on the handle returned before ``func``'s first call, which then
+    loads the helper's result. None where nothing was started: the disk cache holds it already,
+    one core (nothing would run alongside), an unwritable cache folder."""
+    numba = load_numba()
+    dispatcher = func.dispatcher if isinstance(func, _Declared) else func
+    return _ahead(dispatcher, tuple(numba.typeof(a) for a in examples))
+
+
+class CompileAhead:
+    """A helper process compiling a jitted function for some argument types (compile_ahead)."""
+
+    def __init__(self, dispatcher, argtypes: tuple, process):
+        self.dispatcher, self.argtypes, self.process = dispatcher, argtypes, process
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def wait(self) -> None:
+        """Until the helper is done (shown as a compile: runtime.compile_progress's line)."""
+        from numba.core import event
+        with event.trigger_event("numba:compile", data=dict(dispatcher=self.dispatcher, args=self.argtypes,
+                                                            return_type=None)):
+            self.process.wait()
+
+
+def _ahead(dispatcher, argtypes: tuple) -> CompileAhead | None:
+    """compile_ahead for a dispatcher and Numba argument types."""
+    if _is_cached(dispatcher, argtypes):
+        return None
+    process = _compile_ahead(dispatcher, argtypes)
+    return None if process is None else CompileAhead(dispatcher, argtypes, process)
+
+
 _CLASS: list = []
 
 
@@ -229,7 +267,6 @@ def _compiled_function_class():
     """The class of function_value's values (a subclass of Numba's WrapperAddressProtocol, made
     once Numba is loaded)."""
     if not _CLASS:
-        from numba.core import event
         from numba.core.types import WrapperAddressProtocol
 
         class CompiledFunction(WrapperAddressProtocol):
@@ -238,8 +275,7 @@ def _compiled_function_class():
             def __init__(self, dispatcher, signature, helper=True):
                 self.dispatcher, self._signature = dispatcher, signature
                 self._address: int | None = None
-                self._helper = None if not helper or _is_cached(dispatcher, signature.args) \
-                    else _compile_ahead(dispatcher, signature)
+                self._helper = _ahead(dispatcher, signature.args) if helper else None
 
             def __wrapper_address__(self) -> int:
                 if self._address is None:
@@ -255,13 +291,11 @@ def _compiled_function_class():
                 """Whether a helper process is compiling it now (a caller may compile other
                 kernels meanwhile, rather than wait)."""
                 helper = self._helper
-                return helper is not None and helper.poll() is None
+                return helper is not None and helper.running()
 
             def _compile(self) -> int:
-                if self._helper is not None:       # (shown as a compile: compile_progress's line)
-                    with event.trigger_event("numba:compile", data=dict(
-                            dispatcher=self.dispatcher, args=self._signature.args, return_type=None)):
-                        self._helper.wait()
+                if self._helper is not None:
+                    self._helper.wait()
                     self._helper = None
                 args = self._signature.args
                 self.dispatcher.compile(args)      # (the helper's result from the disk cache)
@@ -291,8 +325,8 @@ def _is_cached(dispatcher, argtypes: tuple) -> bool:
         return True
 
 
-def _compile_ahead(dispatcher, signature):
-    """A helper process compiling ``dispatcher`` for ``signature`` into the disk cache (None on
+def _compile_ahead(dispatcher, argtypes: tuple):
+    """A helper process compiling ``dispatcher`` for ``argtypes`` into the disk cache (None on
     one core, where nothing would run alongside it, or where the cache folder is not writable,
     where this process could not load the helper's result)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -300,7 +334,7 @@ def _compile_ahead(dispatcher, signature):
         return None
     import pickle
     import subprocess
-    request = pickle.dumps((dispatcher.py_func.__module__, dispatcher.py_func.__qualname__, signature.args))
+    request = pickle.dumps((dispatcher.py_func.__module__, dispatcher.py_func.__qualname__, argtypes))
     try:
         helper = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

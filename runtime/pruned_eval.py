@@ -5,9 +5,10 @@ points, in blocks; ``counting_sort`` groups points by cell or voxel) and the dri
 ``sign_image`` / ``field_image_pruned`` (2D, the plane z = const, hierarchical tiles) and
 ``evaluate_pruned`` (points in 3D, bucketed into voxels).
 
-Hierarchical tiles (2D), one parallel launch per image: the whole image is evaluated once and
-pruned; then the top tiles (first entry of ``tiles``, in pixels) are evaluated together in lanes
-of ``LANES`` boxes; each top tile (prange) is pruned and walked depth first: its children (next
+Hierarchical tiles (2D): the whole image is evaluated once and pruned; then the top tiles (first
+entry of ``tiles``, in pixels) are evaluated together in lanes of ``LANES`` boxes
+(``_image_top``); each top tile is pruned and walked depth first on the twin's threads
+(``_image_tiles``, runtime.twin_threads): its children (next
 entry of ``tiles``) are evaluated together with the parent's pruned tape, pruned again, and the
 last level's tiles evaluate their pixels with their own pruned tape. A tile's box is the range
 of its float32 pixel centres (exactly the points the image evaluates), so decisions hold at
@@ -30,10 +31,11 @@ import numpy as np
 
 from . import twin
 from .interval_kernels import LANES, NAN, box_intervals, boxes_group, interval_lanes
-from .jit_cache import njit, prange
+from .jit_cache import compile_ahead, njit, prange
 from .opcodes import check_numba_constants
 from .pruner import checked_records, is_arithmetic, prune_records
 from .tape import Tape, TaperayError, point_array
+from .twin_threads import on_threads
 from .twin_ops import F0, INF, JIT_OPTIONS as _JIT, arith_block, row_back, scratch_row
 
 __all__ = ["sign_image", "field_image_pruned", "evaluate_pruned", "eval_points", "eval_run", "counting_sort",
@@ -242,20 +244,18 @@ def _walk_tile(tape, n_regs, tiles, decided, tile, plane, image, stats):
             descend = True
 
 
-@njit(parallel=True, **_JIT)
-def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, stats):
-    """The whole image in one parallel launch (see the module docstring): pixel centres xs, ys on
-    the plane z = zf; mode 0: the field, 1: its sign. Serial: the image box and then the top tiles
-    (``LANES`` at a time) are interval-evaluated; parallel: each top tile is walked depth first
-    (``_walk_tile``). stats[t, l] += (tapes pruned, their total length) at level l for top tile t;
-    stats[0, L] = (1, image tape length). (No tuple arguments: ``interval_kernels._lanes_kernel``.)"""
+@njit(**_JIT)
+def _image_top(code0, imm0, n_regs, tiles, xs, ys, zf, stats):
+    """The image's serial part (see the module docstring): the image box is interval-evaluated
+    and its tape pruned, then the top tiles (``LANES`` at a time) with that tape. Returns (the
+    pruned tape's code, imm, its first record, the top tiles' lo, hi, choices, sides); stats[0, L]
+    = (1, image tape length)."""
     H, W = ys.shape[0], xs.shape[0]
     L = tiles.shape[0]
     s0 = tiles[0]
     ntx, nty = (W + s0 - 1) // s0, (H + s0 - 1) // s0
     n_top = ntx * nty
     n = code0.shape[0]
-    end = n
     code, imm = np.empty_like(code0), np.empty_like(imm0)
     lanes = (np.empty((6, LANES), np.float32), np.empty((n_regs, LANES), np.float32),
              np.empty((n_regs, LANES), np.float32), np.empty((n, LANES), np.uint8),
@@ -266,19 +266,32 @@ def _image_kernel(code0, imm0, n_regs, tiles, xs, ys, zf, mode, field, sign, sta
     boxes[4, 0], boxes[5, 0] = zf, zf
     top = (np.empty(n_top, np.float32), np.empty(n_top, np.float32), np.empty((n, n_top), np.uint8),
            np.empty((0, 3, n_top), np.float32))       # the top tiles' lo, hi, choices, sides
-    top_lo, top_hi, top_choices, top_sides = top
     boxes_group(code0, imm0, np.int64(0), n, boxes[:, :1].copy(), np.int64(0), lanes, top)
-    start = prune_records(code0, imm0, np.int64(0), n, top_choices[:, 0], top_sides[:, :, 0],
+    start = prune_records(code0, imm0, np.int64(0), n, top[2][:, 0], top[3][:, :, 0],
                           np.empty(n_regs, np.bool_), (code, imm, np.empty(n, np.int32)))
-    stats[0, L, 0], stats[0, L, 1] = 1, end - start
+    stats[0, L, 0], stats[0, L, 1] = 1, n - start
     for t in range(n_top):
         a0, b0 = (t // ntx) * s0, (t % ntx) * s0
         boxes[0, t], boxes[1, t] = _span(xs, b0, min(b0 + s0, W))
         boxes[2, t], boxes[3, t] = _span(ys, a0, min(a0 + s0, H))
         boxes[4, t], boxes[5, t] = zf, zf
     for t0 in range(0, n_top, LANES):
-        boxes_group(code, imm, start, end, boxes, t0, lanes, top)
-    for t in prange(n_top):
+        boxes_group(code, imm, start, n, boxes, t0, lanes, top)
+    return code, imm, start, top[0], top[1], top[2], top[3]
+
+
+@njit(nogil=True, **_JIT)
+def _image_tiles(code, imm, start, top_lo, top_hi, top_choices, top_sides, n_regs, tiles, xs, ys, zf, mode,
+                 field, sign, stats, thread, n_threads):
+    """Thread ``thread``'s top tiles (every n_threads-th) of the image, each walked depth first
+    (``_walk_tile``) on the image's pruned tape (``_image_top``'s) or, for a sign image, filled
+    where its interval is decided; mode 0: the field, 1: its sign. stats[t, l] += (tapes pruned,
+    their total length) at level l for top tile t."""
+    H, W = ys.shape[0], xs.shape[0]
+    s0 = tiles[0]
+    ntx, nty = (W + s0 - 1) // s0, (H + s0 - 1) // s0
+    end = code.shape[0]
+    for t in range(thread, ntx * nty, n_threads):
         r0, c0 = (t // ntx) * s0, (t % ntx) * s0
         r1, c1 = min(r0 + s0, H), min(c0 + s0, W)
         if mode == 1 and top_hi[t] < F0:
@@ -311,7 +324,13 @@ def _image(tape: Tape, width, height, rect, z, tiles, mode, stats):
     sign = np.empty((height, width) if mode == 1 else (0, 0), np.bool_)
     n_top = -(-width // int(tiles[0])) * -(-height // int(tiles[0]))
     st = np.zeros((n_top, len(tiles) + 1, 2), np.int64)
-    _image_kernel(code, imm, tape.n_regs, tiles, xs, ys, zf, mode, field, sign, st)
+    i, f32 = np.int64(0), np.float32
+    like_top = (code, imm, i, np.empty(0, f32), np.empty(0, f32), np.empty((0, 0), np.uint8), np.empty((0, 0, 0), f32))
+    ahead = compile_ahead(_image_tiles, *like_top, tape.n_regs, tiles, xs, ys, zf, mode, field, sign, st, i, i)
+    top = _image_top(code, imm, tape.n_regs, tiles, xs, ys, zf, st)   # (meanwhile, on an empty cache)
+    if ahead is not None:
+        ahead.wait()
+    on_threads(_image_tiles, *top, tape.n_regs, tiles, xs, ys, zf, mode, field, sign, st)
     if stats is not None:
         tot = st[:, :-1].sum(0)
         stats.clear()

@@ -122,3 +122,25 @@ def test_the_interpreter_is_compiled_once_by_a_helper_process(tmp_path):
     """)
     lines = _python(code, XDG_CACHE_HOME=str(tmp_path)).stdout.splitlines()
     assert lines == ["True", "1 0", "0"], lines
+
+
+def test_a_kernel_compiled_ahead_by_a_helper_is_loaded_from_the_cache(tmp_path):
+    """compile_ahead on an empty cache: a helper process compiles the kernel while this one goes
+    on, and the kernel's first call loads the helper's result (a cache hit, no compile here);
+    once cached, nothing is started."""
+    code = textwrap.dedent("""
+        import numpy as np
+        from taperay.runtime import jit_cache, opcodes
+        from taperay.runtime.twin_culls import live_in
+        cols = np.zeros((3, 8), np.int32)
+        reads = np.zeros((len(opcodes.OPS) + 1, 3), np.bool_)
+        writes = np.zeros(len(opcodes.OPS) + 1, np.bool_)
+        ahead = jit_cache.compile_ahead(live_in, cols, reads, writes)
+        print(ahead is not None)
+        ahead.wait()
+        print(live_in(cols, reads, writes).shape)
+        print(sum(live_in.stats.cache_hits.values()), sum(live_in.stats.cache_misses.values()))
+        print(jit_cache.compile_ahead(live_in, cols, reads, writes))
+    """)
+    lines = _python(code, XDG_CACHE_HOME=str(tmp_path)).stdout.splitlines()
+    assert lines == ["True", "(4, 4)", "1 0", "None"], lines
