@@ -30,10 +30,11 @@ from __future__ import annotations
 import numpy as np
 
 from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH, WIDEN_ULPS
-from .jit_cache import njit, prange
+from .jit_cache import njit
 from .opcodes import OPS, Family, Op, check_numba_constants
 from .tape import TaperayError
 from .twin_ops import F0, F1, INF, JIT_OPTIONS, rem32, round_away
+from .twin_threads import on_threads
 
 __all__ = ["interval_op", "interval_lanes", "boxes_group", "box_intervals", "box_rows", "LANES", "NAN", "PI64"]
 
@@ -544,13 +545,14 @@ def boxes_group(code, imm, start, end, boxes, t0, lanes, out):
                     out_sides[i, f, t0 + k] = sd[i, f, k]
 
 
-@njit(parallel=True, **_JIT)
-def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices, sides):
-    """Interval-evaluate code[start:end] over every box (column of ``boxes``), in lane groups,
-    into out_lo / out_hi / choices / sides (``boxes_group``'s ``out``). (A parallel kernel takes
-    no tuple arguments: Numba's parallel loops lost the writes to an array unpacked from one.)"""
+@njit(nogil=True, **_JIT)
+def _lanes_kernel(code, imm, start, end, n_regs, boxes, out_lo, out_hi, choices, sides, thread, n_threads):
+    """Interval-evaluate code[start:end] over thread ``thread``'s lane groups (every n_threads-th)
+    of the boxes (columns of ``boxes``) into out_lo / out_hi / choices / sides (``boxes_group``'s
+    ``out``); run on the twin's threads (runtime.twin_threads: a Numba parallel loop's wrappers
+    would link and re-optimise ``boxes_group`` again)."""
     T = boxes.shape[1]
-    for g in prange((T + LANES - 1) // LANES):
+    for g in range(thread, (T + LANES - 1) // LANES, n_threads):
         lanes = (np.empty((6, LANES), np.float32), np.empty((n_regs, LANES), np.float32),
                  np.empty((n_regs, LANES), np.float32), np.zeros((code.shape[0], LANES), np.uint8),
                  np.empty((code.shape[0], 3, LANES), np.float32))   # (zeros: 0 on records of no choice)
@@ -575,7 +577,7 @@ def box_intervals(code, imm, start, n_regs, boxes, keep_sides: bool = True):
     choices = np.zeros((len(code), T), np.uint8)
     sides = np.full((len(code) if keep_sides else 0, 3, T), NAN, np.float32)
     if T:
-        _lanes_kernel(code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices, sides)
+        on_threads(_lanes_kernel, code, imm, start, len(code), n_regs, boxes, out_lo, out_hi, choices, sides)
     return out_lo, out_hi, choices, sides
 
 

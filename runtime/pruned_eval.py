@@ -31,7 +31,7 @@ import numpy as np
 
 from . import twin
 from .interval_kernels import LANES, NAN, box_intervals, boxes_group, interval_lanes
-from .jit_cache import compile_ahead, njit, prange
+from .jit_cache import compile_ahead, njit
 from .opcodes import check_numba_constants
 from .pruner import checked_records, is_arithmetic, prune_records
 from .tape import Tape, TaperayError, point_array
@@ -397,12 +397,12 @@ def _bucket(pts, lo, cell, grid):
     return order, seg, boxes
 
 
-@njit(parallel=True, **_JIT)
-def _points_kernel(code, imm, n_regs, pts, order, seg, choices, sides, block, out):
-    """Per voxel v (its points order[seg[v]:seg[v+1]]): the tape pruned with choices[:, v] and
-    sides[:, :, v], evaluated in blocks of ``block``."""
+@njit(nogil=True, **_JIT)
+def _points_kernel(code, imm, n_regs, pts, order, seg, choices, sides, block, out, thread, n_threads):
+    """Per voxel v of thread ``thread``'s (every n_threads-th; its points order[seg[v]:seg[v+1]]):
+    the tape pruned with choices[:, v] and sides[:, :, v], evaluated in blocks of ``block``."""
     n = code.shape[0]
-    for v in prange(seg.shape[0] - 1):
+    for v in range(thread, seg.shape[0] - 1, n_threads):
         tcode = np.empty((n, 5), np.int32)
         timm = np.empty(n, np.float32)
         s = prune_records(code, imm, np.int64(0), n, choices[:, v], sides[:, :, v], np.empty(n_regs, np.bool_),
@@ -425,6 +425,9 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
     out = np.empty(len(pts), np.float32)
     if len(pts) == 0:
         return out, np.zeros(0, np.uint32)
+    i, none = np.int64(0), np.empty(0, np.int64)
+    ahead = compile_ahead(_points_kernel, code, imm, tape.n_regs, pts, none, none, np.empty((0, 0), np.uint8),
+                          np.empty((0, 0, 0), np.float32), block, out, i, i)
     if len(code) < PRUNE_MIN_RECORDS:       # too short to gain: chunks, nothing decided
         seg = np.linspace(0, len(pts), min(len(pts), 64) + 1).astype(np.int64)
         order = np.arange(len(pts), dtype=np.int64)
@@ -435,5 +438,7 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
         cell = np.where(tape.bounds[1] > lo, (tape.bounds[1] - lo) / np.float32(grid), 1).astype(np.float32)
         order, seg, vbox = _bucket(pts, lo, cell, grid)
         _, _, choices, sides = box_intervals(code, imm, 0, tape.n_regs, vbox, keep_sides=False)
-    _points_kernel(code, imm, tape.n_regs, pts, order, seg, choices, sides, block, out)
+    if ahead is not None:                   # (an empty cache: a helper compiled it meanwhile)
+        ahead.wait()
+    on_threads(_points_kernel, code, imm, tape.n_regs, pts, order, seg, choices, sides, block, out)
     return out, np.zeros(len(pts), np.uint32)
