@@ -12,13 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from .interval_kernels import LANES, NAN, box_intervals, box_rows, boxes_group
-from .jit_cache import njit, prange
+from .jit_cache import compile_ahead, njit, prange
 from .lowering import NotLowerable, lower
 from .pruned_eval import counting_sort, eval_run
 from .pruner import checked_records, is_arithmetic, prune_records
 from .tape import CellsTooLarge, Tape, content_key
 from .twin_march import hit_threshold
 from .twin_ops import JIT_OPTIONS as _JIT
+from .twin_threads import on_threads
 
 __all__ = ["CellTapes", "cell_tape", "grid_ijk", "sub_cell_ijk", "grid_cell_boxes", "CELL_TAPES_MAX_BYTES",
            "LOWER_MAX_RECORDS"]
@@ -74,13 +75,12 @@ def grid_cell_boxes(lo, hi, size, ijk) -> tuple[np.ndarray, np.ndarray]:
     return lo + ijk * size - margin, lo + (ijk + 1) * size + margin
 
 
-@njit(parallel=True, **_JIT)
-def _prune_cells(code, imm, n_regs, choices, sides, tcodes, timms, starts):
-    """Every cell's pruned tape: cell c (column c of choices, sides[:, :, c]) into tcodes[c] /
-    timms[c] from starts[c] on. (A parallel kernel takes no tuple arguments: Numba's parallel
-    loops lost the writes to ``starts`` unpacked from one.)"""
+@njit(nogil=True, **_JIT)
+def _prune_cells(code, imm, n_regs, choices, sides, tcodes, timms, starts, thread, n_threads):
+    """Thread ``thread``'s cells' (every n_threads-th) pruned tapes: cell c (column c of choices,
+    sides[:, :, c]) into tcodes[c] / timms[c] from starts[c] on."""
     n = code.shape[0]
-    for c in prange(choices.shape[1]):
+    for c in range(thread, choices.shape[1], n_threads):
         starts[c] = prune_records(code, imm, np.int64(0), n, choices[:, c], sides[:, :, c], np.empty(n_regs, np.bool_),
                                   (tcodes[c], timms[c], np.empty(n, np.int32)))
 
@@ -120,14 +120,15 @@ def _subcells_of(tcode, timm, start, n_regs, boxes, write, sub, first):
             fimm[o:o + n - w] = oi[w:]
 
 
-@njit(parallel=True, **_JIT)
-def _prune_subcells(tcodes, timms, starts, n_regs, sub_boxes, write, offsets, fcode, fimm, lengths, lower):
-    """The 64 sub-cells of each grid cell c (sub-cell boxes sub_boxes[:, 64 c : 64 c + 64]), each
-    pruned from cell c's pruned tape (tcodes[c] / timms[c] from starts[c]): their lengths into
-    ``lengths``, or with ``write`` the sub-tapes into fcode / fimm from offsets[64 c + k]; their
-    intervals' lower bounds into ``lower`` (empty-space skipping). (No None or tuple arguments:
-    Numba's parallel loops mishandle them.)"""
-    for c in prange(tcodes.shape[0] - 1):      # (not the outside cell: it has no sub-cells)
+@njit(nogil=True, **_JIT)
+def _prune_subcells(tcodes, timms, starts, n_regs, sub_boxes, write, offsets, fcode, fimm, lengths, lower, thread,
+                    n_threads):
+    """The 64 sub-cells of thread ``thread``'s grid cells c (every n_threads-th; sub-cell boxes
+    sub_boxes[:, 64 c : 64 c + 64]), each pruned from cell c's pruned tape (tcodes[c] / timms[c]
+    from starts[c]): their lengths into ``lengths``, or with ``write`` the sub-tapes into fcode /
+    fimm from offsets[64 c + k]; their intervals' lower bounds into ``lower`` (empty-space
+    skipping)."""
+    for c in range(thread, tcodes.shape[0] - 1, n_threads):    # (not the outside cell: no sub-cells)
         boxes = np.ascontiguousarray(sub_boxes[:, 64 * c:64 * c + 64])   # (C: one boxes_group signature)
         _subcells_of(tcodes[c], timms[c], starts[c], n_regs, boxes, write, (offsets, fcode, fimm, lengths, lower),
                      64 * c)
@@ -140,7 +141,9 @@ _SEGMENT_RUNS = 256
 def _cells_points_kernel(fcode, fimm, first, end, n_regs, pts, order, seg, ids, block, out):
     """Per segment u (points order[seg[u]:seg[u+1]], all in cell ids[u]): that cell's tape,
     fcode / fimm [first[id], end[id]). Segments go in runs of about 1 / _SEGMENT_RUNS of them per
-    parallel task (few points a segment: scratch is allocated per run, not per segment)."""
+    parallel task (few points a segment: scratch is allocated per run, not per segment). A
+    parallel loop: a march calls it at every step, where the twin's threads cost 3-8 % of a
+    frame."""
     n_seg = seg.shape[0] - 1
     runs = min(n_seg, _SEGMENT_RUNS)
     for r in prange(runs):
@@ -191,6 +194,7 @@ class CellTapes:
         self.code, self.imm = checked_records(tape, "march_pruned", fields=True)
         self.n_regs, self.grid, self.levels = tape.n_regs, grid, levels
         n = len(self.code)
+        aheads = _compile_ahead(self.code, self.imm, self.n_regs, levels)    # (on an empty cache)
         lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
         self.lo = lo.astype(np.float32)
         size = np.where(hi > lo, (hi - lo) / grid, 1.0)
@@ -209,7 +213,9 @@ class CellTapes:
         tcodes = np.empty((n_cells, n, 5), np.int32)
         timms = np.empty((n_cells, n), np.float32)
         starts = np.empty(n_cells, np.int64)
-        _prune_cells(self.code, self.imm, self.n_regs, self.choices, sides, tcodes, timms, starts)
+        on_threads(_prune_cells, self.code, self.imm, self.n_regs, self.choices, sides, tcodes, timms, starts)
+        for ahead in aheads:
+            ahead.wait()
         if levels == 1:
             tapes = [(tcodes[c, starts[c]:], timms[c, starts[c]:]) for c in range(n_cells)]
             self.fcode = np.ascontiguousarray(np.concatenate([t[0] for t in tapes]))
@@ -220,8 +226,8 @@ class CellTapes:
             sub = box_rows(s_lo, s_hi)
             sub_lengths = np.empty(sub.shape[1], np.int64)     # sub-cell k of cell c: index 64 c + k
             s_lower = np.empty(sub.shape[1], np.float32)
-            _prune_subcells(tcodes, timms, starts, self.n_regs, sub, False, sub_lengths, tcodes[0], timms[0],
-                            sub_lengths, s_lower)
+            on_threads(_prune_subcells, tcodes, timms, starts, self.n_regs, sub, False, sub_lengths, tcodes[0],
+                       timms[0], sub_lengths, s_lower)
             levels_lower.append((s_lo.astype(np.float32), s_hi.astype(np.float32), s_lower))
             lengths = np.append(sub_lengths, n - starts[-1])
             if int(lengths.sum()) * 24 > CELL_TAPES_MAX_BYTES:
@@ -231,8 +237,8 @@ class CellTapes:
             offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
             self.fcode = np.empty((int(lengths.sum()), 5), np.int32)
             self.fimm = np.empty(len(self.fcode), np.float32)
-            _prune_subcells(tcodes, timms, starts, self.n_regs, sub, True, offsets, self.fcode, self.fimm, sub_lengths,
-                            s_lower)
+            on_threads(_prune_subcells, tcodes, timms, starts, self.n_regs, sub, True, offsets, self.fcode, self.fimm,
+                       sub_lengths, s_lower)
             self.fcode[offsets[-1]:] = tcodes[-1, starts[-1]:]
             self.fimm[offsets[-1]:] = timms[-1, starts[-1]:]
         self.skip_lo, self.skip_hi, self.skip_lower = (np.ascontiguousarray(np.concatenate(x))
@@ -275,6 +281,20 @@ class CellTapes:
             _cells_points_kernel(self.fcode, self.fimm, self.first, self.end, self.n_regs, pts, order, seg,
                                  self.tape_of[ids], 64, out)
         return out
+
+
+def _compile_ahead(code, imm, n_regs, levels) -> list:
+    """Helper processes compiling the kernels a CellTapes build and its evaluation run after the
+    box intervals (the sub-cells' pruning with ``levels`` 2, the points' evaluation), by the
+    argument types they will get (none where the disk cache holds them: jit_cache.compile_ahead)."""
+    i, ints, f32 = np.int64(0), np.empty(0, np.int64), np.empty(0, np.float32)
+    tcodes, timms = np.empty((0,) + code.shape, code.dtype), np.empty((0, len(imm)), imm.dtype)
+    kernels = [(_cells_points_kernel, (code, imm, ints, ints, n_regs, np.empty((0, 3), np.float32), ints, ints, ints,
+                                       64, f32))]
+    if levels == 2:
+        kernels.append((_prune_subcells, (tcodes, timms, ints, n_regs, np.empty((6, 0), np.float32), True, ints, code,
+                                          imm, ints, f32, i, i)))
+    return [a for a in (compile_ahead(k, *args) for k, args in kernels) if a is not None]
 
 
 @njit(**_JIT)

@@ -185,6 +185,7 @@ def load_numba():
                 if id(value) in real and (value is placeholder or isinstance(value, _Declared)):
                     names[key] = real[id(value)]
         _DECLARED.clear()
+        globals()["prange"] = numba.prange      # (modules imported from now on take Numba's own)
         _NUMBA.append(numba)
         return numba
 
