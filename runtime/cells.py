@@ -194,7 +194,7 @@ class CellTapes:
         self.code, self.imm = checked_records(tape, "march_pruned", fields=True)
         self.n_regs, self.grid, self.levels = tape.n_regs, grid, levels
         n = len(self.code)
-        aheads = _compile_ahead(self.code, self.imm, self.n_regs, levels)    # (on an empty cache)
+        aheads = _kernels_ahead(self.code, self.imm, self.n_regs, levels)    # (on an empty cache)
         lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
         self.lo = lo.astype(np.float32)
         size = np.where(hi > lo, (hi - lo) / grid, 1.0)
@@ -283,7 +283,7 @@ class CellTapes:
         return out
 
 
-def _compile_ahead(code, imm, n_regs, levels) -> list:
+def _kernels_ahead(code, imm, n_regs, levels) -> list:
     """Helper processes compiling the kernels a CellTapes build and its evaluation run after the
     box intervals (the sub-cells' pruning with ``levels`` 2, the points' evaluation), by the
     argument types they will get (none where the disk cache holds them: jit_cache.compile_ahead)."""

@@ -29,7 +29,7 @@ caller. ``function_value`` hands kernels a big callee (the twin's interpreter) a
 function value instead: compiled once, called through its address, and on a cold cache compiled
 by a helper process while this one compiles the kernels that call it. ``compile_ahead`` starts
 such a helper for any kernel whose argument types are known before its first call (the 2D
-image's tile walk, runtime.pruned_eval).
+image's tile walk and the pruned points, runtime.pruned_eval; the march cells, runtime.cells).
 """
 from __future__ import annotations
 
@@ -192,11 +192,12 @@ def load_numba():
 
 def function_value(func, returns: str, *examples, helper: bool = True):
     """``func`` (declared with ``njit``; its Numba return type written by ``returns`` as Numba
-    writes types in signatures, e.g. "boolean", "UniTuple(int64, 2)") for the Numba types of the example arguments, as a first-class function value
-    (Numba's ``FunctionType``, through its wrapper address protocol): a jitted function handed
-    this value calls ``func`` through its address. A call of ``func`` itself would link it and
-    everything below it into the caller's code, which LLVM optimises and generates again for every
-    caller; this way ``func`` is compiled once, on its own.
+    writes types in signatures, e.g. "boolean", "UniTuple(int64, 2)") for the Numba types of the
+    example arguments, as a first-class function value (Numba's ``FunctionType``, through its
+    wrapper address protocol): a jitted function handed this value calls ``func`` through its
+    address. A call of ``func`` itself would link it and everything below it into the caller's
+    code, which LLVM optimises and generates again for every caller; this way ``func`` is compiled
+    once, on its own.
 
     Typing a caller needs only the value's signature, so ``func`` is compiled (or loaded from the
     disk cache) when a caller first runs with the value. Where the disk cache lacks it and more

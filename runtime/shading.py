@@ -55,7 +55,8 @@ import numpy as np
 from .jit_cache import njit
 from .tape import Tape, TaperayError
 
-__all__ = ["RenderSettings", "VIEWS", "PACK_FIELDS", "PACK_LEN", "compose", "compile_shading", "to_rgb8", "heat", "unpack"]
+__all__ = ["RenderSettings", "VIEWS", "PACK_FIELDS", "PACK_LEN", "compose", "compile_shading", "to_rgb8", "heat",
+           "unpack"]
 
 VIEWS = ("shade", "normals", "depth", "steps", "gradient", "slice", "section")
 SHADOW_MODES = ("off", "hard", "soft")
