@@ -21,11 +21,14 @@ __all__ = ["show_compile_progress", "PROGRESS_AFTER_SECONDS", "COLD_COMPILE_SECO
 
 PROGRESS_AFTER_SECONDS = 1.0    # a compile shorter than this shows no line
 # seconds of a cold compile of each top-level kernel, measured (2-core EPYC, docs/PERFORMANCE.md
-# "Cold compile"; _run_block: the wait for the helper process compiling it, after the kernels);
+# "Cold compile"; _run_block, _image_tiles, _points_kernel, _prune_subcells, _cells_points_kernel: the
+# wait for the helper process compiling it, after the kernels);
 # the progress line's prediction, the default for a kernel not listed
 COLD_COMPILE_SECONDS = {"cull_saves": 2.0, "_pixel_rays": 0.6, "light_kernel": 7.1, "_shade": 0.8, "_rgb8": 0.1,
                         "march_kernel": 4.4, "loop_enter": 1.1, "copy_bound": 0.6, "compact_instances": 1.0,
-                        "undo_swaps": 0.3, "_run_block": 0.5, "_eval_kernel": 3.0}
+                        "undo_swaps": 0.3, "_run_block": 0.5, "_eval_kernel": 3.0, "_image_top": 9.7,
+                        "_image_tiles": 7.0, "_lanes_kernel": 7.5, "_points_kernel": 1.5, "_prune_cells": 1.1,
+                        "_prune_subcells": 3.7, "_cells_points_kernel": 3.7}
 COLD_COMPILE_DEFAULT = 3.0
 
 
