@@ -24,7 +24,8 @@ and has slack for float32:
     result has none is not cut into cells (the generic form runs it);
   * an operand is dropped where its lower bound exceeds the upper bound by ``MARGIN`` times
     (the scene's extent + |value| + L r + 1): float32 rounding of the values stays far below.
-The centres' values come from the generic forward at the centres (one program per bucket).
+The centres' values come from one forward sweep of every step at the centres, grouped as the
+layout groups (``CellsProgram.rows``).
 Where an operand's value is NaN the unpruned form returns NaN and a cell that dropped it does
 not (the twin's culls skip such subtrees too).
 
@@ -138,11 +139,20 @@ def step_vjp(branches, branch, aux, vals, mats, p, prm, gout):
     return lax.switch(branch, [branch_vjp(fn) for fn in branches], vals, p, prm, gout)
 
 
-def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
+def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops, _cache={}) -> dict:
     """A Lipschitz bound in the point of every value row of the generic layout's ``steps`` (rows as
     in ``_GenericTape``): shapes, culls and combines under the point ops; inf where a row's value
     comes through an op without one (arithmetic, ellipsoids, FIELD_RESULT). ``generic_ops``: the
-    generic form's ops by branch number."""
+    generic form's ops by branch number. Kept for the last 16 (steps, pool): read, not changed."""
+    key = (steps.tobytes(), np.asarray(pool).tobytes(), id(generic_ops))
+    if key not in _cache:
+        if len(_cache) > 16:
+            _cache.clear()
+        _cache[key] = _lipschitz_rows(steps, pool, generic_ops)
+    return _cache[key]
+
+
+def _lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
     lip = {0: 1.0}        # point rows (their first row) -> the point's factor
     val: dict[int, float] = {}
     for row in steps.tolist():
@@ -229,6 +239,65 @@ def cell_grid(n_points: int, cell_points: int) -> int:
     return 1 << max(0, int(round(np.log2(max(n_points / cell_points, 1.0)) / 3)))
 
 
+def _bucket(points: np.ndarray, cell_points: int):
+    """The points in the cells of a grid over their box (``cell_grid``): (order, first, counts,
+    cmin, cmax): the point indices sorted by cell (stable), each occupied cell's first position
+    in that order and its count, and its points' box ((K, 3) float64). (Column by column: numpy's
+    reductions along the short axis of an (N, 3) array are some 30x slower.)"""
+    xyz = np.ascontiguousarray(np.asarray(points, np.float32).T)
+    lo, hi = xyz.min(1).astype(np.float64), xyz.max(1).astype(np.float64)
+    n = xyz.shape[1]
+    g = cell_grid(n, cell_points)
+    if g == 1:
+        return np.arange(n), np.zeros(1, np.int64), np.array([n]), lo[None], hi[None]
+    size = np.maximum((hi - lo) / g, 1e-30)
+    i, j, k = (np.clip(((xyz[a] - lo[a]) / size[a]).astype(np.int64), 0, g - 1) for a in range(3))
+    cid = (i * g + j) * g + k
+    order = np.argsort(cid.astype(np.int16) if g ** 3 <= 1 << 15 else cid, kind="stable")   # (int16: a radix sort)
+    ids = cid[order]
+    first = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    counts = np.diff(np.append(first, len(ids)))
+    sorted_xyz = np.take(xyz, order, axis=1)
+    cmin = np.minimum.reduceat(sorted_xyz, first, axis=1).T.astype(np.float64)
+    cmax = np.maximum.reduceat(sorted_xyz, first, axis=1).T.astype(np.float64)
+    return order, first, counts, cmin, cmax
+
+
+def _liveness(st: _Structure, steps: np.ndarray, result: int, rewrite: np.ndarray, rewritten: set) -> np.ndarray:
+    """(cells, steps) bool: the steps each cell needs, from the result down (a rewritten parent,
+    per ``rewrite``, does not need the operand it no longer reads). The cells are bits of one
+    Python int per row (a step costs a few integer operations whatever the number of cells);
+    ``rewritten``: the steps with a rewrite in some cell."""
+    K, S = rewrite.shape
+    steps_rewritten = sorted(rewritten)
+    cols = rewrite[:, steps_rewritten]
+    drops = dict(zip(steps_rewritten, zip(_bits(cols == 1), _bits(cols == 2))))
+    outs, point_rows = steps[:, 10].tolist(), steps[:, 4].tolist()
+    live_row = {result: (1 << K) - 1}
+    live = [0] * S
+    for s in range(S - 1, -1, -1):
+        lv = live_row.get(outs[s], 0)
+        if not lv:
+            continue
+        live[s] = lv
+        rr = st.value_reads[s]
+        drop_b, drop_a = drops.get(s, (0, 0)) if len(rr) >= 2 else (0, 0)
+        for k, r in enumerate(rr):
+            need = lv & ~(drop_a if k == 0 else drop_b if k == 1 else 0)
+            live_row[r] = live_row.get(r, 0) | need
+        if point_rows[s]:
+            live_row[point_rows[s]] = live_row.get(point_rows[s], 0) | lv
+    nbytes = (K + 7) // 8
+    packed = np.frombuffer(b"".join(v.to_bytes(nbytes, "little") for v in live), np.uint8).reshape(S, nbytes)
+    return np.unpackbits(packed, axis=1, count=K, bitorder="little").T.astype(bool)
+
+
+def _bits(mask: np.ndarray) -> list[int]:
+    """Each column of a (K, n) bool array as the bits of a Python int (row i: bit i)."""
+    packed = np.ascontiguousarray(np.packbits(mask, axis=0, bitorder="little").T)
+    return [int.from_bytes(col.tobytes(), "little") for col in packed]
+
+
 class CellPlan:
     """The cells of ``points`` (a grid over their box) and what each keeps of ``steps`` (the
     generic layout, unpadded; ``result`` its result row). ``rows_at(centres)`` gives every row's
@@ -244,18 +313,9 @@ class CellPlan:
     def __init__(self, steps: np.ndarray, result: int, pool: np.ndarray, points: np.ndarray, rows_at,
                  piece: int, steps_bucket: int, generic_ops, cell_points: int, extent: float = 1.0,
                  group: int = 1):
-        pts = np.asarray(points, np.float32)
-        n, S = len(pts), len(steps)
-        lo, hi = pts.min(0).astype(np.float64), pts.max(0).astype(np.float64)
-        g = cell_grid(n, cell_points)
-        size = np.maximum((hi - lo) / g, 1e-30)
-        ijk = np.clip(((pts - lo) / size).astype(np.int64), 0, g - 1)
-        cid = (ijk[:, 0] * g + ijk[:, 1]) * g + ijk[:, 2]
-        order = np.argsort(cid, kind="stable")
-        _, first, counts = np.unique(cid[order], return_index=True, return_counts=True)
+        n, S = len(points), len(steps)
+        order, first, counts, cmin, cmax = _bucket(points, cell_points)
         K = len(first)
-        cmin = np.minimum.reduceat(pts[order], first, axis=0).astype(np.float64)
-        cmax = np.maximum.reduceat(pts[order], first, axis=0).astype(np.float64)
         centre = ((cmin + cmax) * 0.5).astype(np.float32)
         half = np.sqrt((((cmax - cmin) * 0.5) ** 2).sum(1)) * (1 + 1e-6)
         st = _structure(steps, result, generic_ops)
@@ -263,42 +323,22 @@ class CellPlan:
         gone: dict[int, np.ndarray] = {}
         lips = lipschitz_rows(steps, pool, generic_ops)
         L = lips.get(result, np.inf)
-        if st.parent and np.isfinite(L):
+        bounded = [r for r in st.parent if np.isfinite(lips.get(r, np.inf))]
+        if bounded and np.isfinite(L):
             V = np.asarray(rows_at(centre), np.float64)
             cv = V[result]
             upper = cv + L * half
             slack = MARGIN * (extent + np.abs(cv) + L * half + 1.0)
-            for r in st.parent:
-                lr = lips.get(r, np.inf)
-                if np.isfinite(lr):
-                    g_r = V[r] - lr * half > upper + slack
-                    if g_r.any():
-                        gone[r] = g_r
+            lr = np.array([lips[r] for r in bounded])
+            above = V[bounded] - lr[:, None] * half > upper + slack     # (operands, cells)
+            gone = {bounded[i]: above[i] for i in np.flatnonzero(above.any(1))}
         # a dropped operand's parent reads the other operand twice, unless the parent is dropped too
         none = np.zeros(K, bool)
         for r, g_r in gone.items():
             s, side = st.parent[r]
             keep = g_r & ~gone.get(int(steps[s, 10]), none)
             rewrite[keep, s] = 1 if side == 1 else 2
-        # liveness from the result, per cell
-        live_row = {result: np.ones(K, bool)}
-        live = np.zeros((K, S), bool)
-        for s in range(S - 1, -1, -1):
-            row = steps[s]
-            lv = live_row.get(int(row[10]))
-            if lv is None:
-                continue
-            live[:, s] = lv
-            rw = rewrite[:, s]
-            rr = st.value_reads[s]
-            for k, r in enumerate(rr):
-                need = lv & (rw != (2 if k == 0 else 1)) if k < 2 and len(rr) >= 2 else lv
-                cur = live_row.get(r)
-                live_row[r] = need if cur is None else (cur | need)
-            p = int(row[4])
-            if p != 0:
-                cur = live_row.get(p)
-                live_row[p] = lv if cur is None else (cur | lv)
+        live = _liveness(st, steps, result, rewrite, {int(s) for s, _ in (st.parent[r] for r in gone)})
         kept = live.sum(1)
         self.kept, self.n_cells, self.n_points = kept, K, n
         self.point_steps = int((kept * counts).sum())
@@ -313,32 +353,57 @@ class CellPlan:
         self.valid = pos < stop[:, None]
         pos = np.where(self.valid, pos, start[:, None])
         self.index = order[pos]
-        # the kept steps sorted by (level, branch, step), cut into groups of at most `group` of one key
-        # (groups of one: the steps in tape order)
-        key = st.level * len(generic_ops) + steps[:, 0] if group > 1 else np.zeros(S, np.int64)
-        step_order = np.argsort(np.where(live, key * S + np.arange(S), np.iinfo(np.int64).max), axis=1)
-        ks = np.take_along_axis(np.where(live, key, -1), step_order, 1)
-        j = np.arange(S)
-        first_of_run = np.ones((K, S), bool)
-        first_of_run[:, 1:] = ks[:, 1:] != ks[:, :-1]
-        last_of_run = np.ones((K, S), bool)
-        last_of_run[:, :-1] = first_of_run[:, 1:]
-        run_first = np.maximum.accumulate(np.where(first_of_run, j, 0), axis=1)
-        run_last = np.minimum.accumulate(np.where(last_of_run, j, S)[:, ::-1], axis=1)[:, ::-1]
-        starts = ((j - run_first) % group == 0) & (j < kept[:, None])
-        n_groups = starts.sum(1)
+        items, groups, n_groups = _grouped(live, rewrite, _group_keys(st, steps, generic_ops, group), group,
+                                           steps_bucket)
         self.point_groups = int((n_groups * counts).sum())
-        c, at = np.nonzero(starts)
-        rank = np.arange(len(c)) - np.repeat(np.cumsum(n_groups) - n_groups, n_groups)
-        groups = np.zeros((K, steps_bucket, 2), np.int32)
-        groups[c, rank, 0] = at
-        groups[c, rank, 1] = np.minimum(group, run_last[c, at] - at + 1)
-        items = np.zeros((K, steps_bucket, 2), np.int32)
-        items[:, :S, 0] = step_order
-        items[:, :S, 1] = np.take_along_axis(rewrite, step_order, 1)
-        self.items, self.groups = items[cell_of], groups[cell_of]
+        one_each = len(cell_of) == K          # (a piece a cell: no copy)
+        self.items, self.groups = (items, groups) if one_each else (items[cell_of], groups[cell_of])
         self.n_groups = n_groups[cell_of].astype(np.int32)
         self.level, self.branch = st.level[:S], np.asarray(steps[:, 0])
+
+
+def _group_keys(st: _Structure, steps: np.ndarray, generic_ops, group: int) -> np.ndarray:
+    """Each step's group key: (dependency level, branch) for groups, none for groups of one (the
+    steps in tape order)."""
+    return st.level * len(generic_ops) + steps[:, 0] if group > 1 else np.zeros(len(steps), np.int64)
+
+
+def _grouped(live: np.ndarray, rewrite: np.ndarray, key: np.ndarray, group: int, steps_bucket: int):
+    """(items, groups, n_groups) of cells (``CellPlan``'s, one row a cell) from their (K, S) ``live``
+    steps and ``rewrite``s: the kept steps sorted by (key, step), cut into groups of at most
+    ``group`` of one key."""
+    K, S = live.shape
+    kept = live.sum(1)
+    step_order = np.argsort(np.where(live, key * S + np.arange(S), np.iinfo(np.int64).max), axis=1)
+    ks = np.take_along_axis(np.where(live, key, -1), step_order, 1)
+    j = np.arange(S)
+    first_of_run = np.ones((K, S), bool)
+    first_of_run[:, 1:] = ks[:, 1:] != ks[:, :-1]
+    last_of_run = np.ones((K, S), bool)
+    last_of_run[:, :-1] = first_of_run[:, 1:]
+    run_first = np.maximum.accumulate(np.where(first_of_run, j, 0), axis=1)
+    run_last = np.minimum.accumulate(np.where(last_of_run, j, S)[:, ::-1], axis=1)[:, ::-1]
+    starts = ((j - run_first) % group == 0) & (j < kept[:, None])
+    n_groups = starts.sum(1)
+    c, at = np.nonzero(starts)
+    rank = np.arange(len(c)) - np.repeat(np.cumsum(n_groups) - n_groups, n_groups)
+    groups = np.zeros((K, steps_bucket, 2), np.int32)
+    groups[c, rank, 0] = at
+    groups[c, rank, 1] = np.minimum(group, run_last[c, at] - at + 1)
+    items = np.zeros((K, steps_bucket, 2), np.int32)
+    items[:, :S, 0] = step_order
+    items[:, :S, 1] = np.take_along_axis(rewrite, step_order, 1)
+    return items, groups, n_groups
+
+
+def _every_step(steps: np.ndarray, result: int, generic_ops, group: int, steps_bucket: int):
+    """(items, groups, n_groups) running every step of ``steps`` (no cell, no rewrite): what the
+    rows at the cells' centres run."""
+    S = len(steps)
+    st = _structure(steps, result, generic_ops)
+    items, groups, n_groups = _grouped(np.ones((1, S), bool), np.zeros((1, S), np.int8),
+                                       _group_keys(st, steps, generic_ops, group), group, steps_bucket)
+    return items[0], groups[0], n_groups[0].astype(np.int32)
 
 
 def _single_steps(branches, n_prm: int, P: int):
@@ -443,12 +508,13 @@ def _grouped_steps(branches, widths, group: int, n_prm: int, n_rows: int, scratc
 
 def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
     """The cell programs (values, vjp, grads) of a piece of ``P`` points over the groups' ``steps``
-    (forward, backward, tangent), each a scan over a call's pieces carrying one row file."""
+    (forward, backward, tangent), each a scan over a call's pieces carrying one row file; and
+    ``rows``: every row's values at a piece of any size (the cells' centres), one forward sweep."""
     step_forward, step_backward, step_tangent_rows = steps
     scratch = n_rows - 4
 
     def start(V, pts):
-        return V.at[0].set(pts[:, 0]).at[1].set(pts[:, 1]).at[2].set(pts[:, 2]).at[3].set(jnp.ones(P, jnp.float32))
+        return V.at[0].set(pts[:, 0]).at[1].set(pts[:, 1]).at[2].set(pts[:, 2]).at[3].set(jnp.ones(pts.shape[0], jnp.float32))
 
     def forward(pool, prog, items, groups, n, V, M, pts):
         V = start(V, pts)
@@ -503,7 +569,11 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
                                                       (items, groups, n_groups, pts, w))
         return d, m, dx, dpool, per
 
-    return values, vjp, grads
+    def rows(pool, prog, items, groups, n, pts):
+        shape = (n_rows, pts.shape[0])
+        return forward(pool, prog, items, groups, n, jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32), pts)[0]
+
+    return values, vjp, grads, rows
 
 
 class CellsProgram:
@@ -524,7 +594,7 @@ class CellsProgram:
     and the pool's last ``n_prm`` slots (past the parameters), cleared after each sweep. A value
     op writes its first output row only (its members' other rows belong to steps of other groups)."""
 
-    def __init__(self, bucket: tuple, piece: int, per_call: int, group: int, generic_ops, branches, sweep,
+    def __init__(self, bucket: tuple, piece: int, per_call: int, group: int, generic_ops, branches,
                  n_prm: int, compiler_options=None):
         self.bucket, self.piece, self.per_call, self.group = bucket, piece, per_call, group
         n_rows, P = bucket[1], piece
@@ -534,26 +604,24 @@ class CellsProgram:
         else:
             widths = jnp.asarray([4 if OPS[op].family is Family.POINT else 1 for op in generic_ops], jnp.int32)
             steps = _grouped_steps(branches, widths, group, n_prm, n_rows, scratch_prm)
-        values, vjp, grads = _sweeps(steps, P, n_rows, scratch_prm)
-        fwd_rows = sweep(bucket)[1]
+        values, vjp, grads, rows = _sweeps(steps, P, n_rows, scratch_prm)
         jit = functools.partial(jax.jit, compiler_options=compiler_options)
         self.values = jit(values)
         self.vjp = jit(vjp)
         self.grads = jit(grads)
-        self.rows = jit(lambda pool, prog, head, p: fwd_rows(pool, prog, head, p[:, 0], p[:, 1], p[:, 2])[0])
+        self.rows = jit(rows)
 
 
 class CellsRunner:
     """The cell form over the generic form's programs (kept per capacity bucket): plans a call's
     cells (``layout``: CPU_LAYOUT or ACCELERATOR_LAYOUT) and runs them in calls of pieces;
     results scattered back to the points.
-    ``generic_ops``, ``branches``, ``sweep``, ``n_prm``: the generic form's ops by branch number,
-    its branch functions, its forward sweep by bucket (``jax_walker.generic_sweep``: the rows at
-    the cells' centres) and its parameter window; a call's ``generic`` has the generic layout's
-    ``bucket``, ``n_steps``, ``result`` and ``args(tape)``."""
+    ``generic_ops``, ``branches``, ``n_prm``: the generic form's ops by branch number, its branch
+    functions and its parameter window; a call's ``generic`` has the generic layout's ``bucket``,
+    ``n_steps``, ``result`` and ``args(tape)``."""
 
-    def __init__(self, generic_ops, branches, sweep, n_prm: int, layout: CellLayout, compiler_options=None):
-        self.generic_ops, self.branches, self.sweep, self.n_prm, self.layout = generic_ops, branches, sweep, n_prm, layout
+    def __init__(self, generic_ops, branches, n_prm: int, layout: CellLayout, compiler_options=None):
+        self.generic_ops, self.branches, self.n_prm, self.layout = generic_ops, branches, n_prm, layout
         self.compiler_options = compiler_options
         self._programs: dict = {}
         self.last_plan: CellPlan | None = None
@@ -563,15 +631,16 @@ class CellsRunner:
         if prog is None:
             prog = self._programs[bucket] = CellsProgram(bucket, self.layout.piece_for(bucket[1]),
                                                          self.layout.per_call, self.layout.group,
-                                                         self.generic_ops, self.branches, self.sweep,
-                                                         self.n_prm, self.compiler_options)
+                                                         self.generic_ops, self.branches, self.n_prm,
+                                                         self.compiler_options)
         return prog
 
     def plan(self, generic, tape: Tape, pts: np.ndarray) -> tuple[CellsProgram, tuple, CellPlan]:
         prog = self.program(generic.bucket)
         args = generic.args(tape)
         pool, steps_all = args[0], args[1]
-        head = args[2]
+        every = _every_step(steps_all[:generic.n_steps], generic.result, self.generic_ops, prog.group,
+                            generic.bucket[0])
 
         def rows_at(centres):
             out = []
@@ -580,7 +649,7 @@ class CellsRunner:
                 part = centres[s:s + CENTRES]
                 c[:len(part)] = part
                 c[len(part):] = part[0]
-                out.append(np.asarray(prog.rows(pool, steps_all, head, c))[:, :len(part)])
+                out.append(np.asarray(prog.rows(pool, steps_all, *every, c))[:, :len(part)])
             return np.concatenate(out, 1)
         b = tape.bounds
         extent = float(np.linalg.norm(b[1] - b[0])) if np.all(np.isfinite(b)) else 1.0
@@ -607,7 +676,7 @@ class CellsRunner:
         d = np.empty(len(pts), np.float32)
         m = np.empty(len(pts), np.int32)
         res = []
-        for s, e, (items, gr, n, p) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pts[plan.index]):
+        for s, e, (items, gr, n, p) in self._calls(plan, plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0)):
             res.append((s, e, prog.values(args[0], args[1], items, gr, n, p, generic.result)))
         for s, e, (dd, mm) in res:
             ok = plan.valid[s:e]
@@ -620,7 +689,7 @@ class CellsRunner:
         d = np.empty(len(pts), np.float32)
         wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
         res = []
-        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pts[plan.index], wp):
+        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0), wp):
             res.append((s, e, prog.vjp(args[0], args[1], items, gr, n, p, ww, generic.result)))
         dpool = np.zeros(len(args[0]), np.float64)
         for s, e, (dd, dp) in res:
@@ -636,7 +705,7 @@ class CellsRunner:
         dx, per = np.empty((N, 3), np.float32), np.empty((len(tangents), N), np.float32)
         wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
         res = []
-        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pts[plan.index], wp):
+        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0), wp):
             res.append((s, e, prog.grads(args[0], args[1], items, gr, n, p, ww, tangents, generic.result)))
         dpool = np.zeros(len(args[0]), np.float64)
         for s, e, (dd, mm, gx, dp, pp) in res:

@@ -65,7 +65,7 @@ from .opcodes import OPS, POLY_OPS, Family, Op
 from .tape import VALIDATED, Tape, TaperayError, point_array, pool_tangents
 
 __all__ = ["JaxWalker", "Gradients", "compile_stats", "LADDER_MIN", "CHUNK", "LEAF_BLOCK", "cache_dir",
-           "generic_unsupported", "cells_unsupported", "compiler_options", "cpu_options_accepted", "generic_sweep"]
+           "generic_unsupported", "cells_unsupported", "compiler_options", "cpu_options_accepted"]
 
 LADDER_MIN = 4096     # the smallest padded point count; above it, powers of two
 CHUNK = 16384         # points a chunk of the trace form (the program maps over chunks)
@@ -781,6 +781,7 @@ _GENERIC_OPS = ([Op.VAR_X, Op.VAR_Y, Op.VAR_Z, Op.CONST] + list(_ARITH)
                 + [o for o in Op if OPS[o].family is Family.COMBINE] + [Op.CULL_BOX, Op.FIELD_RESULT])
 _BRANCH = {op: k for k, op in enumerate(_GENERIC_OPS)}
 _GENERIC_SKIP = (Op.PUSH, Op.POP)          # renamings: no step of their own
+_GENERIC_RECORDS = np.array([int(o) for o in (*_GENERIC_OPS, *_GENERIC_SKIP)])
 
 
 def cells_unsupported(tape: Tape) -> str | None:
@@ -789,16 +790,16 @@ def cells_unsupported(tape: Tape) -> str | None:
     why = generic_unsupported(tape)
     if why:
         return why
-    g = _GenericTape(tape)
+    g = _generic_tape(tape)
     return jax_cells.cells_unsupported(g.prog[:g.n_steps], tape.params, g.result, _GENERIC_OPS)
 
 
 def generic_unsupported(tape: Tape) -> str | None:
     """Why the generic form cannot run ``tape`` (the first record it does not support), or None."""
-    for i, op in enumerate(tape.instrs["op"]):
-        o = Op(int(op))
-        if o not in _BRANCH and o not in _GENERIC_SKIP:
-            return f"record {i}: {o.name} is not supported by the generic JAX form"
+    ops = tape.instrs["op"]
+    bad = np.flatnonzero(~np.isin(ops, _GENERIC_RECORDS))
+    if len(bad):
+        return f"record {bad[0]}: {Op(int(ops[bad[0]])).name} is not supported by the generic JAX form"
     return None
 
 
@@ -884,7 +885,18 @@ class _GenericTape:
         return (pool, self.prog, np.array([self.n_steps, self.result], np.int32))
 
 
-def generic_sweep(bucket: tuple):
+def _generic_tape(tape: Tape, _cache={}) -> _GenericTape:
+    """``_GenericTape(tape)``, kept for the last 16 record lists (it depends on the records and the
+    number of parameters only; read, not changed)."""
+    key = (tape.instrs.tobytes(), len(tape.params))
+    if key not in _cache:
+        if len(_cache) > 16:
+            _cache.clear()
+        _cache[key] = _GenericTape(tape)
+    return _cache[key]
+
+
+def _generic_sweep(bucket: tuple):
     """The generic form's forward sweep of one capacity bucket: (gather, forward), gather(V, M, row)
     -> a step's operand values, materials and point rows; forward(pool, prog, head, x, y, z) ->
     (V, M), every row's values and materials (rows, points)."""
@@ -919,7 +931,7 @@ def generic_sweep(bucket: tuple):
 def _generic_field(bucket: tuple):
     """The generic interpreter of one capacity bucket: field(pool, prog, head, x, y, z) ->
     (value, material), reverse mode by a custom VJP sweeping the steps backwards once."""
-    gather, forward = generic_sweep(bucket)
+    gather, forward = _generic_sweep(bucket)
 
     @jax.custom_vjp
     def field(pool, prog, head, x, y, z):
@@ -1072,15 +1084,15 @@ class JaxWalker:
             return None
         if self._cells is None:
             layout = self.cell_layout or layout_for(jax.default_backend(), _device_bytes())
-            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, generic_sweep, GENERIC_PARAMS, layout,
+            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, GENERIC_PARAMS, layout,
                                       compiler_options())
-        return self._cells, _GenericTape(tape), pts
+        return self._cells, _generic_tape(tape), pts
 
     def _program(self, tape: Tape, n_points: int, derivatives: bool):
         VALIDATED.check(tape)
         form = self.form_for(tape, derivatives)
         if form in ("generic", "cells"):
-            from_generic = _GenericTape(tape)
+            from_generic = _generic_tape(tape)
             key = ("generic",) + from_generic.bucket
             prog = self._programs.get(key)
             if prog is None:
