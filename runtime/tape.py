@@ -469,8 +469,8 @@ def _check_instances(tape: Tape, first: int, count: int, param: int, i: int, src
         raise TapeError("a BVH leaf must skip to the next node", i, src)
     if not (np.all(np.isfinite(nodes["lo"])) and np.all(np.isfinite(nodes["hi"]))):
         raise TapeError("a BVH box is not finite", i, src)
-    inst = tape.instances
-    if not (np.all(np.isfinite(inst["q"])) and np.all(np.isfinite(inst["t"])) and inst["s"].min() > 0):
+    words = np.ascontiguousarray(tape.instances).view(np.float32).reshape(-1, 8)   # q (4), t (3), s: whole rows
+    if not (np.isfinite(words).all() and words[:, 7].min() > 0):
         raise TapeError("an instance transform is not finite or has scale <= 0", i, src)
     fixed = OPS[Op.INSTANCES].n_params             # (the words before the grid's representatives)
     head = tape.params[param:param + fixed].astype(np.float64)

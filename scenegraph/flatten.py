@@ -18,7 +18,7 @@ import numpy as np
 
 from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.pruning import interval_eval
-from taperay.runtime.tape import INSTR_DTYPE, REG_CAPS, Op, Tape, TaperayError, validate
+from taperay.runtime.tape import INSTR_DTYPE, REG_CAPS, VALIDATED, Op, Tape, TaperayError
 
 from .instancing import one_flatten, placed_bounds, placed_bvh, placed_params, shape_capsule
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
@@ -323,6 +323,7 @@ class _Emitter:
         first_inst = sum(len(a) for a in self.instances)
         bvh = placed_bvh(b, n.array, first_node, first_inst)
         if not self.cull:   # inner boxes never reject: every leaf box is tested (O(N) a point)
+            bvh = bvh.copy() if not bvh.flags.writeable else bvh
             inner = bvh["instance"] < 0
             bvh["lo"][inner], bvh["hi"][inner] = -3e38, 3e38
         self.instances.append(n.array)
@@ -487,8 +488,14 @@ def _recursion_room(frames: int):
         sys.setrecursionlimit(old)
 
 
+def _joined(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """The instance lists' arrays end to end (one list: its array itself, no copy; none: None)."""
+    return None if not arrays else arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
 def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, float] | None = None) -> Tape:
-    """Flatten a scene node into a validated ``Tape`` (result in register 0).
+    """Flatten a scene node into a validated ``Tape`` (result in register 0; its arrays read-only,
+    as every validated tape's: ``runtime.tape.freeze``).
 
     ``cull=False`` gives the same field evaluated without skipping: CULL_BOX records whose margin
     is +inf never jump, and instance BVHs whose inner boxes never reject. ``params`` gives named
@@ -518,11 +525,11 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
                            "the scene graph is nested too deeply")
     tape = Tape(instrs, np.array(em.params, np.float32), mats, n_regs, b.astype(np.float32),
                 names=em.names, instance_count=int(instances), source=source,
-                instances=np.concatenate(em.instances) if em.instances else None,
-                bvh=np.concatenate(em.bvh) if em.bvh else None,
+                instances=_joined(em.instances), bvh=_joined(em.bvh),
                 material_names=tuple(m.name for m in em.materials),
                 refit=_Refit(scene, source, cull, em.param_values))
-    return validate(tape)
+    VALIDATED.check(tape)       # (frozen and recorded: the walker that draws it finds it validated)
+    return tape
 
 
 @dataclass(frozen=True)

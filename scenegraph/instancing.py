@@ -30,6 +30,9 @@ BUILT_CACHE_BYTES = 256 << 20   # remembered BVHs and representatives' grids, at
 _built: OrderedDict = OrderedDict()
 _built_counts = {"hits": 0, "builds": 0}
 _flatten = threading.local()    # .digests: id(array) -> (array, digest) while one flatten runs
+_READ_ONLY_DIGESTS: OrderedDict = OrderedDict()   # id(array) -> (array, digest) of read-only arrays owning their data
+_READ_ONLY_KEPT = 32
+_READ_ONLY_LOCK = threading.Lock()
 
 
 def instance_boxes(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
@@ -215,13 +218,35 @@ def _array_digest(a: np.ndarray) -> bytes:
     return h.digest()
 
 
+def _read_only_digest(a: np.ndarray) -> bytes | None:
+    """The digest of a read-only array that owns its data (``placements``' arrays: nothing can
+    change them), kept across flattens for the last ``_READ_ONLY_KEPT`` of them (the array held,
+    so its id stays its); None for any other array."""
+    if a.flags.writeable or a.base is not None:
+        return None
+    with _READ_ONLY_LOCK:
+        kept = _READ_ONLY_DIGESTS.get(id(a))
+        if kept is not None and kept[0] is a:
+            _READ_ONLY_DIGESTS.move_to_end(id(a))
+            return kept[1]
+    digest = _array_digest(a)
+    with _READ_ONLY_LOCK:
+        _READ_ONLY_DIGESTS[id(a)] = (a, digest)
+        while len(_READ_ONLY_DIGESTS) > _READ_ONLY_KEPT:
+            _READ_ONLY_DIGESTS.popitem(last=False)
+    return digest
+
+
 def _digest(*parts) -> bytes:
     """A digest of arrays (dtype, shape and bytes) and plain values."""
     h = hashlib.blake2b(digest_size=20)
     memo = getattr(_flatten, "digests", None)
     for part in parts:
         if isinstance(part, np.ndarray):
-            if memo is None:
+            kept = _read_only_digest(part)
+            if kept is not None:
+                h.update(kept)
+            elif memo is None:
                 h.update(_array_digest(part))
             else:
                 if id(part) not in memo:
@@ -264,9 +289,12 @@ def placed_bounds(child_box: np.ndarray, inst: np.ndarray) -> np.ndarray:
 
 def placed_bvh(child_box: np.ndarray, inst: np.ndarray, first_node: int = 0, first_instance: int = 0) -> np.ndarray:
     """``build_bvh(instance_boxes(child_box, inst), first_node, first_instance)``, built once per
-    content: the offsets are added to a remembered tree (a new array each call)."""
+    content: the offsets are added to a copy of a remembered tree; without offsets, the remembered
+    tree itself (read-only)."""
     child_box = np.asarray(child_box, np.float64)
     base = _remembered(_digest("bvh", child_box, inst), lambda: build_bvh(instance_boxes(child_box, inst)))
+    if first_node == 0 and first_instance == 0:
+        return base
     out = base.copy()
     out["skip"] += np.uint32(first_node)
     out["instance"][out["instance"] >= 0] += np.int32(first_instance)

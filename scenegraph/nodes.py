@@ -344,7 +344,8 @@ class Node:
 
 def placements(translations, rotations=None, scales=None) -> np.ndarray:
     """An INSTANCE_DTYPE array from (N,3) translations, optional (N,4) unit quaternions (w,x,y,z)
-    and optional (N,) uniform scales."""
+    and optional (N,) uniform scales; read-only (a node's placements do not change, so flatten
+    digests them once: scenegraph.instancing)."""
     t = np.asarray(translations, np.float64)
     if t.ndim != 2 or t.shape[1] != 3 or len(t) == 0:
         raise TaperayError(f"instance translations must be an (N,3) array with N >= 1, got shape {t.shape}")
@@ -362,6 +363,7 @@ def placements(translations, rotations=None, scales=None) -> np.ndarray:
         raise TaperayError(f"instance scale {int(np.argmax(s <= 0))} is not > 0")
     out = np.zeros(n, INSTANCE_DTYPE)
     out["q"], out["t"], out["s"] = q / norms[:, None], t, s
+    out.flags.writeable = False
     return out
 
 
