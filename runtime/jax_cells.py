@@ -406,9 +406,16 @@ def _every_step(steps: np.ndarray, result: int, generic_ops, group: int, steps_b
     return items[0], groups[0], n_groups[0].astype(np.int32)
 
 
+def _no_materials(vals):
+    """The operands' materials where no material file is kept (M None: the values' sweeps of a
+    vjp, the reverse and tangent sweeps): zeros, which no branch's value reads."""
+    return jnp.zeros(vals.shape, jnp.int32)
+
+
 def _single_steps(branches, n_prm: int, P: int):
     """The step functions of groups of one step (forward, backward, tangent): a group's row, its
-    operands gathered, its branch switched on, its output rows written as one slice."""
+    operands gathered, its branch switched on, its output rows written as one slice. A material
+    file ``M`` of None: none kept (values only)."""
     def one(prog, items, grp, pool):
         """A group of one step: its row, operand rows a / b (rewritten) and parameters."""
         item = items[grp[0]]
@@ -419,7 +426,7 @@ def _single_steps(branches, n_prm: int, P: int):
 
     def one_gather(V, M, row, ia, ib):
         vals = jnp.stack([V[ia], V[ib], V[row[3]]])
-        mats = jnp.stack([M[ia], M[ib], M[row[3]]])
+        mats = _no_materials(vals) if M is None else jnp.stack([M[ia], M[ib], M[row[3]]])
         return vals, mats, jnp.stack([V[row[4 + k]] for k in range(4)])
 
     def one_forward(pool, prog, items, grp, V, M):
@@ -427,7 +434,7 @@ def _single_steps(branches, n_prm: int, P: int):
         vals, mats, p = one_gather(V, M, row, ia, ib)
         out, outm = lax.switch(row[0], branches, vals, mats, p, prm, row[9])
         return (lax.dynamic_update_slice(V, out, (row[10], 0)),
-                lax.dynamic_update_slice(M, outm, (row[10], 0)))
+                None if M is None else lax.dynamic_update_slice(M, outm, (row[10], 0)))
 
     def one_backward(pool, prog, items, grp, V, M, G, dpool):
         row, ia, ib, prm = one(prog, items, grp, pool)
@@ -456,7 +463,7 @@ def _single_steps(branches, n_prm: int, P: int):
 def _grouped_steps(branches, widths, group: int, n_prm: int, n_rows: int, scratch_prm: int):
     """The step functions of groups of up to ``group`` steps (forward, backward, tangent): the
     members' rows gathered, the branch vmapped over them, their output rows scattered back (lanes past
-    the count write the scratch rows and parameters)."""
+    the count write the scratch rows and parameters). A material file ``M`` of None: none kept."""
     scratch = n_rows - 4
     lanes, four, window = jnp.arange(group), jnp.arange(4), jnp.arange(n_prm)
     vbranches = [jax.vmap(fn) for fn in branches]
@@ -476,13 +483,14 @@ def _grouped_steps(branches, widths, group: int, n_prm: int, n_rows: int, scratc
         return branch, rows, reads, pool[rows[:, 8:9] + window], out, valid
 
     def group_gather(V, M, rows, reads):
-        return V[reads], M[reads], V[rows[:, 4:8]]
+        vals = V[reads]
+        return vals, _no_materials(vals) if M is None else M[reads], V[rows[:, 4:8]]
 
     def group_forward(pool, prog, items, grp, V, M):
         branch, rows, reads, prm, out, _ = members(prog, items, grp, pool)
         vals, mats, p = group_gather(V, M, rows, reads)
         o, om = lax.switch(branch, vbranches, vals, mats, p, prm, rows[:, 9])
-        return V.at[out].set(o), M.at[out].set(om)
+        return V.at[out].set(o), None if M is None else M.at[out].set(om)
 
     def group_backward(pool, prog, items, grp, V, M, G, dpool):
         branch, rows, reads, prm, out, valid = members(prog, items, grp, pool)
@@ -520,18 +528,18 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
         V = start(V, pts)
         return lax.fori_loop(0, n, lambda t, vm: step_forward(pool, prog, items, groups[t], *vm), (V, M))
 
-    def backward(pool, prog, items, groups, n, V, M, G, dpool, g, result):
+    def backward(pool, prog, items, groups, n, V, G, dpool, g, result):
         """G comes and goes all zero: a step's output rows are cleared once read (the scratch rows
         and parameters after the sweep)."""
         G = G.at[result].set(g)
-        G, dpool = lax.fori_loop(0, n, lambda k, gd: step_backward(pool, prog, items, groups[n - 1 - k], V, M, *gd),
+        G, dpool = lax.fori_loop(0, n, lambda k, gd: step_backward(pool, prog, items, groups[n - 1 - k], V, None, *gd),
                                  (G, dpool))
         dx = G[0:3]
         return G.at[0:4].set(0.0).at[scratch:].set(0.0), dpool.at[scratch_prm:].set(0.0), dx
 
-    def tangent(pool, tpool, prog, items, groups, n, V, M, T):
+    def tangent(pool, tpool, prog, items, groups, n, V, T):
         T = T.at[0:4].set(0.0)
-        return lax.fori_loop(0, n, lambda t, T: step_tangent_rows(pool, tpool, prog, items, groups[t], V, M, T), T)
+        return lax.fori_loop(0, n, lambda t, T: step_tangent_rows(pool, tpool, prog, items, groups[t], V, None, T), T)
 
     def files():
         return jnp.zeros((n_rows, P), jnp.float32), jnp.zeros((n_rows, P), jnp.int32)
@@ -546,23 +554,23 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
 
     def vjp(pool, prog, items, groups, n_groups, pts, w, result):
         def one(carry, xs):
-            V, M, G, dpool = carry
+            V, G, dpool = carry
             it, gr, n, pc, wc = xs
-            V, M = forward(pool, prog, it, gr, n, V, M, pc)
-            G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
-            return (V, M, G, dpool), V[result]
-        V, M = files()
-        _, d = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, groups, n_groups, pts, w))
-        return d, _[3]
+            V, _ = forward(pool, prog, it, gr, n, V, None, pc)
+            G, dpool, _ = backward(pool, prog, it, gr, n, V, G, dpool, wc, result)
+            return (V, G, dpool), V[result]
+        V = jnp.zeros((n_rows, P), jnp.float32)
+        (_, _, dpool), d = lax.scan(one, (V, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, groups, n_groups, pts, w))
+        return d, dpool
 
     def grads(pool, prog, items, groups, n_groups, pts, w, tangents, result):
         def one(carry, xs):
             V, M, G, dpool = carry
             it, gr, n, pc, wc = xs
             V, M = forward(pool, prog, it, gr, n, V, M, pc)
-            G, dpool, _ = backward(pool, prog, it, gr, n, V, M, G, dpool, wc, result)
-            G, _, dx = backward(pool, prog, it, gr, n, V, M, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
-            per = jax.vmap(lambda t: tangent(pool, t, prog, it, gr, n, V, M, jnp.zeros_like(V))[result])(tangents)
+            G, dpool, _ = backward(pool, prog, it, gr, n, V, G, dpool, wc, result)
+            G, _, dx = backward(pool, prog, it, gr, n, V, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
+            per = jax.vmap(lambda t: tangent(pool, t, prog, it, gr, n, V, jnp.zeros_like(V))[result])(tangents)
             return (V, M, G, dpool), (V[result], M[result], dx.T, per)
         V, M = files()
         (_, _, _, dpool), (d, m, dx, per) = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)),
@@ -570,8 +578,7 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
         return d, m, dx, dpool, per
 
     def rows(pool, prog, items, groups, n, pts):
-        shape = (n_rows, pts.shape[0])
-        return forward(pool, prog, items, groups, n, jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32), pts)[0]
+        return forward(pool, prog, items, groups, n, jnp.zeros((n_rows, pts.shape[0]), jnp.float32), None, pts)[0]
 
     return values, vjp, grads, rows
 
