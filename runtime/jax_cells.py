@@ -522,7 +522,7 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
     scratch = n_rows - 4
 
     def start(V, pts):
-        return V.at[0].set(pts[:, 0]).at[1].set(pts[:, 1]).at[2].set(pts[:, 2]).at[3].set(jnp.ones(pts.shape[0], jnp.float32))
+        return V.at[0:3].set(pts.T).at[3].set(jnp.ones(pts.shape[0], jnp.float32))
 
     def forward(pool, prog, items, groups, n, V, M, pts):
         V = start(V, pts)
@@ -560,7 +560,8 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
             G, dpool, _ = backward(pool, prog, it, gr, n, V, G, dpool, wc, result)
             return (V, G, dpool), V[result]
         V = jnp.zeros((n_rows, P), jnp.float32)
-        (_, _, dpool), d = lax.scan(one, (V, jnp.zeros_like(V), jnp.zeros_like(pool)), (items, groups, n_groups, pts, w))
+        (_, _, dpool), d = lax.scan(one, (V, jnp.zeros_like(V), jnp.zeros_like(pool)),
+                                    (items, groups, n_groups, pts, w))
         return d, dpool
 
     def grads(pool, prog, items, groups, n_groups, pts, w, tangents, result):
@@ -683,7 +684,8 @@ class CellsRunner:
         d = np.empty(len(pts), np.float32)
         m = np.empty(len(pts), np.int32)
         res = []
-        for s, e, (items, gr, n, p) in self._calls(plan, plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0)):
+        pieces = np.take(pts, plan.index, axis=0)
+        for s, e, (items, gr, n, p) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pieces):
             res.append((s, e, prog.values(args[0], args[1], items, gr, n, p, generic.result)))
         for s, e, (dd, mm) in res:
             ok = plan.valid[s:e]
@@ -696,7 +698,8 @@ class CellsRunner:
         d = np.empty(len(pts), np.float32)
         wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
         res = []
-        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0), wp):
+        pieces = np.take(pts, plan.index, axis=0)
+        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pieces, wp):
             res.append((s, e, prog.vjp(args[0], args[1], items, gr, n, p, ww, generic.result)))
         dpool = np.zeros(len(args[0]), np.float64)
         for s, e, (dd, dp) in res:
@@ -712,7 +715,8 @@ class CellsRunner:
         dx, per = np.empty((N, 3), np.float32), np.empty((len(tangents), N), np.float32)
         wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
         res = []
-        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0), wp):
+        pieces = np.take(pts, plan.index, axis=0)
+        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pieces, wp):
             res.append((s, e, prog.grads(args[0], args[1], items, gr, n, p, ww, tangents, generic.result)))
         dpool = np.zeros(len(args[0]), np.float64)
         for s, e, (dd, mm, gx, dp, pp) in res:
