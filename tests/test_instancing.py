@@ -403,3 +403,28 @@ def test_an_instance_list_is_built_once_per_content_and_flattens_as_if_built_ane
         fresh = flatten(scene)
         for name in ("instrs", "params", "bvh", "instances"):
             np.testing.assert_array_equal(getattr(tape, name), getattr(fresh, name), err_msg=name)
+
+
+def test_a_reflattened_instance_list_is_neither_copied_nor_validated_again(monkeypatch, walker_cpu):
+    """Placements are read-only; a scene with one instance list holds its placements and its
+    remembered BVH themselves (a topology edit elsewhere copies neither), and a flattened tape is
+    validated once: the walker drawing it finds it validated."""
+    from taperay.runtime import tape as tape_module
+    rng = np.random.default_rng(5)
+    n = 300
+    parts = bolt().instances(rng.uniform(-5, 5, (n, 3)), random_quats(rng, n), rng.uniform(0.8, 1.2, n))
+    assert not parts.array.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        parts.array["s"][0] = 2.0
+    a, b = flatten(union(parts, sphere(1.0))), flatten(union(parts, box(1.0)))
+    assert a.bvh is b.bvh and a.instances is parts.array and b.instances is parts.array
+    assert not a.bvh.flags.writeable
+    unculled = flatten(union(parts, sphere(1.0)), cull=False)       # (its inner boxes rewritten: a copy)
+    assert unculled.bvh is not a.bvh and np.array_equal(unculled.bvh["skip"], a.bvh["skip"])
+    calls = []
+    real = tape_module.validate
+    monkeypatch.setattr(tape_module, "validate", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    tape = flatten(union(parts, sphere(2.5)))
+    assert len(calls) == 1
+    d, _ = walker_cpu.evaluate(tape, rng.uniform(-5, 5, (64, 3)).astype(np.float32))
+    assert len(calls) == 1 and np.all(np.isfinite(d))
