@@ -564,13 +564,17 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
                                     (items, groups, n_groups, pts, w))
         return d, dpool
 
-    def grads(pool, prog, items, groups, n_groups, pts, w, tangents, result):
+    def grads(pool, prog, items, groups, n_groups, pts, w, tangents, result, unit_weights=False):
+        """``unit_weights``: every point's weight is 1 (0 past a piece's points), so df/dx comes
+        from the weighted reverse sweep itself (a point's adjoint is its weight times df/dx); else
+        from a second sweep with weights 1."""
         def one(carry, xs):
             V, M, G, dpool = carry
             it, gr, n, pc, wc = xs
             V, M = forward(pool, prog, it, gr, n, V, M, pc)
-            G, dpool, _ = backward(pool, prog, it, gr, n, V, G, dpool, wc, result)
-            G, _, dx = backward(pool, prog, it, gr, n, V, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
+            G, dpool, dx = backward(pool, prog, it, gr, n, V, G, dpool, wc, result)
+            if not unit_weights:
+                G, _, dx = backward(pool, prog, it, gr, n, V, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
             per = jax.vmap(lambda t: tangent(pool, t, prog, it, gr, n, V, jnp.zeros_like(V))[result])(tangents)
             return (V, M, G, dpool), (V[result], M[result], dx.T, per)
         V, M = files()
@@ -616,7 +620,7 @@ class CellsProgram:
         jit = functools.partial(jax.jit, compiler_options=compiler_options)
         self.values = jit(values)
         self.vjp = jit(vjp)
-        self.grads = jit(grads)
+        self.grads = jit(grads, static_argnames="unit_weights")
         self.rows = jit(rows)
 
 
@@ -714,10 +718,12 @@ class CellsRunner:
         d, m = np.empty(N, np.float32), np.empty(N, np.int32)
         dx, per = np.empty((N, 3), np.float32), np.empty((len(tangents), N), np.float32)
         wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
+        unit = bool(np.all(w == 1))         # (df/dx from the weighted sweep: JaxWalker's default weights)
         res = []
         pieces = np.take(pts, plan.index, axis=0)
         for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pieces, wp):
-            res.append((s, e, prog.grads(args[0], args[1], items, gr, n, p, ww, tangents, generic.result)))
+            res.append((s, e, prog.grads(args[0], args[1], items, gr, n, p, ww, tangents, generic.result,
+                                         unit_weights=unit)))
         dpool = np.zeros(len(args[0]), np.float64)
         for s, e, (dd, mm, gx, dp, pp) in res:
             ok = plan.valid[s:e]

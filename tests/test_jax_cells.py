@@ -84,6 +84,10 @@ def test_cells_prune_and_equal_the_generic_form(walker_cells, walker_generic, wa
     for nm in names:
         np.testing.assert_allclose(a.per_point[nm], b.per_point[nm], atol=1e-6, err_msg=nm)
         np.testing.assert_allclose(a.dnamed[nm], b.dnamed[nm], rtol=1e-4, atol=1e-4)
+    # unit weights (the default): df/dx read from the weighted sweep itself equals a sweep's with ones
+    unit, generic_unit = (w_.value_and_grad(tape, pts, names=names) for w_ in (walker_cells, walker_generic))
+    np.testing.assert_array_equal(unit.dx, a.dx)
+    np.testing.assert_allclose(unit.dpool, generic_unit.dpool, rtol=1e-4, atol=1e-4 * np.abs(generic_unit.dpool).max())
 
 
 def test_cells_gradients_agree_with_twin_finite_differences(walker_cells, walker_cpu):
