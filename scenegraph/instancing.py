@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -30,7 +31,7 @@ BUILT_CACHE_BYTES = 256 << 20   # remembered BVHs and representatives' grids, at
 _built: OrderedDict = OrderedDict()
 _built_counts = {"hits": 0, "builds": 0}
 _flatten = threading.local()    # .digests: id(array) -> (array, digest) while one flatten runs
-_READ_ONLY_DIGESTS: OrderedDict = OrderedDict()   # id(array) -> (array, digest) of read-only arrays owning their data
+_READ_ONLY_DIGESTS: OrderedDict = OrderedDict()   # id(array) -> (weak ref, digest): read-only arrays owning their data
 _READ_ONLY_KEPT = 32
 _READ_ONLY_LOCK = threading.Lock()
 
@@ -220,18 +221,18 @@ def _array_digest(a: np.ndarray) -> bytes:
 
 def _read_only_digest(a: np.ndarray) -> bytes | None:
     """The digest of a read-only array that owns its data (``placements``' arrays: nothing can
-    change them), kept across flattens for the last ``_READ_ONLY_KEPT`` of them (the array held,
-    so its id stays its); None for any other array."""
+    change them), kept across flattens for the last ``_READ_ONLY_KEPT`` of them (by a weak
+    reference: an entry whose array is gone no longer matches its id); None for any other array."""
     if a.flags.writeable or a.base is not None:
         return None
     with _READ_ONLY_LOCK:
         kept = _READ_ONLY_DIGESTS.get(id(a))
-        if kept is not None and kept[0] is a:
+        if kept is not None and kept[0]() is a:
             _READ_ONLY_DIGESTS.move_to_end(id(a))
             return kept[1]
     digest = _array_digest(a)
     with _READ_ONLY_LOCK:
-        _READ_ONLY_DIGESTS[id(a)] = (a, digest)
+        _READ_ONLY_DIGESTS[id(a)] = (weakref.ref(a), digest)
         while len(_READ_ONLY_DIGESTS) > _READ_ONLY_KEPT:
             _READ_ONLY_DIGESTS.popitem(last=False)
     return digest
