@@ -50,12 +50,19 @@ def _corners(b):
     return np.array([[b[i >> 0 & 1, 0], b[i >> 1 & 1, 1], b[i >> 2 & 1, 2]] for i in range(8)])
 
 
+def _cross(u, v):
+    """u x v for one vector u (3,) and vectors v (..., 3): np.cross's arithmetic, without its
+    axis handling (a refit rotates a few corners many times)."""
+    x, y, z = v[..., 0], v[..., 1], v[..., 2]
+    return np.stack([u[1] * z - u[2] * y, u[2] * x - u[0] * z, u[0] * y - u[1] * x], -1)
+
+
 def _quat_rotate(q, v):
     """Vectors v (..., 3) rotated by the unit quaternion q (w, x, y, z)."""
     w, x, y, z = q
     u = np.array([x, y, z])
     v = np.asarray(v, float)
-    return v + 2 * np.cross(u, np.cross(u, v) + w * v)
+    return v + 2 * _cross(u, _cross(u, v) + w * v)
 
 
 def _transform_box(b, t, q, s):
