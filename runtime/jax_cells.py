@@ -263,13 +263,12 @@ def _bucket(points: np.ndarray, cell_points: int):
     return order, first, counts, cmin, cmax
 
 
-def _liveness(st: _Structure, steps: np.ndarray, result: int, rewrite: np.ndarray, rewritten: set) -> np.ndarray:
+def _liveness(st: _Structure, steps: np.ndarray, result: int, rewrite: np.ndarray) -> np.ndarray:
     """(cells, steps) bool: the steps each cell needs, from the result down (a rewritten parent,
     per ``rewrite``, does not need the operand it no longer reads). The cells are bits of one
-    Python int per row (a step costs a few integer operations whatever the number of cells);
-    ``rewritten``: the steps with a rewrite in some cell."""
+    Python int per row (a step costs a few integer operations whatever the number of cells)."""
     K, S = rewrite.shape
-    steps_rewritten = sorted(rewritten)
+    steps_rewritten = np.flatnonzero(rewrite.any(0)).tolist()
     cols = rewrite[:, steps_rewritten]
     drops = dict(zip(steps_rewritten, zip(_bits(cols == 1), _bits(cols == 2))))
     outs, point_rows = steps[:, 10].tolist(), steps[:, 4].tolist()
@@ -338,7 +337,7 @@ class CellPlan:
             s, side = st.parent[r]
             keep = g_r & ~gone.get(int(steps[s, 10]), none)
             rewrite[keep, s] = 1 if side == 1 else 2
-        live = _liveness(st, steps, result, rewrite, {int(s) for s, _ in (st.parent[r] for r in gone)})
+        live = _liveness(st, steps, result, rewrite)
         kept = live.sum(1)
         self.kept, self.n_cells, self.n_points = kept, K, n
         self.point_steps = int((kept * counts).sum())

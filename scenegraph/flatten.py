@@ -330,7 +330,7 @@ class _Emitter:
         first_inst = sum(len(a) for a in self.instances)
         bvh = placed_bvh(b, n.array, first_node, first_inst)
         if not self.cull:   # inner boxes never reject: every leaf box is tested (O(N) a point)
-            bvh = bvh.copy() if not bvh.flags.writeable else bvh
+            bvh = bvh.copy()        # (placed_bvh may hand out its remembered, read-only tree)
             inner = bvh["instance"] < 0
             bvh["lo"][inner], bvh["hi"][inner] = -3e38, 3e38
         self.instances.append(n.array)
