@@ -14,6 +14,7 @@ import numpy as np
 from .interval_kernels import LANES, NAN, box_intervals, box_rows, boxes_group
 from .jit_cache import compile_ahead, njit, prange
 from .lowering import NotLowerable, lower
+from .memo import Kept
 from .pruned_eval import counting_sort, eval_run
 from .pruner import checked_records, is_arithmetic, prune_records
 from .tape import CellsTooLarge, Tape, content_key
@@ -25,7 +26,7 @@ __all__ = ["CellTapes", "cell_tape", "grid_ijk", "sub_cell_ijk", "grid_cell_boxe
            "LOWER_MAX_RECORDS"]
 
 CELL_TAPES_MAX_BYTES = 512 << 20    # march_pruned's pruned tapes, all cells together
-_CELL_TAPE: dict[int, Tape | None] = {}
+_CELL_TAPE = Kept(16)   # content key -> the lowered tape (None: not lowerable)
 LOWER_MAX_RECORDS = 16384   # longer scene tapes are not lowered (host Python: about 0.35 s per 8,000 records)
 
 
@@ -38,15 +39,14 @@ def cell_tape(tape: Tape) -> Tape | None:
         return tape
     if len(tape.instrs) > LOWER_MAX_RECORDS:
         return None
-    key = content_key(tape)
-    if key not in _CELL_TAPE:
-        if len(_CELL_TAPE) > 16:
-            _CELL_TAPE.clear()
-        try:
-            _CELL_TAPE[key] = lower(tape)
-        except NotLowerable:
-            _CELL_TAPE[key] = None
-    return _CELL_TAPE[key]
+    return _CELL_TAPE.get(content_key(tape), lambda: _lowered(tape))
+
+
+def _lowered(tape: Tape) -> Tape | None:
+    try:
+        return lower(tape)
+    except NotLowerable:
+        return None
 
 
 def grid_ijk(grid: int, flat: bool = False) -> np.ndarray:
@@ -286,7 +286,7 @@ class CellTapes:
 def _kernels_ahead(code, imm, n_regs, levels) -> list:
     """Helper processes compiling the kernels a CellTapes build and its evaluation run after the
     box intervals (the sub-cells' pruning with ``levels`` 2, the points' evaluation), by the
-    argument types they will get (none where the disk cache holds them: jit_cache.compile_ahead)."""
+    argument types they will get (none started where the disk cache holds them: jit_cache.compile_ahead)."""
     i, ints, f32 = np.int64(0), np.empty(0, np.int64), np.empty(0, np.float32)
     tcodes, timms = np.empty((0,) + code.shape, code.dtype), np.empty((0, len(imm)), imm.dtype)
     kernels = [(_cells_points_kernel, (code, imm, ints, ints, n_regs, np.empty((0, 3), np.float32), ints, ints, ints,
@@ -294,7 +294,7 @@ def _kernels_ahead(code, imm, n_regs, levels) -> list:
     if levels == 2:
         kernels.append((_prune_subcells, (tcodes, timms, ints, n_regs, np.empty((6, 0), np.float32), True, ints, code,
                                           imm, ints, f32, i, i)))
-    return [a for a in (compile_ahead(k, *args) for k, args in kernels) if a is not None]
+    return [compile_ahead(k, *args) for k, args in kernels]
 
 
 @njit(**_JIT)

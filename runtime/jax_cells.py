@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .memo import Kept
 from .opcodes import OPS, Family, Op
 from .tape import Tape
 
@@ -139,17 +140,16 @@ def step_vjp(branches, branch, aux, vals, mats, p, prm, gout):
     return lax.switch(branch, [branch_vjp(fn) for fn in branches], vals, p, prm, gout)
 
 
-def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops, _cache={}) -> dict:
+_LIPSCHITZ = Kept(16)
+
+
+def lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
     """A Lipschitz bound in the point of every value row of the generic layout's ``steps`` (rows as
     in ``_GenericTape``): shapes, culls and combines under the point ops; inf where a row's value
     comes through an op without one (arithmetic, ellipsoids, FIELD_RESULT). ``generic_ops``: the
     generic form's ops by branch number. Kept for the last 16 (steps, pool): read, not changed."""
-    key = (steps.tobytes(), np.asarray(pool).tobytes(), id(generic_ops))
-    if key not in _cache:
-        if len(_cache) > 16:
-            _cache.clear()
-        _cache[key] = _lipschitz_rows(steps, pool, generic_ops)
-    return _cache[key]
+    return _LIPSCHITZ.get((steps.tobytes(), np.asarray(pool).tobytes(), id(generic_ops)),
+                          lambda: _lipschitz_rows(steps, pool, generic_ops))
 
 
 def _lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
@@ -224,13 +224,11 @@ class _Structure:
                         self.parent[r] = (s, side)
 
 
-def _structure(steps: np.ndarray, result: int, generic_ops, _cache={}) -> _Structure:
-    key = (steps.tobytes(), result)
-    if key not in _cache:
-        if len(_cache) > 16:
-            _cache.clear()
-        _cache[key] = _Structure(steps, result, generic_ops)
-    return _cache[key]
+_STRUCTURES = Kept(16)
+
+
+def _structure(steps: np.ndarray, result: int, generic_ops) -> _Structure:
+    return _STRUCTURES.get((steps.tobytes(), result), lambda: _Structure(steps, result, generic_ops))
 
 
 def cell_grid(n_points: int, cell_points: int) -> int:

@@ -61,6 +61,7 @@ from jax import lax  # noqa: E402
 
 from . import jax_cells
 from .jax_cells import CellLayout, CellsRunner, layout_for
+from .memo import Kept
 from .opcodes import OPS, POLY_OPS, Family, Op
 from .tape import VALIDATED, Tape, TaperayError, point_array, pool_tangents
 
@@ -885,15 +886,13 @@ class _GenericTape:
         return (pool, self.prog, np.array([self.n_steps, self.result], np.int32))
 
 
-def _generic_tape(tape: Tape, _cache={}) -> _GenericTape:
+_GENERIC_TAPES = Kept(16)
+
+
+def _generic_tape(tape: Tape) -> _GenericTape:
     """``_GenericTape(tape)``, kept for the last 16 record lists (it depends on the records and the
     number of parameters only; read, not changed)."""
-    key = (tape.instrs.tobytes(), len(tape.params))
-    if key not in _cache:
-        if len(_cache) > 16:
-            _cache.clear()
-        _cache[key] = _GenericTape(tape)
-    return _cache[key]
+    return _GENERIC_TAPES.get((tape.instrs.tobytes(), len(tape.params)), lambda: _GenericTape(tape))
 
 
 def _generic_sweep(bucket: tuple):

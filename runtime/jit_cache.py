@@ -226,40 +226,47 @@ def function_value(func, returns: str, *examples, helper: bool = True):
     return value
 
 
-def compile_ahead(func, *examples) -> "CompileAhead | None":
+def compile_ahead(func, *examples) -> CompileAhead:
     """Start compiling ``func`` (declared with ``njit``) for the Numba types of the example
     arguments in a helper process, into the disk cache, so that this process can compile other
     kernels meanwhile; ``wait()`` on the handle returned before ``func``'s first call, which then
-    loads the helper's result. None where nothing was started: the disk cache holds it already,
-    one core (nothing would run alongside), an unwritable cache folder."""
+    loads the helper's result. Nothing is started (``started`` False, ``wait()`` returns at once)
+    where the disk cache holds it already, on one core (nothing would run alongside) or with an
+    unwritable cache folder."""
     numba = load_numba()
     dispatcher = func.dispatcher if isinstance(func, _Declared) else func
     return _ahead(dispatcher, tuple(numba.typeof(a) for a in examples))
 
 
 class CompileAhead:
-    """A helper process compiling a jitted function for some argument types (compile_ahead)."""
+    """A helper process compiling a jitted function for some argument types (compile_ahead), or
+    none (``process`` None: nothing to wait for)."""
 
-    def __init__(self, dispatcher, argtypes: tuple, process):
+    def __init__(self, dispatcher, argtypes: tuple, process=None):
         self.dispatcher, self.argtypes, self.process = dispatcher, argtypes, process
 
+    @property
+    def started(self) -> bool:
+        return self.process is not None
+
     def running(self) -> bool:
-        return self.process.poll() is None
+        return self.process is not None and self.process.poll() is None
 
     def wait(self) -> None:
         """Until the helper is done (shown as a compile: runtime.compile_progress's line)."""
+        if self.process is None:
+            return
         from numba.core import event
         with event.trigger_event("numba:compile", data=dict(dispatcher=self.dispatcher, args=self.argtypes,
                                                             return_type=None)):
             self.process.wait()
+        self.process = None
 
 
-def _ahead(dispatcher, argtypes: tuple) -> CompileAhead | None:
+def _ahead(dispatcher, argtypes: tuple) -> CompileAhead:
     """compile_ahead for a dispatcher and Numba argument types."""
-    if _is_cached(dispatcher, argtypes):
-        return None
-    process = _compile_ahead(dispatcher, argtypes)
-    return None if process is None else CompileAhead(dispatcher, argtypes, process)
+    process = None if _is_cached(dispatcher, argtypes) else _compile_ahead(dispatcher, argtypes)
+    return CompileAhead(dispatcher, argtypes, process)
 
 
 _CLASS: list = []
@@ -277,7 +284,8 @@ def _compiled_function_class():
             def __init__(self, dispatcher, signature, helper=True):
                 self.dispatcher, self._signature = dispatcher, signature
                 self._address: int | None = None
-                self._helper = _ahead(dispatcher, signature.args) if helper else None
+                self._helper = (_ahead(dispatcher, signature.args) if helper
+                                else CompileAhead(dispatcher, signature.args))
 
             def __wrapper_address__(self) -> int:
                 if self._address is None:
@@ -292,13 +300,10 @@ def _compiled_function_class():
             def compiling_elsewhere(self) -> bool:
                 """Whether a helper process is compiling it now (a caller may compile other
                 kernels meanwhile, rather than wait)."""
-                helper = self._helper
-                return helper is not None and helper.running()
+                return self._helper.running()
 
             def _compile(self) -> int:
-                if self._helper is not None:
-                    self._helper.wait()
-                    self._helper = None
+                self._helper.wait()
                 args = self._signature.args
                 self.dispatcher.compile(args)      # (the helper's result from the disk cache)
                 compiled = self.dispatcher.overloads[args]

@@ -328,8 +328,7 @@ def _image(tape: Tape, width, height, rect, z, tiles, mode, stats):
     like_top = (code, imm, i, np.empty(0, f32), np.empty(0, f32), np.empty((0, 0), np.uint8), np.empty((0, 0, 0), f32))
     ahead = compile_ahead(_image_tiles, *like_top, tape.n_regs, tiles, xs, ys, zf, mode, field, sign, st, i, i)
     top = _image_top(code, imm, tape.n_regs, tiles, xs, ys, zf, st)   # (meanwhile, on an empty cache)
-    if ahead is not None:
-        ahead.wait()
+    ahead.wait()
     on_threads(_image_tiles, *top, tape.n_regs, tiles, xs, ys, zf, mode, field, sign, st)
     if stats is not None:
         tot = st[:, :-1].sum(0)
@@ -438,7 +437,6 @@ def evaluate_pruned(tape: Tape, points, grid: int = 8, block: int = 64) -> tuple
         cell = np.where(tape.bounds[1] > lo, (tape.bounds[1] - lo) / np.float32(grid), 1).astype(np.float32)
         order, seg, vbox = _bucket(pts, lo, cell, grid)
         _, _, choices, sides = box_intervals(code, imm, 0, tape.n_regs, vbox, keep_sides=False)
-    if ahead is not None:                   # (an empty cache: a helper compiled it meanwhile)
-        ahead.wait()
+    ahead.wait()                            # (an empty cache: a helper compiled it meanwhile)
     on_threads(_points_kernel, code, imm, tape.n_regs, pts, order, seg, choices, sides, block, out)
     return out, np.zeros(len(pts), np.uint32)

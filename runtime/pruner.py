@@ -36,6 +36,7 @@ from .intervals import CHOICE_A, CHOICE_B, CHOICE_BOTH
 from .interval_kernels import box_intervals, box_rows
 from .twin_ops import F0, JIT_OPTIONS as _JIT
 from .jit_cache import njit
+from .memo import Kept
 from .opcodes import OPS, Family, Op, check_numba_constants
 from .tape import Tape, TaperayError, content_key, validate
 
@@ -168,7 +169,7 @@ def is_arithmetic(tape: Tape, fields: bool = False) -> bool:
                for o in ops)
 
 
-_COMPACT: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_COMPACT = Kept(64)     # (content key, fields) -> compact records
 
 
 def checked_records(tape: Tape, what: str, fields: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -176,16 +177,13 @@ def checked_records(tape: Tape, what: str, fields: bool = False) -> tuple[np.nda
     (n, 5) int32 op dst a b c and the (n,) float32 CONST values. With ``fields``, a tape of
     scene fields too, their records given as FIELD_OPS's arithmetic ops (the same values; the
     materials are the caller's, from the full tape)."""
-    key = (content_key(tape), fields)
-    if key not in _COMPACT:
+    def checked():
         validate(tape)
         if not is_arithmetic(tape, fields):
             raise TaperayError(f"{what}: {tape.source or 'the tape'} holds non-arithmetic ops; "
                                "only arithmetic-only tapes are pruned")
-        if len(_COMPACT) > 64:
-            _COMPACT.clear()
-        _COMPACT[key] = compact_records(tape)
-    return _COMPACT[key]
+        return compact_records(tape)
+    return _COMPACT.get((content_key(tape), fields), checked)
 
 
 def compact_records(tape: Tape) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ MAY_IMPORT = {
 # runtime's modules, lowest layer first: a module imports only modules of the layers before its
 # own (docs/ARCHITECTURE.md, "Module layout"); the package's __init__ is outside the order
 RUNTIME_LAYERS = [
-    ("opcodes", "op_numbers", "jit_cache", "gpu_adapter"),
+    ("opcodes", "op_numbers", "jit_cache", "gpu_adapter", "memo"),
     ("tape", "op_codegen"),
     ("program", "intervals", "shading", "camera", "outputs", "resources", "environment", "gpu_guard"),
     ("lowering", "image", "wgsl_header", "twin_ops", "twin_threads"),   # the twin: scalar rules, threads,
