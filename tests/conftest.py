@@ -14,6 +14,13 @@ from hypothesis import settings as hypothesis_settings
 
 from taperay.runtime.cpu import CpuWalker
 
+# One pytest-xdist worker per core: each worker's twin runs on its share of the cores (one thread
+# where the workers take them all), so that no kernel's threads wait on another worker's. Set
+# before anything imports Numba (the twin loads it on first use); a user's setting wins.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "NUMBA_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["NUMBA_NUM_THREADS"] = str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 WALKER_NAMES = ("cpu", "gpu", "jax")
 # each walker's capabilities, without importing wgpu or jax to parametrise
 # (tests/test_walker_protocol.py checks them against the walkers' own)
