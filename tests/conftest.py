@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from taperay.runtime.cpu import CpuWalker
-
 # One pytest-xdist worker per core: each worker's twin runs on its share of the cores (one thread
 # where the workers take them all), so that no kernel's threads wait on another worker's. Set
-# before anything imports Numba (the twin loads it on first use); a user's setting wins.
+# before anything imports Numba (taperay.runtime.cpu does); a user's setting wins.
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "NUMBA_NUM_THREADS" not in os.environ:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ["NUMBA_NUM_THREADS"] = str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+from taperay.runtime.cpu import CpuWalker  # noqa: E402  (after the thread count)
 
 WALKER_NAMES = ("cpu", "gpu", "jax")
 # each walker's capabilities, without importing wgpu or jax to parametrise
