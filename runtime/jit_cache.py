@@ -42,7 +42,7 @@ import threading
 from pathlib import Path
 
 __all__ = ["user_cache_dir", "numba_cache_dir", "keyed_sources", "source_key", "njit", "prange", "load_numba",
-           "numba_loaded", "function_value", "compile_ahead", "CompileAhead", "KEEP_KEYS"]
+           "numba_loaded", "function_value", "array_type_facts", "compile_ahead", "CompileAhead", "KEEP_KEYS"]
 
 _PACKAGE = __name__.rsplit(".", 2)[0] + "."      # the runtime's modules: their globals are rebound
 _LOCK = threading.RLock()
@@ -226,6 +226,14 @@ def function_value(func, returns: str, *examples, helper: bool = True):
     return value
 
 
+def array_type_facts(a) -> tuple:
+    """What Numba types an array by (``numba.typeof``: dtype, dimensions, layout, read-only,
+    aligned): arrays with equal facts have equal Numba types. Cheap (numpy attributes; typeof
+    costs tens of microseconds an array): a key for work that depends on arguments' types only."""
+    f = a.flags
+    return a.dtype, a.ndim, "C" if f.c_contiguous else "F" if f.f_contiguous else "A", f.writeable, f.aligned
+
+
 def compile_ahead(func, *examples) -> CompileAhead:
     """Start compiling ``func`` (declared with ``njit``) for the Numba types of the example
     arguments in a helper process, into the disk cache, so that this process can compile other
@@ -244,10 +252,7 @@ class CompileAhead:
 
     def __init__(self, dispatcher, argtypes: tuple, process=None):
         self.dispatcher, self.argtypes, self.process = dispatcher, argtypes, process
-
-    @property
-    def started(self) -> bool:
-        return self.process is not None
+        self.started = process is not None      # (a helper was started; ``process`` None once waited for)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None

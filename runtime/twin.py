@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit_cache import function_value, load_numba, njit
+from .jit_cache import array_type_facts, function_value, load_numba, njit
 from .camera import Camera
 from .opcodes import check_numba_constants
 from .shading import RenderSettings, compile_shading, unpack
@@ -265,11 +265,26 @@ def kernel_tape(tape: Tape):
     cols = np.ascontiguousarray(tape.as_columns())
     head = (cols, np.ascontiguousarray(tape.params, np.float32), *walk_nodes(tape),
             inst.view(np.float32).reshape(-1, 8))
-    no_saves = np.empty(0, np.int64)           # (cull_saves' index and saves: int64 arrays)
-    ws = workspace.py_func(1, 1, 1)
-    helpers = _block_helpers(head[1], ws)
-    run_block = function_value(_run_block, "boolean", *head, no_saves, no_saves, np.int64(0), ws, helpers)
+    helpers, run_block = _interpreter_values(head)
     return (*head, *split_culls(tape, cols), helpers, run_block)
+
+
+_INTERPRETER_VALUES: dict = {}     # the head arrays' type facts -> (_block_helpers' values, _run_block's)
+
+
+def _interpreter_values(head: tuple) -> tuple:
+    """_block_helpers' function values and _run_block's for kernel_tape's ``head`` arrays, made once
+    per process and the arrays' Numba types (jit_cache.array_type_facts: typing the examples anew
+    took about 2.5 ms a call on a 2-core EPYC)."""
+    key = tuple(array_type_facts(a) for a in head)
+    values = _INTERPRETER_VALUES.get(key)
+    if values is None:
+        no_saves = np.empty(0, np.int64)           # (cull_saves' index and saves: int64 arrays)
+        ws = workspace.py_func(1, 1, 1)
+        helpers = _block_helpers(head[1], ws)
+        run_block = function_value(_run_block, "boolean", *head, no_saves, no_saves, np.int64(0), ws, helpers)
+        values = _INTERPRETER_VALUES[key] = (helpers, run_block)
+    return values
 
 
 def _block_helpers(params, ws) -> tuple:

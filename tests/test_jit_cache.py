@@ -9,7 +9,10 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+
+from taperay.runtime import jit_cache
 
 CACHE_PATH = ("import taperay.runtime.twin as t, taperay.runtime.shading as s\n"
               "print(t._eval_kernel._cache._cache_path); print(s._shade._cache._cache_path)")
@@ -144,3 +147,21 @@ def test_a_kernel_compiled_ahead_by_a_helper_is_loaded_from_the_cache(tmp_path):
     """)
     lines = _python(code, XDG_CACHE_HOME=str(tmp_path)).stdout.splitlines()
     assert lines == ["True", "(4, 4)", "1 0", "False"], lines
+
+
+def test_array_type_facts_are_equal_exactly_where_numbas_types_are():
+    """array_type_facts keys work by argument types: over arrays of every layout, dtype,
+    dimension count and writeability, two arrays' facts are equal where numba.typeof's are."""
+    import numba
+    base = np.arange(48, dtype=np.float32).reshape(4, 12)
+    frozen = base.copy()
+    frozen.flags.writeable = False
+    rec = np.zeros(3, np.dtype([("a", "<f4"), ("b", "<u4")]))
+    arrays = [base, base.T, base[:, ::2], base[0], frozen, frozen[1:], base.astype(np.float64),
+              base.astype(np.int32), rec, rec.view(np.float32), np.float32(0) + base[:1, :1],
+              np.zeros((2, 3, 4), np.float32), np.zeros((0, 8), np.float32), np.empty(0, np.int64),
+              np.frombuffer(bytes(17), np.uint8)[1:].view(np.float32)]
+    for a in arrays:
+        for b in arrays:
+            same_facts = jit_cache.array_type_facts(a) == jit_cache.array_type_facts(b)
+            assert same_facts == (numba.typeof(a) == numba.typeof(b)), (numba.typeof(a), numba.typeof(b))
