@@ -42,7 +42,7 @@ import threading
 from pathlib import Path
 
 __all__ = ["user_cache_dir", "numba_cache_dir", "keyed_sources", "source_key", "njit", "prange", "load_numba",
-           "numba_loaded", "function_value", "array_type_facts", "compile_ahead", "CompileAhead", "KEEP_KEYS"]
+           "numba_loaded", "function_value", "quiet_function_types", "array_type_facts", "compile_ahead", "CompileAhead", "KEEP_KEYS"]
 
 _PACKAGE = __name__.rsplit(".", 2)[0] + "."      # the runtime's modules: their globals are rebound
 _LOCK = threading.RLock()
@@ -207,11 +207,8 @@ def function_value(func, returns: str, *examples, helper: bool = True):
     and argument types. ``helper=False``: no helper process; this process compiles ``func`` when
     a caller first runs (``func`` small, or compiled while this process would wait anyway)."""
     numba = load_numba()
-    import warnings
     import numba.experimental.function_type    # noqa: F401  (typeof of a tuple of these values)
-    # (Numba warns of the feature wherever a tuple of these values is typed: ours is deliberate)
-    warnings.filterwarnings("ignore", "First-class function type feature is experimental",
-                            numba.core.errors.NumbaExperimentalFeatureWarning)
+    quiet_function_types()
     dispatcher = func.dispatcher if isinstance(func, _Declared) else func
     argtypes = tuple(numba.typeof(a) for a in examples)
     key = (id(dispatcher), argtypes)
@@ -224,6 +221,17 @@ def function_value(func, returns: str, *examples, helper: bool = True):
                 signature = numba.core.typing.signature(result, *argtypes)
                 value = _VALUES[key] = _compiled_function_class()(dispatcher, signature, helper)
     return value
+
+
+def quiet_function_types() -> None:
+    """Ignore Numba's warning that first-class function types are experimental (it warns wherever
+    a tuple of function values is typed, at every call of a kernel taking one: ours are
+    deliberate). Filters go first in the list, so that a caller's ``simplefilter("always")`` in
+    force lets it through only until the next call of this; the twin calls it with every tape it
+    hands its kernels (twin.kernel_tape)."""
+    import warnings
+    warnings.filterwarnings("ignore", "First-class function type feature is experimental",
+                            load_numba().core.errors.NumbaExperimentalFeatureWarning)
 
 
 def array_type_facts(a) -> tuple:

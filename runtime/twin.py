@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit_cache import array_type_facts, function_value, load_numba, njit
+from .jit_cache import array_type_facts, function_value, load_numba, njit, quiet_function_types
 from .camera import Camera
 from .opcodes import check_numba_constants
 from .shading import RenderSettings, compile_shading, unpack
@@ -266,6 +266,7 @@ def kernel_tape(tape: Tape):
     head = (cols, np.ascontiguousarray(tape.params, np.float32), *walk_nodes(tape),
             inst.view(np.float32).reshape(-1, 8))
     helpers, run_block = _interpreter_values(head)
+    quiet_function_types()                         # (the kernels' calls type the values' tuple)
     return (*head, *split_culls(tape, cols), helpers, run_block)
 
 
