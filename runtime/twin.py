@@ -275,8 +275,8 @@ _INTERPRETER_VALUES: dict = {}     # the head arrays' type facts -> (_block_help
 
 def _interpreter_values(head: tuple) -> tuple:
     """_block_helpers' function values and _run_block's for kernel_tape's ``head`` arrays, made once
-    per process and the arrays' Numba types (jit_cache.array_type_facts: typing the examples anew
-    took about 2.5 ms a call on a 2-core EPYC)."""
+    per process and the arrays' Numba types (jit_cache.array_type_facts): typing the examples at
+    every call would cost about 1 ms a call on a 2-core EPYC."""
     key = tuple(array_type_facts(a) for a in head)
     values = _INTERPRETER_VALUES.get(key)
     if values is None:
