@@ -1,7 +1,7 @@
 """``Kept``: values kept by key, at most a fixed number, the oldest forgotten first. The runtime
 keeps host work per tape content in them (compact records, lowerings, the JAX walker's layouts
-and bounds), so that an edit back and forth finds its work done and a long session does not grow
-without bound."""
+and bounds), so that an edit back and forth finds its work done and a long-running process does not
+grow without bound."""
 
 __all__ = ["Kept"]
 
