@@ -41,11 +41,12 @@ def scenes():
     return out
 
 
-def points_around(bounds, n, grow=0.1):
-    """n uniform random points in the bounds box grown by ``grow`` of its diagonal."""
+def points_around(bounds, n, grow=0.1, rng=RNG):
+    """n uniform random points in the bounds box grown by ``grow`` of its diagonal (from ``rng``:
+    the file's shared generator unless a test brings its own)."""
     lo, hi = np.asarray(bounds, np.float64)
     pad = grow * np.linalg.norm(hi - lo)
-    return RNG.uniform(lo - pad, hi + pad, (n, 3)).astype(np.float32)
+    return rng.uniform(lo - pad, hi + pad, (n, 3)).astype(np.float32)
 
 
 def expand(n: Node) -> Node:
@@ -218,9 +219,7 @@ def test_menger_sponge_is_the_sponge_and_a_bound(walker_cpu):
     idx = idx[((idx % 3 == 1).sum(1) < 2) & ((idx // 3 == 1).sum(1) < 2)]
     assert len(idx) == 400
     brute = flatten(union(*[box(1 / 9).translate(*(-1 + (2 * i + 1) / 9)) for i in idx]))
-    lo, hi = np.asarray(small.bounds, np.float64)
-    pad = 0.1 * np.linalg.norm(hi - lo)
-    pts = np.random.default_rng(11).uniform(lo - pad, hi + pad, (50_000, 3)).astype(np.float32)
+    pts = points_around(small.bounds, 50_000, rng=np.random.default_rng(11))
     d, _ = walker_cpu.evaluate(small, pts)
     ref, _ = walker_cpu.evaluate(brute, pts)
     clear = np.abs(ref) > 1e-5
