@@ -66,7 +66,7 @@ from .opcodes import OPS, Family, Op
 from .tape import Tape
 
 __all__ = ["CellPlan", "CellsProgram", "CellsRunner", "CellLayout", "CPU_LAYOUT", "ACCELERATOR_LAYOUT",
-           "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "step_tangent", "step_vjp",
+           "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "op_spec", "step_tangent", "step_vjp",
            "MARGIN"]
 
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
@@ -115,6 +115,12 @@ _LIP_COMBINE = {Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.XOR, Op.OFFSET, Op.SHE
                 Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE, Op.MIN, Op.MAX, Op.COPY}
 
 
+def op_spec(op):
+    """The op table's entry of a generic step's op (its ``family`` and ``reads``); a step that is no
+    record of the tape (a pattern's: runtime.jax_walker.PatternStep) carries its own."""
+    return OPS[op] if isinstance(op, Op) else op
+
+
 def step_tangent(branches, branch, aux, vals, mats, p, prm, tv, tp, tprm):
     """The tangent rows of one generic step (forward mode): its op's branch (number ``branch``,
     material ``aux``) differentiated by jax.jvp in its operand values ``vals``, point ``p`` and
@@ -159,7 +165,7 @@ def _lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
         op = generic_ops[row[0]]
         ra, rb, px, prm, out = row[1], row[2], row[4], row[8], row[10]
         lam = lip.get(px, np.inf)
-        fam = OPS[op].family
+        fam = op_spec(op).family
         if fam is Family.POINT:
             if op is Op.ROTATE:
                 q = pool[prm:prm + 4].astype(np.float64)
@@ -176,7 +182,7 @@ def _lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
             n = pool[prm:prm + 3].astype(np.float64)
             val[out] = lam * float(np.sqrt(n @ n))
         elif op in _LIP_COMBINE:
-            reads = OPS[op].reads
+            reads = op_spec(op).reads
             val[out] = max(val.get(ra, np.inf), val.get(rb, np.inf) if "b" in reads else 0.0)
         else:
             val[out] = np.inf
@@ -201,13 +207,13 @@ class _Structure:
         self.value_reads = []
         self.level = np.zeros(self.n, np.int64)       # 1 + the highest level of the steps it reads (0: none)
         for s, (op, row) in enumerate(zip(ops, steps.tolist())):
-            reads = "" if op is Op.CULL_BOX else OPS[op].reads    # (the generic cull reads no value)
+            reads = "" if op is Op.CULL_BOX else op_spec(op).reads    # (the generic cull reads no value)
             rr = [row[1 + k] for k, f in enumerate("abc") if f in reads]
             self.value_reads.append(rr)
             for r in set(rr):
                 readers[r] = readers.get(r, 0) + 1
             self.level[s] = max([self.level[written_by[r]] + 1 for r in rr + row[4:8] if r in written_by], default=0)
-            point = OPS[op].family is Family.POINT
+            point = op_spec(op).family is Family.POINT
             for j in range(4 if point else 1):
                 written_by[row[10] + j] = s
             if not point:
@@ -611,7 +617,7 @@ class CellsProgram:
         if group == 1:
             steps = _single_steps(branches, n_prm, P)
         else:
-            widths = jnp.asarray([4 if OPS[op].family is Family.POINT else 1 for op in generic_ops], jnp.int32)
+            widths = jnp.asarray([4 if op_spec(op).family is Family.POINT else 1 for op in generic_ops], jnp.int32)
             steps = _grouped_steps(branches, widths, group, n_prm, n_rows, scratch_prm)
         values, vjp, grads, rows = _sweeps(steps, P, n_rows, scratch_prm)
         jit = functools.partial(jax.jit, compiler_options=compiler_options)

@@ -43,6 +43,7 @@ import os
 import threading
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -411,6 +412,77 @@ def _cells(t, cnt):
     return c, c2, bnd
 
 
+def _where_finite(bnd, f):
+    """f(bnd) where bnd is finite, else +inf (no copy left unchecked), with finite derivatives: f's
+    are taken at 0 there, not at inf (whose product with the zero cotangent would be NaN)."""
+    finite = bnd < INF
+    return jnp.where(finite, f(jnp.where(finite, bnd, F0)), INF)
+
+
+def _pattern_copies(op: Op, P, x, y, z, s):
+    """The copies a pattern evaluates at points (x, y, z, scale s), as the twin: the nearest cell and
+    its neighbour (2 x 2 x 2 for a grid, x fastest). -> (px, py, pz, ps): each copy's point
+    (copies, C); idx: each copy's instance index (float32); lbound: the bound of the copies not
+    evaluated (C,). ``P(k)``: the pattern's k-th parameter."""
+    if op is Op.REPEAT_LINEAR:
+        dx, dy, dz, cnt, e = (P(k) for k in range(5))
+        dd = dx * dx + dy * dy + dz * dz
+        dlen = jnp.sqrt(dd)
+        t = (x * dx + y * dy + z * dz) / dd
+        c0, c1, bnd = _cells(t, cnt)
+        lbound = _where_finite(bnd, lambda b: (b * dlen - e) * s)
+        k = jnp.stack([c0, c1]).astype(jnp.float32)
+        px, py, pz = x[None] - k * dx, y[None] - k * dy, z[None] - k * dz
+        ps = jnp.broadcast_to(s, k.shape)
+        idx = k
+    elif op is Op.REPEAT_POLAR:
+        cnt, cx, cy, cz, R = (P(k) for k in range(5))
+        n = cnt.astype(jnp.int32)
+        phic = jnp.arctan2(cy, cx)
+        sct = (jnp.arctan2(y, x) - phic) * cnt / TWO_PI
+        r = _round(sct).astype(jnp.int32)
+        step = jnp.where(sct >= r.astype(jnp.float32), 1, -1)
+        cells = jnp.stack([jnp.mod(r, n), jnp.mod(r + step, n)])
+        bnd = jnp.full(x.shape, INF)
+        for kk in (jnp.minimum(r, r + step) - 1, jnp.maximum(r, r + step) + 1):
+            th = TWO_PI * jnp.mod(kk, n).astype(jnp.float32) / cnt
+            cs, sn = jnp.cos(th), jnp.sin(th)
+            bnd = jnp.minimum(bnd, _len3(x - (cs * cx - sn * cy), y - (sn * cx + cs * cy), z - cz))
+        bnd = jnp.where(n >= 3, bnd, INF)
+        lbound = _where_finite(bnd, lambda b: (b - R) * s)
+        th = TWO_PI * cells.astype(jnp.float32) / cnt
+        cs, sn = jnp.cos(th), jnp.sin(th)
+        px, py = cs * x[None] + sn * y[None], cs * y[None] - sn * x[None]
+        pz, ps = jnp.broadcast_to(z, th.shape), jnp.broadcast_to(s, th.shape)
+        idx = cells.astype(jnp.float32)
+    else:   # REPEAT_GRID: the 2 x 2 x 2 cells, x fastest
+        lbound = jnp.full(x.shape, INF)
+        rows = []
+        for ax, coord in enumerate((x, y, z)):
+            sa, cnt, e = P(ax), P(3 + ax), P(6 + ax)
+            c0, c1, bnd = _cells(coord / sa, cnt)
+            lbound = jnp.minimum(lbound, _where_finite(bnd, lambda b: (b * jnp.abs(sa) - e) * s))
+            rows.append((c0, c1))
+        its = [(bx, by, bz) for bz in (0, 1) for by in (0, 1) for bx in (0, 1)]
+        ci = [jnp.stack([rows[ax][bits[ax]] for bits in its]) for ax in range(3)]
+        fi = [q.astype(jnp.float32) for q in ci]
+        px, py, pz = x[None] - fi[0] * P(0), y[None] - fi[1] * P(1), z[None] - fi[2] * P(2)
+        ps = jnp.broadcast_to(s, px.shape)
+        nx, ny = P(3).astype(jnp.int32), P(4).astype(jnp.int32)
+        idx = (ci[0] + nx * (ci[1] + ny * ci[2])).astype(jnp.float32)
+    return px, py, pz, ps, idx, lbound
+
+
+def _copy_bound(op: Op, P, px, py, pz, ps):
+    """The pattern's bound of one copy's cell at the copy's point: a copy's value is clipped to it."""
+    if op is Op.REPEAT_LINEAR:
+        dx, dy, dz, e = P(0), P(1), P(2), P(4)
+        return (jnp.abs(px * dx + py * dy + pz * dz) / jnp.sqrt(dx * dx + dy * dy + dz * dz) - e) * ps
+    if op is Op.REPEAT_POLAR:
+        return (_len3(px - P(1), py - P(2), pz - P(3)) - P(4)) * ps
+    return _box(px, py, pz, P(6), P(7), P(8)) * ps
+
+
 # ----------------------------------------------------------------------------- the trace form
 @dataclass
 class _State:
@@ -547,58 +619,9 @@ class _Trace:
     def _pattern(self, i, st):
         op, prm, end = Op(self.cols[i][0]), self.cols[i][5], self.cols[i][7]
         P = self._prm(prm)
-        x, y, z, s = st.p
-        if op is Op.REPEAT_LINEAR:
-            dx, dy, dz, cnt, e = (P(k) for k in range(5))
-            dd = dx * dx + dy * dy + dz * dz
-            dlen = jnp.sqrt(dd)
-            t = (x * dx + y * dy + z * dz) / dd
-            c0, c1, bnd = _cells(t, cnt)
-            lbound = (bnd * dlen - e) * s
-            k = jnp.stack([c0, c1]).astype(jnp.float32)
-            px, py, pz = x[None] - k * dx, y[None] - k * dy, z[None] - k * dz
-            ps = jnp.broadcast_to(s, k.shape)
-            cb = (jnp.abs(px * dx + py * dy + pz * dz) / dlen - e) * ps
-            idx = k
-        elif op is Op.REPEAT_POLAR:
-            cnt, cx, cy, cz, R = (P(k) for k in range(5))
-            n = cnt.astype(jnp.int32)
-            phic = jnp.arctan2(cy, cx)
-            sct = (jnp.arctan2(y, x) - phic) * cnt / TWO_PI
-            r = _round(sct).astype(jnp.int32)
-            step = jnp.where(sct >= r.astype(jnp.float32), 1, -1)
-            cells = jnp.stack([jnp.mod(r, n), jnp.mod(r + step, n)])
-            bnd = jnp.full(x.shape, INF)
-            for kk in (jnp.minimum(r, r + step) - 1, jnp.maximum(r, r + step) + 1):
-                th = TWO_PI * jnp.mod(kk, n).astype(jnp.float32) / cnt
-                cs, sn = jnp.cos(th), jnp.sin(th)
-                bnd = jnp.minimum(bnd, _len3(x - (cs * cx - sn * cy), y - (sn * cx + cs * cy), z - cz))
-            bnd = jnp.where(n >= 3, bnd, INF)
-            lbound = (bnd - R) * s
-            th = TWO_PI * cells.astype(jnp.float32) / cnt
-            cs, sn = jnp.cos(th), jnp.sin(th)
-            px, py = cs * x[None] + sn * y[None], cs * y[None] - sn * x[None]
-            pz, ps = jnp.broadcast_to(z, th.shape), jnp.broadcast_to(s, th.shape)
-            cb = (_len3(px - cx, py - cy, pz - cz) - R) * ps
-            idx = cells.astype(jnp.float32)
-        else:   # REPEAT_GRID: the 2 x 2 x 2 cells, x fastest
-            lbound = jnp.full(x.shape, INF)
-            rows = []
-            for ax, coord in enumerate((x, y, z)):
-                sa, cnt, e = P(ax), P(3 + ax), P(6 + ax)
-                c0, c1, bnd = _cells(coord / sa, cnt)
-                lbound = jnp.minimum(lbound, (bnd * jnp.abs(sa) - e) * s)
-                rows.append((c0, c1))
-            its = [(bx, by, bz) for bz in (0, 1) for by in (0, 1) for bx in (0, 1)]
-            ci = [jnp.stack([rows[ax][bits[ax]] for bits in its]) for ax in range(3)]
-            fi = [q.astype(jnp.float32) for q in ci]
-            px, py, pz = x[None] - fi[0] * P(0), y[None] - fi[1] * P(1), z[None] - fi[2] * P(2)
-            ps = jnp.broadcast_to(s, px.shape)
-            cb = _box(px, py, pz, P(6), P(7), P(8)) * ps
-            nx, ny = P(3).astype(jnp.int32), P(4).astype(jnp.int32)
-            idx = (ci[0] + nx * (ci[1] + ny * ci[2])).astype(jnp.float32)
+        px, py, pz, ps, idx, lbound = _pattern_copies(op, P, *st.p)
         vals, mats = jax.vmap(self._body(i, st))(px, py, pz, ps, idx)
-        v = jnp.maximum(vals, cb)
+        v = jnp.maximum(vals, _copy_bound(op, P, px, py, pz, ps))
         acc, m = v[0], mats[0]
         for k in range(1, v.shape[0]):
             upd = v[k] < acc
@@ -772,17 +795,43 @@ class _Program:
 
 
 # ----------------------------------------------------------------------------- the generic form
+class PatternStep(NamedTuple):
+    """A generic step of a pattern that is no record of the tape: a pattern's copies are unrolled
+    into steps (its body's steps once per copy). ``kind``: "copy" (the point of copy ``aux``, a
+    point step), "first" (copy 0's value clipped by its cell's bound: max(body, bound)), "next"
+    (a later copy's, kept where below the running least: its material then, the first copy's on
+    ties), "rest" (the least with the bound of the copies not evaluated, at the pattern's point);
+    "index" (INSTANCE_INDEX in copy ``aux``'s body, at the pattern's point); ``pattern``: the
+    REPEAT_* op. ``family`` and ``reads`` as the op table's entries."""
+    kind: str
+    pattern: Op
+
+    @property
+    def family(self) -> Family:
+        return Family.POINT if self.kind == "copy" else Family.COMBINE
+
+    @property
+    def reads(self) -> str:
+        return {"copy": "", "first": "a", "next": "ab", "rest": "a", "index": ""}[self.kind]
+
+
+_PATTERNS = (Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID)
+_COPIES = {Op.REPEAT_LINEAR: 2, Op.REPEAT_POLAR: 2, Op.REPEAT_GRID: 8}
+UNROLLED_STEPS_MAX = 1 << 16     # a tape whose patterns unroll to more generic steps gets the trace form
+
 # Each supported op is one branch: (operands (3, C), their materials (3, C), point (4, C), params
 # (GENERIC_PARAMS,)) -> (4, C) rows and their materials: a value op writes [v, 0, 0, 0] (rows past
 # the first belong to later records, which write them again), a point op (x, y, z, scale).
-GENERIC_PARAMS = 8
+GENERIC_PARAMS = 9      # (a grid pattern's nine)
 _GENERIC_OPS = ([Op.VAR_X, Op.VAR_Y, Op.VAR_Z, Op.CONST] + list(_ARITH)
                 + [o for o in Op if OPS[o].family is Family.SHAPE and o not in POLY_OPS]
                 + [Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE]
                 + [o for o in Op if OPS[o].family is Family.COMBINE] + [Op.CULL_BOX, Op.FIELD_RESULT])
+_RECORD_STEPS = len(_GENERIC_OPS)       # (the programs of a tape without patterns have these branches only)
+_GENERIC_OPS += [PatternStep(kind, op) for op in _PATTERNS for kind in ("copy", "first", "next", "rest", "index")]
 _BRANCH = {op: k for k, op in enumerate(_GENERIC_OPS)}
-_GENERIC_SKIP = (Op.PUSH, Op.POP)          # renamings: no step of their own
-_GENERIC_RECORDS = np.array([int(o) for o in (*_GENERIC_OPS, *_GENERIC_SKIP)])
+_GENERIC_SKIP = (Op.PUSH, Op.POP, *_PATTERNS, Op.REPEAT_END, Op.INSTANCE_INDEX)   # renamings; patterns unrolled
+_GENERIC_RECORDS = np.array([int(o) for o in (*_GENERIC_OPS, *_GENERIC_SKIP) if isinstance(o, Op)])
 
 
 def cells_unsupported(tape: Tape) -> str | None:
@@ -792,15 +841,28 @@ def cells_unsupported(tape: Tape) -> str | None:
     if why:
         return why
     g = _generic_tape(tape)
+    if g.bucket[3]:
+        return "patterns: the copies a point evaluates change from cell to cell (no Lipschitz bound)"
     return jax_cells.cells_unsupported(g.prog[:g.n_steps], tape.params, g.result, _GENERIC_OPS)
 
 
-def generic_unsupported(tape: Tape) -> str | None:
-    """Why the generic form cannot run ``tape`` (the first record it does not support), or None."""
+def _unsupported_record(tape: Tape) -> str | None:
     ops = tape.instrs["op"]
     bad = np.flatnonzero(~np.isin(ops, _GENERIC_RECORDS))
     if len(bad):
         return f"record {bad[0]}: {Op(int(ops[bad[0]])).name} is not supported by the generic JAX form"
+    return None
+
+
+def generic_unsupported(tape: Tape) -> str | None:
+    """Why the generic form cannot run ``tape`` (the first record it does not support), or None."""
+    why = _unsupported_record(tape)
+    if why:
+        return why
+    try:
+        _generic_tape(tape)                 # (INSTANCE_INDEX outside a pattern, patterns unrolled too far)
+    except TaperayError as e:
+        return str(e)
     return None
 
 
@@ -810,7 +872,29 @@ def _value_rows(v, m):
     return jnp.stack([v, z, z, z]), jnp.stack([m, zm, zm, zm])
 
 
+def _pattern_branch(step: PatternStep):
+    def run(vals, mats, p, prm, aux):
+        P = lambda k: prm[k]    # noqa: E731
+        op = step.pattern
+        if step.kind == "copy":
+            px, py, pz, ps, _, _ = _pattern_copies(op, P, *p)
+            return jnp.stack([px[aux], py[aux], pz[aux], ps[aux]]), jnp.zeros((4,) + p.shape[1:], jnp.int32)
+        if step.kind == "index":
+            return _value_rows(_pattern_copies(op, P, *p)[4][aux], jnp.zeros(p.shape[1:], jnp.int32))
+        if step.kind == "rest":
+            return _value_rows(_fmin(vals[0], _pattern_copies(op, P, *p)[5]), mats[0])
+        v = jnp.maximum(vals[1 if step.kind == "next" else 0], _copy_bound(op, P, *p))
+        if step.kind == "first":
+            return _value_rows(v, mats[0])
+        upd = v < vals[0]
+        return _value_rows(jnp.where(upd, v, vals[0]), jnp.where(upd, mats[1], mats[0]))
+    return run
+
+
 def _branch(op: Op):
+    if isinstance(op, PatternStep):
+        return _pattern_branch(op)
+
     def run(vals, mats, p, prm, aux):
         P = lambda k: prm[k]    # noqa: E731
         x, y, z, s = p[0], p[1], p[2], p[3]
@@ -840,6 +924,12 @@ def _branch(op: Op):
 _BRANCHES = [_branch(op) for op in _GENERIC_OPS]
 
 
+def _branches(bucket: tuple) -> list:
+    """The branches of a capacity bucket's programs: the patterns' steps only where its tapes have
+    patterns (bucket[3]), so that the programs of the others compile without them."""
+    return _BRANCHES if bucket[3] else _BRANCHES[:_RECORD_STEPS]
+
+
 def _bucket(n: int, least: int) -> int:
     return max(least, 1 << max(int(n) - 1, 1).bit_length())
 
@@ -847,38 +937,89 @@ def _bucket(n: int, least: int) -> int:
 class _GenericTape:
     """A tape in the generic form's single-assignment layout. Columns of ``prog`` (int32, one row a
     step): branch, rows of a, b, c, rows of the point (x, y, z, scale), param offset, material
-    (shapes, culls, FIELD_RESULT), first output row. Rows 0-2 hold the point, row 3 the scale 1.
-    ``bucket`` (steps, rows, pool size) rounds each up a power-of-two ladder."""
+    (shapes, culls, FIELD_RESULT; a pattern's copy number), first output row. Rows 0-2 hold the
+    point, row 3 the scale 1. A pattern is unrolled: its body's steps once per copy it evaluates
+    (``PatternStep``). ``bucket`` (steps, rows, pool size: each rounded up a power-of-two ladder;
+    1 where the tape has patterns, else 0)."""
 
     def __init__(self, tape: Tape):
-        why = generic_unsupported(tape)
+        why = _unsupported_record(tape)
         if why:
             raise TaperayError(why)
-        regs, point, stack, rows, steps = {}, (0, 1, 2, 3), [], 4, []
-        for op_i, dst, a, b, c, param, aux, _ in tape.as_columns().tolist():
-            op = Op(op_i)
-            if op is Op.PUSH:
-                stack.append(point)
-                continue
-            if op is Op.POP:
-                point = stack.pop()
-                continue
-            reads = OPS[op].reads
-            ra, rb, rc = (regs[r] if f in reads else 0 for f, r in zip("abc", (a, b, c)))
-            mat = aux if OPS[op].family is Family.SHAPE or op in (Op.CULL_BOX, Op.FIELD_RESULT) else 0
-            steps.append((_BRANCH[op], ra, rb, rc, *point, param, mat, rows))
-            if OPS[op].family is Family.POINT:
-                point = (rows, rows + 1, rows + 2, rows + 3)
-                rows += 4
-            else:
-                regs[dst] = rows
-                rows += 1
+        self._cols = tape.as_columns().tolist()
+        self._steps: list = []
+        self._rows = 4
+        regs: dict = {}
+        self._emit(0, len(self._cols), regs, (0, 1, 2, 3), [], None)
+        steps, rows = self._steps, self._rows
         self.result = regs[0]
         self.n_steps = len(steps)
-        self.bucket = (_bucket(len(steps), 64), _bucket(rows + 4, 64), _bucket(len(tape.params) + GENERIC_PARAMS, 64))
+        self.bucket = (_bucket(len(steps), 64), _bucket(rows + 4, 64), _bucket(len(tape.params) + GENERIC_PARAMS, 64),
+                       int(bool(np.isin(tape.instrs["op"], _PATTERNS).any())))
         self.prog = np.zeros((self.bucket[0], 11), np.int32)
         self.prog[:len(steps)] = steps
         self.chunk = max(256, min(CHUNK, 1 << (GENERIC_ROWS_BYTES // (8 * self.bucket[1])).bit_length() - 1))
+        del self._cols, self._steps
+
+    def _step(self, op, point, param, ra=0, rb=0, rc=0, mat=0) -> int:
+        """Appends one step; -> its first output row (a point step writes four)."""
+        out = self._rows
+        self._steps.append((_BRANCH[op], ra, rb, rc, *point, param, mat, out))
+        self._rows += 4 if jax_cells.op_spec(op).family is Family.POINT else 1
+        if len(self._steps) > UNROLLED_STEPS_MAX:
+            raise TaperayError(f"the tape's patterns unroll to more than {UNROLLED_STEPS_MAX} generic steps")
+        return out
+
+    def _emit(self, i: int, end: int, regs: dict, point: tuple, stack: list, copy) -> None:
+        """The steps of records i..end-1 at ``point`` (rows of x, y, z, scale); ``regs``: register ->
+        row, updated; ``copy``: (pattern op, its point, its param offset, copy number) inside a
+        pattern's body, else None."""
+        cols = self._cols
+        while i < end:
+            op_i, dst, a, b, c, param, aux, jump = cols[i]
+            op = Op(op_i)
+            if op is Op.PUSH:
+                stack.append(point)
+            elif op is Op.POP:
+                point = stack.pop()
+            elif op in _PATTERNS:
+                self._pattern(i, regs, point, stack)
+                i = jump + 1
+                continue
+            elif op is Op.INSTANCE_INDEX:
+                if copy is None:
+                    raise TaperayError(f"record {i}: INSTANCE_INDEX outside a pattern is not supported by the "
+                                       "generic JAX form")
+                pattern, at, pattern_param, k = copy
+                regs[dst] = self._step(PatternStep("index", pattern), at, pattern_param, mat=k)
+            else:
+                reads = OPS[op].reads
+                ra, rb, rc = (regs[r] if f in reads else 0 for f, r in zip("abc", (a, b, c)))
+                mat = aux if OPS[op].family is Family.SHAPE or op in (Op.CULL_BOX, Op.FIELD_RESULT) else 0
+                out = self._step(op, point, param, ra, rb, rc, mat)
+                if OPS[op].family is Family.POINT:
+                    point = (out, out + 1, out + 2, out + 3)
+                else:
+                    regs[dst] = out
+            i += 1
+
+    def _pattern(self, i: int, regs: dict, point: tuple, stack: list) -> None:
+        """A pattern's copies unrolled (as the twin evaluates them: the nearest cell and its
+        neighbour, 2 x 2 x 2 for a grid): each copy's point, the body at it, the running least of
+        the copies' clipped values; then the bound of the copies not evaluated."""
+        op, param, end = Op(self._cols[i][0]), self._cols[i][5], self._cols[i][7]
+        dst, body_result = self._cols[end][1], self._cols[end][2]
+        acc = None
+        for k in range(_COPIES[op]):
+            c = self._step(PatternStep("copy", op), point, param, mat=k)
+            copy = (c, c + 1, c + 2, c + 3)
+            sub = dict(regs)
+            self._emit(i + 1, end, sub, copy, list(stack), (op, point, param, k))
+            if acc is None:
+                acc = self._step(PatternStep("first", op), copy, param, ra=sub[body_result])
+            else:
+                acc = self._step(PatternStep("next", op), copy, param, ra=acc, rb=sub[body_result])
+        regs[dst] = self._step(PatternStep("rest", op), point, param, ra=acc)
 
     def args(self, tape: Tape) -> tuple:
         pool = np.zeros(self.bucket[2], np.float32)
@@ -918,7 +1059,7 @@ def _generic_sweep(bucket: tuple):
             row = prog[t]
             vals, mats, p = gather(V, M, row)
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
-            out, outm = lax.switch(row[0], _BRANCHES, vals, mats, p, prm, row[9])
+            out, outm = lax.switch(row[0], _branches(bucket), vals, mats, p, prm, row[9])
             return lax.dynamic_update_slice(V, out, (row[10], 0)), lax.dynamic_update_slice(M, outm, (row[10], 0))
 
         V, M = lax.fori_loop(0, head[0], step, (V, M))
@@ -955,7 +1096,7 @@ def _generic_field(bucket: tuple):
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
             gout = lax.dynamic_slice(G, (row[10], 0), (4, V.shape[1]))
 
-            dvals, dp, dprm = jax_cells.step_vjp(_BRANCHES, row[0], row[9], vals, mats, p, prm, gout)
+            dvals, dp, dprm = jax_cells.step_vjp(_branches(bucket), row[0], row[9], vals, mats, p, prm, gout)
             for j, r in enumerate((row[1], row[2], row[3])):
                 G = G.at[r].add(dvals[j])
             for j in range(4):
@@ -979,7 +1120,7 @@ def _generic_field(bucket: tuple):
             tv, _, tp = gather(T, M, row)
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
             tprm = lax.dynamic_slice(dpool, (row[8],), (GENERIC_PARAMS,))
-            tout = jax_cells.step_tangent(_BRANCHES, row[0], row[9], vals, mats, p, prm, tv, tp, tprm)
+            tout = jax_cells.step_tangent(_branches(bucket), row[0], row[9], vals, mats, p, prm, tv, tp, tprm)
             return lax.dynamic_update_slice(T, tout, (row[10], 0))
 
         T = lax.fori_loop(0, head[0], step, T)
@@ -1083,7 +1224,7 @@ class JaxWalker:
             return None
         if self._cells is None:
             layout = self.cell_layout or layout_for(jax.default_backend(), _device_bytes())
-            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES, GENERIC_PARAMS, layout,
+            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES[:_RECORD_STEPS], GENERIC_PARAMS, layout,
                                       compiler_options())
         return self._cells, _generic_tape(tape), pts
 

@@ -17,9 +17,10 @@ from taperay.scenegraph import (Param, box, capsule, flatten, smooth_union, sphe
                                 torus, union)
 
 
-def _scene(parts: int = 12, seed: int = 3, variant: int | None = None):
+def _scene(parts: int = 12, seed: int = 3, variant: int | None = None, blended: int | None = None):
     """Moved spheres, boxes and capsules blended in pairs and unioned (flatten adds culled
-    unions); ``variant`` k: part k a torus (a topology edit)."""
+    unions); ``variant`` k: part k a torus (a topology edit); ``blended`` n: only the first n
+    pairs blended, the other parts unioned alone (fewer steps, the same parameters)."""
     rng = np.random.default_rng(seed)
     nodes = []
     for i in range(parts):
@@ -28,7 +29,10 @@ def _scene(parts: int = 12, seed: int = 3, variant: int | None = None):
         shape = (torus(r, 0.05) if variant == i else sphere(r) if kind == 0 else box(r, 0.15, 0.1) if kind == 1
                  else capsule((0, 0, -0.1), (0, 0, 0.1), r))
         nodes.append(shape.translate(*rng.uniform(-1.5, 1.5, 3)))
-    return union(*[smooth_union(a, b, k=0.1) for a, b in zip(nodes[0::2], nodes[1::2])])
+    pairs = [smooth_union(a, b, k=0.1) for a, b in zip(nodes[0::2], nodes[1::2])]
+    if blended is None:
+        return union(*pairs)
+    return union(*pairs[:blended], *nodes[2 * blended:])
 
 
 def _lattice(tape, n=16, jitter=0.0, seed=0):
@@ -216,7 +220,7 @@ def test_grouped_steps_equal_the_generic_form(layout, walker_generic, walker_cpu
 def test_grouped_edits_compile_nothing():
     """Parameter edits, topology edits and a tape of fewer steps inside the bucket: no compile."""
     walker = JaxWalker(form="cells", cell_layout=GROUPED["small cells"])
-    tape = flatten(_scene(variant=4), source="blended pairs")
+    tape = flatten(_scene(variant=4, blended=5), source="blended pairs")
     pts = _lattice(tape, 12)
     w = np.ones(len(pts), np.float32)
     walker.evaluate(tape, pts)
@@ -228,8 +232,9 @@ def test_grouped_edits_compile_nothing():
         tape.set_param(f"r{k}", 0.1 + 0.1 * k)
         walker.evaluate(tape, pts)
         walker.vjp(tape, pts, w)
-    for edited in (flatten(_scene(variant=1), source="blended pairs"),
-                   flatten(_scene(parts=10), source="blended pairs")):
+    # (all three in one capacity bucket: 64 steps, 128 rows, 128 pool slots)
+    for edited in (flatten(_scene(variant=1, blended=5), source="blended pairs"),
+                   flatten(_scene(blended=0), source="parts unioned")):
         walker.evaluate(edited, pts)
         walker.vjp(edited, pts, w)
         walker.value_and_grad(edited, pts, names=["r0"])
