@@ -18,8 +18,10 @@ Forms (``JaxWalker(form=...)``; "auto" picks per tape, docs/JAX.md gives the mea
     is never copied per record), and its reverse mode is a custom VJP that sweeps the records
     backwards once, applying each record's local VJP. Supported: arithmetic, shapes but the
     polygons, point ops, combines, culls (evaluated without their jump, which leaves values
-    unchanged: the flattener's culls are exact) and FIELD_RESULT; a tape with patterns, instance
-    lists or polygons raises TaperayError naming the record (the "auto" form then traces).
+    unchanged: the flattener's culls are exact), FIELD_RESULT and patterns (unrolled: each copy
+    the twin evaluates gets its point, its body's steps and its clipped value as steps:
+    ``PatternStep``); a tape with instance lists or polygons raises TaperayError naming the
+    record (the "auto" form then traces).
 
 Points are padded up a ladder (powers of two from ``LADDER_MIN``) with copies of the first point
 and processed in chunks (``lax.map`` / ``lax.scan`` over chunks), so memory stays bounded and a new
