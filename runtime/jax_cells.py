@@ -30,7 +30,9 @@ Where an operand's value is NaN the unpruned form returns NaN and a cell that dr
 not (the twin's culls skip such subtrees too).
 
 Running the cells: a cell's points are split into pieces (the last one padded with copies of a
-point); a call runs several pieces in a ``lax.scan`` that carries
+point); a call's pieces are split evenly over the runner's devices (on a CPU, one host device a
+core: XLA runs a program on one core; ``jax.shard_map``, one program), and each device runs its
+share in a ``lax.scan`` that carries
 one row file (rows x piece), never cleared (each piece writes every row before it reads it; the
 reverse sweep clears each output row once read, so its adjoint file comes back zero). Each
 piece runs its cell's kept steps (``items``: step and rewrite) through the generic form's
@@ -44,7 +46,7 @@ compiles anything.
 How large cells, pieces and groups are (``CellLayout``) depends on the device. On a CPU the steps
 cost their arithmetic, so small cells that keep few steps win, run one step at a time (a group's
 padding lanes and its gathered copies of the rows cost more than the loop: ``CPU_LAYOUT``: 512
-points a cell and a piece, 16 pieces a call, groups of one). On a GPU a step costs its launch
+points a cell and a piece, 64 pieces a call and host device, groups of one). On a GPU a step costs its launch
 whatever the piece's size, and the pieces run one after another, so the fewest pieces and the
 fewest steps win (``ACCELERATOR_LAYOUT``: one piece of up to 262,144 points, as many as keep the
 row file within an eighth of the device's memory, at least ``ACCELERATOR_ROW_BYTES``; groups of
@@ -60,6 +62,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import Mesh, PartitionSpec
 
 from .memo import Kept
 from .opcodes import OPS, Family, Op
@@ -93,7 +96,7 @@ class CellLayout(NamedTuple):
         return max(512, min(self.piece, 1 << (fit.bit_length() - 1)))
 
 
-CPU_LAYOUT = CellLayout(cell_points=512, piece=512, per_call=16)
+CPU_LAYOUT = CellLayout(cell_points=512, piece=512, per_call=64)
 ACCELERATOR_LAYOUT = CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=ACCELERATOR_ROW_BYTES,
                                 group=16)
 
@@ -306,7 +309,8 @@ class CellPlan:
     generic layout, unpadded; ``result`` its result row). ``rows_at(centres)`` gives every row's
     value at the (K, 3) cell centres ((rows, K), the generic forward's). Pieces of at most
     ``piece`` points run one cell's kept steps: ``index`` (n_pieces, piece) point indices (the
-    padding repeats a piece's first point), ``valid`` (n_pieces, piece) bool, ``items``
+    padding repeats a piece's first point), ``valid`` (n_pieces, piece) bool, ``point_slot`` /
+    ``point_index`` (the valid slots of the flattened pieces, and the point in each), ``items``
     (n_pieces, n_steps_bucket, 2) int32 (step, rewrite: 0 none, 1 b <- a, 2 a <- b), the kept
     steps in groups: ``groups`` (n_pieces, n_steps_bucket, 2) int32 (first item, count), ``n_groups``
     (n_pieces,). A group is at most ``group`` steps of one branch and one dependency level (none
@@ -356,6 +360,8 @@ class CellPlan:
         self.valid = pos < stop[:, None]
         pos = np.where(self.valid, pos, start[:, None])
         self.index = order[pos]
+        self.point_slot = np.flatnonzero(self.valid.reshape(-1))     # each point's slot in the pieces
+        self.point_index = self.index.reshape(-1)[self.point_slot]
         items, groups, n_groups = _grouped(live, rewrite, _group_keys(st, steps, generic_ops, group), group,
                                            steps_bucket)
         self.point_groups = int((n_groups * counts).sum())
@@ -610,8 +616,9 @@ class CellsProgram:
     op writes its first output row only (its members' other rows belong to steps of other groups)."""
 
     def __init__(self, bucket: tuple, piece: int, per_call: int, group: int, generic_ops, branches,
-                 n_prm: int, compiler_options=None):
+                 n_prm: int, compiler_options=None, devices=None):
         self.bucket, self.piece, self.per_call, self.group = bucket, piece, per_call, group
+        self.devices = list(devices or jax.devices()[:1])
         n_rows, P = bucket[1], piece
         scratch_prm = bucket[2] - n_prm
         if group == 1:
@@ -621,10 +628,36 @@ class CellsProgram:
             steps = _grouped_steps(branches, widths, group, n_prm, n_rows, scratch_prm)
         values, vjp, grads, rows = _sweeps(steps, P, n_rows, scratch_prm)
         jit = functools.partial(jax.jit, compiler_options=compiler_options)
-        self.values = jit(values)
-        self.vjp = jit(vjp)
-        self.grads = jit(grads, static_argnames="unit_weights")
+        spread = _spread(self.devices)
+        self.values = jit(spread(values, 4))
+        self.vjp = jit(spread(vjp, 5, 1))
+        self.grads = jit(lambda *a, unit_weights=False: spread(functools.partial(grads, unit_weights=unit_weights),
+                                                               5, 3)(*a), static_argnames="unit_weights")
         self.rows = jit(rows)
+
+
+def _spread(devices: list):
+    """spread(fn, n_split, pooled=None): ``fn`` (pool, prog, then ``n_split`` per-piece arrays, then
+    arguments every device takes whole) run with its pieces split evenly over ``devices`` (one
+    program, each device its share: XLA runs a CPU program on one core). Its outputs are per
+    piece, but for output number ``pooled`` (a pool gradient), which comes back one row a device
+    (their sum is the gradient)."""
+    mesh = Mesh(np.array(devices), ("pieces",))
+    split, whole = PartitionSpec("pieces"), PartitionSpec()
+
+    def spread(fn, n_split: int, pooled: int | None = None):
+        def local(*args):
+            out = list(fn(*args))
+            if pooled is not None:
+                out[pooled] = out[pooled][None]
+            return tuple(out)
+
+        def run(*args):
+            n_whole = len(args) - 2 - n_split
+            specs = (whole, whole) + (split,) * n_split + (whole,) * n_whole
+            return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*args)
+        return run
+    return spread
 
 
 class CellsRunner:
@@ -635,9 +668,10 @@ class CellsRunner:
     functions and its parameter window; a call's ``generic`` has the generic layout's ``bucket``,
     ``n_steps``, ``result`` and ``args(tape)``."""
 
-    def __init__(self, generic_ops, branches, n_prm: int, layout: CellLayout, compiler_options=None):
+    def __init__(self, generic_ops, branches, n_prm: int, layout: CellLayout, compiler_options=None, devices=None):
         self.generic_ops, self.branches, self.n_prm, self.layout = generic_ops, branches, n_prm, layout
         self.compiler_options = compiler_options
+        self.devices = list(devices or jax.devices()[:1])
         self._programs: dict = {}
         self.last_plan: CellPlan | None = None
 
@@ -647,7 +681,7 @@ class CellsRunner:
             prog = self._programs[bucket] = CellsProgram(bucket, self.layout.piece_for(bucket[1]),
                                                          self.layout.per_call, self.layout.group,
                                                          self.generic_ops, self.branches, self.n_prm,
-                                                         self.compiler_options)
+                                                         self.compiler_options, self.devices)
         return prog
 
     def plan(self, generic, tape: Tape, pts: np.ndarray) -> tuple[CellsProgram, tuple, CellPlan]:
@@ -674,66 +708,56 @@ class CellsRunner:
         self.last_plan = plan
         return prog, args, plan
 
-    def _calls(self, plan: CellPlan, *per_piece):
-        """Per-piece arrays in groups of the layout's per_call (the last group padded with empty pieces)."""
-        n, per_call = len(plan.n_groups), self.layout.per_call
+    def _run(self, plan: CellPlan, program, *per_piece) -> list:
+        """``program`` over the plan's pieces, in calls of the layout's per_call pieces a device (the
+        last call padded with empty pieces): its outputs, each the calls' concatenated (pieces
+        first; a pool gradient one row a device and call)."""
+        n, per_call = len(plan.n_groups), self.layout.per_call * len(self.devices)
+        calls = []
         for s in range(0, n, per_call):
-            e = min(n, s + per_call)
-            out = []
+            blocks = []
             for a in per_piece:
                 blk = np.zeros((per_call,) + a.shape[1:], a.dtype)
-                blk[:e - s] = a[s:e]
-                out.append(blk)
-            yield s, e, out
+                blk[:min(n, s + per_call) - s] = a[s:s + per_call]
+                blocks.append(blk)
+            calls.append(program(*blocks))
+        return [np.concatenate([np.asarray(c[k]) for c in calls]) for k in range(len(calls[0]))]
+
+    @staticmethod
+    def _at_points(plan: CellPlan, per_piece: np.ndarray) -> np.ndarray:
+        """(pieces, piece, ...) results (padded calls included) -> (points, ...): each point's."""
+        out = np.empty((plan.n_points,) + per_piece.shape[2:], per_piece.dtype)
+        flat = per_piece[:len(plan.n_groups)].reshape((-1,) + per_piece.shape[2:])
+        out[plan.point_index] = flat[plan.point_slot]
+        return out
+
+    def _pieces(self, plan: CellPlan, pts: np.ndarray, w: np.ndarray | None = None) -> tuple:
+        """The plan's per-piece arrays: items, groups, group counts, points, and weights (0 past a
+        piece's points) where given."""
+        out = (plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0))
+        if w is None:
+            return out
+        wp = np.zeros(plan.valid.shape, np.float32)
+        wp.reshape(-1)[plan.point_slot] = w[plan.point_index]
+        return out + (wp,)
 
     def evaluate(self, generic, tape: Tape, pts: np.ndarray):
         prog, args, plan = self.plan(generic, tape, pts)
-        d = np.empty(len(pts), np.float32)
-        m = np.empty(len(pts), np.int32)
-        res = []
-        pieces = np.take(pts, plan.index, axis=0)
-        for s, e, (items, gr, n, p) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pieces):
-            res.append((s, e, prog.values(args[0], args[1], items, gr, n, p, generic.result)))
-        for s, e, (dd, mm) in res:
-            ok = plan.valid[s:e]
-            d[plan.index[s:e][ok]] = np.asarray(dd)[:e - s][ok]
-            m[plan.index[s:e][ok]] = np.asarray(mm)[:e - s][ok]
-        return d, m
+        d, m = self._run(plan, lambda *a: prog.values(args[0], args[1], *a, generic.result), *self._pieces(plan, pts))
+        return self._at_points(plan, d), self._at_points(plan, m)
 
     def vjp(self, generic, tape: Tape, pts: np.ndarray, w: np.ndarray):
         prog, args, plan = self.plan(generic, tape, pts)
-        d = np.empty(len(pts), np.float32)
-        wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
-        res = []
-        pieces = np.take(pts, plan.index, axis=0)
-        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pieces, wp):
-            res.append((s, e, prog.vjp(args[0], args[1], items, gr, n, p, ww, generic.result)))
-        dpool = np.zeros(len(args[0]), np.float64)
-        for s, e, (dd, dp) in res:
-            ok = plan.valid[s:e]
-            d[plan.index[s:e][ok]] = np.asarray(dd)[:e - s][ok]
-            dpool += np.asarray(dp)
-        return d, dpool.astype(np.float32)
+        d, dpool = self._run(plan, lambda *a: prog.vjp(args[0], args[1], *a, generic.result),
+                             *self._pieces(plan, pts, w))
+        return self._at_points(plan, d), dpool.sum(0, dtype=np.float64).astype(np.float32)
 
     def grads(self, generic, tape: Tape, pts: np.ndarray, w: np.ndarray, tangents: np.ndarray):
         prog, args, plan = self.plan(generic, tape, pts)
-        N = len(pts)
-        d, m = np.empty(N, np.float32), np.empty(N, np.int32)
-        dx, per = np.empty((N, 3), np.float32), np.empty((len(tangents), N), np.float32)
-        wp = np.where(plan.valid, w[plan.index], 0).astype(np.float32)
         unit = bool(np.all(w == 1))         # (df/dx from the weighted sweep: JaxWalker's default weights)
-        res = []
-        pieces = np.take(pts, plan.index, axis=0)
-        for s, e, (items, gr, n, p, ww) in self._calls(plan, plan.items, plan.groups, plan.n_groups, pieces, wp):
-            res.append((s, e, prog.grads(args[0], args[1], items, gr, n, p, ww, tangents, generic.result,
-                                         unit_weights=unit)))
-        dpool = np.zeros(len(args[0]), np.float64)
-        for s, e, (dd, mm, gx, dp, pp) in res:
-            ok = plan.valid[s:e]
-            idx = plan.index[s:e][ok]
-            d[idx] = np.asarray(dd)[:e - s][ok]
-            m[idx] = np.asarray(mm)[:e - s][ok]
-            dx[idx] = np.asarray(gx)[:e - s][ok]
-            per[:, idx] = np.moveaxis(np.asarray(pp)[:e - s], 1, 0)[:, ok]
-            dpool += np.asarray(dp)
-        return d, m, dx, dpool.astype(np.float32), per
+        d, m, dx, dpool, per = self._run(
+            plan, lambda *a: prog.grads(args[0], args[1], *a, tangents, generic.result, unit_weights=unit),
+            *self._pieces(plan, pts, w))
+        return (self._at_points(plan, d), self._at_points(plan, m), self._at_points(plan, dx),
+                dpool.sum(0, dtype=np.float64).astype(np.float32),
+                np.ascontiguousarray(self._at_points(plan, np.moveaxis(per, 1, 2)).T))

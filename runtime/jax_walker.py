@@ -58,6 +58,13 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 if "xla_gpu_enable_command_buffer" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL").strip()
 
+# XLA runs a CPU program on one core: the cell form spreads a call's pieces over host devices, one
+# a core (docs/JAX.md); added unless the user's XLA_FLAGS already say how many
+HOST_DEVICES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={HOST_DEVICES}").strip()
+
 import jax  # noqa: E402  (after the allocator and XLA settings)
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
@@ -1131,6 +1138,12 @@ def _generic_field(bucket: tuple):
     return field, field_jvp
 
 
+def _cell_devices() -> list:
+    """The devices the cell form spreads a call's pieces over: every host device on the CPU (one a
+    core: ``HOST_DEVICES``), JAX's default device on an accelerator."""
+    return jax.devices() if jax.default_backend() == "cpu" else jax.devices()[:1]
+
+
 def _device_bytes() -> int | None:
     """The memory of JAX's default device, where its backend says (None on the CPU)."""
     try:
@@ -1227,7 +1240,7 @@ class JaxWalker:
         if self._cells is None:
             layout = self.cell_layout or layout_for(jax.default_backend(), _device_bytes())
             self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES[:_RECORD_STEPS], GENERIC_PARAMS, layout,
-                                      compiler_options())
+                                      compiler_options(), _cell_devices())
         return self._cells, _generic_tape(tape), pts
 
     def _program(self, tape: Tape, n_points: int, derivatives: bool):

@@ -13,11 +13,15 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 # One pytest-xdist worker per core: each worker's twin runs on its share of the cores (one thread
-# where the workers take them all), so that no kernel's threads wait on another worker's. Set
-# before anything imports Numba (taperay.runtime.cpu does); a user's setting wins.
-if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "NUMBA_NUM_THREADS" not in os.environ:
+# where the workers take them all), and so does its JAX cell form (one host device a core), so
+# that no kernel's threads wait on another worker's. Set before anything imports Numba or JAX
+# (taperay.runtime.cpu and jax_walker do); a user's setting wins.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    os.environ["NUMBA_NUM_THREADS"] = str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _share = str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("NUMBA_NUM_THREADS", _share)
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={_share}"
 
 from taperay.runtime.cpu import CpuWalker  # noqa: E402  (after the thread count)
 

@@ -3,6 +3,11 @@ that can matter there. Its values, materials and derivatives equal the unpruned 
 (and agree with the twin and with its central differences); edits of parameters and of the
 topology inside a bucket compile nothing; tapes without a Lipschitz bound run the generic form."""
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,6 +97,43 @@ def test_cells_prune_and_equal_the_generic_form(walker_cells, walker_generic, wa
     unit, generic_unit = (w_.value_and_grad(tape, pts, names=names) for w_ in (walker_cells, walker_generic))
     np.testing.assert_array_equal(unit.dx, a.dx)
     np.testing.assert_allclose(unit.dpool, generic_unit.dpool, rtol=1e-4, atol=1e-4 * np.abs(generic_unit.dpool).max())
+
+
+_SPREAD = """
+import sys, json
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import jax
+from test_jax_cells import _scene, _lattice
+from taperay.runtime.jax_walker import JaxWalker
+from taperay.scenegraph import flatten
+tape = flatten(_scene(), source="blended pairs")
+pts = _lattice(tape, 48, jitter=0.05)
+w = np.random.default_rng(1).normal(size=len(pts)).astype(np.float32)
+cells, generic = JaxWalker(form="cells"), JaxWalker(form="generic")
+(d, m), (gd, gm) = cells.evaluate(tape, pts), generic.evaluate(tape, pts)
+(cv, cp), (gv, gp) = cells.vjp(tape, pts, w), generic.vjp(tape, pts, w)
+a, b = (x.value_and_grad(tape, pts, weights=w, names=["r0", "r3"]) for x in (cells, generic))
+rel = lambda u, v: float(np.abs(u - v).max() / np.abs(v).max())
+print(json.dumps({"devices": jax.device_count(), "pieces": len(cells.cells_plan.n_groups),
+                  "values": bool(np.array_equal(d, gd) and np.array_equal(cv, gv) and np.array_equal(a.value, gd)),
+                  "materials": bool(np.array_equal(m, gm) and np.array_equal(a.material, b.material)),
+                  "dpool": max(rel(cp, gp), rel(a.dpool, b.dpool)), "dx": float(np.abs(a.dx - b.dx).max()),
+                  "per_point": max(float(np.abs(a.per_point[n] - b.per_point[n]).max()) for n in ("r0", "r3"))}))
+"""
+
+
+@pytest.mark.slow
+def test_cells_spread_over_host_devices_equal_the_generic_form():
+    """The cell form's pieces split over two host devices (as on a 2-core machine outside the
+    suite): the same values, materials and derivatives as the generic form's."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", TAPERAY_JAX_CACHE="0")
+    out = subprocess.run([sys.executable, "-c", _SPREAD, str(Path(__file__).parent)], env=env, capture_output=True,
+                         text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 2 and got["pieces"] > 2 * jax_cells.CPU_LAYOUT.per_call    # (more than one call)
+    assert got["values"] and got["materials"]
+    assert got["dpool"] < 1e-4 and got["dx"] < 1e-6 and got["per_point"] < 1e-6
 
 
 def test_cells_gradients_agree_with_twin_finite_differences(walker_cells, walker_cpu):
