@@ -106,7 +106,7 @@ def bench_jax(opts) -> BenchResult:
             t0 = time.perf_counter()
             walker.vjp(tape, pts, ones)
             g_first = time.perf_counter() - t0
-            g = summarize(time_calls(lambda: walker.vjp(tape, pts, ones), max(1, opts.repeat // 2), warmup=0))
+            g = summarize(time_calls(lambda: walker.vjp(tape, pts, ones), opts.repeat, warmup=0))
             plan = walker.cells_plan if form == "cells" else None     # (the 64³ call's cells)
             walker.evaluate(tape, few)
             walker.vjp(tape, few, np.ones(len(few), np.float32))
@@ -135,7 +135,9 @@ def bench_jax(opts) -> BenchResult:
                 row["compiles / 100 topology edits"] = compile_stats()["compiles"] - before
             row["first call, new process s"] = _new_process(parts, form, cache)["first_s"]
             rows.append(row)
-    return BenchResult(rows, settings={"repeat": opts.repeat, "seed": opts.seed},
+    import jax
+    return BenchResult(rows, settings={"repeat": opts.repeat, "seed": opts.seed, "jax backend": jax.default_backend(),
+                                       "jax devices": jax.device_count()},
                        notes=[f"{GRID}³ = {GRID ** 3} points on a lattice over the scene's bounds; value+grad: "
                               "the values and the gradient of their sum w.r.t. every pool entry (JaxWalker.vjp)",
                               "first call: trace + XLA compile into an empty persistent cache, then the call; "
