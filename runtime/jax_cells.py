@@ -70,9 +70,10 @@ from .tape import Tape
 
 __all__ = ["CellPlan", "CellsProgram", "CellsRunner", "CellLayout", "CPU_LAYOUT", "ACCELERATOR_LAYOUT",
            "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "op_spec", "step_tangent", "step_vjp",
-           "MARGIN"]
+           "MARGIN", "TANGENT_FILES_BYTES"]
 
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
+TANGENT_FILES_BYTES = 1 << 30   # a forward-mode sweep's tangent row files at once (names in batches), at least
 CENTRES = 512         # cell centres a call of the rows program
 ACCELERATOR_ROW_BYTES = 1 << 31   # a GPU piece's row file (rows x piece float32) may take this much at least
 
@@ -523,12 +524,15 @@ def _grouped_steps(branches, widths, group: int, n_prm: int, n_rows: int, scratc
     return group_forward, group_backward, group_tangent
 
 
-def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
+def _sweeps(steps, P: int, n_rows: int, scratch_prm: int, tangent_bytes: int):
     """The cell programs (values, vjp, grads) of a piece of ``P`` points over the groups' ``steps``
     (forward, backward, tangent), each a scan over a call's pieces carrying one row file; and
-    ``rows``: every row's values at a piece of any size (the cells' centres), one forward sweep."""
+    ``rows``: every row's values at a piece of any size (the cells' centres), one forward sweep.
+    ``grads`` sweeps the forward tangents of as many names together as keep their row files
+    within ``tangent_bytes``, batch after batch."""
     step_forward, step_backward, step_tangent_rows = steps
     scratch = n_rows - 4
+    tangent_batch = max(1, tangent_bytes // (4 * n_rows * P))    # (names swept together: their files fit)
 
     def start(V, pts):
         return V.at[0:3].set(pts.T).at[3].set(jnp.ones(pts.shape[0], jnp.float32))
@@ -584,7 +588,8 @@ def _sweeps(steps, P: int, n_rows: int, scratch_prm: int):
             G, dpool, dx = backward(pool, prog, it, gr, n, V, G, dpool, wc, result)
             if not unit_weights:
                 G, _, dx = backward(pool, prog, it, gr, n, V, G, jnp.zeros_like(pool), jnp.ones_like(wc), result)
-            per = jax.vmap(lambda t: tangent(pool, t, prog, it, gr, n, V, jnp.zeros_like(V))[result])(tangents)
+            per = lax.map(lambda t: tangent(pool, t, prog, it, gr, n, V, jnp.zeros_like(V))[result], tangents,
+                          batch_size=tangent_batch)
             return (V, M, G, dpool), (V[result], M[result], dx.T, per)
         V, M = files()
         (_, _, _, dpool), (d, m, dx, per) = lax.scan(one, (V, M, jnp.zeros_like(V), jnp.zeros_like(pool)),
@@ -616,7 +621,7 @@ class CellsProgram:
     op writes its first output row only (its members' other rows belong to steps of other groups)."""
 
     def __init__(self, bucket: tuple, piece: int, per_call: int, group: int, generic_ops, branches,
-                 n_prm: int, compiler_options=None, devices=None):
+                 n_prm: int, compiler_options=None, devices=None, tangent_bytes: int = TANGENT_FILES_BYTES):
         self.bucket, self.piece, self.per_call, self.group = bucket, piece, per_call, group
         self.devices = list(devices or jax.devices()[:1])
         n_rows, P = bucket[1], piece
@@ -626,7 +631,7 @@ class CellsProgram:
         else:
             widths = jnp.asarray([4 if op_spec(op).family is Family.POINT else 1 for op in generic_ops], jnp.int32)
             steps = _grouped_steps(branches, widths, group, n_prm, n_rows, scratch_prm)
-        values, vjp, grads, rows = _sweeps(steps, P, n_rows, scratch_prm)
+        values, vjp, grads, rows = _sweeps(steps, P, n_rows, scratch_prm, tangent_bytes)
         jit = functools.partial(jax.jit, compiler_options=compiler_options)
         spread = _spread(self.devices)
         self.values = jit(spread(values, 4))
@@ -681,7 +686,8 @@ class CellsRunner:
             prog = self._programs[bucket] = CellsProgram(bucket, self.layout.piece_for(bucket[1]),
                                                          self.layout.per_call, self.layout.group,
                                                          self.generic_ops, self.branches, self.n_prm,
-                                                         self.compiler_options, self.devices)
+                                                         self.compiler_options, self.devices,
+                                                         max(TANGENT_FILES_BYTES, self.layout.row_bytes or 0))
         return prog
 
     def plan(self, generic, tape: Tape, pts: np.ndarray) -> tuple[CellsProgram, tuple, CellPlan]:

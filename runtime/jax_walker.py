@@ -779,7 +779,8 @@ class _Program:
                 return self._f((pool_,) + tuple(args[1:]), pc_)
             d, back, m = jax.vjp(f, pool, pc, has_aux=True)
             dp, dpc = jax.vmap(back)(jnp.stack([wc, jnp.ones_like(wc)]))   # (one sweep, two cotangents)
-            per = jax.vmap(lambda t: self._tangent(args, t, pc)[1])(tangents)
+            per = lax.map(lambda t: self._tangent(args, t, pc)[1], tangents,
+                          batch_size=max(1, jax_cells.TANGENT_FILES_BYTES // GENERIC_ROWS_BYTES))
             return acc + dp[0], (d, m, dpc[1], per)
 
         dpool, (d, m, dx, per) = lax.scan(step, jnp.zeros_like(pool),

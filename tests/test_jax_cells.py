@@ -136,6 +136,21 @@ def test_cells_spread_over_host_devices_equal_the_generic_form():
     assert got["dpool"] < 1e-4 and got["dx"] < 1e-6 and got["per_point"] < 1e-6
 
 
+def test_names_swept_in_batches_equal_one_sweep(monkeypatch, walker_cells):
+    """Forward tangents of many names in batches (at most TANGENT_FILES_BYTES of row files at once,
+    so that every name of a large tape fits a device): the same per-name derivatives as all names
+    swept together. One name's files here (8 KiB a row, 128 rows): batches of two."""
+    tape = flatten(_scene(), source="blended pairs")
+    pts = _lattice(tape, 16, jitter=0.05, seed=4)
+    names = ["r0", "r1", "r2", "r5", "r9"]
+    whole = walker_cells.value_and_grad(tape, pts, names=names)
+    monkeypatch.setattr(jax_cells, "TANGENT_FILES_BYTES", 2 * 4 * 128 * jax_cells.CPU_LAYOUT.piece)
+    batched = JaxWalker(form="cells").value_and_grad(tape, pts, names=names)
+    np.testing.assert_array_equal(batched.value, whole.value)
+    for nm in names:
+        np.testing.assert_allclose(batched.per_point[nm], whole.per_point[nm], rtol=1e-6, atol=1e-7, err_msg=nm)
+
+
 def test_cells_gradients_agree_with_twin_finite_differences(walker_cells, walker_cpu):
     tape = flatten(_scene(), source="blended pairs")
     pts = _lattice(tape, 16, jitter=0.05, seed=2)
