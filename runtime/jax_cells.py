@@ -15,8 +15,11 @@ changes only nodes that stay above the result; the selected path and its ties st
 drops it: its parent reads the other operand twice (``min(a, a) = a``, a's material, the whole
 derivative to a) and the steps only the dropped operand read go. The test is exact in the reals
 and has slack for float32:
-  * upper bound of the result over the cell: its value at the cell's centre plus L times the
-    cell's half diagonal, L the result's Lipschitz bound in the point;
+  * upper bound of the result over the cell, from the tree's operands up: an operand's value at
+    the cell's centre plus L times the cell's half diagonal (L its Lipschitz bound in the
+    point; inf where it has none), a min step's the least of its operands', a max step's the
+    largest (so an operand without a bound, a pattern's say, stops none of the others dropping
+    under a min);
   * lower bound of an operand: its value at the centre minus its own L times the half diagonal;
   * Lipschitz bounds (``lipschitz_rows``): shapes but ellipsoids and polygons, culls and the
     combines are 1-Lipschitz (a plane |n|), through translations, scales, elongations, rotations
@@ -97,7 +100,7 @@ class CellLayout(NamedTuple):
         return max(512, min(self.piece, 1 << (fit.bit_length() - 1)))
 
 
-CPU_LAYOUT = CellLayout(cell_points=512, piece=512, per_call=64)
+CPU_LAYOUT = CellLayout(cell_points=512, piece=512, per_call=16)
 ACCELERATOR_LAYOUT = CellLayout(cell_points=1 << 18, piece=1 << 18, per_call=1, row_bytes=ACCELERATOR_ROW_BYTES,
                                 group=16)
 
@@ -194,9 +197,11 @@ def _lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
 
 
 def cells_unsupported(steps: np.ndarray, pool: np.ndarray, result: int, generic_ops) -> str | None:
-    """Why cells cannot prune these steps (None: they can): the result has no Lipschitz bound."""
-    if not np.isfinite(lipschitz_rows(steps, pool, generic_ops).get(result, np.inf)):
-        return "no Lipschitz bound (arithmetic, ellipsoids or a transform without one)"
+    """Why cells cannot prune these steps (None: they can): the result has no upper bound over a
+    cell (``_Structure.upper``: none of a min's operands, or one of a max's, has a Lipschitz bound)."""
+    if not np.isfinite(_upper_bounded(_structure(steps, result, generic_ops), result,
+                                      lipschitz_rows(steps, pool, generic_ops))):
+        return "no Lipschitz bound (arithmetic, ellipsoids, patterns or a transform without one)"
     return None
 
 
@@ -225,13 +230,31 @@ class _Structure:
         # the min / max tree from the result down: operands read once, by a tree step
         on_tree = {result}
         self.parent = {}          # operand row -> (parent step, side 0 = a / 1 = b)
+        self.tree = []            # the tree's steps, children first: ("min" | "max", output row, a row, b row)
         for s in range(self.n - 1, -1, -1):
             row = steps[s]
             if ops[s] in _MINMAX and int(row[10]) in on_tree and int(row[1]) != int(row[2]):
+                self.tree.append((_MINMAX[ops[s]], int(row[10]), int(row[1]), int(row[2])))
                 for side, r in enumerate((int(row[1]), int(row[2]))):
                     if readers.get(r, 0) == 1 and r in producer:
                         on_tree.add(r)
                         self.parent[r] = (s, side)
+        self.tree.reverse()
+
+    def upper(self, result: int, leaf):
+        """An upper bound of the result row from its operands' (``leaf(row)``, e.g. their value at
+        a cell's centre plus their Lipschitz bound times its half diagonal): a min step's is the
+        least of its operands', a max step's the largest; inf where none holds."""
+        up: dict = {}
+        for kind, out, a, b in self.tree:
+            ua, ub = (up[r] if r in up else leaf(r) for r in (a, b))
+            up[out] = np.minimum(ua, ub) if kind == "min" else np.maximum(ua, ub)
+        return up[result] if result in up else leaf(result)
+
+
+def _upper_bounded(st: _Structure, result: int, lips: dict) -> float:
+    """0 where the result has an upper bound over a cell (``_Structure.upper``), else inf."""
+    return st.upper(result, lambda r: 0.0 if np.isfinite(lips.get(r, np.inf)) else np.inf)
 
 
 _STRUCTURES = Kept(16)
@@ -330,18 +353,24 @@ class CellPlan:
         rewrite = np.zeros((K, S), np.int8)
         gone: dict[int, np.ndarray] = {}
         lips = lipschitz_rows(steps, pool, generic_ops)
-        L = lips.get(result, np.inf)
         bounded = [r for r in st.parent if np.isfinite(lips.get(r, np.inf))]
-        if bounded and np.isfinite(L):
+        if bounded and np.isfinite(_upper_bounded(st, result, lips)):
             V = np.asarray(rows_at(centre), np.float64)
             cv = V[result]
-            upper = cv + L * half
-            slack = MARGIN * (extent + np.abs(cv) + L * half + 1.0)
+            with np.errstate(invalid="ignore"):
+                upper = st.upper(result, lambda r: V[r] + lips.get(r, np.inf) * half)
+                slack = MARGIN * (extent + np.abs(cv) + (upper - cv) + 1.0)
             lr = np.array([lips[r] for r in bounded])
             above = V[bounded] - lr[:, None] * half > upper + slack     # (operands, cells)
             gone = {bounded[i]: above[i] for i in np.flatnonzero(above.any(1))}
-        # a dropped operand's parent reads the other operand twice, unless the parent is dropped too
+        # where a max's operand is above the result, so is the max (where both of a min's, the min),
+        # though its own bound may not show it: its parent drops it rather than it its operand
         none = np.zeros(K, bool)
+        for kind, out, a, b in st.tree:
+            if out in st.parent and (a in gone or b in gone):
+                ga, gb = gone.get(a, none), gone.get(b, none)
+                gone[out] = gone.get(out, none) | ((ga | gb) if kind == "max" else (ga & gb))
+        # a dropped operand's parent reads the other operand twice, unless the parent is dropped too
         for r, g_r in gone.items():
             s, side = st.parent[r]
             keep = g_r & ~gone.get(int(steps[s, 10]), none)
@@ -670,7 +699,7 @@ class CellsRunner:
     cells (``layout``: CPU_LAYOUT or ACCELERATOR_LAYOUT) and runs them in calls of pieces;
     results scattered back to the points.
     ``generic_ops``, ``branches``, ``n_prm``: the generic form's ops by branch number, its branch
-    functions and its parameter window; a call's ``generic`` has the generic layout's ``bucket``,
+    functions of a capacity bucket (``branches(bucket)``) and its parameter window; a call's ``generic`` has the generic layout's ``bucket``,
     ``n_steps``, ``result`` and ``args(tape)``."""
 
     def __init__(self, generic_ops, branches, n_prm: int, layout: CellLayout, compiler_options=None, devices=None):
@@ -685,7 +714,7 @@ class CellsRunner:
         if prog is None:
             prog = self._programs[bucket] = CellsProgram(bucket, self.layout.piece_for(bucket[1]),
                                                          self.layout.per_call, self.layout.group,
-                                                         self.generic_ops, self.branches, self.n_prm,
+                                                         self.generic_ops, self.branches(bucket), self.n_prm,
                                                          self.compiler_options, self.devices,
                                                          max(TANGENT_FILES_BYTES, self.layout.row_bytes or 0))
         return prog

@@ -851,8 +851,6 @@ def cells_unsupported(tape: Tape) -> str | None:
     if why:
         return why
     g = _generic_tape(tape)
-    if g.bucket[3]:
-        return "patterns: the copies a point evaluates change from cell to cell (no Lipschitz bound)"
     return jax_cells.cells_unsupported(g.prog[:g.n_steps], tape.params, g.result, _GENERIC_OPS)
 
 
@@ -1169,6 +1167,7 @@ class JaxWalker:
     FORMS = ("auto", "trace", "generic", "cells")
     GENERIC_FROM = 200      # "auto": records from which values take the generic form (docs/JAX.md)
     CELLS_FROM = 8192       # "auto": points from which the generic form runs cell by cell (docs/JAX.md)
+    CELLS_MIN_STEPS = 32    # "auto": generic steps from which it does (fewer: little to prune, the plan costs more)
 
     def __init__(self, form: str = "auto", cache=None, cell_layout: CellLayout | None = None):
         if form not in self.FORMS:
@@ -1211,7 +1210,8 @@ class JaxWalker:
         """The form running ``tape``: this walker's, or for "auto" the generic one where it
         supports the tape and either derivatives are asked for or the tape has GENERIC_FROM
         records or more, else the trace; the generic form runs cell by cell ("cells") where the
-        tape has a Lipschitz bound (``jax_cells.cells_unsupported``) and there are CELLS_FROM
+        tape has a Lipschitz bound (``jax_cells.cells_unsupported``), CELLS_MIN_STEPS generic steps
+        or more, and there are CELLS_FROM
         points or more. "cells" asked for on a tape without a bound runs the generic form.
         (Measured: the trace's compile grows with the records and is long for reverse mode; its
         steady values are the fastest on small tapes; cells skip what cannot matter.)"""
@@ -1219,7 +1219,8 @@ class JaxWalker:
         if form == "auto":
             if not ((derivatives or len(tape) >= self.GENERIC_FROM) and generic_unsupported(tape) is None):
                 return "trace"
-            form = "cells" if n_points is not None and n_points >= self.CELLS_FROM else "generic"
+            many = n_points is not None and n_points >= self.CELLS_FROM
+            form = "cells" if many and _generic_tape(tape).n_steps >= self.CELLS_MIN_STEPS else "generic"
         if form == "cells":
             return "generic" if cells_unsupported(tape) else "cells"
         return form
@@ -1240,7 +1241,7 @@ class JaxWalker:
             return None
         if self._cells is None:
             layout = self.cell_layout or layout_for(jax.default_backend(), _device_bytes())
-            self._cells = CellsRunner(_GENERIC_OPS, _BRANCHES[:_RECORD_STEPS], GENERIC_PARAMS, layout,
+            self._cells = CellsRunner(_GENERIC_OPS, _branches, GENERIC_PARAMS, layout,
                                       compiler_options(), _cell_devices())
         return self._cells, _generic_tape(tape), pts
 

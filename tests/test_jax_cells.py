@@ -18,7 +18,7 @@ from taperay.runtime import conformance as C                          # noqa: E4
 from taperay.runtime import jax_cells                                 # noqa: E402
 from taperay.runtime.jax_walker import JaxWalker, cells_unsupported, compile_stats  # noqa: E402
 from taperay.runtime.opcodes import Op                                # noqa: E402
-from taperay.scenegraph import (Param, box, capsule, flatten, smooth_union, sphere,  # noqa: E402
+from taperay.scenegraph import (Param, box, capsule, ellipsoid, flatten, smooth_union, sphere,  # noqa: E402
                                 torus, union)
 
 
@@ -201,6 +201,29 @@ def test_tapes_without_a_lipschitz_bound_run_the_generic_form(walker_cells, walk
     assert JaxWalker().form_for(flatten(_scene()), True, 100) == "generic"
     assert not cells_unsupported(flatten(smooth_union(sphere(1), box(0.5, 0.5, 0.5).rotate(
         (0, 0, 1), 30).translate(0.5, 0, 0), k=0.2)))
+
+
+def test_operands_without_a_bound_leave_the_others_pruned(walker_cells, walker_generic):
+    """A union whose operands include some without a Lipschitz bound (a pattern, an ellipsoid):
+    the result's bound over a cell comes from the others, which still drop where they cannot
+    matter; values, materials and gradients equal the unpruned generic form's."""
+    rng = np.random.default_rng(8)
+    spheres = [sphere(float(r)).translate(*rng.uniform(-1.5, 1.5, 3)) for r in rng.uniform(0.1, 0.25, 12)]
+    tape = flatten(union(sphere(Param("r", 0.15)).linear_pattern((0.4, 0, 0), 4).translate(-1, -1, -1),
+                         ellipsoid(0.3, 0.2, 0.1).translate(1, 1, 1), *spheres), source="mixed bounds")
+    assert {"REPEAT_LINEAR", "ELLIPSOID"} <= set(tape.op_counts())
+    assert cells_unsupported(tape) is None
+    pts = _lattice(tape, 20, jitter=0.05)
+    d, m = walker_cells.evaluate(tape, pts)
+    plan = walker_cells.cells_plan
+    assert plan.kept.mean() < 0.8 * plan.n_steps                       # it prunes
+    gd, gm = walker_generic.evaluate(tape, pts)
+    np.testing.assert_array_equal(d, gd)
+    np.testing.assert_array_equal(m, gm)
+    w = np.random.default_rng(2).normal(size=len(pts)).astype(np.float32)
+    (cv, cp), (gv, gp) = walker_cells.vjp(tape, pts, w), walker_generic.vjp(tape, pts, w)
+    np.testing.assert_array_equal(cv, gv)
+    np.testing.assert_allclose(cp, gp, rtol=1e-4, atol=1e-4 * np.abs(gp).max())
 
 
 def test_one_piece_cells_as_on_a_gpu_equal_the_generic_form(walker_generic):
