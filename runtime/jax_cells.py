@@ -23,10 +23,13 @@ and has slack for float32:
   * lower bound of an operand: its value at the centre minus its own L times the half diagonal;
   * Lipschitz bounds (``lipschitz_rows``): shapes but ellipsoids and polygons, culls and the
     combines are 1-Lipschitz (a plane |n|), through translations, scales, elongations, rotations
-    (|q|^2) and mirrors; arithmetic, ellipsoids and FIELD_RESULT have none, and a tape whose
-    result has none is not cut into cells (the generic form runs it);
+    (|q|^2) and mirrors; arithmetic, ellipsoids, patterns and FIELD_RESULT have none, and a
+    tape whose result has no upper bound is not cut into cells (the generic form runs it);
   * an operand is dropped where its lower bound exceeds the upper bound by ``MARGIN`` times
-    (the scene's extent + |value| + L r + 1): float32 rounding of the values stays far below.
+    (the scene's extent + |value| + (upper bound - value) + 1): float32 rounding of the values
+    stays far below;
+  * a max step whose operand is dropped is above the result as well and is dropped with it (its
+    own lower bound may not show it, and reading its other operand twice would lower it).
 The centres' values come from one forward sweep of every step at the centres, grouped as the
 layout groups (``CellsProgram.rows``).
 Where an operand's value is NaN the unpruned form returns NaN and a cell that dropped it does
@@ -49,7 +52,7 @@ compiles anything.
 How large cells, pieces and groups are (``CellLayout``) depends on the device. On a CPU the steps
 cost their arithmetic, so small cells that keep few steps win, run one step at a time (a group's
 padding lanes and its gathered copies of the rows cost more than the loop: ``CPU_LAYOUT``: 512
-points a cell and a piece, 64 pieces a call and host device, groups of one). On a GPU a step costs its launch
+points a cell and a piece, 16 pieces a call and host device, groups of one). On a GPU a step costs its launch
 whatever the piece's size, and the pieces run one after another, so the fewest pieces and the
 fewest steps win (``ACCELERATOR_LAYOUT``: one piece of up to 262,144 points, as many as keep the
 row file within an eighth of the device's memory, at least ``ACCELERATOR_ROW_BYTES``; groups of
