@@ -133,14 +133,9 @@ def test_pattern_gradients_agree_with_twin_finite_differences(walker_cpu, walker
     pts = _fd_points(tape, walker_cpu)
     assert len(pts) >= 32
     g = walker_generic.value_and_grad(tape, pts)
-    h = 1e-3
     for name, slots in tape.names.items():
-        up, down = tape.params.astype(np.float64).copy(), tape.params.astype(np.float64).copy()
-        up[slots] += h
-        down[slots] -= h
-        fd = (walker_cpu.evaluate(_with_params(tape, up), pts)[0].astype(np.float64)
-              - walker_cpu.evaluate(_with_params(tape, down), pts)[0]) / (2 * h)
-        np.testing.assert_allclose(g.per_point[name], fd, atol=3e-3, err_msg=name)
+        np.testing.assert_allclose(g.per_point[name], _twin_param_differences(walker_cpu, tape, pts, slots),
+                                   atol=3e-3, err_msg=name)
 
 
 def _smooth_scene():
@@ -169,6 +164,15 @@ def _with_params(tape: Tape, params: np.ndarray) -> Tape:
     return dataclasses.replace(tape, params=params.astype(np.float32), refit=None)
 
 
+def _twin_param_differences(cpu, tape: Tape, pts, slots, h: float = 1e-3) -> np.ndarray:
+    """Central differences of the twin's values with the pool ``slots`` moved by +-h."""
+    up, down = tape.params.astype(np.float64).copy(), tape.params.astype(np.float64).copy()
+    up[slots] += h
+    down[slots] -= h
+    return (cpu.evaluate(_with_params(tape, up), pts)[0].astype(np.float64)
+            - cpu.evaluate(_with_params(tape, down), pts)[0]) / (2 * h)
+
+
 @pytest.mark.slow
 def test_gradients_agree_with_twin_finite_differences(walker_cpu, walker_jax):
     tape = flatten(_smooth_scene(), source="smooth scene")
@@ -179,15 +183,10 @@ def test_gradients_agree_with_twin_finite_differences(walker_cpu, walker_jax):
     # spatial: the twin's central differences (eps 1e-3 of the bounds diagonal)
     np.testing.assert_allclose(g.dx, walker_cpu.gradient(tape, pts, eps=1e-3), atol=2e-3)
     # each named parameter: central differences of the twin with its pool slots moved by +-h
-    h = 1e-3
     assert set(g.per_point) == {"radius", "hx", "dx", "k"}
     for name, slots in tape.names.items():
-        up, down = tape.params.astype(np.float64).copy(), tape.params.astype(np.float64).copy()
-        up[slots] += h
-        down[slots] -= h
-        fd = (walker_cpu.evaluate(_with_params(tape, up), pts)[0].astype(np.float64)
-              - walker_cpu.evaluate(_with_params(tape, down), pts)[0]) / (2 * h)
-        np.testing.assert_allclose(g.per_point[name], fd, atol=3e-3, err_msg=name)
+        np.testing.assert_allclose(g.per_point[name], _twin_param_differences(walker_cpu, tape, pts, slots),
+                                   atol=3e-3, err_msg=name)
         # the weighted pool gradient (weights 1) sums the per-point derivatives
         np.testing.assert_allclose(g.dnamed[name], g.per_point[name].sum(), rtol=1e-4, atol=1e-4)
 
