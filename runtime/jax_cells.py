@@ -52,7 +52,8 @@ compiles anything.
 How large cells, pieces and groups are (``CellLayout``) depends on the device. On a CPU the steps
 cost their arithmetic, so small cells that keep few steps win, run one step at a time (a group's
 padding lanes and its gathered copies of the rows cost more than the loop: ``CPU_LAYOUT``: 512
-points a cell and a piece, 16 pieces a call and host device, groups of one). On a GPU a step costs its launch
+points a cell and a piece, 16 pieces a call and host device (``LARGE_CALLS`` times as many where a
+plan fills such calls), groups of one). On a GPU a step costs its launch
 whatever the piece's size, and the pieces run one after another, so the fewest pieces and the
 fewest steps win (``ACCELERATOR_LAYOUT``: one piece of up to 262,144 points, as many as keep the
 row file within an eighth of the device's memory, at least ``ACCELERATOR_ROW_BYTES``; groups of
@@ -76,9 +77,10 @@ from .tape import Tape
 
 __all__ = ["CellPlan", "CellsProgram", "CellsRunner", "CellLayout", "CPU_LAYOUT", "ACCELERATOR_LAYOUT",
            "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "op_spec", "step_tangent", "step_vjp",
-           "MARGIN", "TANGENT_FILES_BYTES"]
+           "MARGIN", "LARGE_CALLS", "TANGENT_FILES_BYTES"]
 
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
+LARGE_CALLS = 4       # a call of this many times the layout's pieces where a plan has as many (see CellsRunner)
 TANGENT_FILES_BYTES = 1 << 30   # a forward-mode sweep's tangent row files at once (names in batches), at least
 CENTRES = 512         # cell centres a call of the rows program
 ACCELERATOR_ROW_BYTES = 1 << 31   # a GPU piece's row file (rows x piece float32) may take this much at least
@@ -747,10 +749,13 @@ class CellsRunner:
         return prog, args, plan
 
     def _run(self, plan: CellPlan, program, *per_piece) -> list:
-        """``program`` over the plan's pieces, in calls of the layout's per_call pieces a device (the
-        last call padded with empty pieces): its outputs, each the calls' concatenated (pieces
-        first; a pool gradient one row a device and call)."""
+        """``program`` over the plan's pieces, in calls of the layout's per_call pieces a device, or
+        ``LARGE_CALLS`` times as many where the plan fills such calls (fewer dispatches; one more
+        program shape), the last call padded with empty pieces: its outputs, each the calls'
+        concatenated (pieces first; a pool gradient one row a device and call)."""
         n, per_call = len(plan.n_groups), self.layout.per_call * len(self.devices)
+        if n >= LARGE_CALLS * per_call:
+            per_call *= LARGE_CALLS
         calls = []
         for s in range(0, n, per_call):
             blocks = []
