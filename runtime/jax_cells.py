@@ -704,8 +704,9 @@ class CellsRunner:
     cells (``layout``: CPU_LAYOUT or ACCELERATOR_LAYOUT) and runs them in calls of pieces;
     results scattered back to the points.
     ``generic_ops``, ``branches``, ``n_prm``: the generic form's ops by branch number, its branch
-    functions of a capacity bucket (``branches(bucket)``) and its parameter window; a call's ``generic`` has the generic layout's ``bucket``,
-    ``n_steps``, ``result`` and ``args(tape)``."""
+    functions of a capacity bucket (``branches(bucket)``) and its parameter window; a call's
+    ``generic`` has the generic layout's ``bucket``, ``n_steps``, ``result`` and ``args(tape)``;
+    ``devices``: those a call's pieces are split over (JAX's first device where None)."""
 
     def __init__(self, generic_ops, branches, n_prm: int, layout: CellLayout, compiler_options=None, devices=None):
         self.generic_ops, self.branches, self.n_prm, self.layout = generic_ops, branches, n_prm, layout
