@@ -82,6 +82,7 @@ def bench_jax(opts) -> BenchResult:
     os.environ["TAPERAY_JAX_CACHE"] = cache        # (before the walker module sets JAX's cache up)
     from taperay.runtime.cpu import CpuWalker
     from taperay.runtime.jax_walker import JaxWalker, generic_unsupported, compile_stats
+    import jax                                      # (after the walker has set XLA's flags)
     from taperay.scenegraph import flatten
     rng = np.random.default_rng(opts.seed)
     rows = []
@@ -135,7 +136,6 @@ def bench_jax(opts) -> BenchResult:
                 row["compiles / 100 topology edits"] = compile_stats()["compiles"] - before
             row["first call, new process s"] = _new_process(parts, form, cache)["first_s"]
             rows.append(row)
-    import jax
     return BenchResult(rows, settings={"repeat": opts.repeat, "seed": opts.seed, "jax backend": jax.default_backend(),
                                        "jax devices": jax.device_count()},
                        notes=[f"{GRID}³ = {GRID ** 3} points on a lattice over the scene's bounds; value+grad: "
