@@ -942,39 +942,25 @@ def _bucket(n: int, least: int) -> int:
     return max(least, 1 << max(int(n) - 1, 1).bit_length())
 
 
-class _GenericTape:
-    """A tape in the generic form's single-assignment layout. Columns of ``prog`` (int32, one row a
-    step): branch, rows of a, b, c, rows of the point (x, y, z, scale), param offset, material
-    (shapes, culls, FIELD_RESULT; a pattern's copy number), first output row. Rows 0-2 hold the
-    point, row 3 the scale 1. A pattern is unrolled: its body's steps once per copy it evaluates
-    (``PatternStep``). ``bucket`` (steps, rows, pool size: each rounded up a power-of-two ladder;
-    1 where the tape has patterns, else 0)."""
+class _Steps:
+    """The generic steps of a tape's records (``cols``: ``Tape.as_columns`` as lists), patterns
+    unrolled: ``rows`` (one tuple a step: ``_GenericTape.prog``'s columns), ``n_rows`` (value
+    rows used) and ``result`` (the result's row)."""
 
-    def __init__(self, tape: Tape):
-        why = _unsupported_record(tape)
-        if why:
-            raise TaperayError(why)
-        self._cols = tape.as_columns().tolist()
-        self._steps: list = []
-        self._rows = 4
+    def __init__(self, cols: list):
+        self._cols = cols
+        self.rows: list = []
+        self.n_rows = 4
         regs: dict = {}
-        self._emit(0, len(self._cols), regs, (0, 1, 2, 3), [], None)
-        steps, rows = self._steps, self._rows
+        self._emit(0, len(cols), regs, (0, 1, 2, 3), [], None)
         self.result = regs[0]
-        self.n_steps = len(steps)
-        self.bucket = (_bucket(len(steps), 64), _bucket(rows + 4, 64), _bucket(len(tape.params) + GENERIC_PARAMS, 64),
-                       int(bool(np.isin(tape.instrs["op"], _PATTERNS).any())))
-        self.prog = np.zeros((self.bucket[0], 11), np.int32)
-        self.prog[:len(steps)] = steps
-        self.chunk = max(256, min(CHUNK, 1 << (GENERIC_ROWS_BYTES // (8 * self.bucket[1])).bit_length() - 1))
-        del self._cols, self._steps
 
     def _step(self, op, point, param, ra=0, rb=0, rc=0, mat=0) -> int:
         """Appends one step; -> its first output row (a point step writes four)."""
-        out = self._rows
-        self._steps.append((_BRANCH[op], ra, rb, rc, *point, param, mat, out))
-        self._rows += 4 if jax_cells.op_spec(op).family is Family.POINT else 1
-        if len(self._steps) > UNROLLED_STEPS_MAX:
+        out = self.n_rows
+        self.rows.append((_BRANCH[op], ra, rb, rc, *point, param, mat, out))
+        self.n_rows += 4 if jax_cells.op_spec(op).family is Family.POINT else 1
+        if len(self.rows) > UNROLLED_STEPS_MAX:
             raise TaperayError(f"the tape's patterns unroll to more than {UNROLLED_STEPS_MAX} generic steps")
         return out
 
@@ -1028,6 +1014,29 @@ class _GenericTape:
             else:
                 acc = self._step(PatternStep("next", op), copy, param, ra=acc, rb=sub[body_result])
         regs[dst] = self._step(PatternStep("rest", op), point, param, ra=acc)
+
+
+class _GenericTape:
+    """A tape in the generic form's single-assignment layout. Columns of ``prog`` (int32, one row a
+    step): branch, rows of a, b, c, rows of the point (x, y, z, scale), param offset, material
+    (shapes, culls, FIELD_RESULT; a pattern's copy number), first output row. Rows 0-2 hold the
+    point, row 3 the scale 1. A pattern is unrolled: its body's steps once per copy it evaluates
+    (``PatternStep``). ``bucket`` (steps, rows, pool size: each rounded up a power-of-two ladder;
+    1 where the tape has patterns, else 0)."""
+
+    def __init__(self, tape: Tape):
+        why = _unsupported_record(tape)
+        if why:
+            raise TaperayError(why)
+        steps = _Steps(tape.as_columns().tolist())
+        self.result = steps.result
+        self.n_steps = len(steps.rows)
+        self.bucket = (_bucket(self.n_steps, 64), _bucket(steps.n_rows + 4, 64),
+                       _bucket(len(tape.params) + GENERIC_PARAMS, 64),
+                       int(bool(np.isin(tape.instrs["op"], _PATTERNS).any())))
+        self.prog = np.zeros((self.bucket[0], 11), np.int32)
+        self.prog[:self.n_steps] = steps.rows
+        self.chunk = max(256, min(CHUNK, 1 << (GENERIC_ROWS_BYTES // (8 * self.bucket[1])).bit_length() - 1))
 
     def args(self, tape: Tape) -> tuple:
         pool = np.zeros(self.bucket[2], np.float32)
