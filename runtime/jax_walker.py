@@ -1217,8 +1217,9 @@ class JaxWalker:
     # ------------------------------------------------------------------ preparation
     def form_for(self, tape: Tape, derivatives: bool = False, n_points: int | None = None) -> str:
         """The form running ``tape``: this walker's, or for "auto" the generic one where it
-        supports the tape and either derivatives are asked for or the tape has GENERIC_FROM
-        records or more, else the trace; the generic form runs cell by cell ("cells") where the
+        supports the tape and either derivatives are asked for (of a tape without patterns: a
+        small patterned tape's generic programs compile for many seconds, its trace in about one)
+        or the tape has GENERIC_FROM records or more, else the trace; the generic form runs cell by cell ("cells") where the
         tape has a Lipschitz bound (``jax_cells.cells_unsupported``), CELLS_MIN_STEPS generic steps
         or more, and there are CELLS_FROM
         points or more. "cells" asked for on a tape without a bound runs the generic form.
@@ -1226,7 +1227,9 @@ class JaxWalker:
         steady values are the fastest on small tapes; cells skip what cannot matter.)"""
         form = self.form
         if form == "auto":
-            if not ((derivatives or len(tape) >= self.GENERIC_FROM) and generic_unsupported(tape) is None):
+            large = len(tape) >= self.GENERIC_FROM
+            patterned = bool(np.isin(tape.instrs["op"], _PATTERNS).any())
+            if not ((large or (derivatives and not patterned)) and generic_unsupported(tape) is None):
                 return "trace"
             many = n_points is not None and n_points >= self.CELLS_FROM
             form = "cells" if many and _generic_tape(tape).n_steps >= self.CELLS_MIN_STEPS else "generic"
