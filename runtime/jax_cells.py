@@ -655,9 +655,9 @@ class CellsProgram:
     op writes its first output row only (its members' other rows belong to steps of other groups)."""
 
     def __init__(self, bucket: tuple, piece: int, per_call: int, group: int, generic_ops, branches,
-                 n_prm: int, compiler_options=None, devices=None, tangent_bytes: int = TANGENT_FILES_BYTES):
+                 n_prm: int, compiler_options, devices: list, tangent_bytes: int):
         self.bucket, self.piece, self.per_call, self.group = bucket, piece, per_call, group
-        self.devices = list(devices or jax.devices()[:1])
+        self.devices = devices
         n_rows, P = bucket[1], piece
         scratch_prm = bucket[2] - n_prm
         if group == 1:

@@ -58,9 +58,11 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 if "xla_gpu_enable_command_buffer" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL").strip()
 
+from .jit_cache import usable_cores  # noqa: E402
+
 # XLA runs a CPU program on one core: the cell form spreads a call's pieces over host devices, one
 # a core (docs/JAX.md); added unless the user's XLA_FLAGS already say how many
-HOST_DEVICES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+HOST_DEVICES = usable_cores()
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={HOST_DEVICES}").strip()
@@ -854,6 +856,10 @@ def cells_unsupported(tape: Tape) -> str | None:
     return jax_cells.cells_unsupported(g.prog[:g.n_steps], tape.params, g.result, _GENERIC_OPS)
 
 
+def _has_patterns(tape: Tape) -> bool:
+    return bool(np.isin(tape.instrs["op"], _PATTERNS).any())
+
+
 def _unsupported_record(tape: Tape) -> str | None:
     ops = tape.instrs["op"]
     bad = np.flatnonzero(~np.isin(ops, _GENERIC_RECORDS))
@@ -1033,7 +1039,7 @@ class _GenericTape:
         self.n_steps = len(steps.rows)
         self.bucket = (_bucket(self.n_steps, 64), _bucket(steps.n_rows + 4, 64),
                        _bucket(len(tape.params) + GENERIC_PARAMS, 64),
-                       int(bool(np.isin(tape.instrs["op"], _PATTERNS).any())))
+                       int(_has_patterns(tape)))
         self.prog = np.zeros((self.bucket[0], 11), np.int32)
         self.prog[:self.n_steps] = steps.rows
         self.chunk = max(256, min(CHUNK, 1 << (GENERIC_ROWS_BYTES // (8 * self.bucket[1])).bit_length() - 1))
@@ -1219,17 +1225,15 @@ class JaxWalker:
         """The form running ``tape``: this walker's, or for "auto" the generic one where it
         supports the tape and either derivatives are asked for (of a tape without patterns: a
         small patterned tape's generic programs compile for many seconds, its trace in about one)
-        or the tape has GENERIC_FROM records or more, else the trace; the generic form runs cell by cell ("cells") where the
-        tape has a Lipschitz bound (``jax_cells.cells_unsupported``), CELLS_MIN_STEPS generic steps
-        or more, and there are CELLS_FROM
-        points or more. "cells" asked for on a tape without a bound runs the generic form.
+        or the tape has GENERIC_FROM records or more, else the trace; the generic form runs cell by
+        cell ("cells") where the tape has a bound over a cell (``jax_cells.cells_unsupported``),
+        CELLS_MIN_STEPS generic steps or more, and there are CELLS_FROM points or more. "cells" asked for on a tape without a bound runs the generic form.
         (Measured: the trace's compile grows with the records and is long for reverse mode; its
         steady values are the fastest on small tapes; cells skip what cannot matter.)"""
         form = self.form
         if form == "auto":
             large = len(tape) >= self.GENERIC_FROM
-            patterned = bool(np.isin(tape.instrs["op"], _PATTERNS).any())
-            if not ((large or (derivatives and not patterned)) and generic_unsupported(tape) is None):
+            if not ((large or (derivatives and not _has_patterns(tape))) and generic_unsupported(tape) is None):
                 return "trace"
             many = n_points is not None and n_points >= self.CELLS_FROM
             form = "cells" if many and _generic_tape(tape).n_steps >= self.CELLS_MIN_STEPS else "generic"

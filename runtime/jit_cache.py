@@ -42,7 +42,8 @@ import threading
 from pathlib import Path
 
 __all__ = ["user_cache_dir", "numba_cache_dir", "keyed_sources", "source_key", "njit", "prange", "load_numba",
-           "numba_loaded", "function_value", "quiet_function_types", "array_type_facts", "compile_ahead", "CompileAhead", "KEEP_KEYS"]
+           "numba_loaded", "function_value", "quiet_function_types", "array_type_facts", "usable_cores",
+           "compile_ahead", "CompileAhead", "KEEP_KEYS"]
 
 _PACKAGE = __name__.rsplit(".", 2)[0] + "."      # the runtime's modules: their globals are rebound
 _LOCK = threading.RLock()
@@ -223,6 +224,11 @@ def function_value(func, returns: str, *examples, helper: bool = True):
     return value
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def quiet_function_types() -> None:
     """Ignore Numba's warning that first-class function types are experimental (it warns wherever
     a tuple of function values is typed, at every call of a kernel taking one: ours are
@@ -349,8 +355,7 @@ def _compile_ahead(dispatcher, argtypes: tuple):
     """A helper process compiling ``dispatcher`` for ``argtypes`` into the disk cache (None on
     one core, where nothing would run alongside it, or where the cache folder is not writable,
     where this process could not load the helper's result)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2 or not os.access(_NUMBA[0].config.CACHE_DIR, os.W_OK):
+    if usable_cores() < 2 or not os.access(_NUMBA[0].config.CACHE_DIR, os.W_OK):
         return None
     import pickle
     import subprocess
