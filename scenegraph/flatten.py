@@ -21,7 +21,7 @@ from taperay.runtime.pruning import interval_eval
 from taperay.runtime.tape import INSTR_DTYPE, REG_CAPS, VALIDATED, Op, Tape, TaperayError
 
 from .instancing import one_flatten, placed_bounds, placed_bvh, placed_params, shape_capsule
-from .nodes import DEFAULT_MATERIAL, Material, Node, Param, param_values
+from .nodes import DEFAULT_MATERIAL, Material, Node, Param, box, param_values
 
 __all__ = ["flatten", "node_bounds"]
 
@@ -315,10 +315,17 @@ class _Emitter:
                     f"{n.kind} of {count}: each copy reaches past its neighbouring cell (extent "
                     f"{np.round(extra, 4).tolist()}); widen the spacing or shrink the repeated shape")
             return self.emit(_explicit_copies(n), dst, mat)
+        boxed = _needs_own_box(n)
+        if boxed:      # max(pattern, its box): the box's distance where it exceeds the copies' bound
+            lo, hi = self.bounds(n)
+            self.emit(box(*((hi - lo) / 2)).translate(*((lo + hi) / 2)), dst, mat)
+        at = dst + 1 if boxed else dst
         begin = self.row(op, param=self.pool([*n.numbers, *extra]))
-        inner = self.emit(child, dst + 1, mat)
-        end = self.row(Op.REPEAT_END, dst, a=dst + 1, jump=begin)
+        inner = self.emit(child, at + 1, mat)
+        end = self.row(Op.REPEAT_END, at, a=at + 1, jump=begin)
         self.rows[begin][7] = end
+        if boxed:
+            self.row(Op.INTERSECT, dst, a=at, b=dst)
         return inner * count
 
     def emit_instances(self, n: Node, dst: int, mat: int) -> int:
@@ -392,6 +399,21 @@ class _Emitter:
         if isinstance(item, tuple):
             return item[2]
         return self.bounds(item)
+
+
+def _needs_own_box(n: Node) -> bool:
+    """Whether a linear or grid pattern is bounded by its own box as well (emit_pattern): the
+    bound its record gives the copies it does not evaluate counts only the distance along its
+    axes (a row's, however far beside the row), so a dense pattern would read as near everywhere
+    beside it, and a march would crawl there and take those readings for hits. Not for a polar
+    pattern (its bound is a distance already), nor where every copy is evaluated (at most 2 along
+    each axis), nor where a named parameter lies in the pattern (its spacing, count or shape): a
+    tape without its scene keeps its boxes through parameter edits (Tape.set_param), and a box
+    would then cut a copy that grew."""
+    if n.kind == "polar_pattern" or n.params():
+        return False
+    counts = n.values()[3:4] if n.kind == "linear_pattern" else n.values()[3:6]
+    return bool(np.any(np.asarray(counts) > 2))
 
 
 def _explicit_copies(n: Node) -> Node:

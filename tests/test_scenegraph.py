@@ -4,6 +4,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from taperay.runtime.camera import Camera
 from taperay.runtime.tape import Op, TaperayError, validate
 from taperay.scenegraph import (Material, Param, box, capsule, cylinder, difference, flatten,
                                 node_from_dict, plane, smooth_union, sphere, torus, union)
@@ -176,7 +177,7 @@ def test_patterns_equal_the_explicit_union_of_their_copies(walker_cpu, kind):
         pat = part.grid_pattern((0.4, 0.5, 0.6), (5, 4, 3))
         explicit = [part.translate(0.4 * i, 0.5 * j, 0.6 * k) for i in range(5) for j in range(4) for k in range(3)]
     t_pat, t_exp = flatten(pat), flatten(union(*explicit))
-    assert len(t_pat) < 12
+    assert len(t_pat) < 16      # (the loop, the body, and a linear or grid pattern's own box)
     lo, hi = t_exp.bounds
     pts = RNG.uniform(lo - 0.5, hi + 0.5, (20000, 3)).astype(np.float32)
     d_pat, _ = walker_cpu.evaluate(t_pat, pts)
@@ -186,6 +187,42 @@ def test_patterns_equal_the_explicit_union_of_their_copies(walker_cpu, kind):
     assert np.array_equal(d_pat < 0, d_exp < 0)
     near = np.abs(d_exp) < 0.1
     np.testing.assert_allclose(d_pat[near], d_exp[near], atol=2e-6)
+
+
+def _dense_row():
+    """10,000 spheres 0.001 apart along x (0..10), each of radius 0.00035."""
+    return sphere(0.00035).linear_pattern((0.001, 0, 0), 10_000)
+
+
+@pytest.mark.needs("evaluate")
+def test_a_dense_pattern_reads_its_distance_beside_it(walkers_all):
+    """A pattern's bound for the copies it does not evaluate counts only the distance along its
+    axes; its box bounds it besides, so beside a dense row (and a grid) the field is about the
+    distance, not a tenth of a spacing."""
+    ball = sphere(0.5).translate(5, 4, 0)
+    grid = sphere(0.003).grid_pattern((0.01, 0.01, 0.01), (100, 100, 3))
+    for pattern, near in ((_dense_row(), lambda p: np.hypot(p[:, 1], p[:, 2]) - 0.00035),
+                          (grid, lambda p: np.maximum(p[:, 2] - 0.02 - 0.003, 0))):
+        t = flatten(union(pattern, ball))
+        pts = np.stack([RNG.uniform(0.2, 0.8, 500), RNG.uniform(0.2, 0.8, 500), RNG.uniform(1, 3, 500)], 1)
+        d, _ = walkers_all.evaluate(t, pts.astype(np.float32))
+        true = np.minimum(near(pts), np.linalg.norm(pts - (5, 4, 0), axis=1) - 0.5)
+        assert np.all(d <= true + 1e-4)
+        assert np.all(d >= true - 0.02), float(np.min(d - true))
+
+
+def test_a_dense_row_beside_a_ball_is_marched_as_a_thin_rod(walkers_all):
+    """The picture of the row beside a ball matches that of a capsule along the row (sub-pixel
+    either way at this distance): a pattern bounded only along its axis read as near across the
+    march box, and rays stopped there as hits."""
+    ball = sphere(2).translate(5, 4, 0)
+    cam = Camera((5, -25, 8), (5, 1, 0), fov_deg=40)
+    hits = []
+    for rod in (_dense_row(), capsule((0, 0, 0), (10, 0, 0), 0.00035)):
+        m = walkers_all.march(flatten(union(rod, ball)), cam, 96, 64)
+        hits.append(np.asarray(m["hit"]))
+    assert 0.01 < hits[1].mean() < 0.3
+    assert (hits[0] != hits[1]).mean() <= 0.01, (hits[0].mean(), hits[1].mean())
 
 
 @pytest.mark.parametrize("scene_name", ["machined_part", "bolt_plate", "optics_bench"])

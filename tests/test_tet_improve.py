@@ -154,7 +154,7 @@ def _material_volumes(tape, nodes, elements) -> dict:
 
 @pytest.mark.parametrize("scene, resolution, bound, below_5_before", [
     ("hollow sphere", 16, 10.0, 6),           # TetGen: 1.99 degrees, 6 below 5, 40 below 10
-    ("machined_part", 32, None, 145)])        # 0.072 degrees, 145 below 5 (thin boundary triangles)
+    ("machined_part", 32, None, 146)])        # 0.072 degrees, 146 below 5 (thin boundary triangles)
 def test_the_pass_on_tetgen_meshes_of_dual_contoured_surfaces(scene, resolution, bound, below_5_before):
     tape = _hollow_sphere() if scene == "hollow sphere" else load_tape(ROOT / "scenes" / "machined_part.py")
     surf = mesh_surface(tape, resolution, method="dc")
@@ -167,7 +167,7 @@ def test_the_pass_on_tetgen_meshes_of_dual_contoured_surfaces(scene, resolution,
     after = dihedral_angles(nodes, el).min(1)
     if bound is not None:
         assert after.min() >= bound
-    else:     # the slivers on thin triangles of the surface stay: at most a quarter (measured: 33 of 145)
+    else:     # the slivers on thin triangles of the surface stay: at most a quarter (measured: 32 of 146)
         assert np.count_nonzero(after < 5) <= 0.25 * below_5_before and after.min() > before.min()
     _check_same_region(raw.nodes, raw.elements, nodes, el)
     assert np.array_equal(nodes[:len(surf.vertices)], raw.nodes[:len(surf.vertices)])   # the surface's vertices
