@@ -170,6 +170,7 @@ class _Emitter:
         self.bounds_cache: dict = {}
         self.instances: list[np.ndarray] = []
         self.bvh: list[np.ndarray] = []
+        self.subtracted = False      # whether what is emitted now enters the field negated (a cut)
 
     def bounds(self, n):
         return node_bounds(n, self.bounds_cache)
@@ -223,11 +224,14 @@ class _Emitter:
             kparam = self.pool(n.numbers) if knum else 0
             margin = n.value(0) if k == "smooth_union" else 0.0
             total = self.emit(n.children[0], dst, mat)
+            cut = k == "difference"       # (a smooth one blends the bound within its radius: boxed)
             for child in n.children[1:]:
                 if k == "smooth_union":   # chain order matters for smin: cull child by child
                     total += self.emit_cull_wrapped(child, dst, mat, margin, op, kparam)
                 else:
+                    self.subtracted ^= cut
                     total += self.emit(child, dst + 1, mat)
+                    self.subtracted ^= cut
                     self.row(op, dst, a=dst, b=dst + 1, param=kparam)
             return total
         if k in ("offset", "shell"):
@@ -315,7 +319,7 @@ class _Emitter:
                     f"{n.kind} of {count}: each copy reaches past its neighbouring cell (extent "
                     f"{np.round(extra, 4).tolist()}); widen the spacing or shrink the repeated shape")
             return self.emit(_explicit_copies(n), dst, mat)
-        boxed = _needs_own_box(n)
+        boxed = not self.subtracted and _needs_own_box(n)
         if boxed:      # max(pattern, its box): the box's distance where it exceeds the copies' bound
             lo, hi = self.bounds(n)
             self.emit(box(*((hi - lo) / 2)).translate(*((lo + hi) / 2)), dst, mat)
@@ -405,7 +409,9 @@ def _needs_own_box(n: Node) -> bool:
     """Whether a linear or grid pattern is bounded by its own box as well (emit_pattern): the
     bound its record gives the copies it does not evaluate counts only the distance along its
     axes (a row's, however far beside the row), so a dense pattern would read as near everywhere
-    beside it, and a march would crawl there and take those readings for hits. Not for a polar
+    beside it, and a march would crawl there and take those readings for hits (emit_pattern does
+    not box a pattern cut away by a plain difference: negated, a bound too low only over-states the
+    field inside the material, where no march goes). Not for a polar
     pattern (its bound is a distance already), nor where every copy is evaluated (at most 2 along
     each axis), nor where a named parameter lies in the pattern (its spacing, count or shape): a
     tape without its scene keeps its boxes through parameter edits (Tape.set_param), and a box

@@ -209,6 +209,11 @@ def test_a_dense_pattern_reads_its_distance_beside_it(walkers_all):
         true = np.minimum(near(pts), np.linalg.norm(pts - (5, 4, 0), axis=1) - 0.5)
         assert np.all(d <= true + 1e-4)
         assert np.all(d >= true - 0.02), float(np.min(d - true))
+    # cut away by a plain difference the pattern keeps its loop alone (a bound too low, negated,
+    # only over-states the field inside the material)
+    boxed = flatten(union(box(1), _dense_row())).op_counts()
+    cut = flatten(difference(box(1), _dense_row())).op_counts()
+    assert boxed.get("INTERSECT") == 1 and "INTERSECT" not in cut and cut["BOX"] == 1
 
 
 def test_a_dense_row_beside_a_ball_is_marched_as_a_thin_rod(walkers_all):
