@@ -409,13 +409,13 @@ def _needs_own_box(n: Node) -> bool:
     """Whether a linear or grid pattern is bounded by its own box as well (emit_pattern): the
     bound its record gives the copies it does not evaluate counts only the distance along its
     axes (a row's, however far beside the row), so a dense pattern would read as near everywhere
-    beside it, and a march would crawl there and take those readings for hits (emit_pattern does
-    not box a pattern cut away by a plain difference: negated, a bound too low only over-states the
-    field inside the material, where no march goes). Not for a polar
+    beside it, and a march would crawl there and take those readings for hits. Not for a polar
     pattern (its bound is a distance already), nor where every copy is evaluated (at most 2 along
     each axis), nor where a named parameter lies in the pattern (its spacing, count or shape): a
     tape without its scene keeps its boxes through parameter edits (Tape.set_param), and a box
-    would then cut a copy that grew."""
+    would then cut a copy that grew. (emit_pattern does not box a pattern a plain difference cuts
+    away either: negated, a bound too low only over-states the field inside the material, where
+    no march goes.)"""
     if n.kind == "polar_pattern" or n.params():
         return False
     counts = n.values()[3:4] if n.kind == "linear_pattern" else n.values()[3:6]
