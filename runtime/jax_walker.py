@@ -52,20 +52,17 @@ import numpy as np
 # a CUDA jaxlib takes 75 % of the GPU's memory at its first use unless told not to; the GPU walker
 # (wgpu) shares that GPU in the same process, so JAX allocates as it goes (a user's setting wins)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+from .jit_cache import default_xla_flag, usable_cores  # noqa: E402
+
 # on a GPU, XLA runs the steps' loops and switches as command buffers (CUDA graphs) rather than one
 # launch and a host round trip each: the cells' vjp at 2,037 records 0.40 -> 0.25 s on an H100
 # (docs/JAX.md); added unless the user's XLA_FLAGS already say how command buffers are used
-if "xla_gpu_enable_command_buffer" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL").strip()
-
-from .jit_cache import usable_cores  # noqa: E402
-
+default_xla_flag("xla_gpu_enable_command_buffer", "+WHILE,+CONDITIONAL")
 # XLA runs a CPU program on one core: the cell form spreads a call's pieces over host devices, one
 # a core (docs/JAX.md); added unless the user's XLA_FLAGS already say how many
 HOST_DEVICES = usable_cores()
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_force_host_platform_device_count={HOST_DEVICES}").strip()
+default_xla_flag("xla_force_host_platform_device_count", HOST_DEVICES)
 
 import jax  # noqa: E402  (after the allocator and XLA settings)
 import jax.numpy as jnp  # noqa: E402
@@ -1227,7 +1224,8 @@ class JaxWalker:
         small patterned tape's generic programs compile for many seconds, its trace in about one)
         or the tape has GENERIC_FROM records or more, else the trace; the generic form runs cell by
         cell ("cells") where the tape has a bound over a cell (``jax_cells.cells_unsupported``),
-        CELLS_MIN_STEPS generic steps or more, and there are CELLS_FROM points or more. "cells" asked for on a tape without a bound runs the generic form.
+        CELLS_MIN_STEPS generic steps or more, and there are CELLS_FROM points or more. "cells"
+        asked for on a tape without a bound runs the generic form.
         (Measured: the trace's compile grows with the records and is long for reverse mode; its
         steady values are the fastest on small tapes; cells skip what cannot matter.)"""
         form = self.form

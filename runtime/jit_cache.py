@@ -43,7 +43,7 @@ from pathlib import Path
 
 __all__ = ["user_cache_dir", "numba_cache_dir", "keyed_sources", "source_key", "njit", "prange", "load_numba",
            "numba_loaded", "function_value", "quiet_function_types", "array_type_facts", "usable_cores",
-           "compile_ahead", "CompileAhead", "KEEP_KEYS"]
+           "default_xla_flag", "compile_ahead", "CompileAhead", "KEEP_KEYS"]
 
 _PACKAGE = __name__.rsplit(".", 2)[0] + "."      # the runtime's modules: their globals are rebound
 _LOCK = threading.RLock()
@@ -227,6 +227,14 @@ def function_value(func, returns: str, *examples, helper: bool = True):
 def usable_cores() -> int:
     """The cores this process may run on (its affinity where the system tells it)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_xla_flag(name: str, value) -> None:
+    """Add ``--name=value`` to XLA_FLAGS unless the flags name it already (a user's setting wins);
+    read when JAX first starts a backend, so set before that."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if name not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --{name}={value}".strip()
 
 
 def quiet_function_types() -> None:

@@ -17,11 +17,10 @@ from hypothesis import settings as hypothesis_settings
 # that no kernel's threads wait on another worker's. Set before anything imports Numba or JAX
 # (taperay.runtime.cpu and jax_walker do); a user's setting wins.
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    from taperay.runtime.jit_cache import usable_cores     # (loads neither Numba nor JAX)
+    from taperay.runtime.jit_cache import default_xla_flag, usable_cores     # (loads neither Numba nor JAX)
     _share = str(max(1, usable_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
     os.environ.setdefault("NUMBA_NUM_THREADS", _share)
-    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={_share}"
+    default_xla_flag("xla_force_host_platform_device_count", _share)
 
 from taperay.runtime.cpu import CpuWalker  # noqa: E402  (after the thread count)
 
