@@ -12,7 +12,7 @@ import contextlib
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -75,10 +75,10 @@ def _transform_box(b, t, q, s):
 def node_bounds(n: Node, cache: dict | None = None) -> np.ndarray:
     """(2,3) float64 box holding the node's surface, in the node's own frame (inf: unbounded)."""
     cache = {} if cache is None else cache
-    key = id(n)
-    if key not in cache:   # the node is kept alive with its entry, so its id cannot be reused
-        cache[key] = (n, _bounds(n, cache))
-    return cache[key][1]
+    entry = cache.get(id(n))
+    if entry is None:      # the node is kept alive with its entry, so its id cannot be reused
+        entry = cache[id(n)] = (n, _bounds(n, cache))
+    return entry[1]
 
 
 def _bounds(n: Node, cache) -> np.ndarray:
@@ -158,22 +158,187 @@ def _bounds(n: Node, cache) -> np.ndarray:
 _POINT_KINDS = ("transform", "mirror", "elongate")
 
 
+class _Memo:
+    """What one flatten keeps for the next flatten of a scene sharing nodes with it (``Tape.set_param``'s
+    refit, the viewer's topology edits): per node, the named ``Param``s in it and whether it is
+    fixed (no placement or field array that could still change); its box, and the records it
+    emitted from each emitter state, for the parameter values they were made with; the nodes made
+    from it on the way (a pattern's recentred copy, its box, its explicit copies). A node whose
+    parameters read as before, emitted from the same state, has its records copied instead of
+    emitted again, so a slider move re-emits only the nodes holding its parameter. The memo keeps
+    the last one's entries whose nodes are in the new scene with their values unchanged."""
+    CARRIED_MAX = 4      # entries carried unused, at most this many times those used (then none)
+
+    def __init__(self, last: "_Memo | None"):
+        self.last = last                       # read during the flatten, dropped after it
+        self.facts: dict[int, tuple] = {}      # id -> (node, its Params, fixed)
+        self.bounds = _CarriedBounds(self)     # id -> (node, box, values)
+        self.emitted: dict[tuple, tuple] = {}  # (id, values, emitter state) -> (node, replay ...)
+        self.derived: dict[tuple, tuple] = {}  # (tag, id, values) -> (node, made node)
+
+    def node_facts(self, n: Node) -> tuple:
+        """(the distinct named Params in ``n``'s tree, whether its tree is fixed)."""
+        entry = self.facts.get(id(n))
+        if entry is None and self.last is not None:
+            entry = self.last.facts.get(id(n))
+            if entry is not None:
+                self.facts[id(n)] = entry
+        if entry is None:
+            params, fixed = [], _own_arrays_fixed(n)
+            for v in n.numbers:
+                if isinstance(v, Param) and v not in params:
+                    params.append(v)
+            for c in n.children:
+                kid_params, kid_fixed = self.node_facts(c)
+                params += [v for v in kid_params if v not in params]
+                fixed = fixed and kid_fixed
+            entry = self.facts[id(n)] = (n, tuple(params), fixed)
+        return entry[1:]
+
+    def values(self, n: Node) -> tuple | None:
+        """The numbers ``n``'s Params read as now, or None where its tree is not fixed."""
+        params, fixed = self.node_facts(n)
+        return tuple(float(v) for v in params) if fixed else None
+
+    def carried(self, table: str, key, n: Node):
+        """The last memo's entry ``key`` of ``table`` (taken into this one), or None."""
+        if self.last is None:
+            return None
+        entry = getattr(self.last, table).get(key)
+        if entry is not None and entry[0] is n:
+            getattr(self, table)[key] = entry
+            return entry
+        return None
+
+    def made(self, tag: str, n: Node, make) -> Node:
+        """``make()``, a node derived from ``n`` (tag names how), the same node as the last
+        flatten's where ``n``'s values are the same (so its records can be copied)."""
+        values = self.values(n)
+        if values is None:
+            return make()
+        key = (tag, id(n), values)
+        entry = self.derived.get(key) or self.carried("derived", key, n)
+        if entry is None:
+            entry = self.derived[key] = (n, make())
+        return entry[1]
+
+    def close(self, scene: Node) -> None:
+        """Keep the last memo's entries whose nodes are in ``scene`` (or made from them) with
+        the values they were made with, unless they outnumber this flatten's own; then drop the
+        last memo."""
+        last, self.last = self.last, None
+        if last is None:
+            return
+        alive = {id(m) for root in [scene, *(e[1] for e in self.derived.values())] for m in root.walk()}
+
+        def current(n: Node, values) -> bool:
+            return id(n) in alive and values is not None and values == self.values(n)
+        kept = [(self.facts, k, e) for k, e in last.facts.items() if k not in self.facts and k in alive]
+        kept += [(self.bounds, k, e) for k, e in last.bounds.items() if k not in self.bounds and current(e[0], e[2])]
+        kept += [(self.emitted, k, e) for k, e in last.emitted.items() if k not in self.emitted
+                 and current(e[0], k[-1])]
+        kept += [(self.derived, k, e) for k, e in last.derived.items() if k not in self.derived
+                 and current(e[0], k[2])]
+        if len(kept) <= self.CARRIED_MAX * (len(self.emitted) + len(self.bounds)) + 64:
+            for table, key, entry in kept:
+                dict.__setitem__(table, key, entry)
+
+
+class _CarriedBounds(dict):
+    """node_bounds' cache for one flatten: id -> (node, box, the values it read), answered from
+    the last memo's where the node reads the same values."""
+
+    def __init__(self, memo: _Memo):
+        super().__init__()
+        self.memo = memo
+
+    def get(self, key, default=None):
+        entry = dict.get(self, key)
+        if entry is None and self.memo.last is not None:
+            old = dict.get(self.memo.last.bounds, key)
+            if old is not None and old[2] is not None and old[2] == self.memo.values(old[0]):
+                dict.__setitem__(self, key, old)
+                entry = old
+        return default if entry is None else entry
+
+    def __setitem__(self, key, entry):
+        dict.__setitem__(self, key, (*entry, self.memo.values(entry[0])))
+
+
+def _own_arrays_fixed(n: Node) -> bool:
+    """Whether the node's own arrays (an instance list's placements, a field's tape) cannot
+    change: read-only and owning their data."""
+    arrays = [n.array] if n.array is not None else [n.tape.instrs, n.tape.params] if n.tape is not None else []
+    return all(not a.flags.writeable and a.base is None for a in arrays)
+
+
 class _Emitter:
-    def __init__(self, cull: bool):
+    def __init__(self, cull: bool, memo: _Memo):
         self.cull = cull
-        self.rows: list[tuple] = []
+        self.memo = memo
+        self.rows: list[list] = []
         self.params: list[float] = []
         self.names: dict[str, list[int]] = {}
         self.param_values: dict[str, float] = {}
         self.materials: list[Material] = [DEFAULT_MATERIAL]
         self.max_reg = 0
-        self.bounds_cache: dict = {}
         self.instances: list[np.ndarray] = []
         self.bvh: list[np.ndarray] = []
+        self.bvh_nodes = 0           # nodes in self.bvh's arrays (the next list's first node)
+        self.instance_rows = 0       # placements in self.instances' arrays
         self.subtracted = False      # whether what is emitted now enters the field negated (a cut)
+        self.lists = (self.rows, self.params, self.materials, self.bvh, self.instances)
 
     def bounds(self, n):
-        return node_bounds(n, self.bounds_cache)
+        return node_bounds(n, self.memo.bounds)
+
+    def state(self) -> tuple:
+        """What a node's records depend on besides the node, its values, its register and its
+        material: the cut parity, culling, and where they land in each table."""
+        return (self.subtracted, self.cull, len(self.rows), len(self.params), len(self.materials), len(self.bvh),
+                self.bvh_nodes, self.instance_rows)
+
+    def emit(self, n: Node, dst: int, mat: int) -> int:
+        """Emit ``n`` into register ``dst``; returns the number of primitive instances it stands
+        for. The records of a node emitted by the last flatten from the same state with the same
+        values are copied from it (``_Memo``)."""
+        values = self.memo.values(n)
+        if values is None:
+            return self.emit_node(n, dst, mat)
+        key = (id(n), dst, mat, *self.state(), values)
+        entry = self.memo.emitted.get(key) or self.memo.carried("emitted", key, n)
+        if entry is not None and entry[-1][2][:len(self.materials)] == self.materials:
+            count = self.replay(n, entry, values)
+            self.memo.emitted[key] = (*entry[:-1], self.lists)    # (the same records, now in these lists)
+            return count
+        p0 = len(self.params)
+        outer_max, self.max_reg = self.max_reg, 0
+        count = self.emit_node(n, dst, mat)
+        inner_max, self.max_reg = self.max_reg, max(outer_max, self.max_reg)
+        params = self.memo.node_facts(n)[0]
+        named = sorted((slot, name) for name in {v.name for v in params} for slot in self.names.get(name, ())
+                       if slot >= p0)
+        self.memo.emitted[key] = (n, len(self.rows), len(self.params), len(self.materials), len(self.bvh),
+                                  self.bvh_nodes, self.instance_rows, inner_max, count, tuple(named), self.lists)
+        return count
+
+    def replay(self, n: Node, entry: tuple, values: tuple) -> int:
+        """Append the records (pool entries, materials, instance lists) a memo entry names, from
+        the emitter that made them."""
+        _, r1, p1, m1, l1, bvh_nodes, instance_rows, inner_max, count, named, (rows, params, mats, bvh, inst) = entry
+        l0 = len(self.bvh)
+        self.rows.extend(rows[len(self.rows):r1])
+        self.params.extend(params[len(self.params):p1])
+        self.materials.extend(mats[len(self.materials):m1])
+        self.bvh.extend(bvh[l0:l1])
+        self.instances.extend(inst[l0:l1])
+        self.bvh_nodes, self.instance_rows = bvh_nodes, instance_rows
+        self.max_reg = max(self.max_reg, inner_max)
+        for slot, name in named:
+            self.names.setdefault(name, []).append(slot)
+        for v, x in zip(self.memo.node_facts(n)[0], values):
+            self.param_values[v.name] = x
+        return count
 
     def pool(self, values) -> int:
         off = len(self.params)
@@ -199,9 +364,8 @@ class _Emitter:
         self.materials.append(m)
         return len(self.materials) - 1
 
-    # node -> instructions writing register dst
-    def emit(self, n: Node, dst: int, mat: int) -> int:
-        """Emit ``n`` into register ``dst``; returns the number of primitive instances it stands for."""
+    def emit_node(self, n: Node, dst: int, mat: int) -> int:
+        """``emit``'s records made anew."""
         if n.mat is not None:
             mat = self.material_id(n.mat)
         k = n.kind
@@ -293,8 +457,9 @@ class _Emitter:
         centre = (b[0] + b[1]) / 2
         if n.kind != "polar_pattern" and np.abs(centre).max() > 1e-6 * (1 + np.abs(b).max()):
             # translations commute with linear/grid repetition: centre the copy in its cell
-            recentred = Node(n.kind, n.numbers, (child.translate(*-centre),))
-            return self.emit(recentred.translate(*centre), dst, mat)
+            recentred = self.memo.made("recentred", n, lambda: Node(
+                n.kind, n.numbers, (child.translate(*-centre),)).translate(*centre))
+            return self.emit(recentred, dst, mat)
         # Only the nearest cell and its neighbour (per axis) are evaluated; every other copy is
         # bounded from below. That bound must stay positive, or a point inside a copy that was not
         # evaluated would read as outside: copies may overlap at most one neighbouring cell.
@@ -318,11 +483,11 @@ class _Emitter:
                 raise TaperayError(
                     f"{n.kind} of {count}: each copy reaches past its neighbouring cell (extent "
                     f"{np.round(extra, 4).tolist()}); widen the spacing or shrink the repeated shape")
-            return self.emit(_explicit_copies(n), dst, mat)
+            return self.emit(self.memo.made("explicit", n, lambda: _explicit_copies(n)), dst, mat)
         boxed = not self.subtracted and _needs_own_box(n)
         if boxed:      # max(pattern, its box): the box's distance where it exceeds the copies' bound
             lo, hi = self.bounds(n)
-            self.emit(box(*((hi - lo) / 2)).translate(*((lo + hi) / 2)), dst, mat)
+            self.emit(self.memo.made("box", n, lambda: box(*((hi - lo) / 2)).translate(*((lo + hi) / 2))), dst, mat)
         at = dst + 1 if boxed else dst
         begin = self.row(op, param=self.pool([*n.numbers, *extra]))
         inner = self.emit(child, at + 1, mat)
@@ -337,8 +502,7 @@ class _Emitter:
         b = self.bounds(child)
         if not np.all(np.isfinite(b)):
             raise TaperayError("instances: the instanced shape is unbounded (a plane?); instances need bounded shapes")
-        first_node = sum(len(a) for a in self.bvh)
-        first_inst = sum(len(a) for a in self.instances)
+        first_node, first_inst = self.bvh_nodes, self.instance_rows
         bvh = placed_bvh(b, n.array, first_node, first_inst)
         if not self.cull:   # inner boxes never reject: every leaf box is tested (O(N) a point)
             bvh = bvh.copy()        # (placed_bvh may hand out its remembered, read-only tree)
@@ -346,6 +510,8 @@ class _Emitter:
             bvh["lo"][inner], bvh["hi"][inner] = -3e38, 3e38
         self.instances.append(n.array)
         self.bvh.append(bvh)
+        self.bvh_nodes += len(bvh)
+        self.instance_rows += len(n.array)
         # (unculled: no representatives' bound either, so that culled == unculled tests the bound)
         prm = self.pool(placed_params(b, inner_capsule(child) if self.cull else None, n.array, first_inst))
         begin = self.row(Op.INSTANCES, a=len(bvh), aux=first_node, param=prm)
@@ -528,22 +694,36 @@ def _joined(arrays: list[np.ndarray]) -> np.ndarray | None:
     return None if not arrays else arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
-def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, float] | None = None) -> Tape:
+def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, float] | None = None,
+            reuse: Tape | None = None) -> Tape:
     """Flatten a scene node into a validated ``Tape`` (result in register 0; its arrays read-only,
     as every validated tape's: ``runtime.tape.freeze``).
 
     ``cull=False`` gives the same field evaluated without skipping: CULL_BOX records whose margin
     is +inf never jump, and instance BVHs whose inner boxes never reject. ``params`` gives named
-    ``Param``s other values than their own (None: those of a flatten under way, else their own). The tape keeps a ``refit`` that flattens the scene
-    again with one parameter changed, which ``Tape.set_param`` uses so that bounds follow edits.
+    ``Param``s other values than their own (None: those of a flatten under way, else their own).
+    ``reuse``: a tape flattened before from a scene sharing nodes with this one (a topology edit's
+    last scene): the records of a shared node emitted from the same place with the same values
+    are copied from it, not made again. The tape keeps a ``refit`` that flattens the scene again
+    with one parameter changed, reusing this flatten's records the same way (only the nodes
+    holding the parameter are emitted anew), which ``Tape.set_param`` uses so that bounds
+    follow edits.
     """
+    last = reuse.refit.memo if reuse is not None and isinstance(reuse.refit, _Refit) and reuse.refit.cull == cull \
+        else None
+    return _flatten(scene, source, cull, params, last)
+
+
+def _flatten(scene: Node, source: str, cull: bool, params: dict[str, float] | None, last: _Memo | None) -> Tape:
+    """``flatten``, reusing the records ``last`` (a memo of an earlier flatten, or None) keeps."""
     if not isinstance(scene, Node):
         raise TaperayError(f"{source or 'scene'}: expected a scene node, got {type(scene).__name__}")
     depth = scene.depth()
     if depth > MAX_SCENE_DEPTH:
         raise TaperayError(f"{source or 'scene'}: the scene graph is {depth} levels deep; flatten takes at most "
                            f"{MAX_SCENE_DEPTH} (nest fewer transforms or combine children in one union)")
-    em = _Emitter(cull)
+    memo = _Memo(last)
+    em = _Emitter(cull, memo)
     with param_values(params) if params is not None else contextlib.nullcontext(), one_flatten(), \
             _recursion_room(depth * _FRAMES_PER_LEVEL):   # (the emitter and the bounds recurse per level)
         instances = em.emit(scene, 0, 0)
@@ -552,6 +732,7 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
             finite = [em.bounds(n) for n in scene.walk() if not n.children and np.all(np.isfinite(em.bounds(n)))]
             b = np.array([np.min([f[0] for f in finite], 0), np.max([f[1] for f in finite], 0)]) if finite \
                 else _box([-1] * 3, [1] * 3)
+        memo.close(scene)
     instrs = np.array([tuple(r) for r in em.rows], INSTR_DTYPE)
     mats = np.concatenate([m.record() for m in em.materials])
     n_regs = em.max_reg + 1
@@ -562,7 +743,7 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
                 names=em.names, instance_count=int(instances), source=source,
                 instances=_joined(em.instances), bvh=_joined(em.bvh),
                 material_names=tuple(m.name for m in em.materials),
-                refit=_Refit(scene, source, cull, em.param_values))
+                refit=_Refit(scene, source, cull, em.param_values, memo))
     VALIDATED.check(tape)       # (frozen and recorded: the walker that draws it finds it validated)
     return tape
 
@@ -570,11 +751,13 @@ def flatten(scene: Node, source: str = "", cull: bool = True, params: dict[str, 
 @dataclass(frozen=True)
 class _Refit:
     """A flattened scene and the parameter values it was flattened with: called with one changed
-    parameter, it flattens the scene again (the new tape carries the updated refit)."""
+    parameter, it flattens the scene again from the records its memo keeps (the new tape carries
+    the updated refit)."""
     scene: Node
     source: str
     cull: bool
     values: dict[str, float]
+    memo: _Memo = field(repr=False, compare=False)
 
     def __call__(self, name: str, value: float) -> Tape:
-        return flatten(self.scene, self.source, self.cull, {**self.values, name: float(value)})
+        return _flatten(self.scene, self.source, self.cull, {**self.values, name: float(value)}, self.memo)

@@ -87,6 +87,98 @@ def test_editing_a_patterned_part_refits_the_pattern_or_refuses(walker_cpu):
     assert np.array_equal(t.params, before)             # refused edits leave the tape as it was
 
 
+def _same_tape(a, b) -> bool:
+    return (a.instrs.tobytes() == b.instrs.tobytes() and a.params.tobytes() == b.params.tobytes()
+            and a.materials.tobytes() == b.materials.tobytes() and a.bounds.tobytes() == b.bounds.tobytes()
+            and a.instances.tobytes() == b.instances.tobytes() and a.bvh.tobytes() == b.bvh.tobytes()
+            and a.names == b.names and a.n_regs == b.n_regs and a.instance_count == b.instance_count
+            and a.material_names == b.material_names)
+
+
+def _emitted_nodes(monkeypatch) -> list:
+    """The kinds of the nodes flatten emits anew (not copied from its memo), as they go."""
+    import sys
+    emitter = sys.modules["taperay.scenegraph.flatten"]._Emitter
+    made, emit_node = [], emitter.emit_node
+    monkeypatch.setattr(emitter, "emit_node", lambda self, n, *a: made.append(n.kind) or emit_node(self, n, *a))
+    return made
+
+
+def _parametric_scenes():
+    from taperay.scenegraph import Param as P
+    r, k, n = P("r", 0.2), P("k", 0.1), P("gap", 0.6)
+    red = Material("red", (1, 0, 0))
+    bolts = cylinder(r, 0.5).translate(1, 0, 0).polar_pattern(6)
+    return {
+        "culled union": union(*[sphere(r).translate(i, (i * 7) % 5, 0) for i in range(12)],
+                              box(0.3, 0.3, 0.3).material(red).translate(0, 0, 2)),
+        "plate with holes": smooth_union(box(2, 2, 0.2), torus(1, 0.1).translate(0, 0, 0.3), k=k) - bolts
+        - cylinder(0.05, 1).grid_pattern((n, n, 1.0), (4, 4, 1)).translate(-1, -1, 0),
+        "nested": union(*[(box(0.4, 0.4, 0.4) - sphere(r)).material(red if i % 2 else Material("blue", (0, 0, 1)))
+                          .translate(i, 0, 0) for i in range(5)], capsule((0, 0, 0), (0, 0, 1), k)),
+    }
+
+
+@pytest.mark.parametrize("name", ["culled union", "plate with holes", "nested", "machined_part", "cantilever",
+                                  "heat_sink", "lens_bench_1000"])
+def test_a_refit_gives_the_tape_a_fresh_flatten_gives(name):
+    """Tape.set_param's refit copies the records of the nodes its parameter is not in from the
+    last flatten: after every edit (each parameter in turn, back and forth, refused values among
+    them), the tape equals, array for array, a fresh flatten of the scene with those values."""
+    from pathlib import Path
+    from taperay.scenegraph.loading import load_scene_module
+    scenes = Path(__file__).resolve().parent.parent / "scenes"
+    scene = _parametric_scenes()[name] if name in _parametric_scenes() else load_scene_module(scenes / f"{name}.py")
+    tape = flatten(scene)
+    values = {v.name: v.value for n in scene.walk() for v in n.numbers if isinstance(v, Param)}
+    rng = np.random.default_rng(3)
+    for step in range(12):
+        name = sorted(values)[step % len(values)]
+        value = values[name] * float(rng.choice([0.5, 0.8, 1.25, 1.0, 30.0]))
+        try:
+            tape.set_param(name, value)
+        except TaperayError:
+            continue
+        values[name] = value
+        assert _same_tape(tape, flatten(scene, params=values)), (step, name, value)
+
+
+def test_a_refit_emits_only_the_nodes_holding_its_parameter(monkeypatch):
+    """Twelve parts, one of them holding the parameter: a refit emits that part and the union
+    above it anew; the other eleven parts' records are copied."""
+    r = Param("r", 0.2)
+    parts = [(box(0.4, 0.4, 0.4) - sphere(0.45)).translate(i, 0, 0) for i in range(11)]
+    scene = union(*parts, sphere(r).translate(0, 2, 0))
+    tape = flatten(scene)
+    made = _emitted_nodes(monkeypatch)
+    tape.set_param("r", 0.3)
+    assert made == ["union", "transform", "sphere"]
+    assert _same_tape(tape, flatten(scene, params={"r": 0.3}))
+
+
+def test_a_topology_edit_reuses_the_records_of_the_scene_it_keeps(monkeypatch):
+    """flatten(new, reuse=old tape): the kept part (emitted first, at the same place) is copied,
+    the tape equals a fresh flatten's; an instance list whose placements could still change (a
+    view of another array) is emitted anew each time."""
+    from taperay.scenegraph import Node
+    from taperay.scenegraph.nodes import placements
+    base = box(3, 0.5, 0.5) - union(*[sphere(0.3).translate(i - 2.5, 0, 0) for i in range(6)])
+    old = flatten(base)
+    row = sphere(0.1).linear_pattern((0.5, 0, 0), 10).translate(0, 2, 0)
+    made = _emitted_nodes(monkeypatch)
+    new = flatten(union(base, row), reuse=old)
+    assert made[0] == "union" and "difference" not in made and "sphere" in made     # (the row's)
+    assert _same_tape(new, flatten(union(base, row)))
+    owner = np.array(placements(RNG.uniform(-2, 2, (50, 3))))
+    bolts = Node("instances", (), (sphere(0.05),), None, owner[:])   # (a view: its owner may change it)
+    first = flatten(union(base, bolts))
+    owner["t"][:, 0] += 10.0
+    made.clear()
+    moved = flatten(union(base, bolts), reuse=first)
+    assert "instances" in made and "difference" not in made
+    assert _same_tape(moved, flatten(union(base, bolts)))
+
+
 def test_scene_dict_round_trip_gives_the_same_tape():
     s = smooth_union(box(1, 2, 0.5).material(Material("red", (1, 0, 0))),
                      torus(1, 0.2).rotate((1, 0, 0), 30), k=0.3) - capsule((0, 0, 0), (1, 1, 1), 0.2)

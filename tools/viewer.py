@@ -5,7 +5,9 @@ created since startup, the latency of the last edit).
 No window here. ``tools/view_window.py`` presents a ``Viewer`` in a desktop window, a Jupyter
 widget or offscreen; ``tools/scene_runner.py`` re-runs a scene file in a child process for
 ``--watch``. An edit is a buffer write: a named parameter writes its pool slots
-(``walker.set_param``), a new scene re-flattens and uploads the spans of the tape that changed.
+(``walker.set_param``; the tape's refit emits anew only the nodes holding the parameter), a new
+scene re-flattens, copying the records of the nodes it keeps from the last flatten (flatten's
+``reuse``), and uploads the spans of the tape that changed.
 The "path" view is progressive: each full frame adds ``PATH_SPP_PER_FRAME`` path-traced samples
 per pixel to the picture (runtime.path_tracing.PathImage) up to ``PATH_MAX_SPP``; any edit, camera
 move or resize starts it again, and while something moves the drafts are shaded frames.
@@ -214,7 +216,7 @@ class Viewer:
         kept = self.params
         if isinstance(scene, Node):
             node = scene
-            tape = flatten(scene, source=str(self.path or "viewer"), params=kept)
+            tape = flatten(scene, source=str(self.path or "viewer"), params=kept, reuse=self.tape)
             flatten_ms = 1e3 * (time.perf_counter() - t0)
         elif isinstance(scene, Tape):
             tape, node = scene, None
