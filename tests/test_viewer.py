@@ -503,6 +503,7 @@ def test_view_command_offscreen_reports_edits_and_screenshot(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert [r["kind"] for r in report["edits"]].count("topology") == 2 and len(report["edits"]) == 5
     assert all(r["latency_ms"] > 0 and r["pipelines_created"] == 0 for r in report["edits"])
+    assert all(0 < r["edit_ms"] and r["edit_ms"] + r["frame_ms"] < r["latency_ms"] for r in report["edits"])
     from PIL import Image
     image = np.asarray(Image.open(shot))
     assert image.shape == (200, 320, 3) and image.std() > 0

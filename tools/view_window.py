@@ -458,7 +458,9 @@ def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: i
     """Drive ``window`` (offscreen) through viewer.edit_script's edits, one full frame each, and
     measure each edit to its frame: ``latency_ms`` from the edit's start to ``canvas.draw()``
     returning the presented image (read back to the host: an upper bound of the on-screen
-    latency), the walker's ``frame_ms``, a topology edit's ``flatten_ms``, and the pipelines and
+    latency), of which ``edit_ms`` the edit itself (a slider's refit and upload, a topology
+    edit's flatten and more), the walker's ``frame_ms`` and the rest the present and read-back;
+    a topology edit's ``flatten_ms``, and the pipelines and
     shader modules created (walker and present) by that edit. The first frame is the startup;
     the GPU walker's background build of the rest of its kernel set is waited for before the
     edits, so that what they count is theirs. ``draft``: each edit's frame is the draft the
@@ -486,13 +488,14 @@ def run_offscreen_edits(window: ViewWindow, slider_moves: int, topology_edits: i
         before = created()
         t0 = time.perf_counter()
         apply()
+        edit_ms = 1e3 * (time.perf_counter() - t0)
         window._dirty = True
         window._moved_at = time.perf_counter() if draft else 0.0
         np.asarray(window.canvas.draw())
         latency = 1e3 * (time.perf_counter() - t0)
         after = created()
         s = v.stats
-        rows.append(dict(kind=kind, edit=label, latency_ms=latency, frame_ms=s.frame_ms,
+        rows.append(dict(kind=kind, edit=label, latency_ms=latency, edit_ms=edit_ms, frame_ms=s.frame_ms,
                          flatten_ms=s.flatten_ms if kind == "topology" else None, records=s.records,
                          instances=s.instances, pipelines_created=after[0] - before[0],
                          shader_modules_created=after[1] - before[1]))
