@@ -10,21 +10,29 @@ the scale, closed by FIELD_RESULT with the primitive's material; a sphere reads 
 before the rotations that directly precede it. UNION and INTERSECT stay (they prune as MIN /
 MAX); DIFFERENCE is ``max(a, FIELD_RESULT(-b))`` with a's material (when a has one material);
 OFFSET and SHELL are SUB / ABS (which carry their first operand's material); the smooth ops are
-the twin's formula (SMOOTH_DIFFERENCE, too, for an ``a`` of one material). The program is
-hash-consed and register-allocated by ``runtime.program``.
+the twin's formula (SMOOTH_DIFFERENCE, too, for an ``a`` of one material). A DIFFERENCE or
+SMOOTH_DIFFERENCE of an ``a`` of several materials is written so that SUB carries a's material
+at each point: ``a - min(a + b, 0)`` (plus the blend). A convex polygon (EXTRUDE_POLY,
+REVOLVE_POLY) is the twin's distance to its nearest edge outside and the largest distance to an
+edge's line inside, chosen by that distance's sign. A REPEAT_* loop of at most ``UNROLL_MAX``
+copies (all loops around it together) is written out: its body walked once a copy, with the
+copy's point and INSTANCE_INDEX, and the copies' union. The program is hash-consed and
+register-allocated by ``runtime.program``.
 
 What changes: the flattener's CULL_BOX records are dropped. A culled subtree counts as
 ``max(v, box distance)``, which differs from ``v`` only inside the solid, where the box is
 nearer than the surface; the lowered field is the plain union of the scene's primitives (the
 same zero set, the same sign everywhere, the same values outside every solid up to float32
-rounding of the rewritten formulas). Tapes with patterns, instance lists, XOR, capped cones,
-ellipsoids or polygons are not lowered (``NotLowerable`` says which record).
+rounding of the rewritten formulas). A pattern's record bounds the copies it does not evaluate
+from below; its written-out union has their values, so it reads at least the pattern's value
+outside the copies. Tapes with instance lists, XOR, capped cones, ellipsoids, polygons that are
+not convex or patterns of more copies are not lowered (``NotLowerable`` says which record).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .opcodes import OPS, Family, Op
+from .opcodes import OPS, POLY_OPS, Family, Op
 from .program import Program, program_tape
 from .tape import Tape, TaperayError, quat_matrices
 
@@ -43,7 +51,10 @@ LOWERED_OPS = frozenset({o for o in Op if OPS[o].family is Family.ARITH} | {
     Op.FIELD_RESULT, Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.TORUS, Op.PLANE, Op.CAPSULE,
     Op.PUSH, Op.POP, Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE, Op.CULL_BOX,
     Op.UNION, Op.INTERSECT, Op.DIFFERENCE, Op.OFFSET, Op.SHELL, Op.SMOOTH_UNION, Op.SMOOTH_INTERSECT,
-    Op.SMOOTH_DIFFERENCE})
+    Op.SMOOTH_DIFFERENCE, Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID, Op.REPEAT_END, Op.EXTRUDE_POLY,
+    Op.REVOLVE_POLY})
+_TWO_PI = np.float32(2 * np.pi)   # the twin's TWO_PI
+UNROLL_MAX = 64          # copies of a pattern (all its loops together) written out; more: NotLowerable
 
 
 def first_unlowered(tape: Tape) -> int | None:
@@ -135,7 +146,56 @@ def _shape(w: _Writer, op: Op, p: tuple[int, int, int], prm: np.ndarray) -> int:
             h = w.op(Op.MIN, w.max0(h), w.const(1))
             pa = [w.sub(c, w.op(Op.MUL, h, w.const(v))) if v != 0 else c for c, v in zip(pa, ba)]
         return w.subc(w.length(*pa), r)
+    if op == Op.EXTRUDE_POLY:
+        return cap2(_convex_polygon(w, x, y, prm[1:].reshape(-1, 2)), w.subc(w.op(Op.ABS, z), prm[0]))
+    if op == Op.REVOLVE_POLY:
+        return _convex_polygon(w, w.length(x, y), z, prm.reshape(-1, 2))
     raise AssertionError(op)
+
+
+def _convex_polygon(w: _Writer, x: int, y: int, xy: np.ndarray) -> int:
+    """The signed distance to a convex polygon (vertices ``xy``, (n, 2) float32, either turn) at
+    (x, y): outside, the distance to the nearest edge (the twin's, sqrt of the least squared
+    distance to a segment); inside, the largest signed distance to an edge's line (the same
+    number: inside a convex polygon the nearest edge's line is the nearest boundary), chosen by
+    that largest line distance's sign. NotLowerable for a polygon that is not convex."""
+    n = len(xy)
+    e = np.roll(xy, -1, axis=0).astype(np.float64) - xy
+    turns = e[:, 0] * np.roll(e[:, 1], -1) - e[:, 1] * np.roll(e[:, 0], -1)
+    if not (np.all(turns >= 0) or np.all(turns <= 0)) or not np.any(turns) or n < 3:
+        raise NotLowerable("a polygon that is not convex")
+    outward = 1.0 if turns.sum() > 0 else -1.0       # (counter-clockwise: the right normal points out)
+    d2 = lines = None
+    for i in range(n):
+        vi, ei = xy[i], (xy[(i + 1) % n] - xy[i]).astype(np.float32)
+        ee = np.float32(ei @ ei)
+        if ee == 0:
+            continue
+        wx, wy = w.subc(x, vi[0]), w.subc(y, vi[1])
+        t = w.op(Op.MIN, w.max0(w.op(Op.DIV, w.dot((wx, wy, wx), (ei[0], ei[1], 0)), w.const(ee))), w.const(1))
+        bx = w.sub(wx, w.op(Op.MUL, t, w.const(ei[0]))) if ei[0] != 0 else wx
+        by = w.sub(wy, w.op(Op.MUL, t, w.const(ei[1]))) if ei[1] != 0 else wy
+        sq = w.add(w.op(Op.SQUARE, bx), w.op(Op.SQUARE, by))
+        d2 = sq if d2 is None else w.op(Op.MIN, d2, sq)
+        nrm = outward * np.array([ei[1], -ei[0]], np.float64) / np.sqrt(float(ee))
+        line = w.dot((wx, wy, wx), (nrm[0], nrm[1], 0))
+        lines = line if lines is None else w.op(Op.MAX, lines, line)
+    outside = w.op(Op.MIN, w.max0(w.op(Op.COMPARE, lines, w.const(0))), w.const(1))    # 1 outside, else 0
+    return w.add(w.min0(lines), w.op(Op.MUL, outside, w.op(Op.SQRT, d2)))
+
+
+def _pattern_copies(op: Op, prm: np.ndarray) -> list[tuple]:
+    """The copies of a REPEAT_* record, as the twin places them: (INSTANCE_INDEX, the translation
+    subtracted from the point (linear, grid), the (cos, sin) of the rotation about z (polar))."""
+    if op == Op.REPEAT_LINEAR:
+        return [(k, np.float32(k) * prm[:3], None) for k in range(int(prm[3]))]
+    if op == Op.REPEAT_POLAR:
+        n = int(prm[0])
+        turns = [_TWO_PI * np.float32(k) / np.float32(n) for k in range(n)]
+        return [(k, None, (np.cos(th), np.sin(th))) for k, th in enumerate(turns)]
+    nx, ny, nz = (int(c) for c in prm[3:6])
+    return [(i + nx * (j + ny * k), np.array([i, j, k], np.float32) * prm[:3], None)
+            for k in range(nz) for j in range(ny) for i in range(nx)]
 
 
 def _point_op(w: _Writer, op: Op, point: tuple[int, int, int], scale: float, prm: np.ndarray):
@@ -169,6 +229,17 @@ def _smooth(w: _Writer, op: Op, a: int, b: int, k) -> int:
     return v if op == Op.SMOOTH_UNION else w.op(Op.NEG, v)
 
 
+def _smooth_cut(w: _Writer, a: int, b: int, k) -> int:
+    """The twin's smooth difference -smin(-a, b, k) = max(a, -b) + h*h*k/4, h = max(k - |a + b|,
+    0) / k, written so that a's material, whichever it is at the point, is carried (a - min(a +
+    b, 0) is max(a, -b), plus t as minus -t: SUB carries its first operand's material, and the
+    program may swap a commutative op's operands): for an ``a`` of several materials."""
+    ab = w.op(Op.ADD, a, b)
+    h = w.op(Op.DIV, w.max0(w.op(Op.SUB, w.const(k), w.op(Op.ABS, ab))), w.const(k))
+    t = w.mulc(w.op(Op.MUL, w.op(Op.MUL, h, h), w.const(k)), 0.25)
+    return w.op(Op.SUB, w.op(Op.SUB, a, w.min0(ab)), w.op(Op.NEG, t))
+
+
 def lower(tape: Tape) -> Tape:
     """``tape``'s field as an arithmetic tape of scene fields (see the module docstring), with the
     same materials, bounds, instance count and source; not validated here (the walkers validate
@@ -180,6 +251,7 @@ def lower(tape: Tape) -> Tape:
     ins, params = tape.instrs, tape.params
     var = (w.op(Op.VAR_X), w.op(Op.VAR_Y), w.op(Op.VAR_Z))
     point, scale = var, 1.0
+    copy_index, copies_above = 0, 1       # the copy of the innermost written-out pattern; copies of those around
     # the point before the trailing run of ROTATEs: a sphere is the same after rotations about its
     # centre, so it reads this one (fewer records, intervals not widened by the rotation)
     unrotated = var
@@ -197,63 +269,110 @@ def lower(tape: Tape) -> Tape:
         mats[n] = frozenset([aux])
         return n
 
-    for i in range(len(ins)):
-        op = Op(int(ins["op"][i]))
-        dst, a, b, prm_at, aux = (int(ins[k][i]) for k in ("dst", "a", "b", "param", "aux"))
-        spec = OPS[op]
-        prm = params[prm_at:prm_at + max(spec.n_params, 0)]
-        fam = spec.family
-        if fam is Family.ARITH:
-            if op in (Op.VAR_X, Op.VAR_Y, Op.VAR_Z):
-                regs[dst] = point[op - Op.VAR_X]
-            elif op == Op.CONST:
-                regs[dst] = w.const(prm[0])
-            elif op == Op.INSTANCE_INDEX:
-                regs[dst] = w.const(0)                    # (no loops in a lowered tape)
-            else:
-                regs[dst] = w.op(op, *(read(i, int(ins[f][i])) for f in spec.reads))
-            mats[regs[dst]] = mats.get(regs[dst], frozenset([0]))
-        elif op == Op.FIELD_RESULT:
-            regs[dst] = closed(i, read(i, a), aux)
-        elif fam is Family.SHAPE:
-            regs[dst] = closed(i, _shape(w, op, unrotated if op == Op.SPHERE else point, prm), aux)
-        elif op == Op.PUSH:
-            stack.append((point, unrotated, scale))
-        elif op == Op.POP:
-            point, unrotated, scale = stack.pop()
-        elif op in (Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.ELONGATE, Op.MIRROR):
-            point, scale = _point_op(w, op, point, scale, prm)
-            if op != Op.ROTATE:
+    def unrolled(i: int, op: Op, prm: np.ndarray) -> int:
+        """A REPEAT_* loop written out: its body walked once a copy with the copy's point, the
+        copies' union into the REPEAT_END's register; returns the record after the REPEAT_END."""
+        nonlocal point, unrotated, copy_index, copies_above
+        end = int(ins["jump"][i])
+        copies = _pattern_copies(op, prm)
+        if len(copies) * copies_above > UNROLL_MAX:
+            raise NotLowerable(f"{op.name} of {len(copies) * copies_above} copies (written out up to {UNROLL_MAX})", i)
+        outer = (point, unrotated, copy_index, copies_above)
+        copies_above *= len(copies)
+        union = None
+        for index, offset, turn in copies:
+            if turn is None:
+                point = tuple(w.subc(c, o) for c, o in zip(outer[0], offset))
                 unrotated = point
-        elif op == Op.CULL_BOX:
-            regs[dst] = _CULLED
-        elif op == Op.INTERSECT and regs.get(b) == _CULLED:
-            regs[dst] = read(i, a)                        # the subtree, without its cull box
-        elif op in (Op.UNION, Op.INTERSECT):
-            va, vb = read(i, a), read(i, b)
-            regs[dst] = w.op(op, va, vb)
-            mats[regs[dst]] = mats[va] | mats[vb]
-        elif op == Op.DIFFERENCE:
-            va, vb = read(i, a), read(i, b)
-            if len(mats[va]) != 1:
-                raise NotLowerable("DIFFERENCE of a part with several materials", i)
-            cut = w.op(Op.FIELD_RESULT, w.op(Op.NEG, vb), aux=next(iter(mats[va])))
-            regs[dst] = w.op(Op.INTERSECT, va, cut)
-            mats[regs[dst]] = mats[va]
-        elif op in (Op.SMOOTH_UNION, Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE):
-            va, vb = read(i, a), read(i, b)
-            if op == Op.SMOOTH_DIFFERENCE:
-                if len(mats[va]) != 1:
-                    raise NotLowerable("SMOOTH_DIFFERENCE of a part with several materials", i)
-                vb = w.op(Op.FIELD_RESULT, vb, aux=next(iter(mats[va])))   # (b's value, a's material)
-            regs[dst] = _smooth(w, op, va, vb, prm[0])
-            mats[regs[dst]] = mats[va] if op == Op.SMOOTH_DIFFERENCE else mats[va] | mats[vb]
-        elif op in (Op.OFFSET, Op.SHELL):
-            va = read(i, a)
-            regs[dst] = w.subc(va if op == Op.OFFSET else w.op(Op.ABS, va), prm[0])
-            mats[regs[dst]] = mats[va]
-        else:
-            raise AssertionError(op)    # (first_unlowered lets only LOWERED_OPS through)
+            else:
+                cs, sn = turn
+                x, y, z = outer[0]
+                point, unrotated = (w.dot((x, y, z), (cs, sn, 0)), w.dot((x, y, z), (-sn, cs, 0)), z), outer[1]
+            copy_index = index
+            walk(i + 1, end)
+            value = read(end, int(ins["a"][end]))
+            if union is None:
+                union = value
+            else:
+                joined = w.op(Op.UNION, union, value)
+                mats[joined] = mats[union] | mats[value]
+                union = joined
+        point, unrotated, copy_index, copies_above = outer
+        regs[int(ins["dst"][end])] = union
+        return end + 1
+
+    def walk(lo: int, hi: int) -> None:
+        """Lower the records lo .. hi - 1."""
+        nonlocal point, scale, unrotated
+        i = lo
+        while i < hi:
+            op = Op(int(ins["op"][i]))
+            dst, a, b, prm_at, aux = (int(ins[k][i]) for k in ("dst", "a", "b", "param", "aux"))
+            spec = OPS[op]
+            prm = params[prm_at:prm_at + (POLY_OPS[op] + 2 * a if op in POLY_OPS else max(spec.n_params, 0))]
+            fam = spec.family
+            if fam is Family.ARITH:
+                if op in (Op.VAR_X, Op.VAR_Y, Op.VAR_Z):
+                    regs[dst] = point[op - Op.VAR_X]
+                elif op == Op.CONST:
+                    regs[dst] = w.const(prm[0])
+                elif op == Op.INSTANCE_INDEX:
+                    regs[dst] = w.const(copy_index)           # (the copy a written-out pattern is on)
+                else:
+                    regs[dst] = w.op(op, *(read(i, int(ins[f][i])) for f in spec.reads))
+                mats[regs[dst]] = mats.get(regs[dst], frozenset([0]))
+            elif op == Op.FIELD_RESULT:
+                regs[dst] = closed(i, read(i, a), aux)
+            elif fam is Family.SHAPE:
+                try:
+                    regs[dst] = closed(i, _shape(w, op, unrotated if op == Op.SPHERE else point, prm), aux)
+                except NotLowerable as e:
+                    raise NotLowerable(f"{op.name}: {e.reason}", i) from None
+            elif fam is Family.PATTERN:
+                i = unrolled(i, op, prm)
+                continue
+            elif op == Op.PUSH:
+                stack.append((point, unrotated, scale))
+            elif op == Op.POP:
+                point, unrotated, scale = stack.pop()
+            elif op in (Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.ELONGATE, Op.MIRROR):
+                point, scale = _point_op(w, op, point, scale, prm)
+                if op != Op.ROTATE:
+                    unrotated = point
+            elif op == Op.CULL_BOX:
+                regs[dst] = _CULLED
+            elif op == Op.INTERSECT and regs.get(b) == _CULLED:
+                regs[dst] = read(i, a)                        # the subtree, without its cull box
+            elif op in (Op.UNION, Op.INTERSECT):
+                va, vb = read(i, a), read(i, b)
+                regs[dst] = w.op(op, va, vb)
+                mats[regs[dst]] = mats[va] | mats[vb]
+            elif op == Op.DIFFERENCE:
+                va, vb = read(i, a), read(i, b)
+                if len(mats[va]) == 1:
+                    cut = w.op(Op.FIELD_RESULT, w.op(Op.NEG, vb), aux=next(iter(mats[va])))
+                    regs[dst] = w.op(Op.INTERSECT, va, cut)
+                else:      # max(a, -b) as a - min(a + b, 0): SUB carries a's material, whichever it is
+                    regs[dst] = w.op(Op.SUB, va, w.min0(w.op(Op.ADD, va, vb)))
+                mats[regs[dst]] = mats[va]
+            elif op in (Op.SMOOTH_UNION, Op.SMOOTH_INTERSECT, Op.SMOOTH_DIFFERENCE):
+                va, vb = read(i, a), read(i, b)
+                if op == Op.SMOOTH_DIFFERENCE and len(mats[va]) != 1:
+                    regs[dst] = _smooth_cut(w, va, vb, prm[0])
+                else:
+                    if op == Op.SMOOTH_DIFFERENCE:
+                        vb = w.op(Op.FIELD_RESULT, vb, aux=next(iter(mats[va])))   # (b's value, a's material)
+                    regs[dst] = _smooth(w, op, va, vb, prm[0])
+                mats[regs[dst]] = mats[va] if op == Op.SMOOTH_DIFFERENCE else mats[va] | mats[vb]
+            elif op in (Op.OFFSET, Op.SHELL):
+                va = read(i, a)
+                regs[dst] = w.subc(va if op == Op.OFFSET else w.op(Op.ABS, va), prm[0])
+                mats[regs[dst]] = mats[va]
+            else:
+                raise AssertionError(op)    # (first_unlowered lets only LOWERED_OPS through)
+            i += 1
+
+    walk(0, len(ins))
     root = read(len(ins) - 1, 0) if len(ins) else None
     if root is None:
         raise NotLowerable("an empty tape")

@@ -187,17 +187,19 @@ def test_info_json(capsys, scene_file):
 
 @pytest.mark.parametrize("body,says", [
     ("union(*[sphere(0.2).translate(i, 0, 0) for i in range(12)])", "its lowering to arithmetic"),
-    ("union(*[sphere(0.2).translate(i, 0, 0) for i in range(12)], sphere(0.3).linear_pattern((1, 0, 0), 4))",
-     "REPEAT_LINEAR has no arithmetic form"),
+    ("union(*[sphere(0.2).translate(i, 0, 0) for i in range(12)], sphere(0.3).linear_pattern((1, 0, 0), 65))",
+     "REPEAT_LINEAR of 65 copies (written out up to 64)"),
     ("union(*[sphere(0.2).translate(i, 0, 0).material(Material('m%d' % (i % 2), (1, i % 2, 0), 0.5))"
-     " for i in range(12)]) - sphere(0.3)", "DIFFERENCE of a part with several materials"),
+     " for i in range(12)], extrude([(0, 0), (1, 0), (0.2, 0.2), (0, 1)], 0.2))",
+     "EXTRUDE_POLY: a polygon that is not convex"),
     ("sphere(0.5)", "fewer than 64 records"),
     ("field(fields.x * fields.x + fields.y * fields.y + fields.z * fields.z - 0.25 + 0 * ("
      + " + ".join(["fields.x"] * 70) + "))", "the tape itself (arithmetic)"),
 ])
 def test_info_says_whether_the_gpu_render_prunes_on_march_cells(capsys, tmp_path, body, says):
     scene = tmp_path / "s.py"
-    scene.write_text(f"from taperay.scenegraph import Material, field, fields, sphere, union\nscene = {body}\n")
+    scene.write_text("from taperay.scenegraph import Material, extrude, field, fields, sphere, union\n"
+                     f"scene = {body}\n")
     rc, out, err = run_cli(capsys, "info", scene, "--json")
     assert rc == 0, err
     assert says in json.loads(out)["march_cells"]
@@ -207,7 +209,8 @@ def test_info_reports_each_instance_lists_bound_or_why_it_has_none(capsys, tmp_p
     scene = tmp_path / "i.py"
     scene.write_text("import numpy as np\nfrom taperay.scenegraph import cylinder, extrude, union\n"
                      "t = np.random.default_rng(0).uniform(-3, 3, (50, 3))\n"
-                     "scene = union(cylinder(0.1, 0.4).instances(t), extrude([(0, 0), (1, 0), (0, 1)], 0.2).instances(t + 7))\n")
+                     "scene = union(cylinder(0.1, 0.4).instances(t), "
+                     "extrude([(0, 0), (1, 0), (0.2, 0.2), (0, 1)], 0.2).instances(t + 7))\n")
     rc, out, err = run_cli(capsys, "info", scene, "--json")
     assert rc == 0, err
     bounded, unbounded = json.loads(out)["instance_lists"]

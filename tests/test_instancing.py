@@ -56,13 +56,14 @@ def test_inner_capsule_lies_inside_its_solid(name, walker_cpu):
 
 
 @pytest.mark.parametrize("node", [
-    extrude([(0, 0), (1, 0), (0, 1)], 0.2),                                    # not lowered
+    extrude([(0, 0), (1, 0), (0.2, 0.2), (0, 1)], 0.2),                        # not lowered (not convex)
     field(fields.x * fields.x + fields.y * fields.y + fields.z * fields.z - 0.25, bounds=((-1, -1, -1), (1, 1, 1))),
     difference(sphere(1.0), sphere(0.995)),
 ], ids=["extrude", "arithmetic field", "thin shell"])
 def test_inner_capsule_is_unknown_where_no_rule_proves_one(node):
-    """An extrusion the lowering refuses, an arithmetic field (its values need not stay below the
-    true distance) and a shell too thin for any sampled point to lie inside it."""
+    """An extrusion the lowering refuses (a polygon not convex), an arithmetic field (its values
+    need not stay below the true distance) and a shell too thin for any sampled point to lie
+    inside it."""
     assert inner_capsule(node) is None
 
 

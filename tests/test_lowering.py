@@ -5,6 +5,8 @@
   rewritten formulas apart), with its materials;
 * with cull boxes (unions of many leaves) it equals the tape's wherever that is >= 0 and has
   its sign everywhere (the cull box only changes values inside a solid);
+* convex polygons, patterns of at most UNROLL_MAX copies (written out: their union) and cuts of a
+  part of several materials lower to the same field (a pattern's union at least its value);
 * what it does not rewrite is NotLowerable, naming the record, and cell_tape says None;
 * the twin's march_pruned of a lowered scene is CpuWalker.march bit for bit, materials too;
 * GpuWalker.render of a scene tape runs the lowered tape on cells from its second render on: the
@@ -20,9 +22,9 @@ from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.opcodes import Family, OPS, Op
 from taperay.runtime.pruning import cell_tape, is_arithmetic, march_pruned
 from taperay.runtime.tape import content_key, validate
-from taperay.scenegraph import (Material, box, capped_cone, capsule, cylinder, difference, ellipsoid, field,
-                                fields, flatten, intersection, plane, rounded_box, smooth_difference,
-                                smooth_intersection, smooth_union, sphere, torus, union, xor)
+from taperay.scenegraph import (Material, box, capped_cone, capsule, cylinder, difference, ellipsoid, extrude,
+                                field, fields, flatten, intersection, plane, revolve, rounded_box,
+                                smooth_difference, smooth_intersection, smooth_union, sphere, torus, union, xor)
 from taperay.runtime.shading import RenderSettings
 
 EXACT = RenderSettings(cell_skip=False)   # marches on cells without empty-space skipping: the whole tape's steps
@@ -127,13 +129,58 @@ def test_smooth_ops_lower_to_the_twins_formula(walker_cpu):
     assert np.array_equal(m1[parts], m0[parts])
 
 
+HEXAGON = [(0.3 * np.cos(a), 0.3 * np.sin(a)) for a in np.arange(6) * np.pi / 3]
+
+
+@pytest.mark.parametrize("name", ["extruded hexagon", "extruded hexagon, clockwise", "revolved profile",
+                                  "linear pattern", "polar pattern", "grid pattern", "nested patterns",
+                                  "difference of two materials", "smooth difference of two materials"])
+def test_patterns_polygons_and_cuts_of_several_materials_lower_to_the_same_field(walker_cpu, name):
+    """Convex polygons (extruded, revolved) lower to the twin's distance; patterns of at most
+    UNROLL_MAX copies are written out (their union, so at least the pattern's value, which
+    bounds the copies it does not evaluate, and equal to it where it evaluates them), each copy
+    its INSTANCE_INDEX; a difference or smooth difference of a part of several materials gives
+    the cut the part's material at each point."""
+    two = union(sphere(1).material(RED), box(0.5).translate(1, 0, 0).material(BLUE))
+    x, y, z = fields.x, fields.y, fields.z
+    shaded = field(fields.instance_index * 0.01 + fields.sqrt(x * x + y * y + z * z) - 0.1,
+                   bounds=((-0.2,) * 3, (0.2,) * 3))
+    scene = {
+        "extruded hexagon": extrude(HEXAGON, 0.5).rotate((1, 0, 0), 30).material(RED),
+        "extruded hexagon, clockwise": extrude(HEXAGON[::-1], 0.2).material(RED),
+        "revolved profile": revolve([(0.2, -0.5), (0.6, -0.3), (0.5, 0.4), (0.1, 0.5)]).material(BLUE),
+        "linear pattern": shaded.linear_pattern((0.5, 0.1, 0), 7).material(GREEN),
+        "polar pattern": cylinder(0.05, 0.2).translate(0.5, 0, 0).polar_pattern(8).material(RED),
+        "grid pattern": box(0.1).grid_pattern((0.3, 0.3, 0.3), (3, 2, 2)).material(BLUE),
+        "nested patterns": sphere(0.1).linear_pattern((0.3, 0, 0), 4).translate(0.6, 0, 0).polar_pattern(6),
+        "difference of two materials": difference(two, sphere(0.3), box(0.2).translate(1.3, 0, 0)),
+        "smooth difference of two materials": smooth_difference(two, sphere(0.4).translate(0.5, 0, 0.3), k=0.1),
+    }[name]
+    tape = flatten(scene)
+    low = validate(lower(tape))
+    assert is_arithmetic(low, fields=True)
+    pts = _points(tape, 60000)
+    f0, m0 = walker_cpu.evaluate(tape, pts)
+    f1, m1 = walker_cpu.evaluate(low, pts)
+    far = np.abs(f0) > TOL
+    assert np.array_equal(np.sign(f1[far]), np.sign(f0[far])) and np.mean(f0 < 0) > 0.001
+    if "pattern" in name:
+        assert np.all(f1 >= f0 - TOL)
+        assert np.mean(np.abs(f1 - f0) <= TOL) > 0.5
+    else:
+        np.testing.assert_allclose(f1, f0, rtol=0, atol=TOL)
+    near = (np.abs(f0) > 1e-4) & (np.abs(f0) < 0.03)
+    assert np.mean(near) > 0.001 and np.array_equal(m1[near], m0[near])
+
+
 @pytest.mark.parametrize("scene,what", [
     (lambda: xor(sphere(1), box(0.5).translate(1, 0, 0)), "XOR"),
     (lambda: ellipsoid(1, 0.5, 0.3), "ELLIPSOID"),
     (lambda: capped_cone(1, 0.5, 0.2), "CAPPED_CONE"),
-    (lambda: sphere(0.3).linear_pattern((1, 0, 0), 5), "REPEAT_LINEAR"),
-    (lambda: difference(union(sphere(1).material(RED), box(0.5).translate(1, 0, 0).material(BLUE)),
-                        sphere(0.3)), "DIFFERENCE"),
+    (lambda: sphere(0.3).linear_pattern((1, 0, 0), 65), "REPEAT_LINEAR"),
+    (lambda: sphere(0.05).linear_pattern((0.2, 0, 0), 9).grid_pattern((3, 3, 3), (3, 3, 1)), "REPEAT_LINEAR"),
+    (lambda: extrude([(0, 0), (1, 0), (0.2, 0.2), (0, 1)], 0.5), "EXTRUDE_POLY"),
+    (lambda: sphere(0.2).instances(np.eye(3)), "INSTANCES"),
 ])
 def test_what_is_not_lowered_says_which_record(scene, what):
     tape = flatten(scene())
