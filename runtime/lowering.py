@@ -107,7 +107,7 @@ class _Writer:
     def min0(self, a: int) -> int:
         return self.op(Op.MIN, a, self.const(0))
 
-    def dot(self, p: tuple[int, int, int], n) -> int:
+    def dot(self, p: tuple[int, ...], n) -> int:
         """p . n for a constant n, zero components left out (0 when n is 0)."""
         terms = [self.mulc(pi, ni) for pi, ni in zip(p, n) if np.float32(ni) != 0]
         return self.add(*terms) if terms else self.const(0)
@@ -162,7 +162,7 @@ def _convex_polygon(w: _Writer, x: int, y: int, xy: np.ndarray) -> int:
     n = len(xy)
     e = np.roll(xy, -1, axis=0).astype(np.float64) - xy
     turns = e[:, 0] * np.roll(e[:, 1], -1) - e[:, 1] * np.roll(e[:, 0], -1)
-    if not (np.all(turns >= 0) or np.all(turns <= 0)) or not np.any(turns) or n < 3:
+    if n < 3 or not np.any(turns) or not (np.all(turns >= 0) or np.all(turns <= 0)):
         raise NotLowerable("a polygon that is not convex")
     outward = 1.0 if turns.sum() > 0 else -1.0       # (counter-clockwise: the right normal points out)
     d2 = lines = None
@@ -172,13 +172,13 @@ def _convex_polygon(w: _Writer, x: int, y: int, xy: np.ndarray) -> int:
         if ee == 0:
             continue
         wx, wy = w.subc(x, vi[0]), w.subc(y, vi[1])
-        t = w.op(Op.MIN, w.max0(w.op(Op.DIV, w.dot((wx, wy, wx), (ei[0], ei[1], 0)), w.const(ee))), w.const(1))
+        t = w.op(Op.MIN, w.max0(w.op(Op.DIV, w.dot((wx, wy), ei), w.const(ee))), w.const(1))
         bx = w.sub(wx, w.op(Op.MUL, t, w.const(ei[0]))) if ei[0] != 0 else wx
         by = w.sub(wy, w.op(Op.MUL, t, w.const(ei[1]))) if ei[1] != 0 else wy
         sq = w.add(w.op(Op.SQUARE, bx), w.op(Op.SQUARE, by))
         d2 = sq if d2 is None else w.op(Op.MIN, d2, sq)
         nrm = outward * np.array([ei[1], -ei[0]], np.float64) / np.sqrt(float(ee))
-        line = w.dot((wx, wy, wx), (nrm[0], nrm[1], 0))
+        line = w.dot((wx, wy), nrm)
         lines = line if lines is None else w.op(Op.MAX, lines, line)
     outside = w.op(Op.MIN, w.max0(w.op(Op.COMPARE, lines, w.const(0))), w.const(1))    # 1 outside, else 0
     return w.add(w.min0(lines), w.op(Op.MUL, outside, w.op(Op.SQRT, d2)))
