@@ -116,7 +116,7 @@ class GpuWalker:
         self._bind_key = None
         self._uploaded = None
         self.last_counters = np.zeros(COUNTERS_BYTES // 4, np.uint32)   # the last check_counters read
-        self._rendered: set[tuple] = set()   # content and records keys of the scene tapes rendered (render)
+        self._rendered: set[int] = set()     # content keys of the scene tapes rendered (render)
         software = self.context.info["software"]
         self.iteration_limits = ((SOFTWARE_ITER_CAP, SOFTWARE_ITER_BUDGET) if software
                              else (HARDWARE_ITER_CAP, HARDWARE_ITER_BUDGET))
@@ -576,11 +576,11 @@ class GpuWalker:
         ``cells`` as march; a scene tape that is not arithmetic is rendered on cells too, as its
         lowering to arithmetic where it has one (``render_tape``), or by its own records where the
         lowered tape's cells exceed the adapter's binding limit. With ``cells`` "auto" a scene
-        tape is lowered from its second render on, or from its first where its records were
-        rendered before with other parameter values (a slider's move): the first frame of a
-        scene comes at once, on its own records, and the lowering (host work, and cells to
-        build) pays off over the frames that follow, as while the camera moves or a slider is
-        dragged."""
+        tape is lowered from its second render on: the first frame comes at once, on its own
+        records (the lowering is not made for it), and the lowering (host work, and cells to
+        build) pays off over the frames that follow, as while the camera moves. A slider's move
+        is a new content, drawn on its own records: its lowering and cells cost more than they
+        save on one frame (docs/VIEWER.md)."""
         rgb = self._render(tape, camera, width, height, view, settings, samples, cells, read=True)
         n = width * height
         return rgb.view(np.uint8)[:3 * n].reshape(height, width, 3)
@@ -685,13 +685,12 @@ class GpuWalker:
         return [(run, c) for c in tries if (key, c) not in self.cells_too_large] + [(tape, cells)]
 
     def _rendered_before(self, tape: Tape) -> bool:
-        """Whether a tape of this content, or of these records with other parameter values, was
-        rendered before by this walker (and note it)."""
-        keys = (("content", content_key(tape)), ("records", hash((tape.instrs.tobytes(), len(tape.params)))))
-        seen = any(k in self._rendered for k in keys)
-        if len(self._rendered) > 128:
+        """Whether a tape of this content was rendered before by this walker (and note it)."""
+        key = content_key(tape)
+        seen = key in self._rendered
+        if len(self._rendered) > 64:
             self._rendered.clear()
-        self._rendered.update(keys)
+        self._rendered.add(key)
         return seen
 
     @staticmethod

@@ -274,9 +274,10 @@ def lower(tape: Tape) -> Tape:
         copies' union into the REPEAT_END's register; returns the record after the REPEAT_END."""
         nonlocal point, unrotated, copy_index, copies_above
         end = int(ins["jump"][i])
+        count = int(np.prod(prm[3:6])) if op == Op.REPEAT_GRID else int(prm[3] if op == Op.REPEAT_LINEAR else prm[0])
+        if count * copies_above > UNROLL_MAX:     # (checked before the copies are listed: a grid may hold 10^6)
+            raise NotLowerable(f"{op.name} of {count * copies_above} copies (written out up to {UNROLL_MAX})", i)
         copies = _pattern_copies(op, prm)
-        if len(copies) * copies_above > UNROLL_MAX:
-            raise NotLowerable(f"{op.name} of {len(copies) * copies_above} copies (written out up to {UNROLL_MAX})", i)
         outer = (point, unrotated, copy_index, copies_above)
         copies_above *= len(copies)
         union = None

@@ -9,8 +9,7 @@
   part of several materials lower to the same field (a pattern's union at least its value);
 * what it does not rewrite is NotLowerable, naming the record, and cell_tape says None;
 * the twin's march_pruned of a lowered scene is CpuWalker.march bit for bit, materials too;
-* GpuWalker.render of a scene tape runs the lowered tape on cells from its second render on (from
-  its first where its records were rendered with other parameter values, a slider's move): the
+* GpuWalker.render of a scene tape runs the lowered tape on cells from its second render on: the
   same bits as the lowered tape's unpruned render, the twin's image of it (by the walkers' image
   contract), no kernel created.
 """
@@ -179,6 +178,7 @@ def test_patterns_polygons_and_cuts_of_several_materials_lower_to_the_same_field
     (lambda: ellipsoid(1, 0.5, 0.3), "ELLIPSOID"),
     (lambda: capped_cone(1, 0.5, 0.2), "CAPPED_CONE"),
     (lambda: sphere(0.3).linear_pattern((1, 0, 0), 65), "REPEAT_LINEAR"),
+    (lambda: cylinder(0.004, 1).grid_pattern((0.01, 0.01, 1), (1000, 1000, 1)), "REPEAT_GRID"),
     (lambda: sphere(0.05).linear_pattern((0.2, 0, 0), 9).grid_pattern((3, 3, 3), (3, 3, 1)), "REPEAT_LINEAR"),
     (lambda: extrude([(0, 0), (1, 0), (0.2, 0.2), (0, 1)], 0.5), "EXTRUDE_POLY"),
     (lambda: sphere(0.2).instances(np.eye(3)), "INSTANCES"),
@@ -251,24 +251,6 @@ def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker
     after = walker_gpu.stats()
     for k in ("shader_modules_created", "pipelines_created", "cache_misses"):
         assert after[k] == before[k], k
-
-
-@pytest.mark.gpu
-def test_gpu_render_of_a_slider_move_runs_on_cells_at_its_first_render(walker_gpu):
-    """A tape whose records were rendered before with other parameter values (a slider's move)
-    is drawn on its lowering's cells at once: a drag's frames are all new contents."""
-    from taperay.scenegraph import Param
-    r = Param("r", 0.3)
-    tape = flatten(union(*[sphere(r).translate(i % 8, i // 8, (i * 3) % 5 * 0.2) for i in range(40)]))
-    cam = auto_camera(tape.bounds)
-    walker_gpu.render(tape, cam, 32, 24, settings=EXACT)
-    assert walker_gpu.stats()["kept_cells"] is None                      # (a new scene: its own records)
-    records = tape.instrs.tobytes()
-    tape.set_param("r", 0.35)
-    assert tape.instrs.tobytes() == records
-    moved = walker_gpu.render(tape, cam, 32, 24, settings=EXACT)
-    assert walker_gpu.stats()["kept_cells"] is not None
-    np.testing.assert_array_equal(moved, walker_gpu.render(cell_tape(tape), cam, 32, 24, cells=None, settings=EXACT))
 
 
 def test_a_sphere_reads_the_point_from_before_its_rotations(walker_cpu):
