@@ -210,13 +210,15 @@ class _Memo:
             return entry
         return None
 
-    def made(self, tag: str, n: Node, make) -> Node:
+    def made(self, tag: str, n: Node, make, own: bool = False) -> Node:
         """``make()``, a node derived from ``n`` (tag names how), the same node as the last
-        flatten's where ``n``'s values are the same (so its records can be copied)."""
+        flatten's where ``n``'s values are the same (so its records can be copied); ``own``:
+        where ``n``'s own numbers are (what ``make`` reads of ``n``; its children are kept as
+        they are)."""
         values = self.values(n)
         if values is None:
             return make()
-        key = (tag, id(n), values)
+        key = (tag, id(n), tuple(float(v) for v in n.numbers) if own else values)
         entry = self.derived.get(key) or self.carried("derived", key, n)
         if entry is None:
             entry = self.derived[key] = (n, make())
@@ -483,7 +485,7 @@ class _Emitter:
                 raise TaperayError(
                     f"{n.kind} of {count}: each copy reaches past its neighbouring cell (extent "
                     f"{np.round(extra, 4).tolist()}); widen the spacing or shrink the repeated shape")
-            return self.emit(self.memo.made("explicit", n, lambda: _explicit_copies(n)), dst, mat)
+            return self.emit(self.memo.made("explicit", n, lambda: _explicit_copies(n), own=True), dst, mat)
         boxed = not self.subtracted and _needs_own_box(n)
         if boxed:      # max(pattern, its box): the box's distance where it exceeds the copies' bound
             lo, hi = self.bounds(n)
