@@ -133,7 +133,7 @@ class CpuWalker:
             run = cell_tape(tape)
         if run is not None and auto:
             try:
-                if pruned_march.cells_shorten(run, packed, of=len(tape.instrs)) > pruned_march.CELLS_PAY_SHARE:
+                if pruned_march.cells_shorten(run, packed) > pruned_march.CELLS_PAY_SHARE:
                     run = None                 # (cells that barely shorten it: the tape's own records)
             except CellsTooLarge:
                 run = None                     # (the cells of a long tape: the tape's own records)

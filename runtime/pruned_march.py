@@ -44,13 +44,12 @@ def march_cell_tapes(tape: Tape, packed: np.ndarray, grid: int, levels: int) -> 
     return CELL_CACHE[key]
 
 
-def cells_shorten(tape: Tape, packed: np.ndarray, grid: int = 4, levels: int = 2, of: int | None = None) -> float:
+def cells_shorten(tape: Tape, packed: np.ndarray, grid: int = 4, levels: int = 2) -> float:
     """The mean length of march_pruned's finest cell tapes (the grid's, not the outside cell's)
-    over the length of ``tape`` (or ``of`` records: the tape the cells stand in for, a scene tape
-    whose lowering ``tape`` is): what a step on cells runs, as a share of what a step runs
-    without them. The cells are built (and kept) to find out; CellsTooLarge past their memory cap."""
+    over the length of ``tape``: what a step on cells runs, as a share of the whole tape. The
+    cells are built (and kept) to find out; CellsTooLarge past their memory cap."""
     cells = march_cell_tapes(tape, packed, grid, levels)
-    return float(np.mean((cells.end - cells.first)[:-1])) / max(len(tape.instrs) if of is None else of, 1)
+    return float(np.mean((cells.end - cells.first)[:-1])) / max(len(tape.instrs), 1)
 
 
 def _pruned_field(tape: Tape, packed: np.ndarray, grid: int, levels: int):
