@@ -11,6 +11,7 @@ import numpy as np
 from . import compile_progress, jit_cache, pruned_eval, pruned_march, twin
 from .camera import Camera, auto_camera
 from .cells import cell_tape
+from .opcodes import Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
 
@@ -109,10 +110,10 @@ class CpuWalker:
         """(H, W, 3) uint8 image of ``view`` (one of shading.VIEWS). ``cells``: "auto" marches and
         lights a tape of at least pruned_eval.PRUNE_MIN_RECORDS records on pruned cells
         (runtime.pruned_march.march_pruned / light_pruned, bit for bit ``march`` and the light pass):
-        an arithmetic tape (scene fields allowed) itself, another scene tape as its lowering to
-        arithmetic where it has one (runtime.cells.cell_tape, as GpuWalker.render), by the tape's own
-        records where the cells would exceed their memory cap or do not shorten the tape to
-        pruned_march.CELLS_PAY_SHARE of its records; (grid, levels) the same with that grid
+        an arithmetic tape (scene fields allowed) itself, another scene tape without patterns as its
+        lowering to arithmetic where it has one (runtime.cells.cell_tape, as GpuWalker.render), by
+        the tape's own records where the cells would exceed their memory cap or do not shorten the
+        tape to pruned_march.CELLS_PAY_SHARE of its records; (grid, levels) the same with that grid
         (CellsTooLarge past the cap); None never (``march`` itself stays the unpruned reference)."""
         auto = isinstance(cells, str) and cells == "auto"
         if not (cells is None or auto or (isinstance(cells, tuple) and len(cells) == 2)):
@@ -129,7 +130,8 @@ class CpuWalker:
             field[valid] = f
             return to_rgb8(compose("slice", packed, tape.materials, camera.pack(), dirs, slice_field=field))
         run = None
-        if cells is not None and not (auto and len(tape.instrs) < pruned_eval.PRUNE_MIN_RECORDS):
+        if cells is not None and not (auto and (len(tape.instrs) < pruned_eval.PRUNE_MIN_RECORDS
+                                                or _has_patterns(tape))):
             run = cell_tape(tape)
         if run is not None and auto:
             try:
@@ -160,6 +162,13 @@ class CpuWalker:
         """(H, W) float32 field on the plane z = const; rect = (x0, x1, y0, y1); pixel centres;
         row 0 is y = y1 (the top, y up), column 0 is x = x0."""
         return twin.field_image(tape, width, height, rect, z)
+
+
+def _has_patterns(tape: Tape) -> bool:
+    """Whether the tape holds a REPEAT_* loop: its lowering writes the copies out, and its cells
+    were measured longer than the loop (the showcase's: 96 records on average against its own 78,
+    and the twin's frame 4x slower on them), so "auto" marches it on its own records."""
+    return bool(np.isin(tape.instrs["op"], [Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID]).any())
 
 
 def _plane_points(eye, dirs, packed):

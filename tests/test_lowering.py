@@ -323,6 +323,21 @@ def test_info_says_a_long_scene_tape_is_not_lowered(monkeypatch):
     assert "too long to lower" in tape_info(tape)["march_cells"]
 
 
+def test_twin_render_of_a_patterned_scene_is_on_its_own_records(walker_cpu, monkeypatch):
+    """The twin marches a scene tape with patterns on its own records (its lowering writes the
+    copies out: cells longer than the loop), though the tape has a lowering (the GPU's camera
+    moves use it)."""
+    from taperay.runtime import pruned_march
+    tape = flatten(union(_material_scene(), sphere(0.1).linear_pattern((0.3, 0, 0), 8).translate(0, 0, 2)))
+    assert cell_tape(tape) is not None
+    calls = []
+    monkeypatch.setattr(pruned_march, "march_pruned", lambda *a, **k: calls.append(1))
+    cam = auto_camera(tape.bounds)
+    image = walker_cpu.render(tape, cam, 32, 24, settings=EXACT)
+    assert not calls
+    np.testing.assert_array_equal(image, walker_cpu.render(tape, cam, 32, 24, cells=None, settings=EXACT))
+
+
 @pytest.mark.parametrize("share,on_cells", [(1.0, True), (0.0, False)])
 def test_twin_render_uses_cells_only_where_they_shorten_the_tape(walker_cpu, monkeypatch, share, on_cells):
     """With cells "auto" the twin marches on cells when their tapes are at most CELLS_PAY_SHARE of
