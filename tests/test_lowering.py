@@ -11,7 +11,8 @@
 * the twin's march_pruned of a lowered scene is CpuWalker.march bit for bit, materials too;
 * GpuWalker.render of a scene tape runs the lowered tape on cells from its second render on: the
   same bits as the lowered tape's unpruned render, the twin's image of it (by the walkers' image
-  contract), no kernel created.
+  contract), no kernel created; a flange of the showcase's kind (polygons, patterns, a cut of two
+  materials) too; the twin renders a patterned scene tape on its own records.
 """
 import numpy as np
 import pytest
@@ -220,10 +221,21 @@ def test_twin_march_pruned_of_a_lowered_scene_is_march_bit_for_bit(walker_cpu, l
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
 
 
+def _flange_scene():
+    """The showcase's features: a two-material body cut (smooth difference) by a polar pattern of
+    holes (explicit copies), a linear pattern of convex hexagonal slots and a bore."""
+    body = smooth_union(rounded_box(1.6, 1.1, 0.18, 0.08).material(RED),
+                        cylinder(0.55, 0.45).translate(0, 0, 0.35).material(BLUE), k=0.2)
+    slots = extrude(HEXAGON, 1.0).scale(0.4).translate(-1.3, -0.8, 0).linear_pattern((0, 0.4, 0), 5)
+    holes = cylinder(0.09, 1.0).translate(0.8, 0, 0).polar_pattern(8)
+    return smooth_difference(body, cylinder(0.3, 1.0), holes, slots, k=0.03)
+
+
 @pytest.mark.slow
 @pytest.mark.gpu
-def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker_cpu):
-    tape = flatten(_material_scene())
+@pytest.mark.parametrize("scene", [_material_scene, _flange_scene], ids=["material scene", "flange"])
+def test_gpu_render_of_a_scene_runs_the_lowered_tape_on_cells(walker_gpu, walker_cpu, scene):
+    tape = flatten(scene())
     low = walker_gpu.render_tape(tape)
     assert low is cell_tape(tape) and low is not tape
     assert walker_gpu.render_tape(tape, cells=None) is tape and walker_gpu.render_tape(tape, "slice") is tape
