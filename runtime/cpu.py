@@ -11,7 +11,7 @@ import numpy as np
 from . import compile_progress, jit_cache, pruned_eval, pruned_march, twin
 from .camera import Camera, auto_camera
 from .cells import cell_tape
-from .opcodes import Op
+from .opcodes import REPEATS, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
 
@@ -168,7 +168,7 @@ def _has_patterns(tape: Tape) -> bool:
     """Whether the tape holds a REPEAT_* loop: its lowering writes the copies out, and its cells
     were measured longer than the loop (the showcase's: 96 records on average against its own 78,
     and the twin's frame 4x slower on them), so "auto" marches it on its own records."""
-    return bool(np.isin(tape.instrs["op"], [Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID]).any())
+    return bool(np.isin(tape.instrs["op"], [op for op in REPEATS if op != Op.INSTANCES]).any())
 
 
 def _plane_points(eye, dirs, packed):

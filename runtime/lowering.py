@@ -34,7 +34,7 @@ import numpy as np
 
 from .opcodes import OPS, POLY_OPS, Family, Op
 from .program import Program, program_tape
-from .tape import Tape, TaperayError, quat_matrices
+from .tape import Tape, TaperayError, pattern_counts, quat_matrices
 
 __all__ = ["lower", "first_unlowered", "NotLowerable", "LOWERED_OPS"]
 
@@ -274,7 +274,7 @@ def lower(tape: Tape) -> Tape:
         copies' union into the REPEAT_END's register; returns the record after the REPEAT_END."""
         nonlocal point, unrotated, copy_index, copies_above
         end = int(ins["jump"][i])
-        count = int(np.prod(prm[3:6])) if op == Op.REPEAT_GRID else int(prm[3] if op == Op.REPEAT_LINEAR else prm[0])
+        count = int(np.prod(pattern_counts(op, prm).astype(np.int64)))
         if count * copies_above > UNROLL_MAX:     # (checked before the copies are listed: a grid may hold 10^6)
             raise NotLowerable(f"{op.name} of {count * copies_above} copies (written out up to {UNROLL_MAX})", i)
         copies = _pattern_copies(op, prm)

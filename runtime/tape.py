@@ -21,7 +21,7 @@ __all__ = ["pool_tangents", "INSTR_DTYPE", "MATERIAL_DTYPE", "MATERIAL_DEFAULTS"
            "CellsTooLarge", "validate", "content_key", "freeze", "quat_matrices",
            "ValidatedTapes", "VALIDATED", "derived", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP",
            "REG_CAPS", "MAX_INSTRS",
-           "MAX_PARAMS", "instr_array", "point_array", "gradient_eps"]
+           "MAX_PARAMS", "instr_array", "point_array", "gradient_eps", "pattern_counts"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
                         ("op", "dst", "a", "b", "c", "param", "aux", "jump")])
@@ -440,10 +440,16 @@ def _enclosing_loops(cols: list) -> list[int]:
     return out
 
 
+def pattern_counts(op: Op, prm: np.ndarray) -> np.ndarray:
+    """A REPEAT_* record's copy counts from its parameters ``prm`` (linear, polar: one; grid:
+    three, one an axis), as float32 parameters."""
+    return {Op.REPEAT_LINEAR: prm[3:4], Op.REPEAT_POLAR: prm[0:1], Op.REPEAT_GRID: prm[3:6]}[op]
+
+
 def _check_pattern(op: Op, prm: np.ndarray, i: int, src):
     if not np.all(np.isfinite(prm)):
         raise TapeError(f"{op.name} has non-finite parameters", i, src)
-    counts = {Op.REPEAT_LINEAR: prm[3:4], Op.REPEAT_POLAR: prm[0:1], Op.REPEAT_GRID: prm[3:6]}[op]
+    counts = pattern_counts(op, prm)
     if np.any(counts < 1) or np.any(counts != np.round(counts)) or np.any(counts > 1 << 24):
         raise TapeError(f"{op.name} counts {counts.tolist()} must be whole numbers in 1..2^24", i, src)
 

@@ -20,7 +20,7 @@ from taperay.runtime.lowering import NotLowerable, lower
 from taperay.runtime.pruning import interval_eval
 from taperay.runtime.tape import INSTR_DTYPE, REG_CAPS, VALIDATED, Op, Tape, TaperayError
 
-from .instancing import one_flatten, placed_bounds, placed_bvh, placed_params, shape_capsule
+from .instancing import fixed_array, one_flatten, placed_bounds, placed_bvh, placed_params, shape_capsule
 from .nodes import DEFAULT_MATERIAL, Material, Node, Param, box, param_values
 
 __all__ = ["flatten", "node_bounds"]
@@ -271,7 +271,7 @@ def _own_arrays_fixed(n: Node) -> bool:
     """Whether the node's own arrays (an instance list's placements, a field's tape) cannot
     change: read-only and owning their data."""
     arrays = [n.array] if n.array is not None else [n.tape.instrs, n.tape.params] if n.tape is not None else []
-    return all(not a.flags.writeable and a.base is None for a in arrays)
+    return all(fixed_array(a) for a in arrays)
 
 
 class _Emitter:

@@ -25,7 +25,7 @@ from taperay.runtime.tape import BVH_DTYPE, OPS, Op, quat_matrices
 from .nodes import placements
 
 __all__ = ["placements", "instance_boxes", "build_bvh", "shape_capsule", "instance_params", "quat_matrices",
-           "placed_bounds", "placed_bvh", "placed_params", "built_cache_stats", "one_flatten"]
+           "placed_bounds", "placed_bvh", "placed_params", "built_cache_stats", "one_flatten", "fixed_array"]
 
 BUILT_CACHE_BYTES = 256 << 20   # remembered BVHs and representatives' grids, at most
 _built: OrderedDict = OrderedDict()
@@ -219,11 +219,17 @@ def _array_digest(a: np.ndarray) -> bytes:
     return h.digest()
 
 
+def fixed_array(a: np.ndarray) -> bool:
+    """Whether nothing can change the array's values: read-only and owning its data (a view's
+    owner may still be written; ``placements``' arrays are fixed)."""
+    return not a.flags.writeable and a.base is None
+
+
 def _read_only_digest(a: np.ndarray) -> bytes | None:
     """The digest of a read-only array that owns its data (``placements``' arrays: nothing can
     change them), kept across flattens for the last ``_READ_ONLY_KEPT`` of them (by a weak
     reference: an entry whose array is gone no longer matches its id); None for any other array."""
-    if a.flags.writeable or a.base is not None:
+    if not fixed_array(a):
         return None
     with _READ_ONLY_LOCK:
         kept = _READ_ONLY_DIGESTS.get(id(a))
