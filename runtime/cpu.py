@@ -11,7 +11,6 @@ import numpy as np
 from . import compile_progress, jit_cache, pruned_eval, pruned_march, twin
 from .camera import Camera, auto_camera
 from .cells import cell_tape
-from .opcodes import REPEATS, Op
 from .shading import RenderSettings, compose, to_rgb8, unpack
 from .tape import CellsTooLarge, Tape, TaperayError, gradient_eps, point_array
 
@@ -130,8 +129,11 @@ class CpuWalker:
             field[valid] = f
             return to_rgb8(compose("slice", packed, tape.materials, camera.pack(), dirs, slice_field=field))
         run = None
+        # (a tape with patterns: its lowering writes the copies out, and its cells were measured
+        # longer than the loop, the showcase's 96 records on average against its own 78 and the
+        # twin's frame 4x slower on them; "auto" marches it on its own records)
         if cells is not None and not (auto and (len(tape.instrs) < pruned_eval.PRUNE_MIN_RECORDS
-                                                or _has_patterns(tape))):
+                                                or tape.has_patterns())):
             run = cell_tape(tape)
         if run is not None and auto:
             try:
@@ -162,13 +164,6 @@ class CpuWalker:
         """(H, W) float32 field on the plane z = const; rect = (x0, x1, y0, y1); pixel centres;
         row 0 is y = y1 (the top, y up), column 0 is x = x0."""
         return twin.field_image(tape, width, height, rect, z)
-
-
-def _has_patterns(tape: Tape) -> bool:
-    """Whether the tape holds a REPEAT_* loop: its lowering writes the copies out, and its cells
-    were measured longer than the loop (the showcase's: 96 records on average against its own 78,
-    and the twin's frame 4x slower on them), so "auto" marches it on its own records."""
-    return bool(np.isin(tape.instrs["op"], [op for op in REPEATS if op != Op.INSTANCES]).any())
 
 
 def _plane_points(eye, dirs, packed):

@@ -853,10 +853,6 @@ def cells_unsupported(tape: Tape) -> str | None:
     return jax_cells.cells_unsupported(g.prog[:g.n_steps], tape.params, g.result, _GENERIC_OPS)
 
 
-def _has_patterns(tape: Tape) -> bool:
-    return bool(np.isin(tape.instrs["op"], _PATTERNS).any())
-
-
 def _unsupported_record(tape: Tape) -> str | None:
     ops = tape.instrs["op"]
     bad = np.flatnonzero(~np.isin(ops, _GENERIC_RECORDS))
@@ -1036,7 +1032,7 @@ class _GenericTape:
         self.n_steps = len(steps.rows)
         self.bucket = (_bucket(self.n_steps, 64), _bucket(steps.n_rows + 4, 64),
                        _bucket(len(tape.params) + GENERIC_PARAMS, 64),
-                       int(_has_patterns(tape)))
+                       int(tape.has_patterns()))
         self.prog = np.zeros((self.bucket[0], 11), np.int32)
         self.prog[:self.n_steps] = steps.rows
         self.chunk = max(256, min(CHUNK, 1 << (GENERIC_ROWS_BYTES // (8 * self.bucket[1])).bit_length() - 1))
@@ -1231,7 +1227,7 @@ class JaxWalker:
         form = self.form
         if form == "auto":
             large = len(tape) >= self.GENERIC_FROM
-            if not ((large or (derivatives and not _has_patterns(tape))) and generic_unsupported(tape) is None):
+            if not ((large or (derivatives and not tape.has_patterns())) and generic_unsupported(tape) is None):
                 return "trace"
             many = n_points is not None and n_points >= self.CELLS_FROM
             form = "cells" if many and _generic_tape(tape).n_steps >= self.CELLS_MIN_STEPS else "generic"

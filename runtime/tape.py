@@ -144,6 +144,10 @@ class Tape:
     def __len__(self) -> int:
         return len(self.instrs)
 
+    def has_patterns(self) -> bool:
+        """Whether the tape holds a REPEAT_* loop (an instance list is not one)."""
+        return bool(np.isin(self.instrs["op"], [op for op in REPEATS if op != Op.INSTANCES]).any())
+
     def op_counts(self) -> dict[str, int]:
         ops, counts = np.unique(self.instrs["op"], return_counts=True)
         return {Op(int(o)).name: int(c) for o, c in zip(ops, counts)}
