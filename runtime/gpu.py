@@ -1,8 +1,9 @@
 """The GPU walker: ``GpuWalker``, the tape on the fixed WGSL kernel set (wgpu).
 
 Owns ``GpuWalker`` (the CpuWalker API plus ``upload`` / ``set_param``: edits are buffer writes of
-the changed bytes, never compiles; march and light are resumed over several dispatches when a
-per-invocation iteration budget runs out, and run their interpreter without material ids (the
+the changed bytes, never compiles; a frame's passes go in one submission with one wait, and
+march and light are resumed over several dispatches when a per-invocation iteration budget runs
+out, and run their interpreter without material ids (the
 pipeline constants of ``gpu_device.KERNEL_CONSTANTS``; a ``surface`` pass evaluates the hit's
 material); a method that uses the device turns a device loss into ``GpuError``,
 runtime/gpu_guard.py) and its dispatch plumbing, public where passes kept outside the walker
@@ -91,6 +92,7 @@ class GpuWalker:
         self._bytes_read: dict[str, int] = {}   # by buffer label (_submit_and_read)
         self._dispatched: dict[str, int] = {}   # by kernel (encode)
         self.resumed_dispatches = 0
+        self._finished_at_once = True        # the last resumable passes needed no resume (_dispatch)
         self._uploaded: int | None = None    # id() of the tape the buffers hold
         self._init_buffers()
         self.pruned = GpuPrunedPasses(self)
@@ -280,9 +282,12 @@ class GpuWalker:
         self._uniform.ensure(UNIFORM_BYTES)
         self._counters.ensure(COUNTERS_BYTES)
 
-    def encode(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int = 0, repeat: int = 1):
+    def encode(self, passes: list[tuple], variant: int, uniforms: np.ndarray, resume: int = 0, repeat: int = 1,
+               watch_resumable: bool = False):
         """Write the uniforms and zeroed counters; return the command buffer of the (kernel,
-        n_items) passes, ``repeat`` times in a row (each repeat clears the counters first). A pass
+        n_items) passes, ``repeat`` times in a row (each repeat clears the counters first). With
+        ``watch_resumable`` each resumable pass's unfinished count goes to the watched counts
+        (the k-th such pass's to word k: its counters' word cleared before it, copied after). A pass
         (kernel, n_items, level) is preceded by copying ``level`` from the level table in the
         points buffer into U.extra.w (_pruned_setup writes the table); a pass (kernel, n_items,
         level or None, variant) runs in that register variant instead of ``variant``. Passes other than a
@@ -300,12 +305,16 @@ class GpuWalker:
         for r in range(repeat):
             if r:
                 enc.clear_buffer(self._counters.buffer, 0, COUNTERS_BYTES)
+            watched = 0
             for kernel, n, *more in passes:
                 level, pass_variant = (more + [None, None])[:2]
                 self._count_dispatch(kernel, pass_variant or variant)
                 if level is not None:
                     enc.copy_buffer_to_buffer(self.points_buffer.buffer, 4 * level, self._uniform.buffer,
                                               UNIFORM_LEVEL_BYTE, 4)
+                watch = watch_resumable and kernel in RESUMABLE
+                if watch:
+                    enc.clear_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, 4)
                 groups = max(1, n if kernel in WORKGROUP_PER_ITEM else -(-n // WG))
                 gx = min(groups, MAX_GROUPS_X)
                 cp = enc.begin_compute_pass()
@@ -313,6 +322,10 @@ class GpuWalker:
                 cp.set_bind_group(0, bg)
                 cp.dispatch_workgroups(gx, -(-groups // gx), 1)
                 cp.end()
+                if watch:
+                    enc.copy_buffer_to_buffer(self._counters.buffer, 4 * COUNT_UNFINISHED, self._watched.buffer,
+                                              4 * watched, 4)
+                    watched += 1
         return enc.finish()
 
     def _count_dispatch(self, kernel: str, variant: int | None):
@@ -325,12 +338,26 @@ class GpuWalker:
 
     def _dispatch(self, tape: Tape, passes: list[tuple[str, int]], variant: int, uniforms: np.ndarray,
                   read: tuple | None = None) -> np.ndarray | None:
-        """Run the (kernel, n_items) passes in order, each resumable pass (march, light) in one
-        submission with the passes before it, then alone (resume set) until no pixel is
-        unfinished; a wait after each submission. ``read`` (as _submit_and_read's) is read back
-        with the last submission, and returned. An evaluation that hit the iteration cap is a
-        TaperayError naming the tape. The pipelines of every pass are made first, in parallel."""
+        """Run the (kernel, n_items) passes in order and return ``read`` (as _submit_and_read's)
+        read back after them. Passes with a resumable one (march, light) among them are first
+        run all in one submission with one wait, where the last such call finished every pixel
+        and the sample is the first (it writes the accumulator, later samples add to it); if a
+        resumable pass left pixels unfinished there, they run again as below. Otherwise each
+        resumable pass runs in one submission with the passes before it, then alone (resume
+        set) until no pixel is unfinished, a wait after each submission. An evaluation that hit
+        the iteration cap is a TaperayError naming the tape. The pipelines of every pass are
+        made first, in parallel."""
         self.context.kernels.ensure([(kernel, variant) for kernel, _ in passes])
+        resumable = sum(kernel in RESUMABLE for kernel, _ in passes)
+        if resumable and self._finished_at_once and uniforms[4] == 0:
+            self._watched.ensure(4 * resumable)
+            reads = [(self._counters, np.uint32, COUNTERS_BYTES // 4, 0), (self._watched, np.uint32, resumable, 0)]
+            out = self._submit_and_read([self.encode(passes, variant, uniforms, watch_resumable=True)],
+                                        *reads, *([read] if read is not None else []))
+            self._counters_checked(tape, out[0])
+            if not out[1].any():
+                return out[2] if read is not None else None
+        self._finished_at_once = True
         batch: list[tuple[str, int]] = []
         for kernel, n in passes:
             batch.append((kernel, n))
@@ -343,6 +370,7 @@ class GpuWalker:
                     break
                 batch, resume = [(kernel, n)], 1
                 self.resumed_dispatches += 1
+                self._finished_at_once = False
             batch = []
         if batch and read is not None:
             return self.run_and_read(tape, batch, variant, uniforms, read)

@@ -292,6 +292,28 @@ def test_frames_are_the_walkers_render(walker_cpu):
                                                    v.draft_settings()))
 
 
+def test_a_draft_ends_its_rays_within_a_draft_pixel(walker_cpu):
+    """The draft's primary rays hit within a draft pixel's footprint (hit_cone: the camera's
+    angle of a row at the draft's height; the full frame's threshold untouched): on the
+    showcase, fewer march steps than with the full frame's threshold, every hit of that
+    threshold kept, and the rays that now hit (passing within a footprint of the part) on its
+    outline: all but a few next to a pixel that hit before."""
+    from dataclasses import replace
+    v = Viewer("scenes/machined_part.py", walker=walker_cpu, size=(480, 320))
+    cam, (w, h) = v.orbit.camera(), v.draft_size()
+    assert v.settings.hit_cone == 0.0 and v.draft_settings().hit_cone == pytest.approx(cam.pixel_angle(h))
+    cone = walker_cpu.march(v.tape, cam, w, h, settings=v.draft_settings())
+    plain = walker_cpu.march(v.tape, cam, w, h, settings=replace(v.draft_settings(), hit_cone=0.0))
+    assert cone["steps"].sum() < 0.9 * plain["steps"].sum()
+    assert plain["hit"].mean() > 0.05 and not (plain["hit"] & ~cone["hit"]).any()
+    extra, hits = cone["hit"] & ~plain["hit"], np.pad(plain["hit"], 1)
+    beside_a_hit = np.zeros_like(extra)
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            beside_a_hit |= hits[1 + dy:1 + dy + h, 1 + dx:1 + dx + w]
+    assert extra.sum() > 20 and (extra & ~beside_a_hit).sum() <= 0.02 * extra.sum()
+
+
 def test_present_pipeline_draws_the_walkers_image(walkers_all):
     """The window's texture holds the walker's image, pixel for pixel (the GPU walker's from its
     own buffer, never read back; the twin's uploaded)."""

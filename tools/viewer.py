@@ -294,9 +294,12 @@ class Viewer:
         return max(1, w // DRAFT_SCALE), max(1, h // DRAFT_SCALE)
 
     def draft_settings(self) -> RenderSettings:
-        """A moving frame's settings: no shadows, no ambient occlusion."""
+        """A moving frame's settings: no shadows, no ambient occlusion, and primary rays that end
+        within a draft pixel's footprint of a surface (RenderSettings.hit_cone: the rays grazing
+        an edge or passing through sub-pixel detail stop there instead of creeping along it)."""
         from dataclasses import replace
-        return replace(self.settings, shadows="off", ao_strength=0.0)
+        cone = max(self.settings.hit_cone, self.orbit.camera().pixel_angle(self.draft_size()[1]))
+        return replace(self.settings, shadows="off", ao_strength=0.0, hit_cone=cone)
 
     def frame(self, draft: bool = False) -> np.ndarray:
         """The current image, (H, W, 3) uint8, read back to the host (offscreen use, the twin's
