@@ -528,3 +528,12 @@ def test_grad_of_a_pattern_counts_the_slots_its_refit_derives(capsys, tmp_path):
     np.testing.assert_allclose(results["jax"]["value"], 0.01, atol=1e-6)
     np.testing.assert_allclose(results["jax"]["h"], -1.0, atol=1e-5)
     np.testing.assert_allclose(results["cpu"]["h"], -1.0, atol=1e-3)
+
+
+def test_the_command_lines_copies_of_runtime_names_match_them():
+    """cli.py holds copies of a few runtime names so that --help imports nothing heavy: each
+    equals the name it copies."""
+    from taperay.runtime.shading import VIEWS
+    from taperay.runtime.walkers import WALKER_KINDS
+    from taperay.tools.viewer import CONE_PIXELS
+    assert (cli.VIEWS, cli.WALKERS, cli.VIEW_CONE_PIXELS) == (VIEWS, WALKER_KINDS, CONE_PIXELS)

@@ -79,6 +79,19 @@ def test_offscreen_viewer_end_to_end(walkers_all):
     assert window.viewer.redo() and np.array_equal(_draw(window), images[1])
 
 
+def test_undo_of_a_slider_move_gives_the_tape_back_bit_for_bit(walker_cpu):
+    """A slider's value is held as the tape's pool holds it (float32), so that undoing a later
+    move refits the tape to the same bits, bounds included (a float64 value refitted the bounds
+    from digits the pool does not keep: the picture after undo moved a pixel)."""
+    v = _viewer(walker_cpu)
+    v.set_param("radius", 0.8257051442451695)
+    bounds, pool = v.tape.bounds.copy(), v.tape.params.copy()
+    v.set_param("radius", 0.5)
+    assert v.undo()
+    assert np.array_equal(v.tape.bounds, bounds) and np.array_equal(v.tape.params, pool)
+    assert v.params["radius"] == np.float32(0.8257051442451695)
+
+
 def test_slider_drag_is_one_undo_step_and_undo_redo_restore_values(walker_cpu):
     v = _viewer(walker_cpu)
     r0 = v.params["radius"]
@@ -281,11 +294,21 @@ def test_view_without_a_display_is_one_line_of_error(monkeypatch):
 
 
 def test_frames_are_the_walkers_render(walker_cpu):
-    """The viewer's frame is exactly the walker's render of its tape by the orbit camera, and the
-    draft is the half-size render without shadows."""
+    """The viewer's frame is exactly the walker's render of its tape by the orbit camera (its
+    primary rays ending within a pixel's footprint; with cone 0 at hit_eps, as `taperay render`
+    draws), and the draft is the half-size render without shadows."""
+    from dataclasses import replace
     v = Viewer(_scene(), walker=walker_cpu, size=SIZE)
     cam = v.orbit.camera()
-    assert np.array_equal(v.frame(), walker_cpu.render(v.tape, cam, *SIZE, "shade", v.settings))
+    assert v.frame_settings().hit_cone == pytest.approx(cam.pixel_angle(SIZE[1]))
+    assert v.frame_settings() == replace(v.settings, hit_cone=v.frame_settings().hit_cone)
+    assert np.array_equal(v.frame(), walker_cpu.render(v.tape, cam, *SIZE, "shade", v.frame_settings()))
+    exact = Viewer(_scene(), walker=walker_cpu, size=SIZE, cone=0)
+    assert exact.frame_settings() == exact.settings
+    assert np.array_equal(exact.frame(), walker_cpu.render(v.tape, cam, *SIZE, "shade", v.settings))
+    assert exact.draft_settings().hit_cone == v.draft_settings().hit_cone > 0
+    with pytest.raises(TaperayError, match="hit cone"):
+        Viewer(_scene(), walker=walker_cpu, size=SIZE, cone=-1)
     draft = v.frame(draft=True)
     assert draft.shape == (SIZE[1] // 2, SIZE[0] // 2, 3)
     assert np.array_equal(draft, walker_cpu.render(v.tape, cam, SIZE[0] // 2, SIZE[1] // 2, "shade",
@@ -320,7 +343,7 @@ def test_present_pipeline_draws_the_walkers_image(walkers_all):
     v = _viewer(walkers_all)
     window = offscreen_window(v, panel=False)
     shown = _draw(window)
-    assert np.array_equal(shown, walkers_all.render(v.tape, v.orbit.camera(), *SIZE, "shade", FAST))
+    assert np.array_equal(shown, walkers_all.render(v.tape, v.orbit.camera(), *SIZE, "shade", v.frame_settings()))
     # the present pipeline is made once per device and format: a second window on the same
     # device makes none
     made = window.kernels.stats.pipelines_created

@@ -28,6 +28,7 @@ MESH_SUFFIXES = (".stl", ".obj", ".ply", ".glb", ".off")
 IMAGE_BYTES_PER_PIXEL = 120
 VIEWS = ("shade", "normals", "depth", "steps", "gradient", "slice", "section")
 WALKERS = ("auto", "cpu", "gpu")   # runtime.walkers.WALKER_KINDS (not imported here: --help stays fast)
+VIEW_CONE_PIXELS = 1.0             # tools.viewer.CONE_PIXELS (likewise)
 
 
 class UsageError(TaperayError):
@@ -786,6 +787,8 @@ def cmd_optimize(args) -> int:
 
 def cmd_view(args) -> int:
     w, h = parse_size(args.size)
+    if not 0 <= args.cone < 1000:
+        raise UsageError(f"--cone {args.cone}: the hit cone's width in pixels must lie in [0, 1000)")
     if args.edits < 0 or args.topology_edits < 0:
         raise UsageError("--edits and --topology-edits count edits: give numbers >= 0")
     if (args.edits or args.topology_edits or args.json or args.screenshot) and not args.offscreen:
@@ -801,7 +804,7 @@ def cmd_view(args) -> int:
     def make_viewer():
         notes: list[str] = []
         viewer = Viewer(args.scene, walker=choose_walker(args.walker, log=notes.append), size=(w, h),
-                        view=args.view)
+                        view=args.view, cone=args.cone)
         for n in notes:
             con.print(n)
         con.print(f"viewer:    {args.scene} on the {_walker_label(viewer.walker)} walker")
@@ -971,6 +974,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true",
                    help="re-run the scene .py file in a child process on each save; an error leaves the last "
                    "good scene on screen")
+    p.add_argument("--cone", type=float, default=VIEW_CONE_PIXELS, metavar="PIXELS",
+                   help="cone marching: a primary ray ends where the field is below PIXELS pixels' footprint "
+                   f"(RenderSettings.hit_cone; default {VIEW_CONE_PIXELS:g}; 0: at hit_eps, as `taperay render` draws; "
+                   "drafts at least one of their pixels)")
     p.add_argument("--offscreen", action="store_true", help="draw the same frames without a window (scripts, tests)")
     p.add_argument("--edits", type=int, default=0, metavar="N", help="offscreen: N scripted slider moves")
     p.add_argument("--topology-edits", type=int, default=0, metavar="M",

@@ -8,6 +8,10 @@ widget or offscreen; ``tools/scene_runner.py`` re-runs a scene file in a child p
 (``walker.set_param``; the tape's refit emits anew only the nodes holding the parameter), a new
 scene re-flattens, copying the records of the nodes it keeps from the last flatten (flatten's
 ``reuse``), and uploads the spans of the tape that changed.
+Frames march their primary rays until the field is below a pixel's footprint (``CONE_PIXELS``,
+RenderSettings.hit_cone; ``cone=0``: at hit_eps, as ``taperay render`` draws); while something
+moves, drafts are drawn: half the size each way, no shadows or ambient occlusion, the cone at
+least a draft pixel.
 The "path" view is progressive: each full frame adds ``PATH_SPP_PER_FRAME`` path-traced samples
 per pixel to the picture (runtime.path_tracing.PathImage) up to ``PATH_MAX_SPP``; any edit, camera
 move or resize starts it again, and while something moves the drafts are shaded frames.
@@ -44,6 +48,7 @@ __all__ = ["Orbit", "Viewer", "FrameStats", "DRAFT_SCALE", "edit_script", "PATTE
 
 PATTERN_COUNTS = (10, 100, 1_000, 10_000, 100_000)    # edit_script's pattern counts, in turn
 DRAFT_SCALE = 2          # a draft frame (while the camera or a slider moves) is this much smaller each way
+CONE_PIXELS = 1.0        # primary rays end within this many pixels' footprint of a surface (hit_cone)
 VIEWER_VIEWS = (*VIEWS, "path")
 PATH_SPP_PER_FRAME = 2   # samples per pixel each full frame of the path view adds
 PATH_MAX_SPP = 1024      # the path view stops refining here
@@ -125,12 +130,17 @@ class Viewer:
     ``source``: a scene path (.py, .scene, .tape, .vm), a scene ``Node`` or a ``Tape``. A .py
     file may define ``ranges = {"name": (lo, hi)}`` beside ``scene`` for its sliders (each
     holding the parameter's value in the file).
-    ``walker``: "auto" | "cpu" | "gpu" or a walker object."""
+    ``walker``: "auto" | "cpu" | "gpu" or a walker object. ``cone``: a frame's primary rays end
+    where the field is below this many pixels' footprint (RenderSettings.hit_cone; 0: at
+    ``settings``' hit_eps, as ``taperay render`` draws; a draft's at least its own pixel's)."""
 
     def __init__(self, source, walker="auto", size: tuple[int, int] = (960, 540), view: str = "shade",
-                 settings: RenderSettings | None = None, log=None):
+                 settings: RenderSettings | None = None, log=None, cone: float = CONE_PIXELS):
         self.walker = make_walker(walker, log=log) if isinstance(walker, str) else walker
         self.size = _checked_size(size)
+        if not 0 <= cone < 1000:
+            raise TaperayError(f"viewer: the hit cone's width {cone} pixels must lie in [0, 1000)")
+        self.cone = cone
         self.settings = settings or RenderSettings()
         self.view = "shade"
         self.set_view(view)
@@ -189,6 +199,7 @@ class Viewer:
         value = float(value)
         if not math.isfinite(value):
             raise TaperayError(f"viewer: parameter {name} = {value} is not a finite number")
+        value = float(np.float32(value))      # what the tape's pool holds, so that undo gives this tape back
         before = self.params[name]
         last = self.undo_stack[-1] if self.undo_stack else None
         if merge and last is not None and last.param == name and not self.redo_stack:
@@ -293,13 +304,25 @@ class Viewer:
         w, h = self.size
         return max(1, w // DRAFT_SCALE), max(1, h // DRAFT_SCALE)
 
+    def frame_settings(self) -> RenderSettings:
+        """A full frame's settings: ``settings`` with primary rays that end within ``cone``
+        pixels' footprint of a surface (RenderSettings.hit_cone: rays grazing an edge or passing
+        through sub-pixel detail stop there instead of creeping along it)."""
+        return self._coned(self.settings, self.cone, self.size[1])
+
     def draft_settings(self) -> RenderSettings:
-        """A moving frame's settings: no shadows, no ambient occlusion, and primary rays that end
-        within a draft pixel's footprint of a surface (RenderSettings.hit_cone: the rays grazing
-        an edge or passing through sub-pixel detail stop there instead of creeping along it)."""
+        """A moving frame's settings: no shadows, no ambient occlusion, primary rays that end
+        within max(``cone``, 1) draft pixels' footprint of a surface."""
         from dataclasses import replace
-        cone = max(self.settings.hit_cone, self.orbit.camera().pixel_angle(self.draft_size()[1]))
-        return replace(self.settings, shadows="off", ao_strength=0.0, hit_cone=cone)
+        return self._coned(replace(self.settings, shadows="off", ao_strength=0.0), max(self.cone, 1.0),
+                           self.draft_size()[1])
+
+    def _coned(self, settings: RenderSettings, pixels: float, height: int) -> RenderSettings:
+        from dataclasses import replace
+        if pixels == 0:
+            return settings
+        cone = min(0.5, pixels * self.orbit.camera().pixel_angle(height))
+        return replace(settings, hit_cone=max(settings.hit_cone, cone))
 
     def frame(self, draft: bool = False) -> np.ndarray:
         """The current image, (H, W, 3) uint8, read back to the host (offscreen use, the twin's
@@ -311,7 +334,7 @@ class Viewer:
         else:
             image = self.walker.render(self.tape, self.orbit.camera(), w, h,
                                        "shade" if self.view == "path" else self.view,
-                                       self.draft_settings() if draft else self.settings)
+                                       self.draft_settings() if draft else self.frame_settings())
         self._frame_done(t0, draft, (w, h))
         return image
 
@@ -341,7 +364,7 @@ class Viewer:
         t0 = time.perf_counter()
         buf, offset = self.walker.render_on_device(self.tape, self.orbit.camera(), w, h,
                                                    "shade" if self.view == "path" else self.view,
-                                                   self.draft_settings() if draft else self.settings)
+                                                   self.draft_settings() if draft else self.frame_settings())
         self._frame_done(t0, draft, (w, h))
         return buf, offset, w, h
 
