@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -313,12 +313,10 @@ class Viewer:
     def draft_settings(self) -> RenderSettings:
         """A moving frame's settings: no shadows, no ambient occlusion, primary rays that end
         within max(``cone``, 1) draft pixels' footprint of a surface."""
-        from dataclasses import replace
         return self._coned(replace(self.settings, shadows="off", ao_strength=0.0), max(self.cone, 1.0),
                            self.draft_size()[1])
 
     def _coned(self, settings: RenderSettings, pixels: float, height: int) -> RenderSettings:
-        from dataclasses import replace
         if pixels == 0:
             return settings
         cone = min(0.5, pixels * self.orbit.camera().pixel_angle(height))
