@@ -98,7 +98,7 @@ def test_slider_drag_is_one_undo_step_and_undo_redo_restore_values(walker_cpu):
     for value in (0.36, 0.37, 0.38):
         v.set_param("radius", value, merge=True)
     v.set_param("width", 1.0)
-    assert len(v.undo_stack) == 2
+    assert len(v.undo_stack) == 2 and v.undo_stack[0].label == "radius = 0.38"    # (the drag's last value)
     v.undo()
     v.undo()
     assert v.params["radius"] == pytest.approx(r0) and v.params["width"] == pytest.approx(1.2)
@@ -186,6 +186,38 @@ def test_a_drag_beside_the_panel_turns_the_view_and_leaves_the_panel_in_place(wa
     camera = v.orbit.camera().pack().copy()
     _press_and_drag(window, [(x0 + 60 + 5 * i, y0 + 8) for i in range(8)])     # the title bar
     assert window.panel_rect[0] > start[0] and np.array_equal(v.orbit.camera().pack(), camera)
+
+
+@pytest.mark.slow
+def test_a_press_on_a_slider_before_its_frame_never_turns_the_view(walker_cpu, monkeypatch):
+    """A pointer that jumps onto a slider and presses before a frame is drawn there (slow frames,
+    a jump of the pointer) reaches the orbit as well as the panel, which takes the drag's moves
+    and its release (here left of the window): the view must not turn, neither during the drag
+    nor when the pointer moves on with no button down."""
+    rects = _slider_rects(monkeypatch)
+    v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST)
+    window = offscreen_window(v)
+    window.canvas.draw()
+    lo_xy, hi_xy = rects["fin_height"]
+    x, y = (lo_xy.x + hi_xy.x) / 2, (lo_xy.y + hi_xy.y) / 2
+    camera = v.orbit.camera().pack().copy()
+
+    def event(kind, px, py, buttons=(1,), draw=True):
+        window.canvas.submit_event(dict(event_type=kind, x=float(px), y=float(py), button=1, buttons=buttons,
+                                        modifiers=()))
+        window.canvas._process_events()
+        if draw:
+            window.canvas.draw()
+    event("pointer_move", 300, 300, buttons=())
+    event("pointer_move", x, y, buttons=(), draw=False)      # the jump: no frame before the press
+    event("pointer_down", x, y)
+    for i in range(1, 40):
+        event("pointer_move", x - 8 * i, y)
+    event("pointer_up", x - 320, y)
+    for px, py in ((250, 300), (200, 200), (260, 120)):
+        event("pointer_move", px, py, buttons=())
+    assert v.params["fin_height"] == pytest.approx(v.param_range("fin_height")[0])
+    assert np.array_equal(v.orbit.camera().pack(), camera)
 
 
 @pytest.mark.slow

@@ -123,10 +123,17 @@ class ViewWindow:
         self._dirty = True
 
     def _on_pointer(self, event) -> None:
+        """Orbit (left button) and pan (other buttons, or shift) drags. The panel stops the events
+        it takes, but a press on it before a frame has drawn it under the pointer (slow frames,
+        a jump of the pointer) reaches here too: a press on the panel's rect starts no drag, and
+        a drag ends on a move without its button (its release taken by the panel)."""
         kind = event["event_type"]
         if kind == "pointer_down":
-            self._drag = (event["button"], event["x"], event["y"], "Shift" in event.get("modifiers", ()))
-        elif kind == "pointer_up":
+            x, y = event["x"], event["y"]
+            r = self.panel_rect
+            on_panel = r is not None and r[0] <= x <= r[2] and r[1] <= y <= r[3]
+            self._drag = None if on_panel else (event["button"], x, y, "Shift" in event.get("modifiers", ()))
+        elif kind == "pointer_up" or (self._drag is not None and self._drag[0] not in event.get("buttons", ())):
             self._drag = None
         elif self._drag is not None:
             button, x0, y0, shift = self._drag

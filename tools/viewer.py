@@ -202,11 +202,12 @@ class Viewer:
         value = float(np.float32(value))      # what the tape's pool holds, so that undo gives this tape back
         before = self.params[name]
         last = self.undo_stack[-1] if self.undo_stack else None
+        label = f"{name} = {value:.6g}"
         if merge and last is not None and last.param == name and not self.redo_stack:
-            last.after = value
+            last.after, last.label = value, label
         else:
-            self._push(_Edit(f"{name} = {value:.6g}", name, before, value))
-        self._apply_param(name, value, f"{name} = {value:.6g}")
+            self._push(_Edit(label, name, before, value))
+        self._apply_param(name, value, label)
 
     def _apply_param(self, name: str, value: float, label: str) -> None:
         t0 = time.perf_counter()
