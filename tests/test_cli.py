@@ -68,6 +68,8 @@ def test_render_with_a_hit_cone(capsys, scene_file, tmp_path):
     np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "c.png")), want)
     rc, out, err = run_cli(capsys, "render", scene_file, "-o", tmp_path / "d.png", "--cone", "-1")
     assert rc == 2 and "--cone" in err
+    rc, out, err = run_cli(capsys, "view", scene_file, "--offscreen", "--cone", "1000")
+    assert rc == 2 and "--cone 1000.0" in err
 
 
 @pytest.mark.gpu

@@ -68,6 +68,12 @@ def _fmt_seconds(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def check_cone(pixels: float) -> None:
+    """A --cone width (pixels' footprint, RenderSettings.hit_cone) the commands accept."""
+    if not 0 <= pixels < 1000:
+        raise UsageError(f"--cone {pixels}: the hit cone's width in pixels must lie in [0, 1000)")
+
+
 def parse_size(text: str) -> tuple[int, int]:
     """``WxH`` or ``N`` (square) -> (width, height)."""
     parts = text.lower().split("x")
@@ -225,8 +231,7 @@ def cmd_render(args) -> int:
     out = _output_path(args.output, args.scene, _environment_file(args))
     if args.two_d and args.view != "shade":
         raise UsageError("--2d draws the field image; it takes no --view")
-    if not 0 <= args.cone < 1000:
-        raise UsageError(f"--cone {args.cone}: the hit cone's width in pixels must lie in [0, 1000)")
+    check_cone(args.cone)
     if args.view == "path" and args.cone:
         raise UsageError("--view path marches with hit_eps; it takes no --cone")
     if not 1 <= args.spp <= 1 << 16:
@@ -787,8 +792,7 @@ def cmd_optimize(args) -> int:
 
 def cmd_view(args) -> int:
     w, h = parse_size(args.size)
-    if not 0 <= args.cone < 1000:
-        raise UsageError(f"--cone {args.cone}: the hit cone's width in pixels must lie in [0, 1000)")
+    check_cone(args.cone)
     if args.edits < 0 or args.topology_edits < 0:
         raise UsageError("--edits and --topology-edits count edits: give numbers >= 0")
     if (args.edits or args.topology_edits or args.json or args.screenshot) and not args.offscreen:
