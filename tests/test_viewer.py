@@ -108,6 +108,16 @@ def test_slider_drag_is_one_undo_step_and_undo_redo_restore_values(walker_cpu):
     assert not v.redo_stack      # a new edit drops what was undone
 
 
+def _pointer(window, kind: str, x, y, buttons=(1,), draw: bool = True) -> None:
+    """One pointer event of the left button through the offscreen canvas, handled at once (as
+    rendercanvas delivers a window's), then a frame drawn where ``draw``."""
+    window.canvas.submit_event(dict(event_type=kind, x=float(x), y=float(y), button=1, buttons=buttons,
+                                    modifiers=()))
+    window.canvas._process_events()
+    if draw:
+        window.canvas.draw()
+
+
 def _press_and_drag(window, points) -> list:
     """Press the left button at the first of ``points``, move through the rest and let go, one
     frame drawn after each event (as rendercanvas delivers a window's pointer events); returns each
@@ -115,10 +125,7 @@ def _press_and_drag(window, points) -> list:
     seen = []
 
     def event(kind, x, y):
-        window.canvas.submit_event(dict(event_type=kind, x=float(x), y=float(y), button=1, buttons=(1,),
-                                        modifiers=()))
-        window.canvas._process_events()
-        window.canvas.draw()
+        _pointer(window, kind, x, y)
         v = window.viewer
         seen.append({name: (value, v.param_range(name)) for name, value in v.params.items()})
 
@@ -161,8 +168,7 @@ def test_a_press_the_panel_takes_still_asks_for_a_frame(walker_cpu, monkeypatch)
         if kind == "pointer_down":
             window.canvas.draw()        # (the hover's frame: imgui now wants the pointer)
         before = len(asked)
-        window.canvas.submit_event(dict(event_type=kind, x=x, y=y, button=1, buttons=(1,), modifiers=()))
-        window.canvas._process_events()
+        _pointer(window, kind, x, y, draw=False)
         assert len(asked) > before, kind
         x += 10
 
@@ -202,20 +208,14 @@ def test_a_press_on_a_slider_before_its_frame_never_turns_the_view(walker_cpu, m
     x, y = (lo_xy.x + hi_xy.x) / 2, (lo_xy.y + hi_xy.y) / 2
     camera = v.orbit.camera().pack().copy()
 
-    def event(kind, px, py, buttons=(1,), draw=True):
-        window.canvas.submit_event(dict(event_type=kind, x=float(px), y=float(py), button=1, buttons=buttons,
-                                        modifiers=()))
-        window.canvas._process_events()
-        if draw:
-            window.canvas.draw()
-    event("pointer_move", 300, 300, buttons=())
-    event("pointer_move", x, y, buttons=(), draw=False)      # the jump: no frame before the press
-    event("pointer_down", x, y)
+    _pointer(window, "pointer_move", 300, 300, buttons=())
+    _pointer(window, "pointer_move", x, y, buttons=(), draw=False)      # the jump: no frame before the press
+    _pointer(window, "pointer_down", x, y)
     for i in range(1, 40):
-        event("pointer_move", x - 8 * i, y)
-    event("pointer_up", x - 320, y)
+        _pointer(window, "pointer_move", x - 8 * i, y)
+    _pointer(window, "pointer_up", x - 320, y)
     for px, py in ((250, 300), (200, 200), (260, 120)):
-        event("pointer_move", px, py, buttons=())
+        _pointer(window, "pointer_move", px, py, buttons=())
     assert v.params["fin_height"] == pytest.approx(v.param_range("fin_height")[0])
     assert np.array_equal(v.orbit.camera().pack(), camera)
 
