@@ -67,5 +67,6 @@ def bench_view(opts) -> BenchResult:
                               "and read-back); scenes without named "
                               "parameters have no slider moves (nan); draft: the same edits drawn as the window "
                               "draws them first, while a slider is dragged or after a watched file's new scene "
-                              "(half size each way, no shadows or AO), the full frame following once still"],
+                              "(half size each way, no shadows or AO), the full frame following once still; "
+                              "the viewer's defaults: primary rays end within a pixel's footprint (hit cone)"],
                        chart=("scene", "slider median ms"))
