@@ -469,9 +469,11 @@ def _single_steps(branches, n_prm: int, P: int):
         return row, ia, ib, lax.dynamic_slice(pool, (row[8],), (n_prm,))
 
     def one_gather(V, M, row, ia, ib):
+        """A step's operand rows a / b / c, their materials, and its point's four rows: consecutive
+        (a point step writes x, y, z, scale in a row each), read as one slice."""
         vals = jnp.stack([V[ia], V[ib], V[row[3]]])
         mats = _no_materials(vals) if M is None else jnp.stack([M[ia], M[ib], M[row[3]]])
-        return vals, mats, jnp.stack([V[row[4 + k]] for k in range(4)])
+        return vals, mats, lax.dynamic_slice(V, (row[4], 0), (4, V.shape[1]))
 
     def one_forward(pool, prog, items, grp, V, M):
         row, ia, ib, prm = one(prog, items, grp, pool)

@@ -1017,7 +1017,8 @@ class _Steps:
 
 class _GenericTape:
     """A tape in the generic form's single-assignment layout. Columns of ``prog`` (int32, one row a
-    step): branch, rows of a, b, c, rows of the point (x, y, z, scale), param offset, material
+    step): branch, rows of a, b, c, rows of the point (x, y, z, scale: four consecutive rows, as a
+    point step writes them), param offset, material
     (shapes, culls, FIELD_RESULT; a pattern's copy number), first output row. Rows 0-2 hold the
     point, row 3 the scale 1. A pattern is unrolled: its body's steps once per copy it evaluates
     (``PatternStep``). ``bucket`` (steps, rows, pool size: each rounded up a power-of-two ladder;
@@ -1062,8 +1063,7 @@ def _generic_sweep(bucket: tuple):
         ia, ib, ic = row[1], row[2], row[3]
         vals = jnp.stack([V[ia], V[ib], V[ic]])
         mats = jnp.stack([M[ia], M[ib], M[ic]])
-        p = jnp.stack([V[row[4]], V[row[5]], V[row[6]], V[row[7]]])
-        return vals, mats, p
+        return vals, mats, lax.dynamic_slice(V, (row[4], 0), (4, V.shape[1]))    # (the point's rows: consecutive)
 
     def forward(pool, prog, head, x, y, z):
         V = jnp.zeros((n_rows, x.shape[0]), jnp.float32)
