@@ -81,8 +81,8 @@ def test_offscreen_viewer_end_to_end(walkers_all):
 
 def test_undo_of_a_slider_move_gives_the_tape_back_bit_for_bit(walker_cpu):
     """A slider's value is held as the tape's pool holds it (float32), so that undoing a later
-    move refits the tape to the same bits, bounds included (a float64 value refitted the bounds
-    from digits the pool does not keep: the picture after undo moved a pixel)."""
+    move refits the tape to the same bits, bounds included (a float64 value would refit the
+    bounds from digits the pool does not keep, and the picture after undo could move a pixel)."""
     v = _viewer(walker_cpu)
     v.set_param("radius", 0.8257051442451695)
     bounds, pool = v.tape.bounds.copy(), v.tape.params.copy()
