@@ -129,9 +129,9 @@ class CpuWalker:
             field[valid] = f
             return to_rgb8(compose("slice", packed, tape.materials, camera.pack(), dirs, slice_field=field))
         run = None
-        # (a tape with patterns: its lowering writes the copies out, and its cells were measured
-        # longer than the loop, the showcase's 96 records on average against its own 78 and the
-        # twin's frame 4x slower on them; "auto" marches it on its own records)
+        # (a tape with patterns: its lowering writes the copies out, so its cells can hold more
+        # records than its own loop runs, the showcase's 96 on average against its 78; "auto"
+        # marches it on its own records)
         if cells is not None and not (auto and (len(tape.instrs) < pruned_eval.PRUNE_MIN_RECORDS
                                                 or tape.has_patterns())):
             run = cell_tape(tape)

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .opcodes import OPS, POLY_OPS, Family, Op
+from .opcodes import OPS, Family, Op
 from .program import Program, program_tape
-from .tape import Tape, TaperayError, pattern_counts, quat_matrices
+from .tape import Tape, TaperayError, param_count, pattern_counts, quat_matrices
 
 __all__ = ["lower", "first_unlowered", "NotLowerable", "LOWERED_OPS"]
 
@@ -310,7 +310,7 @@ def lower(tape: Tape) -> Tape:
             op = Op(int(ins["op"][i]))
             dst, a, b, prm_at, aux = (int(ins[k][i]) for k in ("dst", "a", "b", "param", "aux"))
             spec = OPS[op]
-            prm = params[prm_at:prm_at + (POLY_OPS[op] + 2 * a if op in POLY_OPS else max(spec.n_params, 0))]
+            prm = params[prm_at:prm_at + param_count(spec, a)]
             fam = spec.family
             if fam is Family.ARITH:
                 if op in (Op.VAR_X, Op.VAR_Y, Op.VAR_Z):

@@ -21,7 +21,7 @@ __all__ = ["pool_tangents", "INSTR_DTYPE", "MATERIAL_DTYPE", "MATERIAL_DEFAULTS"
            "CellsTooLarge", "validate", "content_key", "freeze", "quat_matrices",
            "ValidatedTapes", "VALIDATED", "derived", "Op", "OPS", "OpSpec", "Family", "STACK_CAP", "LOOP_CAP",
            "REG_CAPS", "MAX_INSTRS",
-           "MAX_PARAMS", "instr_array", "point_array", "gradient_eps", "pattern_counts"]
+           "MAX_PARAMS", "instr_array", "point_array", "gradient_eps", "pattern_counts", "param_count"]
 
 INSTR_DTYPE = np.dtype([(name, "<u4") for name in
                         ("op", "dst", "a", "b", "c", "param", "aux", "jump")])
@@ -213,9 +213,11 @@ class Tape:
         return self.instrs.view(np.uint32).reshape(-1, 8)
 
 
-def _n_params(spec: OpSpec, rec) -> int:
+def param_count(spec: OpSpec, a: int) -> int:
+    """The parameters a record of ``spec``'s op reads (a polygon's: its fixed ones and 2 a vertex
+    words, ``a`` its field a)."""
     if spec.op in POLY_OPS:
-        return POLY_OPS[spec.op] + 2 * int(rec["a"])
+        return POLY_OPS[spec.op] + 2 * int(a)
     return spec.n_params
 
 
@@ -281,7 +283,7 @@ def validate(tape: Tape, reg_cap: int = max(REG_CAPS)) -> Tape:
             raise TapeError(f"{spec.op.name} writes register {dst} of {n_regs}", i, src)
         if spec.op in POLY_OPS and not 3 <= a <= MAX_POLY_VERTS:
             raise TapeError(f"{spec.op.name} has {a} vertices (need 3..{MAX_POLY_VERTS})", i, src)
-        k = _n_params(spec, {"a": a})
+        k = param_count(spec, a)
         if k and param + k > n_params:
             raise TapeError(f"{spec.op.name} reads parameters {param}..{param + k - 1} of {n_params}", i, src)
         if spec.family is Family.SHAPE and aux >= n_mats:
