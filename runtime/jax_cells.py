@@ -487,13 +487,17 @@ def _single_steps(branches, n_prm: int, P: int):
         vals, mats, p = one_gather(V, M, row, ia, ib)
         gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
 
-        dvals, dp, dprm = step_vjp(branches, row[0], row[9], vals, mats, p, prm, gout)
-        # one scatter after the reads: the output rows cleared (g - g), the operands' added
-        out = row[10]
-        targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
-        G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp]), mode="promise_in_bounds")
-        cur = lax.dynamic_slice(dpool, (row[8],), (n_prm,))
-        return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
+        def pull_back(G, dpool):
+            dvals, dp, dprm = step_vjp(branches, row[0], row[9], vals, mats, p, prm, gout)
+            # one scatter after the reads: the output rows cleared (g - g), the operands' added
+            out = row[10]
+            targets = jnp.stack([out, out + 1, out + 2, out + 3, ia, ib, row[3], row[4], row[5], row[6], row[7]])
+            G = G.at[targets].add(jnp.concatenate([-gout, dvals, dp]), mode="promise_in_bounds")
+            cur = lax.dynamic_slice(dpool, (row[8],), (n_prm,))
+            return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
+        # a step none of whose piece's points' adjoints reach (a min's operand no point selects)
+        # adds nothing: skipped (a NaN adjoint is not zero, and runs)
+        return lax.cond(jnp.any(gout != 0), pull_back, lambda G, dpool: (G, dpool), G, dpool)
 
     def one_tangent(pool, tpool, prog, items, grp, V, M, T):
         row, ia, ib, prm = one(prog, items, grp, pool)
