@@ -40,7 +40,9 @@ point); a call's pieces are split evenly over the runner's devices (on a CPU, on
 core: XLA runs a program on one core; ``jax.shard_map``, one program), and each device runs its
 share in a ``lax.scan`` that carries
 one row file (rows x piece), never cleared (each piece writes every row before it reads it; the
-reverse sweep clears each output row once read, so its adjoint file comes back zero). Each
+reverse sweep clears each output row once read, so its adjoint file comes back zero, and skips a
+step whose output rows' adjoints are zero at every point of the piece: a min's operand no point
+selects adds nothing). Each
 piece runs its cell's kept steps (``items``: step and rewrite) through the generic form's
 branches, in groups (``groups``): up to ``CellLayout.group`` steps of one branch whose operands
 are all ready (one dependency level: 1 + the highest level of the steps whose rows it reads)
@@ -275,12 +277,22 @@ def cell_grid(n_points: int, cell_points: int) -> int:
     return 1 << max(0, int(round(np.log2(max(n_points / cell_points, 1.0)) / 3)))
 
 
+_BUCKETS = Kept(2)
+
+
 def _bucket(points: np.ndarray, cell_points: int):
     """The points in the cells of a grid over their box (``cell_grid``): (order, first, counts,
     cmin, cmax): the point indices sorted by cell (stable), each occupied cell's first position
-    in that order and its count, and its points' box ((K, 3) float64). (Column by column: numpy's
-    reductions along the short axis of an (N, 3) array are some 30x slower.)"""
-    xyz = np.ascontiguousarray(np.asarray(points, np.float32).T)
+    in that order and its count, and its points' box ((K, 3) float64). Kept for the last 2 point
+    sets (by content: FEM and optimisation loops call with the same points; read, not changed)."""
+    xyz = np.ascontiguousarray(points, np.float32)
+    return _BUCKETS.get((cell_points, xyz.shape, xyz.tobytes()), lambda: _bucket_points(xyz, cell_points))
+
+
+def _bucket_points(points: np.ndarray, cell_points: int):
+    """``_bucket`` computed. (Column by column: numpy's reductions along the short axis of an
+    (N, 3) array are some 30x slower.)"""
+    xyz = np.ascontiguousarray(points.T)
     lo, hi = xyz.min(1).astype(np.float64), xyz.max(1).astype(np.float64)
     n = xyz.shape[1]
     g = cell_grid(n, cell_points)
@@ -418,6 +430,16 @@ def _grouped(live: np.ndarray, rewrite: np.ndarray, key: np.ndarray, group: int,
     ``group`` of one key."""
     K, S = live.shape
     kept = live.sum(1)
+    if group == 1:          # (the CPU's layout: each kept step a group, in tape order; no sort)
+        c, s = np.nonzero(live)
+        rank = np.arange(len(c)) - np.repeat(np.cumsum(kept) - kept, kept)
+        items = np.zeros((K, steps_bucket, 2), np.int32)
+        items[c, rank, 0] = s
+        items[c, rank, 1] = rewrite[c, s]
+        groups = np.zeros((K, steps_bucket, 2), np.int32)
+        groups[c, rank, 0] = rank
+        groups[c, rank, 1] = 1
+        return items, groups, kept
     step_order = np.argsort(np.where(live, key * S + np.arange(S), np.iinfo(np.int64).max), axis=1)
     ks = np.take_along_axis(np.where(live, key, -1), step_order, 1)
     j = np.arange(S)

@@ -1098,6 +1098,10 @@ def _generic_field(bucket: tuple):
         V, M = forward(pool, prog, head, x, y, z)
         return (V[head[1]], M[head[1]]), (V, M, pool, prog, head)
 
+    # on a CPU, a step no point of the chunk's adjoints reach is skipped (as the cells' reverse
+    # sweep skips it; a GPU keeps one conditional a step)
+    skip_unreached = jax.default_backend() == "cpu"
+
     def bwd(res, cts):
         V, M, pool, prog, head = res
         g = cts[0]
@@ -1112,13 +1116,17 @@ def _generic_field(bucket: tuple):
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
             gout = lax.dynamic_slice(G, (row[10], 0), (4, V.shape[1]))
 
-            dvals, dp, dprm = jax_cells.step_vjp(_branches(bucket), row[0], row[9], vals, mats, p, prm, gout)
-            for j, r in enumerate((row[1], row[2], row[3])):
-                G = G.at[r].add(dvals[j])
-            for j in range(4):
-                G = G.at[row[4 + j]].add(dp[j])
-            cur = lax.dynamic_slice(dpool, (row[8],), (GENERIC_PARAMS,))
-            return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
+            def pull_back(G, dpool):
+                dvals, dp, dprm = jax_cells.step_vjp(_branches(bucket), row[0], row[9], vals, mats, p, prm, gout)
+                for j, r in enumerate((row[1], row[2], row[3])):
+                    G = G.at[r].add(dvals[j])
+                for j in range(4):
+                    G = G.at[row[4 + j]].add(dp[j])
+                cur = lax.dynamic_slice(dpool, (row[8],), (GENERIC_PARAMS,))
+                return G, lax.dynamic_update_slice(dpool, cur + dprm, (row[8],))
+            if not skip_unreached:
+                return pull_back(G, dpool)
+            return lax.cond(jnp.any(gout != 0), pull_back, lambda G, dpool: (G, dpool), G, dpool)
 
         G, dpool = lax.fori_loop(0, head[0], step, (G, dpool))
         return dpool, None, None, G[0], G[1], G[2]

@@ -99,6 +99,20 @@ def test_cells_prune_and_equal_the_generic_form(walker_cells, walker_generic, wa
     np.testing.assert_allclose(unit.dpool, generic_unit.dpool, rtol=1e-4, atol=1e-4 * np.abs(generic_unit.dpool).max())
 
 
+def test_points_changed_in_place_are_bucketed_again(walker_cells, walker_generic):
+    """The points' bucketing is kept by content (loops call with the same points): the same array
+    changed in place gives the new points' cells and values, not the kept ones."""
+    tape = flatten(_scene(), source="blended pairs")
+    pts = _lattice(tape, 16, jitter=0.05)
+    w = np.random.default_rng(2).normal(size=len(pts)).astype(np.float32)
+    walker_cells.vjp(tape, pts, w)
+    pts[:] = pts[::-1] * np.float32(0.5)            # other points, a smaller box: other cells
+    cv, cp = walker_cells.vjp(tape, pts, w)
+    gv, gp = walker_generic.vjp(tape, pts, w)
+    np.testing.assert_array_equal(cv, gv)
+    np.testing.assert_allclose(cp, gp, rtol=1e-4, atol=1e-4 * np.abs(gp).max())
+
+
 _SPREAD = """
 import sys, json
 import numpy as np
