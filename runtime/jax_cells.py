@@ -506,10 +506,10 @@ def _single_steps(branches, n_prm: int, P: int):
 
     def one_backward(pool, prog, items, grp, V, M, G, dpool):
         row, ia, ib, prm = one(prog, items, grp, pool)
-        vals, mats, p = one_gather(V, M, row, ia, ib)
         gout = lax.dynamic_slice(G, (row[10], 0), (4, P))
 
         def pull_back(G, dpool):
+            vals, mats, p = one_gather(V, M, row, ia, ib)
             dvals, dp, dprm = step_vjp(branches, row[0], row[9], vals, mats, p, prm, gout)
             # one scatter after the reads: the output rows cleared (g - g), the operands' added
             out = row[10]

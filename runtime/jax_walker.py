@@ -1112,11 +1112,11 @@ def _generic_field(bucket: tuple):
             G, dpool = gd
             t = head[0] - 1 - k
             row = prog[t]
-            vals, mats, p = gather(V, M, row)
             prm = lax.dynamic_slice(pool, (row[8],), (GENERIC_PARAMS,))
             gout = lax.dynamic_slice(G, (row[10], 0), (4, V.shape[1]))
 
             def pull_back(G, dpool):
+                vals, mats, p = gather(V, M, row)
                 dvals, dp, dprm = jax_cells.step_vjp(_branches(bucket), row[0], row[9], vals, mats, p, prm, gout)
                 for j, r in enumerate((row[1], row[2], row[3])):
                     G = G.at[r].add(dvals[j])
