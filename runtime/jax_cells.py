@@ -190,7 +190,7 @@ def _lipschitz_rows(steps: np.ndarray, pool: np.ndarray, generic_ops) -> dict:
             elif op not in (Op.TRANSLATE, Op.SCALE, Op.ELONGATE):
                 lam = np.inf
             lip[out] = lam
-        elif op in _LIP1_SHAPES or op is Op.CULL_BOX:
+        elif getattr(op, "shape", op) in _LIP1_SHAPES or op is Op.CULL_BOX:     # (a moved shape's: its shape's)
             val[out] = lam
         elif op is Op.PLANE:
             n = pool[prm:prm + 3].astype(np.float64)

@@ -21,7 +21,10 @@ Forms (``JaxWalker(form=...)``; "auto" picks per tape, docs/JAX.md gives the mea
     unchanged: the flattener's culls are exact), FIELD_RESULT and patterns (unrolled: each copy
     the twin evaluates gets its point, its body's steps and its clipped value as steps:
     ``PatternStep``); a tape with instance lists or polygons raises TaperayError naming the
-    record (the "auto" form then traces).
+    record (the "auto" form then traces). A shape moved alone (PUSH TRANSLATE shape POP, the
+    translation's parameters right before the shape's, as the flattener writes a moved part) is
+    one step (``MovedShape``): the same operations, one step and four rows fewer (XLA may round
+    a value 1 ULP differently, as it does between the forms).
 
 Points are padded up a ladder (powers of two from ``LADDER_MIN``) with copies of the first point
 and processed in chunks (``lax.map`` / ``lax.scan`` over chunks), so memory stays bounded and a new
@@ -824,6 +827,22 @@ class PatternStep(NamedTuple):
         return {"copy": "", "first": "a", "next": "ab", "rest": "a", "index": ""}[self.kind]
 
 
+class MovedShape(NamedTuple):
+    """A generic step of a shape record at its point translated by the TRANSLATE record right
+    before it (PUSH TRANSLATE shape POP, the translation's three parameters right before the
+    shape's in the pool: its parameter window starts at the translation's): the translation
+    and the shape as one step, the same operations. ``family`` and ``reads`` the shape's."""
+    shape: Op
+
+    @property
+    def family(self) -> Family:
+        return Family.SHAPE
+
+    @property
+    def reads(self) -> str:
+        return ""
+
+
 _PATTERNS = (Op.REPEAT_LINEAR, Op.REPEAT_POLAR, Op.REPEAT_GRID)
 _COPIES = {Op.REPEAT_LINEAR: 2, Op.REPEAT_POLAR: 2, Op.REPEAT_GRID: 8}
 UNROLLED_STEPS_MAX = 1 << 16     # a tape whose patterns unroll to more generic steps gets the trace form
@@ -831,14 +850,17 @@ UNROLLED_STEPS_MAX = 1 << 16     # a tape whose patterns unroll to more generic 
 # Each supported op is one branch: (operands (3, C), their materials (3, C), point (4, C), params
 # (GENERIC_PARAMS,)) -> (4, C) rows and their materials: a value op writes [v, 0, 0, 0] (rows past
 # the first belong to later records, which write them again), a point op (x, y, z, scale).
-GENERIC_PARAMS = 9      # (a grid pattern's nine)
+GENERIC_PARAMS = 10     # (a moved capsule's 3 + 7; a grid pattern's nine)
+_MOVED_SHAPES = (Op.SPHERE, Op.BOX, Op.ROUND_BOX, Op.CYLINDER, Op.CAPPED_CONE, Op.CAPSULE, Op.TORUS)
 _GENERIC_OPS = ([Op.VAR_X, Op.VAR_Y, Op.VAR_Z, Op.CONST] + list(_ARITH)
                 + [o for o in Op if OPS[o].family is Family.SHAPE and o not in POLY_OPS]
+                + [MovedShape(o) for o in _MOVED_SHAPES]
                 + [Op.TRANSLATE, Op.ROTATE, Op.SCALE, Op.MIRROR, Op.ELONGATE]
                 + [o for o in Op if OPS[o].family is Family.COMBINE] + [Op.CULL_BOX, Op.FIELD_RESULT])
 _RECORD_STEPS = len(_GENERIC_OPS)       # (the programs of a tape without patterns have these branches only)
 _GENERIC_OPS += [PatternStep(kind, op) for op in _PATTERNS for kind in ("copy", "first", "next", "rest", "index")]
 _BRANCH = {op: k for k, op in enumerate(_GENERIC_OPS)}
+_MOVED_OPS = frozenset(int(o) for o in _MOVED_SHAPES)
 _GENERIC_SKIP = (Op.PUSH, Op.POP, *_PATTERNS, Op.REPEAT_END, Op.INSTANCE_INDEX)   # renamings; patterns unrolled
 _GENERIC_RECORDS = np.array([int(o) for o in (*_GENERIC_OPS, *_GENERIC_SKIP) if isinstance(o, Op)])
 
@@ -898,9 +920,18 @@ def _pattern_branch(step: PatternStep):
     return run
 
 
+def _moved_shape_branch(step: MovedShape):
+    def run(vals, mats, p, prm, aux):
+        x, y, z, s = _point_op(Op.TRANSLATE, lambda k: prm[k], p[0], p[1], p[2], p[3])
+        return _value_rows(_shape(step.shape, lambda k: prm[3 + k], 0, x, y, z) * s, jnp.broadcast_to(aux, x.shape))
+    return run
+
+
 def _branch(op: Op):
     if isinstance(op, PatternStep):
         return _pattern_branch(op)
+    if isinstance(op, MovedShape):
+        return _moved_shape_branch(op)
 
     def run(vals, mats, p, prm, aux):
         P = lambda k: prm[k]    # noqa: E731
@@ -979,6 +1010,11 @@ class _Steps:
                 self._pattern(i, regs, point, stack)
                 i = jump + 1
                 continue
+            elif self._moved_shape(i, end):
+                shape, sdst, _, _, _, _, saux, _ = cols[i + 1]
+                regs[sdst] = self._step(MovedShape(Op(shape)), point, param, mat=saux)
+                i += 2          # (the POP after it restores the point)
+                continue
             elif op is Op.INSTANCE_INDEX:
                 if copy is None:
                     raise TaperayError(f"record {i}: INSTANCE_INDEX outside a pattern is not supported by the "
@@ -995,6 +1031,15 @@ class _Steps:
                 else:
                     regs[dst] = out
             i += 1
+
+    def _moved_shape(self, i: int, end: int) -> bool:
+        """Records i, i + 1, i + 2 are TRANSLATE, a shape of ``_MOVED_SHAPES`` whose parameters
+        follow the translation's, and POP (so the moved point serves that shape only)."""
+        cols = self._cols
+        if i + 2 >= end or cols[i][0] != Op.TRANSLATE or cols[i + 2][0] != Op.POP:
+            return False
+        shape = cols[i + 1]
+        return shape[0] in _MOVED_OPS and shape[5] == cols[i][5] + 3
 
     def _pattern(self, i: int, regs: dict, point: tuple, stack: list) -> None:
         """A pattern's copies unrolled (as the twin evaluates them: the nearest cell and its
