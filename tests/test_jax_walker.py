@@ -212,6 +212,7 @@ def test_generic_gradients_equal_the_trace_forms(walker_trace, walker_generic):
         np.testing.assert_allclose(a.per_point[name], b.per_point[name], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_moved_shapes_are_one_step_and_agree_with_the_trace_form(walker_cpu, walker_trace, walker_generic):
     """A shape moved alone (PUSH TRANSLATE shape POP) is one generic step (``MovedShape``): every
     record but PUSH / POP is one step, less one a moved shape; a translation serving two shapes
