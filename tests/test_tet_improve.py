@@ -152,15 +152,19 @@ def _material_volumes(tape, nodes, elements) -> dict:
     return {int(m): float(vol[mat == m].sum()) for m in np.unique(mat)}
 
 
-@pytest.mark.parametrize("scene, resolution, bound, below_5_before", [
-    ("hollow sphere", 16, 10.0, 6),           # TetGen: 1.99 degrees, 6 below 5, 40 below 10
-    ("machined_part", 32, None, 146)])        # 0.072 degrees, 146 below 5 (thin boundary triangles)
-def test_the_pass_on_tetgen_meshes_of_dual_contoured_surfaces(scene, resolution, bound, below_5_before):
+# TetGen's raw meshes differ by machine (the surface's last bits follow the CPU's vector paths):
+# the hollow sphere 1.99 degrees and 6 elements below 5 on an AMD EPYC, 1.28 and 13 on an Intel
+# Xeon; the machined part 0.072 degrees and 146 / 141 below 5 (thin boundary triangles)
+@pytest.mark.parametrize("scene, resolution, bound, slivers_at_least", [
+    ("hollow sphere", 16, 10.0, 3),
+    ("machined_part", 32, None, 100)])
+def test_the_pass_on_tetgen_meshes_of_dual_contoured_surfaces(scene, resolution, bound, slivers_at_least):
     tape = _hollow_sphere() if scene == "hollow sphere" else load_tape(ROOT / "scenes" / "machined_part.py")
     surf = mesh_surface(tape, resolution, method="dc")
     raw = tet_mesh(surf, keep_boundary=True, improve=False)
     before = dihedral_angles(raw.nodes, raw.elements).min(1)
-    assert np.count_nonzero(before < 5) == below_5_before
+    below_5_before = np.count_nonzero(before < 5)
+    assert below_5_before >= slivers_at_least           # (the pass has slivers to mend)
     fixed = np.zeros(len(raw.nodes), bool)
     fixed[boundary_faces(raw.elements)] = True
     nodes, el, stats = improve_mesh(raw.nodes, raw.elements, fixed)
