@@ -344,6 +344,7 @@ ERROR_CASES = {
     "bad view": lambda t: (["render", _write(t / "s.py", TINY_SCENE), "-o", t / "x.png", "--view", "fancy"], "fancy"),
     "unknown command": lambda t: (["paint", "x"], "paint"),
     "bad bench": lambda t: (["bench", "nothing"], "nothing"),
+    "bad bench forms": lambda t: (["bench", "jax", "--forms", "cells,fastest", "-o", t], "fastest"),
     "conform needs a source": lambda t: (["conform"], "--random"),
     "unknown walker": lambda t: (["conform", _write(t / "s.py", TINY_SCENE), "--walkers", "warp"], "warp"),
     "2d with a view": lambda t: (["render", _write(t / "s.py", TINY_SCENE), "-o", t / "x.png", "--2d",

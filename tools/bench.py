@@ -331,5 +331,8 @@ def add_parser(subparsers, func) -> None:
     p.add_argument("--walker", choices=("cpu", "gpu"), default="cpu",
                    help="walker for benchmarks that render (assembly, startup, view, path); default cpu")
     p.add_argument("--size", default=None, metavar="WxH", help="frame size for benchmarks that render")
+    p.add_argument("--forms", default=None, metavar="A,B",
+                   help="jax: the JAX walker's forms to measure, of trace, generic, cells, default "
+                        "(JaxWalker() as a user gets it); default: all")
     p.add_argument("-o", "--out", default="bench-out", metavar="DIR", help="output folder (default bench-out/)")
     p.set_defaults(func=func)
