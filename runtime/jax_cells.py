@@ -79,7 +79,7 @@ from .tape import Tape
 
 __all__ = ["CellPlan", "CellsProgram", "CellsRunner", "CellLayout", "CPU_LAYOUT", "ACCELERATOR_LAYOUT",
            "layout_for", "cells_unsupported", "lipschitz_rows", "cell_grid", "op_spec", "step_tangent", "step_vjp",
-           "MARGIN", "LARGE_CALLS", "TANGENT_FILES_BYTES"]
+           "MARGIN", "LARGE_CALLS", "TANGENT_FILES_BYTES", "PointLayout", "point_layout"]
 
 MARGIN = 1e-4         # relative to the scene's extent: the drop test's slack for float32 rounding
 LARGE_CALLS = 4       # a call of this many times the layout's pieces where a plan has as many (see CellsRunner)
@@ -277,21 +277,62 @@ def cell_grid(n_points: int, cell_points: int) -> int:
     return 1 << max(0, int(round(np.log2(max(n_points / cell_points, 1.0)) / 3)))
 
 
-_BUCKETS = Kept(2)
+class PointLayout(NamedTuple):
+    """A point set's cells and pieces (``point_layout``). The cells of a grid over the points' box
+    (``cell_grid``): ``order`` the point indices sorted by cell (stable), ``first`` / ``counts``
+    each occupied cell's first position in that order and its count, ``cmin`` / ``cmax`` its
+    points' box ((K, 3) float64). Pieces of at most ``piece`` points, a cell's points in runs:
+    ``cell_of`` (n_pieces,) each piece's cell, ``index`` (n_pieces, piece) point indices (the
+    padding repeats a piece's first point), ``valid`` (n_pieces, piece) bool, ``point_slot`` /
+    ``point_index`` the valid slots of the flattened pieces and the point in each, and
+    ``piece_points`` (n_pieces, piece, 3) float32 the points in their slots."""
+    order: np.ndarray
+    first: np.ndarray
+    counts: np.ndarray
+    cmin: np.ndarray
+    cmax: np.ndarray
+    cell_of: np.ndarray
+    index: np.ndarray
+    valid: np.ndarray
+    point_slot: np.ndarray
+    point_index: np.ndarray
+    piece_points: np.ndarray
 
 
-def _bucket(points: np.ndarray, cell_points: int):
-    """The points in the cells of a grid over their box (``cell_grid``): (order, first, counts,
-    cmin, cmax): the point indices sorted by cell (stable), each occupied cell's first position
-    in that order and its count, and its points' box ((K, 3) float64). Kept for the last 2 point
-    sets (by content: FEM and optimisation loops call with the same points; read, not changed)."""
+LAYOUTS_KEPT = 2
+_LAYOUTS: list[tuple] = []      # (cell_points, piece, a copy of the points, PointLayout), newest first
+
+
+def point_layout(points: np.ndarray, cell_points: int, piece: int) -> PointLayout:
+    """The ``PointLayout`` of ``points`` for cells of about ``cell_points`` points and pieces of
+    ``piece``. Kept for the last ``LAYOUTS_KEPT`` point sets, found again by comparing the points
+    (FEM and optimisation loops call with the same points; an array changed in place is laid out
+    again); its arrays are shared: read, not changed."""
     xyz = np.ascontiguousarray(points, np.float32)
-    return _BUCKETS.get((cell_points, xyz.shape, xyz.tobytes()), lambda: _bucket_points(xyz, cell_points))
+    for kept_cells, kept_piece, kept, layout in _LAYOUTS:
+        if (kept_cells, kept_piece) == (cell_points, piece) and kept.shape == xyz.shape and np.array_equal(kept, xyz):
+            return layout
+    order, first, counts, cmin, cmax = _bucket_points(xyz, cell_points)
+    pieces = -(-counts // piece)
+    cell_of = np.repeat(np.arange(len(first)), pieces)
+    start = np.repeat(first, pieces) + (np.arange(len(cell_of)) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * piece
+    stop = np.minimum(start + piece, np.repeat(first + counts, pieces))
+    pos = start[:, None] + np.arange(piece)[None, :]
+    valid = pos < stop[:, None]
+    index = order[np.where(valid, pos, start[:, None])]
+    point_slot = np.flatnonzero(valid.reshape(-1))
+    layout = PointLayout(order, first, counts, cmin, cmax, cell_of, index, valid, point_slot,
+                         index.reshape(-1)[point_slot], np.take(xyz, index, axis=0))
+    for a in layout:
+        a.setflags(write=False)
+    _LAYOUTS.insert(0, (cell_points, piece, xyz.copy(), layout))
+    del _LAYOUTS[LAYOUTS_KEPT:]
+    return layout
 
 
 def _bucket_points(points: np.ndarray, cell_points: int):
-    """``_bucket`` computed. (Column by column: numpy's reductions along the short axis of an
-    (N, 3) array are some 30x slower.)"""
+    """The cells of ``point_layout`` (order, first, counts, cmin, cmax). (Column by column:
+    numpy's reductions along the short axis of an (N, 3) array are some 30x slower.)"""
     xyz = np.ascontiguousarray(points.T)
     lo, hi = xyz.min(1).astype(np.float64), xyz.max(1).astype(np.float64)
     n = xyz.shape[1]
@@ -349,9 +390,8 @@ class CellPlan:
     """The cells of ``points`` (a grid over their box) and what each keeps of ``steps`` (the
     generic layout, unpadded; ``result`` its result row). ``rows_at(centres)`` gives every row's
     value at the (K, 3) cell centres ((rows, K), the generic forward's). Pieces of at most
-    ``piece`` points run one cell's kept steps: ``index`` (n_pieces, piece) point indices (the
-    padding repeats a piece's first point), ``valid`` (n_pieces, piece) bool, ``point_slot`` /
-    ``point_index`` (the valid slots of the flattened pieces, and the point in each), ``items``
+    ``piece`` points run one cell's kept steps: ``index``, ``valid``, ``point_slot``,
+    ``point_index`` and ``piece_points`` are the points' ``PointLayout``'s, ``items``
     (n_pieces, n_steps_bucket, 2) int32 (step, rewrite: 0 none, 1 b <- a, 2 a <- b), the kept
     steps in groups: ``groups`` (n_pieces, n_steps_bucket, 2) int32 (first item, count), ``n_groups``
     (n_pieces,). A group is at most ``group`` steps of one branch and one dependency level (none
@@ -362,8 +402,9 @@ class CellPlan:
                  piece: int, steps_bucket: int, generic_ops, cell_points: int, extent: float = 1.0,
                  group: int = 1):
         n, S = len(points), len(steps)
-        order, first, counts, cmin, cmax = _bucket(points, cell_points)
-        K = len(first)
+        lay = point_layout(points, cell_points, piece)
+        counts, cmin, cmax = lay.counts, lay.cmin, lay.cmax
+        K = len(counts)
         centre = ((cmin + cmax) * 0.5).astype(np.float32)
         half = np.sqrt((((cmax - cmin) * 0.5) ** 2).sum(1)) * (1 + 1e-6)
         st = _structure(steps, result, generic_ops)
@@ -397,18 +438,9 @@ class CellPlan:
         self.kept, self.n_cells, self.n_points = kept, K, n
         self.point_steps = int((kept * counts).sum())
         self.n_steps = S
-        # pieces: each cell's points in runs of at most `piece`
-        pieces = -(-counts // piece)
-        cell_of = np.repeat(np.arange(K), pieces)
-        start = np.repeat(first, pieces) + (np.arange(len(cell_of)) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * piece
-        stop = np.minimum(start + piece, np.repeat(first + counts, pieces))
-        j = np.arange(piece)
-        pos = start[:, None] + j[None, :]
-        self.valid = pos < stop[:, None]
-        pos = np.where(self.valid, pos, start[:, None])
-        self.index = order[pos]
-        self.point_slot = np.flatnonzero(self.valid.reshape(-1))     # each point's slot in the pieces
-        self.point_index = self.index.reshape(-1)[self.point_slot]
+        cell_of = lay.cell_of
+        self.index, self.valid, self.piece_points = lay.index, lay.valid, lay.piece_points
+        self.point_slot, self.point_index = lay.point_slot, lay.point_index
         items, groups, n_groups = _grouped(live, rewrite, _group_keys(st, steps, generic_ops, group), group,
                                            steps_bucket)
         self.point_groups = int((n_groups * counts).sum())
@@ -803,10 +835,10 @@ class CellsRunner:
         out[plan.point_index] = flat[plan.point_slot]
         return out
 
-    def _pieces(self, plan: CellPlan, pts: np.ndarray, w: np.ndarray | None = None) -> tuple:
+    def _pieces(self, plan: CellPlan, w: np.ndarray | None = None) -> tuple:
         """The plan's per-piece arrays: items, groups, group counts, points, and weights (0 past a
         piece's points) where given."""
-        out = (plan.items, plan.groups, plan.n_groups, np.take(pts, plan.index, axis=0))
+        out = (plan.items, plan.groups, plan.n_groups, plan.piece_points)
         if w is None:
             return out
         wp = np.zeros(plan.valid.shape, np.float32)
@@ -815,13 +847,13 @@ class CellsRunner:
 
     def evaluate(self, generic, tape: Tape, pts: np.ndarray):
         prog, args, plan = self.plan(generic, tape, pts)
-        d, m = self._run(plan, lambda *a: prog.values(args[0], args[1], *a, generic.result), *self._pieces(plan, pts))
+        d, m = self._run(plan, lambda *a: prog.values(args[0], args[1], *a, generic.result), *self._pieces(plan))
         return self._at_points(plan, d), self._at_points(plan, m)
 
     def vjp(self, generic, tape: Tape, pts: np.ndarray, w: np.ndarray):
         prog, args, plan = self.plan(generic, tape, pts)
         d, dpool = self._run(plan, lambda *a: prog.vjp(args[0], args[1], *a, generic.result),
-                             *self._pieces(plan, pts, w))
+                             *self._pieces(plan, w))
         return self._at_points(plan, d), dpool.sum(0, dtype=np.float64).astype(np.float32)
 
     def grads(self, generic, tape: Tape, pts: np.ndarray, w: np.ndarray, tangents: np.ndarray):
@@ -829,7 +861,7 @@ class CellsRunner:
         unit = bool(np.all(w == 1))         # (df/dx from the weighted sweep: JaxWalker's default weights)
         d, m, dx, dpool, per = self._run(
             plan, lambda *a: prog.grads(args[0], args[1], *a, tangents, generic.result, unit_weights=unit),
-            *self._pieces(plan, pts, w))
+            *self._pieces(plan, w))
         return (self._at_points(plan, d), self._at_points(plan, m), self._at_points(plan, dx),
                 dpool.sum(0, dtype=np.float64).astype(np.float32),
                 np.ascontiguousarray(self._at_points(plan, np.moveaxis(per, 1, 2)).T))

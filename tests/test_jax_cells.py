@@ -113,6 +113,26 @@ def test_points_changed_in_place_are_bucketed_again(walker_cells, walker_generic
     np.testing.assert_allclose(cp, gp, rtol=1e-4, atol=1e-4 * np.abs(gp).max())
 
 
+def test_point_layout_puts_each_point_in_one_slot_of_its_cells_pieces():
+    """Clustered points (cells of many more points than a piece: several pieces a cell): every
+    point sits in exactly one valid slot, of a piece of its own cell, with its coordinates; the
+    layout is found again for an equal copy of the points and made anew once they change."""
+    rng = np.random.default_rng(5)
+    pts = np.concatenate([rng.normal(0, 0.05, (3000, 3)), rng.uniform(-1, 1, (2000, 3))]).astype(np.float32)
+    lay = jax_cells.point_layout(pts, cell_points=256, piece=64)
+    assert np.array_equal(np.sort(lay.point_index), np.arange(len(pts)))
+    assert lay.valid.sum() == len(pts) and np.bincount(lay.cell_of).max() > 1
+    flat = lay.piece_points.reshape(-1, 3)
+    np.testing.assert_array_equal(flat[lay.point_slot], pts[lay.point_index])
+    cell = np.empty(len(pts), np.int64)
+    cell[lay.order] = np.repeat(np.arange(len(lay.counts)), lay.counts)
+    slot_piece = lay.point_slot // 64
+    assert np.array_equal(cell[lay.point_index], lay.cell_of[slot_piece])
+    assert jax_cells.point_layout(pts.copy(), cell_points=256, piece=64) is lay
+    pts[7] += 0.5
+    assert jax_cells.point_layout(pts, cell_points=256, piece=64) is not lay
+
+
 _SPREAD = """
 import sys, json
 import numpy as np
