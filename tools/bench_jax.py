@@ -183,7 +183,8 @@ def bench_jax(opts) -> BenchResult:
                               "(flatten adds culled unions); tools/bench_jax.py scene()",
                               f"default: JaxWalker() (the cells, but a small tape's values by the trace form); its "
                               f"value_and_grad: the values, df/dx, the pool gradient and {NAMES} names' per-point "
-                              "derivatives",
+                              "derivatives; its first calls find the programs of the forms measured before it in "
+                              "this process (--forms default alone: a new user's first calls)",
                               "cells: a grid over the points' box, about 512 points a cell on a CPU, one piece of up to "
                               "262,144 points a cell on a GPU (jax_cells.layout_for); steps kept: the "
                               "generic steps a point runs on average (of the tape's); its value+grad is "
