@@ -195,6 +195,64 @@ def test_a_drag_beside_the_panel_turns_the_view_and_leaves_the_panel_in_place(wa
 
 
 @pytest.mark.slow
+def test_a_drag_right_after_a_click_on_a_panel_button_turns_the_view(walker_cpu, monkeypatch):
+    """A quick click on "undo" (its press and release in one frame, as a real click often is): imgui
+    takes one of them a frame, so the window must keep drawing until imgui has taken them all, and
+    then draw what the click changed; else the button fires only at the next input, and imgui,
+    still believing the pointer on its button, takes the next press on the view too, and that drag
+    turns nothing. The window is driven as an on-demand loop draws: a frame for each frame asked
+    for."""
+    from imgui_bundle import imgui
+    buttons, real_button = {}, imgui.button
+
+    def button(label, *args):
+        pressed = real_button(label, *args)
+        buttons[label] = (imgui.get_item_rect_min(), imgui.get_item_rect_max())
+        return pressed
+
+    monkeypatch.setattr(imgui, "button", button)
+    v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(400, 560), settings=FAST)   # (the panel whole)
+    window = offscreen_window(v)
+    asked = []
+    monkeypatch.setattr(window.canvas, "request_draw", lambda *a: asked.append(a))
+    drawn, real_frame = [], v.frame
+    monkeypatch.setattr(v, "frame", lambda *a, **k: (drawn.append(v.params["fin_height"]), real_frame(*a, **k))[1])
+
+    def settle():
+        end = time.perf_counter() + 5 * SETTLE_S + 2.0       # (drafts while moving, then still)
+        while asked:
+            assert time.perf_counter() < end, "the window keeps asking for frames"
+            asked.clear()
+            window.canvas.draw()
+
+    window.canvas.draw()
+    settle()
+    v.set_param("fin_height", v.param_range("fin_height")[1])
+    window.changed()
+    asked.append(())
+    settle()
+    _pointer(window, "pointer_move", 300, 340, buttons=(), draw=False)     # (a frame with the edit's line)
+    settle()
+    lo, hi = buttons["undo"]
+    x, y = (lo.x + hi.x) / 2, (lo.y + hi.y) / 2
+    _pointer(window, "pointer_move", x, y, buttons=(), draw=False)
+    settle()
+    _pointer(window, "pointer_down", x, y, draw=False)
+    _pointer(window, "pointer_up", x, y, buttons=(), draw=False)      # (released before a frame)
+    settle()
+    assert not v.undo_stack, "the click did not undo"
+    assert drawn[-1] == v.params["fin_height"], "the undo was not drawn"
+    assert window.panel_rect[3] + 40 < 560
+    y = window.panel_rect[3] + 40                                      # (below the panel)
+    camera = v.orbit.camera().pack().copy()
+    for kind, px, held in (("pointer_move", 200, ()), ("pointer_down", 200, (1,)), ("pointer_move", 180, (1,)),
+                           ("pointer_move", 150, (1,)), ("pointer_up", 150, ())):
+        _pointer(window, kind, px, y, buttons=held, draw=False)
+        settle()
+    assert not np.array_equal(v.orbit.camera().pack(), camera)
+
+
+@pytest.mark.slow
 def test_a_press_on_a_slider_before_its_frame_never_turns_the_view(walker_cpu, monkeypatch):
     """A pointer that jumps onto a slider and presses before a frame is drawn there (slow frames,
     a jump of the pointer) reaches the orbit as well as the panel, which takes the drag's moves

@@ -193,8 +193,19 @@ class ViewWindow:
             self.imgui.render()
         self.viewer.presented()
         if (moving or self._image_is_draft or self.watcher is not None or self.viewer.refining
-                or self._panel_resized):
-            self.canvas.request_draw()
+                or self._panel_resized or self._panel_input_queued() or self._dirty):
+            self.canvas.request_draw()        # (dirty here: the panel changed the scene or view)
+
+    def _panel_input_queued(self) -> bool:
+        """Whether imgui left input events for its next frame: it takes a frame's events one
+        button change at a time (a click's press and release in successive frames), so a
+        release, and a move after it, wait for another frame; without one, the panel's button
+        fires only at the next input, and imgui, still believing the pointer on the panel, takes
+        the next press on the view too."""
+        if self.imgui is None:
+            return False
+        from imgui_bundle import imgui
+        return len(imgui.get_current_context().input_events_queue) > 0
 
     @property
     def _image_is_draft(self) -> bool:
