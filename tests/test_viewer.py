@@ -194,6 +194,21 @@ def test_a_drag_beside_the_panel_turns_the_view_and_leaves_the_panel_in_place(wa
     assert window.panel_rect[0] > start[0] and np.array_equal(v.orbit.camera().pack(), camera)
 
 
+def _on_demand(window, monkeypatch):
+    """Drive ``window`` as an on-demand loop draws it: ``settle()`` draws a frame for each frame
+    asked for (``canvas.request_draw``) until none is (drafts while moving, then still)."""
+    asked = []
+    monkeypatch.setattr(window.canvas, "request_draw", lambda *a: asked.append(a))
+
+    def settle():
+        end = time.perf_counter() + 5 * SETTLE_S + 2.0
+        while asked:
+            assert time.perf_counter() < end, "the window keeps asking for frames"
+            asked.clear()
+            window.canvas.draw()
+    return asked, settle
+
+
 @pytest.mark.slow
 def test_a_drag_right_after_a_click_on_a_panel_button_turns_the_view(walker_cpu, monkeypatch):
     """A quick click on "undo" (its press and release in one frame, as a real click often is): imgui
@@ -213,17 +228,9 @@ def test_a_drag_right_after_a_click_on_a_panel_button_turns_the_view(walker_cpu,
     monkeypatch.setattr(imgui, "button", button)
     v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(400, 560), settings=FAST)   # (the panel whole)
     window = offscreen_window(v)
-    asked = []
-    monkeypatch.setattr(window.canvas, "request_draw", lambda *a: asked.append(a))
+    asked, settle = _on_demand(window, monkeypatch)
     drawn, real_frame = [], v.frame
     monkeypatch.setattr(v, "frame", lambda *a, **k: (drawn.append(v.params["fin_height"]), real_frame(*a, **k))[1])
-
-    def settle():
-        end = time.perf_counter() + 5 * SETTLE_S + 2.0       # (drafts while moving, then still)
-        while asked:
-            assert time.perf_counter() < end, "the window keeps asking for frames"
-            asked.clear()
-            window.canvas.draw()
 
     window.canvas.draw()
     settle()
@@ -250,6 +257,40 @@ def test_a_drag_right_after_a_click_on_a_panel_button_turns_the_view(walker_cpu,
         _pointer(window, kind, px, y, buttons=held, draw=False)
         settle()
     assert not np.array_equal(v.orbit.camera().pack(), camera)
+
+
+@pytest.mark.slow
+def test_a_click_on_the_view_list_opens_it_without_further_input(walker_cpu, monkeypatch):
+    """A click on the view combo with the pointer held still: its list (a popup window imgui shows
+    a frame or two after the click) is on screen once the window stops asking for frames."""
+    from imgui_bundle import imgui
+    v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(400, 560), settings=FAST)
+    window = offscreen_window(v)
+    asked, settle = _on_demand(window, monkeypatch)
+    windows = []
+    real_draw = window.canvas.draw
+
+    def draw():
+        real_draw()
+        windows.append(imgui.get_draw_data().cmd_lists_count)
+    monkeypatch.setattr(window.canvas, "draw", draw)
+    window.canvas.draw()
+    asked.append(())
+    settle()
+    x0, y0, x1, _ = window.panel_rect
+    rows = [y for y in range(int(y0) + 30, int(y0) + 200, 4)]
+    for y in rows:                           # (the combo: the first row whose click opens a list)
+        _pointer(window, "pointer_move", (x0 + x1) / 2, y, buttons=(), draw=False)
+        settle()
+        before = windows[-1]
+        _pointer(window, "pointer_down", (x0 + x1) / 2, y, draw=False)
+        _pointer(window, "pointer_up", (x0 + x1) / 2, y, buttons=(), draw=False)
+        settle()
+        if windows[-1] > before:
+            break
+    else:
+        raise AssertionError("no click on the panel opened the view list")
+    assert v.view == "shade"
 
 
 @pytest.mark.slow

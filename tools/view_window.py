@@ -43,6 +43,7 @@ PANEL_MAX_WIDTH = 360
 PANEL_MARGIN = 8         # between the panel and the window's edges
 SETTLE_S = 0.15          # still this long after the last move: draw the full frame
 INPUT_DRAW_ORDER = -100  # the handler asking for a frame on input runs before imgui's (-99)
+FRAMES_AFTER_INPUT = 2   # frames drawn after an input's own: imgui shows a popup a frame or two after the click
 # the image's bytes are display-ready (sRGB-encoded): an 8-bit format without conversion
 PRESENT_FORMATS = ("bgra8unorm", "rgba8unorm")
 
@@ -95,6 +96,7 @@ class ViewWindow:
         self.imgui = None
         self._panel_content = 0.0        # the panel's contents' height in the last frame
         self._panel_resized = False      # ... differed from the frame before: draw one more to fit it
+        self._frames_after_input = 0     # frames still to draw after the last input's own
         self.panel_rect = None           # the panel's (x0, y0, x1, y1) in the last frame drawn
         if panel:
             from wgpu.utils.imgui import ImguiRenderer
@@ -108,7 +110,7 @@ class ViewWindow:
         # handler runs before the panel's (order -99), which stops the events it takes: imgui reads
         # them in the next frame, so a press on a slider that asked for no frame was never seen, and
         # the panel, still holding the pointer, took every event after it)
-        canvas.add_event_handler(lambda event: canvas.request_draw(), "pointer_down", "pointer_up", "pointer_move",
+        canvas.add_event_handler(self._on_input, "pointer_down", "pointer_up", "pointer_move",
                                  "wheel", "key_down", "key_up", "char", "resize", order=INPUT_DRAW_ORDER)
         canvas.request_draw(self.draw)
 
@@ -121,6 +123,12 @@ class ViewWindow:
         """Something moved (camera, slider): drafts until still, then the full frame."""
         self._moved_at = time.perf_counter()
         self._dirty = True
+
+    def _on_input(self, event) -> None:
+        """Any input: a frame now, and ``FRAMES_AFTER_INPUT`` after it for the panel (imgui shows
+        what a click opened, a combo's list, in the frames after the click's)."""
+        self._frames_after_input = FRAMES_AFTER_INPUT
+        self.canvas.request_draw()
 
     def _on_pointer(self, event) -> None:
         """Orbit (left button) and pan (other buttons, or shift) drags. The panel stops the events
@@ -192,8 +200,9 @@ class ViewWindow:
         if self.imgui is not None:
             self.imgui.render()
         self.viewer.presented()
+        after_input, self._frames_after_input = self._frames_after_input > 0, max(self._frames_after_input - 1, 0)
         if (moving or self._image_is_draft or self.watcher is not None or self.viewer.refining
-                or self._panel_resized or self._panel_input_queued() or self._dirty):
+                or self._panel_resized or self._panel_input_queued() or self._dirty or after_input):
             self.canvas.request_draw()        # (dirty here: the panel changed the scene or view)
 
     def _panel_input_queued(self) -> bool:
