@@ -299,19 +299,37 @@ class PointLayout(NamedTuple):
     piece_points: np.ndarray
 
 
-LAYOUTS_KEPT = 2
-_LAYOUTS: list[tuple] = []      # (cell_points, piece, a copy of the points, PointLayout), newest first
+class _SamePoints:
+    """A point set as a ``Kept`` key: hashed by a sample of its points, equal to a key holding the
+    same points (compared whole). It holds a copy: the caller's array may change in place."""
+    __slots__ = ("points", "_hash")
+
+    def __init__(self, points: np.ndarray):
+        self.points = points.copy()
+        self._hash = hash((points.shape, points[::max(1, len(points) // 256)].tobytes()))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, _SamePoints) and self.points.shape == other.points.shape
+                and np.array_equal(self.points, other.points))
+
+
+_LAYOUTS = Kept(2)
 
 
 def point_layout(points: np.ndarray, cell_points: int, piece: int) -> PointLayout:
     """The ``PointLayout`` of ``points`` for cells of about ``cell_points`` points and pieces of
-    ``piece``. Kept for the last ``LAYOUTS_KEPT`` point sets, found again by comparing the points
-    (FEM and optimisation loops call with the same points; an array changed in place is laid out
-    again); its arrays are shared: read, not changed."""
+    ``piece``. Kept for the last 2 point sets, found again by comparing the points (FEM and
+    optimisation loops call with the same points; an array changed in place is laid out again);
+    its arrays are shared: read, not changed."""
     xyz = np.ascontiguousarray(points, np.float32)
-    for kept_cells, kept_piece, kept, layout in _LAYOUTS:
-        if (kept_cells, kept_piece) == (cell_points, piece) and kept.shape == xyz.shape and np.array_equal(kept, xyz):
-            return layout
+    return _LAYOUTS.get((cell_points, piece, _SamePoints(xyz)), lambda: _point_layout(xyz, cell_points, piece))
+
+
+def _point_layout(xyz: np.ndarray, cell_points: int, piece: int) -> PointLayout:
+    """``point_layout`` computed."""
     order, first, counts, cmin, cmax = _bucket_points(xyz, cell_points)
     pieces = -(-counts // piece)
     cell_of = np.repeat(np.arange(len(first)), pieces)
@@ -325,8 +343,6 @@ def point_layout(points: np.ndarray, cell_points: int, piece: int) -> PointLayou
                          index.reshape(-1)[point_slot], np.take(xyz, index, axis=0))
     for a in layout:
         a.setflags(write=False)
-    _LAYOUTS.insert(0, (cell_points, piece, xyz.copy(), layout))
-    del _LAYOUTS[LAYOUTS_KEPT:]
     return layout
 
 
