@@ -200,7 +200,8 @@ class ViewWindow:
         if self.imgui is not None:
             self.imgui.render()
         self.viewer.presented()
-        after_input, self._frames_after_input = self._frames_after_input > 0, max(self._frames_after_input - 1, 0)
+        after_input = self._frames_after_input > 0
+        self._frames_after_input = max(self._frames_after_input - 1, 0)
         if (moving or self._image_is_draft or self.watcher is not None or self.viewer.refining
                 or self._panel_resized or self._panel_input_queued() or self._dirty or after_input):
             self.canvas.request_draw()        # (dirty here: the panel changed the scene or view)
