@@ -137,18 +137,21 @@ def _press_and_drag(window, points) -> list:
     return seen
 
 
-def _slider_rects(monkeypatch) -> dict:
-    """{parameter name: (min, max) corners} of each slider imgui draws, filled as frames draw."""
+def _item_rects(monkeypatch, *widgets: str) -> dict:
+    """{label (a slider's: its parameter's name): (min, max) corners} of each item imgui draws by
+    the functions named ``widgets`` (default: its sliders), filled as frames draw."""
     from imgui_bundle import imgui
     rects = {}
-    real_slider = imgui.slider_float
 
-    def slider(label, *args):
-        result = real_slider(label, *args)
-        rects[label.lstrip("#")] = (imgui.get_item_rect_min(), imgui.get_item_rect_max())
-        return result
+    def recording(real):
+        def item(label, *args):
+            result = real(label, *args)
+            rects[label.lstrip("#")] = (imgui.get_item_rect_min(), imgui.get_item_rect_max())
+            return result
+        return item
 
-    monkeypatch.setattr(imgui, "slider_float", slider)
+    for name in widgets or ("slider_float",):
+        monkeypatch.setattr(imgui, name, recording(getattr(imgui, name)))
     return rects
 
 
@@ -157,7 +160,7 @@ def test_a_press_the_panel_takes_still_asks_for_a_frame(walker_cpu, monkeypatch)
     """With the pointer over a slider, imgui takes the pointer's events (stops their propagation);
     the press must still ask the on-demand canvas for a frame, or imgui never sees it and, holding
     the pointer, takes every later event: the window's last frame stays on screen for good."""
-    rects = _slider_rects(monkeypatch)
+    rects = _item_rects(monkeypatch)
     window = offscreen_window(Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST))
     window.canvas.draw()
     lo_xy, hi_xy = rects["fin_height"]
@@ -217,15 +220,7 @@ def test_a_drag_right_after_a_click_on_a_panel_button_turns_the_view(walker_cpu,
     still believing the pointer on its button, takes the next press on the view too, and that drag
     turns nothing. The window is driven as an on-demand loop draws: a frame for each frame asked
     for."""
-    from imgui_bundle import imgui
-    buttons, real_button = {}, imgui.button
-
-    def button(label, *args):
-        pressed = real_button(label, *args)
-        buttons[label] = (imgui.get_item_rect_min(), imgui.get_item_rect_max())
-        return pressed
-
-    monkeypatch.setattr(imgui, "button", button)
+    buttons = _item_rects(monkeypatch, "button")
     v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(400, 560), settings=FAST)   # (the panel whole)
     window = offscreen_window(v)
     asked, settle = _on_demand(window, monkeypatch)
@@ -264,6 +259,7 @@ def test_a_click_on_the_view_list_opens_it_without_further_input(walker_cpu, mon
     """A click on the view combo with the pointer held still: its list (a popup window imgui shows
     a frame or two after the click) is on screen once the window stops asking for frames."""
     from imgui_bundle import imgui
+    combos = _item_rects(monkeypatch, "combo")
     v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(400, 560), settings=FAST)
     window = offscreen_window(v)
     asked, settle = _on_demand(window, monkeypatch)
@@ -277,19 +273,15 @@ def test_a_click_on_the_view_list_opens_it_without_further_input(walker_cpu, mon
     window.canvas.draw()
     asked.append(())
     settle()
-    x0, y0, x1, _ = window.panel_rect
-    rows = [y for y in range(int(y0) + 30, int(y0) + 200, 4)]
-    for y in rows:                           # (the combo: the first row whose click opens a list)
-        _pointer(window, "pointer_move", (x0 + x1) / 2, y, buttons=(), draw=False)
-        settle()
-        before = windows[-1]
-        _pointer(window, "pointer_down", (x0 + x1) / 2, y, draw=False)
-        _pointer(window, "pointer_up", (x0 + x1) / 2, y, buttons=(), draw=False)
-        settle()
-        if windows[-1] > before:
-            break
-    else:
-        raise AssertionError("no click on the panel opened the view list")
+    lo, hi = combos["view"]
+    x, y = (lo.x + hi.x) / 2, (lo.y + hi.y) / 2
+    _pointer(window, "pointer_move", x, y, buttons=(), draw=False)
+    settle()
+    before = windows[-1]
+    _pointer(window, "pointer_down", x, y, draw=False)
+    _pointer(window, "pointer_up", x, y, buttons=(), draw=False)
+    settle()
+    assert windows[-1] > before, "the click did not open the view list"
     assert v.view == "shade"
 
 
@@ -299,7 +291,7 @@ def test_a_press_on_a_slider_before_its_frame_never_turns_the_view(walker_cpu, m
     a jump of the pointer) reaches the orbit as well as the panel, which takes the drag's moves
     and its release (here left of the window): the view must not turn, neither during the drag
     nor when the pointer moves on with no button down."""
-    rects = _slider_rects(monkeypatch)
+    rects = _item_rects(monkeypatch)
     v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST)
     window = offscreen_window(v)
     window.canvas.draw()
@@ -325,7 +317,7 @@ def test_slider_drag_past_the_end_stays_in_the_range_fixed_at_load(walker_cpu, m
     canvas, one frame each) from its middle far past its right end and back past its left end:
     every frame's value lies in the range fixed when the scene loaded, the range never moves, the
     drag reaches both ends, the other sliders stay put, and the drag is one undo step."""
-    rects = _slider_rects(monkeypatch)
+    rects = _item_rects(monkeypatch)
     v = Viewer("scenes/heat_sink.py", walker=walker_cpu, size=(320, 360), settings=FAST)
     loaded = {name: v.param_range(name) for name in v.params}
     assert loaded["fin_height"] == pytest.approx((0.25 * 0.03, 2.5 * 0.03))
